@@ -1,0 +1,172 @@
+"""The on-disk cache of compiled circuits.
+
+One directory per spec, ``<cache root>/<spec key>/``, holding
+
+    manifest.json   format version, spec, vtree, pysdd version, sizes, model count, sha256 of each file
+    layout.npz      the level layout as plain integer arrays (loaded with allow_pickle=False)
+    circuit.sdd     the SDD in libsdd's own format (pysdd: SddManager.read_sdd_file)
+    circuit.vtree   its vtree (pysdd: Vtree.from_file)
+    circuit.dot     the SDD as Graphviz DOT
+
+Nothing is trusted blindly: on every read the format version, the spec, each file's checksum,
+the layout's structure and its exact model count are checked, and any failure warns
+(``CacheWarning``) and recompiles. Writes go to a private temporary directory that is renamed
+into place, so readers never see half an entry and concurrent writers all succeed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import uuid
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from .layout import Layout
+from .spec import Spec, spec_to_dict
+
+FORMAT_VERSION = 1
+FILES = ("layout.npz", "circuit.sdd", "circuit.vtree", "circuit.dot")
+
+
+class CacheWarning(UserWarning):
+    """A cache entry could not be used (corrupt, old, unwritable); the circuit was recompiled."""
+
+
+def default_cache_dir() -> Path:
+    """``$PROBMOE_CACHE``, else ``$XDG_CACHE_HOME/probmoe``, else ``~/.cache/probmoe``."""
+    if os.environ.get("PROBMOE_CACHE"):
+        return Path(os.environ["PROBMOE_CACHE"])
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "probmoe"
+    return Path.home() / ".cache" / "probmoe"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def entry_dir(spec: Spec, root: Path | str | None = None) -> Path:
+    return Path(root if root is not None else default_cache_dir()) / spec.key
+
+
+def read_entry(path: Path, spec: Spec | None = None) -> tuple[Layout, dict]:
+    """Load and verify one cache entry. Raises ValueError saying what is wrong."""
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except FileNotFoundError:
+        raise ValueError("the manifest is missing") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"the manifest is unreadable ({exc.__class__.__name__})") from None
+    if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
+        got = manifest.get("format_version") if isinstance(manifest, dict) else None
+        raise ValueError(f"format version {got!r}, this probmoe reads {FORMAT_VERSION}")
+    if spec is not None and manifest.get("spec") != spec_to_dict(spec):
+        raise ValueError(f"it holds {manifest.get('spec')}, not {spec_to_dict(spec)}")
+    sums = manifest.get("sha256", {})
+    for name in FILES:
+        f = path / name
+        if not f.is_file():
+            raise ValueError(f"{name} is missing")
+        if _sha256(f) != sums.get(name):
+            raise ValueError(f"{name} fails its checksum")
+    try:
+        with np.load(path / "layout.npz", allow_pickle=False) as z:
+            layout = Layout(
+                n=int(z["n"]),
+                groups=z["groups"].astype(np.int64),
+                children=z["children"].astype(np.int64),
+                implicit=z["implicit"].astype(np.int64),
+            )
+    except Exception as exc:  # any decoding failure of the archive means a bad entry
+        raise ValueError(f"layout.npz is unreadable ({exc.__class__.__name__})") from None
+    layout.validate()
+    if layout.sizes() != manifest.get("sizes"):
+        raise ValueError("the layout's sizes differ from the manifest")
+    count = layout.model_count()
+    if str(count) != manifest.get("model_count") or (spec is not None and spec.model_count() not in (None, count)):
+        raise ValueError("the layout's model count is wrong")
+    return layout, manifest
+
+
+def load(spec: Spec, root: Path | str | None = None) -> tuple[Layout, dict] | None:
+    """The verified entry for ``spec``, or None (with a CacheWarning if one existed but was bad)."""
+    path = entry_dir(spec, root)
+    if not path.exists():
+        return None
+    try:
+        return read_entry(path, spec)
+    except ValueError as exc:
+        warnings.warn(f"probmoe cache entry {path} is invalid ({exc}); recompiling", CacheWarning, stacklevel=3)
+        return None
+
+
+def make_manifest(spec: Spec, layout: Layout, info: dict) -> dict:
+    count = layout.model_count()
+    return {
+        "format_version": FORMAT_VERSION,
+        "spec": spec_to_dict(spec),
+        "describe": spec.describe(),
+        "vtree": "balanced",
+        "sizes": layout.sizes(),
+        "model_count": str(count),
+        "log_model_count": math.log(count),
+        **info,
+    }
+
+
+def store(spec: Spec, layout: Layout, files: dict[str, bytes], info: dict, root: Path | str | None = None):
+    """Write an entry atomically; returns its path, or None (with a CacheWarning) if unwritable.
+
+    ``files`` maps "circuit.sdd", "circuit.vtree", "circuit.dot" to their contents.
+    """
+    final = entry_dir(spec, root)
+    tmp = final.parent / f".tmp-{spec.key}-{uuid.uuid4().hex}"
+    try:
+        tmp.mkdir(parents=True)
+        np.savez(
+            tmp / "layout.npz", n=np.int64(layout.n), groups=layout.groups,
+            children=layout.children, implicit=layout.implicit,
+        )
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+        manifest = make_manifest(spec, layout, info)
+        manifest["sha256"] = {name: _sha256(tmp / name) for name in FILES}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        _install(tmp, final, spec)
+        return final
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        warnings.warn(
+            f"probmoe cache directory {final.parent} is not writable ({exc.strerror or exc}); "
+            "using the circuit compiled in memory", CacheWarning, stacklevel=3,
+        )
+        return None
+
+
+def _install(tmp: Path, final: Path, spec: Spec) -> None:
+    """Rename ``tmp`` to ``final``; if another process got there first with a good entry, keep it."""
+    for _ in range(5):
+        try:
+            os.rename(tmp, final)
+            return
+        except OSError:
+            if not final.exists():
+                continue
+            try:
+                read_entry(final, spec)
+                shutil.rmtree(tmp, ignore_errors=True)  # a valid entry is there: ours is redundant
+                return
+            except ValueError:
+                trash = final.parent / f".trash-{spec.key}-{uuid.uuid4().hex}"
+                try:
+                    os.rename(final, trash)
+                except OSError:
+                    pass
+                shutil.rmtree(trash, ignore_errors=True)
+    raise OSError(f"could not install the cache entry {final}")

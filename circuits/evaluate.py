@@ -1,0 +1,224 @@
+"""``Circuit``: a compiled constraint evaluated batched over tokens, on CPU or CUDA.
+
+All methods take logits [..., n] (log-odds of independent Bernoulli variables), flatten the
+leading dimensions into T tokens, run the passes of ``circuits.kernels`` on [slots, T] buffers,
+and restore the leading dimensions. fp16/bf16 logits are computed in fp32 and returned in their
+own dtype. Logits of -inf mean "never true".
+"""
+
+from __future__ import annotations
+
+import math
+
+import networkx as nx
+import torch
+from torch import Tensor
+
+from . import kernels
+from .layout import FALSE_SLOT, TRUE_SLOT, Layout
+from .spec import Spec
+
+
+class _LogPartition(torch.autograd.Function):
+    """log Z(r) [T, n] -> [T]; d log Z / d r = m - sigmoid(r). Saves only r."""
+
+    @staticmethod
+    def forward(ctx, circuit: "Circuit", r: Tensor) -> Tensor:
+        ctx.circuit = circuit
+        ctx.save_for_backward(r)
+        return circuit._upward_checked(r).val[-1].clone()  # [T]
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (r,) = ctx.saved_tensors
+        m, _ = _Marginals.apply(ctx.circuit, r, False, None)  # differentiable: double backward works
+        return None, grad.unsqueeze(-1) * (m - torch.sigmoid(r))
+
+
+class _Marginals(torch.autograd.Function):
+    """(m, z) from r [T, n]: marginals [T, n] and, if asked, a sample [T, n] (else empty).
+
+    Backward of m is Cov(z) v (the Jacobian is symmetric), recomputed; saves only r.
+    """
+
+    @staticmethod
+    def forward(ctx, circuit: "Circuit", r: Tensor, want_sample: bool, generator):
+        prog = circuit._prog
+        r = circuit._shift(r)
+        up = circuit._upward_checked(r)
+        z = kernels.sample(prog, r, up, generator) if want_sample else r.new_empty(0)
+        m = kernels.marginals_from_flows(prog, kernels.downward(prog, up), torch.sigmoid(r))
+        ctx.circuit = circuit
+        ctx.save_for_backward(r)
+        ctx.mark_non_differentiable(z)
+        return m, z
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, v: Tensor, _):
+        (r,) = ctx.saved_tensors
+        return None, kernels.marginals_jvp(ctx.circuit._prog, r, v.contiguous()), None, None
+
+
+class Circuit:
+    """A compiled circuit over n variables. Create with ``circuits.compile_circuit``.
+
+    Set ``validate = False`` to skip the input checks (they cost one host synchronisation).
+    """
+
+    def __init__(self, layout: Layout, spec: Spec | None = None, info: dict | None = None, device="cpu"):
+        self.layout = layout
+        self.spec = spec
+        self.info = dict(info or {})
+        self.validate = True
+        self._prog = kernels.Program.from_layout(layout, device)
+        self.device = torch.device(device)
+
+    # --- housekeeping -------------------------------------------------------------------------
+    @property
+    def n(self) -> int:
+        return self.layout.n
+
+    def sizes(self) -> dict:
+        """Variables, levels, groups, nodes, live elements, padded elements, padding ratio, slots."""
+        return self.layout.sizes()
+
+    def to(self, device) -> "Circuit":
+        """A copy whose tensors live on ``device`` (the layout arrays are shared)."""
+        return Circuit(self.layout, self.spec, self.info, device)
+
+    def __repr__(self) -> str:
+        s = self.sizes()
+        name = self.spec.describe() if self.spec is not None else f"n={self.n}"
+        return (
+            f"Circuit({name}, levels={s['levels']}, nodes={s['nodes']}, "
+            f"elements={s['elements']}, padding={s['padding']}, device={self.device})"
+        )
+
+    def to_networkx(self) -> nx.DiGraph:
+        """The pruned circuit as a DAG: OR nodes (decision nodes), AND nodes (elements), literals.
+
+        Node attributes: ``kind`` in {"or", "and", "literal", "true"}, ``level``, and ``label``.
+        Edges point from parent to child.
+        """
+        L, n = self.layout, self.n
+        G = nx.DiGraph()
+
+        def leaf(slot: int) -> str:
+            if slot == TRUE_SLOT:
+                G.add_node("T", kind="true", level=0, label="⊤")
+                return "T"
+            i = slot - 2 if slot < 2 + n else slot - 2 - n
+            name = f"x{i}" if slot < 2 + n else f"¬x{i}"
+            G.add_node(name, kind="literal", level=0, label=name, var=i, positive=slot < 2 + n)
+            return name
+
+        def name(slot: int) -> str:
+            return leaf(slot) if slot < 2 + 2 * n else f"or{slot}"
+
+        for start, nodes, fanin, off, height in L.groups.tolist():
+            for j in range(nodes):
+                parent = f"or{start + j}"
+                G.add_node(parent, kind="or", level=2 * height, label="⊕")
+                for e in range(fanin):
+                    row = off + j * fanin + e
+                    p, s = L.children[row].tolist()
+                    if p == FALSE_SLOT:
+                        continue
+                    a = f"and{row}"
+                    G.add_node(a, kind="and", level=2 * height - 1, label="⊗")
+                    G.add_edge(parent, a)
+                    G.add_edge(a, name(p))
+                    G.add_edge(a, name(s))
+        return G
+
+    # --- input handling -----------------------------------------------------------------------
+    def _flatten(self, logits: Tensor, name: str = "logits") -> tuple[Tensor, torch.Size]:
+        """[..., n] -> fp32/fp64 [T, n] on this circuit's device, plus the leading shape."""
+        if not isinstance(logits, Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(logits).__name__}")
+        if logits.dim() == 0 or logits.shape[-1] != self.n:
+            raise ValueError(f"{name} must have shape [..., n] with n = {self.n}, got {list(logits.shape)}")
+        if not logits.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got {logits.dtype}")
+        if logits.device != self.device:
+            raise ValueError(
+                f"{name} is on {logits.device} but the circuit is on {self.device}; use circuit.to(device)"
+            )
+        dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        return logits.reshape(-1, self.n).to(dtype).contiguous(), logits.shape[:-1]
+
+    def _check(self, r: Tensor, log_z: Tensor) -> None:
+        """One host sync: raise ValueError for NaN / +inf logits or an unmeetable constraint."""
+        if not self.validate or r.shape[0] == 0:
+            return
+        if bool(torch.isfinite(log_z).all()) and not bool(torch.isposinf(r).any()):
+            return
+        if bool(torch.isnan(r).any()):
+            raise ValueError("logits contain NaN")
+        if bool(torch.isposinf(r).any()):
+            raise ValueError("logits must be finite or -inf (never chosen); got +inf")
+        bad = int((~torch.isfinite(log_z)).nonzero()[0, 0])
+        finite = int(torch.isfinite(r[bad]).sum())
+        need = ""
+        if self.spec is not None and getattr(self.spec, "cardinalities", None):
+            need = f" (needs at least {self.spec.cardinalities[0]} variables that are not -inf)"
+        raise ValueError(
+            f"logits make the constraint unsatisfiable at row {bad}: {finite} finite logits{need}"
+        )
+
+    def _shift(self, r: Tensor) -> Tensor:
+        """Exactly-k distributions are shift invariant: subtract the row max for precision."""
+        if self.spec is None or not self.spec.fixed_cardinality:
+            return r
+        top = r.amax(dim=-1, keepdim=True)  # [T, 1]
+        return r - torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+
+    def _upward_checked(self, r: Tensor) -> kernels.Upward:
+        up = kernels.upward(self._prog, r)
+        self._check(r, up.val[-1])
+        return up
+
+    # --- the four queries ---------------------------------------------------------------------
+    def log_partition(self, logits: Tensor) -> Tensor:
+        """log P(constraint) under independent Bernoulli(sigmoid(logits)): [..., n] -> [...].
+
+        Differentiable; d/d logits = marginals - sigmoid(logits), and twice differentiable.
+        """
+        r, lead = self._flatten(logits)
+        return _LogPartition.apply(self, r).reshape(lead).to(logits.dtype)
+
+    def marginals(self, logits: Tensor) -> Tensor:
+        """P(x_i = 1 | constraint): [..., n] -> [..., n]. Its Jacobian is Cov(x) (exact)."""
+        r, lead = self._flatten(logits)
+        m, _ = _Marginals.apply(self, r, False, None)
+        return m.reshape(*lead, self.n).to(logits.dtype)
+
+    def sample(self, logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """Exact draws from P(x | constraint): [..., n] -> [..., n] in {0, 1}, logits' dtype."""
+        r, lead = self._flatten(logits)
+        with torch.no_grad():
+            r = self._shift(r)
+            up = self._upward_checked(r)
+            z = kernels.sample(self._prog, r, up, generator)
+        return z.reshape(*lead, self.n).to(logits.dtype)
+
+    def map(self, logits: Tensor) -> Tensor:
+        """The most probable satisfying assignment: [..., n] -> [..., n] in {0, 1}."""
+        r, lead = self._flatten(logits)
+        with torch.no_grad():
+            r = self._shift(r)
+            self._upward_checked(r)
+            z = kernels.map_assignment(self._prog, r)
+        return z.reshape(*lead, self.n).to(logits.dtype)
+
+    def marginals_and_sample(self, logits: Tensor, generator: torch.Generator | None = None):
+        """(marginals, sample) from one upward pass; marginals differentiable as in ``marginals``."""
+        r, lead = self._flatten(logits)
+        m, z = _Marginals.apply(self, r, True, generator)
+        shape = (*lead, self.n)
+        return m.reshape(shape).to(logits.dtype), z.reshape(shape).to(logits.dtype)
+
+    def log_model_count(self) -> float:
+        """log of the number of satisfying assignments (from the layout, exact integer arithmetic)."""
+        return math.log(self.layout.model_count())
