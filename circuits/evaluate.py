@@ -20,18 +20,25 @@ from .spec import Spec
 
 
 class _LogPartition(torch.autograd.Function):
-    """log Z(r) [T, n] -> [T]; d log Z / d r = m - sigmoid(r). Saves only r."""
+    """log Z(r) [T, n] -> [T]; d log Z / d r = m - sigmoid(r).
+
+    The forward also runs the downward pass and saves m, so the backward is one product; under
+    create_graph the backward recomputes m differentiably (double backward works). Saves O(T n).
+    """
 
     @staticmethod
     def forward(ctx, circuit: "Circuit", r: Tensor) -> Tensor:
+        up = circuit._upward_checked(r)
+        m = kernels.marginals_from_flows(circuit._prog, kernels.downward(circuit._prog, up), torch.sigmoid(r))
         ctx.circuit = circuit
-        ctx.save_for_backward(r)
-        return circuit._upward_checked(r).val[-1].clone()  # [T]
+        ctx.save_for_backward(r, m)
+        return up.val[-1].clone()  # [T]
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        (r,) = ctx.saved_tensors
-        m, _ = _Marginals.apply(ctx.circuit, r, False, None)  # differentiable: double backward works
+        r, m = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            m, _ = _Marginals.apply(ctx.circuit, r, False, None)
         return None, grad.unsqueeze(-1) * (m - torch.sigmoid(r))
 
 

@@ -1,22 +1,54 @@
-"""The batched passes over a level layout: plain tensor operations, one handful per group.
+"""The batched passes over a level layout: plain tensor operations, a handful per group.
 
-Buffers are [slots, T]: one row per slot, tokens contiguous, so gathering children is a row
-``index_select``. Leaves hold the normalised log-weights log sigma(r) (x_i) and log sigma(-r)
-(not x_i); with these an SDD needs no smoothing for sums (see ``circuits.layout``).
+Buffers are [slots, T] (one row per slot, tokens contiguous), so gathering children is a row
+``index_select``; element buffers are [rows, T], one row per (padded) element. Leaves hold the
+normalised log-weights log sigma(r) (x_i) and log sigma(-r) (not x_i); with these an SDD needs no
+smoothing for sums (see ``circuits.layout``). Big intermediates are written into buffers
+allocated once per call: fresh allocations of this size cost as much as the arithmetic.
 
-Each pass here has a plain-torch reference in ``circuits.reference`` that the tests compare it to.
+Each pass has a plain-torch reference in ``circuits.reference`` that the tests compare it to.
 No pass synchronises with the host.
 """
 
 from __future__ import annotations
 
+import math
+import threading
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
 import torch.nn.functional as F
+from torch import Tensor
 
 from .layout import FALSE_SLOT, TRUE_SLOT, Layout
+
+
+class Workspace(threading.local):
+    """Scratch buffers reused across calls (one set per thread).
+
+    Fresh multi-megabyte CPU allocations page-fault on first touch, which costs as much as the
+    arithmetic; reusing buffers removes that. ``get(name, shape, like)`` returns a tensor of
+    ``shape`` with ``like``'s dtype and device whose contents are arbitrary. Buffers above
+    ``MAX_BYTES`` are not kept.
+    """
+
+    MAX_BYTES = 256 << 20
+
+    def __init__(self):
+        self.buffers: dict[tuple, Tensor] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        numel = math.prod(shape)
+        key = (name, like.dtype, like.device)
+        buf = self.buffers.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = like.new_empty(numel)
+            if numel * buf.element_size() <= self.MAX_BYTES:
+                self.buffers[key] = buf
+        return buf[:numel].view(shape)
+
+
+WORKSPACE = Workspace()
 
 
 @dataclass
@@ -28,7 +60,12 @@ class Group:
     fanin: int
     prime: Tensor  # long [nodes * fanin]
     sub: Tensor  # long [nodes * fanin]
-    rows: slice  # this group's element rows in the layout's children array
+    rows: slice  # this group's element rows
+    flat: Tensor  # long [nodes, 1]: row offset of each node's first element within the group
+
+    @property
+    def slots(self) -> slice:
+        return slice(self.start, self.start + self.nodes)
 
 
 @dataclass
@@ -37,14 +74,18 @@ class Program:
 
     n: int
     num_slots: int
+    num_rows: int
     groups: list[Group]
     implicit_row: Tensor  # long [P]
     implicit_var: Tensor  # long [P]
-    num_rows: int
 
     @property
     def smooth(self) -> bool:
         return self.implicit_row.numel() == 0
+
+    @property
+    def max_rows(self) -> int:
+        return max(g.nodes * g.fanin for g in self.groups)
 
     @staticmethod
     def from_layout(layout: Layout, device: torch.device | str = "cpu") -> "Program":
@@ -52,26 +93,26 @@ class Program:
         groups = []
         for start, nodes, fanin, off, _ in layout.groups.tolist():
             rows = slice(off, off + nodes * fanin)
-            groups.append(Group(start, nodes, fanin, ch[rows, 0].contiguous(), ch[rows, 1].contiguous(), rows))
+            flat = (torch.arange(nodes, device=device) * fanin).view(nodes, 1)
+            groups.append(Group(start, nodes, fanin, ch[rows, 0].contiguous(), ch[rows, 1].contiguous(), rows, flat))
         imp = torch.as_tensor(layout.implicit, dtype=torch.long, device=device)
-        return Program(layout.n, layout.num_slots, groups, imp[:, 0].contiguous(), imp[:, 1].contiguous(), len(ch))
+        return Program(layout.n, layout.num_slots, len(ch), groups, imp[:, 0].contiguous(), imp[:, 1].contiguous())
 
 
 @dataclass
 class Upward:
-    """The result of an upward pass: slot values and the element values of every group."""
+    """An upward pass: slot log-values, and per element row either exp(e - node max) ("sum")
+    or the element log-value ("max"); ``norm`` holds each node's sum of ``ex`` (1 where dead)."""
 
-    val: Tensor  # [S, T]
-    elems: list[Tensor]  # per group [nodes, fanin, T]
+    val: Tensor  # [S, T] log values
+    ex: Tensor  # [R, T]
+    norm: Tensor | None  # [S, T]; rows of decision slots are set ("sum" mode only)
 
 
-def leaves(prog: Program, r: Tensor, pos: Tensor, neg: Tensor) -> Tensor:
-    """A fresh [S, T] buffer with FALSE, TRUE and the literal rows filled.
-
-    r: [T, n] (only its dtype, device and T are used); pos, neg: [T, n] leaf values.
-    """
-    T, n = r.shape
-    buf = r.new_empty(prog.num_slots, T)
+def leaves(prog: Program, pos: Tensor, neg: Tensor, name: str) -> Tensor:
+    """An [S, T] workspace buffer with FALSE = -inf, TRUE = 0 and the literal rows from pos, neg [T, n]."""
+    T, n = pos.shape
+    buf = WORKSPACE.get(name, (prog.num_slots, T), pos)
     buf[FALSE_SLOT] = -torch.inf
     buf[TRUE_SLOT] = 0.0
     buf[2 : 2 + n] = pos.T
@@ -79,119 +120,129 @@ def leaves(prog: Program, r: Tensor, pos: Tensor, neg: Tensor) -> Tensor:
     return buf
 
 
-def _elements(val: Tensor, g: Group) -> Tensor:
-    """Element values val[prime] + val[sub]: [S, T] -> [nodes, fanin, T]."""
-    e = val.index_select(0, g.prime) + val.index_select(0, g.sub)
+def _gather_elements(val: Tensor, g: Group, out: Tensor, tmp: Tensor) -> Tensor:
+    """out[rows] = val[prime] + val[sub]: [S, T] -> [nodes, fanin, T] (a view of ``out``)."""
+    e = out[g.rows]
+    torch.index_select(val, 0, g.prime, out=e)
+    t = tmp[: e.shape[0]]
+    torch.index_select(val, 0, g.sub, out=t)
+    e.add_(t)
     return e.view(g.nodes, g.fanin, -1)
 
 
-def upward(prog: Program, r: Tensor, *, gap: Tensor | None = None, mode: str = "sum") -> Upward:
-    """Log-partition of every node: logsumexp (mode "sum") or max ("max") over elements.
+def upward(prog: Program, r: Tensor, *, mode: str = "sum", gap: Tensor | None = None) -> Upward:
+    """Every node's log-value: logsumexp ("sum") or max ("max") over its elements.
 
-    r: [T, n] logits. gap: optional [R, T] per-element-row addend (MAP's implicit variables).
+    r: [T, n] logits. gap: optional [R, T] addend per element row (MAP's implicit variables).
     """
-    val = leaves(prog, r, F.logsigmoid(r), F.logsigmoid(-r))
-    elems = []
+    val = leaves(prog, F.logsigmoid(r), F.logsigmoid(-r), "val")
+    T = r.shape[0]
+    ex = WORKSPACE.get("ex", (prog.num_rows, T), r)
+    tmp = WORKSPACE.get("tmp", (prog.max_rows, T), r)
+    norm = WORKSPACE.get("norm", (prog.num_slots, T), r).fill_(1.0) if mode == "sum" else None
     for g in prog.groups:
-        e = _elements(val, g)
+        e = _gather_elements(val, g, ex, tmp)  # [nodes, F, T]
         if gap is not None:
-            e = e + gap[g.rows].view(g.nodes, g.fanin, -1)
-        if mode == "sum":
-            val[g.start : g.start + g.nodes] = torch.logsumexp(e, dim=1)  # [nodes, F, T] -> [nodes, T]
-        else:
-            val[g.start : g.start + g.nodes] = e.amax(dim=1)
-        elems.append(e)
-    return Upward(val, elems)
-
-
-def _weights(up: Upward, g: Group, e: Tensor) -> Tensor:
-    """Element probabilities given their node, exp(e - node): [nodes, fanin, T]; 0 under dead nodes."""
-    node = up.val[g.start : g.start + g.nodes]
-    node = torch.where(torch.isfinite(node), node, torch.zeros_like(node))
-    return torch.exp(e - node.unsqueeze(1))
+            e.add_(gap[g.rows].view(g.nodes, g.fanin, T))
+        top = e.amax(dim=1)  # [nodes, F, T] -> [nodes, T]
+        if mode == "max":
+            val[g.slots] = top
+            continue
+        top.masked_fill_(torch.isinf(top), 0.0)  # dead node: all -inf
+        e.sub_(top.unsqueeze(1)).exp_()
+        s = e.sum(dim=1)  # [nodes, T]; 0 exactly when the node is dead
+        val[g.slots] = s.log().add_(top)
+        norm[g.slots] = s.masked_fill_(s == 0, 1.0)
+    return Upward(val, ex, norm)
 
 
 def downward(prog: Program, up: Upward) -> Tensor:
-    """Flows g[s] = d log Z / d val[s] for every slot (top-down): -> [S, T]."""
-    g = torch.zeros_like(up.val)
+    """Flows g[s] = d log Z / d val[s] for every slot, top-down: -> [S, T]."""
+    g = WORKSPACE.get("g", up.val.shape, up.val).zero_()
     g[prog.num_slots - 1] = 1.0
-    for grp, e in zip(reversed(prog.groups), reversed(up.elems)):
-        flow = _weights(up, grp, e) * g[grp.start : grp.start + grp.nodes].unsqueeze(1)
-        flow = flow.view(-1, flow.shape[-1])  # [nodes * F, T]
+    tmp = WORKSPACE.get("tmp", (prog.max_rows, up.val.shape[1]), up.val)
+    for grp in reversed(prog.groups):
+        coef = g[grp.slots] / up.norm[grp.slots]  # [nodes, T]
+        flow = tmp[: grp.nodes * grp.fanin]
+        torch.mul(up.ex[grp.rows].view(grp.nodes, grp.fanin, -1), coef.unsqueeze(1), out=flow.view(grp.nodes, grp.fanin, -1))
         g.index_add_(0, grp.prime, flow)
         g.index_add_(0, grp.sub, flow)
     return g
 
 
 def marginals_from_flows(prog: Program, g: Tensor, p: Tensor) -> Tensor:
-    """P(x_i = 1 | C) = flow(x_i) + p_i * P(x_i implicit): [S, T] flows, [T, n] p -> [T, n]."""
+    """P(x_i = 1 | C) = flow(x_i) + p_i * P(x_i implicit): flows [S, T], p [T, n] -> [T, n]."""
     n = prog.n
-    gp, gn = g[2 : 2 + n].T, g[2 + n : 2 + 2 * n].T
+    gp = g[2 : 2 + n].T
     if prog.smooth:
-        return gp.clone()
+        return gp.clone(memory_format=torch.contiguous_format)
+    gn = g[2 + n : 2 + 2 * n].T
     return gp + p * (1.0 - gp - gn)
 
 
 def marginals_jvp(prog: Program, r: Tensor, v: Tensor) -> Tensor:
-    """Cov(z) v = (d m / d r) v by forward-mode tangents through the upward and downward passes.
+    """Cov(z) v = (dm/dr) v, by forward-mode tangents through the upward and downward passes.
 
     r, v: [T, n] -> [T, n]. Recomputes the passes; keeps nothing beyond this call.
     """
-    n = prog.n
+    n, T = prog.n, r.shape[0]
     p = torch.sigmoid(r)
     up = upward(prog, r)
-    dval = leaves(prog, r, (1.0 - p) * v, -p * v)
+    dval = leaves(prog, (1.0 - p) * v, -p * v, "dval")
     dval[FALSE_SLOT] = 0.0
-    weights, delems = [], []
-    for grp, e in zip(prog.groups, up.elems):
-        w = _weights(up, grp, e)  # [nodes, F, T]
-        de = _elements(dval, grp)
-        dval[grp.start : grp.start + grp.nodes] = (w * de).sum(dim=1)
-        weights.append(w)
-        delems.append(de)
-    g = torch.zeros_like(up.val)
-    dg = torch.zeros_like(up.val)
+    de_all = WORKSPACE.get("de", (prog.num_rows, T), r)
+    tmp = WORKSPACE.get("tmp", (prog.max_rows, T), r)
+    for grp in prog.groups:
+        de = _gather_elements(dval, grp, de_all, tmp)  # [nodes, F, T]
+        w = tmp[: grp.nodes * grp.fanin].view(grp.nodes, grp.fanin, T)
+        torch.mul(up.ex[grp.rows].view(grp.nodes, grp.fanin, T), de, out=w)
+        dval[grp.slots] = w.sum(dim=1).div_(up.norm[grp.slots])  # E_w[de]: [nodes, T]
+    g = WORKSPACE.get("g", up.val.shape, r).zero_()
+    dg = WORKSPACE.get("dg", up.val.shape, r).zero_()
     g[prog.num_slots - 1] = 1.0
-    for grp, w, de in zip(reversed(prog.groups), reversed(weights), reversed(delems)):
-        sl = slice(grp.start, grp.start + grp.nodes)
-        gn, dgn, dnode = g[sl].unsqueeze(1), dg[sl].unsqueeze(1), dval[sl].unsqueeze(1)
-        flow = (w * gn).view(-1, gn.shape[-1])
-        dflow = (w * (dgn + gn * (de - dnode))).view(-1, gn.shape[-1])
+    for grp in reversed(prog.groups):
+        sl, rows = grp.slots, grp.rows
+        coef = (g[sl] / up.norm[sl]).unsqueeze(1)  # [nodes, 1, T]
+        dcoef = (dg[sl] / up.norm[sl]).unsqueeze(1)
+        ex = up.ex[rows].view(grp.nodes, grp.fanin, T)
+        flow = tmp[: grp.nodes * grp.fanin]
+        torch.mul(ex, coef, out=flow.view(grp.nodes, grp.fanin, T))
         g.index_add_(0, grp.prime, flow)
         g.index_add_(0, grp.sub, flow)
-        dg.index_add_(0, grp.prime, dflow)
-        dg.index_add_(0, grp.sub, dflow)
+        # d flow = ex * (dcoef + coef * (de - dnode)), written over de
+        de = de_all[rows].view(grp.nodes, grp.fanin, T)
+        de.sub_(dval[sl].unsqueeze(1)).mul_(coef).add_(dcoef).mul_(ex)
+        g_d = de_all[rows]
+        dg.index_add_(0, grp.prime, g_d)
+        dg.index_add_(0, grp.sub, g_d)
     dgp = dg[2 : 2 + n].T
     if prog.smooth:
-        return dgp.clone()
+        return dgp.clone(memory_format=torch.contiguous_format)
     gp, gneg, dgneg = g[2 : 2 + n].T, g[2 + n : 2 + 2 * n].T, dg[2 + n : 2 + 2 * n].T
     return dgp + p * (1.0 - p) * v * (1.0 - gp - gneg) - p * (dgp + dgneg)
 
 
-def _choose(prog: Program, up: Upward, pick) -> Tensor:
-    """Top-down selection: ``pick(group, weights_or_elems, i)`` -> chosen element [nodes, 1, T].
+def _descend(prog: Program, up: Upward, choose) -> Tensor:
+    """Top-down selection. ``choose(group)`` -> chosen element per node and token, long [nodes, T].
 
-    Returns the active indicator of every slot, [S, T] (> 0 where active).
+    Returns the active indicator of every slot, [S, T] (> 0 where active). Only the chosen
+    element's prime and sub are touched: a scatter of [nodes, T] per group.
     """
-    act = torch.zeros_like(up.val)
+    act = WORKSPACE.get("act", up.val.shape, up.val).zero_()
     act[prog.num_slots - 1] = 1.0
-    for i in reversed(range(len(prog.groups))):
-        grp = prog.groups[i]
-        a = act[grp.start : grp.start + grp.nodes].unsqueeze(1)  # [nodes, 1, T]
+    for grp in reversed(prog.groups):
+        a = act[grp.slots].clone()  # [nodes, T]
         if grp.fanin == 1:
-            sel = a.clone()  # index_add_ may not read the buffer it writes
+            rows = grp.flat.expand_as(a)
         else:
-            choice = pick(grp, up.elems[i], i)
-            ar = torch.arange(grp.fanin, device=a.device).view(1, -1, 1)
-            sel = (ar == choice).to(a.dtype) * a  # [nodes, F, T]
-        sel = sel.reshape(-1, a.shape[-1])
-        act.index_add_(0, grp.prime, sel)
-        act.index_add_(0, grp.sub, sel)
+            rows = choose(grp).add_(grp.flat)  # [nodes, T] row within the group
+        act.scatter_add_(0, grp.prime[rows], a)
+        act.scatter_add_(0, grp.sub[rows], a)
     return act
 
 
 def _assignment(prog: Program, act: Tensor, fill: Tensor | None) -> Tensor:
-    """Variables from the active literals; implicit ones from ``fill`` ([T, n]); -> [T, n] in {0, 1}."""
+    """Variables from the active literals; implicit ones from ``fill`` ([T, n]) -> [T, n] in {0, 1}."""
     n = prog.n
     on = act[2 : 2 + n].T > 0
     if fill is None:
@@ -203,17 +254,20 @@ def _assignment(prog: Program, act: Tensor, fill: Tensor | None) -> Tensor:
 def sample(prog: Program, r: Tensor, up: Upward, generator: torch.Generator | None = None) -> Tensor:
     """Exact ancestral sampling: each active node picks one element with probability exp(e - node).
 
-    Inverse-CDF over the fan-in with one uniform per node and token. r: [T, n] -> [T, n].
+    Inverse CDF over the fan-in, one uniform per node and token. r: [T, n], up: a "sum" pass -> [T, n].
     """
+    T = r.shape[0]
 
-    def pick(grp: Group, e: Tensor, i: int) -> Tensor:
-        w = _weights(up, grp, e)
-        cum = w.cumsum(dim=1)  # [nodes, F, T]
-        u = torch.rand(grp.nodes, 1, e.shape[-1], generator=generator, device=e.device, dtype=e.dtype)
-        choice = (cum <= u * cum[:, -1:]).sum(dim=1, keepdim=True)
-        return torch.where(choice < grp.fanin, choice, w.argmax(dim=1, keepdim=True))
+    def choose(grp: Group) -> Tensor:
+        ex = up.ex[grp.rows].view(grp.nodes, grp.fanin, T)
+        cum = ex.cumsum(dim=1)  # [nodes, F, T]
+        u = torch.rand(grp.nodes, 1, T, generator=generator, device=r.device, dtype=r.dtype)
+        x = u.mul_(cum[:, -1:])
+        choice = (cum <= x).sum(dim=1, dtype=torch.int32).long()  # first element whose cum passes x
+        # u * total can round up to total: fall back to the heaviest element
+        return torch.where(choice < grp.fanin, choice, ex.max(dim=1).indices)
 
-    act = _choose(prog, up, pick)
+    act = _descend(prog, up, choose)
     fill = None
     if not prog.smooth:
         u = torch.rand(r.shape, generator=generator, device=r.device, dtype=r.dtype)
@@ -224,14 +278,15 @@ def sample(prog: Program, r: Tensor, up: Upward, generator: torch.Generator | No
 def map_assignment(prog: Program, r: Tensor) -> Tensor:
     """Most probable satisfying assignment by max-product up, argmax down. r: [T, n] -> [T, n].
 
-    An implicit variable contributes max(p, 1 - p) (log: logsigmoid(|r|)) to the max-product and
-    takes its own argmax r > 0.
+    An implicit variable contributes max(p, 1 - p) (log: logsigmoid(|r|)) to the max-product
+    and takes its own argmax, r > 0.
     """
     gap = None
     if not prog.smooth:
         h = F.logsigmoid(r.abs()).T  # [n, T]
-        gap = r.new_zeros(prog.num_rows, r.shape[0])
+        gap = WORKSPACE.get("gap", (prog.num_rows, r.shape[0]), r).zero_()
         gap.index_add_(0, prog.implicit_row, h.index_select(0, prog.implicit_var))
-    up = upward(prog, r, gap=gap, mode="max")
-    act = _choose(prog, up, lambda grp, e, i: e.argmax(dim=1, keepdim=True))
+    up = upward(prog, r, mode="max", gap=gap)
+    T = r.shape[0]
+    act = _descend(prog, up, lambda grp: up.ex[grp.rows].view(grp.nodes, grp.fanin, T).max(dim=1).indices)
     return _assignment(prog, act, None if prog.smooth else (r > 0).to(r.dtype))
