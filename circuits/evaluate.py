@@ -22,17 +22,21 @@ from .spec import Spec
 class _LogPartition(torch.autograd.Function):
     """log Z(r) [T, n] -> [T]; d log Z / d r = m - sigmoid(r).
 
-    The forward also runs the downward pass and saves m, so the backward is one product; under
+    When a gradient is needed the forward also runs the downward pass and saves m, so the
+    backward is one product; under
     create_graph the backward recomputes m differentiably (double backward works). Saves O(T n).
     """
 
     @staticmethod
     def forward(ctx, circuit: "Circuit", r: Tensor) -> Tensor:
         up = circuit._upward_checked(r)
-        m = kernels.marginals_from_flows(circuit._prog, kernels.downward(circuit._prog, up), torch.sigmoid(r))
+        log_z = up.val[-1].clone()  # [T]
+        m = None
+        if ctx.needs_input_grad[1]:
+            m = kernels.marginals_from_flows(circuit._prog, kernels.downward(circuit._prog, up), torch.sigmoid(r))
         ctx.circuit = circuit
         ctx.save_for_backward(r, m)
-        return up.val[-1].clone()  # [T]
+        return log_z
 
     @staticmethod
     def backward(ctx, grad: Tensor):

@@ -102,7 +102,8 @@ class Program:
 @dataclass
 class Upward:
     """An upward pass: slot log-values, and per element row either exp(e - node max) ("sum")
-    or the element log-value ("max"); ``norm`` holds each node's sum of ``ex`` (1 where dead)."""
+    or the element log-value ("max"); ``norm`` holds each node's sum of ``ex`` (at least the
+    smallest normal float, so dividing a dead node's zero flow by it gives 0)."""
 
     val: Tensor  # [S, T] log values
     ex: Tensor  # [R, T]
@@ -130,16 +131,23 @@ def _gather_elements(val: Tensor, g: Group, out: Tensor, tmp: Tensor) -> Tensor:
     return e.view(g.nodes, g.fanin, -1)
 
 
+def log_sigmoids(r: Tensor) -> tuple[Tensor, Tensor]:
+    """(log sigma(r), log sigma(-r)) for r in [-inf, inf): [T, n] -> 2 x [T, n]; cheaper than two logsigmoid calls."""
+    soft = torch.exp(-r.abs()).log1p_()  # log(1 + e^-|r|)
+    return r.clamp(max=0.0).sub_(soft), r.neg().clamp_(max=0.0).sub_(soft)
+
+
 def upward(prog: Program, r: Tensor, *, mode: str = "sum", gap: Tensor | None = None) -> Upward:
     """Every node's log-value: logsumexp ("sum") or max ("max") over its elements.
 
     r: [T, n] logits. gap: optional [R, T] addend per element row (MAP's implicit variables).
     """
-    val = leaves(prog, F.logsigmoid(r), F.logsigmoid(-r), "val")
+    val = leaves(prog, *log_sigmoids(r), "val")
     T = r.shape[0]
     ex = WORKSPACE.get("ex", (prog.num_rows, T), r)
     tmp = WORKSPACE.get("tmp", (prog.max_rows, T), r)
-    norm = WORKSPACE.get("norm", (prog.num_slots, T), r).fill_(1.0) if mode == "sum" else None
+    norm = WORKSPACE.get("norm", (prog.num_slots, T), r) if mode == "sum" else None
+    lowest, tiny = torch.finfo(r.dtype).min, torch.finfo(r.dtype).tiny
     for g in prog.groups:
         e = _gather_elements(val, g, ex, tmp)  # [nodes, F, T]
         if gap is not None:
@@ -148,11 +156,11 @@ def upward(prog: Program, r: Tensor, *, mode: str = "sum", gap: Tensor | None = 
         if mode == "max":
             val[g.slots] = top
             continue
-        top.masked_fill_(torch.isinf(top), 0.0)  # dead node: all -inf
+        top.clamp_(min=lowest)  # a dead node (all -inf) keeps exp(e - top) = 0, not NaN
         e.sub_(top.unsqueeze(1)).exp_()
         s = e.sum(dim=1)  # [nodes, T]; 0 exactly when the node is dead
         val[g.slots] = s.log().add_(top)
-        norm[g.slots] = s.masked_fill_(s == 0, 1.0)
+        norm[g.slots] = s.clamp_(min=tiny)  # dead nodes get no flow: 0 / tiny = 0
     return Upward(val, ex, norm)
 
 
