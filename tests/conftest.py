@@ -1,0 +1,16 @@
+import os
+
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """Every test session compiles into its own cache directory, never the user's."""
+    path = tmp_path_factory.mktemp("probmoe-cache")
+    old = os.environ.get("PROBMOE_CACHE")
+    os.environ["PROBMOE_CACHE"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("PROBMOE_CACHE", None)
+    else:
+        os.environ["PROBMOE_CACHE"] = old
