@@ -9,7 +9,8 @@ One directory per spec, ``<cache root>/<spec key>/``, holding
     circuit.dot     the SDD as Graphviz DOT
 
 Nothing is trusted blindly: on every read the format version, the spec, each file's checksum,
-the layout's structure and its exact model count are checked, and any failure warns
+the layout's structure, its exact model count and its log-partition at probe logits (against an
+independent computation, ``circuits.probe``) are checked, and any failure warns
 (``CacheWarning``) and recompiles. Writes go to a private temporary directory that is renamed
 into place, so readers never see half an entry and concurrent writers all succeed.
 """
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import probe
 from .layout import Layout
 from .spec import Spec, spec_to_dict
 
@@ -91,6 +93,8 @@ def read_entry(path: Path, spec: Spec | None = None) -> tuple[Layout, dict]:
     count = layout.model_count()
     if str(count) != manifest.get("model_count") or (spec is not None and spec.model_count() not in (None, count)):
         raise ValueError("the layout's model count is wrong")
+    if spec is not None:
+        probe.check(layout, spec, path)
     return layout, manifest
 
 

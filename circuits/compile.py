@@ -14,7 +14,7 @@ import time
 
 from pysdd.sdd import SddManager, SddNode, Vtree
 
-from . import cache
+from . import cache, probe
 from .evaluate import Circuit
 from .layout import build_layout
 from .spec import CnfFile, ExactlyK, RangeK, SddFile, Spec
@@ -114,6 +114,7 @@ def compile_circuit(spec, *, cache_dir=None, force: bool = False, device="cpu") 
     expected = spec.model_count()
     if expected is not None and count != expected:
         raise RuntimeError(f"compiled model count {count} != {expected} for {spec.describe()}")
+    probe.check(layout, spec)  # a self-check against an independent computation
     info = {
         "compile_seconds": seconds,
         "sdd_size": root.size(),
