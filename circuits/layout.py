@@ -11,7 +11,7 @@ Slots (rows of the evaluator's value buffer, tokens along the other axis):
 
 Each group holds ``nodes`` decision nodes of the same height, each with ``fanin`` elements
 (prime slot, sub slot); shorter nodes are padded with (FALSE, TRUE), which has value log 0.
-Elements whose sub is FALSE are pruned. A level whose padding would pass 1.5x is split into
+Elements whose sub is FALSE are pruned. A level whose padding would pass MAX_PADDING (1.1x) is split into
 fan-in buckets. Every child slot of a group lies below the group's first slot.
 
 SDDs are not smooth: a variable of an element's vtree that neither its prime nor its sub
@@ -29,7 +29,7 @@ import numpy as np
 from pysdd.sdd import SddManager, SddNode
 
 FALSE_SLOT, TRUE_SLOT = 0, 1
-MAX_PADDING = 1.5
+MAX_PADDING = 1.1
 
 
 @dataclass(frozen=True)
@@ -99,21 +99,23 @@ class Layout:
         return rows
 
     def model_count(self) -> int:
-        """Exact model count over all n variables, in Python integers (no 64-bit overflow)."""
-        count = [0] * self.num_slots
-        count[TRUE_SLOT] = 1
-        for i in range(2, 2 + 2 * self.n):
-            count[i] = 1
+        """Exact model count over all n variables, in Python integers (no 64-bit overflow).
+
+        Each element counts count(prime) * count(sub) * 2^(its implicit variables); numpy object
+        arrays keep the arithmetic in Python integers while looping in C.
+        """
+        count = np.zeros(self.num_slots, dtype=object)
+        count[TRUE_SLOT : 2 + 2 * self.n] = 1
         extra = np.zeros(len(self.children), dtype=np.int64)
         np.add.at(extra, self.implicit[:, 0], 1)
+        scale = np.array([1 << int(e) for e in extra], dtype=object) if len(self.implicit) else None
         for s, nodes, fanin, off, _ in self.groups:
-            for j in range(nodes):
-                total = 0
-                for r in range(off + j * fanin, off + (j + 1) * fanin):
-                    p, q = self.children[r]
-                    total += (count[p] * count[q]) << int(extra[r])
-                count[s + j] = total
-        return count[self.root_slot]
+            rows = slice(off, off + nodes * fanin)
+            prod = count[self.children[rows, 0]] * count[self.children[rows, 1]]
+            if scale is not None:
+                prod = prod * scale[rows]
+            count[s : s + nodes] = prod.reshape(nodes, fanin).sum(axis=1)
+        return int(count[self.root_slot])
 
     def validate(self) -> None:
         """Structural checks: shapes, index ranges, children below their parents. Raises ValueError."""

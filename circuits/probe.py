@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -31,15 +32,19 @@ def layout_log_partition(layout: Layout, r: torch.Tensor) -> torch.Tensor:
 
 
 def cardinality_log_partition(r: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-    """log P(lo <= sum x <= hi) for independent Bernoulli(sigmoid(r)): [T, n] -> [T]."""
+    """log P(lo <= sum x <= hi) for independent Bernoulli(sigmoid(r)): [T, n] -> [T].
+
+    dp[t, j] = log P(j of the variables so far are true), one variable at a time (numpy: the
+    arrays are tiny and per-call overhead dominates).
+    """
     T, n = r.shape
-    logp, log1mp = F.logsigmoid(r), F.logsigmoid(-r)
-    dp = torch.full((T, n + 1), -torch.inf, dtype=r.dtype)
+    logp, log1mp = F.logsigmoid(r).numpy(), F.logsigmoid(-r).numpy()
+    dp = np.full((T, hi + 2), -np.inf)
     dp[:, 0] = 0.0
     for i in range(n):
-        shifted = torch.cat([dp.new_full((T, 1), -torch.inf), dp[:, :-1]], dim=1)
-        dp = torch.logaddexp(dp + log1mp[:, i : i + 1], shifted + logp[:, i : i + 1])
-    return torch.logsumexp(dp[:, lo : hi + 1], dim=1)
+        dp[:, 1:] = np.logaddexp(dp[:, 1:] + log1mp[:, i : i + 1], dp[:, :-1] + logp[:, i : i + 1])
+        dp[:, 0] += log1mp[:, i]
+    return torch.from_numpy(np.logaddexp.reduce(dp[:, lo : hi + 1], axis=1))
 
 
 def sdd_log_partition(entry: Path, r: torch.Tensor) -> torch.Tensor:

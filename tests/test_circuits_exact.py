@@ -10,7 +10,15 @@ import circuits
 from circuits import reference
 from brute import exact, masks
 
-torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def _float64():
+    """These tests compare in float64 (1e-9 tolerances); restore the default afterwards."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
 
 EXACT_SPECS = [(n, k) for n in range(1, 11) for k in range(n + 1)]
 RANGE_SPECS = [(n, lo, hi) for n in range(1, 11) for lo, hi in {(0, n), (1, max(1, n - 1)), (n // 3, (2 * n) // 3), (0, 1), (n - 1, n)}]
