@@ -32,7 +32,7 @@ from . import probe
 from .layout import Layout
 from .spec import Spec, spec_to_dict
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 FILES = ("layout.npz", "circuit.sdd", "circuit.vtree", "circuit.dot")
 
 

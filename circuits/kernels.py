@@ -61,7 +61,7 @@ class Group:
     prime: Tensor  # long [nodes * fanin]
     sub: Tensor  # long [nodes * fanin]
     rows: slice  # this group's element rows
-    flat: Tensor  # long [nodes, 1]: row offset of each node's first element within the group
+    first: Tensor  # long [nodes, 1]: the row of each node's first element
 
     @property
     def slots(self) -> slice:
@@ -76,6 +76,9 @@ class Program:
     num_slots: int
     num_rows: int
     groups: list[Group]
+    levels: list[tuple[slice, list[Group]]]  # per height: its slots (contiguous) and groups
+    prime: Tensor  # long [R], all element rows
+    sub: Tensor  # long [R]
     implicit_row: Tensor  # long [P]
     implicit_var: Tensor  # long [P]
 
@@ -90,13 +93,20 @@ class Program:
     @staticmethod
     def from_layout(layout: Layout, device: torch.device | str = "cpu") -> "Program":
         ch = torch.as_tensor(layout.children, dtype=torch.long, device=device)
-        groups = []
-        for start, nodes, fanin, off, _ in layout.groups.tolist():
+        groups, levels = [], []
+        for start, nodes, fanin, off, height in layout.groups.tolist():
             rows = slice(off, off + nodes * fanin)
-            flat = (torch.arange(nodes, device=device) * fanin).view(nodes, 1)
-            groups.append(Group(start, nodes, fanin, ch[rows, 0].contiguous(), ch[rows, 1].contiguous(), rows, flat))
+            first = (off + torch.arange(nodes, device=device) * fanin).view(nodes, 1)
+            grp = Group(start, nodes, fanin, ch[rows, 0].contiguous(), ch[rows, 1].contiguous(), rows, first)
+            groups.append(grp)
+            if levels and levels[-1][0] == height:
+                levels[-1][1].append(grp)
+            else:
+                levels.append((height, [grp]))
+        levels = [(slice(gs[0].start, gs[-1].start + gs[-1].nodes), gs) for _, gs in levels]
         imp = torch.as_tensor(layout.implicit, dtype=torch.long, device=device)
-        return Program(layout.n, layout.num_slots, len(ch), groups, imp[:, 0].contiguous(), imp[:, 1].contiguous())
+        return Program(layout.n, layout.num_slots, len(ch), groups, levels, ch[:, 0].contiguous(),
+                       ch[:, 1].contiguous(), imp[:, 0].contiguous(), imp[:, 1].contiguous())
 
 
 @dataclass
@@ -233,19 +243,17 @@ def marginals_jvp(prog: Program, r: Tensor, v: Tensor) -> Tensor:
 def _descend(prog: Program, up: Upward, choose) -> Tensor:
     """Top-down selection. ``choose(group)`` -> chosen element per node and token, long [nodes, T].
 
-    Returns the active indicator of every slot, [S, T] (> 0 where active). Only the chosen
-    element's prime and sub are touched: a scatter of [nodes, T] per group.
+    Returns the active indicator of every slot, [S, T] (> 0 where active). Per level, only the
+    chosen elements' primes and subs are touched: two scatters of [level nodes, T].
     """
     act = WORKSPACE.get("act", up.val.shape, up.val).zero_()
     act[prog.num_slots - 1] = 1.0
-    for grp in reversed(prog.groups):
-        a = act[grp.slots].clone()  # [nodes, T]
-        if grp.fanin == 1:
-            rows = grp.flat.expand_as(a)
-        else:
-            rows = choose(grp).add_(grp.flat)  # [nodes, T] row within the group
-        act.scatter_add_(0, grp.prime[rows], a)
-        act.scatter_add_(0, grp.sub[rows], a)
+    T = up.val.shape[1]
+    for slots, groups in reversed(prog.levels):
+        a = act[slots].clone()  # [level nodes, T]
+        rows = torch.cat([g.first.expand(g.nodes, T) if g.fanin == 1 else choose(g).add_(g.first) for g in groups])
+        act.scatter_add_(0, prog.prime[rows], a)
+        act.scatter_add_(0, prog.sub[rows], a)
     return act
 
 
@@ -269,11 +277,12 @@ def sample(prog: Program, r: Tensor, up: Upward, generator: torch.Generator | No
     def choose(grp: Group) -> Tensor:
         ex = up.ex[grp.rows].view(grp.nodes, grp.fanin, T)
         cum = ex.cumsum(dim=1)  # [nodes, F, T]
+        total = cum[:, -1:]
         u = torch.rand(grp.nodes, 1, T, generator=generator, device=r.device, dtype=r.dtype)
-        x = u.mul_(cum[:, -1:])
-        choice = (cum <= x).sum(dim=1, dtype=torch.int32).long()  # first element whose cum passes x
-        # u * total can round up to total: fall back to the heaviest element
-        return torch.where(choice < grp.fanin, choice, ex.max(dim=1).indices)
+        # x < total strictly (u * total may round up to it), so the first cum > x has weight > 0
+        x = torch.minimum(u.mul_(total), torch.nextafter(total, torch.zeros_like(total)))
+        choice = (cum <= x).sum(dim=1)  # [nodes, T]: index of the first element whose cum passes x
+        return choice.clamp_(max=grp.fanin - 1)  # dead nodes (total 0) are inactive; keep the index valid
 
     act = _descend(prog, up, choose)
     fill = None
