@@ -1,0 +1,210 @@
+"""Command-line entry points ``probmoe-compile`` and ``probmoe-inspect`` (see pyproject.toml).
+
+Both take one circuit:
+
+    --n N --k K                 ExactlyK(N, K)
+    --n N --kmin A --kmax B     RangeK(N, A, B) (--kmin defaults to 0, --kmax to N)
+    --cnf FILE                  a DIMACS CNF
+    --sdd FILE --vtree FILE     an SDD saved by pysdd / libsdd
+    --entry DIR                 (inspect only) a cache entry directory, read as it is
+
+Exit status: 0 done, 1 the circuit could not be compiled, 2 bad arguments. Errors and cache
+warnings are one line each on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+from .cache import CacheWarning, read_entry
+from .compile import compile_circuit
+from .evaluate import Circuit
+from .inspect_text import render_text, to_dot
+from .report import compile_facts, render_compile
+from .spec import CnfFile, ExactlyK, RangeK, SddFile
+
+# The spec constructors name their fields in ValueError messages; the user typed flags.
+_FLAG = {"n": "--n", "k": "--k", "kmin": "--kmin", "kmax": "--kmax", "sdd": "--sdd", "vtree": "--vtree",
+         "path": "--cnf"}
+_FORMATS = {".png": "png", ".svg": "svg", ".dot": "dot", ".gv": "dot", ".txt": "text"}
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on stderr (no usage block), exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _parser(prog: str, description: str) -> _Parser:
+    p = _Parser(prog=prog, description=description)
+    g = p.add_argument_group("circuit (one of)")
+    g.add_argument("--n", type=int, metavar="N", help="number of variables (N >= 1)")
+    g.add_argument("--k", type=int, metavar="K", help="exactly K of N are true (0 <= K <= N)")
+    g.add_argument("--kmin", type=int, metavar="A", help="at least A are true (0 <= A <= kmax; default 0)")
+    g.add_argument("--kmax", type=int, metavar="B", help="at most B are true (A <= B <= N; default N)")
+    g.add_argument("--cnf", metavar="FILE", help="a DIMACS CNF file (compiled on a balanced vtree)")
+    g.add_argument("--sdd", metavar="FILE", help="an SDD file saved by pysdd/libsdd (needs --vtree)")
+    g.add_argument("--vtree", metavar="FILE", help="the vtree file the --sdd was saved with")
+    p.add_argument("--cache-dir", metavar="DIR",
+                   help="cache root (default: $PROBMOE_CACHE, else $XDG_CACHE_HOME/probmoe, else ~/.cache/probmoe)")
+    return p
+
+
+def _spec(p: _Parser, args, entry: bool = False):
+    """The spec the flags name, or None for ``--entry``; bad flags end in ``p.error`` (exit 2)."""
+    counting = any(getattr(args, a) is not None for a in ("n", "k", "kmin", "kmax"))
+    chosen = [counting, args.cnf is not None, args.sdd is not None or args.vtree is not None,
+              entry and args.entry is not None]
+    if sum(chosen) != 1:
+        what = "--n with --k or --kmin/--kmax, or --cnf FILE, or --sdd FILE --vtree FILE"
+        p.error(("give only one circuit: " if sum(chosen) else "give a circuit: ") + what
+                + (", or --entry DIR" if entry else ""))
+    if entry and args.entry is not None:
+        return None
+    if counting:
+        if args.n is None:
+            p.error("--n is required with --k/--kmin/--kmax (N >= 1)")
+        if args.k is not None and (args.kmin is not None or args.kmax is not None):
+            p.error("--k cannot be combined with --kmin/--kmax: give --k K (0 <= K <= N) or a range")
+        if args.k is None and args.kmin is None and args.kmax is None:
+            p.error("give --k K (0 <= K <= N) or a range --kmin A --kmax B (0 <= A <= B <= N)")
+    else:
+        if (args.sdd is None) != (args.vtree is None):
+            p.error("--sdd and --vtree must be given together")
+        for flag, path in (("--cnf", args.cnf), ("--sdd", args.sdd), ("--vtree", args.vtree)):
+            if path is not None:
+                try:
+                    with open(path, "rb") as f:
+                        head = f.read(1 << 16)
+                except OSError as exc:
+                    p.error(f"{flag} must be a readable file, cannot read {path!r} ({exc.strerror})")
+                if flag == "--cnf" and not _has_dimacs_header(head):
+                    # libsdd would print a parse error and exit the process
+                    p.error(f"--cnf must be a DIMACS CNF file, {path!r} has no 'p cnf' header line")
+    try:
+        if args.k is not None:
+            return ExactlyK(args.n, args.k)
+        if counting:
+            return RangeK(args.n, 0 if args.kmin is None else args.kmin, args.n if args.kmax is None else args.kmax)
+        if args.cnf is not None:
+            return CnfFile(args.cnf)
+        return SddFile(args.sdd, args.vtree)
+    except ValueError as exc:
+        name, _, rest = str(exc).partition(" ")
+        p.error(f"{_FLAG.get(name, name)} {rest}")
+
+
+def _has_dimacs_header(head: bytes) -> bool:
+    """The first line that is neither blank nor a comment starts with ``p cnf``."""
+    for line in head.splitlines():
+        line = line.strip()
+        if line and not line.startswith(b"c"):
+            return line.split()[:2] == [b"p", b"cnf"]
+    return False
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """Send what libsdd prints on file descriptor 1 (e.g. "Read CNF: ...") to stderr meanwhile.
+
+    Keeps stdout clean for ``--json`` and DOT. C's stdio buffer is flushed before fd 1 is restored.
+    """
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        ctypes.CDLL(None).fflush(None)
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _compile(p: _Parser, spec, cache_dir, force: bool = False):
+    """compile_circuit with cache warnings printed as one line each; returns (circuit, warnings)."""
+    with warnings.catch_warnings(record=True) as caught, _stdout_to_stderr():
+        warnings.simplefilter("always", CacheWarning)
+        try:
+            circuit = compile_circuit(spec, cache_dir=cache_dir, force=force)
+        except (ValueError, RuntimeError, OSError) as exc:
+            p.exit(1, f"{p.prog}: error: could not compile {spec.describe()}: {_one_line(exc)}\n")
+    notes = []
+    for w in caught:
+        if issubclass(w.category, CacheWarning):
+            notes.append(_one_line(w.message))
+            print(f"{p.prog}: warning: {notes[-1]}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    return circuit, notes
+
+
+def compile_main(argv: list[str] | None = None) -> int:
+    """``probmoe-compile``: compile a circuit (or load it from the cache) and say what was built."""
+    p = _parser("probmoe-compile", "Compile a constraint into a probabilistic circuit, once; "
+                "later runs load it from the disk cache.")
+    p.add_argument("--force", action="store_true", help="recompile and overwrite the cache entry")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    args = p.parse_args(argv)
+    spec = _spec(p, args)
+    circuit, notes = _compile(p, spec, args.cache_dir, args.force)
+    try:
+        facts = compile_facts(circuit, notes)
+    except RuntimeError as exc:
+        p.exit(1, f"{p.prog}: error: {_one_line(exc)}\n")
+    sys.stdout.write(json.dumps(facts, indent=2) + "\n" if args.json else render_compile(facts))
+    return 0
+
+
+def inspect_main(argv: list[str] | None = None) -> int:
+    """``probmoe-inspect``: show a compiled circuit as a text table, DOT, or a png/svg picture."""
+    p = _parser("probmoe-inspect", "Show a compiled circuit: its levels as text, its graph as DOT, "
+                "or a picture (the whole circuit when small, a per-level summary when large).")
+    p.add_argument("--entry", metavar="DIR", help="a cache entry directory (instead of the circuit flags)")
+    p.add_argument("--format", choices=("text", "dot", "png", "svg"),
+                   help="what to show (default: from the --output suffix, else text)")
+    p.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout (required for png/svg)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--whole", action="store_true", help="draw / list every node, however large")
+    size.add_argument("--summary", action="store_true", help="only the per-level summary, however small")
+    args = p.parse_args(argv)
+    fmt = args.format or (_FORMATS.get(Path(args.output).suffix.lower(), "text") if args.output else "text")
+    if fmt in ("png", "svg") and not args.output:
+        p.error(f"--format {fmt} needs --output FILE")
+    spec = _spec(p, args, entry=True)
+    if spec is None:
+        try:
+            layout, manifest = read_entry(Path(args.entry))
+        except ValueError as exc:
+            p.error(f"--entry must be a valid cache entry directory: {args.entry!r}: {_one_line(exc)}")
+        circuit = Circuit(layout, None, {**manifest, "cache_hit": True, "cache_path": str(Path(args.entry))})
+    else:
+        circuit, _ = _compile(p, spec, args.cache_dir)
+    whole = True if args.whole else False if args.summary else None
+    try:
+        if fmt in ("png", "svg"):
+            from .draw import draw  # matplotlib is imported only when drawing
+
+            kind = draw(circuit, args.output, fmt, whole)
+            print(f"wrote {args.output} ({'whole circuit' if kind == 'whole' else 'per-level summary'}, {fmt})")
+            return 0
+        text = to_dot(circuit) if fmt == "dot" else render_text(circuit, whole)
+        if args.output:
+            Path(args.output).write_text(text, encoding="utf-8")
+            print(f"wrote {args.output} ({fmt})")
+        else:
+            sys.stdout.write(text)
+    except OSError as exc:
+        p.exit(1, f"{p.prog}: error: cannot write {args.output!r} ({exc.strerror or _one_line(exc)})\n")
+    return 0

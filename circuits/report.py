@@ -1,0 +1,85 @@
+"""What ``probmoe-compile`` reports about a circuit: the facts as a dict, and as text.
+
+The model count is an exact Python integer (``Layout.model_count``), never pysdd's
+``global_model_count``, which is an unsigned 64-bit integer and wraps silently. For
+``ExactlyK`` / ``RangeK`` it is checked against ``math.comb``.
+"""
+
+from __future__ import annotations
+
+from .inspect_text import level_table
+from .spec import ExactlyK, RangeK, spec_to_dict
+
+
+def count_formula(spec) -> str | None:
+    """The closed form of the model count, e.g. ``C(64, 8)``; None for SDD / CNF files."""
+    if isinstance(spec, ExactlyK):
+        return f"C({spec.n}, {spec.k})"
+    if isinstance(spec, RangeK):
+        if spec.kmin == spec.kmax:
+            return f"C({spec.n}, {spec.kmin})"
+        return f"sum of C({spec.n}, j) for j in {spec.kmin}..{spec.kmax}"
+    return None
+
+
+def compile_facts(circuit, warnings: list[str] = ()) -> dict:
+    """The JSON-able facts about a compiled ``circuit`` (from ``compile_circuit``).
+
+    ``model_count`` is a decimal string (exact; JSON readers may not hold big integers);
+    ``model_count_checked`` says whether it was compared with ``math.comb`` (and matched:
+    a mismatch raises RuntimeError). Timings are in seconds; ``load_seconds`` is None unless
+    the circuit came from the cache.
+    """
+    info, spec = circuit.info, circuit.spec
+    count = int(info["model_count"])
+    expected = spec.model_count()
+    if expected is not None and expected != count:
+        raise RuntimeError(f"model count {count} of {spec.describe()} != {expected} from math.comb")
+    return {
+        "spec": {**spec_to_dict(spec), "describe": spec.describe()},
+        "status": "cache hit" if info["cache_hit"] else "compiled",
+        "cache_hit": bool(info["cache_hit"]),
+        "cache_path": info.get("cache_path"),
+        "compile_seconds": info["compile_seconds"],
+        "load_seconds": info.get("load_seconds"),
+        "sdd_size": info["sdd_size"],
+        "sdd_count": info["sdd_count"],
+        "sizes": circuit.sizes(),
+        "levels": circuit.layout.levels(),
+        "model_count": str(count),
+        "log_model_count": info["log_model_count"],
+        "model_count_checked": expected is not None,
+        "model_count_formula": count_formula(spec),
+        "pysdd_version": info.get("pysdd_version"),
+        "warnings": list(warnings),
+    }
+
+
+def _seconds(t: float) -> str:
+    return f"{t * 1e3:.1f} ms" if t < 1 else f"{t:.2f} s"
+
+
+def render_compile(facts: dict) -> str:
+    """The text ``probmoe-compile`` prints: what was built, its sizes, count, timings, cache path."""
+    f, s = facts, facts["sizes"]
+    if f["cache_hit"]:
+        head = (f"cache hit: loaded {f['spec']['describe']} in {_seconds(f['load_seconds'])} "
+                f"(compiling it took {_seconds(f['compile_seconds'])})")
+    else:
+        head = f"compiled {f['spec']['describe']} in {_seconds(f['compile_seconds'])} (pysdd {f['pysdd_version']})"
+    if f["model_count_checked"]:
+        count = f"{f['model_count']} = {f['model_count_formula']}, checked against math.comb"
+    else:
+        count = f"{f['model_count']} (exact; no closed form to check against)"
+    cache = f["cache_path"] or "not written (see the warning above)"
+    lines = [
+        head,
+        f"  SDD          size {f['sdd_size']:,}, {f['sdd_count']:,} decision nodes (balanced vtree)",
+        f"  layout       {s['levels']} levels ({s['groups']} groups), {s['nodes']:,} nodes, "
+        f"{s['elements']:,} elements, {s['padded_elements']:,} padded: padding {s['padding']:.2f}x",
+        f"  model count  {count}",
+        f"  cache        {cache}{'' if f['cache_hit'] or not f['cache_path'] else ' (written)'}",
+        "",
+        level_table(f["levels"]),
+    ]
+    return "\n".join(lines) + "\n"
