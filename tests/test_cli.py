@@ -170,7 +170,10 @@ def inspected(cache_dir, cold, tmp_path_factory):
     out = tmp_path_factory.mktemp("cli-out")
     cd = ["--cache-dir", str(cache_dir)]
     small, rng = ["--n", "6", "--k", "3", *cd], ["--n", "6", "--kmin", "2", "--kmax", "4", *cd]
+    cnf = out / "f.cnf"
+    cnf.write_text("c x1 or x2, not x1 or x3\np cnf 3 2\n1 2 0\n-1 3 0\n")
     cmds = {
+        "cnf json": [*COMPILE, "--cnf", str(cnf), "--json", *cd],
         "text": [*INSPECT, "--n", "64", "--k", "8", *cd],
         "text small": [*INSPECT, *rng],
         "entry": [*INSPECT, "--entry", str(cache_dir / "exactly-n64-k8")],
@@ -198,6 +201,12 @@ def test_inspect_text_one_row_per_level(inspected, cache_dir):
         rows = table_rows(out)
         assert [int(r.split()[0]) for r in rows] == list(range(1, len(layout.levels()) + 1))
         assert "nodes: name:" not in out  # too large to list node by node
+
+
+def test_compile_cnf_json_stays_clean(inspected):
+    facts = json.loads(_ok(inspected[1]["cnf json"]))  # libsdd's "Read CNF" goes to stderr
+    assert facts["model_count"] == "4" and not facts["model_count_checked"]
+    assert facts["spec"]["type"] == "CnfFile"
 
 
 def test_inspect_text_small_lists_nodes(inspected):
