@@ -68,11 +68,11 @@ def check(layout: Layout, spec: Spec, entry: Path | None = None) -> None:
     r = probe_logits(layout.n)
     if isinstance(spec, (ExactlyK, RangeK)):
         lo, hi = spec.cardinalities[0], spec.cardinalities[-1]
-        want = cardinality_log_partition(r, lo, hi)
+        want, tol = cardinality_log_partition(r, lo, hi), 1e-9
     elif entry is not None:
-        want = sdd_log_partition(entry, r)
+        want, tol = sdd_log_partition(entry, r), 1e-6  # libsdd's log-mode WMC is good to ~1e-8
     else:
         return
     got = layout_log_partition(layout, r)
-    if not torch.allclose(got, want, rtol=1e-9, atol=1e-9):
+    if not torch.allclose(got, want, rtol=tol, atol=tol):
         raise ValueError(f"the layout computes the wrong function (log Z {got.tolist()} != {want.tolist()})")

@@ -1,6 +1,7 @@
 """Beyond cardinality: any CNF (DIMACS) or pysdd SDD file runs on the same evaluator and cache."""
 
 import itertools
+import warnings
 
 import pytest
 import torch
@@ -54,7 +55,9 @@ def test_cnf_file(cnf_file, tmp_path):
     allowed = _models(N, CLAUSES)
     assert c.layout.model_count() == len(allowed)
     _check_all(c, allowed, torch.randn(5, N) * 1.5)
-    hit = circuits.compile_circuit(circuits.CnfFile(str(cnf_file)), cache_dir=tmp_path / "cache")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a valid file entry must load without complaint
+        hit = circuits.compile_circuit(circuits.CnfFile(str(cnf_file)), cache_dir=tmp_path / "cache")
     assert hit.info["cache_hit"]
 
 
@@ -67,8 +70,10 @@ def test_sdd_file_with_a_right_linear_vtree(tmp_path):
     mgr.vtree().save(str(tmp_path / "f.vtree").encode())
     c = circuits.compile_circuit((tmp_path / "f.sdd", tmp_path / "f.vtree"), cache_dir=tmp_path / "cache")
     _check_all(c, _models(N, CLAUSES), torch.randn(5, N) * 1.5)
-    again = circuits.compile_circuit(circuits.SddFile(str(tmp_path / "f.sdd"), str(tmp_path / "f.vtree")),
-                                     cache_dir=tmp_path / "cache")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = circuits.compile_circuit(circuits.SddFile(str(tmp_path / "f.sdd"), str(tmp_path / "f.vtree")),
+                                         cache_dir=tmp_path / "cache")
     assert again.info["cache_hit"]
 
 
