@@ -136,6 +136,15 @@ def test_read_only_directory_compiles_in_memory(tmp_path):
         ro.chmod(0o700)
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
+def test_directory_not_even_root_can_write_compiles_in_memory():
+    """/proc refuses new entries to every user, root included (CI runs as root)."""
+    with pytest.warns(circuits.CacheWarning, match="not writable"):
+        c = circuits.compile_circuit(SPEC, cache_dir="/proc/probmoe-cache")
+    assert c.info["cache_path"] is None
+    torch.testing.assert_close(c.marginals(R), _truth())
+
+
 def test_read_only_entry_still_loads(tmp_path):
     entry = _fresh(tmp_path)
     for f in entry.iterdir():
