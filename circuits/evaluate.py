@@ -23,8 +23,8 @@ class _LogPartition(torch.autograd.Function):
     """log Z(r) [T, n] -> [T]; d log Z / d r = m - sigmoid(r).
 
     When a gradient is needed the forward also runs the downward pass and saves m, so the
-    backward is one product; under
-    create_graph the backward recomputes m differentiably (double backward works). Saves O(T n).
+    backward is one product; under create_graph the backward recomputes m differentiably
+    (double backward works). Saves O(T n).
     """
 
     @staticmethod
@@ -55,8 +55,8 @@ class _Marginals(torch.autograd.Function):
     @staticmethod
     def forward(ctx, circuit: "Circuit", r: Tensor, want_sample: bool, generator):
         prog = circuit._prog
-        r = circuit._shift(r)
-        up = circuit._upward_checked(r)
+        raw, r = r, circuit._shift(r)
+        up = circuit._upward_checked(r, raw=raw)
         z = kernels.sample(prog, r, up, generator) if want_sample else r.new_empty(0)
         m = kernels.marginals_from_flows(prog, kernels.downward(prog, up), torch.sigmoid(r))
         ctx.circuit = circuit
@@ -185,9 +185,10 @@ class Circuit:
         top = r.amax(dim=-1, keepdim=True)  # [T, 1]
         return r - torch.where(torch.isfinite(top), top, torch.zeros_like(top))
 
-    def _upward_checked(self, r: Tensor) -> kernels.Upward:
+    def _upward_checked(self, r: Tensor, raw: Tensor | None = None) -> kernels.Upward:
+        """The upward pass on r, after which the input checks run on ``raw`` (default r)."""
         up = kernels.upward(self._prog, r)
-        self._check(r, up.val[-1])
+        self._check(r if raw is None else raw, up.val[-1])
         return up
 
     # --- the four queries ---------------------------------------------------------------------
@@ -209,18 +210,17 @@ class Circuit:
         """Exact draws from P(x | constraint): [..., n] -> [..., n] in {0, 1}, logits' dtype."""
         r, lead = self._flatten(logits)
         with torch.no_grad():
-            r = self._shift(r)
-            up = self._upward_checked(r)
-            z = kernels.sample(self._prog, r, up, generator)
+            rs = self._shift(r)
+            z = kernels.sample(self._prog, rs, self._upward_checked(rs, raw=r), generator)
         return z.reshape(*lead, self.n).to(logits.dtype)
 
     def map(self, logits: Tensor) -> Tensor:
         """The most probable satisfying assignment: [..., n] -> [..., n] in {0, 1}."""
         r, lead = self._flatten(logits)
         with torch.no_grad():
-            r = self._shift(r)
-            self._upward_checked(r)
-            z = kernels.map_assignment(self._prog, r)
+            rs = self._shift(r)
+            self._upward_checked(rs, raw=r)
+            z = kernels.map_assignment(self._prog, rs)
         return z.reshape(*lead, self.n).to(logits.dtype)
 
     def marginals_and_sample(self, logits: Tensor, generator: torch.Generator | None = None):
