@@ -135,3 +135,18 @@ def test_leading_dimensions_and_model_count():
     assert c.layout.model_count() == sum(math.comb(10, j) for j in range(2, 6))
     big = circuits.compile_circuit(circuits.ExactlyK(64, 8))
     assert big.layout.model_count() == math.comb(64, 8) == int(big.info["model_count"])
+
+
+def test_to_networkx_and_to_device():
+    import networkx as nx
+
+    c = circuits.compile_circuit(circuits.RangeK(6, 2, 4))
+    G = c.to_networkx()
+    kinds = [d["kind"] for _, d in G.nodes(data=True)]
+    assert kinds.count("or") == c.sizes()["nodes"] and kinds.count("and") == c.sizes()["elements"]
+    assert nx.is_directed_acyclic_graph(G)
+    assert all(G.out_degree(a) == 2 for a, d in G.nodes(data=True) if d["kind"] == "and")
+    r = torch.randn(3, 6)
+    moved = c.to("cpu")
+    torch.testing.assert_close(moved.marginals(r), c.marginals(r))
+    assert "RangeK(n=6, kmin=2, kmax=4)" in repr(c)
