@@ -1,6 +1,7 @@
 import os
 
 import pytest
+import torch
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -14,3 +15,12 @@ def _private_cache(tmp_path_factory):
         os.environ.pop("PROBMOE_CACHE", None)
     else:
         os.environ["PROBMOE_CACHE"] = old
+
+
+@pytest.fixture
+def float64():
+    """Make float64 the default dtype for one test (brute-force comparisons at 1e-9), then restore it."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)

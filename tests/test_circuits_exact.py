@@ -12,13 +12,7 @@ from brute import exact, masks
 
 
 
-@pytest.fixture(autouse=True)
-def _float64():
-    """These tests compare in float64 (1e-9 tolerances); restore the default afterwards."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+pytestmark = pytest.mark.usefixtures("float64")  # 1e-9 tolerances need float64 defaults
 
 EXACT_SPECS = [(n, k) for n in range(1, 11) for k in range(n + 1)]
 RANGE_SPECS = [(n, lo, hi) for n in range(1, 11) for lo, hi in {(0, n), (1, max(1, n - 1)), (n // 3, (2 * n) // 3), (0, 1), (n - 1, n)}]

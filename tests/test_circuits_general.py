@@ -13,13 +13,7 @@ from stats import chi2_pvalue, mask_counts
 
 
 
-@pytest.fixture(autouse=True)
-def _float64():
-    """These tests compare in float64 (1e-9 tolerances); restore the default afterwards."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+pytestmark = pytest.mark.usefixtures("float64")  # 1e-9 tolerances need float64 defaults
 
 # (x1 or x2) and (not x1 or x3) and (x2 or not x4 or x5) and (not x3 or not x5); x6 is unconstrained
 CLAUSES = [[1, 2], [-1, 3], [2, -4, 5], [-3, -5]]
