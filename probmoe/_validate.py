@@ -1,0 +1,77 @@
+"""Argument checks shared by the distribution, ``route`` and the router.
+
+Every failure is a ``ValueError`` that names the argument and the allowed range. Shape and
+integer checks are free; the checks on logit values (NaN, +inf, a cardinality range that -inf
+logits make infeasible) cost one host synchronisation and can be skipped.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+from torch import Tensor
+
+
+def _int_in(name: str, value, lo: int, hi: int) -> int:
+    """``value`` as an int in [lo, hi], else ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if not lo <= int(value) <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}] (N = {hi} experts), got {int(value)}")
+    return int(value)
+
+
+def cardinality(n: int, k=None, kmin=None, kmax=None, *, lowest: int = 0) -> tuple[int, int]:
+    """Resolve ``k`` (exactly k) or ``kmin``/``kmax`` (a range) into (kmin, kmax) with lowest <= kmin <= kmax <= n.
+
+    A missing ``kmin`` defaults to ``lowest``, a missing ``kmax`` to n.
+    """
+    if k is not None:
+        if kmin is not None or kmax is not None:
+            raise ValueError("pass either k (exactly k) or kmin/kmax (a range), not both")
+        k = _int_in("k", k, lowest, n)
+        return k, k
+    if kmin is None and kmax is None:
+        raise ValueError("pass k (exactly k experts) or kmin and kmax (a range of sizes)")
+    kmin = _int_in("kmin", lowest if kmin is None else kmin, lowest, n)
+    kmax = _int_in("kmax", n if kmax is None else kmax, lowest, n)
+    if kmin > kmax:
+        raise ValueError(f"kmin must be <= kmax, got kmin = {kmin}, kmax = {kmax}")
+    return kmin, kmax
+
+
+def logits_tensor(logits, *, dim: int | None = None) -> Tensor:
+    """Check type, dtype and rank of ``logits`` ([..., N], or exactly ``dim``-D); no host sync."""
+    if not isinstance(logits, Tensor):
+        raise ValueError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if not logits.is_floating_point():
+        raise ValueError(f"logits must be a floating-point tensor, got {logits.dtype}")
+    if dim is not None and logits.dim() != dim:
+        raise ValueError(f"logits must be {dim}-D [tokens, experts], got shape {list(logits.shape)}")
+    if logits.dim() == 0 or logits.shape[-1] == 0:
+        raise ValueError(f"logits must have shape [..., N] with N >= 1 experts, got {list(logits.shape)}")
+    return logits
+
+
+def logits_values(logits: Tensor, kmin: int) -> None:
+    """Raise for NaN or +inf logits, or rows with fewer than ``kmin`` logits above -inf.
+
+    One host synchronisation (a single ``tolist``); the offending row is located only on failure.
+    """
+    if logits.numel() == 0:
+        return
+    live = (logits > -torch.inf).sum(-1)  # [...]
+    nan, posinf, fewest = torch.stack(
+        [logits.isnan().any().long(), logits.isposinf().any().long(), live.min().long()]
+    ).tolist()
+    if nan:
+        raise ValueError("logits contain NaN")
+    if posinf:
+        raise ValueError("logits contain +inf; use finite logits, or -inf for 'never chosen'")
+    if fewest < kmin:
+        row = tuple((live < kmin).nonzero()[0].tolist())
+        raise ValueError(
+            f"logits at row {row} have only {int(live[row])} experts above -inf, but kmin = {kmin} "
+            "must be chosen: the constraint is infeasible"
+        )

@@ -1,0 +1,130 @@
+"""The two exact backends behind ``SubsetDistribution``, with one interface.
+
+- ``"dp"``: the dynamic program over experts in ``probmoe.dp``; needs nothing compiled.
+- ``"circuit"``: the compiled circuit of ``circuits.ExactlyK`` / ``circuits.RangeK``.
+
+Every method takes logits r [T, N] (float32 or float64, validated by the caller) and returns
+tensors over the same T rows. ``marginals`` is differentiable with the Jacobian Cov(z) (exact)
+or Cov(z) diag(1 - sigmoid(r)) (``paper=True``); its backward keeps only O(T N) tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import dp
+from .map_rule import map_mask
+
+
+class PaperGrad(torch.autograd.Function):
+    """Identity forward; backward multiplies by 1 - sigmoid(r). Placed in front of an exact-Jacobian
+    marginals function it yields the paper / SIMPLE Jacobian Cov(z) diag(1 - p). Saves only r."""
+
+    @staticmethod
+    def forward(ctx, r: Tensor) -> Tensor:
+        ctx.save_for_backward(r)
+        return r.clone()
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> Tensor:
+        (r,) = ctx.saved_tensors
+        return g * torch.sigmoid(-r)
+
+
+def softplus_sum(r: Tensor) -> Tensor:
+    """Σ_i log(1 + e^{r_i}), the gap between the natural and the paper log-partition: [T, N] -> [T]."""
+    return F.softplus(r).sum(dim=-1)
+
+
+class DPBackend:
+    """``probmoe.dp``: one upward and one downward sweep over the experts per query."""
+
+    name = "dp"
+
+    def __init__(self, n: int, kmin: int, kmax: int, device):
+        self.n, self.kmin, self.kmax = n, kmin, kmax
+
+    def log_counts(self, r: Tensor) -> Tensor:
+        """log Σ_{|S| = j} exp(r·z_S), j = kmin..kmax: [T, N] -> [T, J]."""
+        return dp.LogCounts.apply(r, self.kmin, self.kmax)
+
+    def log_normalizer(self, r: Tensor) -> Tensor:
+        """log Σ_{S ∈ C} exp(r·z_S) (natural form): [T, N] -> [T]."""
+        return torch.logsumexp(self.log_counts(r), dim=-1)
+
+    def log_partition(self, r: Tensor) -> Tensor:
+        """log P_indep(|S| ∈ C) with p = sigmoid(r) (paper form): [T, N] -> [T]."""
+        return self.log_normalizer(r) - softplus_sum(r)
+
+    def marginals(self, r: Tensor, paper: bool, sample: bool = False, generator=None):
+        """(m [T, N], one draw [T, N] or None)."""
+        m, z = dp.MarginalsAndSample.apply(r, self.kmin, self.kmax, paper, sample, generator)
+        return m, z if sample else None
+
+    def sample(self, r: Tensor, num: int, generator=None) -> Tensor:
+        """``num`` exact draws: [T, N] -> [num, T, N]."""
+        u = dp.up(r, self.kmin, self.kmax)
+        return dp.down(u, u.band_probs(), num, generator)[1]
+
+    def mode(self, r: Tensor) -> Tensor:
+        return map_mask(r, self.kmin, self.kmax)
+
+
+@functools.lru_cache(maxsize=64)
+def compiled(kmin: int, kmax: int, n: int, device: str):
+    """The compiled circuit for kmin <= |S| <= kmax over n variables on ``device``; checks off (the
+    caller validates)."""
+    import circuits
+
+    spec = circuits.ExactlyK(n, kmin) if kmin == kmax else circuits.RangeK(n, kmin, kmax)
+    c = circuits.compile_circuit(spec, device=device)
+    c.validate = False
+    return c
+
+
+class CircuitBackend:
+    """``circuits``: the compiled circuit of the constraint (one per size for ``log_counts``)."""
+
+    name = "circuit"
+
+    def __init__(self, n: int, kmin: int, kmax: int, device):
+        self.n, self.kmin, self.kmax, self.device = n, kmin, kmax, str(torch.device(device))
+        self.circuit = compiled(kmin, kmax, n, self.device)
+
+    def log_counts(self, r: Tensor) -> Tensor:
+        sizes = [compiled(j, j, self.n, self.device) for j in range(self.kmin, self.kmax + 1)]
+        paper = torch.stack([c.log_partition(r) for c in sizes], dim=-1)  # [T, J]
+        return paper + softplus_sum(r).unsqueeze(-1)
+
+    def log_normalizer(self, r: Tensor) -> Tensor:
+        return self.log_partition(r) + softplus_sum(r)
+
+    def log_partition(self, r: Tensor) -> Tensor:
+        return self.circuit.log_partition(r)
+
+    def marginals(self, r: Tensor, paper: bool, sample: bool = False, generator=None):
+        if paper:
+            r = PaperGrad.apply(r)
+        if sample:
+            return self.circuit.marginals_and_sample(r, generator)
+        return self.circuit.marginals(r), None
+
+    def sample(self, r: Tensor, num: int, generator=None) -> Tensor:
+        T, N = r.shape
+        return self.circuit.sample(r.expand(num, T, N), generator)
+
+    def mode(self, r: Tensor) -> Tensor:
+        return self.circuit.map(r)
+
+
+BACKENDS = {"dp": DPBackend, "circuit": CircuitBackend}
+
+
+def make(name: str, n: int, kmin: int, kmax: int, device):
+    if name not in BACKENDS:
+        raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {name!r}")
+    return BACKENDS[name](n, kmin, kmax, device)

@@ -1,0 +1,179 @@
+"""``SubsetDistribution``: independent Bernoulli(sigmoid(logits)) conditioned on |S| ∈ [kmin, kmax].
+
+    P(S | C) ∝ Π_{i∈S} p_i Π_{i∉S} (1 - p_i) ∝ exp(Σ_{i∈S} r_i),   C: kmin <= |S| <= kmax
+
+A ``torch.distributions.Distribution`` over binary masks [..., N] (event shape [N]); see
+docs/distribution.md for the mathematics and the two gradient conventions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+from torch.distributions import Distribution, constraints
+
+from . import _validate, backends
+
+
+class Subsets(constraints.Constraint):
+    """Binary vectors whose number of ones is in [kmin, kmax]."""
+
+    is_discrete = True
+    event_dim = 1
+
+    def __init__(self, kmin: int, kmax: int):
+        self.kmin, self.kmax = kmin, kmax
+        super().__init__()
+
+    def check(self, value: Tensor) -> Tensor:
+        binary = ((value == 0) | (value == 1)).all(dim=-1)
+        size = value.sum(dim=-1)
+        return binary & (size >= self.kmin) & (size <= self.kmax)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(kmin={self.kmin}, kmax={self.kmax})"
+
+
+class SubsetDistribution(Distribution):
+    """Subsets S of N experts with P(S) ∝ exp(Σ_{i∈S} logits_i), exactly k or kmin..kmax of them.
+
+    Args:
+        logits: [..., N] log-odds r; -inf means "never in S". float16/bfloat16 are computed in
+            float32; results come back in the logits' dtype.
+        k: exactly k experts (0 <= k <= N). Or give ``kmin`` and/or ``kmax`` (defaults 0 and N).
+        backend: "circuit" (the compiled circuit from ``circuits``) or "dp" (a dynamic program
+            over experts, no compilation). Both are exact.
+        grad: the Jacobian of ``.mean`` w.r.t. the logits. "exact": Cov(z). "paper": Cov(z)
+            diag(1 - p), the convention of the official ProbMoE code and SIMPLE. Everything else
+            (log_partition, log_prob, entropy, cardinality_probs) is differentiated exactly.
+        validate_args: check the logit values (NaN, +inf, a range that -inf logits make
+            infeasible) with one host synchronisation, and ``log_prob``'s argument. Default:
+            ``torch.distributions.Distribution``'s global default.
+
+    Shapes: batch_shape = logits.shape[:-1], event_shape = [N].
+    """
+
+    arg_constraints = {"logits": constraints.real_vector}
+    has_rsample = False
+
+    def __init__(self, logits: Tensor, k=None, *, kmin=None, kmax=None, backend: str = "circuit",
+                 grad: str = "exact", validate_args=None):
+        logits = _validate.logits_tensor(logits)
+        n = logits.shape[-1]
+        self.kmin, self.kmax = _validate.cardinality(n, k, kmin, kmax)
+        if grad not in ("exact", "paper"):
+            raise ValueError(f"grad must be 'exact' or 'paper', got {grad!r}")
+        self.logits, self.grad = logits, grad
+        self._impl = backends.make(backend, n, self.kmin, self.kmax, logits.device)
+        super().__init__(logits.shape[:-1], logits.shape[-1:], validate_args=False)
+        self._validate_args = Distribution._validate_args if validate_args is None else bool(validate_args)
+        if self._validate_args:
+            _validate.logits_values(logits, self.kmin)
+        dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        self._r = logits.reshape(-1, n).to(dtype)  # [T, N], T = prod(batch_shape)
+        self._cache: dict[str, Tensor] = {}
+
+    # --- helpers ------------------------------------------------------------------------------
+    @property
+    def backend(self) -> str:
+        return self._impl.name
+
+    @property
+    def k(self) -> int | None:
+        """k for an exactly-k distribution, else None."""
+        return self.kmin if self.kmin == self.kmax else None
+
+    def _out(self, x: Tensor, *event: int) -> Tensor:
+        """[T, *event] -> [*batch_shape, *event] in the logits' dtype."""
+        return x.reshape(*self.batch_shape, *event).to(self.logits.dtype)
+
+    def _cached(self, name: str, compute) -> Tensor:
+        if name not in self._cache:
+            self._cache[name] = compute()
+        return self._cache[name]
+
+    def _marginals(self, paper: bool) -> Tensor:
+        """[T, N], differentiable with the chosen convention; cached."""
+        return self._cached(f"m{paper}", lambda: self._impl.marginals(self._r, paper)[0])
+
+    # --- torch.distributions interface ---------------------------------------------------------
+    @property
+    def support(self) -> constraints.Constraint:
+        return Subsets(self.kmin, self.kmax)
+
+    @property
+    def mean(self) -> Tensor:
+        """Marginals P(i ∈ S): [..., N]. Jacobian: Cov(z) ("exact") or Cov(z) diag(1 - p) ("paper")."""
+        return self._out(self._marginals(self.grad == "paper"), self.event_shape[0])
+
+    @property
+    def variance(self) -> Tensor:
+        """Var(z_i) = m_i (1 - m_i): [..., N]."""
+        m = self.mean
+        return m * (1 - m)
+
+    @property
+    def mode(self) -> Tensor:
+        """The most probable subset (see ``probmoe.map_rule``): [..., N] in {0, 1}."""
+        with torch.no_grad():
+            return self._out(self._impl.mode(self._r), self.event_shape[0])
+
+    def sample(self, sample_shape=torch.Size(), generator: torch.Generator | None = None) -> Tensor:
+        """Exact draws: [*sample_shape, *batch_shape, N] in {0, 1}, not differentiable."""
+        shape = torch.Size(sample_shape)
+        with torch.no_grad():
+            z = self._impl.sample(self._r, math.prod(shape), generator)  # [S, T, N]
+        return z.reshape(*shape, *self.batch_shape, self.event_shape[0]).to(self.logits.dtype)
+
+    def mean_and_sample(self, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """(``.mean``, one draw like ``.sample()``), sharing one pass of the backend when possible."""
+        paper = self.grad == "paper"
+        if f"m{paper}" in self._cache:
+            return self.mean, self.sample(generator=generator)
+        m, z = self._impl.marginals(self._r, paper, sample=True, generator=generator)
+        self._cache[f"m{paper}"] = m
+        return self.mean, self._out(z.detach(), self.event_shape[0])
+
+    @property
+    def log_partition(self) -> Tensor:
+        """log P_indep(|S| ∈ C) = log Σ_{S∈C} Π_{i∈S} p_i Π_{i∉S} (1 - p_i): [...] (paper form)."""
+        return self._out(self._cached("logz", lambda: self._impl.log_partition(self._r)))
+
+    def _log_normalizer(self) -> Tensor:
+        """log Σ_{S∈C} exp(r·z_S): [T] (natural form)."""
+        return self._cached("lognorm", lambda: self._impl.log_normalizer(self._r))
+
+    @property
+    def cardinality_probs(self) -> Tensor:
+        """P(|S| = j | C) for j = kmin..kmax: [..., kmax - kmin + 1]."""
+        probs = self._cached("sizes", lambda: torch.softmax(self._impl.log_counts(self._r), dim=-1))
+        return self._out(probs, self.kmax - self.kmin + 1)
+
+    def log_prob(self, value: Tensor) -> Tensor:
+        """log P(S = value | C): [*sample, *batch, N] -> [*sample, *batch]; -inf outside the support."""
+        if self._validate_args:
+            self._validate_sample(value)
+        r = self._r.reshape(*self.batch_shape, -1)
+        score = torch.where(value > 0, r, torch.zeros_like(r)).sum(dim=-1)  # Σ_{i∈S} r_i
+        lp = score - self._log_normalizer().reshape(self.batch_shape)
+        lp = torch.where(self.support.check(value), lp, -torch.inf)
+        return lp.to(self.logits.dtype)
+
+    def entropy(self) -> Tensor:
+        """H = log Σ_S exp(r·z_S) - Σ_i r_i m_i: [...]; its gradient is -Cov(z) r (always exact)."""
+        m = self._marginals(False)
+        r = torch.where(self._r > -torch.inf, self._r, 0.0)  # -inf logits have m = 0; keep 0 * -inf out
+        return self._out(self._log_normalizer() - (r * m).sum(dim=-1))
+
+    def expand(self, batch_shape, _instance=None):
+        n = self.event_shape[0]
+        logits = self.logits.expand(*batch_shape, n)
+        return SubsetDistribution(logits, kmin=self.kmin, kmax=self.kmax, backend=self.backend,
+                                  grad=self.grad, validate_args=False)
+
+    def __repr__(self) -> str:
+        size = f"k={self.kmin}" if self.k is not None else f"kmin={self.kmin}, kmax={self.kmax}"
+        return (f"SubsetDistribution(batch_shape={tuple(self.batch_shape)}, N={self.event_shape[0]}, {size}, "
+                f"backend={self.backend!r}, grad={self.grad!r})")

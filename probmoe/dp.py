@@ -1,0 +1,240 @@
+"""Backend "dp": the cardinality dynamic program over experts (the paper's Alg. 2), batched over tokens.
+
+P(S | C) ∝ exp(Σ_{i∈S} r_i) for |S| in [kmin, kmax]. With K = kmax, the prefix table
+
+    L[i, j] = log Σ_{S ⊆ {0..i-1}, |S| = j} exp(Σ_{l∈S} r_l)        i = 0..N, j = 0..K
+
+obeys L[i+1, j] = logaddexp(L[i, j], L[i, j-1] + r_i) (Alg. 2). Everything else is linear
+algebra on the lattice it defines, with no further logarithms:
+
+- ``W[i, j] = exp(L[i, j-1] + r_i - L[i+1, j])``: P(i ∈ S | the first i+1 experts hold j members).
+- adjoints ``A[i, j] = P(|S ∩ {0..i-1}| = j)``, swept down from ``A[N] = P(|S| = j)``:
+  ``F[i, j] = A[i+1, j] W[i, j]``, ``A[i, j] = A[i+1, j] - F[i, j] + F[i, j+1]``, and the marginals
+  are ``m_i = Σ_j F[i, j]`` (inside-outside: the gradient of log Σ_band exp L[N, j]).
+- sampling walks one path of the same lattice downwards: ``z_i ~ Bernoulli(W[i, c])``, ``c -= z_i``.
+- ``Cov(z) v`` is the directional derivative of m along v: forward-mode tangents
+  ``D = dL`` (swept up with L), then ``dW`` and ``dA`` (swept down with A).
+
+Two sweeps per call: up (L, W, D) and down (A, m, z, dA). Each step touches one [K + 1, T]
+row per table (tokens last, contiguous), so the only full tables are W (and D in the backward),
+written once and read once: the sweeps are bound by memory traffic, not arithmetic.
+
+Numerics. Logits enter as log-odds (no log p, log(1 - p)), tilted by the row max ``tau``: the tilt
+changes every subset of size j by the same ``j tau``, so W, A and the marginals are unchanged and
+the counts are restored as ``L[N, j] + j tau``. -inf logits and unreachable states hold the finite
+``LOG_ZERO``: no -inf - (-inf) is ever formed, and W, A, dA are exactly 0 on unreachable states.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+LOG_ZERO = -1e30  # a finite log 0: a few of them add up without overflow in float32
+
+
+class _Workspace(threading.local):
+    """Table buffers reused across calls, one set per thread, dtype and device.
+
+    A fresh multi-megabyte CPU tensor page-faults on first touch, which costs as much as a
+    sweep. Tables live only inside one call: nothing returned is a workspace view.
+    """
+
+    MAX_BYTES = 64 << 20  # larger tables are allocated per call
+
+    def __init__(self):
+        self.buffers: dict[tuple, Tensor] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        numel = math.prod(shape)
+        key = (name, like.dtype, like.device)
+        buf = self.buffers.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = like.new_empty(numel)
+            if numel * buf.element_size() <= self.MAX_BYTES:
+                self.buffers[key] = buf
+        return buf[:numel].view(shape)
+
+
+_WS = _Workspace()
+
+
+@dataclass
+class Up:
+    """What the upward sweep leaves: the last lattice row, W, and optionally the tangents D."""
+
+    top: Tensor  # [K + 1, T] L[N] (tilted)
+    tau: Tensor  # [T]
+    W: Tensor | None  # [N, K + 1, T], W[:, 0] = 0
+    D: Tensor | None  # [N + 1, K + 1, T]
+    kmin: int
+
+    @property
+    def log_counts(self) -> Tensor:
+        """log Z_j = log Σ_{|S| = j} exp(r·z_S) for j = kmin..kmax: -> [J, T] (-inf where no S of size j)."""
+        top = self.top[self.kmin :]  # [J, T]
+        j = torch.arange(self.kmin, self.kmin + top.shape[0], device=top.device, dtype=top.dtype)
+        return torch.where(top > LOG_ZERO / 2, top + j[:, None] * self.tau, -torch.inf)
+
+    def band_probs(self) -> Tensor:
+        """P(|S| = j | C) for j = kmin..kmax: -> [J, T] (0 for a size no subset reaches; NaN if none does)."""
+        return torch.softmax(self.log_counts, dim=0)
+
+    def seed(self, band: Tensor) -> Tensor:
+        """An adjoint row over all sizes from one over the band: [J, T] -> [K + 1, T]."""
+        A = band.new_zeros(self.top.shape)
+        A[self.kmin :] = band
+        return A
+
+
+def up(r: Tensor, kmin: int, kmax: int, *, keep_w: bool = True, v: Tensor | None = None) -> Up:
+    """The upward sweep (Alg. 2). r: [T, N] float32/float64 logits in [-inf, inf); v: [T, N] tangent.
+
+    keep_w: store W (needed for marginals, samples and gradients; not for the counts alone).
+    v: also sweep D[i, j] = d L[i, j] along v, ``D[i+1] = (1 - W[i]) D[i] + W[i] (D[i] shifted + v_i)``.
+    """
+    T, N = r.shape
+    tau = r.amax(dim=-1)  # [T]
+    tau = torch.where(torch.isfinite(tau), tau, torch.zeros_like(tau))
+    rt = (r - tau[:, None]).clamp_(min=LOG_ZERO).T.contiguous()  # [T, N] -> [N, T]; -inf -> LOG_ZERO
+    rows = _WS.get("rows", (2, kmax + 1, T), r)  # L[i] and L[i+1], alternating
+    rows[:, 0] = 0.0  # the empty set
+    rows[0, 1:] = LOG_ZERO
+    W = _WS.get("W", (N, kmax + 1, T), r) if keep_w else None
+    scratch = None if keep_w else torch.empty_like(rows[0, 1:])
+    D = None
+    if v is not None:
+        vt = v.T.to(r.dtype).contiguous()  # [N, T]
+        D = _WS.get("D", (N + 1, kmax + 1, T), r)
+        D[0] = 0.0
+        D[:, 0] = 0.0
+        t = torch.empty_like(rows[0, 1:])
+    if keep_w:
+        W[:, 0] = 0.0
+    for i in range(N):
+        cur, nxt = rows[i % 2], rows[(i + 1) % 2]
+        w = W[i, 1:] if keep_w else scratch  # [K, T]
+        torch.add(cur[:-1], rt[i], out=w)  # log weight of taking expert i
+        torch.logaddexp(cur[1:], w, out=nxt[1:])  # Alg. 2: L[i+1, j]
+        if not keep_w:
+            continue
+        w.sub_(nxt[1:]).exp_()  # W[i, j]
+        if D is not None:
+            torch.add(D[i, :-1], vt[i], out=t)
+            torch.lerp(D[i, 1:], t, w, out=D[i + 1, 1:])
+    return Up(rows[N % 2].clone(), tau, W, D, kmin)
+
+
+def down(u: Up, band: Tensor, num_samples: int = 0, generator: torch.Generator | None = None):
+    """The downward sweep from adjoints ``band`` [J, T] on the band sizes.
+
+    Returns (Σ_j F[i, j] as [T, N], draws [num_samples, T, N] or None). With ``band`` = P(|S| = j)
+    the first output is the marginals; with any other seed g it is Σ_j g_j m^(j), the gradient of
+    Σ_j g_j log Z_j. Draws: |S| ~ ``band`` (which must then be the band probabilities), then
+    z_i ~ Bernoulli(W[i, c]) along the path; one uniform per (draw, token, expert) and per (draw,
+    token), no host synchronisation.
+    """
+    W = u.W
+    N, _, T = W.shape
+    A = u.seed(band)  # [K + 1, T]
+    f = torch.empty_like(A)
+    cols, zs = [], []
+    if num_samples:
+        cum = band.cumsum(dim=0)  # [J, T]
+        x = torch.rand(num_samples, T, generator=generator, device=band.device, dtype=band.dtype) * cum[-1]
+        c = (cum.unsqueeze(1) <= x).sum(dim=0)  # [S, T]: the first size whose cumulative mass passes x
+        c = torch.where(c < band.shape[0], c, band.argmax(dim=0)) + u.kmin  # x rounded up to the total
+        draws = torch.rand(N, num_samples, T, generator=generator, device=band.device, dtype=band.dtype)
+    for i in reversed(range(N)):
+        torch.mul(A, W[i], out=f)  # F[i]
+        A.sub_(f)
+        A[:-1].add_(f[1:])  # the path through (i, j-1) took expert i into (i+1, j)
+        cols.append(f.sum(dim=0))  # [T]
+        if num_samples:
+            zs.append(draws[i] < W[i].gather(0, c))  # [S, T]
+            c.sub_(zs[-1].long())
+    out = torch.stack(cols[::-1], dim=-1)  # [T, N]
+    return out, torch.stack(zs[::-1], dim=-1).to(band.dtype) if num_samples else None
+
+
+def cov_vec(r: Tensor, v: Tensor, kmin: int, kmax: int) -> Tensor:
+    """Cov(z) v = (d m / d r) v, by forward-mode tangents through both sweeps. r, v: [T, N] -> [T, N].
+
+    Plain-torch reference: ``torch.func.jvp(lambda r: marginals(r, kmin, kmax), (r,), (v,))[1]``.
+    """
+    u = up(r, kmin, kmax, v=v)
+    W, D = u.W, u.D
+    vt = v.T.to(r.dtype)  # [N, T]
+    q = u.band_probs()  # [J, T]
+    Db = D[-1, kmin:]  # [J, T]
+    AA = torch.stack([u.seed(q), u.seed(q * (Db - (q * Db).sum(dim=0)))])  # [2, K + 1, T]: A, dA
+    N, K1, T = W.shape
+    ff = torch.empty_like(AA)  # F, dF
+    dw = torch.zeros_like(AA[0])
+    cols = []
+    for i in reversed(range(N)):
+        torch.add(D[i, :-1], vt[i], out=dw[1:])  # dW[i] = W (D[i, j-1] + v_i - D[i+1, j])
+        dw[1:].sub_(D[i + 1, 1:]).mul_(W[i, 1:])
+        torch.mul(AA, W[i], out=ff)  # A W, dA W
+        ff[1].addcmul_(AA[0], dw)  # dF = dA W + A dW
+        AA.sub_(ff)
+        AA[:, :-1].add_(ff[:, 1:])
+        cols.append(ff[1].sum(dim=0))  # [T]
+    return torch.stack(cols[::-1], dim=-1)  # [T, N]
+
+
+def marginals(r: Tensor, kmin: int, kmax: int) -> Tensor:
+    """P(i ∈ S | C), no autograd: [T, N] -> [T, N] (NaN rows where C is infeasible)."""
+    u = up(r, kmin, kmax)
+    return down(u, u.band_probs())[0]
+
+
+class MarginalsAndSample(torch.autograd.Function):
+    """(m, z) = (P(i ∈ S | C), one draw or an empty tensor) from r [T, N]; saves only r.
+
+    Backward: v -> Cov(z) v (``paper=False``, exact) or diag(1 - sigmoid(r)) Cov(z) v (``paper=True``).
+    """
+
+    @staticmethod
+    def forward(ctx, r: Tensor, kmin: int, kmax: int, paper: bool, want_sample: bool, generator):
+        u = up(r, kmin, kmax)
+        m, z = down(u, u.band_probs(), int(want_sample), generator)
+        ctx.save_for_backward(r)
+        ctx.args = (kmin, kmax, paper)
+        z = z[0] if want_sample else r.new_empty(0)
+        ctx.mark_non_differentiable(z)
+        return m, z
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, v: Tensor, _):
+        (r,) = ctx.saved_tensors
+        kmin, kmax, paper = ctx.args
+        g = cov_vec(r, v, kmin, kmax)
+        if paper:
+            g = g * torch.sigmoid(-r)  # (Cov diag(1 - p))^T v
+        return g, None, None, None, None, None
+
+
+class LogCounts(torch.autograd.Function):
+    """log Z_j = log Σ_{|S| = j} exp(r·z_S) for j = kmin..kmax: r [T, N] -> [T, J]; saves only r.
+
+    Backward: Σ_j g_j m^(j), one downward sweep seeded with the incoming g.
+    """
+
+    @staticmethod
+    def forward(ctx, r: Tensor, kmin: int, kmax: int):
+        ctx.save_for_backward(r)
+        ctx.args = (kmin, kmax)
+        return up(r, kmin, kmax, keep_w=False).log_counts.T.contiguous()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g: Tensor):
+        (r,) = ctx.saved_tensors
+        u = up(r, *ctx.args)
+        return down(u, g.T.to(r.dtype))[0], None, None

@@ -1,0 +1,108 @@
+"""``route``: ProbMoE routing of T tokens over N experts, Exact-k and Dynamic-k, training and eval.
+
+Training draws S ~ P(S | C) and weights the drawn experts with the straight-through estimator of
+the paper's Eq. 7, w = (stopgrad(z - m) + m) ⊙ softmax(r), gathered at the drawn experts: the
+forward value is exactly softmax(r) there, the backward goes through the marginals m (Jacobian
+Cov(z), Eq. 8) and through softmax(r). Eval takes the MAP subset (``probmoe.map_rule``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from . import _validate
+from .distribution import SubsetDistribution
+from .map_rule import map_size
+
+METHODS = ("probmoe", "topk-marginal", "sample-dense-ste")
+
+
+@dataclass
+class Routing:
+    """The routing of T tokens: ``kmax`` slots per token, the first ``counts`` of them used.
+
+    indices: [T, kmax] long, the used slots in descending softmax probability; unused slots
+        repeat slot 0's expert (a valid index everywhere) with weight 0.
+    weights: [T, kmax]; exactly 0, with no gradient, on unused slots.
+    mask: [T, kmax] bool, the used slots.
+    probs: [T, N] softmax(logits).
+    distribution: the ``SubsetDistribution`` the subsets come from; ``marginals`` is its mean.
+    """
+
+    indices: Tensor
+    weights: Tensor
+    mask: Tensor
+    probs: Tensor
+    distribution: SubsetDistribution
+
+    @property
+    def marginals(self) -> Tensor:
+        """P(i ∈ S) [T, N] (computed on first use in eval, shared with the training estimator)."""
+        return self.distribution.mean
+
+    @property
+    def counts(self) -> Tensor:
+        """Experts used per token: [T] long."""
+        return self.mask.sum(dim=-1)
+
+    def selected(self) -> Tensor:
+        """The used experts as a dense mask: [T, N] bool."""
+        dense = torch.zeros_like(self.probs, dtype=torch.bool)
+        return dense.scatter_(-1, self.indices, self.mask)
+
+
+def route(logits: Tensor, *, k=None, kmin=None, kmax=None, training: bool, method: str = "probmoe",
+          generator: torch.Generator | None = None, normalize: bool = False, backend: str = "dp",
+          grad: str = "exact", validate_args=None) -> Routing:
+    """Route tokens with ProbMoE. logits: [T, N] router logits (-inf: never route there).
+
+    k: exactly k experts per token (Exact-k); or kmin/kmax: between kmin and kmax (Dynamic-k),
+        1 <= kmin <= kmax <= N (a missing kmin is 1, a missing kmax is N).
+    training: True draws S from the distribution; False takes the MAP subset: the top-k experts
+        (identical to softmax + topk) or, for a range, the top clamp(#{logits > 0}, kmin, kmax).
+    method (training only): "probmoe" (sampled forward, marginal backward, Eq. 7), or the
+        paper's ablations on the same code path: "topk-marginal" (MAP forward, marginal
+        backward) and "sample-dense-ste" (sampled forward; backward with z ≈ softmax(r), the
+        classic straight-through estimator, in place of z ≈ m).
+    normalize: divide the used weights by their sum (HF's ``norm_topk_prob``), after the
+        straight-through estimator, so the gradient goes through numerator and denominator.
+    backend, grad, validate_args: as for ``SubsetDistribution``. float16/bfloat16 logits are
+        routed in float32.
+    """
+    logits = _validate.logits_tensor(logits, dim=2)
+    kmin, kmax = _validate.cardinality(logits.shape[-1], k, kmin, kmax, lowest=1)
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if not isinstance(training, bool):
+        raise ValueError(f"training must be True or False, got {training!r}")
+    r = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+    dist = SubsetDistribution(r, kmin=kmin, kmax=kmax, backend=backend, grad=grad, validate_args=validate_args)
+    probs = torch.softmax(r, dim=-1)  # [T, N]
+    finite = r > -torch.inf
+    sampled = training and method != "topk-marginal"
+    needs_m = training and method != "sample-dense-ste" and torch.is_grad_enabled() and r.requires_grad
+    if sampled:
+        m, z = dist.mean_and_sample(generator) if needs_m else (None, dist.sample(generator=generator))
+        key = torch.where(z > 0, probs, -1.0)  # drawn experts first
+        surrogate = m if needs_m else probs
+    else:
+        key = torch.where(finite, probs, -1.0)  # softmax + topk, never a -inf logit
+        surrogate = dist.mean if needs_m else None
+    top, idx = key.topk(kmax, dim=-1)  # [T, kmax]
+    if sampled:
+        mask = top >= 0
+    else:
+        mask = torch.arange(kmax, device=r.device) < map_size(r, kmin, kmax).unsqueeze(-1)
+    pi = probs.gather(-1, idx)  # [T, kmax]
+    w = pi
+    if training and surrogate is not None:
+        s = surrogate.gather(-1, idx)
+        w = pi * (1 + (s - s.detach()))  # Eq. 7 at the used experts: value pi, gradient through s and pi
+    w = torch.where(mask, w, 0.0)
+    if normalize:
+        w = w / w.sum(dim=-1, keepdim=True)
+    idx = torch.where(mask, idx, idx[:, :1])
+    return Routing(idx, w, mask, probs, dist)
