@@ -50,8 +50,8 @@ class Routing:
 
     def selected(self) -> Tensor:
         """The used experts as a dense mask: [T, N] bool."""
-        dense = torch.zeros_like(self.probs, dtype=torch.bool)
-        return dense.scatter_(-1, self.indices, self.mask)
+        dense = torch.zeros_like(self.probs, dtype=torch.int32)
+        return dense.scatter_add_(-1, self.indices, self.mask.int()) > 0  # unused slots repeat slot 0
 
 
 def route(logits: Tensor, *, k=None, kmin=None, kmax=None, training: bool, method: str = "probmoe",
