@@ -55,9 +55,9 @@ class ProbMoERouter(nn.Module):
     def _generator(self) -> torch.Generator | None:
         """This call's generator: ``self.generator``, or a copy in the state of the forward being
         recomputed when called inside a backward pass (checkpoint recomputation)."""
-        if self.generator is None or not self.training or not torch.is_grad_enabled():
+        if self.generator is None or not self.training:
             return self.generator
-        if torch._C._current_graph_task_id() == -1:  # an ordinary forward: remember the state
+        if torch._C._current_graph_task_id() == -1:  # not inside a backward pass: remember the state
             self._states.append(self.generator.get_state())
             return self.generator
         replay = torch.Generator(device=self.generator.device)
