@@ -65,12 +65,13 @@ _WS = _Workspace()
 
 @dataclass
 class Up:
-    """What the upward sweep leaves: the last lattice row, W, and optionally the tangents D."""
+    """What the upward sweep leaves: the last lattice row, W, and optionally the tangents dW."""
 
     top: Tensor  # [K + 1, T] L[N] (tilted)
     tau: Tensor  # [T]
     W: Tensor | None  # [N, K + 1, T], W[:, 0] = 0
-    D: Tensor | None  # [N + 1, K + 1, T]
+    dW: Tensor | None  # [N, K + 1, T]
+    dtop: Tensor | None  # [K + 1, T] D[N] = d L[N]
     kmin: int
 
     @property
@@ -95,38 +96,47 @@ def up(r: Tensor, kmin: int, kmax: int, *, keep_w: bool = True, v: Tensor | None
     """The upward sweep (Alg. 2). r: [T, N] float32/float64 logits in [-inf, inf); v: [T, N] tangent.
 
     keep_w: store W (needed for marginals, samples and gradients; not for the counts alone).
-    v: also sweep D[i, j] = d L[i, j] along v, ``D[i+1] = (1 - W[i]) D[i] + W[i] (D[i] shifted + v_i)``.
+    v: also sweep the tangents D = dL along v, ``D[i+1] = (1 - W[i]) D[i] + W[i] (D[i] shifted + v_i)``,
+    and store ``dW[i] = W[i] (D[i] shifted + v_i - D[i+1])``.
+
+    Rows carry an extra count j = -1 (always empty) in front, so that every step works on whole
+    [K + 1, T] rows, j = 0 included (its take weight is exactly 0).
     """
     T, N = r.shape
+    K1 = kmax + 1
     tau = r.amax(dim=-1)  # [T]
     tau = torch.where(torch.isfinite(tau), tau, torch.zeros_like(tau))
     rt = (r - tau[:, None]).clamp_(min=LOG_ZERO).T.contiguous()  # [T, N] -> [N, T]; -inf -> LOG_ZERO
-    rows = _WS.get("rows", (2, kmax + 1, T), r)  # L[i] and L[i+1], alternating
-    rows[:, 0] = 0.0  # the empty set
-    rows[0, 1:] = LOG_ZERO
-    W = _WS.get("W", (N, kmax + 1, T), r) if keep_w else None
-    scratch = None if keep_w else torch.empty_like(rows[0, 1:])
-    D = None
+    rows = _WS.get("rows", (2, K1 + 1, T), r)  # L[i] and L[i+1] for j = -1..K, alternating
+    rows[:, 0] = LOG_ZERO
+    rows[0, 1] = 0.0  # the empty set
+    rows[0, 2:] = LOG_ZERO
+    shifted, whole = (rows[0, :-1], rows[1, :-1]), (rows[0, 1:], rows[1, 1:])  # L[i, j-1] and L[i, j]
+    W = _WS.get("W", (N, K1, T), r) if keep_w else None
+    Wrows, rts = W.unbind(0) if keep_w else None, rt.unbind(0)
+    dW = dtop = None
     if v is not None:
-        vt = v.T.to(r.dtype).contiguous()  # [N, T]
-        D = _WS.get("D", (N + 1, kmax + 1, T), r)
-        D[0] = 0.0
-        D[:, 0] = 0.0
+        vts = v.T.to(r.dtype).contiguous().unbind(0)  # [N] x [T]
+        dW = _WS.get("dW", (N, K1, T), r)
+        dWrows = dW.unbind(0)
+        drows = torch.zeros(2, K1 + 1, T, dtype=r.dtype, device=r.device)  # D[i], D[i+1] for j = -1..K
+        dshifted, dwhole = (drows[0, :-1], drows[1, :-1]), (drows[0, 1:], drows[1, 1:])
         t = torch.empty_like(rows[0, 1:])
-    if keep_w:
-        W[:, 0] = 0.0
+    take = torch.empty_like(rows[0, 1:])  # [K + 1, T]
     for i in range(N):
-        cur, nxt = rows[i % 2], rows[(i + 1) % 2]
-        w = W[i, 1:] if keep_w else scratch  # [K, T]
-        torch.add(cur[:-1], rt[i], out=w)  # log weight of taking expert i
-        torch.logaddexp(cur[1:], w, out=nxt[1:])  # Alg. 2: L[i+1, j]
+        a, b = i % 2, (i + 1) % 2
+        torch.add(shifted[a], rts[i], out=take)  # log weight of taking expert i
+        torch.logaddexp(whole[a], take, out=whole[b])  # Alg. 2: L[i+1, j]
         if not keep_w:
             continue
-        w.sub_(nxt[1:]).exp_()  # W[i, j]
-        if D is not None:
-            torch.add(D[i, :-1], vt[i], out=t)
-            torch.lerp(D[i, 1:], t, w, out=D[i + 1, 1:])
-    return Up(rows[N % 2].clone(), tau, W, D, kmin)
+        w = torch.sub(take, whole[a], out=Wrows[i]).sigmoid_()  # W[i, j] = exp(take - L[i+1, j])
+        if v is not None:
+            torch.add(dshifted[a], vts[i], out=t)  # D[i, j-1] + v_i
+            torch.lerp(dwhole[a], t, w, out=dwhole[b])  # D[i+1, j]
+            torch.sub(t, dwhole[b], out=dWrows[i]).mul_(w)
+    if v is not None:
+        dtop = dwhole[N % 2].clone()
+    return Up(whole[N % 2].clone(), tau, W if keep_w else None, dW, dtop, kmin)
 
 
 def down(u: Up, band: Tensor, num_samples: int = 0, generator: torch.Generator | None = None):
@@ -140,6 +150,7 @@ def down(u: Up, band: Tensor, num_samples: int = 0, generator: torch.Generator |
     """
     W = u.W
     N, _, T = W.shape
+    Wrows = W.unbind(0)
     A = u.seed(band)  # [K + 1, T]
     f = torch.empty_like(A)
     cols, zs = [], []
@@ -148,43 +159,38 @@ def down(u: Up, band: Tensor, num_samples: int = 0, generator: torch.Generator |
         x = torch.rand(num_samples, T, generator=generator, device=band.device, dtype=band.dtype) * cum[-1]
         c = (cum.unsqueeze(1) <= x).sum(dim=0)  # [S, T]: the first size whose cumulative mass passes x
         c = torch.where(c < band.shape[0], c, band.argmax(dim=0)) + u.kmin  # x rounded up to the total
-        draws = torch.rand(N, num_samples, T, generator=generator, device=band.device, dtype=band.dtype)
+        draws = torch.rand(N, num_samples, T, generator=generator, device=band.device, dtype=band.dtype).unbind(0)
     for i in reversed(range(N)):
-        torch.mul(A, W[i], out=f)  # F[i]
+        torch.mul(A, Wrows[i], out=f)  # F[i]
         A.sub_(f)
         A[:-1].add_(f[1:])  # the path through (i, j-1) took expert i into (i+1, j)
         cols.append(f.sum(dim=0))  # [T]
         if num_samples:
-            zs.append(draws[i] < W[i].gather(0, c))  # [S, T]
+            zs.append(draws[i] < Wrows[i].gather(0, c))  # [S, T]
             c.sub_(zs[-1].long())
-    out = torch.stack(cols[::-1], dim=-1)  # [T, N]
+    out = torch.stack(cols[::-1]).T  # [N, T] -> [T, N]
     return out, torch.stack(zs[::-1], dim=-1).to(band.dtype) if num_samples else None
 
 
 def cov_vec(r: Tensor, v: Tensor, kmin: int, kmax: int) -> Tensor:
     """Cov(z) v = (d m / d r) v, by forward-mode tangents through both sweeps. r, v: [T, N] -> [T, N].
 
-    Plain-torch reference: ``torch.func.jvp(lambda r: marginals(r, kmin, kmax), (r,), (v,))[1]``.
+    The up sweep carries D = dL and stores dW; the down sweep carries (A, dA) and sums dF.
     """
     u = up(r, kmin, kmax, v=v)
-    W, D = u.W, u.D
-    vt = v.T.to(r.dtype)  # [N, T]
     q = u.band_probs()  # [J, T]
-    Db = D[-1, kmin:]  # [J, T]
+    Db = u.dtop[kmin:]  # [J, T]
     AA = torch.stack([u.seed(q), u.seed(q * (Db - (q * Db).sum(dim=0)))])  # [2, K + 1, T]: A, dA
-    N, K1, T = W.shape
+    Wrows, dWrows = u.W.unbind(0), u.dW.unbind(0)
     ff = torch.empty_like(AA)  # F, dF
-    dw = torch.zeros_like(AA[0])
     cols = []
-    for i in reversed(range(N)):
-        torch.add(D[i, :-1], vt[i], out=dw[1:])  # dW[i] = W (D[i, j-1] + v_i - D[i+1, j])
-        dw[1:].sub_(D[i + 1, 1:]).mul_(W[i, 1:])
-        torch.mul(AA, W[i], out=ff)  # A W, dA W
-        ff[1].addcmul_(AA[0], dw)  # dF = dA W + A dW
+    for i in reversed(range(len(Wrows))):
+        torch.mul(AA, Wrows[i], out=ff)  # A W, dA W
+        ff[1].addcmul_(AA[0], dWrows[i])  # dF = dA W + A dW
         AA.sub_(ff)
         AA[:, :-1].add_(ff[:, 1:])
         cols.append(ff[1].sum(dim=0))  # [T]
-    return torch.stack(cols[::-1], dim=-1)  # [T, N]
+    return torch.stack(cols[::-1]).T  # [N, T] -> [T, N]
 
 
 def marginals(r: Tensor, kmin: int, kmax: int) -> Tensor:
