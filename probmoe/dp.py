@@ -106,7 +106,7 @@ def up(r: Tensor, kmin: int, kmax: int, *, keep_w: bool = True, v: Tensor | None
     K1 = kmax + 1
     tau = r.amax(dim=-1)  # [T]
     tau = torch.where(torch.isfinite(tau), tau, torch.zeros_like(tau))
-    rt = (r - tau[:, None]).clamp_(min=LOG_ZERO).T.contiguous()  # [T, N] -> [N, T]; -inf -> LOG_ZERO
+    rt = torch.sub(r.T, tau, out=r.new_empty(N, T)).clamp_(min=LOG_ZERO)  # [T, N] -> [N, T]; -inf -> LOG_ZERO
     rows = _WS.get("rows", (2, K1 + 1, T), r)  # L[i] and L[i+1] for j = -1..K, alternating
     rows[:, 0] = LOG_ZERO
     rows[0, 1] = 0.0  # the empty set
@@ -157,8 +157,8 @@ def down(u: Up, band: Tensor, num_samples: int = 0, generator: torch.Generator |
     if num_samples:
         cum = band.cumsum(dim=0)  # [J, T]
         x = torch.rand(num_samples, T, generator=generator, device=band.device, dtype=band.dtype) * cum[-1]
-        c = (cum.unsqueeze(1) <= x).sum(dim=0)  # [S, T]: the first size whose cumulative mass passes x
-        c = torch.where(c < band.shape[0], c, band.argmax(dim=0)) + u.kmin  # x rounded up to the total
+        x = torch.minimum(x, cum[-1] * (1 - torch.finfo(x.dtype).eps))  # u * total may round up to the total
+        c = (cum.unsqueeze(1) <= x).sum(dim=0) + u.kmin  # [S, T]: the first size whose cumulative mass passes x
         draws = torch.rand(N, num_samples, T, generator=generator, device=band.device, dtype=band.dtype).unbind(0)
     for i in reversed(range(N)):
         torch.mul(A, Wrows[i], out=f)  # F[i]
