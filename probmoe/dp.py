@@ -51,7 +51,7 @@ class _Workspace(threading.local):
 
     def get(self, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
         numel = math.prod(shape)
-        key = (name, like.dtype, like.device)
+        key = (name, like.dtype, like.device, torch.is_inference_mode_enabled())  # inference tensors stay there
         buf = self.buffers.get(key)
         if buf is None or buf.numel() < numel:
             buf = like.new_empty(numel)

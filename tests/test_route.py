@@ -1,5 +1,7 @@
 """route(): straight-through training weights (Eq. 7 / Eq. 8), MAP at eval, ablations, edge cases."""
 
+import threading
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -180,6 +182,29 @@ def test_unused_slots_carry_no_gradient(backend):
     (g2,) = torch.autograd.grad((out.weights * torch.where(out.mask, c, 0.0)).sum(), r)
     assert torch.equal(g1, g2)
     assert torch.equal(out.indices[~out.mask], out.indices[:, :1].expand_as(out.indices)[~out.mask])
+
+
+@pytest.mark.parametrize("backend", ["dp", pytest.param("circuit", marks=pytest.mark.xfail(
+    reason="circuits.kernels.Workspace hands buffers made under inference_mode to ordinary calls"))])
+def test_inference_mode_first(backend):
+    """Buffers first made under inference_mode must not leak into training (run in a fresh thread:
+    workspaces are per thread)."""
+    errors = []
+
+    def run():
+        try:
+            r = torch.randn(64, 16)
+            with torch.inference_mode():
+                probmoe.route(r, kmin=2, kmax=4, training=True, backend=backend)
+            x = r.clone().requires_grad_()
+            probmoe.route(x, kmin=2, kmax=4, training=True, backend=backend).weights.sum().backward()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert not errors, errors
 
 
 def test_no_grad_inference_mode_and_half_precision():
