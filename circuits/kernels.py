@@ -28,7 +28,8 @@ class Workspace(threading.local):
 
     Fresh multi-megabyte CPU allocations page-fault on first touch, which costs as much as the
     arithmetic; reusing buffers removes that. ``get(name, shape, like)`` returns a tensor of
-    ``shape`` with ``like``'s dtype and device whose contents are arbitrary. Buffers above
+    ``shape`` with ``like``'s dtype and device whose contents are arbitrary. Buffers made under
+    ``torch.inference_mode`` are kept apart (they cannot be written outside it). Buffers above
     ``MAX_BYTES`` are not kept.
     """
 
@@ -39,7 +40,7 @@ class Workspace(threading.local):
 
     def get(self, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
         numel = math.prod(shape)
-        key = (name, like.dtype, like.device)
+        key = (name, like.dtype, like.device, torch.is_inference_mode_enabled())  # inference tensors stay there
         buf = self.buffers.get(key)
         if buf is None or buf.numel() < numel:
             buf = like.new_empty(numel)

@@ -112,3 +112,28 @@ def test_empty_batch():
     c = circuits.compile_circuit(K8)
     r = torch.zeros(0, 64)
     assert c.log_partition(r).shape == (0,) and c.marginals(r).shape == c.sample(r).shape == (0, 64)
+
+
+def test_inference_mode_then_autograd_in_a_fresh_thread():
+    """Scratch buffers first made under inference_mode must not leak into ordinary calls."""
+    import threading
+
+    errors = []
+
+    def run():
+        try:
+            c = circuits.compile_circuit(circuits.RangeK(16, 2, 5))
+            r = torch.randn(32, 16)
+            with torch.inference_mode():
+                c.marginals(r), c.sample(r), c.map(r)
+            x = r.clone().requires_grad_()
+            m, _ = c.marginals_and_sample(x)
+            (m.sum() + c.log_partition(x).sum()).backward()
+            c.map(r)
+        except Exception as exc:  # reported to the main thread
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert not errors, errors
