@@ -86,10 +86,10 @@ def route(logits: Tensor, *, k=None, kmin=None, kmax=None, training: bool, metho
     needs_m = training and method != "sample-dense-ste" and torch.is_grad_enabled() and r.requires_grad
     if sampled:
         m, z = dist.mean_and_sample(generator) if needs_m else (None, dist.sample(generator=generator))
-        key = torch.where(z > 0, probs, -1.0)  # drawn experts first
+        key = torch.where(z > 0, probs.detach(), -1.0)  # drawn experts first
         surrogate = m if needs_m else probs
     else:
-        key = torch.where(finite, probs, -1.0)  # softmax + topk, never a -inf logit
+        key = torch.where(finite, probs.detach(), -1.0)  # softmax + topk, never a -inf logit
         surrogate = dist.mean if needs_m else None
     top, idx = key.topk(kmax, dim=-1)  # [T, kmax]
     if sampled:
@@ -99,7 +99,7 @@ def route(logits: Tensor, *, k=None, kmin=None, kmax=None, training: bool, metho
     pi = probs.gather(-1, idx)  # [T, kmax]
     w = pi
     if training and surrogate is not None:
-        s = surrogate.gather(-1, idx)
+        s = surrogate[torch.arange(idx.shape[0], device=idx.device).unsqueeze(-1), idx]  # keeps only idx, not m
         w = pi * (1 + (s - s.detach()))  # Eq. 7 at the used experts: value pi, gradient through s and pi
     w = torch.where(mask, w, 0.0)
     if normalize:

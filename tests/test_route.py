@@ -184,8 +184,7 @@ def test_unused_slots_carry_no_gradient(backend):
     assert torch.equal(out.indices[~out.mask], out.indices[:, :1].expand_as(out.indices)[~out.mask])
 
 
-@pytest.mark.parametrize("backend", ["dp", pytest.param("circuit", marks=pytest.mark.xfail(
-    reason="circuits.kernels.Workspace hands buffers made under inference_mode to ordinary calls"))])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_inference_mode_first(backend):
     """Buffers first made under inference_mode must not leak into training (run in a fresh thread:
     workspaces are per thread)."""
