@@ -4,7 +4,6 @@ import threading
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import probmoe
 from brute import exact, masks
