@@ -7,7 +7,8 @@ P(S | C) ∝ exp(Σ_{i∈S} r_i) for |S| in [kmin, kmax]. With K = kmax, the pre
 obeys L[i+1, j] = logaddexp(L[i, j], L[i, j-1] + r_i) (Alg. 2). Everything else is linear
 algebra on the lattice it defines, with no further logarithms:
 
-- ``W[i, j] = exp(L[i, j-1] + r_i - L[i+1, j])``: P(i ∈ S | the first i+1 experts hold j members).
+- ``W[i, j] = exp(L[i, j-1] + r_i - L[i+1, j]) = sigmoid(L[i, j-1] + r_i - L[i, j])``:
+  P(i ∈ S | the first i+1 experts hold j members).
 - adjoints ``A[i, j] = P(|S ∩ {0..i-1}| = j)``, swept down from ``A[N] = P(|S| = j)``:
   ``F[i, j] = A[i+1, j] W[i, j]``, ``A[i, j] = A[i+1, j] - F[i, j] + F[i, j+1]``, and the marginals
   are ``m_i = Σ_j F[i, j]`` (inside-outside: the gradient of log Σ_band exp L[N, j]).
@@ -15,9 +16,10 @@ algebra on the lattice it defines, with no further logarithms:
 - ``Cov(z) v`` is the directional derivative of m along v: forward-mode tangents
   ``D = dL`` (swept up with L), then ``dW`` and ``dA`` (swept down with A).
 
-Two sweeps per call: up (L, W, D) and down (A, m, z, dA). Each step touches one [K + 1, T]
-row per table (tokens last, contiguous), so the only full tables are W (and D in the backward),
-written once and read once: the sweeps are bound by memory traffic, not arithmetic.
+Two sweeps per call: up (L, W, and in the backward D, dW) and down (A, m, z, and in the
+backward dA). Each step touches one [K + 1, T] row per table (tokens last, contiguous); L and D
+are kept as two alternating rows, so the only full tables are W and dW, written once by the up
+sweep and read once by the down sweep.
 
 Numerics. Logits enter as log-odds (no log p, log(1 - p)), tilted by the row max ``tau``: the tilt
 changes every subset of size j by the same ``j tau``, so W, A and the marginals are unchanged and
