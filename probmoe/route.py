@@ -83,14 +83,16 @@ def route(logits: Tensor, *, k=None, kmin=None, kmax=None, training: bool, metho
     probs = torch.softmax(r, dim=-1)  # [T, N]
     finite = r > -torch.inf
     sampled = training and method != "topk-marginal"
-    needs_m = training and method != "sample-dense-ste" and torch.is_grad_enabled() and r.requires_grad
+    # the marginals enter only the backward: skip them when no gradient can flow
+    marginal_st = training and method != "sample-dense-ste" and torch.is_grad_enabled() and r.requires_grad
+    m = None
     if sampled:
-        m, z = dist.mean_and_sample(generator) if needs_m else (None, dist.sample(generator=generator))
+        m, z = dist.mean_and_sample(generator) if marginal_st else (None, dist.sample(generator=generator))
         key = torch.where(z > 0, probs.detach(), -1.0)  # drawn experts first
-        surrogate = m if needs_m else probs
     else:
         key = torch.where(finite, probs.detach(), -1.0)  # softmax + topk, never a -inf logit
-        surrogate = dist.mean if needs_m else None
+        m = dist.mean if marginal_st else None
+    surrogate = probs if training and method == "sample-dense-ste" else m  # z ≈ surrogate in the backward
     top, idx = key.topk(kmax, dim=-1)  # [T, kmax]
     if sampled:
         mask = top >= 0
@@ -98,7 +100,7 @@ def route(logits: Tensor, *, k=None, kmin=None, kmax=None, training: bool, metho
         mask = torch.arange(kmax, device=r.device) < map_size(r, kmin, kmax).unsqueeze(-1)
     pi = probs.gather(-1, idx)  # [T, kmax]
     w = pi
-    if training and surrogate is not None:
+    if surrogate is not None:
         s = surrogate[torch.arange(idx.shape[0], device=idx.device).unsqueeze(-1), idx]  # keeps only idx, not m
         w = pi * (1 + (s - s.detach()))  # Eq. 7 at the used experts: value pi, gradient through s and pi
     w = torch.where(mask, w, 0.0)
