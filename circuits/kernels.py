@@ -12,8 +12,6 @@ No pass synchronises with the host.
 
 from __future__ import annotations
 
-import math
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -21,35 +19,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .layout import FALSE_SLOT, TRUE_SLOT, Layout
-
-
-class Workspace(threading.local):
-    """Scratch buffers reused across calls (one set per thread).
-
-    Fresh multi-megabyte CPU allocations page-fault on first touch, which costs as much as the
-    arithmetic; reusing buffers removes that. ``get(name, shape, like)`` returns a tensor of
-    ``shape`` with ``like``'s dtype and device whose contents are arbitrary. Buffers made under
-    ``torch.inference_mode`` are kept apart (they cannot be written outside it). Buffers above
-    ``MAX_BYTES`` are not kept.
-    """
-
-    MAX_BYTES = 256 << 20
-
-    def __init__(self):
-        self.buffers: dict[tuple, Tensor] = {}
-
-    def get(self, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
-        numel = math.prod(shape)
-        key = (name, like.dtype, like.device, torch.is_inference_mode_enabled())  # inference tensors stay there
-        buf = self.buffers.get(key)
-        if buf is None or buf.numel() < numel:
-            buf = like.new_empty(numel)
-            if numel * buf.element_size() <= self.MAX_BYTES:
-                self.buffers[key] = buf
-        return buf[:numel].view(shape)
-
+from .workspace import Workspace
 
 WORKSPACE = Workspace()
+
+
 
 
 @dataclass

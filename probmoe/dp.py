@@ -29,40 +29,17 @@ the counts are restored as ``L[N, j] + j tau``. -inf logits and unreachable stat
 
 from __future__ import annotations
 
-import math
-import threading
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from circuits.workspace import Workspace
+
 LOG_ZERO = -1e30  # a finite log 0: a few of them add up without overflow in float32
 
 
-class _Workspace(threading.local):
-    """Table buffers reused across calls, one set per thread, dtype and device.
-
-    A fresh multi-megabyte CPU tensor page-faults on first touch, which costs as much as a
-    sweep. Tables live only inside one call: nothing returned is a workspace view.
-    """
-
-    MAX_BYTES = 64 << 20  # larger tables are allocated per call
-
-    def __init__(self):
-        self.buffers: dict[tuple, Tensor] = {}
-
-    def get(self, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
-        numel = math.prod(shape)
-        key = (name, like.dtype, like.device, torch.is_inference_mode_enabled())  # inference tensors stay there
-        buf = self.buffers.get(key)
-        if buf is None or buf.numel() < numel:
-            buf = like.new_empty(numel)
-            if numel * buf.element_size() <= self.MAX_BYTES:
-                self.buffers[key] = buf
-        return buf[:numel].view(shape)
-
-
-_WS = _Workspace()
+_WS = Workspace(max_bytes=64 << 20)  # larger tables are allocated per call
 
 
 @dataclass
