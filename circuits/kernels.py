@@ -215,20 +215,26 @@ def marginals_jvp(prog: Program, r: Tensor, v: Tensor) -> Tensor:
     return dgp + p * (1.0 - p) * v * (1.0 - gp - gneg) - p * (dgp + dgneg)
 
 
-def _descend(prog: Program, up: Upward, choose) -> Tensor:
-    """Top-down selection. ``choose(group)`` -> chosen element per node and token, long [nodes, T].
+def _descend(prog: Program, up: Upward, onehot) -> Tensor:
+    """Top-down selection, a downward pass whose flows are 0/1.
 
-    Returns the active indicator of every slot, [S, T] (> 0 where active). Per level, only the
-    chosen elements' primes and subs are touched: two scatters of [level nodes, T].
+    ``onehot(group)`` -> bool [nodes, F, T], True at each node's chosen element. An active
+    node's activity flows to the prime and sub of its chosen element. Returns the activity of
+    every slot, [S, T] (> 0 where active).
     """
+    T = up.val.shape[1]
     act = WORKSPACE.get("act", up.val.shape, up.val).zero_()
     act[prog.num_slots - 1] = 1.0
-    T = up.val.shape[1]
-    for slots, groups in reversed(prog.levels):
-        a = act[slots].clone()  # [level nodes, T]
-        rows = torch.cat([g.first.expand(g.nodes, T) if g.fanin == 1 else choose(g).add_(g.first) for g in groups])
-        act.scatter_add_(0, prog.prime[rows], a)
-        act.scatter_add_(0, prog.sub[rows], a)
+    tmp = WORKSPACE.get("tmp", (prog.max_rows, T), up.val)
+    for grp in reversed(prog.groups):
+        a = act[grp.slots]  # [nodes, T]
+        flow = tmp[: grp.nodes * grp.fanin]
+        if grp.fanin == 1:
+            flow.copy_(a)  # index_add_ may not read the buffer it writes
+        else:
+            torch.mul(onehot(grp), a.unsqueeze(1), out=flow.view(grp.nodes, grp.fanin, T))
+        act.index_add_(0, grp.prime, flow)
+        act.index_add_(0, grp.sub, flow)
     return act
 
 
@@ -246,20 +252,23 @@ def sample(prog: Program, r: Tensor, up: Upward, generator: torch.Generator | No
     """Exact ancestral sampling: each active node picks one element with probability exp(e - node).
 
     Inverse CDF over the fan-in, one uniform per node and token. r: [T, n], up: a "sum" pass -> [T, n].
+    Exact: the choices of the nodes a token reaches are independent given the pass.
     """
     T = r.shape[0]
 
-    def choose(grp: Group) -> Tensor:
+    def onehot(grp: Group) -> Tensor:
         ex = up.ex[grp.rows].view(grp.nodes, grp.fanin, T)
         cum = ex.cumsum(dim=1)  # [nodes, F, T]
         total = cum[:, -1:]
         u = torch.rand(grp.nodes, 1, T, generator=generator, device=r.device, dtype=r.dtype)
         # x < total strictly (u * total may round up to it), so the first cum > x has weight > 0
         x = torch.minimum(u.mul_(total), torch.nextafter(total, torch.zeros_like(total)))
-        choice = (cum <= x).sum(dim=1)  # [nodes, T]: index of the first element whose cum passes x
-        return choice.clamp_(max=grp.fanin - 1)  # dead nodes (total 0) are inactive; keep the index valid
+        passed = cum > x  # monotone in F: the choice is its first True
+        first = passed.clone()
+        first[:, 1:] ^= passed[:, :-1]
+        return first
 
-    act = _descend(prog, up, choose)
+    act = _descend(prog, up, onehot)
     fill = None
     if not prog.smooth:
         u = torch.rand(r.shape, generator=generator, device=r.device, dtype=r.dtype)
@@ -280,5 +289,10 @@ def map_assignment(prog: Program, r: Tensor) -> Tensor:
         gap.index_add_(0, prog.implicit_row, h.index_select(0, prog.implicit_var))
     up = upward(prog, r, mode="max", gap=gap)
     T = r.shape[0]
-    act = _descend(prog, up, lambda grp: up.ex[grp.rows].view(grp.nodes, grp.fanin, T).max(dim=1).indices)
+
+    def onehot(grp: Group) -> Tensor:
+        choice = up.ex[grp.rows].view(grp.nodes, grp.fanin, T).max(dim=1, keepdim=True).indices  # first max
+        return torch.arange(grp.fanin, device=r.device).view(1, -1, 1) == choice
+
+    act = _descend(prog, up, onehot)
     return _assignment(prog, act, None if prog.smooth else (r > 0).to(r.dtype))
