@@ -83,7 +83,7 @@ class Circuit:
         self.info = dict(info or {})
         self.validate = True
         self._prog = kernels.Program.from_layout(layout, device)
-        self.device = torch.device(device)
+        self.device = self._prog.prime.device  # resolved: "cuda" becomes "cuda:0"
 
     # --- housekeeping -------------------------------------------------------------------------
     @property
@@ -178,6 +178,13 @@ class Circuit:
             f"logits make the constraint unsatisfiable at row {bad}: {finite} finite logits{need}"
         )
 
+    def _check_generator(self, generator) -> None:
+        if generator is not None and (
+            not isinstance(generator, torch.Generator) or generator.device.type != self.device.type
+        ):
+            where = getattr(generator, "device", type(generator).__name__)
+            raise ValueError(f"generator must be a torch.Generator on {self.device.type}, got one on {where}")
+
     def _shift(self, r: Tensor) -> Tensor:
         """Exactly-k distributions are shift invariant: subtract the row max for precision."""
         if self.spec is None or not self.spec.fixed_cardinality:
@@ -207,8 +214,12 @@ class Circuit:
         return m.reshape(*lead, self.n).to(logits.dtype)
 
     def sample(self, logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        """Exact draws from P(x | constraint): [..., n] -> [..., n] in {0, 1}, logits' dtype."""
+        """Exact draws from P(x | constraint): [..., n] -> [..., n] in {0, 1}, logits' dtype.
+
+        generator: a ``torch.Generator`` on the circuit's device, for reproducible draws.
+        """
         r, lead = self._flatten(logits)
+        self._check_generator(generator)
         with torch.no_grad():
             rs = self._shift(r)
             z = kernels.sample(self._prog, rs, self._upward_checked(rs, raw=r), generator)
@@ -226,6 +237,7 @@ class Circuit:
     def marginals_and_sample(self, logits: Tensor, generator: torch.Generator | None = None):
         """(marginals, sample) from one upward pass; marginals differentiable as in ``marginals``."""
         r, lead = self._flatten(logits)
+        self._check_generator(generator)
         m, z = _Marginals.apply(self, r, True, generator)
         shape = (*lead, self.n)
         return m.reshape(shape).to(logits.dtype), z.reshape(shape).to(logits.dtype)

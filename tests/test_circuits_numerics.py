@@ -106,6 +106,8 @@ def test_bad_input_raises_clear_errors():
         circuits.ExactlyK(4, 1.5)
     with pytest.raises(ValueError, match="spec must be"):
         circuits.compile_circuit(42)
+    with pytest.raises(ValueError, match="generator must be a torch.Generator on cpu"):
+        c.sample(torch.zeros(6), generator=42)
 
 
 def test_empty_batch():
