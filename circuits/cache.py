@@ -43,9 +43,9 @@ class CacheWarning(UserWarning):
 def default_cache_dir() -> Path:
     """``$PROBMOE_CACHE``, else ``$XDG_CACHE_HOME/probmoe``, else ``~/.cache/probmoe``."""
     if os.environ.get("PROBMOE_CACHE"):
-        return Path(os.environ["PROBMOE_CACHE"])
+        return Path(os.environ["PROBMOE_CACHE"]).expanduser()
     if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]) / "probmoe"
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "probmoe"
     return Path.home() / ".cache" / "probmoe"
 
 
@@ -54,7 +54,7 @@ def _sha256(path: Path) -> str:
 
 
 def entry_dir(spec: Spec, root: Path | str | None = None) -> Path:
-    return Path(root if root is not None else default_cache_dir()) / spec.key
+    return (Path(root).expanduser() if root is not None else default_cache_dir()) / spec.key
 
 
 def read_entry(path: Path, spec: Spec | None = None) -> tuple[Layout, dict]:
@@ -124,10 +124,13 @@ def make_manifest(spec: Spec, layout: Layout, info: dict) -> dict:
     }
 
 
-def store(spec: Spec, layout: Layout, files: dict[str, bytes], info: dict, root: Path | str | None = None):
+def store(spec: Spec, layout: Layout, files: dict[str, bytes], info: dict, root: Path | str | None = None,
+          replace: bool = False):
     """Write an entry atomically; returns its path, or None (with a CacheWarning) if unwritable.
 
-    ``files`` maps "circuit.sdd", "circuit.vtree", "circuit.dot" to their contents.
+    ``files`` maps "circuit.sdd", "circuit.vtree", "circuit.dot" to their contents. ``replace``
+    overwrites a valid entry (``compile_circuit(force=True)``); otherwise a valid entry that
+    appeared meanwhile is kept.
     """
     final = entry_dir(spec, root)
     tmp = final.parent / f".tmp-{spec.key}-{uuid.uuid4().hex}"
@@ -142,7 +145,7 @@ def store(spec: Spec, layout: Layout, files: dict[str, bytes], info: dict, root:
         manifest = make_manifest(spec, layout, info)
         manifest["sha256"] = {name: _sha256(tmp / name) for name in FILES}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-        _install(tmp, final, spec)
+        _install(tmp, final, spec, replace)
         return final
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -153,8 +156,9 @@ def store(spec: Spec, layout: Layout, files: dict[str, bytes], info: dict, root:
         return None
 
 
-def _install(tmp: Path, final: Path, spec: Spec) -> None:
-    """Rename ``tmp`` to ``final``; if another process got there first with a good entry, keep it."""
+def _install(tmp: Path, final: Path, spec: Spec, replace: bool) -> None:
+    """Rename ``tmp`` to ``final``. An entry already there is kept if it is valid and ``replace``
+    is False (another process got there first); otherwise it is moved aside and removed."""
     for _ in range(5):
         try:
             os.rename(tmp, final)
@@ -162,15 +166,17 @@ def _install(tmp: Path, final: Path, spec: Spec) -> None:
         except OSError:
             if not final.exists():
                 continue
-            try:
-                read_entry(final, spec)
-                shutil.rmtree(tmp, ignore_errors=True)  # a valid entry is there: ours is redundant
-                return
-            except ValueError:
-                trash = final.parent / f".trash-{spec.key}-{uuid.uuid4().hex}"
+            if not replace:
                 try:
-                    os.rename(final, trash)
-                except OSError:
+                    read_entry(final, spec)
+                    shutil.rmtree(tmp, ignore_errors=True)  # a valid entry is there: ours is redundant
+                    return
+                except ValueError:
                     pass
-                shutil.rmtree(trash, ignore_errors=True)
+            trash = final.parent / f".trash-{spec.key}-{uuid.uuid4().hex}"
+            try:
+                os.rename(final, trash)
+            except OSError:
+                pass
+            shutil.rmtree(trash, ignore_errors=True)
     raise OSError(f"could not install the cache entry {final}")

@@ -11,6 +11,7 @@ import importlib.metadata
 import os
 import tempfile
 import time
+from pathlib import Path
 
 from pysdd.sdd import SddManager, SddNode, Vtree
 
@@ -83,7 +84,7 @@ def _sdd_files(mgr: SddManager, root: SddNode) -> dict[str, bytes]:
         sdd, vtree = os.path.join(d, "c.sdd"), os.path.join(d, "c.vtree")
         mgr.save(sdd.encode(), root)
         mgr.vtree().save(vtree.encode())
-        out = {"circuit.sdd": open(sdd, "rb").read(), "circuit.vtree": open(vtree, "rb").read()}
+        out = {"circuit.sdd": Path(sdd).read_bytes(), "circuit.vtree": Path(vtree).read_bytes()}
     out["circuit.dot"] = root.dot().encode() if not (root.is_true() or root.is_false()) else b"digraph sdd {}\n"
     return out
 
@@ -121,7 +122,7 @@ def compile_circuit(spec, *, cache_dir=None, force: bool = False, device="cpu") 
         "sdd_count": root.count(),
         "pysdd_version": _pysdd_version(),
     }
-    path = cache.store(spec, layout, _sdd_files(mgr, root), info, cache_dir)
+    path = cache.store(spec, layout, _sdd_files(mgr, root), info, cache_dir, replace=force)
     info = {**cache.make_manifest(spec, layout, info), "cache_hit": False,
             "cache_path": None if path is None else str(path)}
     return Circuit(layout, spec, info, device)

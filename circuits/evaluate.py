@@ -163,7 +163,8 @@ class Circuit:
         """One host sync: raise ValueError for NaN / +inf logits or an unmeetable constraint."""
         if not self.validate or r.shape[0] == 0:
             return
-        if bool(torch.isfinite(log_z).all()) and not bool(torch.isposinf(r).any()):
+        # one sync: a variable the circuit leaves implicit never reaches log Z, so look at r too
+        if bool(torch.isfinite(log_z).all() & ~(torch.isnan(r) | torch.isposinf(r)).any()):
             return
         if bool(torch.isnan(r).any()):
             raise ValueError("logits contain NaN")

@@ -36,13 +36,20 @@ def test_cold_then_hit(tmp_path):
     assert cold.info["cache_path"] == hot.info["cache_path"]
     assert int(hot.info["model_count"]) == math.comb(64, 8)
     assert hot.sizes() == cold.sizes()
+    manifest = cache.entry_dir(circuits.ExactlyK(64, 8), tmp_path) / "manifest.json"
+    stale = json.loads(manifest.read_text())
+    stale["pysdd_version"] = "0.0-stale"  # still a valid entry
+    manifest.write_text(json.dumps(stale))
     forced = circuits.compile_circuit(circuits.ExactlyK(64, 8), cache_dir=tmp_path, force=True)
     assert not forced.info["cache_hit"]
+    assert json.loads(manifest.read_text())["pysdd_version"] != "0.0-stale"  # force overwrites
 
 
 def test_default_location_honours_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("PROBMOE_CACHE", str(tmp_path / "a"))
     assert cache.default_cache_dir() == tmp_path / "a"
+    monkeypatch.setenv("PROBMOE_CACHE", "~/probmoe-x")
+    assert cache.default_cache_dir() == __import__("pathlib").Path.home() / "probmoe-x"
     monkeypatch.delenv("PROBMOE_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "b"))
     assert cache.default_cache_dir() == tmp_path / "b" / "probmoe"

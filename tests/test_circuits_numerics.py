@@ -86,6 +86,10 @@ def test_bad_input_raises_clear_errors():
     c = circuits.compile_circuit(circuits.RangeK(6, 2, 4))
     with pytest.raises(ValueError, match="NaN"):
         c.marginals(torch.tensor([0.0, float("nan"), 0, 0, 0, 0]))
+    free = circuits.compile_circuit(circuits.RangeK(6, 0, 6))  # every variable implicit: log Z never sees r
+    for query in (free.marginals, free.log_partition, free.sample, free.map):
+        with pytest.raises(ValueError, match="NaN"):
+            query(torch.tensor([float("nan"), 0, 0, 0, 0, 0]))
     with pytest.raises(ValueError, match=r"\+inf"):
         c.sample(torch.tensor([0.0, float("inf"), 0, 0, 0, 0]))
     with pytest.raises(ValueError, match=r"\+inf"):  # exactly-k shifts by the row max first
