@@ -23,6 +23,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from . import files
 from .cache import CacheWarning, read_entry
 from .compile import compile_circuit
 from .evaluate import Circuit
@@ -83,16 +84,13 @@ def _spec(p: _Parser, args, entry: bool = False):
     else:
         if (args.sdd is None) != (args.vtree is None):
             p.error("--sdd and --vtree must be given together")
-        for flag, path in (("--cnf", args.cnf), ("--sdd", args.sdd), ("--vtree", args.vtree)):
-            if path is not None:
-                try:
-                    with open(path, "rb") as f:
-                        head = f.read(1 << 16)
-                except OSError as exc:
-                    p.error(f"{flag} must be a readable file, cannot read {path!r} ({exc.strerror})")
-                if flag == "--cnf" and not _has_dimacs_header(head):
-                    # libsdd would print a parse error and exit the process
-                    p.error(f"--cnf must be a DIMACS CNF file, {path!r} has no 'p cnf' header line")
+        try:  # libsdd would exit or crash on a malformed file: check it here first
+            if args.cnf is not None:
+                files.check_dimacs(args.cnf)
+            else:
+                files.check_sdd_pair(args.sdd, args.vtree)
+        except ValueError as exc:
+            p.error(f"{'--cnf' if args.cnf is not None else '--sdd/--vtree'}: {exc}")
     try:
         if args.k is not None:
             return ExactlyK(args.n, args.k)
@@ -104,15 +102,6 @@ def _spec(p: _Parser, args, entry: bool = False):
     except ValueError as exc:
         name, _, rest = str(exc).partition(" ")
         p.error(f"{_FLAG.get(name, name)} {rest}")
-
-
-def _has_dimacs_header(head: bytes) -> bool:
-    """The first line that is neither blank nor a comment starts with ``p cnf``."""
-    for line in head.splitlines():
-        line = line.strip()
-        if line and not line.startswith(b"c"):
-            return line.split()[:2] == [b"p", b"cnf"]
-    return False
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pysdd.sdd import SddManager, SddNode, Vtree
 
-from . import cache, probe
+from . import cache, files, probe
 from .evaluate import Circuit
 from .layout import build_layout
 from .spec import CnfFile, ExactlyK, RangeK, SddFile, Spec
@@ -54,10 +54,12 @@ def compile_sdd(spec: Spec) -> tuple[SddManager, SddNode]:
             root = root | counts[j]
         return mgr, root
     if isinstance(spec, SddFile):
+        files.check_sdd_pair(spec.sdd, spec.vtree)
         mgr = SddManager.from_vtree(Vtree.from_file(spec.vtree.encode()))
         root = mgr.read_sdd_file(spec.sdd.encode())
         return mgr, root
     if isinstance(spec, CnfFile):
+        files.check_dimacs(spec.path)
         vtree_type = b"balanced"
         mgr, root = SddManager.from_cnf_file(spec.path.encode(), vtree_type)
         return mgr, root

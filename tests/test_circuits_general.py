@@ -90,3 +90,54 @@ def test_unsatisfiable_and_missing_files(tmp_path):
         circuits.CnfFile(str(tmp_path / "nope.cnf"))
     with pytest.raises(ValueError, match="vtree must be an existing"):
         circuits.SddFile(str(bad), str(tmp_path / "nope.vtree"))
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("garbage\n", "before the 'p cnf' header"),
+        ("p cnf 2 1\n1 x 0\n", "expected integers"),
+        ("p cnf 2 1\n1 5 0\n", r"literal 5 is outside \[-2, 2\]"),
+        ("p cnf 3 3\n1 2 0\n-1 3 0\n", "declares 3 clauses, the file has 2"),
+        ("p cnf 3 1\n1 2 0\n-1 3 0\n", "declares 1 clauses, the file has 2"),  # libsdd would drop one
+        ("p cnf 3 2\n1 2 0\n-1 3\n", "does not end in 0"),
+        ("1 2 0\n", "before the 'p cnf' header"),
+        ("c only a comment\n", "no 'p cnf"),
+        ("p cnf 0 0\n", "VARIABLES >= 1"),
+    ],
+)
+def test_bad_dimacs_raises_instead_of_killing_the_process(tmp_path, text, message):
+    bad = tmp_path / "bad.cnf"
+    bad.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        circuits.compile_circuit(bad, cache_dir=tmp_path / "cache")
+
+
+def test_dimacs_variants_libsdd_accepts(tmp_path):
+    ok = tmp_path / "ok.cnf"
+    ok.write_text("c x\np  cnf  3  2\n1 2\n 0 -1 3 0\n%\n0\n")  # clause over two lines, SATLIB tail
+    c = circuits.compile_circuit(ok, cache_dir=tmp_path / "cache")
+    assert c.layout.model_count() == 4
+
+
+def _saved_pair(tmp_path, name, vtree_type, order, build):
+    mgr = SddManager.from_vtree(Vtree(var_count=len(order), var_order=order, vtree_type=vtree_type))
+    node = build(mgr)
+    mgr.save(str(tmp_path / f"{name}.sdd").encode(), node)
+    mgr.vtree().save(str(tmp_path / f"{name}.vtree").encode())
+    return tmp_path / f"{name}.sdd", tmp_path / f"{name}.vtree"
+
+
+def test_bad_sdd_files_raise_instead_of_crashing(tmp_path):
+    sdd, _ = _saved_pair(tmp_path, "a", "balanced", [1, 2, 3, 4], lambda m: (m.literal(1) | m.literal(2)) & m.literal(4))
+    _, other = _saved_pair(tmp_path, "b", "right", [4, 3, 2, 1], lambda m: m.literal(1) & m.literal(3))
+    with pytest.raises(ValueError, match="wrong vtree file"):
+        circuits.compile_circuit((sdd, other), cache_dir=tmp_path / "cache")
+    garbage = tmp_path / "g.sdd"
+    garbage.write_text("this is not an sdd\n")
+    with pytest.raises(ValueError, match="expected the header 'sdd NODES'"):
+        circuits.compile_circuit((garbage, other), cache_dir=tmp_path / "cache")
+    bad_vtree = tmp_path / "g.vtree"
+    bad_vtree.write_text("vtree 3\nL 0 1\nL 2 5\nI 1 0 2\n")
+    with pytest.raises(ValueError, match="variables 1..2"):
+        circuits.compile_circuit((sdd, bad_vtree), cache_dir=tmp_path / "cache")

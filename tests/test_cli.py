@@ -112,9 +112,9 @@ BAD = {
     "neither k nor range": (["--n", "64"], "give --k K"),
     "nothing": ([], "give a circuit"),
     "not an int": (["--n", "x", "--k", "1"], "argument --n"),
-    "unreadable cnf": (["--cnf", "/nonexistent/f.cnf"], "--cnf must be a readable file"),
+    "unreadable cnf": (["--cnf", "/nonexistent/f.cnf"], "--cnf: /nonexistent/f.cnf: unreadable"),
     "sdd without vtree": (["--sdd", __file__], "--sdd and --vtree must be given together"),
-    "not dimacs": (["--cnf", __file__], "--cnf must be a DIMACS CNF file"),
+    "not dimacs": (["--cnf", __file__], "before the 'p cnf' header"),
 }
 
 
