@@ -187,11 +187,16 @@ class Circuit:
             raise ValueError(f"generator must be a torch.Generator on {self.device.type}, got one on {where}")
 
     def _shift(self, r: Tensor) -> Tensor:
-        """Exactly-k distributions are shift invariant: subtract the row max for precision."""
-        if self.spec is None or not self.spec.fixed_cardinality:
+        """Exactly-k distributions are shift invariant: subtract each row's k-th largest logit.
+
+        The k-th largest sits at the boundary of the likely subsets, so the logits that matter
+        keep their low bits (the row maximum would let one far outlier wipe them out). [T, n].
+        """
+        k = self.spec.cardinalities[0] if self.spec is not None and self.spec.fixed_cardinality else 0
+        if k == 0 or r.shape[0] == 0:
             return r
-        top = r.amax(dim=-1, keepdim=True)  # [T, 1]
-        return r - torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+        ref = r.topk(k, dim=-1).values[:, -1:]  # [T, n] -> [T, 1]
+        return r - torch.where(torch.isfinite(ref), ref, torch.zeros_like(ref))
 
     def _upward_checked(self, r: Tensor, raw: Tensor | None = None) -> kernels.Upward:
         """The upward pass on r, after which the input checks run on ``raw`` (default r)."""
