@@ -14,13 +14,33 @@ import torch
 from torch import Tensor
 
 
-def _int_in(name: str, value, lo: int, hi: int) -> int:
-    """``value`` as an int in [lo, hi], else ValueError naming ``name``."""
+MAX_ABS_LOGIT = 1e20  # the DP's tilted sums of up to 2**31 logits stay far above its log-zero, -1e30
+
+
+def int_in(name: str, value, lo: int, hi: int, note: str = "") -> int:
+    """``value`` as an int in [lo, hi], else ValueError naming ``name`` (``note`` follows the range)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     if not lo <= int(value) <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}] (N = {hi} experts), got {int(value)}")
+        raise ValueError(f"{name} must be in [{lo}, {hi}]{note}, got {int(value)}")
     return int(value)
+
+
+def choice(name: str, value, options) -> str:
+    """``value`` if it is one of ``options``, else ValueError naming ``name``."""
+    if not isinstance(value, str) or value not in options:
+        raise ValueError(f"{name} must be one of {tuple(options)}, got {value!r}")
+    return value
+
+
+def generator(value, device: torch.device) -> None:
+    """Raise unless ``value`` is None or a ``torch.Generator`` on ``device``'s type."""
+    if value is None:
+        return
+    if not isinstance(value, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator or None, got {type(value).__name__}")
+    if value.device.type != device.type:
+        raise ValueError(f"generator must be a torch.Generator on {device.type}, got one on {value.device}")
 
 
 def cardinality(n: int, k=None, kmin=None, kmax=None, *, lowest: int = 0) -> tuple[int, int]:
@@ -31,12 +51,12 @@ def cardinality(n: int, k=None, kmin=None, kmax=None, *, lowest: int = 0) -> tup
     if k is not None:
         if kmin is not None or kmax is not None:
             raise ValueError("pass either k (exactly k) or kmin/kmax (a range), not both")
-        k = _int_in("k", k, lowest, n)
+        k = int_in("k", k, lowest, n, f" (N = {n} experts)")
         return k, k
     if kmin is None and kmax is None:
         raise ValueError("pass k (exactly k experts) or kmin and kmax (a range of sizes)")
-    kmin = _int_in("kmin", lowest if kmin is None else kmin, lowest, n)
-    kmax = _int_in("kmax", n if kmax is None else kmax, lowest, n)
+    kmin = int_in("kmin", lowest if kmin is None else kmin, lowest, n, f" (N = {n} experts)")
+    kmax = int_in("kmax", n if kmax is None else kmax, lowest, n, f" (N = {n} experts)")
     if kmin > kmax:
         raise ValueError(f"kmin must be <= kmax, got kmin = {kmin}, kmax = {kmax}")
     return kmin, kmax
@@ -57,18 +77,23 @@ def logits_tensor(logits, *, dim: int | None = None) -> Tensor:
 
 @torch.no_grad()
 def logits_values(logits: Tensor, kmin: int) -> None:
-    """Raise for NaN or +inf logits, or rows with fewer than ``kmin`` logits above -inf.
+    """Raise for NaN, +inf or huge finite logits (|r| >= ``MAX_ABS_LOGIT``), or rows with fewer than
+    ``kmin`` logits above -inf.
 
-    One host synchronisation for the two global reductions (max propagates NaN); rows are counted
-    only when some logit is -inf, and the offending row is located only on failure.
+    One host synchronisation for the three global reductions (max propagates NaN); rows are
+    counted only when some logit is -inf, and the offending row is located only on failure.
     """
     if logits.numel() == 0:
         return
-    top, bottom = torch.stack([logits.amax(), logits.amin()]).tolist()
+    lowest_finite = torch.where(logits > -torch.inf, logits, 0.0).amin()
+    top, bottom, low = torch.stack([logits.amax(), logits.amin(), lowest_finite]).tolist()
     if math.isnan(top):
         raise ValueError("logits contain NaN")
     if top == math.inf:
         raise ValueError("logits contain +inf; use finite logits, or -inf for 'never chosen'")
+    if max(top, -low) >= MAX_ABS_LOGIT:
+        raise ValueError(f"logits must be -inf or finite with |logits| < {MAX_ABS_LOGIT:g}, "
+                         f"got {top if top >= -low else low:g}")
     if bottom > -math.inf or kmin == 0:
         return
     live = (logits > -torch.inf).sum(-1)  # [...]

@@ -57,8 +57,8 @@ class DPBackend:
         return torch.logsumexp(self.log_counts(r), dim=-1)
 
     def log_partition(self, r: Tensor) -> Tensor:
-        """log P_indep(|S| ∈ C) with p = sigmoid(r) (paper form): [T, N] -> [T]."""
-        return self.log_normalizer(r) - softplus_sum(r)
+        """log P_indep(|S| ∈ C) with p = sigmoid(r) (paper form, without cancellation): [T, N] -> [T]."""
+        return torch.logsumexp(dp.LogCounts.apply(r, self.kmin, self.kmax, True), dim=-1)
 
     def marginals(self, r: Tensor, paper: bool, sample: bool = False, generator=None):
         """(m [T, N], one draw [T, N] or None)."""
@@ -67,6 +67,8 @@ class DPBackend:
 
     def sample(self, r: Tensor, num: int, generator=None) -> Tensor:
         """``num`` exact draws: [T, N] -> [num, T, N]."""
+        if num == 0:
+            return r.new_zeros(0, *r.shape)
         u = dp.up(r, self.kmin, self.kmax)
         return dp.down(u, u.band_probs(), num, generator)[1]
 
@@ -125,6 +127,5 @@ BACKENDS = {"dp": DPBackend, "circuit": CircuitBackend}
 
 
 def make(name: str, n: int, kmin: int, kmax: int, device):
-    if name not in BACKENDS:
-        raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {name!r}")
+    """The backend ``name`` (a key of ``BACKENDS``, checked by the caller)."""
     return BACKENDS[name](n, kmin, kmax, device)

@@ -16,6 +16,8 @@ from torch.distributions import Distribution, constraints
 
 from . import _validate, backends
 
+GRADS = ("exact", "paper")
+
 
 class Subsets(constraints.Constraint):
     """Binary vectors whose number of ones is in [kmin, kmax]."""
@@ -34,6 +36,17 @@ class Subsets(constraints.Constraint):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(kmin={self.kmin}, kmax={self.kmax})"
+
+
+def _sample_shape(sample_shape) -> torch.Size:
+    """``sample_shape`` as a torch.Size of non-negative integers, else ValueError."""
+    try:
+        shape = torch.Size(sample_shape)
+    except TypeError:
+        raise ValueError(f"sample_shape must be a sequence of non-negative integers, got {sample_shape!r}") from None
+    if any(s < 0 for s in shape):
+        raise ValueError(f"sample_shape must be a sequence of non-negative integers, got {tuple(shape)}")
+    return shape
 
 
 class SubsetDistribution(Distribution):
@@ -63,9 +76,8 @@ class SubsetDistribution(Distribution):
         logits = _validate.logits_tensor(logits)
         n = logits.shape[-1]
         self.kmin, self.kmax = _validate.cardinality(n, k, kmin, kmax)
-        if grad not in ("exact", "paper"):
-            raise ValueError(f"grad must be 'exact' or 'paper', got {grad!r}")
-        self.logits, self.grad = logits, grad
+        self.logits, self.grad = logits, _validate.choice("grad", grad, GRADS)
+        _validate.choice("backend", backend, backends.BACKENDS)
         self._impl = backends.make(backend, n, self.kmin, self.kmax, logits.device)
         super().__init__(logits.shape[:-1], logits.shape[-1:], validate_args=False)
         self._validate_args = Distribution._validate_args if validate_args is None else bool(validate_args)
@@ -87,7 +99,7 @@ class SubsetDistribution(Distribution):
 
     def _out(self, x: Tensor, *event: int) -> Tensor:
         """[T, *event] -> [*batch_shape, *event] in the logits' dtype."""
-        return x.reshape(*self.batch_shape, *event).to(self.logits.dtype)
+        return x.reshape(self.batch_shape + event).to(self.logits.dtype)
 
     def _cached(self, name: str, compute) -> Tensor:
         if name not in self._cache:
@@ -121,14 +133,19 @@ class SubsetDistribution(Distribution):
             return self._out(self._impl.mode(self._r), self.event_shape[0])
 
     def sample(self, sample_shape=torch.Size(), generator: torch.Generator | None = None) -> Tensor:
-        """Exact draws: [*sample_shape, *batch_shape, N] in {0, 1}, not differentiable."""
-        shape = torch.Size(sample_shape)
+        """Exact draws: [*sample_shape, *batch_shape, N] in {0, 1}, not differentiable.
+
+        generator: a ``torch.Generator`` on the logits' device, for reproducible draws.
+        """
+        shape = _sample_shape(sample_shape)
+        _validate.generator(generator, self.logits.device)
         with torch.no_grad():
             z = self._impl.sample(self._r, math.prod(shape), generator)  # [S, T, N]
-        return z.reshape(*shape, *self.batch_shape, self.event_shape[0]).to(self.logits.dtype)
+        return z.reshape(shape + self.batch_shape + self.event_shape).to(self.logits.dtype)
 
     def mean_and_sample(self, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """(``.mean``, one draw like ``.sample()``), sharing one pass of the backend when possible."""
+        _validate.generator(generator, self.logits.device)
         paper = self.grad == "paper"
         if f"m{paper}" in self._cache:
             return self.mean, self.sample(generator=generator)

@@ -15,6 +15,8 @@ algebra on the lattice it defines, with no further logarithms:
 - sampling walks one path of the same lattice downwards: ``z_i ~ Bernoulli(W[i, c])``, ``c -= z_i``.
 - ``Cov(z) v`` is the directional derivative of m along v: forward-mode tangents
   ``D = dL`` (swept up with L), then ``dW`` and ``dA`` (swept down with A).
+- the paper-form counts log P_indep(|S| = j) have their own upward sweep on log-probabilities
+  (``paper_log_counts``), which neither tilts nor cancels.
 
 Two sweeps per call: up (L, W, and in the backward D, dW) and down (A, m, z, and in the
 backward dA). Each step touches one [K + 1, T] row per table (tokens last, contiguous); L and D
@@ -32,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from circuits.workspace import Workspace
@@ -116,6 +119,30 @@ def up(r: Tensor, kmin: int, kmax: int, *, keep_w: bool = True, v: Tensor | None
     if v is not None:
         dtop = dwhole[N % 2].clone()
     return Up(whole[N % 2].clone(), tau, W if keep_w else None, dW, dtop, kmin)
+
+
+def paper_log_counts(r: Tensor, kmin: int, kmax: int) -> Tensor:
+    """log P_indep(|S| = j) with p = sigmoid(r), j = kmin..kmax: [T, N] -> [J, T] (-inf: no S of size j).
+
+    Alg. 2 on probabilities, P[i+1, j] = P[i, j] (1 - p_i) + P[i, j-1] p_i, in log space with
+    log p_i = -softplus(-r_i) and log(1 - p_i) = -softplus(r_i). Its entries are log-probabilities
+    (<= 0), so it needs no tilt and nothing cancels: log Z_j - Σ_i softplus(r_i) from the natural
+    lattice loses ~1e-2 in float32 at logits ~1e4 (the tilt and the subtraction).
+    """
+    T, N = r.shape
+    rt = r.T.contiguous()  # [N, T]
+    take = F.softplus(-rt).neg_().clamp_(min=LOG_ZERO)  # log p; -inf logits -> LOG_ZERO
+    skip = F.softplus(rt).neg_()  # log(1 - p)
+    rows = r.new_full((2, kmax + 2, T), LOG_ZERO)  # P[i] and P[i+1] for j = -1..K, alternating
+    rows[0, 1] = 0.0  # the empty set
+    t = torch.empty_like(rows[0, 1:])
+    for i in range(N):
+        a, b = rows[i % 2], rows[(i + 1) % 2]
+        torch.add(a[1:], skip[i], out=b[1:])
+        torch.add(a[:-1], take[i], out=t)
+        torch.logaddexp(b[1:], t, out=b[1:])
+    top = rows[N % 2, 1 + kmin :]  # [J, T]
+    return torch.where(top > LOG_ZERO / 2, top, -torch.inf)
 
 
 def down(u: Up, band: Tensor, num_samples: int = 0, generator: torch.Generator | None = None):
@@ -207,19 +234,26 @@ class MarginalsAndSample(torch.autograd.Function):
 
 class LogCounts(torch.autograd.Function):
     """log Z_j = log Σ_{|S| = j} exp(r·z_S) for j = kmin..kmax: r [T, N] -> [T, J]; saves only r.
+    With ``paper=True`` the paper form log P_indep(|S| = j) = log Z_j - Σ_i softplus(r_i).
 
-    Backward: Σ_j g_j m^(j), one downward sweep seeded with the incoming g.
+    Backward: Σ_j g_j m^(j) (minus Σ_j g_j sigmoid(r) in paper form), one downward sweep seeded
+    with the incoming g.
     """
 
     @staticmethod
-    def forward(ctx, r: Tensor, kmin: int, kmax: int):
+    def forward(ctx, r: Tensor, kmin: int, kmax: int, paper: bool = False):
         ctx.save_for_backward(r)
-        ctx.args = (kmin, kmax)
-        return up(r, kmin, kmax, keep_w=False).log_counts.T.contiguous()
+        ctx.args = (kmin, kmax, paper)
+        counts = paper_log_counts(r, kmin, kmax) if paper else up(r, kmin, kmax, keep_w=False).log_counts
+        return counts.T.contiguous()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g: Tensor):
         (r,) = ctx.saved_tensors
-        u = up(r, *ctx.args)
-        return down(u, g.T.to(r.dtype))[0], None, None
+        kmin, kmax, paper = ctx.args
+        u = up(r, kmin, kmax)
+        grad = down(u, g.T.to(r.dtype))[0]
+        if paper:
+            grad = grad - g.sum(dim=-1, keepdim=True).to(r.dtype) * torch.sigmoid(r)
+        return grad, None, None, None

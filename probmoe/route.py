@@ -24,7 +24,8 @@ METHODS = ("probmoe", "topk-marginal", "sample-dense-ste")
 class Routing:
     """The routing of T tokens: ``kmax`` slots per token, the first ``counts`` of them used.
 
-    indices: [T, kmax] long, the used slots in descending softmax probability; unused slots
+    indices: [T, kmax] long, the used slots in descending softmax probability (ties of
+        underflowed probabilities in descending logit for a range at eval); unused slots
         repeat slot 0's expert (a valid index everywhere) with weight 0.
     weights: [T, kmax]; exactly 0, with no gradient, on unused slots.
     mask: [T, kmax] bool, the used slots.
@@ -62,7 +63,8 @@ def route(logits: Tensor, *, k=None, kmin=None, kmax=None, training: bool, metho
     k: exactly k experts per token (Exact-k); or kmin/kmax: between kmin and kmax (Dynamic-k),
         1 <= kmin <= kmax <= N (a missing kmin is 1, a missing kmax is N).
     training: True draws S from the distribution; False takes the MAP subset: the top-k experts
-        (identical to softmax + topk) or, for a range, the top clamp(#{logits > 0}, kmin, kmax).
+        (identical to softmax + topk, so experts whose probabilities underflow to 0 tie) or, for
+        a range, the top clamp(#{logits > 0}, kmin, kmax) logits.
     method (training only): "probmoe" (sampled forward, marginal backward, Eq. 7), or the
         paper's ablations on the same code path: "topk-marginal" (MAP forward, marginal
         backward) and "sample-dense-ste" (sampled forward; backward with z ≈ softmax(r), the
@@ -74,24 +76,24 @@ def route(logits: Tensor, *, k=None, kmin=None, kmax=None, training: bool, metho
     """
     logits = _validate.logits_tensor(logits, dim=2)
     kmin, kmax = _validate.cardinality(logits.shape[-1], k, kmin, kmax, lowest=1)
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    _validate.choice("method", method, METHODS)
     if not isinstance(training, bool):
         raise ValueError(f"training must be True or False, got {training!r}")
+    _validate.generator(generator, logits.device)
     r = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
     dist = SubsetDistribution(r, kmin=kmin, kmax=kmax, backend=backend, grad=grad, validate_args=validate_args)
     probs = torch.softmax(r, dim=-1)  # [T, N]
-    finite = r > -torch.inf
     sampled = training and method != "topk-marginal"
     # the marginals enter only the backward: skip them when no gradient can flow
     marginal_st = training and method != "sample-dense-ste" and torch.is_grad_enabled() and r.requires_grad
-    m = None
     if sampled:
         m, z = dist.mean_and_sample(generator) if marginal_st else (None, dist.sample(generator=generator))
         key = torch.where(z > 0, probs.detach(), -1.0)  # drawn experts first
     else:
-        key = torch.where(finite, probs.detach(), -1.0)  # softmax + topk, never a -inf logit
         m = dist.mean if marginal_st else None
+        # exactly-k: softmax + topk as HF does (never a -inf logit; probabilities that underflow to 0
+        # tie); a range: the MAP's top logits, which do not tie there
+        key = torch.where(r > -torch.inf, probs.detach(), -1.0) if kmin == kmax else r.detach()
     surrogate = probs if training and method == "sample-dense-ste" else m  # z ≈ surrogate in the backward
     top, idx = key.topk(kmax, dim=-1)  # [T, kmax]
     if sampled:

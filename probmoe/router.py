@@ -10,6 +10,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import _validate
+from .backends import BACKENDS
+from .distribution import GRADS
 from .route import METHODS, Routing, route
 
 
@@ -25,27 +27,33 @@ class ProbMoERouter(nn.Module):
     generator: draw from this ``torch.Generator`` (reproducible) instead of the global RNG. Under
     ``torch.utils.checkpoint`` the recomputation in backward replays the generator state of the
     forward it recomputes, so it draws the same subsets (the global RNG is restored by
-    checkpoint itself).
+    checkpoint itself). To find that state, every training forward with a generator draws one
+    key from the global CPU RNG, which checkpoint restores before recomputing, and remembers
+    key -> generator state for the last ``REPLAY_DEPTH`` forwards.
     """
 
     REPLAY_DEPTH = 64  # generator states kept for checkpoint recomputation
+    FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
     def __init__(self, hidden_size: int, num_experts: int, *, k=None, kmin=None, kmax=None,
                  method: str = "probmoe", backend: str = "dp", grad: str = "exact", normalize: bool = False,
                  generator: torch.Generator | None = None, validate_args=None, device=None, dtype=None):
         super().__init__()
-        hidden_size = _validate._int_in("hidden_size", hidden_size, 1, 2**31)
-        num_experts = _validate._int_in("num_experts", num_experts, 1, 2**31)
+        hidden_size = _validate.int_in("hidden_size", hidden_size, 1, 2**31)
+        num_experts = _validate.int_in("num_experts", num_experts, 1, 2**31)
         self.kmin, self.kmax = _validate.cardinality(num_experts, k, kmin, kmax, lowest=1)
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        _validate.choice("method", method, METHODS)
+        _validate.choice("backend", backend, BACKENDS)
+        _validate.choice("grad", grad, GRADS)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
         self.hidden_dim, self.num_experts, self.top_k = hidden_size, num_experts, self.kmax
         self.method, self.backend, self.grad, self.normalize = method, backend, grad, normalize
         self.generator, self.validate_args = generator, validate_args
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, device=device, dtype=dtype))
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's default
         self.last_routing: Routing | None = None
-        self._states: collections.deque = collections.deque(maxlen=self.REPLAY_DEPTH)
+        self._states: collections.OrderedDict[int, Tensor] = collections.OrderedDict()  # key -> generator state
 
     def extra_repr(self) -> str:
         size = f"k={self.kmin}" if self.kmin == self.kmax else f"kmin={self.kmin}, kmax={self.kmax}"
@@ -53,19 +61,30 @@ class ProbMoERouter(nn.Module):
                 f"backend={self.backend!r}, grad={self.grad!r}, normalize={self.normalize}")
 
     def _generator(self) -> torch.Generator | None:
-        """This call's generator: ``self.generator``, or a copy in the state of the forward being
-        recomputed when called inside a backward pass (checkpoint recomputation)."""
+        """This call's generator: ``self.generator``, or, inside a backward pass (checkpoint
+        recomputation), a copy in the state that the forward being recomputed found.
+
+        The forward is identified by a key from the global CPU RNG, whose state checkpoint
+        restores before recomputing, so a recomputation draws the key of its original forward.
+        """
         if self.generator is None or not self.training:
             return self.generator
-        if torch._C._current_graph_task_id() == -1:  # not inside a backward pass: remember the state
-            self._states.append(self.generator.get_state())
-            return self.generator
-        replay = torch.Generator(device=self.generator.device)
-        replay.set_state(self._states.pop() if self._states else self.generator.get_state())
-        return replay
+        key = int(torch.randint(2**62, (), dtype=torch.long))
+        state = self._states.get(key)
+        if torch._C._current_graph_task_id() != -1 and state is not None:  # a recomputation
+            replay = torch.Generator(device=self.generator.device)
+            replay.set_state(state)
+            return replay
+        self._states[key] = self.generator.get_state()
+        if len(self._states) > self.REPLAY_DEPTH:
+            self._states.popitem(last=False)
+        return self.generator
 
     def forward(self, hidden_states: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        if hidden_states.shape[-1] != self.hidden_dim:
+        if not isinstance(hidden_states, Tensor) or hidden_states.dtype not in self.FLOATS:
+            got = hidden_states.dtype if isinstance(hidden_states, Tensor) else type(hidden_states).__name__
+            raise ValueError(f"hidden_states must be a tensor of dtype float16, bfloat16, float32 or float64, got {got}")
+        if hidden_states.dim() == 0 or hidden_states.shape[-1] != self.hidden_dim:
             raise ValueError(
                 f"hidden_states must have shape [..., {self.hidden_dim}], got {list(hidden_states.shape)}"
             )

@@ -135,6 +135,18 @@ def test_float32_matches_float64():
         torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=0)
 
 
+@pytest.mark.parametrize("kmin,kmax", [(3, 3), (1, 8), (0, 64), (2, 40)])
+def test_float32_log_partition_with_outliers(kmin, kmax):
+    """Paper-form log Z has its own lattice: no cancellation of log Z_nat - Σ softplus at logits ~1e4."""
+    r = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
+    r[:, :3] += 1e4
+    r[1, :3] += 3e3
+    r[2, 5] = -torch.inf
+    want = probmoe.SubsetDistribution(r.double(), kmin=kmin, kmax=kmax, backend="circuit").log_partition
+    got = probmoe.SubsetDistribution(r, kmin=kmin, kmax=kmax, backend="dp").log_partition
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-6)
+
+
 def test_exact_k_is_shift_invariant_and_extreme_logits_stay_finite():
     r = torch.randn(16, 64, dtype=torch.float64) * 3
     base = dp.marginals(r, 8, 8)
@@ -182,6 +194,39 @@ def test_shapes_and_dtypes(backend):
         assert h.mean.dtype == dtype and h.sample().dtype == dtype
         torch.testing.assert_close(h.mean.float(), probmoe.SubsetDistribution(r.to(dtype).float(), kmin=2, kmax=5).mean,
                                    atol=1e-2, rtol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unbatched_logits(backend, float64):
+    r = torch.randn(7)
+    d = probmoe.SubsetDistribution(r, kmin=2, kmax=4, backend=backend)
+    batched = probmoe.SubsetDistribution(r[None], kmin=2, kmax=4, backend=backend)
+    assert d.batch_shape == () and d.log_partition.shape == () and d.entropy().shape == ()
+    torch.testing.assert_close(d.log_partition, batched.log_partition[0])
+    torch.testing.assert_close(d.entropy(), batched.entropy()[0])
+    assert d.mean.shape == (7,) and d.cardinality_probs.shape == (3,) and d.log_prob(d.mode).shape == ()
+
+
+def test_huge_finite_logits_are_rejected():
+    """The DP's log-zero is -1e30: logits near it (or sums of many) used to give NaN after validation."""
+    wide = torch.full((1, 64), -1e28, dtype=torch.float64)
+    wide[0, 0] = 1e28  # |r| < 1e30, yet 64 tilted logits of -2e28 sum below the log-zero
+    for r, k in [(torch.tensor([[1e30, -1e30, 0.0, 5.0, 1e38]], dtype=torch.float64), 3), (wide, 64)]:
+        with pytest.raises(ValueError, match=r"logits must be -inf or finite with \|logits\| < 1e\+20"):
+            probmoe.SubsetDistribution(r, k=k, backend="dp")
+    wide[0, 0], wide[0, 1:] = 1e19, -1e19  # the largest accepted magnitudes stay finite
+    for kmin, kmax in [(64, 64), (3, 3), (1, 5)]:
+        assert torch.isfinite(probmoe.SubsetDistribution(wide, kmin=kmin, kmax=kmax, backend="dp").mean).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_sample_arguments(backend):
+    d = probmoe.SubsetDistribution(torch.randn(3, 5), k=2, backend=backend)
+    with pytest.raises(ValueError, match="sample_shape must be"):
+        d.sample((-1,))
+    for call in (lambda: d.sample(generator="x"), lambda: d.mean_and_sample("x")):
+        with pytest.raises(ValueError, match="generator must be a torch.Generator"):
+            call()
 
 
 def test_log_prob_outside_the_support():

@@ -43,6 +43,12 @@ def test_fused_mean_and_sample(backend):
     assert chi2_pvalue(mask_counts(z, allowed), ex.probs[0]) > 1e-3
 
 
+@pytest.mark.parametrize("backend", ["dp", "circuit"])
+def test_zero_draws(backend):
+    d = probmoe.SubsetDistribution(torch.randn(3, 5), k=2, backend=backend)
+    assert d.sample((0,)).shape == (0, 3, 5) and d.sample((2, 0)).shape == (2, 0, 3, 5)
+
+
 def test_seeded_generator_is_reproducible():
     r = torch.randn(100, 64)
     a = probmoe.SubsetDistribution(r, kmin=4, kmax=8, backend="dp").sample((3,), generator=torch.Generator().manual_seed(5))

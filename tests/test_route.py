@@ -132,6 +132,15 @@ def test_eval_range_is_the_map(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_eval_range_does_not_tie_probabilities_that_underflow(backend):
+    r = torch.tensor([[100.0, -2000.0, -1000.0], [100.0, -1000.0, -2000.0]])  # probabilities 1, 0, 0
+    out = probmoe.route(r, kmin=2, kmax=3, training=False, backend=backend)
+    assert torch.equal(out.selected(), torch.tensor([[True, False, True], [True, True, False]]))
+    assert torch.equal(out.selected().float(), out.distribution.mode)
+    assert out.indices.tolist() == [[0, 2, 0], [0, 1, 0]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_exact_k_routing_is_shift_invariant(backend):
     r = torch.randn(128, 16, dtype=torch.float64)
     for training in (True, False):
@@ -248,6 +257,8 @@ def test_saved_for_backward_is_small(kmin, kmax):
         (torch.tensor([[0.0, float("nan")]]), dict(k=1), "NaN"),
         (torch.tensor([[0.0, -float("inf"), -float("inf")]]), dict(kmin=2, kmax=3), "infeasible"),
         (torch.randn(4, 6), dict(k=2, method="dense"), "method must be"),
+        (torch.randn(4, 6), dict(k=2, generator="x"), "generator must be a torch.Generator"),
+        (torch.randn(4, 6), dict(kmin=1, kmax=3, generator=1), "generator must be a torch.Generator"),
     ],
 )
 def test_bad_input(logits, kwargs, match):

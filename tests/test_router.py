@@ -89,6 +89,34 @@ def test_checkpoint_recomputes_the_same_draw(use_reentrant, seeded):
     torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_checkpoint_with_interleaved_forwards(use_reentrant):
+    """Other train-mode forwards between a checkpointed forward and its backward (a second
+    checkpointed forward backwarded later, or a no-grad forward) do not change what it replays."""
+    experts = torch.randn(8, 16, 16)
+    h1, h2 = torch.randn(64, 16), torch.randn(64, 16)
+
+    def grads(ckpt, between):
+        router = make(kmin=1, kmax=3, generator=torch.Generator().manual_seed(3))
+        x1, x2 = h1.clone().requires_grad_(), h2.clone().requires_grad_()
+        run = (lambda x: checkpoint(toy_moe, router, experts, x, use_reentrant=use_reentrant)) if ckpt else (
+            lambda x: toy_moe(router, experts, x))
+        torch.manual_seed(11)
+        y1 = run(x1).square().sum()
+        if between == "forward":
+            y2 = run(x2).square().sum()
+            y1.backward()
+            y2.backward()
+        else:
+            with torch.no_grad():
+                router(h2)
+            y1.backward()
+        return x1.grad, router.weight.grad
+
+    for between in ("forward", "no_grad"):
+        torch.testing.assert_close(grads(False, between), grads(True, between), atol=1e-6, rtol=1e-6)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="k must be in"):
         probmoe.ProbMoERouter(16, 8, k=9)
@@ -96,3 +124,16 @@ def test_bad_arguments():
         probmoe.ProbMoERouter(16, 8, k=2, method="greedy")
     with pytest.raises(ValueError, match=r"hidden_states must have shape \[\.\.\., 16\]"):
         make()(torch.randn(4, 15))
+    with pytest.raises(ValueError, match=r"hidden_states must have shape \[\.\.\., 16\], got \[\]"):
+        make()(torch.tensor(1.0))
+    for h in (torch.ones(4, 16, dtype=torch.long), torch.ones(4, 16, dtype=torch.int32)):
+        with pytest.raises(ValueError, match="hidden_states must be a tensor of dtype float16, bfloat16, float32"):
+            make().eval()(h)
+    with pytest.raises(ValueError, match=r"hidden_size must be in \[1, 2147483648\], got 0$"):
+        probmoe.ProbMoERouter(0, 8, k=2)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        probmoe.ProbMoERouter(16, 8, k=2, backend="magic")
+    with pytest.raises(ValueError, match="grad must be one of"):
+        probmoe.ProbMoERouter(16, 8, k=2, grad="straight")
+    with pytest.raises(ValueError, match="generator must be a torch.Generator"):
+        probmoe.ProbMoERouter(16, 8, k=2, generator=3)
