@@ -23,8 +23,7 @@ backward dA). Each step touches one [K + 1, T] row per table (tokens last, conti
 are kept as two alternating rows, so the only full tables are W and dW, written once by the up
 sweep and read once by the down sweep.
 
-Numerics. Logits enter as log-odds (no log p, log(1 - p)), tilted by the kmax-th largest logit
-``tau`` of each row: the tilt
+Numerics. Logits enter as log-odds (no log p, log(1 - p)), tilted by the row max ``tau``: the tilt
 changes every subset of size j by the same ``j tau``, so W, A and the marginals are unchanged and
 the counts are restored as ``L[N, j] + j tau``. -inf logits and unreachable states hold the finite
 ``LOG_ZERO``: no -inf - (-inf) is ever formed, and W, A, dA are exactly 0 on unreachable states.
@@ -87,9 +86,7 @@ def up(r: Tensor, kmin: int, kmax: int, *, keep_w: bool = True, v: Tensor | None
     """
     T, N = r.shape
     K1 = kmax + 1
-    # tilt by the kmax-th largest logit: the boundary of the likely subsets, so one far outlier
-    # does not wipe out the low bits of the logits that matter (the row max would)
-    tau = r.topk(kmax, dim=-1).values[:, -1] if kmax > 0 and T > 0 else r.new_zeros(T)  # [T]
+    tau = r.amax(dim=-1)  # [T]
     tau = torch.where(torch.isfinite(tau), tau, torch.zeros_like(tau))
     rt = torch.sub(r.T, tau, out=r.new_empty(N, T)).clamp_(min=LOG_ZERO)  # [T, N] -> [N, T]; -inf -> LOG_ZERO
     rows = _WS.get("rows", (2, K1 + 1, T), r)  # L[i] and L[i+1] for j = -1..K, alternating
