@@ -66,17 +66,27 @@ def check_dimacs(path) -> None:
         raise ValueError(f"{path}: the header declares {header[1]} clauses, the file has {clauses}")
 
 
+def _records(path, header: str) -> tuple[int, list[tuple[int, str, list[int]]]]:
+    """A libsdd file: the node count of its 'HEADER COUNT' line, and (line, kind, integers) per node."""
+    declared, records = None, []
+    for no, words in _lines(path):
+        if declared is None:
+            if words[0] != header or len(words) != 2:
+                _fail(path, no, f"expected the header '{header} NODES'")
+            declared = _ints(path, no, words[1:])[0]
+        else:
+            records.append((no, words[0], _ints(path, no, words[1:])))
+    if declared is None:
+        raise ValueError(f"{path}: no '{header} NODES' header")
+    return declared, records
+
+
 def _check_vtree(path) -> dict[int, tuple]:
     """Parse a ``.vtree`` file: id -> ("L", var, leaves) or ("I", left, right, leaves)."""
     nodes: dict[int, tuple] = {}
-    declared, used = None, set()
-    for no, words in _lines(path):
-        if declared is None:
-            if words[0] != "vtree" or len(words) != 2:
-                _fail(path, no, "expected the header 'vtree NODES'")
-            declared = _ints(path, no, words[1:])[0]
-            continue
-        kind, args = words[0], _ints(path, no, words[1:])
+    used: set[int] = set()
+    declared, records = _records(path, "vtree")
+    for no, kind, args in records:
         if kind == "L" and len(args) == 2 and args[1] >= 1:
             node = ("L", args[1], frozenset([args[1]]))
         elif kind == "I" and len(args) == 3:
@@ -90,7 +100,7 @@ def _check_vtree(path) -> dict[int, tuple]:
         if args[0] in nodes:
             _fail(path, no, f"vtree node {args[0]} is defined twice")
         nodes[args[0]] = node
-    if declared is None or len(nodes) != declared or len(nodes) - len(used) != 1:
+    if len(nodes) != declared or len(nodes) - len(used) != 1:
         raise ValueError(f"{path}: expected {declared} vtree nodes forming one tree")
     leaves = [n[1] for n in nodes.values() if n[0] == "L"]
     if sorted(leaves) != list(range(1, len(leaves) + 1)):
@@ -102,14 +112,8 @@ def check_sdd_pair(sdd, vtree) -> None:
     """An ``.sdd`` file that is a normalised SDD over the given ``.vtree``."""
     vt = _check_vtree(vtree)
     scope: dict[int, frozenset] = {}  # sdd id -> variables of its vtree node (empty for constants)
-    declared = None
-    for no, words in _lines(sdd):
-        if declared is None:
-            if words[0] != "sdd" or len(words) != 2:
-                _fail(sdd, no, "expected the header 'sdd NODES'")
-            declared = _ints(sdd, no, words[1:])[0]
-            continue
-        kind, args = words[0], _ints(sdd, no, words[1:])
+    declared, records = _records(sdd, "sdd")
+    for no, kind, args in records:
         if not args or args[0] in scope:
             _fail(sdd, no, "each node needs a new id")
         if kind in ("T", "F") and len(args) == 1:
@@ -132,5 +136,5 @@ def check_sdd_pair(sdd, vtree) -> None:
             scope[args[0]] = v[-1]
         else:
             _fail(sdd, no, "expected 'F id', 'T id', 'L id vtree literal' or 'D id vtree k prime sub ...'")
-    if declared is None or len(scope) != declared or not scope:
+    if len(scope) != declared or not scope:
         raise ValueError(f"{sdd}: expected {declared} SDD nodes")
