@@ -124,10 +124,11 @@ def make_manifest(spec: Spec, layout: Layout, info: dict) -> dict:
     }
 
 
-def store(spec: Spec, layout: Layout, files: dict[str, bytes], info: dict, root: Path | str | None = None,
+def store(spec: Spec, layout: Layout, files: dict[str, bytes], manifest: dict, root: Path | str | None = None,
           replace: bool = False):
     """Write an entry atomically; returns its path, or None (with a CacheWarning) if unwritable.
 
+    ``manifest`` comes from ``make_manifest``; the files' checksums are added to the written copy.
     ``files`` maps "circuit.sdd", "circuit.vtree", "circuit.dot" to their contents. ``replace``
     overwrites a valid entry (``compile_circuit(force=True)``); otherwise a valid entry that
     appeared meanwhile is kept.
@@ -142,9 +143,8 @@ def store(spec: Spec, layout: Layout, files: dict[str, bytes], info: dict, root:
         )
         for name, data in files.items():
             (tmp / name).write_bytes(data)
-        manifest = make_manifest(spec, layout, info)
-        manifest["sha256"] = {name: _sha256(tmp / name) for name in FILES}
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        sums = {name: _sha256(tmp / name) for name in FILES}
+        (tmp / "manifest.json").write_text(json.dumps({**manifest, "sha256": sums}, indent=1))
         _install(tmp, final, spec, replace)
         return final
     except OSError as exc:

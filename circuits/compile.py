@@ -113,20 +113,18 @@ def compile_circuit(spec, *, cache_dir=None, force: bool = False, device="cpu") 
     mgr, root = compile_sdd(spec)
     layout = build_layout(mgr, root)
     seconds = time.perf_counter() - t0
-    count = layout.model_count()
-    expected = spec.model_count()
-    if expected is not None and count != expected:
-        raise RuntimeError(f"compiled model count {count} != {expected} for {spec.describe()}")
-    probe.check(layout, spec)  # a self-check against an independent computation
-    info = {
+    manifest = cache.make_manifest(spec, layout, {
         "compile_seconds": seconds,
         "sdd_size": root.size(),
         "sdd_count": root.count(),
         "pysdd_version": _pysdd_version(),
-    }
-    path = cache.store(spec, layout, _sdd_files(mgr, root), info, cache_dir, replace=force)
-    info = {**cache.make_manifest(spec, layout, info), "cache_hit": False,
-            "cache_path": None if path is None else str(path)}
+    })
+    expected = spec.model_count()
+    if expected is not None and int(manifest["model_count"]) != expected:
+        raise RuntimeError(f"compiled model count {manifest['model_count']} != {expected} for {spec.describe()}")
+    probe.check(layout, spec)  # a self-check against an independent computation
+    path = cache.store(spec, layout, _sdd_files(mgr, root), manifest, cache_dir, replace=force)
+    info = {**manifest, "cache_hit": False, "cache_path": None if path is None else str(path)}
     return Circuit(layout, spec, info, device)
 
 

@@ -8,8 +8,6 @@ own dtype. Logits of -inf mean "never true".
 
 from __future__ import annotations
 
-import math
-
 import networkx as nx
 import torch
 from torch import Tensor
@@ -236,8 +234,9 @@ class Circuit:
         r, lead = self._flatten(logits)
         with torch.no_grad():
             rs = self._shift(r)
-            self._upward_checked(rs, raw=r)
-            z = kernels.map_assignment(self._prog, rs)
+            up = kernels.max_upward(self._prog, rs)
+            self._check(r, up.val[-1])  # the best completion is -inf exactly when none exists
+            z = kernels.map_assignment(self._prog, rs, up)
         return z.reshape(*lead, self.n).to(logits.dtype)
 
     def marginals_and_sample(self, logits: Tensor, generator: torch.Generator | None = None):
@@ -247,7 +246,3 @@ class Circuit:
         m, z = _Marginals.apply(self, r, True, generator)
         shape = (*lead, self.n)
         return m.reshape(shape).to(logits.dtype), z.reshape(shape).to(logits.dtype)
-
-    def log_model_count(self) -> float:
-        """log of the number of satisfying assignments (from the layout, exact integer arithmetic)."""
-        return math.log(self.layout.model_count())

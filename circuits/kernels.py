@@ -276,18 +276,24 @@ def sample(prog: Program, r: Tensor, up: Upward, generator: torch.Generator | No
     return _assignment(prog, act, fill)
 
 
-def map_assignment(prog: Program, r: Tensor) -> Tensor:
-    """Most probable satisfying assignment by max-product up, argmax down. r: [T, n] -> [T, n].
+def max_upward(prog: Program, r: Tensor) -> Upward:
+    """The max-product upward pass: r [T, n] -> node log-values of the best completions.
 
-    An implicit variable contributes max(p, 1 - p) (log: logsigmoid(|r|)) to the max-product
-    and takes its own argmax, r > 0.
+    An implicit variable contributes max(p, 1 - p) (log: logsigmoid(|r|)) to its element.
     """
     gap = None
     if not prog.smooth:
         h = F.logsigmoid(r.abs()).T  # [n, T]
         gap = WORKSPACE.get("gap", (prog.num_rows, r.shape[0]), r).zero_()
         gap.index_add_(0, prog.implicit_row, h.index_select(0, prog.implicit_var))
-    up = upward(prog, r, mode="max", gap=gap)
+    return upward(prog, r, mode="max", gap=gap)
+
+
+def map_assignment(prog: Program, r: Tensor, up: Upward) -> Tensor:
+    """Most probable satisfying assignment: argmax down a ``max_upward`` pass. r: [T, n] -> [T, n].
+
+    Implicit variables take their own argmax, r > 0.
+    """
     T = r.shape[0]
 
     def onehot(grp: Group) -> Tensor:

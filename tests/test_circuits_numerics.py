@@ -107,8 +107,9 @@ def test_bad_input_raises_clear_errors():
         c.sample(torch.tensor([0.0, float("inf"), 0, 0, 0, 0]))
     with pytest.raises(ValueError, match=r"\+inf"):  # exactly-k shifts by the row max first
         circuits.compile_circuit(circuits.ExactlyK(6, 2)).marginals(torch.tensor([0.0, float("inf"), 0, 0, 0, 0]))
-    with pytest.raises(ValueError, match="unsatisfiable.*at least 2"):
-        c.log_partition(torch.tensor([[0.0] * 6, [0.0] + [-float("inf")] * 5]))
+    for query in (c.log_partition, c.marginals, c.sample, c.map):
+        with pytest.raises(ValueError, match="unsatisfiable.*at least 2"):
+            query(torch.tensor([[0.0] * 6, [0.0] + [-float("inf")] * 5]))
     with pytest.raises(ValueError, match=r"shape \[\.\.\., n\] with n = 6"):
         c.map(torch.zeros(3, 5))
     with pytest.raises(ValueError, match="floating-point"):
