@@ -47,16 +47,21 @@ class _LogPartition(torch.autograd.Function):
 class _Marginals(torch.autograd.Function):
     """(m, z) from r [T, n]: marginals [T, n] and, if asked, a sample [T, n] (else empty).
 
-    Backward of m is Cov(z) v (the Jacobian is symmetric), recomputed; saves only r.
+    With ``values`` False the downward pass is skipped and m is zeros: only its backward is
+    wanted (a straight-through estimator). Backward of m is Cov(z) v (the Jacobian is
+    symmetric), recomputed; saves only r.
     """
 
     @staticmethod
-    def forward(ctx, circuit: "Circuit", r: Tensor, want_sample: bool, generator):
+    def forward(ctx, circuit: "Circuit", r: Tensor, want_sample: bool, generator, values: bool = True):
         prog = circuit._prog
         raw, r = r, circuit._shift(r)
         up = circuit._upward_checked(r, raw=raw)
         z = kernels.sample(prog, r, up, generator) if want_sample else r.new_empty(0)
-        m = kernels.marginals_from_flows(prog, kernels.downward(prog, up), torch.sigmoid(r))
+        if values:
+            m = kernels.marginals_from_flows(prog, kernels.downward(prog, up), torch.sigmoid(r))
+        else:
+            m = torch.zeros_like(r)
         ctx.circuit = circuit
         ctx.save_for_backward(r)
         ctx.mark_non_differentiable(z)
@@ -66,7 +71,7 @@ class _Marginals(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, v: Tensor, _):
         (r,) = ctx.saved_tensors
-        return None, kernels.marginals_jvp(ctx.circuit._prog, r, v.contiguous()), None, None
+        return None, kernels.marginals_jvp(ctx.circuit._prog, r, v.contiguous()), None, None, None
 
 
 class Circuit:
@@ -211,10 +216,14 @@ class Circuit:
         r, lead = self._flatten(logits)
         return _LogPartition.apply(self, r).reshape(lead).to(logits.dtype)
 
-    def marginals(self, logits: Tensor) -> Tensor:
-        """P(x_i = 1 | constraint): [..., n] -> [..., n]. Its Jacobian is Cov(x) (exact)."""
+    def marginals(self, logits: Tensor, *, values: bool = True) -> Tensor:
+        """P(x_i = 1 | constraint): [..., n] -> [..., n]. Its Jacobian is Cov(x) (exact).
+
+        values=False skips the downward pass and returns zeros that still carry the marginals'
+        Jacobian in the backward: for straight-through estimators, which need only the gradient.
+        """
         r, lead = self._flatten(logits)
-        m, _ = _Marginals.apply(self, r, False, None)
+        m, _ = _Marginals.apply(self, r, False, None, values)
         return m.reshape(*lead, self.n).to(logits.dtype)
 
     def sample(self, logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -239,10 +248,12 @@ class Circuit:
             z = kernels.map_assignment(self._prog, rs, up)
         return z.reshape(*lead, self.n).to(logits.dtype)
 
-    def marginals_and_sample(self, logits: Tensor, generator: torch.Generator | None = None):
-        """(marginals, sample) from one upward pass; marginals differentiable as in ``marginals``."""
+    def marginals_and_sample(self, logits: Tensor, generator: torch.Generator | None = None, *,
+                             values: bool = True):
+        """(marginals, sample) from one upward pass; marginals differentiable (and ``values``) as
+        in ``marginals``."""
         r, lead = self._flatten(logits)
         self._check_generator(generator)
-        m, z = _Marginals.apply(self, r, True, generator)
+        m, z = _Marginals.apply(self, r, True, generator, values)
         shape = (*lead, self.n)
         return m.reshape(shape).to(logits.dtype), z.reshape(shape).to(logits.dtype)

@@ -36,7 +36,7 @@ class Group:
     prime: Tensor  # long [nodes * fanin]
     sub: Tensor  # long [nodes * fanin]
     rows: slice  # this group's element rows
-    first: Tensor  # long [nodes, 1]: the row of each node's first element
+    first: Tensor  # long [nodes, 1]: the row of each node's first element (global)
 
     @property
     def slots(self) -> slice:
@@ -88,21 +88,34 @@ class Program:
 class Upward:
     """An upward pass: slot log-values, and per element row either exp(e - node max) ("sum")
     or the element log-value ("max"); ``norm`` holds each node's sum of ``ex`` (at least the
-    smallest normal float, so dividing a dead node's zero flow by it gives 0)."""
+    smallest normal float, so dividing a dead node's zero flow by it gives 0). A pass with
+    tangents also holds d val [S, T] and the element tangents d e [R, T]."""
 
     val: Tensor  # [S, T] log values
     ex: Tensor  # [R, T]
     norm: Tensor | None  # [S, T]; rows of decision slots are set ("sum" mode only)
+    dval: Tensor | None = None  # [S, T]
+    de: Tensor | None = None  # [R, T]
 
 
-def leaves(prog: Program, pos: Tensor, neg: Tensor, name: str) -> Tensor:
-    """An [S, T] workspace buffer with FALSE = -inf, TRUE = 0 and the literal rows from pos, neg [T, n]."""
-    T, n = pos.shape
-    buf = WORKSPACE.get(name, (prog.num_slots, T), pos)
+def _leaf_buffer(prog: Program, T: int, like: Tensor, name: str) -> tuple[Tensor, Tensor, Tensor]:
+    """An [S, T] workspace buffer with FALSE = -inf and TRUE = 0, and views of its x_i and not x_i
+    rows ([n, T] each) for the caller to fill."""
+    n = prog.n
+    buf = WORKSPACE.get(name, (prog.num_slots, T), like)
     buf[FALSE_SLOT] = -torch.inf
     buf[TRUE_SLOT] = 0.0
-    buf[2 : 2 + n] = pos.T
-    buf[2 + n : 2 + 2 * n] = neg.T
+    return buf, buf[2 : 2 + n], buf[2 + n : 2 + 2 * n]
+
+
+def log_sigmoid_leaves(prog: Program, r: Tensor) -> Tensor:
+    """The leaf values log sigma(r) (x_i) and log sigma(-r) (not x_i) for r in [-inf, inf):
+    r [T, n] -> the "val" buffer [S, T], written in place with r read transposed."""
+    buf, pos, neg = _leaf_buffer(prog, r.shape[0], r, "val")
+    rt = r.T  # [n, T] view
+    torch.abs(rt, out=neg).neg_().exp_().log1p_()  # soft = log(1 + e^-|r|)
+    torch.clamp(rt, max=0.0, out=pos).sub_(neg)  # log sigma(r) = min(r, 0) - soft
+    neg.add_(rt.clamp(min=0.0)).neg_()  # log sigma(-r) = -max(r, 0) - soft
     return buf
 
 
@@ -122,21 +135,41 @@ def log_sigmoids(r: Tensor) -> tuple[Tensor, Tensor]:
     return r.clamp(max=0.0).sub_(soft), r.neg().clamp_(max=0.0).sub_(soft)
 
 
-def upward(prog: Program, r: Tensor, *, mode: str = "sum", gap: Tensor | None = None) -> Upward:
+def upward(prog: Program, r: Tensor, *, mode: str = "sum", gap: Tensor | None = None,
+           v: Tensor | None = None) -> Upward:
     """Every node's log-value: logsumexp ("sum") or max ("max") over its elements.
 
     r: [T, n] logits. gap: optional [R, T] addend per element row (MAP's implicit variables).
+    v: optional [T, n] direction ("sum" mode): also carry the tangents d val = (d val / d r) v,
+    group by group while the group's weights are in cache (d node = E_w[d e]).
     """
-    val = leaves(prog, *log_sigmoids(r), "val")
+    val = log_sigmoid_leaves(prog, r)
     T = r.shape[0]
     ex = WORKSPACE.get("ex", (prog.num_rows, T), r)
     tmp = WORKSPACE.get("tmp", (prog.max_rows, T), r)
     norm = WORKSPACE.get("norm", (prog.num_slots, T), r) if mode == "sum" else None
+    dval = de_all = None
+    if v is not None:
+        dval, dpos, dneg = _leaf_buffer(prog, T, r, "dval")  # d log sigma(+-r) = (1 - p) v, -p v
+        dval[FALSE_SLOT] = 0.0
+        torch.sigmoid(r.T, out=dneg).mul_(v.T)
+        torch.sub(v.T, dneg, out=dpos)
+        dneg.neg_()
+        de_all = WORKSPACE.get("de", (prog.num_rows, T), r)
     lowest, tiny = torch.finfo(r.dtype).min, torch.finfo(r.dtype).tiny
     for g in prog.groups:
         e = _gather_elements(val, g, ex, tmp)  # [nodes, F, T]
         if gap is not None:
             e.add_(gap[g.rows].view(g.nodes, g.fanin, T))
+        de = None if v is None else _gather_elements(dval, g, de_all, tmp)
+        if g.fanin == 1:  # a product: value e, element weight 1 (a dead node gets no flow from its parents)
+            val[g.slots] = e.view(g.nodes, T)
+            if mode == "sum":
+                e.fill_(1.0)
+                norm[g.slots] = 1.0
+            if de is not None:
+                dval[g.slots] = de.view(g.nodes, T)
+            continue
         top = e.amax(dim=1)  # [nodes, F, T] -> [nodes, T]
         if mode == "max":
             val[g.slots] = top
@@ -146,7 +179,11 @@ def upward(prog: Program, r: Tensor, *, mode: str = "sum", gap: Tensor | None = 
         s = e.sum(dim=1)  # [nodes, T]; 0 exactly when the node is dead
         val[g.slots] = s.log().add_(top)
         norm[g.slots] = s.clamp_(min=tiny)  # dead nodes get no flow: 0 / tiny = 0
-    return Upward(val, ex, norm)
+        if de is not None:
+            w = tmp[: g.nodes * g.fanin].view(g.nodes, g.fanin, T)
+            torch.mul(e, de, out=w)
+            dval[g.slots] = w.sum(dim=1).div_(norm[g.slots])  # E_w[de]: [nodes, T]
+    return Upward(val, ex, norm, dval, de_all)
 
 
 def downward(prog: Program, up: Upward) -> Tensor:
@@ -155,9 +192,13 @@ def downward(prog: Program, up: Upward) -> Tensor:
     g[prog.num_slots - 1] = 1.0
     tmp = WORKSPACE.get("tmp", (prog.max_rows, up.val.shape[1]), up.val)
     for grp in reversed(prog.groups):
-        coef = g[grp.slots] / up.norm[grp.slots]  # [nodes, T]
         flow = tmp[: grp.nodes * grp.fanin]
-        torch.mul(up.ex[grp.rows].view(grp.nodes, grp.fanin, -1), coef.unsqueeze(1), out=flow.view(grp.nodes, grp.fanin, -1))
+        if grp.fanin == 1:  # weight 1, norm 1: the flow passes through
+            flow.copy_(g[grp.slots])
+        else:
+            coef = g[grp.slots] / up.norm[grp.slots]  # [nodes, T]
+            torch.mul(up.ex[grp.rows].view(grp.nodes, grp.fanin, -1), coef.unsqueeze(1),
+                      out=flow.view(grp.nodes, grp.fanin, -1))
         g.index_add_(0, grp.prime, flow)
         g.index_add_(0, grp.sub, flow)
     return g
@@ -176,65 +217,57 @@ def marginals_from_flows(prog: Program, g: Tensor, p: Tensor) -> Tensor:
 def marginals_jvp(prog: Program, r: Tensor, v: Tensor) -> Tensor:
     """Cov(z) v = (dm/dr) v, by forward-mode tangents through the upward and downward passes.
 
-    r, v: [T, n] -> [T, n]. Recomputes the passes; keeps nothing beyond this call.
+    r, v: [T, n] -> [T, n]. Recomputes the passes; keeps nothing beyond this call. The flows g
+    and their tangents dg travel together as G [S, 2, T], so each group moves both in one op.
     """
     n, T = prog.n, r.shape[0]
-    p = torch.sigmoid(r)
-    up = upward(prog, r)
-    dval = leaves(prog, (1.0 - p) * v, -p * v, "dval")
-    dval[FALSE_SLOT] = 0.0
-    de_all = WORKSPACE.get("de", (prog.num_rows, T), r)
-    tmp = WORKSPACE.get("tmp", (prog.max_rows, T), r)
-    for grp in prog.groups:
-        de = _gather_elements(dval, grp, de_all, tmp)  # [nodes, F, T]
-        w = tmp[: grp.nodes * grp.fanin].view(grp.nodes, grp.fanin, T)
-        torch.mul(up.ex[grp.rows].view(grp.nodes, grp.fanin, T), de, out=w)
-        dval[grp.slots] = w.sum(dim=1).div_(up.norm[grp.slots])  # E_w[de]: [nodes, T]
-    g = WORKSPACE.get("g", up.val.shape, r).zero_()
-    dg = WORKSPACE.get("dg", up.val.shape, r).zero_()
-    g[prog.num_slots - 1] = 1.0
+    up = upward(prog, r, v=v)
+    G = WORKSPACE.get("G", (prog.num_slots, 2, T), r).zero_()
+    G[prog.num_slots - 1, 0] = 1.0
+    pair = WORKSPACE.get("pair", (prog.max_rows, 2, T), r)
     for grp in reversed(prog.groups):
-        sl, rows = grp.slots, grp.rows
-        coef = (g[sl] / up.norm[sl]).unsqueeze(1)  # [nodes, 1, T]
-        dcoef = (dg[sl] / up.norm[sl]).unsqueeze(1)
-        ex = up.ex[rows].view(grp.nodes, grp.fanin, T)
-        flow = tmp[: grp.nodes * grp.fanin]
-        torch.mul(ex, coef, out=flow.view(grp.nodes, grp.fanin, T))
-        g.index_add_(0, grp.prime, flow)
-        g.index_add_(0, grp.sub, flow)
-        # d flow = ex * (dcoef + coef * (de - dnode)), written over de
-        de = de_all[rows].view(grp.nodes, grp.fanin, T)
-        de.sub_(dval[sl].unsqueeze(1)).mul_(coef).add_(dcoef).mul_(ex)
-        g_d = de_all[rows]
-        dg.index_add_(0, grp.prime, g_d)
-        dg.index_add_(0, grp.sub, g_d)
+        sl, nodes, fanin = grp.slots, grp.nodes, grp.fanin
+        flow = pair[: nodes * fanin]  # [rows, 2, T]
+        if fanin == 1:  # weight 1, norm 1, d e = d node: both flows pass through
+            flow.copy_(G[sl])
+        else:
+            coef = G[sl] / up.norm[sl].unsqueeze(1)  # (g, dg) / norm: [nodes, 2, T]
+            f = flow.view(nodes, fanin, 2, T)
+            # flow = ex * coef;  d flow = ex * (dcoef + coef * (de - dnode))
+            f[:, :, 0] = coef[:, :1]
+            df = torch.sub(up.de[grp.rows].view(nodes, fanin, T), up.dval[sl].unsqueeze(1), out=f[:, :, 1])
+            df.mul_(coef[:, :1]).add_(coef[:, 1:])
+            f.mul_(up.ex[grp.rows].view(nodes, fanin, 1, T))
+        G.index_add_(0, grp.prime, flow)
+        G.index_add_(0, grp.sub, flow)
+    g, dg = G[:, 0], G[:, 1]
     dgp = dg[2 : 2 + n].T
     if prog.smooth:
         return dgp.clone(memory_format=torch.contiguous_format)
+    p = torch.sigmoid(r)
     gp, gneg, dgneg = g[2 : 2 + n].T, g[2 + n : 2 + 2 * n].T, dg[2 + n : 2 + 2 * n].T
     return dgp + p * (1.0 - p) * v * (1.0 - gp - gneg) - p * (dgp + dgneg)
 
 
-def _descend(prog: Program, up: Upward, onehot) -> Tensor:
-    """Top-down selection, a downward pass whose flows are 0/1.
+def _descend(prog: Program, up: Upward, choose) -> Tensor:
+    """Top-down selection: every active node passes its activity to the prime and sub of one element.
 
-    ``onehot(group)`` -> bool [nodes, F, T], True at each node's chosen element. An active
-    node's activity flows to the prime and sub of its chosen element. Returns the activity of
-    every slot, [S, T] (> 0 where active).
+    ``choose(group)`` -> [nodes, T]: each node's chosen element (0 .. fanin - 1) per token, whole
+    numbers in any dtype; only active nodes' choices matter. Activity is 0/1, so only the chosen
+    element's two children are written: [nodes, T] per group, not [nodes, fanin, T]. Returns the
+    activity of every slot, [S, T] (> 0 where active).
     """
-    T = up.val.shape[1]
     act = WORKSPACE.get("act", up.val.shape, up.val).zero_()
     act[prog.num_slots - 1] = 1.0
-    tmp = WORKSPACE.get("tmp", (prog.max_rows, T), up.val)
     for grp in reversed(prog.groups):
-        a = act[grp.slots]  # [nodes, T]
-        flow = tmp[: grp.nodes * grp.fanin]
+        a = act[grp.slots].clone()  # [nodes, T]; a copy: the scatters may not read what they write
         if grp.fanin == 1:
-            flow.copy_(a)  # index_add_ may not read the buffer it writes
-        else:
-            torch.mul(onehot(grp), a.unsqueeze(1), out=flow.view(grp.nodes, grp.fanin, T))
-        act.index_add_(0, grp.prime, flow)
-        act.index_add_(0, grp.sub, flow)
+            act.index_add_(0, grp.prime, a)
+            act.index_add_(0, grp.sub, a)
+            continue
+        row = choose(grp).add_(grp.first).long()  # [nodes, T]: the chosen element's row
+        act.scatter_add_(0, prog.prime.take(row), a)
+        act.scatter_add_(0, prog.sub.take(row), a)
     return act
 
 
@@ -256,19 +289,22 @@ def sample(prog: Program, r: Tensor, up: Upward, generator: torch.Generator | No
     """
     T = r.shape[0]
 
-    def onehot(grp: Group) -> Tensor:
-        ex = up.ex[grp.rows].view(grp.nodes, grp.fanin, T)
-        cum = ex.cumsum(dim=1)  # [nodes, F, T]
-        total = cum[:, -1:]
-        u = torch.rand(grp.nodes, 1, T, generator=generator, device=r.device, dtype=r.dtype)
-        # x < total strictly (u * total may round up to it), so the first cum > x has weight > 0
-        x = torch.minimum(u.mul_(total), torch.nextafter(total, torch.zeros_like(total)))
-        passed = cum > x  # monotone in F: the choice is its first True
-        first = passed.clone()
-        first[:, 1:] ^= passed[:, :-1]
-        return first
+    tmp = WORKSPACE.get("tmp", (prog.max_rows, T), r)
 
-    act = _descend(prog, up, onehot)
+    def choose(grp: Group) -> Tensor:
+        ex = up.ex[grp.rows].view(grp.nodes, grp.fanin, T)
+        cum = ex.cumsum(dim=1)  # [nodes, F, T], non-decreasing
+        u = torch.rand(grp.nodes, 1, T, generator=generator, device=r.device, dtype=r.dtype)
+        # A live node's largest weight is exp(0) = 1, so its total is >= 1 and u * total < total
+        # exactly (u <= 1 - 2^-24 in fp32, 1 - 2^-53 in fp64): the first element with cum > x
+        # exists, has weight > 0, and is #{e < F - 1: cum_e <= x}. A dead node (total 0) is
+        # inactive; its count stays in range.
+        x = u.mul_(cum[:, -1:])
+        below = tmp[: grp.nodes * (grp.fanin - 1)].view(grp.nodes, grp.fanin - 1, T)
+        torch.le(cum[:, :-1], x, out=below)  # as floats: summing them is faster than bools
+        return below.sum(dim=1)
+
+    act = _descend(prog, up, choose)
     fill = None
     if not prog.smooth:
         u = torch.rand(r.shape, generator=generator, device=r.device, dtype=r.dtype)
@@ -296,9 +332,8 @@ def map_assignment(prog: Program, r: Tensor, up: Upward) -> Tensor:
     """
     T = r.shape[0]
 
-    def onehot(grp: Group) -> Tensor:
-        choice = up.ex[grp.rows].view(grp.nodes, grp.fanin, T).max(dim=1, keepdim=True).indices  # first max
-        return torch.arange(grp.fanin, device=r.device).view(1, -1, 1) == choice
+    def choose(grp: Group) -> Tensor:
+        return up.ex[grp.rows].view(grp.nodes, grp.fanin, T).max(dim=1).indices  # the first max (argmax is slower)
 
-    act = _descend(prog, up, onehot)
+    act = _descend(prog, up, choose)
     return _assignment(prog, act, None if prog.smooth else (r > 0).to(r.dtype))

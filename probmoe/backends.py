@@ -5,7 +5,8 @@
 
 Every method takes logits r [T, N] (float32 or float64, validated by the caller) and returns
 tensors over the same T rows. ``marginals`` is differentiable with the Jacobian Cov(z) (exact)
-or Cov(z) diag(1 - sigmoid(r)) (``paper=True``); its backward keeps only O(T N) tensors.
+or Cov(z) diag(1 - sigmoid(r)) (``paper=True``); its backward keeps only O(T N) tensors. With
+``values=False`` it returns zeros that carry that Jacobian (the circuit then skips its downward pass).
 """
 
 from __future__ import annotations
@@ -60,10 +61,10 @@ class DPBackend:
         """log P_indep(|S| ∈ C) with p = sigmoid(r) (paper form, without cancellation): [T, N] -> [T]."""
         return torch.logsumexp(dp.LogCounts.apply(r, self.kmin, self.kmax, True), dim=-1)
 
-    def marginals(self, r: Tensor, paper: bool, sample: bool = False, generator=None):
+    def marginals(self, r: Tensor, paper: bool, sample: bool = False, generator=None, values: bool = True):
         """(m [T, N], one draw [T, N] or None)."""
         m, z = dp.MarginalsAndSample.apply(r, self.kmin, self.kmax, paper, sample, generator)
-        return m, z if sample else None
+        return m if values else m - m.detach(), z if sample else None
 
     def sample(self, r: Tensor, num: int, generator=None) -> Tensor:
         """``num`` exact draws: [T, N] -> [num, T, N]."""
@@ -108,12 +109,12 @@ class CircuitBackend:
     def log_partition(self, r: Tensor) -> Tensor:
         return self.circuit.log_partition(r)
 
-    def marginals(self, r: Tensor, paper: bool, sample: bool = False, generator=None):
+    def marginals(self, r: Tensor, paper: bool, sample: bool = False, generator=None, values: bool = True):
         if paper:
             r = PaperGrad.apply(r)
         if sample:
-            return self.circuit.marginals_and_sample(r, generator)
-        return self.circuit.marginals(r), None
+            return self.circuit.marginals_and_sample(r, generator, values=values)
+        return self.circuit.marginals(r, values=values), None
 
     def sample(self, r: Tensor, num: int, generator=None) -> Tensor:
         T, N = r.shape

@@ -153,6 +153,18 @@ class SubsetDistribution(Distribution):
         self._cache[f"m{paper}"] = m
         return self.mean, self._out(z.detach(), self.event_shape[0])
 
+    def mean_tangent(self, sample: bool = False, generator: torch.Generator | None = None):
+        """(t, one draw or None): t is zeros [..., N] whose Jacobian is that of ``.mean``.
+
+        For straight-through estimators (the paper's Eq. 7): ``x + t`` has x's value and
+        ``.mean``'s gradient. The circuit backend then skips the pass that computes the marginals'
+        values. With ``sample`` the draw comes from the same pass, like ``mean_and_sample``.
+        """
+        _validate.generator(generator, self.logits.device)
+        t, z = self._impl.marginals(self._r, self.grad == "paper", sample=sample, generator=generator, values=False)
+        n = self.event_shape[0]
+        return self._out(t, n), None if z is None else self._out(z.detach(), n)
+
     @property
     def log_partition(self) -> Tensor:
         """log P_indep(|S| ∈ C) = log Σ_{S∈C} Π_{i∈S} p_i Π_{i∉S} (1 - p_i): [...] (paper form)."""

@@ -41,7 +41,8 @@ class Routing:
 
     @property
     def marginals(self) -> Tensor:
-        """P(i ∈ S) [T, N] (computed on first use in eval, shared with the training estimator)."""
+        """P(i ∈ S) [T, N], differentiable; computed on first use (the training estimator needs only
+        their gradient, so routing itself never computes their values)."""
         return self.distribution.mean
 
     @property
@@ -86,15 +87,17 @@ def route(logits: Tensor, *, k=None, kmin=None, kmax=None, training: bool, metho
     sampled = training and method != "topk-marginal"
     # the marginals enter only the backward: skip them when no gradient can flow
     marginal_st = training and method != "sample-dense-ste" and torch.is_grad_enabled() and r.requires_grad
+    tangent = None  # zeros [T, N] carrying the backward of z ≈ m (or ≈ softmax for "sample-dense-ste")
     if sampled:
-        m, z = dist.mean_and_sample(generator) if marginal_st else (None, dist.sample(generator=generator))
+        tangent, z = dist.mean_tangent(True, generator) if marginal_st else (None, dist.sample(generator=generator))
         key = torch.where(z > 0, probs.detach(), -1.0)  # drawn experts first
     else:
-        m = dist.mean if marginal_st else None
+        tangent = dist.mean_tangent()[0] if marginal_st else None
         # exactly-k: softmax + topk as HF does (never a -inf logit; probabilities that underflow to 0
         # tie); a range: the MAP's top logits, which do not tie there
         key = torch.where(r > -torch.inf, probs.detach(), -1.0) if kmin == kmax else r.detach()
-    surrogate = probs if training and method == "sample-dense-ste" else m  # z ≈ surrogate in the backward
+    if training and method == "sample-dense-ste":
+        tangent = probs - probs.detach()
     top, idx = key.topk(kmax, dim=-1)  # [T, kmax]
     if sampled:
         mask = top >= 0
@@ -102,9 +105,9 @@ def route(logits: Tensor, *, k=None, kmin=None, kmax=None, training: bool, metho
         mask = torch.arange(kmax, device=r.device) < map_size(r, kmin, kmax).unsqueeze(-1)
     pi = probs.gather(-1, idx)  # [T, kmax]
     w = pi
-    if surrogate is not None:
-        s = surrogate[torch.arange(idx.shape[0], device=idx.device).unsqueeze(-1), idx]  # keeps only idx, not m
-        w = pi * (1 + (s - s.detach()))  # Eq. 7 at the used experts: value pi, gradient through s and pi
+    if tangent is not None:
+        t = tangent[torch.arange(idx.shape[0], device=idx.device).unsqueeze(-1), idx]  # keeps only idx
+        w = pi * (1 + t)  # Eq. 7 at the used experts: value pi, gradient through m (or softmax) and pi
     w = torch.where(mask, w, 0.0)
     if normalize:
         w = w / w.sum(dim=-1, keepdim=True)
