@@ -12,6 +12,7 @@ No pass synchronises with the host.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -64,6 +65,33 @@ class Program:
     @property
     def max_rows(self) -> int:
         return max(g.nodes * g.fanin for g in self.groups)
+
+    @functools.cached_property
+    def scope_ids(self) -> tuple[dict[int, Tensor], int]:
+        """({group's first slot: long [nodes]}, count): an id per distinct variable set (vtree node).
+
+        A node's variables are those of its prime, its sub and its implicit ones, the same for
+        every element. The nodes one token's sampled choices pass through have distinct sets
+        (a child's set lies strictly inside its parent's, siblings' sets are disjoint), so
+        they may share one uniform per id. Computed on first use: one walk over the elements.
+        """
+        prime, sub = self.prime.tolist(), self.sub.tolist()
+        extra: dict[int, int] = {}
+        for row, var in zip(self.implicit_row.tolist(), self.implicit_var.tolist()):
+            extra[row] = extra.get(row, 0) | (1 << var)
+        scope = [0] * self.num_slots  # bit sets
+        for i in range(self.n):
+            scope[2 + i] = scope[2 + self.n + i] = 1 << i
+        ids: dict[int, int] = {}
+        out = {}
+        for g in self.groups:
+            mine = []
+            for j in range(g.nodes):
+                row = g.rows.start + j * g.fanin  # the first element is never padding
+                scope[g.start + j] = scope[prime[row]] | scope[sub[row]] | extra.get(row, 0)
+                mine.append(ids.setdefault(scope[g.start + j], len(ids)))
+            out[g.start] = torch.tensor(mine, dtype=torch.long, device=self.prime.device)
+        return out, len(ids)
 
     @staticmethod
     def from_layout(layout: Layout, device: torch.device | str = "cpu") -> "Program":
@@ -249,25 +277,21 @@ def marginals_jvp(prog: Program, r: Tensor, v: Tensor) -> Tensor:
     return dgp + p * (1.0 - p) * v * (1.0 - gp - gneg) - p * (dgp + dgneg)
 
 
-def _descend(prog: Program, up: Upward, choose) -> Tensor:
-    """Top-down selection: every active node passes its activity to the prime and sub of one element.
+def _descend(prog: Program, up: Upward, pick) -> Tensor:
+    """Top-down selection, a downward pass whose flows are 0/1.
 
-    ``choose(group)`` -> [nodes, T]: each node's chosen element (0 .. fanin - 1) per token, whole
-    numbers in any dtype; only active nodes' choices matter. Activity is 0/1, so only the chosen
-    element's two children are written: [nodes, T] per group, not [nodes, fanin, T]. Returns the
-    activity of every slot, [S, T] (> 0 where active).
+    ``pick(group, a)`` -> [nodes, F, T] flows: 1 at the chosen element of each node whose
+    activity ``a`` [nodes, T] is 1, else 0. An active node passes its activity to the prime and
+    sub of its chosen element. Returns the activity of every slot, [S, T] (> 0 where active).
     """
     act = WORKSPACE.get("act", up.val.shape, up.val).zero_()
     act[prog.num_slots - 1] = 1.0
     for grp in reversed(prog.groups):
-        a = act[grp.slots].clone()  # [nodes, T]; a copy: the scatters may not read what they write
-        if grp.fanin == 1:
-            act.index_add_(0, grp.prime, a)
-            act.index_add_(0, grp.sub, a)
-            continue
-        row = choose(grp).add_(grp.first).long()  # [nodes, T]: the chosen element's row
-        act.scatter_add_(0, prog.prime.take(row), a)
-        act.scatter_add_(0, prog.sub.take(row), a)
+        a = act[grp.slots]  # [nodes, T]
+        flow = a.clone() if grp.fanin == 1 else pick(grp, a)  # a copy: index_add_ may not read what it writes
+        flow = flow.view(grp.nodes * grp.fanin, -1)
+        act.index_add_(0, grp.prime, flow)
+        act.index_add_(0, grp.sub, flow)
     return act
 
 
@@ -284,27 +308,35 @@ def _assignment(prog: Program, act: Tensor, fill: Tensor | None) -> Tensor:
 def sample(prog: Program, r: Tensor, up: Upward, generator: torch.Generator | None = None) -> Tensor:
     """Exact ancestral sampling: each active node picks one element with probability exp(e - node).
 
-    Inverse CDF over the fan-in, one uniform per node and token. r: [T, n], up: a "sum" pass -> [T, n].
-    Exact: the choices of the nodes a token reaches are independent given the pass.
+    Inverse CDF over the fan-in, one uniform per vtree node and token (``Program.scope_ids``).
+    r: [T, n], up: a "sum" pass -> [T, n]. Exact: the nodes a token reaches draw from distinct
+    uniforms, so their choices are independent given the pass.
     """
     T = r.shape[0]
-
     tmp = WORKSPACE.get("tmp", (prog.max_rows, T), r)
+    cums = WORKSPACE.get("cum", (prog.max_rows, T), r)
+    ids, count = prog.scope_ids
+    uniforms = torch.rand(count, T, generator=generator, device=r.device, dtype=r.dtype)  # one per vtree node
 
-    def choose(grp: Group) -> Tensor:
+    def pick(grp: Group, a: Tensor) -> Tensor:
         ex = up.ex[grp.rows].view(grp.nodes, grp.fanin, T)
-        cum = ex.cumsum(dim=1)  # [nodes, F, T], non-decreasing
-        u = torch.rand(grp.nodes, 1, T, generator=generator, device=r.device, dtype=r.dtype)
+        cum = cums[: grp.nodes * grp.fanin].view(grp.nodes, grp.fanin, T)  # non-decreasing in F
+        cum[:, 0] = ex[:, 0]
+        for e in range(1, grp.fanin):  # F small adds beat cumsum over a middle dimension
+            torch.add(cum[:, e - 1], ex[:, e], out=cum[:, e])
+        u = uniforms.index_select(0, ids[grp.start]).unsqueeze(1)  # [nodes, 1, T]
         # A live node's largest weight is exp(0) = 1, so its total is >= 1 and u * total < total
         # exactly (u <= 1 - 2^-24 in fp32, 1 - 2^-53 in fp64): the first element with cum > x
-        # exists, has weight > 0, and is #{e < F - 1: cum_e <= x}. A dead node (total 0) is
-        # inactive; its count stays in range.
-        x = u.mul_(cum[:, -1:])
-        below = tmp[: grp.nodes * (grp.fanin - 1)].view(grp.nodes, grp.fanin - 1, T)
-        torch.le(cum[:, :-1], x, out=below)  # as floats: summing them is faster than bools
-        return below.sum(dim=1)
+        # exists and has weight > 0. Inactive nodes (dead ones among them) get x = inf: no flow.
+        x = torch.where(a.unsqueeze(1) > 0, u.mul_(cum[:, -1:]), torch.inf)
+        passed = tmp[: grp.nodes * grp.fanin].view(grp.nodes, grp.fanin, T)
+        torch.gt(cum, x, out=passed)  # [cum_e > x] as floats, monotone in e
+        flow = cum  # the first passed element: passed_e - passed_{e-1}
+        flow[:, 0] = passed[:, 0]
+        torch.sub(passed[:, 1:], passed[:, :-1], out=flow[:, 1:])
+        return flow
 
-    act = _descend(prog, up, choose)
+    act = _descend(prog, up, pick)
     fill = None
     if not prog.smooth:
         u = torch.rand(r.shape, generator=generator, device=r.device, dtype=r.dtype)
@@ -332,8 +364,13 @@ def map_assignment(prog: Program, r: Tensor, up: Upward) -> Tensor:
     """
     T = r.shape[0]
 
-    def choose(grp: Group) -> Tensor:
-        return up.ex[grp.rows].view(grp.nodes, grp.fanin, T).max(dim=1).indices  # the first max (argmax is slower)
+    tmp = WORKSPACE.get("tmp", (prog.max_rows, T), r)
 
-    act = _descend(prog, up, choose)
+    def pick(grp: Group, a: Tensor) -> Tensor:
+        best = up.ex[grp.rows].view(grp.nodes, grp.fanin, T).max(dim=1, keepdim=True).indices  # the first max
+        flow = tmp[: grp.nodes * grp.fanin].view(grp.nodes, grp.fanin, T)
+        torch.eq(torch.arange(grp.fanin, device=r.device).view(1, -1, 1), best, out=flow)
+        return flow.mul_(a.unsqueeze(1))
+
+    act = _descend(prog, up, pick)
     return _assignment(prog, act, None if prog.smooth else (r > 0).to(r.dtype))
