@@ -204,13 +204,13 @@ def upward(prog: Program, r: Tensor, *, mode: str = "sum", gap: Tensor | None = 
             continue
         top.clamp_(min=lowest)  # a dead node (all -inf) keeps exp(e - top) = 0, not NaN
         e.sub_(top.unsqueeze(1)).exp_()
-        s = e.sum(dim=1)  # [nodes, T]; 0 exactly when the node is dead
-        val[g.slots] = s.log().add_(top)
-        norm[g.slots] = s.clamp_(min=tiny)  # dead nodes get no flow: 0 / tiny = 0
+        s = torch.sum(e, dim=1, out=norm[g.slots])  # [nodes, T]; 0 exactly when the node is dead
+        torch.log(s, out=val[g.slots]).add_(top)
+        s.clamp_(min=tiny)  # dead nodes get no flow: 0 / tiny = 0
         if de is not None:
             w = tmp[: g.nodes * g.fanin].view(g.nodes, g.fanin, T)
             torch.mul(e, de, out=w)
-            dval[g.slots] = w.sum(dim=1).div_(norm[g.slots])  # E_w[de]: [nodes, T]
+            torch.sum(w, dim=1, out=dval[g.slots]).div_(s)  # E_w[de]: [nodes, T]
     return Upward(val, ex, norm, dval, de_all)
 
 
@@ -327,8 +327,9 @@ def sample(prog: Program, r: Tensor, up: Upward, generator: torch.Generator | No
         u = uniforms.index_select(0, ids[grp.start]).unsqueeze(1)  # [nodes, 1, T]
         # A live node's largest weight is exp(0) = 1, so its total is >= 1 and u * total < total
         # exactly (u <= 1 - 2^-24 in fp32, 1 - 2^-53 in fp64): the first element with cum > x
-        # exists and has weight > 0. Inactive nodes (dead ones among them) get x = inf: no flow.
-        x = torch.where(a.unsqueeze(1) > 0, u.mul_(cum[:, -1:]), torch.inf)
+        # exists and has weight > 0. Inactive nodes (a = 0, dead ones among them) get x = inf or
+        # NaN, which no cum exceeds: no flow.
+        x = u.mul_(cum[:, -1:]).div_(a.unsqueeze(1))
         passed = tmp[: grp.nodes * grp.fanin].view(grp.nodes, grp.fanin, T)
         torch.gt(cum, x, out=passed)  # [cum_e > x] as floats, monotone in e
         flow = cum  # the first passed element: passed_e - passed_{e-1}
