@@ -68,3 +68,34 @@ def test_fused_marginals_and_sample():
     (g1,) = torch.autograd.grad(m, r, v)
     (g2,) = torch.autograd.grad(c.marginals(r), r, v)
     torch.testing.assert_close(g1, g2)
+
+
+@pytest.mark.parametrize("spec", [circuits.ExactlyK(16, 5), circuits.RangeK(13, 3, 7)])
+def test_nodes_a_draw_passes_through_have_distinct_uniforms(spec):
+    """Sampling shares one uniform per vtree node: the active nodes of one draw must never share one."""
+    from circuits import kernels
+
+    c = circuits.compile_circuit(spec)
+    prog, r = c._prog, torch.randn(2000, spec.n) * 2
+    act = kernels._descend(prog, kernels.upward(prog, r), lambda grp, a: _random_choice(prog, grp, a))
+    ids, count = prog.scope_ids
+    assert count < sum(g.nodes for g in prog.groups)  # the sharing is real
+    for g in prog.groups:
+        if g.fanin == 1:
+            continue
+        hits = torch.zeros(count, r.shape[0])
+        hits.index_add_(0, ids[g.start], (act[g.slots] > 0).float())
+        assert hits.max() <= 1  # within one group
+    total = torch.zeros(count, r.shape[0])
+    for g in prog.groups:
+        if g.fanin > 1:
+            total.index_add_(0, ids[g.start], (act[g.slots] > 0).float())
+    assert total.max() <= 1 and total.sum() > 0
+
+
+def _random_choice(prog, grp, a):
+    """0/1 flows to a random live element of each active node (random walks of the circuit)."""
+    live = (prog.prime[grp.rows] != circuits.layout.FALSE_SLOT).view(grp.nodes, grp.fanin, 1)
+    score = torch.rand(grp.nodes, grp.fanin, a.shape[1]) * live  # dead elements score 0
+    pick = torch.arange(grp.fanin).view(1, -1, 1) == score.argmax(dim=1, keepdim=True)
+    return pick.float() * a.unsqueeze(1)

@@ -274,3 +274,21 @@ def test_dp_keeps_only_the_logits_for_backward():
         m = probmoe.SubsetDistribution(r, kmin=4, kmax=8, backend="dp").mean
     assert sum(saved) <= r.numel() * 4
     m.sum().backward()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("grad", ["exact", "paper"])
+@pytest.mark.parametrize("kmin,kmax", [(3, 3), (2, 5)])
+def test_mean_tangent_is_zero_with_the_gradient_of_the_mean(backend, grad, kmin, kmax):
+    r = logits_for(7, kmin).double().requires_grad_()
+    v = torch.randn(r.shape, dtype=torch.float64)
+    d = probmoe.SubsetDistribution(r, kmin=kmin, kmax=kmax, backend=backend, grad=grad)
+    (want,) = torch.autograd.grad((d.mean * v).sum(), r)
+    for sample in (False, True):
+        d = probmoe.SubsetDistribution(r, kmin=kmin, kmax=kmax, backend=backend, grad=grad)
+        t, z = d.mean_tangent(sample, torch.Generator().manual_seed(0))
+        assert torch.equal(t, torch.zeros_like(t)) and (z is None) == (not sample)
+        if sample:
+            assert bool(((z.sum(-1) >= kmin) & (z.sum(-1) <= kmax)).all())
+        (got,) = torch.autograd.grad((t * v).sum(), r)
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
