@@ -138,12 +138,12 @@ def _leaf_buffer(prog: Program, T: int, like: Tensor, name: str) -> tuple[Tensor
 
 def log_sigmoid_leaves(prog: Program, r: Tensor) -> Tensor:
     """The leaf values log sigma(r) (x_i) and log sigma(-r) (not x_i) for r in [-inf, inf):
-    r [T, n] -> the "val" buffer [S, T], written in place with r read transposed."""
+    r [T, n] -> the "val" buffer [S, T], written in place."""
     buf, pos, neg = _leaf_buffer(prog, r.shape[0], r, "val")
-    rt = r.T  # [n, T] view
+    rt = r.T.clone(memory_format=torch.contiguous_format)  # [n, T]: a copy (clamped below), read contiguously
     torch.abs(rt, out=neg).neg_().exp_().log1p_()  # soft = log(1 + e^-|r|)
     torch.clamp(rt, max=0.0, out=pos).sub_(neg)  # log sigma(r) = min(r, 0) - soft
-    neg.add_(rt.clamp(min=0.0)).neg_()  # log sigma(-r) = -max(r, 0) - soft
+    neg.add_(rt.clamp_(min=0.0)).neg_()  # log sigma(-r) = -max(r, 0) - soft
     return buf
 
 
@@ -180,8 +180,9 @@ def upward(prog: Program, r: Tensor, *, mode: str = "sum", gap: Tensor | None = 
     if v is not None:
         dval, dpos, dneg = _leaf_buffer(prog, T, r, "dval")  # d log sigma(+-r) = (1 - p) v, -p v
         dval[FALSE_SLOT] = 0.0
-        torch.sigmoid(r.T, out=dneg).mul_(v.T)
-        torch.sub(v.T, dneg, out=dpos)
+        vt = v.T.contiguous()  # [n, T]
+        torch.sigmoid(r.T, out=dneg).mul_(vt)
+        torch.sub(vt, dneg, out=dpos)
         dneg.neg_()
         de_all = WORKSPACE.get("de", (prog.num_rows, T), r)
     lowest, tiny = torch.finfo(r.dtype).min, torch.finfo(r.dtype).tiny

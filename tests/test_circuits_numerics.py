@@ -157,3 +157,17 @@ def test_inference_mode_then_autograd_in_a_fresh_thread():
     t.start()
     t.join()
     assert not errors, errors
+
+
+@pytest.mark.parametrize("spec", [circuits.ExactlyK(1, 1), circuits.RangeK(1, 0, 1), circuits.ExactlyK(8, 3)])
+def test_no_query_writes_into_the_logits(spec):
+    """The passes work in place on their own buffers; a [T, 1] input (whose transpose is
+    contiguous) must not become one of them."""
+    c = circuits.compile_circuit(spec)
+    r = torch.randn(16, spec.n, requires_grad=True)
+    before = r.detach().clone()
+    c.log_partition(r).sum().backward()
+    c.marginals(r).sum().backward()
+    c.sample(r.detach())
+    c.map(r.detach())
+    assert torch.equal(r.detach(), before)
