@@ -116,8 +116,10 @@ class Program:
 class Upward:
     """An upward pass: slot log-values, and per element row either exp(e - node max) ("sum")
     or the element log-value ("max"); ``norm`` holds each node's sum of ``ex`` (at least the
-    smallest normal float, so dividing a dead node's zero flow by it gives 0). A pass with
-    tangents also holds d val [S, T] and the element tangents d e [R, T]."""
+    smallest normal float, so dividing a dead node's zero flow by it gives 0). Fan-in-1 nodes
+    have weight 1 and norm 1, which every pass assumes: their ``ex`` rows hold the element
+    log-value and their ``norm`` rows are not written. A pass with tangents also holds
+    d val [S, T] and the element tangents d e [R, T]."""
 
     val: Tensor  # [S, T] log values
     ex: Tensor  # [R, T]
@@ -193,9 +195,6 @@ def upward(prog: Program, r: Tensor, *, mode: str = "sum", gap: Tensor | None = 
         de = None if v is None else _gather_elements(dval, g, de_all, tmp)
         if g.fanin == 1:  # a product: value e, element weight 1 (a dead node gets no flow from its parents)
             val[g.slots] = e.view(g.nodes, T)
-            if mode == "sum":
-                e.fill_(1.0)
-                norm[g.slots] = 1.0
             if de is not None:
                 dval[g.slots] = de.view(g.nodes, T)
             continue
