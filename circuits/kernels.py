@@ -25,8 +25,6 @@ from .workspace import Workspace
 WORKSPACE = Workspace()
 
 
-
-
 @dataclass
 class Group:
     """One group of the layout as device tensors."""
@@ -37,7 +35,6 @@ class Group:
     prime: Tensor  # long [nodes * fanin]
     sub: Tensor  # long [nodes * fanin]
     rows: slice  # this group's element rows
-    first: Tensor  # long [nodes, 1]: the row of each node's first element (global)
 
     @property
     def slots(self) -> slice:
@@ -52,7 +49,6 @@ class Program:
     num_slots: int
     num_rows: int
     groups: list[Group]
-    levels: list[tuple[slice, list[Group]]]  # per height: its slots (contiguous) and groups
     prime: Tensor  # long [R], all element rows
     sub: Tensor  # long [R]
     implicit_row: Tensor  # long [P]
@@ -96,19 +92,12 @@ class Program:
     @staticmethod
     def from_layout(layout: Layout, device: torch.device | str = "cpu") -> "Program":
         ch = torch.as_tensor(layout.children, dtype=torch.long, device=device)
-        groups, levels = [], []
-        for start, nodes, fanin, off, height in layout.groups.tolist():
+        groups = []
+        for start, nodes, fanin, off, _ in layout.groups.tolist():
             rows = slice(off, off + nodes * fanin)
-            first = (off + torch.arange(nodes, device=device) * fanin).view(nodes, 1)
-            grp = Group(start, nodes, fanin, ch[rows, 0].contiguous(), ch[rows, 1].contiguous(), rows, first)
-            groups.append(grp)
-            if levels and levels[-1][0] == height:
-                levels[-1][1].append(grp)
-            else:
-                levels.append((height, [grp]))
-        levels = [(slice(gs[0].start, gs[-1].start + gs[-1].nodes), gs) for _, gs in levels]
+            groups.append(Group(start, nodes, fanin, ch[rows, 0].contiguous(), ch[rows, 1].contiguous(), rows))
         imp = torch.as_tensor(layout.implicit, dtype=torch.long, device=device)
-        return Program(layout.n, layout.num_slots, len(ch), groups, levels, ch[:, 0].contiguous(),
+        return Program(layout.n, layout.num_slots, len(ch), groups, ch[:, 0].contiguous(),
                        ch[:, 1].contiguous(), imp[:, 0].contiguous(), imp[:, 1].contiguous())
 
 
@@ -157,12 +146,6 @@ def _gather_elements(val: Tensor, g: Group, out: Tensor, tmp: Tensor) -> Tensor:
     torch.index_select(val, 0, g.sub, out=t)
     e.add_(t)
     return e.view(g.nodes, g.fanin, -1)
-
-
-def log_sigmoids(r: Tensor) -> tuple[Tensor, Tensor]:
-    """(log sigma(r), log sigma(-r)) for r in [-inf, inf): [T, n] -> 2 x [T, n]; cheaper than two logsigmoid calls."""
-    soft = torch.exp(-r.abs()).log1p_()  # log(1 + e^-|r|)
-    return r.clamp(max=0.0).sub_(soft), r.neg().clamp_(max=0.0).sub_(soft)
 
 
 def upward(prog: Program, r: Tensor, *, mode: str = "sum", gap: Tensor | None = None,
