@@ -87,7 +87,7 @@ def route(logits: Tensor, *, k=None, kmin=None, kmax=None, training: bool, metho
     sampled = training and method != "topk-marginal"
     # the marginals enter only the backward: skip them when no gradient can flow
     marginal_st = training and method != "sample-dense-ste" and torch.is_grad_enabled() and r.requires_grad
-    tangent = None  # zeros [T, N] carrying the backward of z ≈ m (or ≈ softmax for "sample-dense-ste")
+    # tangent: zeros [T, N] carrying the backward of z ≈ m (or ≈ softmax for "sample-dense-ste")
     if sampled:
         tangent, z = dist.mean_tangent(True, generator) if marginal_st else (None, dist.sample(generator=generator))
         key = torch.where(z > 0, probs.detach(), -1.0)  # drawn experts first
