@@ -12,7 +12,7 @@ import networkx as nx
 import torch
 from torch import Tensor
 
-from . import kernels
+from . import kernels, native
 from .layout import FALSE_SLOT, TRUE_SLOT, Layout
 from .spec import Spec
 
@@ -54,13 +54,14 @@ class _Marginals(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, circuit: "Circuit", r: Tensor, want_sample: bool, generator, values: bool = True):
-        prog = circuit._prog
         raw, r = r, circuit._shift(r)
-        up = circuit._upward_checked(r, raw=raw)
-        z = kernels.sample(prog, r, up, generator) if want_sample else r.new_empty(0)
+        z = circuit._draw(r, raw, generator) if want_sample else r.new_empty(0)
         if values:
-            m = kernels.marginals_from_flows(prog, kernels.downward(prog, up), torch.sigmoid(r))
+            up = circuit._upward_checked(r, raw=raw)
+            m = kernels.marginals_from_flows(circuit._prog, kernels.downward(circuit._prog, up), torch.sigmoid(r))
         else:
+            if not want_sample and circuit.validate:
+                circuit._upward_checked(r, raw=raw)
             m = torch.zeros_like(r)
         ctx.circuit = circuit
         ctx.save_for_backward(r)
@@ -71,7 +72,8 @@ class _Marginals(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, v: Tensor, _):
         (r,) = ctx.saved_tensors
-        return None, kernels.marginals_jvp(ctx.circuit._prog, r, v.contiguous()), None, None, None
+        jvp = native.marginals_jvp if native.available(r) else kernels.marginals_jvp
+        return None, jvp(ctx.circuit._prog, r, v.contiguous()), None, None, None
 
 
 class Circuit:
@@ -207,6 +209,16 @@ class Circuit:
         self._check(r if raw is None else raw, up.val[-1])
         return up
 
+    def _draw(self, r: Tensor, raw: Tensor, generator) -> Tensor:
+        """One exact draw per row of the shifted logits r [T, n] (the checks run on ``raw``):
+        the fused C pass for fp32 on the CPU, else the torch passes; the same uniforms either way."""
+        uniforms, fill = kernels.draw_uniforms(self._prog, r, generator)
+        if native.available(r):
+            z, log_z = native.sample(self._prog, r, uniforms, fill)
+            self._check(raw, log_z)
+            return z
+        return kernels.sample(self._prog, r, self._upward_checked(r, raw=raw), uniforms, fill)
+
     # --- the four queries ---------------------------------------------------------------------
     def log_partition(self, logits: Tensor) -> Tensor:
         """log P(constraint) under independent Bernoulli(sigmoid(logits)): [..., n] -> [...].
@@ -234,8 +246,7 @@ class Circuit:
         r, lead = self._flatten(logits)
         self._check_generator(generator)
         with torch.no_grad():
-            rs = self._shift(r)
-            z = kernels.sample(self._prog, rs, self._upward_checked(rs, raw=r), generator)
+            z = self._draw(self._shift(r), r, generator)
         return z.reshape(*lead, self.n).to(logits.dtype)
 
     def map(self, logits: Tensor) -> Tensor:

@@ -288,18 +288,26 @@ def _assignment(prog: Program, act: Tensor, fill: Tensor | None) -> Tensor:
     return torch.where(on, 1.0, torch.where(off, 0.0, fill)).to(act.dtype)
 
 
-def sample(prog: Program, r: Tensor, up: Upward, generator: torch.Generator | None = None) -> Tensor:
+def draw_uniforms(prog: Program, r: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor | None]:
+    """The uniforms one draw per token uses, in this order: [count, T], one per vtree node and token
+    (``Program.scope_ids``), then [T, n] for the implicit variables (None for a smooth circuit)."""
+    _, count = prog.scope_ids
+    uniforms = torch.rand(count, r.shape[0], generator=generator, device=r.device, dtype=r.dtype)
+    fill = None if prog.smooth else torch.rand(r.shape, generator=generator, device=r.device, dtype=r.dtype)
+    return uniforms, fill
+
+
+def sample(prog: Program, r: Tensor, up: Upward, uniforms: Tensor, fill: Tensor | None) -> Tensor:
     """Exact ancestral sampling: each active node picks one element with probability exp(e - node).
 
-    Inverse CDF over the fan-in, one uniform per vtree node and token (``Program.scope_ids``).
-    r: [T, n], up: a "sum" pass -> [T, n]. Exact: the nodes a token reaches draw from distinct
-    uniforms, so their choices are independent given the pass.
+    Inverse CDF over the fan-in with the uniforms of ``draw_uniforms``. r: [T, n], up: a "sum"
+    pass -> [T, n]. Exact: the nodes a token reaches draw from distinct uniforms, so their choices
+    are independent given the pass; an implicit variable is 1 when its fill uniform < sigmoid(r).
     """
     T = r.shape[0]
     tmp = WORKSPACE.get("tmp", (prog.max_rows, T), r)
     cums = WORKSPACE.get("cum", (prog.max_rows, T), r)
-    ids, count = prog.scope_ids
-    uniforms = torch.rand(count, T, generator=generator, device=r.device, dtype=r.dtype)  # one per vtree node
+    ids, _ = prog.scope_ids
 
     def pick(grp: Group, a: Tensor) -> Tensor:
         ex = up.ex[grp.rows].view(grp.nodes, grp.fanin, T)
@@ -321,11 +329,7 @@ def sample(prog: Program, r: Tensor, up: Upward, generator: torch.Generator | No
         return flow
 
     act = _descend(prog, up, pick)
-    fill = None
-    if not prog.smooth:
-        u = torch.rand(r.shape, generator=generator, device=r.device, dtype=r.dtype)
-        fill = (u < torch.sigmoid(r)).to(r.dtype)
-    return _assignment(prog, act, fill)
+    return _assignment(prog, act, None if fill is None else (fill < torch.sigmoid(r)).to(r.dtype))
 
 
 def max_upward(prog: Program, r: Tensor) -> Upward:

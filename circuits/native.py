@@ -1,0 +1,195 @@
+"""The fused fp32 CPU passes of ``circuits/native/*.c``: built on first use, loaded with ctypes.
+
+The C passes evaluate one tile of tokens through the whole circuit while it stays in cache (see
+passes.c); ``circuits.kernels`` is their plain-torch reference and the path for fp64, CUDA, and
+machines without a C compiler. The library is built with the system's ``cc`` into
+``<cache dir>/native/<hash>/`` (the hash covers the sources, the flags, the compiler and the CPU,
+since it is built with -march=native), installed by an atomic rename, and rebuilt when it does
+not load. ``PROBMOE_NATIVE=0`` turns the C passes off. Tokens are split between
+``torch.get_num_threads()`` Python threads (ctypes releases the GIL during each call).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .cache import default_cache_dir
+
+SOURCES = Path(__file__).with_name("native")
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-std=c11"]
+FAST_MATH_UNIT = "vmath.c"  # the one unit built with -ffast-math (SIMD exp/log from libmvec)
+
+
+class _Prog(ctypes.Structure):
+    _fields_ = [("n", ctypes.c_int64), ("num_slots", ctypes.c_int64), ("num_rows", ctypes.c_int64),
+                ("num_groups", ctypes.c_int64), ("smooth", ctypes.c_int64), ("groups", ctypes.c_void_p),
+                ("prime", ctypes.c_void_p), ("sub", ctypes.c_void_p)]
+
+
+def _cpu_id() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))]
+    return "\n".join(sorted(set(lines)))
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _key(cc: str) -> str:
+    h = hashlib.sha256()
+    for path in sorted(SOURCES.glob("*.c")):
+        h.update(path.name.encode() + path.read_bytes())
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    h.update(" ".join(FLAGS).encode() + version.encode() + _cpu_id().encode())
+    return h.hexdigest()[:16]
+
+
+def _build(cc: str, out: Path) -> None:
+    """Compile each unit, then link without -ffast-math (which would change the process's
+    denormal mode); install ``out`` by an atomic rename."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        objects = []
+        for src in sorted(SOURCES.glob("*.c")):
+            obj = Path(tmp) / (src.stem + ".o")
+            extra = ["-ffast-math"] if src.name == FAST_MATH_UNIT else []
+            subprocess.run([cc, *FLAGS, *extra, "-c", str(src), "-o", str(obj)], check=True, capture_output=True)
+            objects.append(str(obj))
+        lib = Path(tmp) / "libpasses.so"
+        subprocess.run([cc, "-shared", *objects, "-o", str(lib), "-lmvec", "-lm"], check=True, capture_output=True)
+        os.replace(lib, out)
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.pm_tile.restype = i64
+    lib.pm_sample.restype = lib.pm_jvp.restype = i64
+    lib.pm_sample.argtypes = [ctypes.POINTER(_Prog), ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64]
+    lib.pm_jvp.argtypes = [ctypes.POINTER(_Prog), ptr, ptr, ptr, i64, i64, i64]
+    return lib
+
+
+_lock = threading.Lock()
+_state: dict = {}
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded library, building it if needed; None when it is turned off or cannot be built
+    (a warning says why, once)."""
+    if "lib" in _state:
+        return _state["lib"]
+    with _lock:
+        if "lib" in _state:
+            return _state["lib"]
+        lib = None
+        if os.environ.get("PROBMOE_NATIVE", "1") != "0" and platform.system() == "Linux":
+            cc = _compiler()
+            try:
+                if cc is None:
+                    raise RuntimeError("no C compiler (cc or $CC) found")
+                path = default_cache_dir() / "native" / _key(cc) / "libpasses.so"
+                if path.exists():
+                    try:
+                        lib = _load(path)
+                    except OSError:  # a damaged or foreign file: build it again
+                        lib = None
+                if lib is None:
+                    _build(cc, path)
+                    lib = _load(path)
+            except (OSError, RuntimeError, subprocess.CalledProcessError) as err:
+                detail = getattr(err, "stderr", b"") or b""
+                warnings.warn(f"circuits: the fused C passes are unavailable ({err}; "
+                              f"{detail.decode(errors='replace')[-300:]}); using the torch passes", RuntimeWarning)
+                lib = None
+        _state["lib"] = lib
+        return lib
+
+
+def available(r: Tensor) -> bool:
+    """Whether the C passes take ``r``: fp32 on the CPU, and the library is there."""
+    return r.device.type == "cpu" and r.dtype == torch.float32 and library() is not None
+
+
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    if "pool" not in _state:
+        _state["pool"] = concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1,
+                                                              thread_name_prefix="circuits-native")
+    return _state["pool"]
+
+
+def _prog_struct(prog) -> tuple[_Prog, tuple]:
+    """The C view of a ``kernels.Program`` (cached on it), and the tensors it points into."""
+    cached = getattr(prog, "_native", None)
+    if cached is None:
+        groups = torch.tensor([[g.start, g.nodes, g.fanin, g.rows.start] for g in prog.groups], dtype=torch.int64)
+        keep = (groups, prog.prime, prog.sub)
+        st = _Prog(prog.n, prog.num_slots, prog.num_rows, len(prog.groups), int(prog.smooth),
+                   groups.data_ptr(), prog.prime.data_ptr(), prog.sub.data_ptr())
+        cached = prog._native = (st, keep)
+    return cached
+
+
+def _run(fn, T: int, *args) -> None:
+    """fn(t0, t1) over token chunks (whole tiles) on up to torch.get_num_threads() threads."""
+    tile = library().pm_tile()
+    tiles = -(-T // tile)
+    parts = max(1, min(torch.get_num_threads(), tiles))
+    bounds = [min(T, (tiles * i // parts) * tile) for i in range(parts + 1)]
+    calls = [(bounds[i], bounds[i + 1]) for i in range(parts)]
+    if parts == 1:
+        results = [fn(*args, T, 0, T)]
+    else:
+        results = list(_pool().map(lambda b: fn(*args, T, *b), calls))
+    if any(results):
+        raise MemoryError("circuits: the C passes could not allocate their scratch")
+
+
+def sample(prog, r: Tensor, uniforms: Tensor, fill: Tensor | None) -> tuple[Tensor, Tensor]:
+    """kernels.sample's draw from the same uniforms (``kernels.draw_uniforms``): r [T, n]
+    contiguous fp32 -> (z [T, n] in {0, 1}, log Z [T], the root's value for the input checks)."""
+    st, _ = _prog_struct(prog)
+    uid = _slot_ids(prog)
+    T = r.shape[0]
+    z, log_z = torch.empty_like(r), r.new_empty(T)
+    f = fill.data_ptr() if fill is not None else None
+    _run(library().pm_sample, T, ctypes.byref(st), r.data_ptr(), uniforms.data_ptr(), uid.data_ptr(), f,
+         z.data_ptr(), log_z.data_ptr())
+    return z, log_z
+
+
+def marginals_jvp(prog, r: Tensor, v: Tensor) -> Tensor:
+    """Cov(z) v as kernels.marginals_jvp: r, v [T, n] (contiguous fp32) -> [T, n]."""
+    st, _ = _prog_struct(prog)
+    out = torch.empty_like(r)
+    _run(library().pm_jvp, r.shape[0], ctypes.byref(st), r.data_ptr(), v.data_ptr(), out.data_ptr())
+    return out
+
+
+def _slot_ids(prog) -> Tensor:
+    """long [S]: each decision slot's vtree id (row of the uniforms), 0 elsewhere (unused)."""
+    cached = getattr(prog, "_native_uid", None)
+    if cached is None:
+        ids, _ = prog.scope_ids
+        cached = torch.zeros(prog.num_slots, dtype=torch.int64)
+        for g in prog.groups:
+            cached[g.slots] = ids[g.start].cpu()
+        prog._native_uid = cached
+    return cached

@@ -1,0 +1,285 @@
+/* Fused fp32 CPU passes over a level layout, one tile of TILE tokens at a time.
+ *
+ * The same mathematics as circuits/kernels.py, the plain-torch reference these passes are tested
+ * against; read that file first. The torch passes stream every group through [slots, T] buffers
+ * in memory; here one tile's whole circuit (values, element weights, flows: a few hundred kB)
+ * stays in cache while all groups are evaluated, and each element is touched once per pass.
+ *
+ * Buffers are [rows][TILE] floats. A partial last tile is padded with logit 0 (and uniform 0.5),
+ * so every lane holds ordinary numbers; only the first nt lanes are written out. The callers
+ * (circuits/native.py) split tokens between threads; each thread has its own scratch.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+void pm_exp(float *x, int64_t n);
+void pm_log(float *x, int64_t n);
+void pm_log1p(float *x, int64_t n);
+
+#define TILE 128
+
+typedef struct {
+    int64_t n, num_slots, num_rows, num_groups, smooth;
+    const int64_t *groups; /* [G, 4]: first slot, nodes, fan-in, first element row */
+    const int64_t *prime;  /* [R] */
+    const int64_t *sub;    /* [R] */
+} Prog;
+
+int64_t pm_tile(void) { return TILE; }
+
+static __thread float *scratch_buf = NULL;
+static __thread size_t scratch_cap = 0;
+
+/* This thread's scratch of at least `floats` floats (kept for the next call), or NULL. */
+static float *scratch(size_t floats) {
+    if (floats > scratch_cap) {
+        free(scratch_buf);
+        scratch_buf = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+        scratch_cap = scratch_buf ? floats : 0;
+    }
+    return scratch_buf;
+}
+
+/* src [T, n] rows t0..t0+nt -> dst [n][TILE], lanes past nt = pad. */
+static void load_tile(const float *src, int64_t n, int64_t t0, int64_t nt, float pad, float *dst) {
+    for (int64_t t = 0; t < TILE; t++) {
+        const float *row = src + (t0 + t) * n;
+        for (int64_t i = 0; i < n; i++) dst[i * TILE + t] = t < nt ? row[i] : pad;
+    }
+}
+
+/* Leaf rows of val: FALSE = -inf, TRUE = 0, x_i = log sigma(r_i), not x_i = log sigma(-r_i).
+ * rt [n][TILE]; p [n][TILE] gets sigma(r) unless NULL. */
+static void leaves(int64_t n, const float *rt, float *val, float *p) {
+    float *pos = val + 2 * TILE, *neg = val + (2 + n) * TILE;
+    const int64_t m = n * TILE;
+    for (int64_t t = 0; t < TILE; t++) {
+        val[t] = -INFINITY;
+        val[TILE + t] = 0.0f;
+    }
+    for (int64_t i = 0; i < m; i++) neg[i] = -fabsf(rt[i]);
+    pm_exp(neg, m);
+    pm_log1p(neg, m); /* soft = log(1 + e^-|r|) */
+    for (int64_t i = 0; i < m; i++) {
+        const float x = rt[i], soft = neg[i];
+        pos[i] = fminf(x, 0.0f) - soft;
+        neg[i] = -(soft + fmaxf(x, 0.0f));
+    }
+    if (p) {
+        memcpy(p, pos, m * sizeof(float));
+        pm_exp(p, m);
+    }
+}
+
+/* The "sum" upward pass (kernels.upward): node log-values val, element weights ex = exp(e - top)
+ * (fan-in > 1 only), norm = sum of ex clamped to FLT_MIN. With dval != NULL also the tangents:
+ * de = d prime + d sub per element, d node = E_w[de]. top: [TILE] scratch. */
+static void upward(const Prog *P, float *val, float *ex, float *norm, float *dval, float *de, float *top) {
+    for (int64_t gi = 0; gi < P->num_groups; gi++) {
+        const int64_t *g = P->groups + 4 * gi;
+        const int64_t start = g[0], nodes = g[1], F = g[2], off = g[3];
+        for (int64_t j = 0; j < nodes; j++) {
+            const int64_t slot = start + j, r0 = off + j * F;
+            float *v = val + slot * TILE;
+            if (F == 1) { /* a product: weight 1 */
+                const float *a = val + P->prime[r0] * TILE, *b = val + P->sub[r0] * TILE;
+                for (int64_t t = 0; t < TILE; t++) v[t] = a[t] + b[t];
+                if (dval) {
+                    const float *da = dval + P->prime[r0] * TILE, *db = dval + P->sub[r0] * TILE;
+                    float *dv = dval + slot * TILE;
+                    for (int64_t t = 0; t < TILE; t++) dv[t] = da[t] + db[t];
+                }
+                continue;
+            }
+            for (int64_t t = 0; t < TILE; t++) top[t] = -FLT_MAX; /* a dead node keeps exp(e - top) = 0 */
+            for (int64_t e = 0; e < F; e++) {
+                const float *a = val + P->prime[r0 + e] * TILE, *b = val + P->sub[r0 + e] * TILE;
+                float *x = ex + (r0 + e) * TILE;
+                for (int64_t t = 0; t < TILE; t++) {
+                    x[t] = a[t] + b[t];
+                    top[t] = fmaxf(top[t], x[t]);
+                }
+            }
+            float *x = ex + r0 * TILE;
+            for (int64_t e = 0; e < F; e++)
+                for (int64_t t = 0; t < TILE; t++) x[e * TILE + t] -= top[t];
+            pm_exp(x, F * TILE);
+            float *s = norm + slot * TILE;
+            memcpy(s, x, TILE * sizeof(float));
+            for (int64_t e = 1; e < F; e++)
+                for (int64_t t = 0; t < TILE; t++) s[t] += x[e * TILE + t]; /* in element order, as the descent */
+            memcpy(v, s, TILE * sizeof(float));
+            pm_log(v, TILE);
+            for (int64_t t = 0; t < TILE; t++) {
+                v[t] += top[t];
+                s[t] = fmaxf(s[t], FLT_MIN); /* a dead node's zero flow / FLT_MIN = 0 */
+            }
+            if (!dval) continue;
+            float *dv = dval + slot * TILE;
+            memset(dv, 0, TILE * sizeof(float));
+            for (int64_t e = 0; e < F; e++) {
+                const float *da = dval + P->prime[r0 + e] * TILE, *db = dval + P->sub[r0 + e] * TILE;
+                float *d = de + (r0 + e) * TILE;
+                for (int64_t t = 0; t < TILE; t++) {
+                    d[t] = da[t] + db[t];
+                    dv[t] += x[e * TILE + t] * d[t];
+                }
+            }
+            for (int64_t t = 0; t < TILE; t++) dv[t] /= s[t];
+        }
+    }
+}
+
+/* Exact ancestral sampling (kernels.sample) of tokens t0..t1 of r [T, n] into z [T, n].
+ * U [count, T]: the uniforms, one row per vtree id; uid [S]: each decision slot's row of U.
+ * fill [T, n]: uniforms for implicit variables (unused when the circuit is smooth).
+ * logz [T]: the root's log-value, for the caller's checks. Returns 0, or -1 when scratch cannot
+ * be allocated. */
+int64_t pm_sample(const Prog *P, const float *r, const float *U, const int64_t *uid, const float *fill,
+                  float *z, float *logz, int64_t T, int64_t t0, int64_t t1) {
+    const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
+    float *buf = scratch((size_t)(3 * n + 3 * S + R + 5) * TILE);
+    if (!buf) return -1;
+    float *rt = buf, *p = rt + n * TILE, *val = p + n * TILE, *norm = val + S * TILE, *act = norm + S * TILE;
+    float *ex = act + S * TILE, *top = ex + R * TILE, *x = top + TILE, *c = x + TILE, *prev = c + TILE,
+          *u = prev + TILE;
+    for (int64_t tt = t0; tt < t1; tt += TILE) {
+        const int64_t nt = t1 - tt < TILE ? t1 - tt : TILE;
+        load_tile(r, n, tt, nt, 0.0f, rt);
+        leaves(n, rt, val, P->smooth ? NULL : p);
+        upward(P, val, ex, norm, NULL, NULL, top);
+        memcpy(logz + tt, val + (S - 1) * TILE, nt * sizeof(float));
+        memset(act, 0, S * TILE * sizeof(float));
+        for (int64_t t = 0; t < TILE; t++) act[(S - 1) * TILE + t] = 1.0f;
+        for (int64_t gi = P->num_groups - 1; gi >= 0; gi--) {
+            const int64_t *g = P->groups + 4 * gi;
+            const int64_t start = g[0], nodes = g[1], F = g[2], off = g[3];
+            for (int64_t j = 0; j < nodes; j++) {
+                const int64_t slot = start + j, r0 = off + j * F;
+                const float *a = act + slot * TILE;
+                if (F == 1) {
+                    float *ap = act + P->prime[r0] * TILE, *as = act + P->sub[r0] * TILE;
+                    for (int64_t t = 0; t < TILE; t++) {
+                        ap[t] += a[t];
+                        as[t] += a[t];
+                    }
+                    continue;
+                }
+                const float *urow = U + uid[slot] * T + tt, *tot = norm + slot * TILE;
+                for (int64_t t = 0; t < TILE; t++) u[t] = t < nt ? urow[t] : 0.5f;
+                /* A live node's largest weight is 1, so u * total < total: some element passes.
+                 * Inactive nodes get x = inf, which nothing passes. */
+                for (int64_t t = 0; t < TILE; t++) {
+                    x[t] = a[t] > 0.0f ? u[t] * tot[t] : INFINITY;
+                    c[t] = 0.0f;
+                    prev[t] = 0.0f;
+                }
+                for (int64_t e = 0; e < F; e++) {
+                    const float *w = ex + (r0 + e) * TILE;
+                    float *ap = act + P->prime[r0 + e] * TILE, *as = act + P->sub[r0 + e] * TILE;
+                    for (int64_t t = 0; t < TILE; t++) {
+                        c[t] += w[t];
+                        const float passed = c[t] > x[t] ? 1.0f : 0.0f, flow = passed - prev[t];
+                        prev[t] = passed;
+                        ap[t] += flow;
+                        as[t] += flow;
+                    }
+                }
+            }
+        }
+        const float *pos = act + 2 * TILE, *neg = act + (2 + n) * TILE;
+        for (int64_t t = 0; t < nt; t++) {
+            float *zr = z + (tt + t) * n;
+            const float *fr = fill ? fill + (tt + t) * n : NULL;
+            for (int64_t i = 0; i < n; i++) {
+                float on = pos[i * TILE + t] > 0.0f ? 1.0f : 0.0f;
+                if (!P->smooth && on == 0.0f && !(neg[i * TILE + t] > 0.0f))
+                    on = fr[i] < p[i * TILE + t] ? 1.0f : 0.0f; /* an implicit variable: its own coin */
+                zr[i] = on;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Cov(z) v (kernels.marginals_jvp) for tokens t0..t1: r, v, out [T, n]. Forward-mode tangents
+ * through the upward pass, then flows g and their tangents dg down. Returns 0, or -1. */
+int64_t pm_jvp(const Prog *P, const float *r, const float *v, float *out, int64_t T, int64_t t0, int64_t t1) {
+    (void)T;
+    const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
+    float *buf = scratch((size_t)(3 * n + 6 * S + 2 * R + 3) * TILE);
+    if (!buf) return -1;
+    float *rt = buf, *vt = rt + n * TILE, *p = vt + n * TILE, *val = p + n * TILE, *dval = val + S * TILE;
+    float *norm = dval + S * TILE, *g = norm + S * TILE, *dg = g + S * TILE, *ex = dg + S * TILE;
+    float *de = ex + R * TILE, *top = de + R * TILE, *coef = top + TILE, *dcoef = coef + TILE;
+    for (int64_t tt = t0; tt < t1; tt += TILE) {
+        const int64_t nt = t1 - tt < TILE ? t1 - tt : TILE;
+        load_tile(r, n, tt, nt, 0.0f, rt);
+        load_tile(v, n, tt, nt, 0.0f, vt);
+        leaves(n, rt, val, p);
+        memset(dval, 0, 2 * TILE * sizeof(float));
+        float *dpos = dval + 2 * TILE, *dneg = dval + (2 + n) * TILE;
+        for (int64_t i = 0; i < n * TILE; i++) { /* d log sigma(r) = (1 - p) v, d log sigma(-r) = -p v */
+            const float pv = p[i] * vt[i];
+            dpos[i] = vt[i] - pv;
+            dneg[i] = -pv;
+        }
+        upward(P, val, ex, norm, dval, de, top);
+        memset(g, 0, 2 * S * TILE * sizeof(float)); /* g and dg */
+        for (int64_t t = 0; t < TILE; t++) g[(S - 1) * TILE + t] = 1.0f;
+        for (int64_t gi = P->num_groups - 1; gi >= 0; gi--) {
+            const int64_t *grp = P->groups + 4 * gi;
+            const int64_t start = grp[0], nodes = grp[1], F = grp[2], off = grp[3];
+            for (int64_t j = 0; j < nodes; j++) {
+                const int64_t slot = start + j, r0 = off + j * F;
+                const float *gs = g + slot * TILE, *dgs = dg + slot * TILE;
+                if (F == 1) { /* weight 1, d e = d node: both flows pass through */
+                    float *gp = g + P->prime[r0] * TILE, *gq = g + P->sub[r0] * TILE;
+                    float *dgp = dg + P->prime[r0] * TILE, *dgq = dg + P->sub[r0] * TILE;
+                    for (int64_t t = 0; t < TILE; t++) {
+                        gp[t] += gs[t];
+                        gq[t] += gs[t];
+                        dgp[t] += dgs[t];
+                        dgq[t] += dgs[t];
+                    }
+                    continue;
+                }
+                const float *nm = norm + slot * TILE, *dv = dval + slot * TILE;
+                for (int64_t t = 0; t < TILE; t++) {
+                    coef[t] = gs[t] / nm[t];
+                    dcoef[t] = dgs[t] / nm[t];
+                }
+                for (int64_t e = 0; e < F; e++) {
+                    const float *w = ex + (r0 + e) * TILE, *d = de + (r0 + e) * TILE;
+                    float *gp = g + P->prime[r0 + e] * TILE, *gq = g + P->sub[r0 + e] * TILE;
+                    float *dgp = dg + P->prime[r0 + e] * TILE, *dgq = dg + P->sub[r0 + e] * TILE;
+                    for (int64_t t = 0; t < TILE; t++) { /* flow = w coef; d flow = w (dcoef + coef (de - d node)) */
+                        const float f = w[t] * coef[t], df = w[t] * ((d[t] - dv[t]) * coef[t] + dcoef[t]);
+                        gp[t] += f;
+                        gq[t] += f;
+                        dgp[t] += df;
+                        dgq[t] += df;
+                    }
+                }
+            }
+        }
+        const float *gpos = g + 2 * TILE, *gneg = g + (2 + n) * TILE;
+        const float *dgpos = dg + 2 * TILE, *dgneg = dg + (2 + n) * TILE;
+        for (int64_t t = 0; t < nt; t++) {
+            float *o = out + (tt + t) * n;
+            for (int64_t i = 0; i < n; i++) {
+                const int64_t k = i * TILE + t;
+                if (P->smooth) {
+                    o[i] = dgpos[k];
+                } else { /* an implicit x_i is 1 with probability p_i wherever neither literal is reached */
+                    const float pi = p[k];
+                    o[i] = dgpos[k] + pi * (1.0f - pi) * vt[k] * (1.0f - gpos[k] - gneg[k]) - pi * (dgpos[k] + dgneg[k]);
+                }
+            }
+        }
+    }
+    return 0;
+}
