@@ -21,6 +21,67 @@ void pm_log1p(float *x, int64_t n);
 
 #define TILE 128
 
+/* max/min as comparisons, which vectorise (fmaxf's NaN rules make gcc call libm). No NaN reaches them. */
+static inline float max2(float a, float b) { return a > b ? a : b; }
+static inline float min2(float a, float b) { return a < b ? a : b; }
+
+/* The inner loops over a tile, with restrict pointers so gcc vectorises them without alias checks.
+ * Callers pass distinct rows: an element's prime and sub are different slots. */
+static inline void add_rows(float *restrict out, const float *restrict a, const float *restrict b) {
+    for (int64_t t = 0; t < TILE; t++) out[t] = a[t] + b[t];
+}
+
+static inline void add_rows_max(float *restrict out, float *restrict top, const float *restrict a,
+                                const float *restrict b) {
+    for (int64_t t = 0; t < TILE; t++) {
+        out[t] = a[t] + b[t];
+        top[t] = max2(top[t], out[t]);
+    }
+}
+
+/* d = da + db, acc += w d: an element's tangent and its weighted sum. */
+static inline void tangent_row(float *restrict d, float *restrict acc, const float *restrict w,
+                               const float *restrict da, const float *restrict db) {
+    for (int64_t t = 0; t < TILE; t++) {
+        d[t] = da[t] + db[t];
+        acc[t] += w[t] * d[t];
+    }
+}
+
+/* p += a, q += a: a flow passed to an element's prime and sub. */
+static inline void pass_rows(float *restrict p, float *restrict q, const float *restrict a) {
+    for (int64_t t = 0; t < TILE; t++) {
+        p[t] += a[t];
+        q[t] += a[t];
+    }
+}
+
+/* One element of the inverse-CDF choice: c += w; the flow [c > x] - [previous c > x] goes to p, q. */
+static inline void pick_row(float *restrict p, float *restrict q, float *restrict c, float *restrict prev,
+                            const float *restrict w, const float *restrict x) {
+    for (int64_t t = 0; t < TILE; t++) {
+        c[t] += w[t];
+        const float passed = c[t] > x[t] ? 1.0f : 0.0f, flow = passed - prev[t];
+        prev[t] = passed;
+        p[t] += flow;
+        q[t] += flow;
+    }
+}
+
+/* One element of the paired downward pass: flow = w coef, d flow = w (dcoef + coef (de - d node)),
+ * both to the prime (gp, dgp) and the sub (gq, dgq). */
+static inline void flow_rows(float *restrict gp, float *restrict gq, float *restrict dgp, float *restrict dgq,
+                             const float *restrict w, const float *restrict d, const float *restrict dnode,
+                             const float *restrict coef, const float *restrict dcoef) {
+    for (int64_t t = 0; t < TILE; t++) {
+        const float f = w[t] * coef[t], df = w[t] * ((d[t] - dnode[t]) * coef[t] + dcoef[t]);
+        gp[t] += f;
+        gq[t] += f;
+        dgp[t] += df;
+        dgq[t] += df;
+    }
+}
+
 typedef struct {
     int64_t n, num_slots, num_rows, num_groups, smooth;
     const int64_t *groups; /* [G, 4]: first slot, nodes, fan-in, first element row */
@@ -65,8 +126,8 @@ static void leaves(int64_t n, const float *rt, float *val, float *p) {
     pm_log1p(neg, m); /* soft = log(1 + e^-|r|) */
     for (int64_t i = 0; i < m; i++) {
         const float x = rt[i], soft = neg[i];
-        pos[i] = fminf(x, 0.0f) - soft;
-        neg[i] = -(soft + fmaxf(x, 0.0f));
+        pos[i] = min2(x, 0.0f) - soft;
+        neg[i] = -(soft + max2(x, 0.0f));
     }
     if (p) {
         memcpy(p, pos, m * sizeof(float));
@@ -85,24 +146,13 @@ static void upward(const Prog *P, float *val, float *ex, float *norm, float *dva
             const int64_t slot = start + j, r0 = off + j * F;
             float *v = val + slot * TILE;
             if (F == 1) { /* a product: weight 1 */
-                const float *a = val + P->prime[r0] * TILE, *b = val + P->sub[r0] * TILE;
-                for (int64_t t = 0; t < TILE; t++) v[t] = a[t] + b[t];
-                if (dval) {
-                    const float *da = dval + P->prime[r0] * TILE, *db = dval + P->sub[r0] * TILE;
-                    float *dv = dval + slot * TILE;
-                    for (int64_t t = 0; t < TILE; t++) dv[t] = da[t] + db[t];
-                }
+                add_rows(v, val + P->prime[r0] * TILE, val + P->sub[r0] * TILE);
+                if (dval) add_rows(dval + slot * TILE, dval + P->prime[r0] * TILE, dval + P->sub[r0] * TILE);
                 continue;
             }
             for (int64_t t = 0; t < TILE; t++) top[t] = -FLT_MAX; /* a dead node keeps exp(e - top) = 0 */
-            for (int64_t e = 0; e < F; e++) {
-                const float *a = val + P->prime[r0 + e] * TILE, *b = val + P->sub[r0 + e] * TILE;
-                float *x = ex + (r0 + e) * TILE;
-                for (int64_t t = 0; t < TILE; t++) {
-                    x[t] = a[t] + b[t];
-                    top[t] = fmaxf(top[t], x[t]);
-                }
-            }
+            for (int64_t e = 0; e < F; e++)
+                add_rows_max(ex + (r0 + e) * TILE, top, val + P->prime[r0 + e] * TILE, val + P->sub[r0 + e] * TILE);
             float *x = ex + r0 * TILE;
             for (int64_t e = 0; e < F; e++)
                 for (int64_t t = 0; t < TILE; t++) x[e * TILE + t] -= top[t];
@@ -115,19 +165,14 @@ static void upward(const Prog *P, float *val, float *ex, float *norm, float *dva
             pm_log(v, TILE);
             for (int64_t t = 0; t < TILE; t++) {
                 v[t] += top[t];
-                s[t] = fmaxf(s[t], FLT_MIN); /* a dead node's zero flow / FLT_MIN = 0 */
+                s[t] = max2(s[t], FLT_MIN); /* a dead node's zero flow / FLT_MIN = 0 */
             }
             if (!dval) continue;
             float *dv = dval + slot * TILE;
             memset(dv, 0, TILE * sizeof(float));
-            for (int64_t e = 0; e < F; e++) {
-                const float *da = dval + P->prime[r0 + e] * TILE, *db = dval + P->sub[r0 + e] * TILE;
-                float *d = de + (r0 + e) * TILE;
-                for (int64_t t = 0; t < TILE; t++) {
-                    d[t] = da[t] + db[t];
-                    dv[t] += x[e * TILE + t] * d[t];
-                }
-            }
+            for (int64_t e = 0; e < F; e++)
+                tangent_row(de + (r0 + e) * TILE, dv, x + e * TILE, dval + P->prime[r0 + e] * TILE,
+                            dval + P->sub[r0 + e] * TILE);
             for (int64_t t = 0; t < TILE; t++) dv[t] /= s[t];
         }
     }
@@ -161,11 +206,7 @@ int64_t pm_sample(const Prog *P, const float *r, const float *U, const int64_t *
                 const int64_t slot = start + j, r0 = off + j * F;
                 const float *a = act + slot * TILE;
                 if (F == 1) {
-                    float *ap = act + P->prime[r0] * TILE, *as = act + P->sub[r0] * TILE;
-                    for (int64_t t = 0; t < TILE; t++) {
-                        ap[t] += a[t];
-                        as[t] += a[t];
-                    }
+                    pass_rows(act + P->prime[r0] * TILE, act + P->sub[r0] * TILE, a);
                     continue;
                 }
                 const float *urow = U + uid[slot] * T + tt, *tot = norm + slot * TILE;
@@ -177,17 +218,8 @@ int64_t pm_sample(const Prog *P, const float *r, const float *U, const int64_t *
                     c[t] = 0.0f;
                     prev[t] = 0.0f;
                 }
-                for (int64_t e = 0; e < F; e++) {
-                    const float *w = ex + (r0 + e) * TILE;
-                    float *ap = act + P->prime[r0 + e] * TILE, *as = act + P->sub[r0 + e] * TILE;
-                    for (int64_t t = 0; t < TILE; t++) {
-                        c[t] += w[t];
-                        const float passed = c[t] > x[t] ? 1.0f : 0.0f, flow = passed - prev[t];
-                        prev[t] = passed;
-                        ap[t] += flow;
-                        as[t] += flow;
-                    }
-                }
+                for (int64_t e = 0; e < F; e++)
+                    pick_row(act + P->prime[r0 + e] * TILE, act + P->sub[r0 + e] * TILE, c, prev, ex + (r0 + e) * TILE, x);
             }
         }
         const float *pos = act + 2 * TILE, *neg = act + (2 + n) * TILE;
@@ -237,14 +269,8 @@ int64_t pm_jvp(const Prog *P, const float *r, const float *v, float *out, int64_
                 const int64_t slot = start + j, r0 = off + j * F;
                 const float *gs = g + slot * TILE, *dgs = dg + slot * TILE;
                 if (F == 1) { /* weight 1, d e = d node: both flows pass through */
-                    float *gp = g + P->prime[r0] * TILE, *gq = g + P->sub[r0] * TILE;
-                    float *dgp = dg + P->prime[r0] * TILE, *dgq = dg + P->sub[r0] * TILE;
-                    for (int64_t t = 0; t < TILE; t++) {
-                        gp[t] += gs[t];
-                        gq[t] += gs[t];
-                        dgp[t] += dgs[t];
-                        dgq[t] += dgs[t];
-                    }
+                    pass_rows(g + P->prime[r0] * TILE, g + P->sub[r0] * TILE, gs);
+                    pass_rows(dg + P->prime[r0] * TILE, dg + P->sub[r0] * TILE, dgs);
                     continue;
                 }
                 const float *nm = norm + slot * TILE, *dv = dval + slot * TILE;
@@ -253,16 +279,8 @@ int64_t pm_jvp(const Prog *P, const float *r, const float *v, float *out, int64_
                     dcoef[t] = dgs[t] / nm[t];
                 }
                 for (int64_t e = 0; e < F; e++) {
-                    const float *w = ex + (r0 + e) * TILE, *d = de + (r0 + e) * TILE;
-                    float *gp = g + P->prime[r0 + e] * TILE, *gq = g + P->sub[r0 + e] * TILE;
-                    float *dgp = dg + P->prime[r0 + e] * TILE, *dgq = dg + P->sub[r0 + e] * TILE;
-                    for (int64_t t = 0; t < TILE; t++) { /* flow = w coef; d flow = w (dcoef + coef (de - d node)) */
-                        const float f = w[t] * coef[t], df = w[t] * ((d[t] - dv[t]) * coef[t] + dcoef[t]);
-                        gp[t] += f;
-                        gq[t] += f;
-                        dgp[t] += df;
-                        dgq[t] += df;
-                    }
+                    const int64_t pr = P->prime[r0 + e] * TILE, sb = P->sub[r0 + e] * TILE;
+                    flow_rows(g + pr, g + sb, dg + pr, dg + sb, ex + (r0 + e) * TILE, de + (r0 + e) * TILE, dv, coef, dcoef);
                 }
             }
         }
