@@ -61,9 +61,18 @@ def _key(cc: str) -> str:
     return h.hexdigest()[:16]
 
 
+def _path(cc: str) -> Path:
+    """Where the library built by ``cc`` for this machine lives (a sibling .sha256 vouches for it)."""
+    return default_cache_dir() / "native" / _key(cc) / "libpasses.so"
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def _build(cc: str, out: Path) -> None:
     """Compile each unit, then link without -ffast-math (which would change the process's
-    denormal mode); install ``out`` by an atomic rename."""
+    denormal mode); install ``out`` and its digest by atomic renames."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         objects = []
@@ -74,14 +83,24 @@ def _build(cc: str, out: Path) -> None:
             objects.append(str(obj))
         lib = Path(tmp) / "libpasses.so"
         subprocess.run([cc, "-shared", *objects, "-o", str(lib), "-lmvec", "-lm"], check=True, capture_output=True)
+        digest = Path(tmp) / "digest"
+        digest.write_text(_digest(lib))
         os.replace(lib, out)
+        os.replace(digest, out.with_suffix(".so.sha256"))
 
 
 def _load(path: Path) -> ctypes.CDLL:
+    """Load a library whose digest matches; OSError otherwise (missing, damaged, foreign)."""
+    stamp = path.with_suffix(".so.sha256")
+    if not stamp.exists() or stamp.read_text().strip() != _digest(path):
+        raise OSError(f"{path} does not match its digest")
     lib = ctypes.CDLL(str(path))
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.pm_tile.restype = i64
-    lib.pm_sample.restype = lib.pm_jvp.restype = i64
+    try:
+        lib.pm_tile.restype = i64
+        lib.pm_sample.restype = lib.pm_jvp.restype = i64
+    except AttributeError as err:
+        raise OSError(f"{path} lacks the passes: {err}") from None
     lib.pm_sample.argtypes = [ctypes.POINTER(_Prog), ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64]
     lib.pm_jvp.argtypes = [ctypes.POINTER(_Prog), ptr, ptr, ptr, i64, i64, i64]
     return lib
@@ -105,12 +124,11 @@ def library() -> ctypes.CDLL | None:
             try:
                 if cc is None:
                     raise RuntimeError("no C compiler (cc or $CC) found")
-                path = default_cache_dir() / "native" / _key(cc) / "libpasses.so"
-                if path.exists():
-                    try:
-                        lib = _load(path)
-                    except OSError:  # a damaged or foreign file: build it again
-                        lib = None
+                path = _path(cc)
+                try:
+                    lib = _load(path)
+                except OSError:  # missing, damaged or foreign: build it (again)
+                    lib = None
                 if lib is None:
                     _build(cc, path)
                     lib = _load(path)
@@ -135,61 +153,57 @@ def _pool() -> concurrent.futures.ThreadPoolExecutor:
     return _state["pool"]
 
 
-def _prog_struct(prog) -> tuple[_Prog, tuple]:
-    """The C view of a ``kernels.Program`` (cached on it), and the tensors it points into."""
+os.register_at_fork(after_in_child=lambda: _state.pop("pool", None))  # a forked child has no pool threads
+
+
+def _view(prog) -> tuple:
+    """(C struct, uid, tensors it points into) for a ``kernels.Program``, cached on it. uid: long
+    [S], each decision slot's vtree id (its row of the sampling uniforms), 0 elsewhere."""
     cached = getattr(prog, "_native", None)
     if cached is None:
         groups = torch.tensor([[g.start, g.nodes, g.fanin, g.rows.start] for g in prog.groups], dtype=torch.int64)
-        keep = (groups, prog.prime, prog.sub)
+        ids, _ = prog.scope_ids
+        uid = torch.zeros(prog.num_slots, dtype=torch.int64)
+        for g in prog.groups:
+            uid[g.slots] = ids[g.start].cpu()
         st = _Prog(prog.n, prog.num_slots, prog.num_rows, len(prog.groups), int(prog.smooth),
                    groups.data_ptr(), prog.prime.data_ptr(), prog.sub.data_ptr())
-        cached = prog._native = (st, keep)
+        cached = prog._native = (st, uid, (groups, prog.prime, prog.sub))
     return cached
 
 
 def _run(fn, T: int, *args) -> None:
-    """fn(t0, t1) over token chunks (whole tiles) on up to torch.get_num_threads() threads."""
+    """fn(*args, T, t0, t1) over token chunks (whole tiles) on up to torch.get_num_threads() threads."""
     tile = library().pm_tile()
     tiles = -(-T // tile)
     parts = max(1, min(torch.get_num_threads(), tiles))
     bounds = [min(T, (tiles * i // parts) * tile) for i in range(parts + 1)]
-    calls = [(bounds[i], bounds[i + 1]) for i in range(parts)]
     if parts == 1:
         results = [fn(*args, T, 0, T)]
     else:
-        results = list(_pool().map(lambda b: fn(*args, T, *b), calls))
+        results = list(_pool().map(lambda i: fn(*args, T, bounds[i], bounds[i + 1]), range(parts)))
     if any(results):
         raise MemoryError("circuits: the C passes could not allocate their scratch")
 
 
 def sample(prog, r: Tensor, uniforms: Tensor, fill: Tensor | None) -> tuple[Tensor, Tensor]:
-    """kernels.sample's draw from the same uniforms (``kernels.draw_uniforms``): r [T, n]
-    contiguous fp32 -> (z [T, n] in {0, 1}, log Z [T], the root's value for the input checks)."""
-    st, _ = _prog_struct(prog)
-    uid = _slot_ids(prog)
+    """kernels.sample's draw from the same uniforms (``kernels.draw_uniforms``): r [T, n] fp32,
+    uniforms [count, T], fill [T, n] or None -> (z [T, n] in {0, 1}, log Z [T], the root's value
+    for the input checks)."""
+    st, uid, _ = _view(prog)
+    r, uniforms = r.contiguous(), uniforms.contiguous()
+    fill = None if fill is None else fill.contiguous()
     T = r.shape[0]
     z, log_z = torch.empty_like(r), r.new_empty(T)
-    f = fill.data_ptr() if fill is not None else None
-    _run(library().pm_sample, T, ctypes.byref(st), r.data_ptr(), uniforms.data_ptr(), uid.data_ptr(), f,
-         z.data_ptr(), log_z.data_ptr())
+    _run(library().pm_sample, T, ctypes.byref(st), r.data_ptr(), uniforms.data_ptr(), uid.data_ptr(),
+         None if fill is None else fill.data_ptr(), z.data_ptr(), log_z.data_ptr())
     return z, log_z
 
 
 def marginals_jvp(prog, r: Tensor, v: Tensor) -> Tensor:
-    """Cov(z) v as kernels.marginals_jvp: r, v [T, n] (contiguous fp32) -> [T, n]."""
-    st, _ = _prog_struct(prog)
+    """Cov(z) v as kernels.marginals_jvp: r, v [T, n] fp32 -> [T, n]."""
+    st, _, _ = _view(prog)
+    r, v = r.contiguous(), v.contiguous()
     out = torch.empty_like(r)
     _run(library().pm_jvp, r.shape[0], ctypes.byref(st), r.data_ptr(), v.data_ptr(), out.data_ptr())
     return out
-
-
-def _slot_ids(prog) -> Tensor:
-    """long [S]: each decision slot's vtree id (row of the uniforms), 0 elsewhere (unused)."""
-    cached = getattr(prog, "_native_uid", None)
-    if cached is None:
-        ids, _ = prog.scope_ids
-        cached = torch.zeros(prog.num_slots, dtype=torch.int64)
-        for g in prog.groups:
-            cached[g.slots] = ids[g.start].cpu()
-        prog._native_uid = cached
-    return cached

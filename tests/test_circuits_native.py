@@ -1,0 +1,155 @@
+"""The fused C passes (circuits/native) against their plain-torch reference and brute force.
+
+fp32 on the CPU takes the C passes; these tests call both paths on the same inputs (same
+uniforms for sampling) and check the C results against float64 brute force and chi-squared.
+"""
+
+import os
+import shutil
+
+import pytest
+import torch
+
+import circuits
+from brute import exact, masks
+from circuits import kernels, native
+from stats import chi2_pvalue, mask_counts
+
+# (x1 or x2) and (not x1 or x3) and (x2 or not x4 or x5) and (not x3 or not x5); x6 is unconstrained
+CLAUSES = [[1, 2], [-1, 3], [2, -4, 5], [-3, -5]]
+
+needs_native = pytest.mark.skipif(native.library() is None, reason="the C passes are turned off or unbuildable")
+
+
+def _cnf(tmp_path):
+    path = tmp_path / "f.cnf"
+    path.write_text(f"p cnf 6 {len(CLAUSES)}\n" + "".join(" ".join(map(str, c)) + " 0\n" for c in CLAUSES))
+    return circuits.compile_circuit(path, cache_dir=tmp_path / "cache")
+
+
+def _cnf_models():
+    import itertools
+
+    rows = [m for m in itertools.product((0.0, 1.0), repeat=6)
+            if all(any((m[abs(x) - 1] == 1.0) == (x > 0) for x in c) for c in CLAUSES)]
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def test_built_wherever_a_compiler_is():
+    if os.environ.get("PROBMOE_NATIVE", "1") == "0" or shutil.which("cc") is None:
+        pytest.skip("no compiler, or turned off")
+    assert native.library() is not None
+
+
+CIRCUITS = [circuits.ExactlyK(64, 8), circuits.RangeK(60, 4, 8), circuits.ExactlyK(7, 3), circuits.RangeK(9, 0, 9)]
+
+
+@needs_native
+@pytest.mark.parametrize("spec", CIRCUITS, ids=str)
+@pytest.mark.parametrize("T", [0, 1, 127, 128, 300])
+def test_matches_the_torch_passes(spec, T):
+    """Same uniforms -> the same draws; Cov(z) v and log Z agree with the torch reference in fp32
+    and with float64; partial tiles (T not a multiple of 128) included."""
+    c = circuits.compile_circuit(spec)
+    prog, n = c._prog, spec.n
+    gen = torch.Generator().manual_seed(T)
+    r = torch.randn(T, n, generator=gen) * 3
+    if T > 1:
+        r[0, : n - spec.cardinalities[-1]] = -torch.inf  # -inf logits: never chosen, still feasible
+    r = c._shift(r)
+    v = torch.randn(T, n, generator=gen)
+    uniforms, fill = kernels.draw_uniforms(prog, r, gen)
+    up = kernels.upward(prog, r)
+    z_ref = kernels.sample(prog, r, up, uniforms, fill)
+    z, log_z = native.sample(prog, r, uniforms, fill)
+    assert (z != z_ref).any(-1).sum() <= max(1, T // 1000)  # only rounding at a boundary may differ
+    assert set(z.unique().tolist()) <= {0.0, 1.0}
+    sizes = z.sum(-1)
+    assert bool(((sizes >= spec.cardinalities[0]) & (sizes <= spec.cardinalities[-1])).all())
+    if T > 1:
+        assert not z[0, : n - spec.cardinalities[-1]].any()
+    torch.testing.assert_close(log_z, up.val[-1], atol=1e-5, rtol=1e-5)
+    jvp = native.marginals_jvp(prog, r, v)
+    exact64 = kernels.marginals_jvp(prog, r.double(), v.double())
+    torch.testing.assert_close(jvp.double(), exact64, atol=2e-5, rtol=0)
+    torch.testing.assert_close(jvp, kernels.marginals_jvp(prog, r, v), atol=2e-5, rtol=0)
+
+
+@needs_native
+@pytest.mark.parametrize("spec,cards", [(circuits.ExactlyK(6, 3), [3]), (circuits.RangeK(6, 2, 4), range(2, 5)), ("cnf", None)])
+def test_brute_force_fp32(spec, cards, tmp_path):
+    """Through the public API in fp32: the Jacobian of the marginals (C backward) is Cov(z), and
+    the C sampler passes chi-squared; the CNF circuit has implicit (unsmoothed) variables."""
+    if spec == "cnf":
+        c, allowed = _cnf(tmp_path), _cnf_models()
+        assert not c._prog.smooth
+    else:
+        c, allowed = circuits.compile_circuit(spec), masks(spec.n, cards)
+    r = torch.tensor([[0.7, -1.2, 0.3, 2.0, -0.4, 0.1]])
+    want = exact(r, allowed)
+    jac = torch.autograd.functional.jacobian(lambda x: c.marginals(x), r[0])
+    torch.testing.assert_close(jac.double(), want.cov[0], atol=1e-6, rtol=0)
+    draws = c.sample(r[0].expand(200_000, -1), generator=torch.Generator().manual_seed(7))
+    counts = mask_counts(draws, allowed)
+    assert chi2_pvalue(counts, want.probs[0]) > 1e-3
+    assert chi2_pvalue(counts, torch.softmax(torch.randn(len(allowed), dtype=torch.float64), 0)) < 1e-6
+
+
+@needs_native
+def test_threads_split_tokens_without_changing_results():
+    c = circuits.compile_circuit(circuits.ExactlyK(64, 8))
+    gen = torch.Generator().manual_seed(0)
+    r, v = c._shift(torch.randn(1000, 64, generator=gen)), torch.randn(1000, 64, generator=gen)
+    uniforms, fill = kernels.draw_uniforms(c._prog, r, gen)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = native.sample(c._prog, r, uniforms, fill)[0], native.marginals_jvp(c._prog, r, v)
+        torch.set_num_threads(2)
+        two = native.sample(c._prog, r, uniforms, fill)[0], native.marginals_jvp(c._prog, r, v)
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+
+
+@pytest.fixture
+def fresh_native(monkeypatch, tmp_path):
+    """The loader's state and cache directory, private to one test."""
+    monkeypatch.setenv("PROBMOE_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "_state", {})
+    return tmp_path
+
+
+def test_turned_off_falls_back_to_the_torch_passes(fresh_native, monkeypatch):
+    monkeypatch.setenv("PROBMOE_NATIVE", "0")
+    assert native.library() is None and not native.available(torch.zeros(1))
+    c = circuits.compile_circuit(circuits.RangeK(6, 2, 4))
+    r = torch.randn(3, 6)
+    z = c.sample(r, generator=torch.Generator().manual_seed(0))
+    assert bool(((z.sum(-1) >= 2) & (z.sum(-1) <= 4)).all())
+    r.requires_grad_()
+    (c.marginals(r) * torch.randn(3, 6)).sum().backward()
+    assert torch.isfinite(r.grad).all()
+
+
+@pytest.mark.skipif(shutil.which("cc") is None or os.environ.get("PROBMOE_NATIVE") == "0", reason="needs cc")
+@pytest.mark.parametrize("damage", ["garbage", "no digest", "another library"])
+def test_a_damaged_cached_library_is_rebuilt(fresh_native, damage):
+    path = native._path(shutil.which("cc"))
+    path.parent.mkdir(parents=True)
+    if damage == "another library":  # loads fine, but is not ours: its digest does not match
+        shutil.copy(torch.__file__.replace("__init__.py", "lib/libc10.so"), path)
+        path.with_suffix(".so.sha256").write_text("0" * 64)
+    else:
+        path.write_bytes(b"not a shared library")
+        if damage == "garbage":
+            path.with_suffix(".so.sha256").write_text(native._digest(path))
+    assert native.library() is not None
+    assert path.read_bytes()[:4] == b"\x7fELF" and native._digest(path) == path.with_suffix(".so.sha256").read_text()
+
+
+def test_a_missing_compiler_warns_once_and_falls_back(fresh_native, monkeypatch):
+    monkeypatch.setenv("CC", str(fresh_native / "no-such-cc"))
+    with pytest.warns(RuntimeWarning, match="torch passes"):
+        assert native.library() is None
+    assert native.library() is None  # decided once: no second warning
