@@ -5,13 +5,13 @@ passes.c); ``circuits.kernels`` is their plain-torch reference and the path for 
 machines without a C compiler. The library is built with the system's ``cc`` into
 ``<cache dir>/native/<hash>/`` (the hash covers the sources, the flags, the compiler and the CPU,
 since it is built with -march=native), installed by an atomic rename, and rebuilt when it does
-not load. ``PROBMOE_NATIVE=0`` turns the C passes off. Tokens are split between
-``torch.get_num_threads()`` Python threads (ctypes releases the GIL during each call).
+not load. ``PROBMOE_NATIVE=0`` turns the C passes off. Tiles of tokens are split between
+``torch.get_num_threads()`` OpenMP threads; linked against libgomp, the library shares the
+OpenMP runtime torch has loaded, so torch's idle workers run them.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
 import hashlib
 import os
@@ -29,7 +29,7 @@ from torch import Tensor
 from .cache import default_cache_dir
 
 SOURCES = Path(__file__).with_name("native")
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-std=c11"]
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-std=c11", "-fopenmp"]
 FAST_MATH_UNIT = "vmath.c"  # the one unit built with -ffast-math (SIMD exp/log from libmvec)
 
 
@@ -82,7 +82,7 @@ def _build(cc: str, out: Path) -> None:
             subprocess.run([cc, *FLAGS, *extra, "-c", str(src), "-o", str(obj)], check=True, capture_output=True)
             objects.append(str(obj))
         lib = Path(tmp) / "libpasses.so"
-        subprocess.run([cc, "-shared", *objects, "-o", str(lib), "-lmvec", "-lm"], check=True, capture_output=True)
+        subprocess.run([cc, "-shared", "-fopenmp", *objects, "-o", str(lib), "-lmvec", "-lm"], check=True, capture_output=True)
         digest = Path(tmp) / "digest"
         digest.write_text(_digest(lib))
         os.replace(lib, out)
@@ -101,8 +101,8 @@ def _load(path: Path) -> ctypes.CDLL:
         lib.pm_sample.restype = lib.pm_jvp.restype = i64
     except AttributeError as err:
         raise OSError(f"{path} lacks the passes: {err}") from None
-    lib.pm_sample.argtypes = [ctypes.POINTER(_Prog), ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64]
-    lib.pm_jvp.argtypes = [ctypes.POINTER(_Prog), ptr, ptr, ptr, i64, i64, i64]
+    lib.pm_sample.argtypes = [ctypes.POINTER(_Prog), ptr, ptr, ptr, ptr, ptr, ptr, i64, i64]
+    lib.pm_jvp.argtypes = [ctypes.POINTER(_Prog), ptr, ptr, ptr, i64, i64]
     return lib
 
 
@@ -146,16 +146,6 @@ def available(r: Tensor) -> bool:
     return r.device.type == "cpu" and r.dtype == torch.float32 and library() is not None
 
 
-def _pool() -> concurrent.futures.ThreadPoolExecutor:
-    if "pool" not in _state:
-        _state["pool"] = concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1,
-                                                              thread_name_prefix="circuits-native")
-    return _state["pool"]
-
-
-os.register_at_fork(after_in_child=lambda: _state.pop("pool", None))  # a forked child has no pool threads
-
-
 def _view(prog) -> tuple:
     """(C struct, uid, tensors it points into) for a ``kernels.Program``, cached on it. uid: long
     [S], each decision slot's vtree id (its row of the sampling uniforms), 0 elsewhere."""
@@ -172,17 +162,9 @@ def _view(prog) -> tuple:
     return cached
 
 
-def _run(fn, T: int, *args) -> None:
-    """fn(*args, T, t0, t1) over token chunks (whole tiles) on up to torch.get_num_threads() threads."""
-    tile = library().pm_tile()
-    tiles = -(-T // tile)
-    parts = max(1, min(torch.get_num_threads(), tiles))
-    bounds = [min(T, (tiles * i // parts) * tile) for i in range(parts + 1)]
-    if parts == 1:
-        results = [fn(*args, T, 0, T)]
-    else:
-        results = list(_pool().map(lambda i: fn(*args, T, bounds[i], bounds[i + 1]), range(parts)))
-    if any(results):
+def _run(fn, *args) -> None:
+    """Call a pass with torch's thread count (OpenMP threads inside; ctypes releases the GIL)."""
+    if fn(*args, torch.get_num_threads()):
         raise MemoryError("circuits: the C passes could not allocate their scratch")
 
 
@@ -195,8 +177,8 @@ def sample(prog, r: Tensor, uniforms: Tensor, fill: Tensor | None) -> tuple[Tens
     fill = None if fill is None else fill.contiguous()
     T = r.shape[0]
     z, log_z = torch.empty_like(r), r.new_empty(T)
-    _run(library().pm_sample, T, ctypes.byref(st), r.data_ptr(), uniforms.data_ptr(), uid.data_ptr(),
-         None if fill is None else fill.data_ptr(), z.data_ptr(), log_z.data_ptr())
+    _run(library().pm_sample, ctypes.byref(st), r.data_ptr(), uniforms.data_ptr(), uid.data_ptr(),
+         None if fill is None else fill.data_ptr(), z.data_ptr(), log_z.data_ptr(), T)
     return z, log_z
 
 
@@ -205,5 +187,5 @@ def marginals_jvp(prog, r: Tensor, v: Tensor) -> Tensor:
     st, _, _ = _view(prog)
     r, v = r.contiguous(), v.contiguous()
     out = torch.empty_like(r)
-    _run(library().pm_jvp, r.shape[0], ctypes.byref(st), r.data_ptr(), v.data_ptr(), out.data_ptr())
+    _run(library().pm_jvp, ctypes.byref(st), r.data_ptr(), v.data_ptr(), out.data_ptr(), r.shape[0])
     return out

@@ -7,7 +7,7 @@
  *
  * Buffers are [rows][TILE] floats. A partial last tile is padded with logit 0 (and uniform 0.5),
  * so every lane holds ordinary numbers; only the first nt lanes are written out. The callers
- * (circuits/native.py) split tokens between threads; each thread has its own scratch.
+ * entry points at the end split the tiles between OpenMP threads; each thread has its own scratch.
  */
 #include <float.h>
 #include <math.h>
@@ -183,8 +183,8 @@ static void upward(const Prog *P, float *val, float *ex, float *norm, float *dva
  * fill [T, n]: uniforms for implicit variables (unused when the circuit is smooth).
  * logz [T]: the root's log-value, for the caller's checks. Returns 0, or -1 when scratch cannot
  * be allocated. */
-int64_t pm_sample(const Prog *P, const float *r, const float *U, const int64_t *uid, const float *fill,
-                  float *z, float *logz, int64_t T, int64_t t0, int64_t t1) {
+static int64_t sample_range(const Prog *P, const float *r, const float *U, const int64_t *uid, const float *fill,
+                            float *z, float *logz, int64_t T, int64_t t0, int64_t t1) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
     float *buf = scratch((size_t)(3 * n + 3 * S + R + 5) * TILE);
     if (!buf) return -1;
@@ -239,8 +239,7 @@ int64_t pm_sample(const Prog *P, const float *r, const float *U, const int64_t *
 
 /* Cov(z) v (kernels.marginals_jvp) for tokens t0..t1: r, v, out [T, n]. Forward-mode tangents
  * through the upward pass, then flows g and their tangents dg down. Returns 0, or -1. */
-int64_t pm_jvp(const Prog *P, const float *r, const float *v, float *out, int64_t T, int64_t t0, int64_t t1) {
-    (void)T;
+static int64_t jvp_range(const Prog *P, const float *r, const float *v, float *out, int64_t t0, int64_t t1) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
     float *buf = scratch((size_t)(3 * n + 6 * S + 2 * R + 3) * TILE);
     if (!buf) return -1;
@@ -300,4 +299,26 @@ int64_t pm_jvp(const Prog *P, const float *r, const float *v, float *out, int64_
         }
     }
     return 0;
+}
+
+/* The entry points: tiles split statically over `threads` OpenMP threads (the runtime torch
+ * itself uses, so its idle workers take the tiles). Tiles are independent, so the results do not
+ * depend on the thread count. Return 0, or -1 when some thread's scratch cannot be allocated. */
+int64_t pm_sample(const Prog *P, const float *r, const float *U, const int64_t *uid, const float *fill,
+                  float *z, float *logz, int64_t T, int64_t threads) {
+    const int64_t tiles = (T + TILE - 1) / TILE;
+    int64_t failed = 0;
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(| : failed) if (tiles > 1)
+    for (int64_t k = 0; k < tiles; k++)
+        failed |= sample_range(P, r, U, uid, fill, z, logz, T, k * TILE, k * TILE + TILE < T ? k * TILE + TILE : T);
+    return failed ? -1 : 0;
+}
+
+int64_t pm_jvp(const Prog *P, const float *r, const float *v, float *out, int64_t T, int64_t threads) {
+    const int64_t tiles = (T + TILE - 1) / TILE;
+    int64_t failed = 0;
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(| : failed) if (tiles > 1)
+    for (int64_t k = 0; k < tiles; k++)
+        failed |= jvp_range(P, r, v, out, k * TILE, k * TILE + TILE < T ? k * TILE + TILE : T);
+    return failed ? -1 : 0;
 }
