@@ -200,7 +200,10 @@ class Circuit:
         k = self.spec.cardinalities[0] if self.spec is not None and self.spec.fixed_cardinality else 0
         if k == 0 or r.shape[0] == 0:
             return r
-        ref = r.topk(k, dim=-1, sorted=False).values.amin(dim=-1, keepdim=True)  # [T, n] -> [T, 1]
+        if native.available(r):
+            ref = native.kth_largest(r, k).unsqueeze(-1)  # [T, n] -> [T, 1]
+        else:
+            ref = r.topk(k, dim=-1, sorted=False).values.amin(dim=-1, keepdim=True)
         return r - torch.where(torch.isfinite(ref), ref, torch.zeros_like(ref))
 
     def _upward_checked(self, r: Tensor, raw: Tensor | None = None) -> kernels.Upward:

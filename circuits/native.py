@@ -97,12 +97,13 @@ def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     try:
-        lib.pm_tile.restype = i64
         lib.pm_sample.restype = lib.pm_jvp.restype = i64
+        lib.pm_kth_largest.restype = None
     except AttributeError as err:
         raise OSError(f"{path} lacks the passes: {err}") from None
     lib.pm_sample.argtypes = [ctypes.POINTER(_Prog), ptr, ptr, ptr, ptr, ptr, ptr, i64, i64]
     lib.pm_jvp.argtypes = [ctypes.POINTER(_Prog), ptr, ptr, ptr, i64, i64]
+    lib.pm_kth_largest.argtypes = [ptr, i64, i64, i64, ptr, i64]
     return lib
 
 
@@ -188,4 +189,12 @@ def marginals_jvp(prog, r: Tensor, v: Tensor) -> Tensor:
     r, v = r.contiguous(), v.contiguous()
     out = torch.empty_like(r)
     _run(library().pm_jvp, ctypes.byref(st), r.data_ptr(), v.data_ptr(), out.data_ptr(), r.shape[0])
+    return out
+
+
+def kth_largest(r: Tensor, k: int) -> Tensor:
+    """Each row's k-th largest value, as ``r.topk(k).values.amin(-1)``: r [T, n] fp32 -> [T]."""
+    r = r.contiguous()
+    out = r.new_empty(r.shape[0])
+    library().pm_kth_largest(r.data_ptr(), r.shape[0], r.shape[1], k, out.data_ptr(), torch.get_num_threads())
     return out

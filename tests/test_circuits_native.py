@@ -153,3 +153,16 @@ def test_a_missing_compiler_warns_once_and_falls_back(fresh_native, monkeypatch)
     with pytest.warns(RuntimeWarning, match="torch passes"):
         assert native.library() is None
     assert native.library() is None  # decided once: no second warning
+
+
+@needs_native
+@pytest.mark.parametrize("T,n,k", [(0, 4, 2), (1, 1, 1), (5, 3, 3), (33, 10, 10), (1000, 60, 1), (4096, 64, 8)])
+def test_kth_largest_equals_topk(T, n, k):
+    """The exactly-k shift: the k-th largest of each row, as topk(k).values.amin(); -inf rows and
+    ties included, NaN counted as -inf."""
+    r = torch.randn(T, n).round(decimals=1)  # ties
+    if T > 2:
+        r[0, : n - 1] = -torch.inf
+        r[1, 0] = float("nan")
+    want = torch.where(r.isnan(), -torch.inf, r).topk(k, dim=-1).values.amin(dim=-1) if T else r.new_empty(0)
+    assert torch.equal(native.kth_largest(r, k), want)

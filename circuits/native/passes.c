@@ -89,8 +89,6 @@ typedef struct {
     const int64_t *sub;    /* [R] */
 } Prog;
 
-int64_t pm_tile(void) { return TILE; }
-
 static __thread float *scratch_buf = NULL;
 static __thread size_t scratch_cap = 0;
 
