@@ -80,17 +80,17 @@ def logits_values(logits: Tensor, kmin: int) -> None:
     """Raise for NaN, +inf or huge finite logits (|r| >= ``MAX_ABS_LOGIT``), or rows with fewer than
     ``kmin`` logits above -inf.
 
-    One host synchronisation for the three global reductions (max propagates NaN); rows are
-    counted only when some logit is -inf, and the offending row is located only on failure.
+    One host synchronisation for the global minimum and maximum (NaN propagates into both); rows
+    are looked at only when some logit is -inf, and the offending row is located only on failure.
     """
     if logits.numel() == 0:
         return
-    lowest_finite = torch.where(logits > -torch.inf, logits, 0.0).amin()
-    top, bottom, low = torch.stack([logits.amax(), logits.amin(), lowest_finite]).tolist()
+    bottom, top = torch.stack(torch.aminmax(logits)).tolist()
     if math.isnan(top):
         raise ValueError("logits contain NaN")
     if top == math.inf:
         raise ValueError("logits contain +inf; use finite logits, or -inf for 'never chosen'")
+    low = bottom if bottom > -math.inf else torch.where(logits > -torch.inf, logits, 0.0).amin().item()
     if max(top, -low) >= MAX_ABS_LOGIT:
         raise ValueError(f"logits must be -inf or finite with |logits| < {MAX_ABS_LOGIT:g}, "
                          f"got {top if top >= -low else low:g}")

@@ -90,7 +90,7 @@ def route(logits: Tensor, *, k=None, kmin=None, kmax=None, training: bool, metho
     # tangent: zeros [T, N] carrying the backward of z ≈ m (or ≈ softmax for "sample-dense-ste")
     if sampled:
         tangent, z = dist.mean_tangent(True, generator) if marginal_st else (None, dist.sample(generator=generator))
-        key = torch.where(z > 0, probs.detach(), -1.0)  # drawn experts first
+        key = torch.addcmul(z - 1, probs.detach(), z)  # drawn experts: their probability, others -1 (exact)
     else:
         tangent = dist.mean_tangent()[0] if marginal_st else None
         # exactly-k: softmax + topk as HF does (never a -inf logit; probabilities that underflow to 0
@@ -103,11 +103,8 @@ def route(logits: Tensor, *, k=None, kmin=None, kmax=None, training: bool, metho
         mask = top >= 0
     else:
         mask = torch.arange(kmax, device=r.device) < map_size(r, kmin, kmax).unsqueeze(-1)
-    pi = probs.gather(-1, idx)  # [T, kmax]
-    w = pi
-    if tangent is not None:
-        t = tangent[torch.arange(idx.shape[0], device=idx.device).unsqueeze(-1), idx]  # keeps only idx
-        w = pi * (1 + t)  # Eq. 7 at the used experts: value pi, gradient through m (or softmax) and pi
+    # Eq. 7 at the used experts: value softmax(r) exactly, gradient through m (or softmax) and softmax
+    w = (probs if tangent is None else probs * (1 + tangent)).gather(-1, idx)  # [T, N] -> [T, kmax]
     w = torch.where(mask, w, 0.0)
     if normalize:
         w = w / w.sum(dim=-1, keepdim=True)
