@@ -103,8 +103,10 @@ def route(logits: Tensor, *, k=None, kmin=None, kmax=None, training: bool, metho
         mask = top >= 0
     else:
         mask = torch.arange(kmax, device=r.device) < map_size(r, kmin, kmax).unsqueeze(-1)
-    # Eq. 7 at the used experts: value softmax(r) exactly, gradient through m (or softmax) and softmax
-    w = (probs if tangent is None else probs * (1 + tangent)).gather(-1, idx)  # [T, N] -> [T, kmax]
+    w = probs.gather(-1, idx)  # [T, N] -> [T, kmax]
+    if tangent is not None:  # Eq. 7 at the used experts: value exactly softmax(r), gradient through m (or softmax) too
+        t = tangent[torch.arange(idx.shape[0], device=idx.device).unsqueeze(-1), idx]  # the graph keeps only idx
+        w = w * (1 + t)
     w = torch.where(mask, w, 0.0)
     if normalize:
         w = w / w.sum(dim=-1, keepdim=True)
