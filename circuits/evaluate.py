@@ -27,11 +27,7 @@ class _LogPartition(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, circuit: "Circuit", r: Tensor) -> Tensor:
-        up = circuit._upward_checked(r)
-        log_z = up.val[-1].clone()  # [T]
-        m = None
-        if ctx.needs_input_grad[1]:
-            m = kernels.marginals_from_flows(circuit._prog, kernels.downward(circuit._prog, up), torch.sigmoid(r))
+        log_z, m = circuit._log_z_and_marginals(r, r, ctx.needs_input_grad[1])  # [T], [T, n] or None
         ctx.circuit = circuit
         ctx.save_for_backward(r, m)
         return log_z
@@ -57,8 +53,7 @@ class _Marginals(torch.autograd.Function):
         raw, r = r, circuit._shift(r)
         z = circuit._draw(r, raw, generator) if want_sample else r.new_empty(0)
         if values:
-            up = circuit._upward_checked(r, raw=raw)
-            m = kernels.marginals_from_flows(circuit._prog, kernels.downward(circuit._prog, up), torch.sigmoid(r))
+            _, m = circuit._log_z_and_marginals(r, raw, True)
         else:
             if not want_sample and circuit.validate:
                 circuit._upward_checked(r, raw=raw)
@@ -211,6 +206,17 @@ class Circuit:
         up = kernels.upward(self._prog, r)
         self._check(r if raw is None else raw, up.val[-1])
         return up
+
+    def _log_z_and_marginals(self, r: Tensor, raw: Tensor, marginals: bool) -> tuple[Tensor, Tensor | None]:
+        """(log Z [T], the marginals [T, n] if asked) of r, after the checks on ``raw``: the fused C
+        pass for fp32 on the CPU, else the torch passes."""
+        if native.available(r):
+            log_z, m = native.log_partition(self._prog, r, marginals)
+            self._check(raw, log_z)
+            return log_z, m
+        up = self._upward_checked(r, raw=raw)
+        m = kernels.marginals_from_flows(self._prog, kernels.downward(self._prog, up), torch.sigmoid(r)) if marginals else None
+        return up.val[-1].clone(), m
 
     def _draw(self, r: Tensor, raw: Tensor, generator) -> Tensor:
         """One exact draw per row of the shifted logits r [T, n] (the checks run on ``raw``):

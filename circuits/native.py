@@ -97,12 +97,13 @@ def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     try:
-        lib.pm_sample.restype = lib.pm_jvp.restype = i64
+        lib.pm_sample.restype = lib.pm_jvp.restype = lib.pm_marginals.restype = i64
         lib.pm_kth_largest.restype = None
     except AttributeError as err:
         raise OSError(f"{path} lacks the passes: {err}") from None
     lib.pm_sample.argtypes = [ctypes.POINTER(_Prog), ptr, ptr, ptr, ptr, ptr, ptr, i64, i64]
     lib.pm_jvp.argtypes = [ctypes.POINTER(_Prog), ptr, ptr, ptr, i64, i64]
+    lib.pm_marginals.argtypes = [ctypes.POINTER(_Prog), ptr, ptr, ptr, i64, i64]
     lib.pm_kth_largest.argtypes = [ptr, i64, i64, i64, ptr, i64]
     return lib
 
@@ -181,6 +182,17 @@ def sample(prog, r: Tensor, uniforms: Tensor, fill: Tensor | None) -> tuple[Tens
     _run(library().pm_sample, ctypes.byref(st), r.data_ptr(), uniforms.data_ptr(), uid.data_ptr(),
          None if fill is None else fill.data_ptr(), z.data_ptr(), log_z.data_ptr(), T)
     return z, log_z
+
+
+def log_partition(prog, r: Tensor, marginals: bool) -> tuple[Tensor, Tensor | None]:
+    """(log Z [T], the marginals [T, n] or None) as kernels.upward, downward and
+    marginals_from_flows: r [T, n] fp32."""
+    st, _, _ = _view(prog)
+    r = r.contiguous()
+    log_z, m = r.new_empty(r.shape[0]), torch.empty_like(r) if marginals else None
+    _run(library().pm_marginals, ctypes.byref(st), r.data_ptr(), None if m is None else m.data_ptr(),
+         log_z.data_ptr(), r.shape[0])
+    return log_z, m
 
 
 def marginals_jvp(prog, r: Tensor, v: Tensor) -> Tensor:

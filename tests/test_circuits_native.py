@@ -48,8 +48,8 @@ CIRCUITS = [circuits.ExactlyK(64, 8), circuits.RangeK(60, 4, 8), circuits.Exactl
 @pytest.mark.parametrize("spec", CIRCUITS, ids=str)
 @pytest.mark.parametrize("T", [0, 1, 127, 128, 300])
 def test_matches_the_torch_passes(spec, T):
-    """Same uniforms -> the same draws; Cov(z) v and log Z agree with the torch reference in fp32
-    and with float64; partial tiles (T not a multiple of 128) included."""
+    """Same uniforms -> the same draws; log Z, the marginals and Cov(z) v agree with the torch
+    reference in fp32 and with float64; partial tiles (T not a multiple of 128) included."""
     c = circuits.compile_circuit(spec)
     prog, n = c._prog, spec.n
     gen = torch.Generator().manual_seed(T)
@@ -69,6 +69,13 @@ def test_matches_the_torch_passes(spec, T):
     if T > 1:
         assert not z[0, : n - spec.cardinalities[-1]].any()
     torch.testing.assert_close(log_z, up.val[-1], atol=1e-5, rtol=1e-5)
+    log_z2, m = native.log_partition(prog, r, True)
+    torch.testing.assert_close(log_z2, log_z)
+    up64 = kernels.upward(prog, r.double())
+    m64 = kernels.marginals_from_flows(prog, kernels.downward(prog, up64), torch.sigmoid(r.double()))
+    torch.testing.assert_close(m.double(), m64, atol=2e-6, rtol=0)
+    torch.testing.assert_close(log_z.double(), up64.val[-1], atol=1e-5, rtol=1e-6)
+    assert native.log_partition(prog, r, False)[1] is None
     jvp = native.marginals_jvp(prog, r, v)
     exact64 = kernels.marginals_jvp(prog, r.double(), v.double())
     torch.testing.assert_close(jvp.double(), exact64, atol=2e-5, rtol=0)
@@ -78,8 +85,9 @@ def test_matches_the_torch_passes(spec, T):
 @needs_native
 @pytest.mark.parametrize("spec,cards", [(circuits.ExactlyK(6, 3), [3]), (circuits.RangeK(6, 2, 4), range(2, 5)), ("cnf", None)])
 def test_brute_force_fp32(spec, cards, tmp_path):
-    """Through the public API in fp32: the Jacobian of the marginals (C backward) is Cov(z), and
-    the C sampler passes chi-squared; the CNF circuit has implicit (unsmoothed) variables."""
+    """Through the public API in fp32: log Z, the marginals, their Jacobian Cov(z) (the C backward)
+    agree with brute force, and the C sampler passes chi-squared; the CNF circuit has implicit
+    (unsmoothed) variables."""
     if spec == "cnf":
         c, allowed = _cnf(tmp_path), _cnf_models()
         assert not c._prog.smooth
@@ -87,6 +95,11 @@ def test_brute_force_fp32(spec, cards, tmp_path):
         c, allowed = circuits.compile_circuit(spec), masks(spec.n, cards)
     r = torch.tensor([[0.7, -1.2, 0.3, 2.0, -0.4, 0.1]])
     want = exact(r, allowed)
+    torch.testing.assert_close(c.log_partition(r).double(), want.log_partition, atol=1e-6, rtol=0)
+    torch.testing.assert_close(c.marginals(r).double(), want.marginals, atol=1e-6, rtol=0)
+    grad = torch.autograd.grad(c.log_partition(r.requires_grad_()).sum(), r)[0]  # m - sigmoid(r)
+    torch.testing.assert_close(grad.double(), want.marginals - torch.sigmoid(r.double()), atol=1e-6, rtol=0)
+    r = r.detach()
     jac = torch.autograd.functional.jacobian(lambda x: c.marginals(x), r[0])
     torch.testing.assert_close(jac.double(), want.cov[0], atol=1e-6, rtol=0)
     draws = c.sample(r[0].expand(200_000, -1), generator=torch.Generator().manual_seed(7))

@@ -68,6 +68,15 @@ static inline void pick_row(float *restrict p, float *restrict q, float *restric
     }
 }
 
+/* One element of the downward pass: flow = w coef, to the prime (p) and the sub (q). */
+static inline void flow_row(float *restrict p, float *restrict q, const float *restrict w, const float *restrict coef) {
+    for (int64_t t = 0; t < TILE; t++) {
+        const float f = w[t] * coef[t];
+        p[t] += f;
+        q[t] += f;
+    }
+}
+
 /* One element of the paired downward pass: flow = w coef, d flow = w (dcoef + coef (de - d node)),
  * both to the prime (gp, dgp) and the sub (gq, dgq). */
 static inline void flow_rows(float *restrict gp, float *restrict gq, float *restrict dgp, float *restrict dgq,
@@ -235,6 +244,51 @@ static int64_t sample_range(const Prog *P, const float *r, const float *U, const
     return 0;
 }
 
+/* log Z and, when m != NULL, the marginals (kernels.upward, downward and marginals_from_flows)
+ * for tokens t0..t1: r, m [T, n], logz [T]. Returns 0, or -1. */
+static int64_t marginals_range(const Prog *P, const float *r, float *m, float *logz, int64_t t0, int64_t t1) {
+    const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
+    float *buf = scratch((size_t)(2 * n + 3 * S + R + 2) * TILE);
+    if (!buf) return -1;
+    float *rt = buf, *p = rt + n * TILE, *val = p + n * TILE, *norm = val + S * TILE, *g = norm + S * TILE;
+    float *ex = g + S * TILE, *top = ex + R * TILE, *coef = top + TILE;
+    for (int64_t tt = t0; tt < t1; tt += TILE) {
+        const int64_t nt = t1 - tt < TILE ? t1 - tt : TILE;
+        load_tile(r, n, tt, nt, 0.0f, rt);
+        leaves(n, rt, val, p);
+        upward(P, val, ex, norm, NULL, NULL, top);
+        memcpy(logz + tt, val + (S - 1) * TILE, nt * sizeof(float));
+        if (!m) continue;
+        memset(g, 0, S * TILE * sizeof(float));
+        for (int64_t t = 0; t < TILE; t++) g[(S - 1) * TILE + t] = 1.0f;
+        for (int64_t gi = P->num_groups - 1; gi >= 0; gi--) {
+            const int64_t *grp = P->groups + 4 * gi;
+            const int64_t start = grp[0], nodes = grp[1], F = grp[2], off = grp[3];
+            for (int64_t j = 0; j < nodes; j++) {
+                const int64_t slot = start + j, r0 = off + j * F;
+                const float *gs = g + slot * TILE;
+                if (F == 1) {
+                    pass_rows(g + P->prime[r0] * TILE, g + P->sub[r0] * TILE, gs);
+                    continue;
+                }
+                const float *nm = norm + slot * TILE;
+                for (int64_t t = 0; t < TILE; t++) coef[t] = gs[t] / nm[t];
+                for (int64_t e = 0; e < F; e++)
+                    flow_row(g + P->prime[r0 + e] * TILE, g + P->sub[r0 + e] * TILE, ex + (r0 + e) * TILE, coef);
+            }
+        }
+        const float *gpos = g + 2 * TILE, *gneg = g + (2 + n) * TILE;
+        for (int64_t t = 0; t < nt; t++) {
+            float *o = m + (tt + t) * n;
+            for (int64_t i = 0; i < n; i++) {
+                const int64_t k = i * TILE + t; /* an implicit x_i is 1 with probability p_i */
+                o[i] = P->smooth ? gpos[k] : gpos[k] + p[k] * (1.0f - gpos[k] - gneg[k]);
+            }
+        }
+    }
+    return 0;
+}
+
 /* Cov(z) v (kernels.marginals_jvp) for tokens t0..t1: r, v, out [T, n]. Forward-mode tangents
  * through the upward pass, then flows g and their tangents dg down. Returns 0, or -1. */
 static int64_t jvp_range(const Prog *P, const float *r, const float *v, float *out, int64_t t0, int64_t t1) {
@@ -318,5 +372,14 @@ int64_t pm_jvp(const Prog *P, const float *r, const float *v, float *out, int64_
 #pragma omp parallel for num_threads(threads) schedule(static) reduction(| : failed) if (tiles > 1)
     for (int64_t k = 0; k < tiles; k++)
         failed |= jvp_range(P, r, v, out, k * TILE, k * TILE + TILE < T ? k * TILE + TILE : T);
+    return failed ? -1 : 0;
+}
+
+int64_t pm_marginals(const Prog *P, const float *r, float *m, float *logz, int64_t T, int64_t threads) {
+    const int64_t tiles = (T + TILE - 1) / TILE;
+    int64_t failed = 0;
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(| : failed) if (tiles > 1)
+    for (int64_t k = 0; k < tiles; k++)
+        failed |= marginals_range(P, r, m, logz, k * TILE, k * TILE + TILE < T ? k * TILE + TILE : T);
     return failed ? -1 : 0;
 }
