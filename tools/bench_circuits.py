@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import circuits  # noqa: E402
-from timing import interleaved, table  # noqa: E402
+from timing import circuit_passes, interleaved, table  # noqa: E402
 
 
 def compile_times(spec, repeats: int) -> tuple[float, float]:
@@ -102,7 +102,7 @@ def main() -> None:
     med = interleaved(fns, repeats=args.repeats)
     base = med["softmax + topk (fwd+bwd)"]
     rows = [(name, f"{t * 1e3:.2f} ms", f"{t / base:.1f}x") for name, t in med.items()]
-    print(f"\n## Evaluation, T = {T} tokens, fp32, {args.threads} threads\n")
+    print(f"\n## Evaluation, T = {T} tokens, fp32, {args.threads} threads, {circuit_passes()}\n")
     print(table(rows, ("routine", "median", "ratio to softmax + topk")))
 
 

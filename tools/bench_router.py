@@ -17,7 +17,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import interleaved, table  # noqa: E402
+from timing import circuit_passes, interleaved, table  # noqa: E402
 
 import probmoe  # noqa: E402
 
@@ -54,7 +54,7 @@ def main() -> None:
     r = (torch.randn(T, N, generator=gen) * 2).requires_grad_()
     probmoe.route(r.detach()[:2], k=8, training=False, backend="circuit")  # compile / load the circuits once
     print(f"T = {T}, N = {N}, fp32, CPU, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"load average {os.getloadavg()[0]:.2f} at start")
+          f"{circuit_passes()}, load average {os.getloadavg()[0]:.2f} at start")
     rows = []
     for label, size in [("exactly 8", dict(k=8)), ("range 4..8", dict(kmin=4, kmax=8))]:
         kmax = size.get("k", size.get("kmax"))

@@ -26,3 +26,10 @@ def table(rows: list[tuple], header: tuple) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def circuit_passes() -> str:
+    """Which circuit passes fp32 CPU calls take in this run (set PROBMOE_NATIVE=0 for the torch ones)."""
+    from circuits import native
+
+    return "circuit passes: fused C (circuits/native)" if native.library() else "circuit passes: torch (circuits/kernels)"
