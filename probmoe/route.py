@@ -57,7 +57,7 @@ class Routing:
 
 
 def route(logits: Tensor, *, k=None, kmin=None, kmax=None, training: bool, method: str = "probmoe",
-          generator: torch.Generator | None = None, normalize: bool = False, backend: str = "dp",
+          generator: torch.Generator | None = None, normalize: bool = False, backend: str = "circuit",
           grad: str = "exact", validate_args=None) -> Routing:
     """Route tokens with ProbMoE. logits: [T, N] router logits (-inf: never route there).
 

@@ -36,7 +36,7 @@ class ProbMoERouter(nn.Module):
     FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
     def __init__(self, hidden_size: int, num_experts: int, *, k=None, kmin=None, kmax=None,
-                 method: str = "probmoe", backend: str = "dp", grad: str = "exact", normalize: bool = False,
+                 method: str = "probmoe", backend: str = "circuit", grad: str = "exact", normalize: bool = False,
                  generator: torch.Generator | None = None, validate_args=None, device=None, dtype=None):
         super().__init__()
         hidden_size = _validate.int_in("hidden_size", hidden_size, 1, 2**31)
