@@ -179,3 +179,26 @@ def test_kth_largest_equals_topk(T, n, k):
         r[1, 0] = float("nan")
     want = torch.where(r.isnan(), -torch.inf, r).topk(k, dim=-1).values.amin(dim=-1) if T else r.new_empty(0)
     assert torch.equal(native.kth_largest(r, k), want)
+
+
+@needs_native
+@pytest.mark.parametrize("size", [dict(k=8), dict(kmin=4, kmax=8)], ids=["exactly 8", "range 4..8"])
+def test_route_is_the_same_with_and_without_the_c_passes(size, monkeypatch):
+    """A seeded training route draws the same experts, with the same weights and gradient, on a
+    machine with the C passes and on one without."""
+    import probmoe
+
+    r = (torch.randn(500, 60, generator=torch.Generator().manual_seed(0)) * 2).requires_grad_()
+    c = torch.randn(500, 8)
+
+    def run():
+        out = probmoe.route(r, **size, training=True, backend="circuit", generator=torch.Generator().manual_seed(1))
+        (grad,) = torch.autograd.grad((out.weights * c).sum(), r)
+        return out, grad
+
+    fast, fast_grad = run()
+    monkeypatch.setattr(native, "_state", {"lib": None})
+    slow, slow_grad = run()
+    assert torch.equal(fast.indices, slow.indices) and torch.equal(fast.mask, slow.mask)
+    assert torch.equal(fast.weights, slow.weights)
+    torch.testing.assert_close(fast_grad, slow_grad, atol=1e-6, rtol=1e-5)
