@@ -114,14 +114,18 @@ _state: dict = {}
 
 def library() -> ctypes.CDLL | None:
     """The loaded library, building it if needed; None when it is turned off or cannot be built
-    (a warning says why, once)."""
+    (a warning says why, once; ``describe()`` too)."""
     if "lib" in _state:
         return _state["lib"]
     with _lock:
         if "lib" in _state:
             return _state["lib"]
-        lib = None
-        if os.environ.get("PROBMOE_NATIVE", "1") != "0" and platform.system() == "Linux":
+        lib, where = None, ""
+        if os.environ.get("PROBMOE_NATIVE", "1") == "0":
+            where = "turned off by PROBMOE_NATIVE=0"
+        elif platform.system() != "Linux":
+            where = f"not built on {platform.system()}"
+        else:
             cc = _compiler()
             try:
                 if cc is None:
@@ -130,17 +134,21 @@ def library() -> ctypes.CDLL | None:
                 try:
                     lib = _load(path)
                 except OSError:  # missing, damaged or foreign: build it (again)
-                    lib = None
-                if lib is None:
                     _build(cc, path)
                     lib = _load(path)
+                where = str(path)
             except (OSError, RuntimeError, subprocess.CalledProcessError) as err:
-                detail = getattr(err, "stderr", b"") or b""
-                warnings.warn(f"circuits: the fused C passes are unavailable ({err}; "
-                              f"{detail.decode(errors='replace')[-300:]}); using the torch passes", RuntimeWarning)
-                lib = None
-        _state["lib"] = lib
+                detail = (getattr(err, "stderr", b"") or b"").decode(errors="replace")[-300:]
+                where = f"unavailable: {err}{'; ' + detail if detail else ''}"
+                warnings.warn(f"circuits: the fused C passes are {where}; using the torch passes", RuntimeWarning)
+        _state["lib"], _state["where"] = lib, where
         return lib
+
+
+def describe() -> str:
+    """Which passes fp32 CPU calls take, and why: one line for reports."""
+    lib = library()
+    return f"fused C passes ({_state['where']})" if lib is not None else f"torch passes (C passes {_state['where']})"
 
 
 def available(r: Tensor) -> bool:

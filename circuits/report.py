@@ -7,6 +7,7 @@ The model count is an exact Python integer (``Layout.model_count``), never pysdd
 
 from __future__ import annotations
 
+from . import native
 from .inspect_text import level_table
 from .spec import ExactlyK, RangeK, spec_to_dict
 
@@ -51,6 +52,7 @@ def compile_facts(circuit, warnings: list[str] = ()) -> dict:
         "model_count_checked": expected is not None,
         "model_count_formula": count_formula(spec),
         "pysdd_version": info.get("pysdd_version"),
+        "evaluator": native.describe(),  # fp32 on the CPU; fp64 and CUDA use the torch passes
         "warnings": list(warnings),
     }
 
@@ -79,6 +81,7 @@ def render_compile(facts: dict) -> str:
         f"{s['elements']:,} elements, {s['padded_elements']:,} padded: padding {s['padding']:.2f}x",
         f"  model count  {count}",
         f"  cache        {cache}{'' if f['cache_hit'] or not f['cache_path'] else ' (written)'}",
+        f"  evaluator    fp32 on the CPU: {f['evaluator']}",
         "",
         level_table(f["levels"]),
     ]

@@ -136,6 +136,7 @@ def fresh_native(monkeypatch, tmp_path):
 def test_turned_off_falls_back_to_the_torch_passes(fresh_native, monkeypatch):
     monkeypatch.setenv("PROBMOE_NATIVE", "0")
     assert native.library() is None and not native.available(torch.zeros(1))
+    assert native.describe() == "torch passes (C passes turned off by PROBMOE_NATIVE=0)"
     c = circuits.compile_circuit(circuits.RangeK(6, 2, 4))
     r = torch.randn(3, 6)
     z = c.sample(r, generator=torch.Generator().manual_seed(0))
@@ -157,7 +158,7 @@ def test_a_damaged_cached_library_is_rebuilt(fresh_native, damage):
         path.write_bytes(b"not a shared library")
         if damage == "garbage":
             path.with_suffix(".so.sha256").write_text(native._digest(path))
-    assert native.library() is not None
+    assert native.library() is not None and native.describe() == f"fused C passes ({path})"
     assert path.read_bytes()[:4] == b"\x7fELF" and native._digest(path) == path.with_suffix(".so.sha256").read_text()
 
 
@@ -166,6 +167,7 @@ def test_a_missing_compiler_warns_once_and_falls_back(fresh_native, monkeypatch)
     with pytest.warns(RuntimeWarning, match="torch passes"):
         assert native.library() is None
     assert native.library() is None  # decided once: no second warning
+    assert native.describe().startswith("torch passes (C passes unavailable: ")
 
 
 @needs_native
