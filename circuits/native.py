@@ -134,7 +134,11 @@ def library() -> ctypes.CDLL | None:
                 try:
                     lib = _load(path)
                 except OSError:  # missing, damaged or foreign: build it (again)
-                    _build(cc, path)
+                    try:
+                        _build(cc, path)
+                    except PermissionError:  # a read-only cache: build for this process only
+                        path = Path(tempfile.mkdtemp(prefix="probmoe-native-")) / path.name
+                        _build(cc, path)
                     lib = _load(path)
                 where = str(path)
             except (OSError, RuntimeError, subprocess.CalledProcessError) as err:

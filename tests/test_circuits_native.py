@@ -204,3 +204,19 @@ def test_route_is_the_same_with_and_without_the_c_passes(size, monkeypatch):
     assert torch.equal(fast.indices, slow.indices) and torch.equal(fast.mask, slow.mask)
     assert torch.equal(fast.weights, slow.weights)
     torch.testing.assert_close(fast_grad, slow_grad, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None or os.environ.get("PROBMOE_NATIVE") == "0", reason="needs cc")
+def test_a_read_only_cache_builds_for_this_process(fresh_native, monkeypatch):
+    build, targets = native._build, []
+
+    def refuse_the_cache(cc, out):  # what a read-only cache directory does to a non-root user
+        targets.append(out)
+        if str(out).startswith(str(fresh_native)):
+            raise PermissionError(13, "Permission denied", str(out))
+        build(cc, out)
+
+    monkeypatch.setattr(native, "_build", refuse_the_cache)
+    assert native.library() is not None
+    assert len(targets) == 2 and not str(targets[1]).startswith(str(fresh_native))
+    assert native.describe() == f"fused C passes ({targets[1]})"
