@@ -247,3 +247,25 @@ def test_every_small_cardinality_circuit_matches_float64():
         uniforms, fill = kernels.draw_uniforms(prog, r, gen)
         z, _ = native.sample(prog, r, uniforms, fill)
         assert torch.equal(z, kernels.sample(prog, r, kernels.upward(prog, r), uniforms, fill)), spec
+
+
+@needs_native
+def test_concurrent_calls_from_python_threads():
+    """Each OS thread has its own scratch: four Python threads at once get the sequential results."""
+    import concurrent.futures
+
+    c = circuits.compile_circuit(circuits.RangeK(64, 4, 8))
+    gen = torch.Generator().manual_seed(0)
+    jobs = []
+    for _ in range(8):
+        r, v = c._shift(torch.randn(700, 64, generator=gen)), torch.randn(700, 64, generator=gen)
+        jobs.append((r, v, *kernels.draw_uniforms(c._prog, r, gen)))
+
+    def work(job):
+        r, v, uniforms, fill = job
+        return native.sample(c._prog, r, uniforms, fill)[0], native.marginals_jvp(c._prog, r, v)
+
+    want = [work(job) for job in jobs]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(work, jobs))
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(want, got))

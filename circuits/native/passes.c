@@ -19,7 +19,7 @@ void pm_exp(float *x, int64_t n);
 void pm_log(float *x, int64_t n);
 void pm_log1p(float *x, int64_t n);
 
-#define TILE 128
+#define TILE 128 /* tokens per tile: 64 and 128 measured fastest, 32 and 256 slower */
 
 /* max/min as comparisons, which vectorise (fmaxf's NaN rules make gcc call libm). No NaN reaches them. */
 static inline float max2(float a, float b) { return a > b ? a : b; }
