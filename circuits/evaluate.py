@@ -263,9 +263,13 @@ class Circuit:
         r, lead = self._flatten(logits)
         with torch.no_grad():
             rs = self._shift(r)
-            up = kernels.max_upward(self._prog, rs)
-            self._check(r, up.val[-1])  # the best completion is -inf exactly when none exists
-            z = kernels.map_assignment(self._prog, rs, up)
+            if native.available(rs):
+                z, best = native.map_assignment(self._prog, rs)
+                self._check(r, best)  # the best completion is -inf exactly when none exists
+            else:
+                up = kernels.max_upward(self._prog, rs)
+                self._check(r, up.val[-1])
+                z = kernels.map_assignment(self._prog, rs, up)
         return z.reshape(*lead, self.n).to(logits.dtype)
 
     def marginals_and_sample(self, logits: Tensor, generator: torch.Generator | None = None, *,

@@ -38,7 +38,8 @@ FAST_MATH_UNIT = "vmath.c"  # the one unit built with -ffast-math (SIMD exp/log 
 class _Prog(ctypes.Structure):
     _fields_ = [("n", ctypes.c_int64), ("num_slots", ctypes.c_int64), ("num_rows", ctypes.c_int64),
                 ("num_groups", ctypes.c_int64), ("smooth", ctypes.c_int64), ("groups", ctypes.c_void_p),
-                ("prime", ctypes.c_void_p), ("sub", ctypes.c_void_p)]
+                ("prime", ctypes.c_void_p), ("sub", ctypes.c_void_p), ("imp_off", ctypes.c_void_p),
+                ("imp_var", ctypes.c_void_p)]
 
 
 def _cpu_id() -> str:
@@ -99,13 +100,14 @@ def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     try:
-        lib.pm_sample.restype = lib.pm_jvp.restype = lib.pm_marginals.restype = i64
+        lib.pm_sample.restype = lib.pm_jvp.restype = lib.pm_marginals.restype = lib.pm_map.restype = i64
         lib.pm_kth_largest.restype = None
     except AttributeError as err:
         raise OSError(f"{path} lacks the passes: {err}") from None
     lib.pm_sample.argtypes = [ctypes.POINTER(_Prog), ptr, ptr, ptr, ptr, ptr, ptr, i64, i64]
     lib.pm_jvp.argtypes = [ctypes.POINTER(_Prog), ptr, ptr, ptr, i64, i64]
     lib.pm_marginals.argtypes = [ctypes.POINTER(_Prog), ptr, ptr, ptr, i64, i64]
+    lib.pm_map.argtypes = [ctypes.POINTER(_Prog), ptr, ptr, ptr, i64, i64]
     lib.pm_kth_largest.argtypes = [ptr, i64, i64, i64, ptr, i64]
     return lib
 
@@ -172,9 +174,14 @@ def _view(prog) -> tuple:
         uid = torch.zeros(prog.num_slots, dtype=torch.int64)
         for g in prog.groups:
             uid[g.slots] = ids[g.start].cpu()
+        order = torch.argsort(prog.implicit_row, stable=True)  # implicit pairs by element row, CSR
+        imp_var = prog.implicit_var[order].contiguous()
+        imp_off = torch.zeros(prog.num_rows + 1, dtype=torch.int64)
+        imp_off[1:] = torch.bincount(prog.implicit_row, minlength=prog.num_rows).cumsum(0)
         st = _Prog(prog.n, prog.num_slots, prog.num_rows, len(prog.groups), int(prog.smooth),
-                   groups.data_ptr(), prog.prime.data_ptr(), prog.sub.data_ptr())
-        cached = prog._native = (st, uid, (groups, prog.prime, prog.sub))
+                   groups.data_ptr(), prog.prime.data_ptr(), prog.sub.data_ptr(), imp_off.data_ptr(),
+                   imp_var.data_ptr())
+        cached = prog._native = (st, uid, (groups, prog.prime, prog.sub, imp_off, imp_var))
     return cached
 
 
@@ -207,6 +214,16 @@ def log_partition(prog, r: Tensor, marginals: bool) -> tuple[Tensor, Tensor | No
     _run(library().pm_marginals, ctypes.byref(st), r.data_ptr(), None if m is None else m.data_ptr(),
          log_z.data_ptr(), r.shape[0])
     return log_z, m
+
+
+def map_assignment(prog, r: Tensor) -> tuple[Tensor, Tensor]:
+    """kernels.max_upward then map_assignment: r [T, n] fp32 -> (z [T, n] in {0, 1}, the root's
+    max log-value [T], -inf where nothing satisfies: for the input checks)."""
+    st, _, _ = _view(prog)
+    r = r.contiguous()
+    z, best = torch.empty_like(r), r.new_empty(r.shape[0])
+    _run(library().pm_map, ctypes.byref(st), r.data_ptr(), z.data_ptr(), best.data_ptr(), r.shape[0])
+    return z, best
 
 
 def marginals_jvp(prog, r: Tensor, v: Tensor) -> Tensor:

@@ -48,8 +48,8 @@ CIRCUITS = [circuits.ExactlyK(64, 8), circuits.RangeK(60, 4, 8), circuits.Exactl
 @pytest.mark.parametrize("spec", CIRCUITS, ids=str)
 @pytest.mark.parametrize("T", [0, 1, 127, 128, 300])
 def test_matches_the_torch_passes(spec, T):
-    """Same uniforms -> the same draws; log Z, the marginals and Cov(z) v agree with the torch
-    reference in fp32 and with float64; partial tiles (T not a multiple of 128) included."""
+    """Same uniforms -> the same draws; log Z, the marginals, Cov(z) v and the MAP agree with the
+    torch reference in fp32 and with float64; partial tiles (T not a multiple of 128) included."""
     c = circuits.compile_circuit(spec)
     prog, n = c._prog, spec.n
     gen = torch.Generator().manual_seed(T)
@@ -76,6 +76,10 @@ def test_matches_the_torch_passes(spec, T):
     torch.testing.assert_close(m.double(), m64, atol=2e-6, rtol=0)
     torch.testing.assert_close(log_z.double(), up64.val[-1], atol=1e-5, rtol=1e-6)
     assert native.log_partition(prog, r, False)[1] is None
+    z_map, best = native.map_assignment(prog, r)
+    up_max = kernels.max_upward(prog, r)
+    assert torch.equal(z_map, kernels.map_assignment(prog, r, up_max))
+    torch.testing.assert_close(best, up_max.val[-1], atol=1e-5, rtol=1e-6)
     jvp = native.marginals_jvp(prog, r, v)
     exact64 = kernels.marginals_jvp(prog, r.double(), v.double())
     torch.testing.assert_close(jvp.double(), exact64, atol=2e-5, rtol=0)
@@ -86,7 +90,7 @@ def test_matches_the_torch_passes(spec, T):
 @pytest.mark.parametrize("spec,cards", [(circuits.ExactlyK(6, 3), [3]), (circuits.RangeK(6, 2, 4), range(2, 5)), ("cnf", None)])
 def test_brute_force_fp32(spec, cards, tmp_path):
     """Through the public API in fp32: log Z, the marginals, their Jacobian Cov(z) (the C backward)
-    agree with brute force, and the C sampler passes chi-squared; the CNF circuit has implicit
+    and the MAP agree with brute force, and the C sampler passes chi-squared; the CNF circuit has implicit
     (unsmoothed) variables."""
     if spec == "cnf":
         c, allowed = _cnf(tmp_path), _cnf_models()
@@ -97,6 +101,7 @@ def test_brute_force_fp32(spec, cards, tmp_path):
     want = exact(r, allowed)
     torch.testing.assert_close(c.log_partition(r).double(), want.log_partition, atol=1e-6, rtol=0)
     torch.testing.assert_close(c.marginals(r).double(), want.marginals, atol=1e-6, rtol=0)
+    assert torch.equal(c.map(r).double(), want.map)
     grad = torch.autograd.grad(c.log_partition(r.requires_grad_()).sum(), r)[0]  # m - sigmoid(r)
     torch.testing.assert_close(grad.double(), want.marginals - torch.sigmoid(r.double()), atol=1e-6, rtol=0)
     r = r.detach()
@@ -225,8 +230,8 @@ def test_a_read_only_cache_builds_for_this_process(fresh_native, monkeypatch):
 @needs_native
 def test_every_small_cardinality_circuit_matches_float64():
     """Every exactly-k with n <= 10 and every range with n <= 6 (k = 0 and k = n included): log Z,
-    the marginals and Cov(z) v of the C passes against the float64 torch passes, and the same
-    draws from the same uniforms, over two tiles with a -inf logit."""
+    the marginals, Cov(z) v and the MAP of the C passes against the float64 torch passes, and the
+    same draws from the same uniforms, over two tiles with a -inf logit."""
     specs = [circuits.ExactlyK(n, k) for n in range(1, 11) for k in range(n + 1)]
     specs += [circuits.RangeK(n, a, b) for n in range(1, 7) for a in range(n + 1) for b in range(a, n + 1)]
     for spec in specs:
@@ -247,6 +252,8 @@ def test_every_small_cardinality_circuit_matches_float64():
         uniforms, fill = kernels.draw_uniforms(prog, r, gen)
         z, _ = native.sample(prog, r, uniforms, fill)
         assert torch.equal(z, kernels.sample(prog, r, kernels.upward(prog, r), uniforms, fill)), spec
+        up_max = kernels.max_upward(prog, r.double())
+        assert torch.equal(native.map_assignment(prog, r)[0].double(), kernels.map_assignment(prog, r.double(), up_max)), spec
 
 
 @needs_native

@@ -96,6 +96,8 @@ typedef struct {
     const int64_t *groups; /* [G, 4]: first slot, nodes, fan-in, first element row */
     const int64_t *prime;  /* [R] */
     const int64_t *sub;    /* [R] */
+    const int64_t *imp_off; /* [R + 1]: element row e's implicit variables are imp_var[imp_off[e]:imp_off[e + 1]] */
+    const int64_t *imp_var; /* [P] */
 } Prog;
 
 static __thread float *scratch_buf = NULL;
@@ -289,6 +291,77 @@ static int64_t marginals_range(const Prog *P, const float *r, float *m, float *l
     return 0;
 }
 
+/* MAP (kernels.max_upward and map_assignment) for tokens t0..t1 of r [T, n] into z [T, n]; best
+ * [T]: the root's max log-value (-inf exactly when no assignment satisfies). An implicit
+ * variable adds log max(p, 1 - p) to its element on the way up and takes r > 0 in the end; each
+ * node takes its first maximal element. Returns 0, or -1. */
+static int64_t map_range(const Prog *P, const float *r, float *z, float *best, int64_t t0, int64_t t1) {
+    const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
+    float *buf = scratch((size_t)(2 * n + 2 * S + R + 2) * TILE);
+    if (!buf) return -1;
+    float *rt = buf, *h = rt + n * TILE, *val = h + n * TILE, *act = val + S * TILE, *ex = act + S * TILE;
+    float *gap = ex + R * TILE, *found = gap + TILE;
+    for (int64_t tt = t0; tt < t1; tt += TILE) {
+        const int64_t nt = t1 - tt < TILE ? t1 - tt : TILE;
+        load_tile(r, n, tt, nt, 0.0f, rt);
+        leaves(n, rt, val, NULL);
+        for (int64_t i = 0; i < n * TILE; i++) h[i] = max2(val[2 * TILE + i], val[(2 + n) * TILE + i]);
+        for (int64_t gi = 0; gi < P->num_groups; gi++) { /* max-product upward */
+            const int64_t *g = P->groups + 4 * gi;
+            const int64_t start = g[0], nodes = g[1], F = g[2], off = g[3];
+            for (int64_t j = 0; j < nodes; j++) {
+                const int64_t slot = start + j, r0 = off + j * F;
+                float *v = val + slot * TILE;
+                for (int64_t t = 0; t < TILE; t++) v[t] = -INFINITY;
+                for (int64_t e = r0; e < r0 + F; e++) {
+                    float *x = ex + e * TILE;
+                    add_rows(x, val + P->prime[e] * TILE, val + P->sub[e] * TILE);
+                    if (P->imp_off[e] < P->imp_off[e + 1]) { /* as torch: (prime + sub) + (0 + h_a + h_b ...) */
+                        memset(gap, 0, TILE * sizeof(float));
+                        for (int64_t k = P->imp_off[e]; k < P->imp_off[e + 1]; k++) {
+                            const float *hv = h + P->imp_var[k] * TILE;
+                            for (int64_t t = 0; t < TILE; t++) gap[t] += hv[t];
+                        }
+                        for (int64_t t = 0; t < TILE; t++) x[t] += gap[t];
+                    }
+                    for (int64_t t = 0; t < TILE; t++) v[t] = max2(v[t], x[t]);
+                }
+            }
+        }
+        memcpy(best + tt, val + (S - 1) * TILE, nt * sizeof(float));
+        memset(act, 0, S * TILE * sizeof(float));
+        for (int64_t t = 0; t < TILE; t++) act[(S - 1) * TILE + t] = 1.0f;
+        for (int64_t gi = P->num_groups - 1; gi >= 0; gi--) { /* argmax descent */
+            const int64_t *g = P->groups + 4 * gi;
+            const int64_t start = g[0], nodes = g[1], F = g[2], off = g[3];
+            for (int64_t j = 0; j < nodes; j++) {
+                const int64_t slot = start + j, r0 = off + j * F;
+                const float *a = act + slot * TILE, *v = val + slot * TILE;
+                memset(found, 0, TILE * sizeof(float));
+                for (int64_t e = r0; e < r0 + F; e++) {
+                    const float *x = ex + e * TILE;
+                    float *ap = act + P->prime[e] * TILE, *as = act + P->sub[e] * TILE;
+                    for (int64_t t = 0; t < TILE; t++) {
+                        const float hit = found[t] == 0.0f && x[t] == v[t] ? 1.0f : 0.0f, f = hit * a[t];
+                        found[t] += hit;
+                        ap[t] += f;
+                        as[t] += f;
+                    }
+                }
+            }
+        }
+        const float *pos = act + 2 * TILE, *neg = act + (2 + n) * TILE;
+        for (int64_t t = 0; t < nt; t++) {
+            float *zr = z + (tt + t) * n;
+            for (int64_t i = 0; i < n; i++) {
+                const int64_t k = i * TILE + t;
+                zr[i] = pos[k] > 0.0f ? 1.0f : (neg[k] > 0.0f || P->smooth) ? 0.0f : (rt[k] > 0.0f ? 1.0f : 0.0f);
+            }
+        }
+    }
+    return 0;
+}
+
 /* Cov(z) v (kernels.marginals_jvp) for tokens t0..t1: r, v, out [T, n]. Forward-mode tangents
  * through the upward pass, then flows g and their tangents dg down. Returns 0, or -1. */
 static int64_t jvp_range(const Prog *P, const float *r, const float *v, float *out, int64_t t0, int64_t t1) {
@@ -381,5 +454,14 @@ int64_t pm_marginals(const Prog *P, const float *r, float *m, float *logz, int64
 #pragma omp parallel for num_threads(threads) schedule(static) reduction(| : failed) if (tiles > 1)
     for (int64_t k = 0; k < tiles; k++)
         failed |= marginals_range(P, r, m, logz, k * TILE, k * TILE + TILE < T ? k * TILE + TILE : T);
+    return failed ? -1 : 0;
+}
+
+int64_t pm_map(const Prog *P, const float *r, float *z, float *best, int64_t T, int64_t threads) {
+    const int64_t tiles = (T + TILE - 1) / TILE;
+    int64_t failed = 0;
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(| : failed) if (tiles > 1)
+    for (int64_t k = 0; k < tiles; k++)
+        failed |= map_range(P, r, z, best, k * TILE, k * TILE + TILE < T ? k * TILE + TILE : T);
     return failed ? -1 : 0;
 }
