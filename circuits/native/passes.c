@@ -68,6 +68,28 @@ static inline void pick_row(float *restrict p, float *restrict q, float *restric
     }
 }
 
+/* acc += a */
+static inline void acc_row(float *restrict acc, const float *restrict a) {
+    for (int64_t t = 0; t < TILE; t++) acc[t] += a[t];
+}
+
+/* top = max(top, x) */
+static inline void max_row(float *restrict top, const float *restrict x) {
+    for (int64_t t = 0; t < TILE; t++) top[t] = max2(top[t], x[t]);
+}
+
+/* One element of the MAP descent: the first element whose value x equals the node's max v (not
+ * yet found) passes the activity a to its prime (p) and sub (q). */
+static inline void argmax_row(float *restrict p, float *restrict q, float *restrict found, const float *restrict x,
+                              const float *restrict v, const float *restrict a) {
+    for (int64_t t = 0; t < TILE; t++) {
+        const float hit = found[t] == 0.0f && x[t] == v[t] ? 1.0f : 0.0f, f = hit * a[t];
+        found[t] += hit;
+        p[t] += f;
+        q[t] += f;
+    }
+}
+
 /* One element of the downward pass: flow = w coef, to the prime (p) and the sub (q). */
 static inline void flow_row(float *restrict p, float *restrict q, const float *restrict w, const float *restrict coef) {
     for (int64_t t = 0; t < TILE; t++) {
@@ -315,16 +337,15 @@ static int64_t map_range(const Prog *P, const float *r, float *z, float *best, i
                 for (int64_t t = 0; t < TILE; t++) v[t] = -INFINITY;
                 for (int64_t e = r0; e < r0 + F; e++) {
                     float *x = ex + e * TILE;
-                    add_rows(x, val + P->prime[e] * TILE, val + P->sub[e] * TILE);
-                    if (P->imp_off[e] < P->imp_off[e + 1]) { /* as torch: (prime + sub) + (0 + h_a + h_b ...) */
-                        memset(gap, 0, TILE * sizeof(float));
-                        for (int64_t k = P->imp_off[e]; k < P->imp_off[e + 1]; k++) {
-                            const float *hv = h + P->imp_var[k] * TILE;
-                            for (int64_t t = 0; t < TILE; t++) gap[t] += hv[t];
-                        }
-                        for (int64_t t = 0; t < TILE; t++) x[t] += gap[t];
+                    if (P->imp_off[e] == P->imp_off[e + 1]) {
+                        add_rows_max(x, v, val + P->prime[e] * TILE, val + P->sub[e] * TILE);
+                        continue;
                     }
-                    for (int64_t t = 0; t < TILE; t++) v[t] = max2(v[t], x[t]);
+                    memset(gap, 0, TILE * sizeof(float)); /* as torch: (prime + sub) + (0 + h_a + h_b ...) */
+                    for (int64_t k = P->imp_off[e]; k < P->imp_off[e + 1]; k++) acc_row(gap, h + P->imp_var[k] * TILE);
+                    add_rows(x, val + P->prime[e] * TILE, val + P->sub[e] * TILE);
+                    acc_row(x, gap);
+                    max_row(v, x);
                 }
             }
         }
@@ -338,16 +359,8 @@ static int64_t map_range(const Prog *P, const float *r, float *z, float *best, i
                 const int64_t slot = start + j, r0 = off + j * F;
                 const float *a = act + slot * TILE, *v = val + slot * TILE;
                 memset(found, 0, TILE * sizeof(float));
-                for (int64_t e = r0; e < r0 + F; e++) {
-                    const float *x = ex + e * TILE;
-                    float *ap = act + P->prime[e] * TILE, *as = act + P->sub[e] * TILE;
-                    for (int64_t t = 0; t < TILE; t++) {
-                        const float hit = found[t] == 0.0f && x[t] == v[t] ? 1.0f : 0.0f, f = hit * a[t];
-                        found[t] += hit;
-                        ap[t] += f;
-                        as[t] += f;
-                    }
-                }
+                for (int64_t e = r0; e < r0 + F; e++)
+                    argmax_row(act + P->prime[e] * TILE, act + P->sub[e] * TILE, found, ex + e * TILE, v, a);
             }
         }
         const float *pos = act + 2 * TILE, *neg = act + (2 + n) * TILE;
