@@ -1,13 +1,15 @@
 """The fused fp32 CPU passes of ``circuits/native/*.c``: built on first use, loaded with ctypes.
 
 The C passes evaluate one tile of tokens through the whole circuit while it stays in cache (see
-passes.c); ``circuits.kernels`` is their plain-torch reference and the path for fp64, CUDA, and
-machines without a C compiler. The library is built with the system's ``cc`` into
+passes.c): log Z and the marginals, sampling, MAP, Cov(z) v, and the exactly-k shift.
+``circuits.kernels`` is their plain-torch reference and the path for fp64, CUDA, and machines
+without a C compiler. The library is built with the system's ``cc`` into
 ``<cache dir>/native/<hash>/`` (the hash covers the sources, the flags, the compiler and the CPU,
-since it is built with -march=native), installed by an atomic rename, and rebuilt when it does
-not load. ``PROBMOE_NATIVE=0`` turns the C passes off. Tiles of tokens are split between
-``torch.get_num_threads()`` OpenMP threads; linked against libgomp, the library shares the
-OpenMP runtime torch has loaded, so torch's idle workers run them.
+since it is built with -march=native), installed with its sha256 by atomic renames, and rebuilt
+when it does not match or load; a read-only cache builds into a temporary directory.
+``PROBMOE_NATIVE=0`` turns the C passes off; ``describe()`` says which passes run and why.
+Tiles of tokens are split between ``torch.get_num_threads()`` OpenMP threads; linked against
+libgomp, the library shares the OpenMP runtime torch has loaded, so torch's idle workers run them.
 """
 
 from __future__ import annotations

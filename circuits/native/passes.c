@@ -6,8 +6,9 @@
  * stays in cache while all groups are evaluated, and each element is touched once per pass.
  *
  * Buffers are [rows][TILE] floats. A partial last tile is padded with logit 0 (and uniform 0.5),
- * so every lane holds ordinary numbers; only the first nt lanes are written out. The callers
- * entry points at the end split the tiles between OpenMP threads; each thread has its own scratch.
+ * so every lane holds ordinary numbers; only the first nt lanes are written out. The entry
+ * points at the end (pm_marginals, pm_sample, pm_map, pm_jvp) split the tiles between OpenMP
+ * threads; each thread has its own scratch.
  */
 #include <float.h>
 #include <math.h>
