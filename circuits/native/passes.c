@@ -442,40 +442,31 @@ static int64_t jvp_range(const Prog *P, const float *r, const float *v, float *o
 
 /* The entry points: tiles split statically over `threads` OpenMP threads (the runtime torch
  * itself uses, so its idle workers take the tiles). Tiles are independent, so the results do not
- * depend on the thread count. Return 0, or -1 when some thread's scratch cannot be allocated. */
+ * depend on the thread count. Each returns 0, or -1 when some thread's scratch cannot be
+ * allocated. OVER_TILES runs CALL, an expression of the tile's tokens t0..t1, on every tile. */
+#define OVER_TILES(T, CALL)                                                                                    \
+    int64_t failed = 0;                                                                                        \
+    const int64_t tiles = ((T) + TILE - 1) / TILE;                                                             \
+    _Pragma("omp parallel for num_threads(threads) schedule(static) reduction(| : failed) if (tiles > 1)")   \
+    for (int64_t k = 0; k < tiles; k++) {                                                                      \
+        const int64_t t0 = k * TILE, t1 = t0 + TILE < (T) ? t0 + TILE : (T);                                  \
+        failed |= (CALL);                                                                                      \
+    }                                                                                                          \
+    return failed ? -1 : 0
+
 int64_t pm_sample(const Prog *P, const float *r, const float *U, const int64_t *uid, const float *fill,
                   float *z, float *logz, int64_t T, int64_t threads) {
-    const int64_t tiles = (T + TILE - 1) / TILE;
-    int64_t failed = 0;
-#pragma omp parallel for num_threads(threads) schedule(static) reduction(| : failed) if (tiles > 1)
-    for (int64_t k = 0; k < tiles; k++)
-        failed |= sample_range(P, r, U, uid, fill, z, logz, T, k * TILE, k * TILE + TILE < T ? k * TILE + TILE : T);
-    return failed ? -1 : 0;
+    OVER_TILES(T, sample_range(P, r, U, uid, fill, z, logz, T, t0, t1));
 }
 
 int64_t pm_jvp(const Prog *P, const float *r, const float *v, float *out, int64_t T, int64_t threads) {
-    const int64_t tiles = (T + TILE - 1) / TILE;
-    int64_t failed = 0;
-#pragma omp parallel for num_threads(threads) schedule(static) reduction(| : failed) if (tiles > 1)
-    for (int64_t k = 0; k < tiles; k++)
-        failed |= jvp_range(P, r, v, out, k * TILE, k * TILE + TILE < T ? k * TILE + TILE : T);
-    return failed ? -1 : 0;
+    OVER_TILES(T, jvp_range(P, r, v, out, t0, t1));
 }
 
 int64_t pm_marginals(const Prog *P, const float *r, float *m, float *logz, int64_t T, int64_t threads) {
-    const int64_t tiles = (T + TILE - 1) / TILE;
-    int64_t failed = 0;
-#pragma omp parallel for num_threads(threads) schedule(static) reduction(| : failed) if (tiles > 1)
-    for (int64_t k = 0; k < tiles; k++)
-        failed |= marginals_range(P, r, m, logz, k * TILE, k * TILE + TILE < T ? k * TILE + TILE : T);
-    return failed ? -1 : 0;
+    OVER_TILES(T, marginals_range(P, r, m, logz, t0, t1));
 }
 
 int64_t pm_map(const Prog *P, const float *r, float *z, float *best, int64_t T, int64_t threads) {
-    const int64_t tiles = (T + TILE - 1) / TILE;
-    int64_t failed = 0;
-#pragma omp parallel for num_threads(threads) schedule(static) reduction(| : failed) if (tiles > 1)
-    for (int64_t k = 0; k < tiles; k++)
-        failed |= map_range(P, r, z, best, k * TILE, k * TILE + TILE < T ? k * TILE + TILE : T);
-    return failed ? -1 : 0;
+    OVER_TILES(T, map_range(P, r, z, best, t0, t1));
 }
