@@ -1,8 +1,9 @@
 """``Circuit``: a compiled constraint evaluated batched over tokens, on CPU or CUDA.
 
 All methods take logits [..., n] (log-odds of independent Bernoulli variables), flatten the
-leading dimensions into T tokens, run the passes of ``circuits.kernels`` on [slots, T] buffers,
-and restore the leading dimensions. fp16/bf16 logits are computed in fp32 and returned in their
+leading dimensions into T tokens, run the passes (the fused C passes of ``circuits.native`` for
+fp32 on the CPU, else those of ``circuits.kernels`` on [slots, T] buffers; both give the same
+results, the same draws for the same generator included), and restore the leading dimensions. fp16/bf16 logits are computed in fp32 and returned in their
 own dtype. Logits of -inf mean "never true".
 """
 

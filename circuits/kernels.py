@@ -7,7 +7,9 @@ smoothing for sums (see ``circuits.layout``). Big intermediates are written into
 allocated once per call: fresh allocations of this size cost as much as the arithmetic.
 
 Each pass has a plain-torch reference in ``circuits.reference`` that the tests compare it to.
-No pass synchronises with the host.
+No pass synchronises with the host. These passes are in turn the reference of the fused C passes
+(``circuits.native``), which take fp32 CPU calls; fp64, CUDA and machines without the C passes
+run these.
 """
 
 from __future__ import annotations
