@@ -102,13 +102,14 @@ def test_ablation_methods(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("size,row", [(dict(k=3), [0.3, -0.2, 1.0, 0.0, -1.1, 0.5]),
                                       (dict(kmin=1, kmax=4), [0.8, -0.5, 1.5, -2.0, 0.1, -0.4])])
-def test_chi_squared_of_training_draws(backend, size, row):
-    r = torch.tensor(row, dtype=torch.float64)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])  # float32 runs the circuit's C passes
+def test_chi_squared_of_training_draws(backend, size, row, dtype):
+    r = torch.tensor(row, dtype=dtype)
     out = probmoe.route(r.expand(40_000, 6), **size, training=True, generator=torch.Generator().manual_seed(3),
                         backend=backend)
     kmin, kmax = bounds(size)
     allowed = masks(6, range(kmin, kmax + 1))
-    probs = exact(r[None], allowed).probs[0]
+    probs = exact(r[None].double(), allowed).probs[0]
     assert chi2_pvalue(mask_counts(out.selected().double(), allowed), probs) > 1e-3
 
 
