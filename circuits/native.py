@@ -39,7 +39,7 @@ FAST_MATH_UNIT = "vmath.c"  # the one unit built with -ffast-math (SIMD exp/log 
 
 class _Prog(ctypes.Structure):
     _fields_ = [("n", ctypes.c_int64), ("num_slots", ctypes.c_int64), ("num_rows", ctypes.c_int64),
-                ("num_groups", ctypes.c_int64), ("smooth", ctypes.c_int64), ("groups", ctypes.c_void_p),
+                ("num_nodes", ctypes.c_int64), ("smooth", ctypes.c_int64), ("nodes", ctypes.c_void_p),
                 ("prime", ctypes.c_void_p), ("sub", ctypes.c_void_p), ("imp_off", ctypes.c_void_p),
                 ("imp_var", ctypes.c_void_p)]
 
@@ -171,7 +171,8 @@ def _view(prog) -> tuple:
     [S], each decision slot's vtree id (its row of the sampling uniforms), 0 elsewhere."""
     cached = getattr(prog, "_native", None)
     if cached is None:
-        groups = torch.tensor([[g.start, g.nodes, g.fanin, g.rows.start] for g in prog.groups], dtype=torch.int64)
+        nodes = torch.tensor([[g.start + j, g.rows.start + j * g.fanin, g.fanin] for g in prog.groups
+                              for j in range(g.nodes)], dtype=torch.int64)  # [D, 3], bottom-up
         ids, _ = prog.scope_ids
         uid = torch.zeros(prog.num_slots, dtype=torch.int64)
         for g in prog.groups:
@@ -180,10 +181,10 @@ def _view(prog) -> tuple:
         imp_var = prog.implicit_var[order].contiguous()
         imp_off = torch.zeros(prog.num_rows + 1, dtype=torch.int64)
         imp_off[1:] = torch.bincount(prog.implicit_row, minlength=prog.num_rows).cumsum(0)
-        st = _Prog(prog.n, prog.num_slots, prog.num_rows, len(prog.groups), int(prog.smooth),
-                   groups.data_ptr(), prog.prime.data_ptr(), prog.sub.data_ptr(), imp_off.data_ptr(),
+        st = _Prog(prog.n, prog.num_slots, prog.num_rows, len(nodes), int(prog.smooth),
+                   nodes.data_ptr(), prog.prime.data_ptr(), prog.sub.data_ptr(), imp_off.data_ptr(),
                    imp_var.data_ptr())
-        cached = prog._native = (st, uid, (groups, prog.prime, prog.sub, imp_off, imp_var))
+        cached = prog._native = (st, uid, (nodes, prog.prime, prog.sub, imp_off, imp_var))
     return cached
 
 

@@ -115,8 +115,8 @@ static inline void flow_rows(float *restrict gp, float *restrict gq, float *rest
 }
 
 typedef struct {
-    int64_t n, num_slots, num_rows, num_groups, smooth;
-    const int64_t *groups; /* [G, 4]: first slot, nodes, fan-in, first element row */
+    int64_t n, num_slots, num_rows, num_nodes, smooth;
+    const int64_t *nodes;  /* [D, 3]: slot, first element row, fan-in of each decision node, bottom-up */
     const int64_t *prime;  /* [R] */
     const int64_t *sub;    /* [R] */
     const int64_t *imp_off; /* [R + 1]: element row e's implicit variables are imp_var[imp_off[e]:imp_off[e + 1]] */
@@ -134,6 +134,12 @@ static float *scratch(size_t floats) {
         scratch_cap = scratch_buf ? floats : 0;
     }
     return scratch_buf;
+}
+
+/* The start of a top-down pass: rows [rows][TILE] all 0 but the root (slot S - 1), 1. */
+static void root_flow(float *flow, int64_t S, int64_t rows) {
+    memset(flow, 0, rows * TILE * sizeof(float));
+    for (int64_t t = 0; t < TILE; t++) flow[(S - 1) * TILE + t] = 1.0f;
 }
 
 /* src [T, n] rows t0..t0+nt -> dst [n][TILE], lanes past nt = pad. */
@@ -171,42 +177,38 @@ static void leaves(int64_t n, const float *rt, float *val, float *p) {
  * (fan-in > 1 only), norm = sum of ex clamped to FLT_MIN. With dval != NULL also the tangents:
  * de = d prime + d sub per element, d node = E_w[de]. top: [TILE] scratch. */
 static void upward(const Prog *P, float *val, float *ex, float *norm, float *dval, float *de, float *top) {
-    for (int64_t gi = 0; gi < P->num_groups; gi++) {
-        const int64_t *g = P->groups + 4 * gi;
-        const int64_t start = g[0], nodes = g[1], F = g[2], off = g[3];
-        for (int64_t j = 0; j < nodes; j++) {
-            const int64_t slot = start + j, r0 = off + j * F;
-            float *v = val + slot * TILE;
-            if (F == 1) { /* a product: weight 1 */
-                add_rows(v, val + P->prime[r0] * TILE, val + P->sub[r0] * TILE);
-                if (dval) add_rows(dval + slot * TILE, dval + P->prime[r0] * TILE, dval + P->sub[r0] * TILE);
-                continue;
-            }
-            for (int64_t t = 0; t < TILE; t++) top[t] = -FLT_MAX; /* a dead node keeps exp(e - top) = 0 */
-            for (int64_t e = 0; e < F; e++)
-                add_rows_max(ex + (r0 + e) * TILE, top, val + P->prime[r0 + e] * TILE, val + P->sub[r0 + e] * TILE);
-            float *x = ex + r0 * TILE;
-            for (int64_t e = 0; e < F; e++)
-                for (int64_t t = 0; t < TILE; t++) x[e * TILE + t] -= top[t];
-            pm_exp(x, F * TILE);
-            float *s = norm + slot * TILE;
-            memcpy(s, x, TILE * sizeof(float));
-            for (int64_t e = 1; e < F; e++)
-                for (int64_t t = 0; t < TILE; t++) s[t] += x[e * TILE + t]; /* in element order, as the descent */
-            memcpy(v, s, TILE * sizeof(float));
-            pm_log(v, TILE);
-            for (int64_t t = 0; t < TILE; t++) {
-                v[t] += top[t];
-                s[t] = max2(s[t], FLT_MIN); /* a dead node's zero flow / FLT_MIN = 0 */
-            }
-            if (!dval) continue;
-            float *dv = dval + slot * TILE;
-            memset(dv, 0, TILE * sizeof(float));
-            for (int64_t e = 0; e < F; e++)
-                tangent_row(de + (r0 + e) * TILE, dv, x + e * TILE, dval + P->prime[r0 + e] * TILE,
-                            dval + P->sub[r0 + e] * TILE);
-            for (int64_t t = 0; t < TILE; t++) dv[t] /= s[t];
+    for (int64_t d = 0; d < P->num_nodes; d++) {
+        const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
+        float *v = val + slot * TILE;
+        if (F == 1) { /* a product: weight 1 */
+            add_rows(v, val + P->prime[r0] * TILE, val + P->sub[r0] * TILE);
+            if (dval) add_rows(dval + slot * TILE, dval + P->prime[r0] * TILE, dval + P->sub[r0] * TILE);
+            continue;
         }
+        for (int64_t t = 0; t < TILE; t++) top[t] = -FLT_MAX; /* a dead node keeps exp(e - top) = 0 */
+        for (int64_t e = 0; e < F; e++)
+            add_rows_max(ex + (r0 + e) * TILE, top, val + P->prime[r0 + e] * TILE, val + P->sub[r0 + e] * TILE);
+        float *x = ex + r0 * TILE;
+        for (int64_t e = 0; e < F; e++)
+            for (int64_t t = 0; t < TILE; t++) x[e * TILE + t] -= top[t];
+        pm_exp(x, F * TILE);
+        float *s = norm + slot * TILE;
+        memcpy(s, x, TILE * sizeof(float));
+        for (int64_t e = 1; e < F; e++)
+            for (int64_t t = 0; t < TILE; t++) s[t] += x[e * TILE + t]; /* in element order, as the descent */
+        memcpy(v, s, TILE * sizeof(float));
+        pm_log(v, TILE);
+        for (int64_t t = 0; t < TILE; t++) {
+            v[t] += top[t];
+            s[t] = max2(s[t], FLT_MIN); /* a dead node's zero flow / FLT_MIN = 0 */
+        }
+        if (!dval) continue;
+        float *dv = dval + slot * TILE;
+        memset(dv, 0, TILE * sizeof(float));
+        for (int64_t e = 0; e < F; e++)
+            tangent_row(de + (r0 + e) * TILE, dv, x + e * TILE, dval + P->prime[r0 + e] * TILE,
+                        dval + P->sub[r0 + e] * TILE);
+        for (int64_t t = 0; t < TILE; t++) dv[t] /= s[t];
     }
 }
 
@@ -229,30 +231,25 @@ static int64_t sample_range(const Prog *P, const float *r, const float *U, const
         leaves(n, rt, val, P->smooth ? NULL : p);
         upward(P, val, ex, norm, NULL, NULL, top);
         memcpy(logz + tt, val + (S - 1) * TILE, nt * sizeof(float));
-        memset(act, 0, S * TILE * sizeof(float));
-        for (int64_t t = 0; t < TILE; t++) act[(S - 1) * TILE + t] = 1.0f;
-        for (int64_t gi = P->num_groups - 1; gi >= 0; gi--) {
-            const int64_t *g = P->groups + 4 * gi;
-            const int64_t start = g[0], nodes = g[1], F = g[2], off = g[3];
-            for (int64_t j = 0; j < nodes; j++) {
-                const int64_t slot = start + j, r0 = off + j * F;
-                const float *a = act + slot * TILE;
-                if (F == 1) {
-                    pass_rows(act + P->prime[r0] * TILE, act + P->sub[r0] * TILE, a);
-                    continue;
-                }
-                const float *urow = U + uid[slot] * T + tt, *tot = norm + slot * TILE;
-                for (int64_t t = 0; t < TILE; t++) u[t] = t < nt ? urow[t] : 0.5f;
-                /* A live node's largest weight is 1, so u * total < total: some element passes.
-                 * Inactive nodes get x = inf, which nothing passes. */
-                for (int64_t t = 0; t < TILE; t++) {
-                    x[t] = a[t] > 0.0f ? u[t] * tot[t] : INFINITY;
-                    c[t] = 0.0f;
-                    prev[t] = 0.0f;
-                }
-                for (int64_t e = 0; e < F; e++)
-                    pick_row(act + P->prime[r0 + e] * TILE, act + P->sub[r0 + e] * TILE, c, prev, ex + (r0 + e) * TILE, x);
+        root_flow(act, S, S);
+        for (int64_t d = P->num_nodes - 1; d >= 0; d--) {
+            const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
+            const float *a = act + slot * TILE;
+            if (F == 1) {
+                pass_rows(act + P->prime[r0] * TILE, act + P->sub[r0] * TILE, a);
+                continue;
             }
+            const float *urow = U + uid[slot] * T + tt, *tot = norm + slot * TILE;
+            for (int64_t t = 0; t < TILE; t++) u[t] = t < nt ? urow[t] : 0.5f;
+            /* A live node's largest weight is 1, so u * total < total: some element passes.
+             * Inactive nodes get x = inf, which nothing passes. */
+            for (int64_t t = 0; t < TILE; t++) {
+                x[t] = a[t] > 0.0f ? u[t] * tot[t] : INFINITY;
+                c[t] = 0.0f;
+                prev[t] = 0.0f;
+            }
+            for (int64_t e = 0; e < F; e++)
+                pick_row(act + P->prime[r0 + e] * TILE, act + P->sub[r0 + e] * TILE, c, prev, ex + (r0 + e) * TILE, x);
         }
         const float *pos = act + 2 * TILE, *neg = act + (2 + n) * TILE;
         for (int64_t t = 0; t < nt; t++) {
@@ -284,23 +281,18 @@ static int64_t marginals_range(const Prog *P, const float *r, float *m, float *l
         upward(P, val, ex, norm, NULL, NULL, top);
         memcpy(logz + tt, val + (S - 1) * TILE, nt * sizeof(float));
         if (!m) continue;
-        memset(g, 0, S * TILE * sizeof(float));
-        for (int64_t t = 0; t < TILE; t++) g[(S - 1) * TILE + t] = 1.0f;
-        for (int64_t gi = P->num_groups - 1; gi >= 0; gi--) {
-            const int64_t *grp = P->groups + 4 * gi;
-            const int64_t start = grp[0], nodes = grp[1], F = grp[2], off = grp[3];
-            for (int64_t j = 0; j < nodes; j++) {
-                const int64_t slot = start + j, r0 = off + j * F;
-                const float *gs = g + slot * TILE;
-                if (F == 1) {
-                    pass_rows(g + P->prime[r0] * TILE, g + P->sub[r0] * TILE, gs);
-                    continue;
-                }
-                const float *nm = norm + slot * TILE;
-                for (int64_t t = 0; t < TILE; t++) coef[t] = gs[t] / nm[t];
-                for (int64_t e = 0; e < F; e++)
-                    flow_row(g + P->prime[r0 + e] * TILE, g + P->sub[r0 + e] * TILE, ex + (r0 + e) * TILE, coef);
+        root_flow(g, S, S);
+        for (int64_t d = P->num_nodes - 1; d >= 0; d--) {
+            const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
+            const float *gs = g + slot * TILE;
+            if (F == 1) {
+                pass_rows(g + P->prime[r0] * TILE, g + P->sub[r0] * TILE, gs);
+                continue;
             }
+            const float *nm = norm + slot * TILE;
+            for (int64_t t = 0; t < TILE; t++) coef[t] = gs[t] / nm[t];
+            for (int64_t e = 0; e < F; e++)
+                flow_row(g + P->prime[r0 + e] * TILE, g + P->sub[r0 + e] * TILE, ex + (r0 + e) * TILE, coef);
         }
         const float *gpos = g + 2 * TILE, *gneg = g + (2 + n) * TILE;
         for (int64_t t = 0; t < nt; t++) {
@@ -329,40 +321,31 @@ static int64_t map_range(const Prog *P, const float *r, float *z, float *best, i
         load_tile(r, n, tt, nt, 0.0f, rt);
         leaves(n, rt, val, NULL);
         for (int64_t i = 0; i < n * TILE; i++) h[i] = max2(val[2 * TILE + i], val[(2 + n) * TILE + i]);
-        for (int64_t gi = 0; gi < P->num_groups; gi++) { /* max-product upward */
-            const int64_t *g = P->groups + 4 * gi;
-            const int64_t start = g[0], nodes = g[1], F = g[2], off = g[3];
-            for (int64_t j = 0; j < nodes; j++) {
-                const int64_t slot = start + j, r0 = off + j * F;
-                float *v = val + slot * TILE;
-                for (int64_t t = 0; t < TILE; t++) v[t] = -INFINITY;
-                for (int64_t e = r0; e < r0 + F; e++) {
-                    float *x = ex + e * TILE;
-                    if (P->imp_off[e] == P->imp_off[e + 1]) {
-                        add_rows_max(x, v, val + P->prime[e] * TILE, val + P->sub[e] * TILE);
-                        continue;
-                    }
-                    memset(gap, 0, TILE * sizeof(float)); /* as torch: (prime + sub) + (0 + h_a + h_b ...) */
-                    for (int64_t k = P->imp_off[e]; k < P->imp_off[e + 1]; k++) acc_row(gap, h + P->imp_var[k] * TILE);
-                    add_rows(x, val + P->prime[e] * TILE, val + P->sub[e] * TILE);
-                    acc_row(x, gap);
-                    max_row(v, x);
+        for (int64_t d = 0; d < P->num_nodes; d++) { /* max-product upward */
+            const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
+            float *v = val + slot * TILE;
+            for (int64_t t = 0; t < TILE; t++) v[t] = -INFINITY;
+            for (int64_t e = r0; e < r0 + F; e++) {
+                float *x = ex + e * TILE;
+                if (P->imp_off[e] == P->imp_off[e + 1]) {
+                    add_rows_max(x, v, val + P->prime[e] * TILE, val + P->sub[e] * TILE);
+                    continue;
                 }
+                memset(gap, 0, TILE * sizeof(float)); /* as torch: (prime + sub) + (0 + h_a + h_b ...) */
+                for (int64_t k = P->imp_off[e]; k < P->imp_off[e + 1]; k++) acc_row(gap, h + P->imp_var[k] * TILE);
+                add_rows(x, val + P->prime[e] * TILE, val + P->sub[e] * TILE);
+                acc_row(x, gap);
+                max_row(v, x);
             }
         }
         memcpy(best + tt, val + (S - 1) * TILE, nt * sizeof(float));
-        memset(act, 0, S * TILE * sizeof(float));
-        for (int64_t t = 0; t < TILE; t++) act[(S - 1) * TILE + t] = 1.0f;
-        for (int64_t gi = P->num_groups - 1; gi >= 0; gi--) { /* argmax descent */
-            const int64_t *g = P->groups + 4 * gi;
-            const int64_t start = g[0], nodes = g[1], F = g[2], off = g[3];
-            for (int64_t j = 0; j < nodes; j++) {
-                const int64_t slot = start + j, r0 = off + j * F;
-                const float *a = act + slot * TILE, *v = val + slot * TILE;
-                memset(found, 0, TILE * sizeof(float));
-                for (int64_t e = r0; e < r0 + F; e++)
-                    argmax_row(act + P->prime[e] * TILE, act + P->sub[e] * TILE, found, ex + e * TILE, v, a);
-            }
+        root_flow(act, S, S);
+        for (int64_t d = P->num_nodes - 1; d >= 0; d--) { /* argmax descent */
+            const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
+            const float *a = act + slot * TILE, *v = val + slot * TILE;
+            memset(found, 0, TILE * sizeof(float));
+            for (int64_t e = r0; e < r0 + F; e++)
+                argmax_row(act + P->prime[e] * TILE, act + P->sub[e] * TILE, found, ex + e * TILE, v, a);
         }
         const float *pos = act + 2 * TILE, *neg = act + (2 + n) * TILE;
         for (int64_t t = 0; t < nt; t++) {
@@ -398,28 +381,23 @@ static int64_t jvp_range(const Prog *P, const float *r, const float *v, float *o
             dneg[i] = -pv;
         }
         upward(P, val, ex, norm, dval, de, top);
-        memset(g, 0, 2 * S * TILE * sizeof(float)); /* g and dg */
-        for (int64_t t = 0; t < TILE; t++) g[(S - 1) * TILE + t] = 1.0f;
-        for (int64_t gi = P->num_groups - 1; gi >= 0; gi--) {
-            const int64_t *grp = P->groups + 4 * gi;
-            const int64_t start = grp[0], nodes = grp[1], F = grp[2], off = grp[3];
-            for (int64_t j = 0; j < nodes; j++) {
-                const int64_t slot = start + j, r0 = off + j * F;
-                const float *gs = g + slot * TILE, *dgs = dg + slot * TILE;
-                if (F == 1) { /* weight 1, d e = d node: both flows pass through */
-                    pass_rows(g + P->prime[r0] * TILE, g + P->sub[r0] * TILE, gs);
-                    pass_rows(dg + P->prime[r0] * TILE, dg + P->sub[r0] * TILE, dgs);
-                    continue;
-                }
-                const float *nm = norm + slot * TILE, *dv = dval + slot * TILE;
-                for (int64_t t = 0; t < TILE; t++) {
-                    coef[t] = gs[t] / nm[t];
-                    dcoef[t] = dgs[t] / nm[t];
-                }
-                for (int64_t e = 0; e < F; e++) {
-                    const int64_t pr = P->prime[r0 + e] * TILE, sb = P->sub[r0 + e] * TILE;
-                    flow_rows(g + pr, g + sb, dg + pr, dg + sb, ex + (r0 + e) * TILE, de + (r0 + e) * TILE, dv, coef, dcoef);
-                }
+        root_flow(g, S, 2 * S); /* g, and dg = 0 after it */
+        for (int64_t d = P->num_nodes - 1; d >= 0; d--) {
+            const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
+            const float *gs = g + slot * TILE, *dgs = dg + slot * TILE;
+            if (F == 1) { /* weight 1, d e = d node: both flows pass through */
+                pass_rows(g + P->prime[r0] * TILE, g + P->sub[r0] * TILE, gs);
+                pass_rows(dg + P->prime[r0] * TILE, dg + P->sub[r0] * TILE, dgs);
+                continue;
+            }
+            const float *nm = norm + slot * TILE, *dv = dval + slot * TILE;
+            for (int64_t t = 0; t < TILE; t++) {
+                coef[t] = gs[t] / nm[t];
+                dcoef[t] = dgs[t] / nm[t];
+            }
+            for (int64_t e = 0; e < F; e++) {
+                const int64_t pr = P->prime[r0 + e] * TILE, sb = P->sub[r0 + e] * TILE;
+                flow_rows(g + pr, g + sb, dg + pr, dg + sb, ex + (r0 + e) * TILE, de + (r0 + e) * TILE, dv, coef, dcoef);
             }
         }
         const float *gpos = g + 2 * TILE, *gneg = g + (2 + n) * TILE;
