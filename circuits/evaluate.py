@@ -3,8 +3,9 @@
 All methods take logits [..., n] (log-odds of independent Bernoulli variables), flatten the
 leading dimensions into T tokens, run the passes (the fused C passes of ``circuits.native`` for
 fp32 on the CPU, else those of ``circuits.kernels`` on [slots, T] buffers; both give the same
-results, the same draws for the same generator included), and restore the leading dimensions. fp16/bf16 logits are computed in fp32 and returned in their
-own dtype. Logits of -inf mean "never true".
+results, the same draws for the same generator included), and restore the leading dimensions.
+fp16/bf16 logits are computed in fp32 and returned in their own dtype. Logits of -inf mean
+"never true".
 """
 
 from __future__ import annotations
@@ -216,7 +217,9 @@ class Circuit:
             self._check(raw, log_z)
             return log_z, m
         up = self._upward_checked(r, raw=raw)
-        m = kernels.marginals_from_flows(self._prog, kernels.downward(self._prog, up), torch.sigmoid(r)) if marginals else None
+        m = None
+        if marginals:
+            m = kernels.marginals_from_flows(self._prog, kernels.downward(self._prog, up), torch.sigmoid(r))
         return up.val[-1].clone(), m
 
     def _draw(self, r: Tensor, raw: Tensor, generator) -> Tensor:

@@ -290,7 +290,8 @@ def _assignment(prog: Program, act: Tensor, fill: Tensor | None) -> Tensor:
     return torch.where(on, 1.0, torch.where(off, 0.0, fill)).to(act.dtype)
 
 
-def draw_uniforms(prog: Program, r: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor | None]:
+def draw_uniforms(prog: Program, r: Tensor, generator: torch.Generator | None = None
+                  ) -> tuple[Tensor, Tensor | None]:
     """The uniforms one draw per token uses, in this order: [count, T], one per vtree node and token
     (``Program.scope_ids``), then [T, n] for the implicit variables (None for a smooth circuit)."""
     _, count = prog.scope_ids

@@ -87,7 +87,8 @@ def _build(cc: str, out: Path) -> None:
             subprocess.run([cc, *FLAGS, *extra, "-c", str(src), "-o", str(obj)], check=True, capture_output=True)
             objects.append(str(obj))
         lib = Path(tmp) / "libpasses.so"
-        subprocess.run([cc, "-shared", "-fopenmp", *objects, "-o", str(lib), "-lmvec", "-lm"], check=True, capture_output=True)
+        link = [cc, "-shared", "-fopenmp", *objects, "-o", str(lib), "-lmvec", "-lm"]
+        subprocess.run(link, check=True, capture_output=True)
         digest = Path(tmp) / "digest"
         digest.write_text(_digest(lib))
         os.replace(lib, out)
@@ -158,7 +159,8 @@ def library() -> ctypes.CDLL | None:
 def describe() -> str:
     """Which passes fp32 CPU calls take, and why: one line for reports."""
     lib = library()
-    return f"fused C passes ({_state['where']})" if lib is not None else f"torch passes (C passes {_state['where']})"
+    where = _state["where"]
+    return f"fused C passes ({where})" if lib is not None else f"torch passes (C passes {where})"
 
 
 def available(r: Tensor) -> bool:

@@ -104,7 +104,7 @@ def route(logits: Tensor, *, k=None, kmin=None, kmax=None, training: bool, metho
     else:
         mask = torch.arange(kmax, device=r.device) < map_size(r, kmin, kmax).unsqueeze(-1)
     w = probs.gather(-1, idx)  # [T, N] -> [T, kmax]
-    if tangent is not None:  # Eq. 7 at the used experts: value exactly softmax(r), gradient through m (or softmax) too
+    if tangent is not None:  # Eq. 7 at the used experts: value exactly softmax(r), gradient through m too
         t = tangent[torch.arange(idx.shape[0], device=idx.device).unsqueeze(-1), idx]  # the graph keeps only idx
         w = w * (1 + t)
     w = torch.where(mask, w, 0.0)
