@@ -212,206 +212,194 @@ static void upward(const Prog *P, float *val, float *ex, float *norm, float *dva
     }
 }
 
-/* Exact ancestral sampling (kernels.sample) of tokens t0..t1 of r [T, n] into z [T, n].
- * U [count, T]: the uniforms, one row per vtree id; uid [S]: each decision slot's row of U.
+/* Exact ancestral sampling (kernels.sample) of one tile, tokens t0..t0+nt of r [T, n], into
+ * z [T, n]. U [count, T]: the uniforms, one row per vtree id; uid [S]: each decision slot's row of U.
  * fill [T, n]: uniforms for implicit variables (unused when the circuit is smooth).
  * logz [T]: the root's log-value, for the caller's checks. Returns 0, or -1 when scratch cannot
  * be allocated. */
-static int64_t sample_range(const Prog *P, const float *r, const float *U, const int64_t *uid, const float *fill,
-                            float *z, float *logz, int64_t T, int64_t t0, int64_t t1) {
+static int64_t sample_tile(const Prog *P, const float *r, const float *U, const int64_t *uid, const float *fill,
+                           float *z, float *logz, int64_t T, int64_t t0, int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
     float *buf = scratch((size_t)(3 * n + 3 * S + R + 5) * TILE);
     if (!buf) return -1;
     float *rt = buf, *p = rt + n * TILE, *val = p + n * TILE, *norm = val + S * TILE, *act = norm + S * TILE;
     float *ex = act + S * TILE, *top = ex + R * TILE, *x = top + TILE, *c = x + TILE, *prev = c + TILE,
           *u = prev + TILE;
-    for (int64_t tt = t0; tt < t1; tt += TILE) {
-        const int64_t nt = t1 - tt < TILE ? t1 - tt : TILE;
-        load_tile(r, n, tt, nt, 0.0f, rt);
-        leaves(n, rt, val, P->smooth ? NULL : p);
-        upward(P, val, ex, norm, NULL, NULL, top);
-        memcpy(logz + tt, val + (S - 1) * TILE, nt * sizeof(float));
-        root_flow(act, S, S);
-        for (int64_t d = P->num_nodes - 1; d >= 0; d--) {
-            const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
-            const float *a = act + slot * TILE;
-            if (F == 1) {
-                pass_rows(act + P->prime[r0] * TILE, act + P->sub[r0] * TILE, a);
-                continue;
-            }
-            const float *urow = U + uid[slot] * T + tt, *tot = norm + slot * TILE;
-            for (int64_t t = 0; t < TILE; t++) u[t] = t < nt ? urow[t] : 0.5f;
-            /* A live node's largest weight is 1, so u * total < total: some element passes.
-             * Inactive nodes get x = inf, which nothing passes. */
-            for (int64_t t = 0; t < TILE; t++) {
-                x[t] = a[t] > 0.0f ? u[t] * tot[t] : INFINITY;
-                c[t] = 0.0f;
-                prev[t] = 0.0f;
-            }
-            for (int64_t e = 0; e < F; e++)
-                pick_row(act + P->prime[r0 + e] * TILE, act + P->sub[r0 + e] * TILE, c, prev, ex + (r0 + e) * TILE, x);
+    load_tile(r, n, t0, nt, 0.0f, rt);
+    leaves(n, rt, val, P->smooth ? NULL : p);
+    upward(P, val, ex, norm, NULL, NULL, top);
+    memcpy(logz + t0, val + (S - 1) * TILE, nt * sizeof(float));
+    root_flow(act, S, S);
+    for (int64_t d = P->num_nodes - 1; d >= 0; d--) {
+        const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
+        const float *a = act + slot * TILE;
+        if (F == 1) {
+            pass_rows(act + P->prime[r0] * TILE, act + P->sub[r0] * TILE, a);
+            continue;
         }
-        const float *pos = act + 2 * TILE, *neg = act + (2 + n) * TILE;
-        for (int64_t t = 0; t < nt; t++) {
-            float *zr = z + (tt + t) * n;
-            const float *fr = fill ? fill + (tt + t) * n : NULL;
-            for (int64_t i = 0; i < n; i++) {
-                float on = pos[i * TILE + t] > 0.0f ? 1.0f : 0.0f;
-                if (!P->smooth && on == 0.0f && !(neg[i * TILE + t] > 0.0f))
-                    on = fr[i] < p[i * TILE + t] ? 1.0f : 0.0f; /* an implicit variable: its own coin */
-                zr[i] = on;
-            }
+        const float *urow = U + uid[slot] * T + t0, *tot = norm + slot * TILE;
+        for (int64_t t = 0; t < TILE; t++) u[t] = t < nt ? urow[t] : 0.5f;
+        /* A live node's largest weight is 1, so u * total < total: some element passes.
+         * Inactive nodes get x = inf, which nothing passes. */
+        for (int64_t t = 0; t < TILE; t++) {
+            x[t] = a[t] > 0.0f ? u[t] * tot[t] : INFINITY;
+            c[t] = 0.0f;
+            prev[t] = 0.0f;
+        }
+        for (int64_t e = 0; e < F; e++)
+            pick_row(act + P->prime[r0 + e] * TILE, act + P->sub[r0 + e] * TILE, c, prev, ex + (r0 + e) * TILE, x);
+    }
+    const float *pos = act + 2 * TILE, *neg = act + (2 + n) * TILE;
+    for (int64_t t = 0; t < nt; t++) {
+        float *zr = z + (t0 + t) * n;
+        const float *fr = fill ? fill + (t0 + t) * n : NULL;
+        for (int64_t i = 0; i < n; i++) {
+            float on = pos[i * TILE + t] > 0.0f ? 1.0f : 0.0f;
+            if (!P->smooth && on == 0.0f && !(neg[i * TILE + t] > 0.0f))
+                on = fr[i] < p[i * TILE + t] ? 1.0f : 0.0f; /* an implicit variable: its own coin */
+            zr[i] = on;
         }
     }
     return 0;
 }
 
 /* log Z and, when m != NULL, the marginals (kernels.upward, downward and marginals_from_flows)
- * for tokens t0..t1: r, m [T, n], logz [T]. Returns 0, or -1. */
-static int64_t marginals_range(const Prog *P, const float *r, float *m, float *logz, int64_t t0, int64_t t1) {
+ * for tokens t0..t0+nt (one tile): r, m [T, n], logz [T]. Returns 0, or -1. */
+static int64_t marginals_tile(const Prog *P, const float *r, float *m, float *logz, int64_t t0, int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
     float *buf = scratch((size_t)(2 * n + 3 * S + R + 2) * TILE);
     if (!buf) return -1;
     float *rt = buf, *p = rt + n * TILE, *val = p + n * TILE, *norm = val + S * TILE, *g = norm + S * TILE;
     float *ex = g + S * TILE, *top = ex + R * TILE, *coef = top + TILE;
-    for (int64_t tt = t0; tt < t1; tt += TILE) {
-        const int64_t nt = t1 - tt < TILE ? t1 - tt : TILE;
-        load_tile(r, n, tt, nt, 0.0f, rt);
-        leaves(n, rt, val, p);
-        upward(P, val, ex, norm, NULL, NULL, top);
-        memcpy(logz + tt, val + (S - 1) * TILE, nt * sizeof(float));
-        if (!m) continue;
-        root_flow(g, S, S);
-        for (int64_t d = P->num_nodes - 1; d >= 0; d--) {
-            const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
-            const float *gs = g + slot * TILE;
-            if (F == 1) {
-                pass_rows(g + P->prime[r0] * TILE, g + P->sub[r0] * TILE, gs);
-                continue;
-            }
-            const float *nm = norm + slot * TILE;
-            for (int64_t t = 0; t < TILE; t++) coef[t] = gs[t] / nm[t];
-            for (int64_t e = 0; e < F; e++)
-                flow_row(g + P->prime[r0 + e] * TILE, g + P->sub[r0 + e] * TILE, ex + (r0 + e) * TILE, coef);
+    load_tile(r, n, t0, nt, 0.0f, rt);
+    leaves(n, rt, val, p);
+    upward(P, val, ex, norm, NULL, NULL, top);
+    memcpy(logz + t0, val + (S - 1) * TILE, nt * sizeof(float));
+    if (!m) return 0;
+    root_flow(g, S, S);
+    for (int64_t d = P->num_nodes - 1; d >= 0; d--) {
+        const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
+        const float *gs = g + slot * TILE;
+        if (F == 1) {
+            pass_rows(g + P->prime[r0] * TILE, g + P->sub[r0] * TILE, gs);
+            continue;
         }
-        const float *gpos = g + 2 * TILE, *gneg = g + (2 + n) * TILE;
-        for (int64_t t = 0; t < nt; t++) {
-            float *o = m + (tt + t) * n;
-            for (int64_t i = 0; i < n; i++) {
-                const int64_t k = i * TILE + t; /* an implicit x_i is 1 with probability p_i */
-                o[i] = P->smooth ? gpos[k] : gpos[k] + p[k] * (1.0f - gpos[k] - gneg[k]);
-            }
+        const float *nm = norm + slot * TILE;
+        for (int64_t t = 0; t < TILE; t++) coef[t] = gs[t] / nm[t];
+        for (int64_t e = 0; e < F; e++)
+            flow_row(g + P->prime[r0 + e] * TILE, g + P->sub[r0 + e] * TILE, ex + (r0 + e) * TILE, coef);
+    }
+    const float *gpos = g + 2 * TILE, *gneg = g + (2 + n) * TILE;
+    for (int64_t t = 0; t < nt; t++) {
+        float *o = m + (t0 + t) * n;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t k = i * TILE + t; /* an implicit x_i is 1 with probability p_i */
+            o[i] = P->smooth ? gpos[k] : gpos[k] + p[k] * (1.0f - gpos[k] - gneg[k]);
         }
     }
     return 0;
 }
 
-/* MAP (kernels.max_upward and map_assignment) for tokens t0..t1 of r [T, n] into z [T, n]; best
- * [T]: the root's max log-value (-inf exactly when no assignment satisfies). An implicit
+/* MAP (kernels.max_upward and map_assignment) of one tile, tokens t0..t0+nt of r [T, n], into
+ * z [T, n]; best [T]: the root's max log-value (-inf exactly when no assignment satisfies). An implicit
  * variable adds log max(p, 1 - p) to its element on the way up and takes r > 0 in the end; each
  * node takes its first maximal element. Returns 0, or -1. */
-static int64_t map_range(const Prog *P, const float *r, float *z, float *best, int64_t t0, int64_t t1) {
+static int64_t map_tile(const Prog *P, const float *r, float *z, float *best, int64_t t0, int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
     float *buf = scratch((size_t)(2 * n + 2 * S + R + 2) * TILE);
     if (!buf) return -1;
     float *rt = buf, *h = rt + n * TILE, *val = h + n * TILE, *act = val + S * TILE, *ex = act + S * TILE;
     float *gap = ex + R * TILE, *found = gap + TILE;
-    for (int64_t tt = t0; tt < t1; tt += TILE) {
-        const int64_t nt = t1 - tt < TILE ? t1 - tt : TILE;
-        load_tile(r, n, tt, nt, 0.0f, rt);
-        leaves(n, rt, val, NULL);
-        for (int64_t i = 0; i < n * TILE; i++) h[i] = max2(val[2 * TILE + i], val[(2 + n) * TILE + i]);
-        for (int64_t d = 0; d < P->num_nodes; d++) { /* max-product upward */
-            const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
-            float *v = val + slot * TILE;
-            for (int64_t t = 0; t < TILE; t++) v[t] = -INFINITY;
-            for (int64_t e = r0; e < r0 + F; e++) {
-                float *x = ex + e * TILE;
-                if (P->imp_off[e] == P->imp_off[e + 1]) {
-                    add_rows_max(x, v, val + P->prime[e] * TILE, val + P->sub[e] * TILE);
-                    continue;
-                }
-                memset(gap, 0, TILE * sizeof(float)); /* as torch: (prime + sub) + (0 + h_a + h_b ...) */
-                for (int64_t k = P->imp_off[e]; k < P->imp_off[e + 1]; k++) acc_row(gap, h + P->imp_var[k] * TILE);
-                add_rows(x, val + P->prime[e] * TILE, val + P->sub[e] * TILE);
-                acc_row(x, gap);
-                max_row(v, x);
+    load_tile(r, n, t0, nt, 0.0f, rt);
+    leaves(n, rt, val, NULL);
+    for (int64_t i = 0; i < n * TILE; i++) h[i] = max2(val[2 * TILE + i], val[(2 + n) * TILE + i]);
+    for (int64_t d = 0; d < P->num_nodes; d++) { /* max-product upward */
+        const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
+        float *v = val + slot * TILE;
+        for (int64_t t = 0; t < TILE; t++) v[t] = -INFINITY;
+        for (int64_t e = r0; e < r0 + F; e++) {
+            float *x = ex + e * TILE;
+            if (P->imp_off[e] == P->imp_off[e + 1]) {
+                add_rows_max(x, v, val + P->prime[e] * TILE, val + P->sub[e] * TILE);
+                continue;
             }
+            memset(gap, 0, TILE * sizeof(float)); /* as torch: (prime + sub) + (0 + h_a + h_b ...) */
+            for (int64_t k = P->imp_off[e]; k < P->imp_off[e + 1]; k++) acc_row(gap, h + P->imp_var[k] * TILE);
+            add_rows(x, val + P->prime[e] * TILE, val + P->sub[e] * TILE);
+            acc_row(x, gap);
+            max_row(v, x);
         }
-        memcpy(best + tt, val + (S - 1) * TILE, nt * sizeof(float));
-        root_flow(act, S, S);
-        for (int64_t d = P->num_nodes - 1; d >= 0; d--) { /* argmax descent */
-            const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
-            const float *a = act + slot * TILE, *v = val + slot * TILE;
-            memset(found, 0, TILE * sizeof(float));
-            for (int64_t e = r0; e < r0 + F; e++)
-                argmax_row(act + P->prime[e] * TILE, act + P->sub[e] * TILE, found, ex + e * TILE, v, a);
-        }
-        const float *pos = act + 2 * TILE, *neg = act + (2 + n) * TILE;
-        for (int64_t t = 0; t < nt; t++) {
-            float *zr = z + (tt + t) * n;
-            for (int64_t i = 0; i < n; i++) {
-                const int64_t k = i * TILE + t;
-                zr[i] = pos[k] > 0.0f ? 1.0f : (neg[k] > 0.0f || P->smooth) ? 0.0f : (rt[k] > 0.0f ? 1.0f : 0.0f);
-            }
+    }
+    memcpy(best + t0, val + (S - 1) * TILE, nt * sizeof(float));
+    root_flow(act, S, S);
+    for (int64_t d = P->num_nodes - 1; d >= 0; d--) { /* argmax descent */
+        const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
+        const float *a = act + slot * TILE, *v = val + slot * TILE;
+        memset(found, 0, TILE * sizeof(float));
+        for (int64_t e = r0; e < r0 + F; e++)
+            argmax_row(act + P->prime[e] * TILE, act + P->sub[e] * TILE, found, ex + e * TILE, v, a);
+    }
+    const float *pos = act + 2 * TILE, *neg = act + (2 + n) * TILE;
+    for (int64_t t = 0; t < nt; t++) {
+        float *zr = z + (t0 + t) * n;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t k = i * TILE + t;
+            zr[i] = pos[k] > 0.0f ? 1.0f : (neg[k] > 0.0f || P->smooth) ? 0.0f : (rt[k] > 0.0f ? 1.0f : 0.0f);
         }
     }
     return 0;
 }
 
-/* Cov(z) v (kernels.marginals_jvp) for tokens t0..t1: r, v, out [T, n]. Forward-mode tangents
- * through the upward pass, then flows g and their tangents dg down. Returns 0, or -1. */
-static int64_t jvp_range(const Prog *P, const float *r, const float *v, float *out, int64_t t0, int64_t t1) {
+/* Cov(z) v (kernels.marginals_jvp) of one tile, tokens t0..t0+nt: r, v, out [T, n]. Forward-mode
+ * tangents through the upward pass, then flows g and their tangents dg down. Returns 0, or -1. */
+static int64_t jvp_tile(const Prog *P, const float *r, const float *v, float *out, int64_t t0, int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
     float *buf = scratch((size_t)(3 * n + 6 * S + 2 * R + 3) * TILE);
     if (!buf) return -1;
     float *rt = buf, *vt = rt + n * TILE, *p = vt + n * TILE, *val = p + n * TILE, *dval = val + S * TILE;
     float *norm = dval + S * TILE, *g = norm + S * TILE, *dg = g + S * TILE, *ex = dg + S * TILE;
     float *de = ex + R * TILE, *top = de + R * TILE, *coef = top + TILE, *dcoef = coef + TILE;
-    for (int64_t tt = t0; tt < t1; tt += TILE) {
-        const int64_t nt = t1 - tt < TILE ? t1 - tt : TILE;
-        load_tile(r, n, tt, nt, 0.0f, rt);
-        load_tile(v, n, tt, nt, 0.0f, vt);
-        leaves(n, rt, val, p);
-        memset(dval, 0, 2 * TILE * sizeof(float));
-        float *dpos = dval + 2 * TILE, *dneg = dval + (2 + n) * TILE;
-        for (int64_t i = 0; i < n * TILE; i++) { /* d log sigma(r) = (1 - p) v, d log sigma(-r) = -p v */
-            const float pv = p[i] * vt[i];
-            dpos[i] = vt[i] - pv;
-            dneg[i] = -pv;
+    load_tile(r, n, t0, nt, 0.0f, rt);
+    load_tile(v, n, t0, nt, 0.0f, vt);
+    leaves(n, rt, val, p);
+    memset(dval, 0, 2 * TILE * sizeof(float));
+    float *dpos = dval + 2 * TILE, *dneg = dval + (2 + n) * TILE;
+    for (int64_t i = 0; i < n * TILE; i++) { /* d log sigma(r) = (1 - p) v, d log sigma(-r) = -p v */
+        const float pv = p[i] * vt[i];
+        dpos[i] = vt[i] - pv;
+        dneg[i] = -pv;
+    }
+    upward(P, val, ex, norm, dval, de, top);
+    root_flow(g, S, 2 * S); /* g, and dg = 0 after it */
+    for (int64_t d = P->num_nodes - 1; d >= 0; d--) {
+        const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
+        const float *gs = g + slot * TILE, *dgs = dg + slot * TILE;
+        if (F == 1) { /* weight 1, d e = d node: both flows pass through */
+            pass_rows(g + P->prime[r0] * TILE, g + P->sub[r0] * TILE, gs);
+            pass_rows(dg + P->prime[r0] * TILE, dg + P->sub[r0] * TILE, dgs);
+            continue;
         }
-        upward(P, val, ex, norm, dval, de, top);
-        root_flow(g, S, 2 * S); /* g, and dg = 0 after it */
-        for (int64_t d = P->num_nodes - 1; d >= 0; d--) {
-            const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
-            const float *gs = g + slot * TILE, *dgs = dg + slot * TILE;
-            if (F == 1) { /* weight 1, d e = d node: both flows pass through */
-                pass_rows(g + P->prime[r0] * TILE, g + P->sub[r0] * TILE, gs);
-                pass_rows(dg + P->prime[r0] * TILE, dg + P->sub[r0] * TILE, dgs);
-                continue;
-            }
-            const float *nm = norm + slot * TILE, *dv = dval + slot * TILE;
-            for (int64_t t = 0; t < TILE; t++) {
-                coef[t] = gs[t] / nm[t];
-                dcoef[t] = dgs[t] / nm[t];
-            }
-            for (int64_t e = 0; e < F; e++) {
-                const int64_t pr = P->prime[r0 + e] * TILE, sb = P->sub[r0 + e] * TILE;
-                flow_rows(g + pr, g + sb, dg + pr, dg + sb, ex + (r0 + e) * TILE, de + (r0 + e) * TILE, dv, coef, dcoef);
-            }
+        const float *nm = norm + slot * TILE, *dv = dval + slot * TILE;
+        for (int64_t t = 0; t < TILE; t++) {
+            coef[t] = gs[t] / nm[t];
+            dcoef[t] = dgs[t] / nm[t];
         }
-        const float *gpos = g + 2 * TILE, *gneg = g + (2 + n) * TILE;
-        const float *dgpos = dg + 2 * TILE, *dgneg = dg + (2 + n) * TILE;
-        for (int64_t t = 0; t < nt; t++) {
-            float *o = out + (tt + t) * n;
-            for (int64_t i = 0; i < n; i++) {
-                const int64_t k = i * TILE + t;
-                if (P->smooth) {
-                    o[i] = dgpos[k];
-                } else { /* an implicit x_i is 1 with probability p_i wherever neither literal is reached */
-                    const float pi = p[k];
-                    o[i] = dgpos[k] + pi * (1.0f - pi) * vt[k] * (1.0f - gpos[k] - gneg[k]) - pi * (dgpos[k] + dgneg[k]);
-                }
+        for (int64_t e = 0; e < F; e++) {
+            const int64_t pr = P->prime[r0 + e] * TILE, sb = P->sub[r0 + e] * TILE;
+            flow_rows(g + pr, g + sb, dg + pr, dg + sb, ex + (r0 + e) * TILE, de + (r0 + e) * TILE, dv, coef, dcoef);
+        }
+    }
+    const float *gpos = g + 2 * TILE, *gneg = g + (2 + n) * TILE;
+    const float *dgpos = dg + 2 * TILE, *dgneg = dg + (2 + n) * TILE;
+    for (int64_t t = 0; t < nt; t++) {
+        float *o = out + (t0 + t) * n;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t k = i * TILE + t;
+            if (P->smooth) {
+                o[i] = dgpos[k];
+            } else { /* an implicit x_i is 1 with probability p_i wherever neither literal is reached */
+                const float pi = p[k];
+                o[i] = dgpos[k] + pi * (1.0f - pi) * vt[k] * (1.0f - gpos[k] - gneg[k]) - pi * (dgpos[k] + dgneg[k]);
             }
         }
     }
@@ -421,30 +409,30 @@ static int64_t jvp_range(const Prog *P, const float *r, const float *v, float *o
 /* The entry points: tiles split statically over `threads` OpenMP threads (the runtime torch
  * itself uses, so its idle workers take the tiles). Tiles are independent, so the results do not
  * depend on the thread count. Each returns 0, or -1 when some thread's scratch cannot be
- * allocated. OVER_TILES runs CALL, an expression of the tile's tokens t0..t1, on every tile. */
+ * allocated. OVER_TILES runs CALL, an expression of the tile's tokens t0..t0+nt, on every tile. */
 #define OVER_TILES(T, CALL)                                                                                    \
     int64_t failed = 0;                                                                                        \
     const int64_t tiles = ((T) + TILE - 1) / TILE;                                                             \
     _Pragma("omp parallel for num_threads(threads) schedule(static) reduction(| : failed) if (tiles > 1)")   \
     for (int64_t k = 0; k < tiles; k++) {                                                                      \
-        const int64_t t0 = k * TILE, t1 = t0 + TILE < (T) ? t0 + TILE : (T);                                  \
+        const int64_t t0 = k * TILE, nt = (T) - t0 < TILE ? (T) - t0 : TILE;                                   \
         failed |= (CALL);                                                                                      \
     }                                                                                                          \
     return failed ? -1 : 0
 
 int64_t pm_sample(const Prog *P, const float *r, const float *U, const int64_t *uid, const float *fill,
                   float *z, float *logz, int64_t T, int64_t threads) {
-    OVER_TILES(T, sample_range(P, r, U, uid, fill, z, logz, T, t0, t1));
+    OVER_TILES(T, sample_tile(P, r, U, uid, fill, z, logz, T, t0, nt));
 }
 
 int64_t pm_jvp(const Prog *P, const float *r, const float *v, float *out, int64_t T, int64_t threads) {
-    OVER_TILES(T, jvp_range(P, r, v, out, t0, t1));
+    OVER_TILES(T, jvp_tile(P, r, v, out, t0, nt));
 }
 
 int64_t pm_marginals(const Prog *P, const float *r, float *m, float *logz, int64_t T, int64_t threads) {
-    OVER_TILES(T, marginals_range(P, r, m, logz, t0, t1));
+    OVER_TILES(T, marginals_tile(P, r, m, logz, t0, nt));
 }
 
 int64_t pm_map(const Prog *P, const float *r, float *z, float *best, int64_t T, int64_t threads) {
-    OVER_TILES(T, map_range(P, r, z, best, t0, t1));
+    OVER_TILES(T, map_tile(P, r, z, best, t0, nt));
 }
