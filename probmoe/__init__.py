@@ -1,18 +1,21 @@
 """probmoe: differentiable probabilistic routing for Mixture-of-Experts.
 
+    RoutingConfig (sizes, estimator, backend, gradient convention; validated once)
     SubsetDistribution (P(S) ∝ exp(Σ_{i∈S} r_i), |S| = k or kmin..kmax; backends "circuit", "dp")
         -> route (straight-through training weights, MAP at eval) -> ProbMoERouter (nn.Module)
 """
 
+from .config import METHODS, RoutingConfig
 from .distribution import SubsetDistribution, Subsets
 from .map_rule import map_mask, map_size
-from .route import METHODS, Routing, route
+from .route import Routing, route
 from .router import ProbMoERouter
 
 __all__ = [
     "METHODS",
     "ProbMoERouter",
     "Routing",
+    "RoutingConfig",
     "SubsetDistribution",
     "Subsets",
     "map_mask",

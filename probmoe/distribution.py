@@ -15,8 +15,7 @@ from torch import Tensor
 from torch.distributions import Distribution, constraints
 
 from . import _validate, backends
-
-GRADS = ("exact", "paper")
+from .config import BACKENDS, GRADS, RoutingConfig
 
 
 class Subsets(constraints.Constraint):
@@ -74,15 +73,33 @@ class SubsetDistribution(Distribution):
     def __init__(self, logits: Tensor, k=None, *, kmin=None, kmax=None, backend: str = "circuit",
                  grad: str = "exact", validate_args=None):
         logits = _validate.logits_tensor(logits)
+        kmin, kmax = _validate.cardinality(logits.shape[-1], k, kmin, kmax)
+        self._setup(logits, kmin, kmax, _validate.choice("backend", backend, BACKENDS),
+                    _validate.choice("grad", grad, GRADS), validate_args)
+
+    @classmethod
+    def from_config(cls, logits: Tensor, config: RoutingConfig, validate_args=None) -> "SubsetDistribution":
+        """The distribution a router with ``config`` draws from (its sizes, backend and grad).
+
+        logits: [..., N] with N = ``config.num_experts``; the config was validated when it was
+        made, so only the logits are checked here.
+        """
+        logits = _validate.logits_tensor(logits)
+        if logits.shape[-1] != config.num_experts:
+            raise ValueError(f"logits have N = {logits.shape[-1]} experts but config.num_experts = {config.num_experts}")
+        self = cls.__new__(cls)
+        self._setup(logits, config.kmin, config.kmax, config.backend, config.grad, validate_args)
+        return self
+
+    def _setup(self, logits: Tensor, kmin: int, kmax: int, backend: str, grad: str, validate_args) -> None:
+        """Initialise from checked arguments; the logit values are checked here (``validate_args``)."""
         n = logits.shape[-1]
-        self.kmin, self.kmax = _validate.cardinality(n, k, kmin, kmax)
-        self.logits, self.grad = logits, _validate.choice("grad", grad, GRADS)
-        _validate.choice("backend", backend, backends.BACKENDS)
-        self._impl = backends.make(backend, n, self.kmin, self.kmax, logits.device)
+        self.logits, self.kmin, self.kmax, self.grad = logits, kmin, kmax, grad
+        self._impl = backends.make(backend, n, kmin, kmax, logits.device)
         super().__init__(logits.shape[:-1], logits.shape[-1:], validate_args=False)
         self._validate_args = Distribution._validate_args if validate_args is None else bool(validate_args)
         if self._validate_args:
-            _validate.logits_values(logits, self.kmin)
+            _validate.logits_values(logits, kmin)
         dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
         self._r = logits.reshape(-1, n).to(dtype)  # [T, N], T = prod(batch_shape)
         self._cache: dict[str, Tensor] = {}

@@ -14,11 +14,9 @@ import torch
 from torch import Tensor
 
 from . import _validate
+from .config import RoutingConfig
 from .distribution import SubsetDistribution
 from .map_rule import map_size
-
-METHODS = ("probmoe", "topk-marginal", "sample-dense-ste")
-
 
 @dataclass
 class Routing:
@@ -31,6 +29,7 @@ class Routing:
     mask: [T, kmax] bool, the used slots.
     probs: [T, N] softmax(logits).
     distribution: the ``SubsetDistribution`` the subsets come from; ``marginals`` is its mean.
+    config: the ``RoutingConfig`` the tokens were routed with.
     """
 
     indices: Tensor
@@ -38,6 +37,7 @@ class Routing:
     mask: Tensor
     probs: Tensor
     distribution: SubsetDistribution
+    config: RoutingConfig
 
     @property
     def marginals(self) -> Tensor:
@@ -56,11 +56,13 @@ class Routing:
         return dense.scatter_add_(-1, self.indices, self.mask.int()) > 0  # unused slots repeat slot 0
 
 
-def route(logits: Tensor, *, k=None, kmin=None, kmax=None, training: bool, method: str = "probmoe",
-          generator: torch.Generator | None = None, normalize: bool = False, backend: str = "circuit",
-          grad: str = "exact", validate_args=None) -> Routing:
+def route(logits: Tensor, config: RoutingConfig | None = None, *, training: bool, k=None, kmin=None, kmax=None,
+          method: str | None = None, generator: torch.Generator | None = None, normalize: bool | None = None,
+          backend: str | None = None, grad: str | None = None, validate_args=None) -> Routing:
     """Route tokens with ProbMoE. logits: [T, N] router logits (-inf: never route there).
 
+    config: a ``RoutingConfig`` with N = ``num_experts``; or give its fields as keywords (k or
+        kmin/kmax, method, normalize, backend, grad; the defaults are ``RoutingConfig``'s):
     k: exactly k experts per token (Exact-k); or kmin/kmax: between kmin and kmax (Dynamic-k),
         1 <= kmin <= kmax <= N (a missing kmin is 1, a missing kmax is N).
     training: True draws S from the distribution; False takes the MAP subset: the top-k experts
@@ -72,17 +74,19 @@ def route(logits: Tensor, *, k=None, kmin=None, kmax=None, training: bool, metho
         classic straight-through estimator, in place of z ≈ m).
     normalize: divide the used weights by their sum (HF's ``norm_topk_prob``), after the
         straight-through estimator, so the gradient goes through numerator and denominator.
-    backend, grad, validate_args: as for ``SubsetDistribution``. float16/bfloat16 logits are
-        routed in float32.
+    backend, grad: as for ``SubsetDistribution``.
+    validate_args: check the logit values (one host synchronisation), as for
+        ``SubsetDistribution``. float16/bfloat16 logits are routed in float32.
     """
     logits = _validate.logits_tensor(logits, dim=2)
-    kmin, kmax = _validate.cardinality(logits.shape[-1], k, kmin, kmax, lowest=1)
-    _validate.choice("method", method, METHODS)
+    config = RoutingConfig.resolve(logits.shape[-1], config, k=k, kmin=kmin, kmax=kmax, method=method, normalize=normalize,
+                     backend=backend, grad=grad)
     if not isinstance(training, bool):
         raise ValueError(f"training must be True or False, got {training!r}")
     _validate.generator(generator, logits.device)
+    kmin, kmax, method = config.kmin, config.kmax, config.method
     r = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
-    dist = SubsetDistribution(r, kmin=kmin, kmax=kmax, backend=backend, grad=grad, validate_args=validate_args)
+    dist = SubsetDistribution.from_config(r, config, validate_args=validate_args)
     probs = torch.softmax(r, dim=-1)  # [T, N]
     sampled = training and method != "topk-marginal"
     # the marginals enter only the backward: skip them when no gradient can flow
@@ -108,7 +112,7 @@ def route(logits: Tensor, *, k=None, kmin=None, kmax=None, training: bool, metho
         t = tangent[torch.arange(idx.shape[0], device=idx.device).unsqueeze(-1), idx]  # the graph keeps only idx
         w = w * (1 + t)
     w = torch.where(mask, w, 0.0)
-    if normalize:
+    if config.normalize:
         w = w / w.sum(dim=-1, keepdim=True)
     idx = torch.where(mask, idx, idx[:, :1])
-    return Routing(idx, w, mask, probs, dist)
+    return Routing(idx, w, mask, probs, dist, config)

@@ -1,0 +1,104 @@
+"""``RoutingConfig``: how a ProbMoE router routes, validated once.
+
+One frozen value holds the choices ``route``, ``ProbMoERouter`` and the integrations share: the
+number of experts, the subset sizes (exactly k, or kmin..kmax), the training estimator
+(``method``), the exact backend, the gradient convention and HF's ``norm_topk_prob``. It is
+checked when it is made, so the code that routes with it checks nothing again, and it round-trips
+through a plain dict (``to_dict`` / ``from_dict``) for settings files written beside checkpoints:
+``from_dict`` trusts nothing it reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from . import _validate
+
+METHODS = ("probmoe", "topk-marginal", "sample-dense-ste")
+BACKENDS = ("circuit", "dp")
+GRADS = ("exact", "paper")
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    """ProbMoE routing of tokens over ``num_experts`` experts.
+
+    Args:
+        num_experts: N >= 1.
+        k: exactly k experts per token (Exact-k), 1 <= k <= N. Or give ``kmin`` and/or ``kmax``
+            (Dynamic-k, 1 <= kmin <= kmax <= N; a missing kmin is 1, a missing kmax is N).
+            After construction ``kmin`` and ``kmax`` are always set, and ``k`` is set exactly
+            when they are equal.
+        method: the training estimator: "probmoe" (sampled forward, marginal backward, Eq. 7),
+            "topk-marginal" (MAP forward, marginal backward) or "sample-dense-ste" (sampled
+            forward, softmax backward): the paper's method and its two ablations.
+        backend: "circuit" (the compiled circuit) or "dp" (the dynamic program); both exact.
+        grad: "exact" (Jacobian of the marginals Cov(z)) or "paper" (Cov(z) diag(1 - p)).
+        normalize: divide the used weights by their sum (HF's ``norm_topk_prob``).
+    """
+
+    num_experts: int
+    k: int | None = None
+    kmin: int | None = None
+    kmax: int | None = None
+    method: str = "probmoe"
+    backend: str = "circuit"
+    grad: str = "exact"
+    normalize: bool = False
+
+    def __post_init__(self):
+        n = _validate.int_in("num_experts", self.num_experts, 1, 2**31)
+        k, kmin, kmax = self.k, self.kmin, self.kmax
+        if k is not None and kmin == kmax == k:  # an already resolved exactly-k config (to_dict)
+            kmin = kmax = None
+        kmin, kmax = _validate.cardinality(n, k, kmin, kmax, lowest=1)
+        _validate.choice("method", self.method, METHODS)
+        _validate.choice("backend", self.backend, BACKENDS)
+        _validate.choice("grad", self.grad, GRADS)
+        if not isinstance(self.normalize, bool):
+            raise ValueError(f"normalize must be True or False, got {self.normalize!r}")
+        for name, value in (("num_experts", n), ("kmin", kmin), ("kmax", kmax),
+                            ("k", kmin if kmin == kmax else None)):
+            object.__setattr__(self, name, value)
+
+    @property
+    def exact_k(self) -> bool:
+        """Every token uses the same number of experts (kmin == kmax)."""
+        return self.kmin == self.kmax
+
+    def describe(self) -> str:
+        """``k=8`` or ``kmin=4, kmax=8``, for reprs and logs."""
+        return f"k={self.k}" if self.exact_k else f"kmin={self.kmin}, kmax={self.kmax}"
+
+    def to_dict(self) -> dict:
+        """A JSON-able dict that ``from_dict`` turns back into an equal config."""
+        return asdict(self)
+
+    @classmethod
+    def resolve(cls, num_experts: int, config: "RoutingConfig | None" = None, **fields) -> "RoutingConfig":
+        """``config`` checked against ``num_experts``, or, when it is None, the config the keyword
+        ``fields`` describe (those given as None take their defaults). Passing both is an error."""
+        given = {name: value for name, value in fields.items() if value is not None}
+        if config is None:
+            return cls(num_experts, **given)
+        if not isinstance(config, cls):
+            raise ValueError(f"config must be a probmoe.RoutingConfig or None, got {type(config).__name__}")
+        if given:
+            raise ValueError(f"pass either config or its fields ({', '.join(sorted(given))}), not both")
+        if config.num_experts != num_experts:
+            raise ValueError(f"config.num_experts = {config.num_experts}, but there are {num_experts} experts")
+        return config
+
+    @classmethod
+    def from_dict(cls, data) -> "RoutingConfig":
+        """The config a ``to_dict`` dict describes (e.g. read from disk); ValueError for anything
+        else: not a dict, unknown or missing keys, or values out of range."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a routing config must be a dict, got {type(data).__name__}")
+        fields = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - fields)
+        if unknown:
+            raise ValueError(f"unknown routing config keys {unknown}; known: {sorted(fields)}")
+        if "num_experts" not in data:
+            raise ValueError("a routing config needs num_experts")
+        return cls(**data)
