@@ -1,22 +1,32 @@
 """circuits: compile constraints into probabilistic circuits once, evaluate them batched.
 
     spec (ExactlyK, RangeK, SddFile, CnfFile) -> compile (pysdd SDD) -> layout (levels)
-        -> cache (disk) -> Circuit (torch: log_partition, marginals, sample, map)
+        -> cache (disk) -> Circuit (log_partition, marginals, sample, map)
+        -> passes (torch, fused C; ``circuits.passes.select`` picks per device and dtype)
+
+Building blocks for other exact models of distributions over binary vectors: ``ExactMarginals``
+(the autograd contract: marginals and a draw, backward Cov(x) v, keeps O(T n)) and
+``ScratchPool`` (reused scratch buffers for batched passes).
 """
 
-from .cache import CacheWarning, default_cache_dir
+from .autograd import ExactMarginals
+from .cache import CacheWarning
+from .cache_dir import default_cache_dir
+from .circuit import Circuit
 from .compile import compile_circuit, compile_sdd
-from .evaluate import Circuit
 from .layout import Layout, build_layout
+from .passes.scratch import ScratchPool
 from .spec import CnfFile, ExactlyK, RangeK, SddFile
 
 __all__ = [
     "CacheWarning",
     "Circuit",
     "CnfFile",
+    "ExactMarginals",
     "ExactlyK",
     "Layout",
     "RangeK",
+    "ScratchPool",
     "SddFile",
     "build_layout",
     "compile_circuit",

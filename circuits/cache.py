@@ -10,7 +10,7 @@ One directory per spec, ``<cache root>/<spec key>/``, holding
 
 Nothing is trusted blindly: on every read the format version, the spec, each file's checksum,
 the layout's structure, its exact model count and its log-partition at probe logits (against an
-independent computation, ``circuits.probe``) are checked, and any failure warns
+independent computation, ``circuits.self_check``) are checked, and any failure warns
 (``CacheWarning``) and recompiles. Writes go to a private temporary directory that is renamed
 into place, so readers never see half an entry and concurrent writers all succeed.
 """
@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import probe
+from . import self_check
+from .cache_dir import default_cache_dir
 from .layout import Layout
 from .spec import Spec, spec_to_dict
 
@@ -38,15 +39,6 @@ FILES = ("layout.npz", "circuit.sdd", "circuit.vtree", "circuit.dot")
 
 class CacheWarning(UserWarning):
     """A cache entry could not be used (corrupt, old, unwritable); the circuit was recompiled."""
-
-
-def default_cache_dir() -> Path:
-    """``$PROBMOE_CACHE``, else ``$XDG_CACHE_HOME/probmoe``, else ``~/.cache/probmoe``."""
-    if os.environ.get("PROBMOE_CACHE"):
-        return Path(os.environ["PROBMOE_CACHE"]).expanduser()
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "probmoe"
-    return Path.home() / ".cache" / "probmoe"
 
 
 def _sha256(path: Path) -> str:
@@ -94,7 +86,7 @@ def read_entry(path: Path, spec: Spec | None = None) -> tuple[Layout, dict]:
     if str(count) != manifest.get("model_count") or (spec is not None and spec.model_count() not in (None, count)):
         raise ValueError("the layout's model count is wrong")
     if spec is not None:
-        probe.check(layout, spec, path)
+        self_check.check(layout, spec, path)
     return layout, manifest
 
 

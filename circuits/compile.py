@@ -15,8 +15,8 @@ from pathlib import Path
 
 from pysdd.sdd import SddManager, SddNode, Vtree
 
-from . import cache, files, probe
-from .evaluate import Circuit
+from . import cache, file_checks, self_check
+from .circuit import Circuit
 from .layout import build_layout
 from .spec import CnfFile, ExactlyK, RangeK, SddFile, Spec
 
@@ -54,12 +54,12 @@ def compile_sdd(spec: Spec) -> tuple[SddManager, SddNode]:
             root = root | counts[j]
         return mgr, root
     if isinstance(spec, SddFile):
-        files.check_sdd_pair(spec.sdd, spec.vtree)
+        file_checks.check_sdd_pair(spec.sdd, spec.vtree)
         mgr = SddManager.from_vtree(Vtree.from_file(spec.vtree.encode()))
         root = mgr.read_sdd_file(spec.sdd.encode())
         return mgr, root
     if isinstance(spec, CnfFile):
-        files.check_dimacs(spec.path)
+        file_checks.check_dimacs(spec.path)
         vtree_type = b"balanced"
         mgr, root = SddManager.from_cnf_file(spec.path.encode(), vtree_type)
         return mgr, root
@@ -122,7 +122,7 @@ def compile_circuit(spec, *, cache_dir=None, force: bool = False, device="cpu") 
     expected = spec.model_count()
     if expected is not None and int(manifest["model_count"]) != expected:
         raise RuntimeError(f"compiled model count {manifest['model_count']} != {expected} for {spec.describe()}")
-    probe.check(layout, spec)  # a self-check against an independent computation
+    self_check.check(layout, spec)  # a self-check against an independent computation
     path = cache.store(spec, layout, _sdd_files(mgr, root), manifest, cache_dir, replace=force)
     info = {**manifest, "cache_hit": False, "cache_path": None if path is None else str(path)}
     return Circuit(layout, spec, info, device)

@@ -17,18 +17,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from circuits import ExactMarginals
+
 from . import dp
 from .map_rule import map_mask
 
 
 class PaperGrad(torch.autograd.Function):
     """Identity forward; backward multiplies by 1 - sigmoid(r). Placed in front of an exact-Jacobian
-    marginals function it yields the paper / SIMPLE Jacobian Cov(z) diag(1 - p). Saves only r."""
+    marginals function it yields the paper / SIMPLE Jacobian Cov(z) diag(1 - p). Saves only r, and
+    returns a view of it, so a marginals function that saves its input keeps no second copy."""
 
     @staticmethod
     def forward(ctx, r: Tensor) -> Tensor:
         ctx.save_for_backward(r)
-        return r.clone()
+        return r.view_as(r)
 
     @staticmethod
     def backward(ctx, g: Tensor) -> Tensor:
@@ -48,6 +51,7 @@ class DPBackend:
 
     def __init__(self, n: int, kmin: int, kmax: int, device):
         self.n, self.kmin, self.kmax = n, kmin, kmax
+        self.model = dp.Cardinality(kmin, kmax)
 
     def log_counts(self, r: Tensor) -> Tensor:
         """log Σ_{|S| = j} exp(r·z_S), j = kmin..kmax: [T, N] -> [T, J]."""
@@ -62,9 +66,11 @@ class DPBackend:
         return torch.logsumexp(dp.LogCounts.apply(r, self.kmin, self.kmax, True), dim=-1)
 
     def marginals(self, r: Tensor, paper: bool, sample: bool = False, generator=None, values: bool = True):
-        """(m [T, N], one draw [T, N] or None)."""
-        m, z = dp.MarginalsAndSample.apply(r, self.kmin, self.kmax, paper, sample, generator)
-        return m if values else m - m.detach(), z if sample else None
+        """(m [T, N], one draw [T, N] or None): ``circuits.ExactMarginals`` over ``dp.Cardinality``."""
+        if paper:
+            r = PaperGrad.apply(r)
+        m, z = ExactMarginals.apply(self.model, r, sample, generator, values)
+        return m, z if sample else None
 
     def sample(self, r: Tensor, num: int, generator=None) -> Tensor:
         """``num`` exact draws: [T, N] -> [num, T, N]."""

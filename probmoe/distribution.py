@@ -87,6 +87,11 @@ class SubsetDistribution(Distribution):
         logits = _validate.logits_tensor(logits)
         if logits.shape[-1] != config.num_experts:
             raise ValueError(f"logits have N = {logits.shape[-1]} experts but config.num_experts = {config.num_experts}")
+        return cls._checked(logits, config, validate_args)
+
+    @classmethod
+    def _checked(cls, logits: Tensor, config: RoutingConfig, validate_args) -> "SubsetDistribution":
+        """``from_config`` for a caller that has checked the logits against the config (``route``)."""
         self = cls.__new__(cls)
         self._setup(logits, config.kmin, config.kmax, config.backend, config.grad, validate_args)
         return self

@@ -37,12 +37,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from circuits.workspace import Workspace
+from circuits import ScratchPool
 
 LOG_ZERO = -1e30  # a finite log 0: a few of them add up without overflow in float32
 
 
-_WS = Workspace(max_bytes=64 << 20)  # larger tables are allocated per call
+_WS = ScratchPool(max_bytes=64 << 20)  # larger tables are allocated per call
 
 
 @dataclass
@@ -205,31 +205,21 @@ def marginals(r: Tensor, kmin: int, kmax: int) -> Tensor:
     return down(u, u.band_probs())[0]
 
 
-class MarginalsAndSample(torch.autograd.Function):
-    """(m, z) = (P(i ∈ S | C), one draw or an empty tensor) from r [T, N]; saves only r.
+class Cardinality:
+    """The DP as a model of ``circuits.ExactMarginals`` (P(S | C) for kmin <= |S| <= kmax): the
+    forward sweeps give the marginals and a draw, the backward is ``cov_vec`` from r alone."""
 
-    Backward: v -> Cov(z) v (``paper=False``, exact) or diag(1 - sigmoid(r)) Cov(z) v (``paper=True``).
-    """
+    def __init__(self, kmin: int, kmax: int):
+        self.kmin, self.kmax = kmin, kmax
 
-    @staticmethod
-    def forward(ctx, r: Tensor, kmin: int, kmax: int, paper: bool, want_sample: bool, generator):
-        u = up(r, kmin, kmax)
+    def forward_marginals(self, r: Tensor, want_sample: bool, generator, values: bool):
+        """(m [T, N] or zeros, one draw [T, N] or an empty tensor, r): one up and one down sweep."""
+        u = up(r, self.kmin, self.kmax)
         m, z = down(u, u.band_probs(), int(want_sample), generator)
-        ctx.save_for_backward(r)
-        ctx.args = (kmin, kmax, paper)
-        z = z[0] if want_sample else r.new_empty(0)
-        ctx.mark_non_differentiable(z)
-        return m, z
+        return m if values else torch.zeros_like(m), z[0] if want_sample else r.new_empty(0), r
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, v: Tensor, _):
-        (r,) = ctx.saved_tensors
-        kmin, kmax, paper = ctx.args
-        g = cov_vec(r, v, kmin, kmax)
-        if paper:
-            g = g * torch.sigmoid(-r)  # (Cov diag(1 - p))^T v
-        return g, None, None, None, None, None
+    def cov_vec(self, r: Tensor, v: Tensor) -> Tensor:
+        return cov_vec(r, v, self.kmin, self.kmax)
 
 
 class LogCounts(torch.autograd.Function):

@@ -86,7 +86,7 @@ def route(logits: Tensor, config: RoutingConfig | None = None, *, training: bool
     _validate.generator(generator, logits.device)
     kmin, kmax, method = config.kmin, config.kmax, config.method
     r = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
-    dist = SubsetDistribution.from_config(r, config, validate_args=validate_args)
+    dist = SubsetDistribution._checked(r, config, validate_args)  # the logits were checked above
     probs = torch.softmax(r, dim=-1)  # [T, N]
     sampled = training and method != "topk-marginal"
     # the marginals enter only the backward: skip them when no gradient can flow

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import circuits
-from circuits import reference
+from circuits.passes import by_node as reference
 from brute import exact, masks
 
 

@@ -1,6 +1,6 @@
-"""The fused C passes (circuits/native) against their plain-torch reference and brute force.
+"""The fused C passes (circuits/passes/c_passes.py) against the torch passes and brute force.
 
-fp32 on the CPU takes the C passes; these tests call both paths on the same inputs (same
+fp32 on the CPU takes the C passes; these tests call both implementations on the same inputs (same
 uniforms for sampling) and check the C results against float64 brute force and chi-squared.
 """
 
@@ -12,13 +12,30 @@ import torch
 
 import circuits
 from brute import exact, masks
-from circuits import kernels, native
+import circuits.passes
+from circuits.passes import CPasses, TorchPasses, c_library, draw_uniforms
+from circuits.passes import torch_passes as kernels
 from stats import chi2_pvalue, mask_counts
 
 # (x1 or x2) and (not x1 or x3) and (x2 or not x4 or x5) and (not x3 or not x5); x6 is unconstrained
 CLAUSES = [[1, 2], [-1, 3], [2, -4, 5], [-3, -5]]
 
-needs_native = pytest.mark.skipif(native.library() is None, reason="the C passes are turned off or unbuildable")
+
+
+@pytest.fixture
+def c_available():
+    """Skip unless the C library loads. A fixture, not a skipif mark: a mark would build the
+    library while the tests are collected, before conftest points the cache at a private folder."""
+    if c_library.library() is None:
+        pytest.skip("the C passes are turned off or unbuildable")
+
+
+needs_native = pytest.mark.usefixtures("c_available")
+
+
+def shifted(c, r):
+    """r [T, n] shifted as the circuit's fp32 calls shift it (exactly-k: minus the k-th largest)."""
+    return c._shift(r, c.passes(torch.float32))
 
 
 def _cnf(tmp_path):
@@ -38,7 +55,7 @@ def _cnf_models():
 def test_built_wherever_a_compiler_is():
     if os.environ.get("PROBMOE_NATIVE", "1") == "0" or shutil.which("cc") is None:
         pytest.skip("no compiler, or turned off")
-    assert native.library() is not None
+    assert c_library.library() is not None
 
 
 CIRCUITS = [circuits.ExactlyK(64, 8), circuits.RangeK(60, 4, 8), circuits.ExactlyK(7, 3), circuits.RangeK(9, 0, 9)]
@@ -51,17 +68,18 @@ def test_matches_the_torch_passes(spec, T):
     """Same uniforms -> the same draws; log Z, the marginals, Cov(z) v and the MAP agree with the
     torch reference in fp32 and with float64; partial tiles (T not a multiple of 128) included."""
     c = circuits.compile_circuit(spec)
-    prog, n = c._prog, spec.n
+    prog, n = c.program, spec.n
+    native = CPasses(prog)
     gen = torch.Generator().manual_seed(T)
     r = torch.randn(T, n, generator=gen) * 3
     if T > 1:
         r[0, : n - spec.cardinalities[-1]] = -torch.inf  # -inf logits: never chosen, still feasible
-    r = c._shift(r)
+    r = shifted(c, r)
     v = torch.randn(T, n, generator=gen)
-    uniforms, fill = kernels.draw_uniforms(prog, r, gen)
+    uniforms, fill = draw_uniforms(prog, r, gen)
     up = kernels.upward(prog, r)
     z_ref = kernels.sample(prog, r, up, uniforms, fill)
-    z, log_z = native.sample(prog, r, uniforms, fill)
+    z, log_z = native.sample(r, uniforms, fill)
     assert (z != z_ref).any(-1).sum() <= max(1, T // 1000)  # only rounding at a boundary may differ
     assert set(z.unique().tolist()) <= {0.0, 1.0}
     sizes = z.sum(-1)
@@ -69,18 +87,18 @@ def test_matches_the_torch_passes(spec, T):
     if T > 1:
         assert not z[0, : n - spec.cardinalities[-1]].any()
     torch.testing.assert_close(log_z, up.val[-1], atol=1e-5, rtol=1e-5)
-    log_z2, m = native.log_partition(prog, r, True)
+    log_z2, m = native.log_partition(r, True)
     torch.testing.assert_close(log_z2, log_z)
     up64 = kernels.upward(prog, r.double())
     m64 = kernels.marginals_from_flows(prog, kernels.downward(prog, up64), torch.sigmoid(r.double()))
     torch.testing.assert_close(m.double(), m64, atol=2e-6, rtol=0)
     torch.testing.assert_close(log_z.double(), up64.val[-1], atol=1e-5, rtol=1e-6)
-    assert native.log_partition(prog, r, False)[1] is None
-    z_map, best = native.map_assignment(prog, r)
+    assert native.log_partition(r, False)[1] is None
+    z_map, best = native.map(r)
     up_max = kernels.max_upward(prog, r)
     assert torch.equal(z_map, kernels.map_assignment(prog, r, up_max))
     torch.testing.assert_close(best, up_max.val[-1], atol=1e-5, rtol=1e-6)
-    jvp = native.marginals_jvp(prog, r, v)
+    jvp = native.marginals_jvp(r, v)
     exact64 = kernels.marginals_jvp(prog, r.double(), v.double())
     torch.testing.assert_close(jvp.double(), exact64, atol=2e-5, rtol=0)
     torch.testing.assert_close(jvp, kernels.marginals_jvp(prog, r, v), atol=2e-5, rtol=0)
@@ -94,7 +112,7 @@ def test_brute_force_fp32(spec, cards, tmp_path):
     (unsmoothed) variables."""
     if spec == "cnf":
         c, allowed = _cnf(tmp_path), _cnf_models()
-        assert not c._prog.smooth
+        assert not c.program.smooth
     else:
         c, allowed = circuits.compile_circuit(spec), masks(spec.n, cards)
     r = torch.tensor([[0.7, -1.2, 0.3, 2.0, -0.4, 0.1]])
@@ -117,14 +135,15 @@ def test_brute_force_fp32(spec, cards, tmp_path):
 def test_threads_split_tokens_without_changing_results():
     c = circuits.compile_circuit(circuits.ExactlyK(64, 8))
     gen = torch.Generator().manual_seed(0)
-    r, v = c._shift(torch.randn(1000, 64, generator=gen)), torch.randn(1000, 64, generator=gen)
-    uniforms, fill = kernels.draw_uniforms(c._prog, r, gen)
+    r, v = shifted(c, torch.randn(1000, 64, generator=gen)), torch.randn(1000, 64, generator=gen)
+    uniforms, fill = draw_uniforms(c.program, r, gen)
+    native = CPasses(c.program)
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = native.sample(c._prog, r, uniforms, fill)[0], native.marginals_jvp(c._prog, r, v)
+        one = native.sample(r, uniforms, fill)[0], native.marginals_jvp(r, v)
         torch.set_num_threads(2)
-        two = native.sample(c._prog, r, uniforms, fill)[0], native.marginals_jvp(c._prog, r, v)
+        two = native.sample(r, uniforms, fill)[0], native.marginals_jvp(r, v)
     finally:
         torch.set_num_threads(old)
     assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
@@ -134,15 +153,16 @@ def test_threads_split_tokens_without_changing_results():
 def fresh_native(monkeypatch, tmp_path):
     """The loader's state and cache directory, private to one test."""
     monkeypatch.setenv("PROBMOE_CACHE", str(tmp_path))
-    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setattr(c_library, "_state", {})
     return tmp_path
 
 
 def test_turned_off_falls_back_to_the_torch_passes(fresh_native, monkeypatch):
     monkeypatch.setenv("PROBMOE_NATIVE", "0")
-    assert native.library() is None and not native.available(torch.zeros(1))
-    assert native.describe() == "torch passes (C passes turned off by PROBMOE_NATIVE=0)"
+    assert c_library.library() is None
+    assert circuits.passes.describe() == "torch passes (C passes turned off by PROBMOE_NATIVE=0)"
     c = circuits.compile_circuit(circuits.RangeK(6, 2, 4))
+    assert isinstance(c.passes(torch.float32), TorchPasses)
     r = torch.randn(3, 6)
     z = c.sample(r, generator=torch.Generator().manual_seed(0))
     assert bool(((z.sum(-1) >= 2) & (z.sum(-1) <= 4)).all())
@@ -154,7 +174,7 @@ def test_turned_off_falls_back_to_the_torch_passes(fresh_native, monkeypatch):
 @pytest.mark.skipif(shutil.which("cc") is None or os.environ.get("PROBMOE_NATIVE") == "0", reason="needs cc")
 @pytest.mark.parametrize("damage", ["garbage", "no digest", "another library"])
 def test_a_damaged_cached_library_is_rebuilt(fresh_native, damage):
-    path = native._path(shutil.which("cc"))
+    path = c_library._path(shutil.which("cc"))
     path.parent.mkdir(parents=True)
     if damage == "another library":  # loads fine, but is not ours: its digest does not match
         shutil.copy(torch.__file__.replace("__init__.py", "lib/libc10.so"), path)
@@ -162,17 +182,17 @@ def test_a_damaged_cached_library_is_rebuilt(fresh_native, damage):
     else:
         path.write_bytes(b"not a shared library")
         if damage == "garbage":
-            path.with_suffix(".so.sha256").write_text(native._digest(path))
-    assert native.library() is not None and native.describe() == f"fused C passes ({path})"
-    assert path.read_bytes()[:4] == b"\x7fELF" and native._digest(path) == path.with_suffix(".so.sha256").read_text()
+            path.with_suffix(".so.sha256").write_text(c_library._digest(path))
+    assert c_library.library() is not None and circuits.passes.describe() == f"fused C passes ({path})"
+    assert path.read_bytes()[:4] == b"\x7fELF" and c_library._digest(path) == path.with_suffix(".so.sha256").read_text()
 
 
 def test_a_missing_compiler_warns_once_and_falls_back(fresh_native, monkeypatch):
     monkeypatch.setenv("CC", str(fresh_native / "no-such-cc"))
     with pytest.warns(RuntimeWarning, match="torch passes"):
-        assert native.library() is None
-    assert native.library() is None  # decided once: no second warning
-    assert native.describe().startswith("torch passes (C passes unavailable: ")
+        assert c_library.library() is None
+    assert c_library.library() is None  # decided once: no second warning
+    assert circuits.passes.describe().startswith("torch passes (C passes unavailable: ")
 
 
 @needs_native
@@ -185,7 +205,7 @@ def test_kth_largest_equals_topk(T, n, k):
         r[0, : n - 1] = -torch.inf
         r[1, 0] = float("nan")
     want = torch.where(r.isnan(), -torch.inf, r).topk(k, dim=-1).values.amin(dim=-1) if T else r.new_empty(0)
-    assert torch.equal(native.kth_largest(r, k), want)
+    assert torch.equal(CPasses(circuits.compile_circuit(circuits.ExactlyK(1, 1)).program).kth_largest(r, k), want)
 
 
 @needs_native
@@ -204,8 +224,13 @@ def test_route_is_the_same_with_and_without_the_c_passes(size, monkeypatch):
         return out, grad
 
     fast, fast_grad = run()
-    monkeypatch.setattr(native, "_state", {"lib": None})
-    slow, slow_grad = run()
+    probmoe.backends.compiled.cache_clear()  # circuits pick their passes once: make new ones
+    monkeypatch.setattr(c_library, "_state", {"lib": None, "where": "turned off in this test"})
+    try:
+        slow, slow_grad = run()
+        assert isinstance(probmoe.backends.compiled(8, 8, 60, "cpu").passes(torch.float32), TorchPasses)
+    finally:
+        probmoe.backends.compiled.cache_clear()
     assert torch.equal(fast.indices, slow.indices) and torch.equal(fast.mask, slow.mask)
     assert torch.equal(fast.weights, slow.weights)
     torch.testing.assert_close(fast_grad, slow_grad, atol=1e-6, rtol=1e-5)
@@ -213,7 +238,7 @@ def test_route_is_the_same_with_and_without_the_c_passes(size, monkeypatch):
 
 @pytest.mark.skipif(shutil.which("cc") is None or os.environ.get("PROBMOE_NATIVE") == "0", reason="needs cc")
 def test_a_read_only_cache_builds_for_this_process(fresh_native, monkeypatch):
-    build, targets = native._build, []
+    build, targets = c_library._build, []
 
     def refuse_the_cache(cc, out):  # what a read-only cache directory does to a non-root user
         targets.append(out)
@@ -221,10 +246,10 @@ def test_a_read_only_cache_builds_for_this_process(fresh_native, monkeypatch):
             raise PermissionError(13, "Permission denied", str(out))
         build(cc, out)
 
-    monkeypatch.setattr(native, "_build", refuse_the_cache)
-    assert native.library() is not None
+    monkeypatch.setattr(c_library, "_build", refuse_the_cache)
+    assert c_library.library() is not None
     assert len(targets) == 2 and not str(targets[1]).startswith(str(fresh_native))
-    assert native.describe() == f"fused C passes ({targets[1]})"
+    assert circuits.passes.describe() == f"fused C passes ({targets[1]})"
 
 
 @needs_native
@@ -236,24 +261,25 @@ def test_every_small_cardinality_circuit_matches_float64():
     specs += [circuits.RangeK(n, a, b) for n in range(1, 7) for a in range(n + 1) for b in range(a, n + 1)]
     for spec in specs:
         c = circuits.compile_circuit(spec)
-        prog, n, lo = c._prog, spec.n, spec.cardinalities[0]
+        prog, n, lo = c.program, spec.n, spec.cardinalities[0]
+        native = CPasses(prog)
         gen = torch.Generator().manual_seed(n)
         r = torch.randn(130, n, generator=gen) * 3
         if n > lo:
             r[0, 0] = -torch.inf
-        r, v = c._shift(r), torch.randn(130, n, generator=gen)
-        log_z, m = native.log_partition(prog, r, True)
+        r, v = shifted(c, r), torch.randn(130, n, generator=gen)
+        log_z, m = native.log_partition(r, True)
         up = kernels.upward(prog, r.double())
         m64 = kernels.marginals_from_flows(prog, kernels.downward(prog, up), torch.sigmoid(r.double()))
         torch.testing.assert_close(log_z.double(), up.val[-1], atol=1e-5, rtol=0, msg=str(spec))
         torch.testing.assert_close(m.double(), m64, atol=1e-5, rtol=0, msg=str(spec))
         jvp64 = kernels.marginals_jvp(prog, r.double(), v.double())
-        torch.testing.assert_close(native.marginals_jvp(prog, r, v).double(), jvp64, atol=1e-5, rtol=0, msg=str(spec))
-        uniforms, fill = kernels.draw_uniforms(prog, r, gen)
-        z, _ = native.sample(prog, r, uniforms, fill)
+        torch.testing.assert_close(native.marginals_jvp(r, v).double(), jvp64, atol=1e-5, rtol=0, msg=str(spec))
+        uniforms, fill = draw_uniforms(prog, r, gen)
+        z, _ = native.sample(r, uniforms, fill)
         assert torch.equal(z, kernels.sample(prog, r, kernels.upward(prog, r), uniforms, fill)), spec
         up_max = kernels.max_upward(prog, r.double())
-        assert torch.equal(native.map_assignment(prog, r)[0].double(), kernels.map_assignment(prog, r.double(), up_max)), spec
+        assert torch.equal(native.map(r)[0].double(), kernels.map_assignment(prog, r.double(), up_max)), spec
 
 
 @needs_native
@@ -265,12 +291,13 @@ def test_concurrent_calls_from_python_threads():
     gen = torch.Generator().manual_seed(0)
     jobs = []
     for _ in range(8):
-        r, v = c._shift(torch.randn(700, 64, generator=gen)), torch.randn(700, 64, generator=gen)
-        jobs.append((r, v, *kernels.draw_uniforms(c._prog, r, gen)))
+        r, v = shifted(c, torch.randn(700, 64, generator=gen)), torch.randn(700, 64, generator=gen)
+        jobs.append((r, v, *draw_uniforms(c.program, r, gen)))
+    native = c.passes(torch.float32)
 
     def work(job):
         r, v, uniforms, fill = job
-        return native.sample(c._prog, r, uniforms, fill)[0], native.marginals_jvp(c._prog, r, v)
+        return native.sample(r, uniforms, fill)[0], native.marginals_jvp(r, v)
 
     want = [work(job) for job in jobs]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:

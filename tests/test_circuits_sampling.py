@@ -73,10 +73,10 @@ def test_fused_marginals_and_sample():
 @pytest.mark.parametrize("spec", [circuits.ExactlyK(16, 5), circuits.RangeK(13, 3, 7)])
 def test_nodes_a_draw_passes_through_have_distinct_uniforms(spec):
     """Sampling shares one uniform per vtree node: the active nodes of one draw must never share one."""
-    from circuits import kernels
+    from circuits.passes import torch_passes as kernels
 
     c = circuits.compile_circuit(spec)
-    prog, r = c._prog, torch.randn(2000, spec.n) * 2
+    prog, r = c.program, torch.randn(2000, spec.n) * 2
     act = kernels._descend(prog, kernels.upward(prog, r), lambda grp, a: _random_choice(prog, grp, a))
     ids, count = prog.scope_ids
     assert count < sum(g.nodes for g in prog.groups)  # the sharing is real

@@ -19,7 +19,7 @@ import pytest
 
 import circuits
 from circuits.cache import read_entry
-from circuits.cli import compile_main
+from circuits.inspect.cli import compile_main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ENV = {**os.environ, "PYTHONIOENCODING": "utf-8"}
@@ -30,7 +30,7 @@ def _command(script: str, func: str) -> list[str]:
     path = Path(sysconfig.get_path("scripts")) / script
     if path.is_file():
         return [str(path)]
-    return [sys.executable, "-c", f"from circuits.cli import {func}; raise SystemExit({func}())"]
+    return [sys.executable, "-c", f"from circuits.inspect.cli import {func}; raise SystemExit({func}())"]
 
 
 COMPILE = _command("probmoe-compile", "compile_main")

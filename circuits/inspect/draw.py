@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 import networkx as nx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from .inspect_text import groups_text, is_small, padded_elements, title  # noqa: E402
+from .text import groups_text, is_small, padded_elements, title  # noqa: E402
 
 PRIME, SUB = "tab:blue", "tab:orange"
 

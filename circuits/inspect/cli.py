@@ -23,13 +23,13 @@ import sys
 import warnings
 from pathlib import Path
 
-from . import files
-from .cache import CacheWarning, read_entry
-from .compile import compile_circuit
-from .evaluate import Circuit
-from .inspect_text import render_text, to_dot
+from .. import file_checks
+from ..cache import CacheWarning, read_entry
+from ..circuit import Circuit
+from ..compile import compile_circuit
+from ..spec import CnfFile, ExactlyK, RangeK, SddFile
 from .report import compile_facts, render_compile
-from .spec import CnfFile, ExactlyK, RangeK, SddFile
+from .text import render_text, to_dot
 
 # The spec constructors name their fields in ValueError messages; the user typed flags.
 _FLAG = {"n": "--n", "k": "--k", "kmin": "--kmin", "kmax": "--kmax", "sdd": "--sdd", "vtree": "--vtree",
@@ -86,9 +86,9 @@ def _spec(p: _Parser, args, entry: bool = False):
             p.error("--sdd and --vtree must be given together")
         try:  # libsdd would exit or crash on a malformed file: check it here first
             if args.cnf is not None:
-                files.check_dimacs(args.cnf)
+                file_checks.check_dimacs(args.cnf)
             else:
-                files.check_sdd_pair(args.sdd, args.vtree)
+                file_checks.check_sdd_pair(args.sdd, args.vtree)
         except ValueError as exc:
             p.error(f"{'--cnf' if args.cnf is not None else '--sdd/--vtree'}: {exc}")
     try:

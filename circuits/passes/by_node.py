@@ -1,4 +1,4 @@
-"""Plain-torch reference evaluator: the oracle the batched kernels are tested against.
+"""The definition of the passes, node by node in Python: the oracle ``TorchPasses`` is tested against.
 
 It walks the layout node by node in Python, exactly as the definitions read, and gets marginals
 and their Jacobian from autograd. Slow, and meant only for tests on small inputs with finite
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .layout import FALSE_SLOT, TRUE_SLOT, Layout
+from ..layout import FALSE_SLOT, TRUE_SLOT, Layout
 
 
 def _node_elements(layout: Layout):

@@ -1,4 +1,4 @@
-"""Scratch buffers reused across calls, for the batched passes of ``circuits`` and ``probmoe``."""
+"""``ScratchPool``: scratch buffers reused across calls, for batched passes over large [rows, T] tensors."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 
-class Workspace(threading.local):
+class ScratchPool(threading.local):
     """Scratch buffers reused across calls (one set per thread).
 
     Fresh multi-megabyte CPU allocations page-fault on first touch, which costs as much as the

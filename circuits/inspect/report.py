@@ -7,9 +7,9 @@ The model count is an exact Python integer (``Layout.model_count``), never pysdd
 
 from __future__ import annotations
 
-from . import native
-from .inspect_text import level_table
-from .spec import ExactlyK, RangeK, spec_to_dict
+from .. import passes
+from ..spec import ExactlyK, RangeK, spec_to_dict
+from .text import level_table
 
 
 def count_formula(spec) -> str | None:
@@ -52,7 +52,7 @@ def compile_facts(circuit, warnings: list[str] = ()) -> dict:
         "model_count_checked": expected is not None,
         "model_count_formula": count_formula(spec),
         "pysdd_version": info.get("pysdd_version"),
-        "evaluator": native.describe(),  # fp32 on the CPU; fp64 and CUDA use the torch passes
+        "evaluator": passes.describe(),  # fp32 on the CPU; fp64 and CUDA use the torch passes
         "warnings": list(warnings),
     }
 

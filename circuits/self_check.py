@@ -14,7 +14,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import kernels
+from .passes import torch_passes
+from .passes.program import Program
 from .layout import Layout
 from .spec import ExactlyK, RangeK, Spec
 
@@ -27,8 +28,8 @@ def probe_logits(n: int) -> torch.Tensor:
 
 
 def layout_log_partition(layout: Layout, r: torch.Tensor) -> torch.Tensor:
-    """log Z of the layout at r [T, n] -> [T], with the batched kernels on CPU."""
-    return kernels.upward(kernels.Program.from_layout(layout), r).val[-1].clone()
+    """log Z of the layout at r [T, n] -> [T], with the torch passes on the CPU."""
+    return torch_passes.upward(Program.from_layout(layout), r).val[-1].clone()
 
 
 def cardinality_log_partition(r: torch.Tensor, lo: int, hi: int) -> torch.Tensor:

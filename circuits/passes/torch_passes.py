@@ -1,4 +1,4 @@
-"""The batched passes over a level layout: plain tensor operations, a handful per group.
+"""``TorchPasses``: the passes over a level layout as plain tensor operations, a handful per group.
 
 Buffers are [slots, T] (one row per slot, tokens contiguous), so gathering children is a row
 ``index_select``; element buffers are [rows, T], one row per (padded) element. Leaves hold the
@@ -6,101 +6,27 @@ normalised log-weights log sigma(r) (x_i) and log sigma(-r) (not x_i); with thes
 smoothing for sums (see ``circuits.layout``). Big intermediates are written into buffers
 allocated once per call: fresh allocations of this size cost as much as the arithmetic.
 
-Each pass has a plain-torch reference in ``circuits.reference`` that the tests compare it to.
-No pass synchronises with the host. These passes are in turn the reference of the fused C passes
-(``circuits.native``), which take fp32 CPU calls; fp64, CUDA and machines without the C passes
-run these.
+These passes are the stated meaning of the computation: the fused C passes
+(``circuits.passes.c_passes``) are tested against them, and they are in turn tested against the
+node-by-node definition in ``circuits.passes.by_node``. They run on any device and dtype; the
+selection (``circuits.passes.select``) gives them fp64, CUDA and machines without the C passes.
+No pass synchronises with the host.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .layout import FALSE_SLOT, TRUE_SLOT, Layout
-from .workspace import Workspace
+from ..layout import FALSE_SLOT, TRUE_SLOT
+from .interface import Passes
+from .program import Group, Program
+from .scratch import ScratchPool
 
-WORKSPACE = Workspace()
-
-
-@dataclass
-class Group:
-    """One group of the layout as device tensors."""
-
-    start: int  # first slot
-    nodes: int
-    fanin: int
-    prime: Tensor  # long [nodes * fanin]
-    sub: Tensor  # long [nodes * fanin]
-    rows: slice  # this group's element rows
-
-    @property
-    def slots(self) -> slice:
-        return slice(self.start, self.start + self.nodes)
-
-
-@dataclass
-class Program:
-    """A layout on one device: what the passes iterate over."""
-
-    n: int
-    num_slots: int
-    num_rows: int
-    groups: list[Group]
-    prime: Tensor  # long [R], all element rows
-    sub: Tensor  # long [R]
-    implicit_row: Tensor  # long [P]
-    implicit_var: Tensor  # long [P]
-
-    @property
-    def smooth(self) -> bool:
-        return self.implicit_row.numel() == 0
-
-    @property
-    def max_rows(self) -> int:
-        return max(g.nodes * g.fanin for g in self.groups)
-
-    @functools.cached_property
-    def scope_ids(self) -> tuple[dict[int, Tensor], int]:
-        """({group's first slot: long [nodes]}, count): an id per distinct variable set (vtree node).
-
-        A node's variables are those of its prime, its sub and its implicit ones, the same for
-        every element. The nodes one token's sampled choices pass through have distinct sets
-        (a child's set lies strictly inside its parent's, siblings' sets are disjoint), so
-        they may share one uniform per id. Computed on first use: one walk over the elements.
-        """
-        prime, sub = self.prime.tolist(), self.sub.tolist()
-        extra: dict[int, int] = {}
-        for row, var in zip(self.implicit_row.tolist(), self.implicit_var.tolist()):
-            extra[row] = extra.get(row, 0) | (1 << var)
-        scope = [0] * self.num_slots  # bit sets
-        for i in range(self.n):
-            scope[2 + i] = scope[2 + self.n + i] = 1 << i
-        ids: dict[int, int] = {}
-        out = {}
-        for g in self.groups:
-            mine = []
-            for j in range(g.nodes):
-                row = g.rows.start + j * g.fanin  # the first element is never padding
-                scope[g.start + j] = scope[prime[row]] | scope[sub[row]] | extra.get(row, 0)
-                mine.append(ids.setdefault(scope[g.start + j], len(ids)))
-            out[g.start] = torch.tensor(mine, dtype=torch.long, device=self.prime.device)
-        return out, len(ids)
-
-    @staticmethod
-    def from_layout(layout: Layout, device: torch.device | str = "cpu") -> "Program":
-        ch = torch.as_tensor(layout.children, dtype=torch.long, device=device)
-        groups = []
-        for start, nodes, fanin, off, _ in layout.groups.tolist():
-            rows = slice(off, off + nodes * fanin)
-            groups.append(Group(start, nodes, fanin, ch[rows, 0].contiguous(), ch[rows, 1].contiguous(), rows))
-        imp = torch.as_tensor(layout.implicit, dtype=torch.long, device=device)
-        return Program(layout.n, layout.num_slots, len(ch), groups, ch[:, 0].contiguous(),
-                       ch[:, 1].contiguous(), imp[:, 0].contiguous(), imp[:, 1].contiguous())
+SCRATCH = ScratchPool()
 
 
 @dataclass
@@ -123,7 +49,7 @@ def _leaf_buffer(prog: Program, T: int, like: Tensor, name: str) -> tuple[Tensor
     """An [S, T] workspace buffer with FALSE = -inf and TRUE = 0, and views of its x_i and not x_i
     rows ([n, T] each) for the caller to fill."""
     n = prog.n
-    buf = WORKSPACE.get(name, (prog.num_slots, T), like)
+    buf = SCRATCH.get(name, (prog.num_slots, T), like)
     buf[FALSE_SLOT] = -torch.inf
     buf[TRUE_SLOT] = 0.0
     return buf, buf[2 : 2 + n], buf[2 + n : 2 + 2 * n]
@@ -160,9 +86,9 @@ def upward(prog: Program, r: Tensor, *, mode: str = "sum", gap: Tensor | None = 
     """
     val = log_sigmoid_leaves(prog, r)
     T = r.shape[0]
-    ex = WORKSPACE.get("ex", (prog.num_rows, T), r)
-    tmp = WORKSPACE.get("tmp", (prog.max_rows, T), r)
-    norm = WORKSPACE.get("norm", (prog.num_slots, T), r) if mode == "sum" else None
+    ex = SCRATCH.get("ex", (prog.num_rows, T), r)
+    tmp = SCRATCH.get("tmp", (prog.max_rows, T), r)
+    norm = SCRATCH.get("norm", (prog.num_slots, T), r) if mode == "sum" else None
     dval = de_all = None
     if v is not None:
         dval, dpos, dneg = _leaf_buffer(prog, T, r, "dval")  # d log sigma(+-r) = (1 - p) v, -p v
@@ -171,7 +97,7 @@ def upward(prog: Program, r: Tensor, *, mode: str = "sum", gap: Tensor | None = 
         torch.sigmoid(r.T, out=dneg).mul_(vt)
         torch.sub(vt, dneg, out=dpos)
         dneg.neg_()
-        de_all = WORKSPACE.get("de", (prog.num_rows, T), r)
+        de_all = SCRATCH.get("de", (prog.num_rows, T), r)
     lowest, tiny = torch.finfo(r.dtype).min, torch.finfo(r.dtype).tiny
     for g in prog.groups:
         e = _gather_elements(val, g, ex, tmp)  # [nodes, F, T]
@@ -201,9 +127,9 @@ def upward(prog: Program, r: Tensor, *, mode: str = "sum", gap: Tensor | None = 
 
 def downward(prog: Program, up: Upward) -> Tensor:
     """Flows g[s] = d log Z / d val[s] for every slot, top-down: -> [S, T]."""
-    g = WORKSPACE.get("g", up.val.shape, up.val).zero_()
+    g = SCRATCH.get("g", up.val.shape, up.val).zero_()
     g[prog.num_slots - 1] = 1.0
-    tmp = WORKSPACE.get("tmp", (prog.max_rows, up.val.shape[1]), up.val)
+    tmp = SCRATCH.get("tmp", (prog.max_rows, up.val.shape[1]), up.val)
     for grp in reversed(prog.groups):
         flow = tmp[: grp.nodes * grp.fanin]
         if grp.fanin == 1:  # weight 1, norm 1: the flow passes through
@@ -235,9 +161,9 @@ def marginals_jvp(prog: Program, r: Tensor, v: Tensor) -> Tensor:
     """
     n, T = prog.n, r.shape[0]
     up = upward(prog, r, v=v)
-    G = WORKSPACE.get("G", (prog.num_slots, 2, T), r).zero_()
+    G = SCRATCH.get("G", (prog.num_slots, 2, T), r).zero_()
     G[prog.num_slots - 1, 0] = 1.0
-    pair = WORKSPACE.get("pair", (prog.max_rows, 2, T), r)
+    pair = SCRATCH.get("pair", (prog.max_rows, 2, T), r)
     for grp in reversed(prog.groups):
         sl, nodes, fanin = grp.slots, grp.nodes, grp.fanin
         flow = pair[: nodes * fanin]  # [rows, 2, T]
@@ -269,7 +195,7 @@ def _descend(prog: Program, up: Upward, pick) -> Tensor:
     activity ``a`` [nodes, T] is 1, else 0. An active node passes its activity to the prime and
     sub of its chosen element. Returns the activity of every slot, [S, T] (> 0 where active).
     """
-    act = WORKSPACE.get("act", up.val.shape, up.val).zero_()
+    act = SCRATCH.get("act", up.val.shape, up.val).zero_()
     act[prog.num_slots - 1] = 1.0
     for grp in reversed(prog.groups):
         a = act[grp.slots]  # [nodes, T]
@@ -290,26 +216,16 @@ def _assignment(prog: Program, act: Tensor, fill: Tensor | None) -> Tensor:
     return torch.where(on, 1.0, torch.where(off, 0.0, fill)).to(act.dtype)
 
 
-def draw_uniforms(prog: Program, r: Tensor, generator: torch.Generator | None = None
-                  ) -> tuple[Tensor, Tensor | None]:
-    """The uniforms one draw per token uses, in this order: [count, T], one per vtree node and token
-    (``Program.scope_ids``), then [T, n] for the implicit variables (None for a smooth circuit)."""
-    _, count = prog.scope_ids
-    uniforms = torch.rand(count, r.shape[0], generator=generator, device=r.device, dtype=r.dtype)
-    fill = None if prog.smooth else torch.rand(r.shape, generator=generator, device=r.device, dtype=r.dtype)
-    return uniforms, fill
-
-
 def sample(prog: Program, r: Tensor, up: Upward, uniforms: Tensor, fill: Tensor | None) -> Tensor:
     """Exact ancestral sampling: each active node picks one element with probability exp(e - node).
 
-    Inverse CDF over the fan-in with the uniforms of ``draw_uniforms``. r: [T, n], up: a "sum"
+    Inverse CDF over the fan-in with the uniforms of ``program.draw_uniforms``. r: [T, n], up: a "sum"
     pass -> [T, n]. Exact: the nodes a token reaches draw from distinct uniforms, so their choices
     are independent given the pass; an implicit variable is 1 when its fill uniform < sigmoid(r).
     """
     T = r.shape[0]
-    tmp = WORKSPACE.get("tmp", (prog.max_rows, T), r)
-    cums = WORKSPACE.get("cum", (prog.max_rows, T), r)
+    tmp = SCRATCH.get("tmp", (prog.max_rows, T), r)
+    cums = SCRATCH.get("cum", (prog.max_rows, T), r)
     ids, _ = prog.scope_ids
 
     def pick(grp: Group, a: Tensor) -> Tensor:
@@ -343,7 +259,7 @@ def max_upward(prog: Program, r: Tensor) -> Upward:
     gap = None
     if not prog.smooth:
         h = F.logsigmoid(r.abs()).T  # [n, T]
-        gap = WORKSPACE.get("gap", (prog.num_rows, r.shape[0]), r).zero_()
+        gap = SCRATCH.get("gap", (prog.num_rows, r.shape[0]), r).zero_()
         gap.index_add_(0, prog.implicit_row, h.index_select(0, prog.implicit_var))
     return upward(prog, r, mode="max", gap=gap)
 
@@ -355,7 +271,7 @@ def map_assignment(prog: Program, r: Tensor, up: Upward) -> Tensor:
     """
     T = r.shape[0]
 
-    tmp = WORKSPACE.get("tmp", (prog.max_rows, T), r)
+    tmp = SCRATCH.get("tmp", (prog.max_rows, T), r)
 
     def pick(grp: Group, a: Tensor) -> Tensor:
         best = up.ex[grp.rows].view(grp.nodes, grp.fanin, T).max(dim=1, keepdim=True).indices  # the first max
@@ -365,3 +281,28 @@ def map_assignment(prog: Program, r: Tensor, up: Upward) -> Tensor:
 
     act = _descend(prog, up, pick)
     return _assignment(prog, act, None if prog.smooth else (r > 0).to(r.dtype))
+
+
+class TorchPasses(Passes):
+    """The passes above behind the ``Passes`` interface: any device, any float dtype."""
+
+    name = "torch"
+
+    def log_partition(self, r: Tensor, marginals: bool) -> tuple[Tensor, Tensor | None]:
+        up = upward(self.program, r)
+        m = marginals_from_flows(self.program, downward(self.program, up), torch.sigmoid(r)) if marginals else None
+        return up.val[-1].clone(), m
+
+    def sample(self, r: Tensor, uniforms: Tensor, fill: Tensor | None) -> tuple[Tensor, Tensor]:
+        up = upward(self.program, r)
+        return sample(self.program, r, up, uniforms, fill), up.val[-1].clone()
+
+    def map(self, r: Tensor) -> tuple[Tensor, Tensor]:
+        up = max_upward(self.program, r)
+        return map_assignment(self.program, r, up), up.val[-1].clone()
+
+    def marginals_jvp(self, r: Tensor, v: Tensor) -> Tensor:
+        return marginals_jvp(self.program, r, v)
+
+    def kth_largest(self, r: Tensor, k: int) -> Tensor:
+        return r.topk(k, dim=-1, sorted=False).values.amin(dim=-1)  # [T, n] -> [T, k] -> [T]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layout import FALSE_SLOT, TRUE_SLOT, Layout
+from ..layout import FALSE_SLOT, TRUE_SLOT, Layout
 
 SMALL_N, SMALL_NODES = 8, 60
 

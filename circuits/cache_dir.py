@@ -1,0 +1,16 @@
+"""Where probmoe keeps what it builds: compiled circuits (``circuits.cache``) and the fused C
+passes (``circuits.passes.c_library``), each in its own folder under this root."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def default_cache_dir() -> Path:
+    """``$PROBMOE_CACHE``, else ``$XDG_CACHE_HOME/probmoe``, else ``~/.cache/probmoe``."""
+    if os.environ.get("PROBMOE_CACHE"):
+        return Path(os.environ["PROBMOE_CACHE"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "probmoe"
+    return Path.home() / ".cache" / "probmoe"

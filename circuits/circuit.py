@@ -1,0 +1,246 @@
+"""``Circuit``: a compiled constraint evaluated batched over tokens, on CPU or CUDA.
+
+All methods take logits [..., n] (log-odds of independent Bernoulli variables), check them once,
+flatten the leading dimensions into T tokens, run the passes that ``circuits.passes.select``
+picked for this circuit and the logits' dtype (picked once, then kept), and restore the leading
+dimensions. fp16/bf16 logits are computed in fp32 and returned in their own dtype. Logits of -inf
+mean "never true". Gradients follow the contract of ``circuits.autograd``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import networkx as nx
+import torch
+from torch import Tensor
+
+from . import passes
+from .autograd import ExactMarginals, LogPartition
+from .layout import FALSE_SLOT, TRUE_SLOT, Layout
+from .passes import Passes, Program, draw_uniforms
+from .spec import Spec
+
+
+class Circuit:
+    """A compiled circuit over n variables. Create with ``circuits.compile_circuit``.
+
+    ``program`` is the layout as tensors on ``device``. Set ``validate = False`` to skip the input
+    checks (a caller that has checked the logits already; the value checks cost one host
+    synchronisation).
+    """
+
+    def __init__(self, layout: Layout, spec: Spec | None = None, info: dict | None = None, device="cpu"):
+        self.layout = layout
+        self.spec = spec
+        self.info = dict(info or {})
+        self.validate = True
+        self.program = Program.from_layout(layout, device)
+        self.device = self.program.device  # resolved: "cuda" becomes "cuda:0"
+        self._passes: dict[torch.dtype, Passes] = {}
+        self._lock = threading.Lock()
+
+    # --- housekeeping -------------------------------------------------------------------------
+    @property
+    def n(self) -> int:
+        return self.layout.n
+
+    def sizes(self) -> dict:
+        """Variables, levels, groups, nodes, live elements, padded elements, padding ratio, slots."""
+        return self.layout.sizes()
+
+    def to(self, device) -> "Circuit":
+        """A copy whose tensors live on ``device`` (the layout arrays are shared)."""
+        return Circuit(self.layout, self.spec, self.info, device)
+
+    def __repr__(self) -> str:
+        s = self.sizes()
+        name = self.spec.describe() if self.spec is not None else f"n={self.n}"
+        return (
+            f"Circuit({name}, levels={s['levels']}, nodes={s['nodes']}, "
+            f"elements={s['elements']}, padding={s['padding']}, device={self.device})"
+        )
+
+    def to_networkx(self) -> nx.DiGraph:
+        """The pruned circuit as a DAG: OR nodes (decision nodes), AND nodes (elements), literals.
+
+        Node attributes: ``kind`` in {"or", "and", "literal", "true"}, ``level``, and ``label``.
+        Edges point from parent to child.
+        """
+        L, n = self.layout, self.n
+        G = nx.DiGraph()
+
+        def leaf(slot: int) -> str:
+            if slot == TRUE_SLOT:
+                G.add_node("T", kind="true", level=0, label="⊤")
+                return "T"
+            i = slot - 2 if slot < 2 + n else slot - 2 - n
+            name = f"x{i}" if slot < 2 + n else f"¬x{i}"
+            G.add_node(name, kind="literal", level=0, label=name, var=i, positive=slot < 2 + n)
+            return name
+
+        def name(slot: int) -> str:
+            return leaf(slot) if slot < 2 + 2 * n else f"or{slot}"
+
+        for start, nodes, fanin, off, height in L.groups.tolist():
+            for j in range(nodes):
+                parent = f"or{start + j}"
+                G.add_node(parent, kind="or", level=2 * height, label="⊕")
+                for e in range(fanin):
+                    row = off + j * fanin + e
+                    p, s = L.children[row].tolist()
+                    if p == FALSE_SLOT:
+                        continue
+                    a = f"and{row}"
+                    G.add_node(a, kind="and", level=2 * height - 1, label="⊗")
+                    G.add_edge(parent, a)
+                    G.add_edge(a, name(p))
+                    G.add_edge(a, name(s))
+        return G
+
+    def passes(self, dtype: torch.dtype) -> Passes:
+        """The passes that calls with ``dtype`` logits take (``circuits.passes.select``, picked once)."""
+        chosen = self._passes.get(dtype)
+        if chosen is None:
+            with self._lock:
+                chosen = self._passes.get(dtype) or passes.select(self.program, dtype)
+                self._passes[dtype] = chosen
+        return chosen
+
+    # --- input handling -----------------------------------------------------------------------
+    def _inputs(self, logits: Tensor, generator=None) -> tuple[Tensor, torch.Size]:
+        """[..., n] -> contiguous fp32/fp64 [T, n] on this circuit's device, plus the leading shape.
+
+        The argument checks of every public call, before any pass (skipped when ``validate`` is
+        False); the value checks come after the first pass (``_check``), from its log Z.
+        """
+        if self.validate:
+            if not isinstance(logits, Tensor):
+                raise ValueError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+            if logits.dim() == 0 or logits.shape[-1] != self.n:
+                raise ValueError(f"logits must have shape [..., n] with n = {self.n}, got {list(logits.shape)}")
+            if not logits.is_floating_point():
+                raise ValueError(f"logits must be a floating-point tensor, got {logits.dtype}")
+            if logits.device != self.device:
+                raise ValueError(
+                    f"logits is on {logits.device} but the circuit is on {self.device}; use circuit.to(device)"
+                )
+            if generator is not None and (
+                not isinstance(generator, torch.Generator) or generator.device.type != self.device.type
+            ):
+                where = getattr(generator, "device", type(generator).__name__)
+                raise ValueError(f"generator must be a torch.Generator on {self.device.type}, got one on {where}")
+        dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        return logits.reshape(-1, self.n).to(dtype).contiguous(), logits.shape[:-1]
+
+    def _check(self, r: Tensor, log_z: Tensor) -> None:
+        """One host sync: raise ValueError for NaN / +inf logits or an unmeetable constraint."""
+        if not self.validate or r.shape[0] == 0:
+            return
+        # one sync: a variable the circuit leaves implicit never reaches log Z, so look at r too
+        if bool(torch.isfinite(log_z).all() & ~(torch.isnan(r) | torch.isposinf(r)).any()):
+            return
+        if bool(torch.isnan(r).any()):
+            raise ValueError("logits contain NaN")
+        if bool(torch.isposinf(r).any()):
+            raise ValueError("logits must be finite or -inf (never chosen); got +inf")
+        bad = int((~torch.isfinite(log_z)).nonzero()[0, 0])
+        finite = int(torch.isfinite(r[bad]).sum())
+        need = ""
+        if self.spec is not None and getattr(self.spec, "cardinalities", None):
+            need = f" (needs at least {self.spec.cardinalities[0]} variables that are not -inf)"
+        raise ValueError(
+            f"logits make the constraint unsatisfiable at row {bad}: {finite} finite logits{need}"
+        )
+
+    def _shift(self, r: Tensor, chosen: Passes) -> Tensor:
+        """Exactly-k distributions are shift invariant: subtract each row's k-th largest logit.
+
+        The k-th largest sits at the boundary of the likely subsets, so the logits that matter
+        keep their low bits (the row maximum would let one far outlier wipe them out). [T, n].
+        """
+        k = self.spec.cardinalities[0] if self.spec is not None and self.spec.fixed_cardinality else 0
+        if k == 0 or r.shape[0] == 0:
+            return r
+        ref = chosen.kth_largest(r, k).unsqueeze(-1)  # [T, n] -> [T, 1]
+        return r - torch.where(torch.isfinite(ref), ref, torch.zeros_like(ref))
+
+    # --- the model behind circuits.autograd ---------------------------------------------------
+    def log_z_and_marginals(self, r: Tensor, marginals: bool) -> tuple[Tensor, Tensor | None]:
+        """(log Z [T], the marginals [T, n] if asked) of checked logits r [T, n], no autograd."""
+        log_z, m = self.passes(r.dtype).log_partition(r, marginals)
+        self._check(r, log_z)
+        return log_z, m
+
+    def forward_marginals(self, r: Tensor, want_sample: bool, generator, values: bool):
+        """(marginals or zeros [T, n], one draw or an empty tensor [T, n], the shifted logits the
+        backward keeps [T, n]) of checked logits r [T, n], no autograd: one sampling pass and one
+        marginals pass at most, and one host sync for the checks."""
+        chosen = self.passes(r.dtype)
+        rs = self._shift(r, chosen)
+        z, log_z = rs.new_empty(0), None
+        if want_sample:
+            z, log_z = chosen.sample(rs, *draw_uniforms(self.program, rs, generator))
+        if values:
+            log_z, m = chosen.log_partition(rs, True)
+        else:
+            m = torch.zeros_like(rs)
+            if log_z is None and self.validate:
+                log_z, _ = chosen.log_partition(rs, False)
+        if log_z is not None:
+            self._check(r, log_z)
+        return m, z, rs
+
+    def cov_vec(self, rs: Tensor, v: Tensor) -> Tensor:
+        """Cov(x) v at the shifted logits rs [T, n]: v [T, n] -> [T, n]."""
+        return self.passes(rs.dtype).marginals_jvp(rs, v)
+
+    # --- the four queries ---------------------------------------------------------------------
+    def log_partition(self, logits: Tensor) -> Tensor:
+        """log P(constraint) under independent Bernoulli(sigmoid(logits)): [..., n] -> [...].
+
+        Differentiable; d/d logits = marginals - sigmoid(logits), and twice differentiable.
+        """
+        r, lead = self._inputs(logits)
+        return LogPartition.apply(self, r).reshape(lead).to(logits.dtype)
+
+    def marginals(self, logits: Tensor, *, values: bool = True) -> Tensor:
+        """P(x_i = 1 | constraint): [..., n] -> [..., n]. Its Jacobian is Cov(x) (exact).
+
+        values=False skips the downward pass and returns zeros that still carry the marginals'
+        Jacobian in the backward: for straight-through estimators, which need only the gradient.
+        """
+        r, lead = self._inputs(logits)
+        m, _ = ExactMarginals.apply(self, r, False, None, values)
+        return m.reshape(*lead, self.n).to(logits.dtype)
+
+    def sample(self, logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """Exact draws from P(x | constraint): [..., n] -> [..., n] in {0, 1}, logits' dtype.
+
+        generator: a ``torch.Generator`` on the circuit's device, for reproducible draws.
+        """
+        r, lead = self._inputs(logits, generator)
+        with torch.no_grad():
+            chosen = self.passes(r.dtype)
+            rs = self._shift(r, chosen)
+            z, log_z = chosen.sample(rs, *draw_uniforms(self.program, rs, generator))
+            self._check(r, log_z)
+        return z.reshape(*lead, self.n).to(logits.dtype)
+
+    def map(self, logits: Tensor) -> Tensor:
+        """The most probable satisfying assignment: [..., n] -> [..., n] in {0, 1}."""
+        r, lead = self._inputs(logits)
+        with torch.no_grad():
+            chosen = self.passes(r.dtype)
+            z, best = chosen.map(self._shift(r, chosen))
+            self._check(r, best)  # the best completion is -inf exactly when none exists
+        return z.reshape(*lead, self.n).to(logits.dtype)
+
+    def marginals_and_sample(self, logits: Tensor, generator: torch.Generator | None = None, *,
+                             values: bool = True):
+        """(marginals, sample) from one upward pass; marginals differentiable (and ``values``) as
+        in ``marginals``."""
+        r, lead = self._inputs(logits, generator)
+        m, z = ExactMarginals.apply(self, r, True, generator, values)
+        shape = (*lead, self.n)
+        return m.reshape(shape).to(logits.dtype), z.reshape(shape).to(logits.dtype)

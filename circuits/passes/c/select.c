@@ -1,0 +1,54 @@
+/* The k-th largest value of each row, the shift of exactly-k circuits (Circuit._shift; its torch
+ * reference is topk(k).values.amin(), TorchPasses.kth_largest). LANES rows at a time, one per
+ * SIMD lane: each value sinks through a sorted column of the j best so far by max/min swaps, with
+ * no branches. j = min(k, n - k + 1): past the middle the k-th largest is minus the (n - k + 1)-th
+ * largest of the negated row. The column lives on the heap (j * LANES floats per thread): a
+ * k in the tens of thousands would overflow an OpenMP worker's stack. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define LANES 32
+
+static inline float max2(float a, float b) { return a > b ? a : b; }
+static inline float min2(float a, float b) { return a < b ? a : b; }
+
+/* out[t] = the k-th largest of r[t, :] (r [T, n], 1 <= k <= n). NaN counts as -inf.
+ * Returns 0, or 1 when the scratch could not be allocated. */
+int64_t pm_kth_largest(const float *r, int64_t T, int64_t n, int64_t k, float *out, int64_t threads) {
+    const int64_t blocks = (T + LANES - 1) / LANES;
+    const int flip = n - k + 1 < k;   /* work on -r, for its (n - k + 1)-th largest */
+    const int64_t j = flip ? n - k + 1 : k;
+    const float sign = flip ? -1.0f : 1.0f;
+    int64_t failed = 0;
+#pragma omp parallel num_threads(threads) if (blocks > 8) reduction(| : failed)
+    {
+        float *best = malloc(sizeof(float) * (size_t)(j * LANES)); /* best[c * LANES + l]: c-th largest, lane l */
+        float x[LANES];
+        if (best == NULL) failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; b++) {
+            if (best == NULL) continue;
+            const int64_t t0 = b * LANES, m = T - t0 < LANES ? T - t0 : LANES;
+            for (int64_t c = 0; c < j * LANES; c++) best[c] = -INFINITY;
+            for (int64_t i = 0; i < n; i++) {
+                for (int64_t l = 0; l < LANES; l++) {
+                    float v = l < m ? r[(t0 + l) * n + i] : -INFINITY;
+                    v = v == v ? v : -INFINITY;
+                    x[l] = sign * v;
+                }
+                for (int64_t c = 0; c < j; c++) {
+                    float *restrict col = best + c * LANES;
+                    for (int64_t l = 0; l < LANES; l++) {
+                        const float hi = max2(col[l], x[l]);
+                        x[l] = min2(col[l], x[l]);
+                        col[l] = hi;
+                    }
+                }
+            }
+            for (int64_t l = 0; l < m; l++) out[t0 + l] = sign * best[(j - 1) * LANES + l];
+        }
+        free(best);
+    }
+    return failed;
+}

@@ -1,0 +1,103 @@
+"""``Program``: a level layout as device tensors, what every implementation of the passes reads,
+and ``draw_uniforms``, the random numbers one exact draw consumes (the same for every
+implementation, so the same generator gives the same draws on each)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..layout import Layout
+
+
+@dataclass
+class Group:
+    """One group of the layout as device tensors."""
+
+    start: int  # first slot
+    nodes: int
+    fanin: int
+    prime: Tensor  # long [nodes * fanin]
+    sub: Tensor  # long [nodes * fanin]
+    rows: slice  # this group's element rows
+
+    @property
+    def slots(self) -> slice:
+        return slice(self.start, self.start + self.nodes)
+
+
+@dataclass
+class Program:
+    """A layout on one device: what the passes iterate over."""
+
+    n: int
+    num_slots: int
+    num_rows: int
+    groups: list[Group]
+    prime: Tensor  # long [R], all element rows
+    sub: Tensor  # long [R]
+    implicit_row: Tensor  # long [P]
+    implicit_var: Tensor  # long [P]
+
+    @property
+    def device(self) -> torch.device:
+        return self.prime.device
+
+    @property
+    def smooth(self) -> bool:
+        return self.implicit_row.numel() == 0
+
+    @property
+    def max_rows(self) -> int:
+        return max(g.nodes * g.fanin for g in self.groups)
+
+    @functools.cached_property
+    def scope_ids(self) -> tuple[dict[int, Tensor], int]:
+        """({group's first slot: long [nodes]}, count): an id per distinct variable set (vtree node).
+
+        A node's variables are those of its prime, its sub and its implicit ones, the same for
+        every element. The nodes one token's sampled choices pass through have distinct sets
+        (a child's set lies strictly inside its parent's, siblings' sets are disjoint), so
+        they may share one uniform per id. Computed on first use: one walk over the elements.
+        """
+        prime, sub = self.prime.tolist(), self.sub.tolist()
+        extra: dict[int, int] = {}
+        for row, var in zip(self.implicit_row.tolist(), self.implicit_var.tolist()):
+            extra[row] = extra.get(row, 0) | (1 << var)
+        scope = [0] * self.num_slots  # bit sets
+        for i in range(self.n):
+            scope[2 + i] = scope[2 + self.n + i] = 1 << i
+        ids: dict[int, int] = {}
+        out = {}
+        for g in self.groups:
+            mine = []
+            for j in range(g.nodes):
+                row = g.rows.start + j * g.fanin  # the first element is never padding
+                scope[g.start + j] = scope[prime[row]] | scope[sub[row]] | extra.get(row, 0)
+                mine.append(ids.setdefault(scope[g.start + j], len(ids)))
+            out[g.start] = torch.tensor(mine, dtype=torch.long, device=self.prime.device)
+        return out, len(ids)
+
+    @staticmethod
+    def from_layout(layout: Layout, device: torch.device | str = "cpu") -> "Program":
+        ch = torch.as_tensor(layout.children, dtype=torch.long, device=device)
+        groups = []
+        for start, nodes, fanin, off, _ in layout.groups.tolist():
+            rows = slice(off, off + nodes * fanin)
+            groups.append(Group(start, nodes, fanin, ch[rows, 0].contiguous(), ch[rows, 1].contiguous(), rows))
+        imp = torch.as_tensor(layout.implicit, dtype=torch.long, device=device)
+        return Program(layout.n, layout.num_slots, len(ch), groups, ch[:, 0].contiguous(),
+                       ch[:, 1].contiguous(), imp[:, 0].contiguous(), imp[:, 1].contiguous())
+
+
+def draw_uniforms(prog: Program, r: Tensor, generator: torch.Generator | None = None
+                  ) -> tuple[Tensor, Tensor | None]:
+    """The uniforms one draw per token uses, in this order: [count, T], one per vtree node and token
+    (``Program.scope_ids``), then [T, n] for the implicit variables (None for a smooth circuit)."""
+    _, count = prog.scope_ids
+    uniforms = torch.rand(count, r.shape[0], generator=generator, device=r.device, dtype=r.dtype)
+    fill = None if prog.smooth else torch.rand(r.shape, generator=generator, device=r.device, dtype=r.dtype)
+    return uniforms, fill
