@@ -9,7 +9,7 @@ One directory per spec, ``<cache root>/<spec key>/``, holding
     circuit.dot     the SDD as Graphviz DOT
 
 Nothing is trusted blindly: on every read the format version, the spec, each file's checksum,
-the layout's structure, its exact model count and its log-partition at probe logits (against an
+the layout's structure, its exact model count and its log-partition at fixed logits (against an
 independent computation, ``circuits.self_check``) are checked, and any failure warns
 (``CacheWarning``) and recompiles. Writes go to a private temporary directory that is renamed
 into place, so readers never see half an entry and concurrent writers all succeed.

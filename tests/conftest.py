@@ -1,20 +1,32 @@
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
 
+_SAVED: dict = {}
 
-@pytest.fixture(autouse=True, scope="session")
-def _private_cache(tmp_path_factory):
-    """Every test session compiles into its own cache directory, never the user's."""
-    path = tmp_path_factory.mktemp("probmoe-cache")
-    old = os.environ.get("PROBMOE_CACHE")
-    os.environ["PROBMOE_CACHE"] = str(path)
-    yield path
-    if old is None:
-        os.environ.pop("PROBMOE_CACHE", None)
-    else:
-        os.environ["PROBMOE_CACHE"] = old
+
+def pytest_configure(config):
+    """Every test session compiles circuits, builds the C passes and lets matplotlib cache its
+    fonts in a directory of its own, never the user's. Set here, before any test module is imported (a session fixture would
+    come too late for what runs at collection)."""
+    _SAVED["old"] = {name: os.environ.get(name) for name in ("PROBMOE_CACHE", "MPLCONFIGDIR")}
+    _SAVED["path"] = tempfile.mkdtemp(prefix="probmoe-test-cache-")
+    os.environ["PROBMOE_CACHE"] = _SAVED["path"]
+    os.environ["MPLCONFIGDIR"] = os.path.join(_SAVED["path"], "matplotlib")  # its font cache, too
+
+
+def pytest_unconfigure(config):
+    if "path" not in _SAVED:
+        return
+    shutil.rmtree(_SAVED.pop("path"), ignore_errors=True)
+    for name, old in _SAVED.pop("old").items():
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
 
 
 @pytest.fixture

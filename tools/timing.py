@@ -30,6 +30,6 @@ def table(rows: list[tuple], header: tuple) -> str:
 
 def circuit_passes() -> str:
     """Which circuit passes fp32 CPU calls take in this run (set PROBMOE_NATIVE=0 for the torch ones)."""
-    from circuits import native
+    import circuits.passes
 
-    return "circuit passes: fused C (circuits/native)" if native.library() else "circuit passes: torch (circuits/kernels)"
+    return f"circuit passes: {circuits.passes.describe()}"

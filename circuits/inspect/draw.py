@@ -6,7 +6,7 @@
   prime is blue, to its sub orange. Readable up to a few dozen decision nodes.
 - ``draw_summary``: for any size, bars of nodes, live and padded elements per level, and
   the fan-in of each level with the groups (nodes x fan-in) it was split into.
-- ``draw``: picks one of the two by size (``inspect_text.is_small``) unless told.
+- ``draw``: picks one of the two by size (``text.is_small``) unless told.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ class Upward:
 
 
 def _leaf_buffer(prog: Program, T: int, like: Tensor, name: str) -> tuple[Tensor, Tensor, Tensor]:
-    """An [S, T] workspace buffer with FALSE = -inf and TRUE = 0, and views of its x_i and not x_i
+    """An [S, T] scratch buffer with FALSE = -inf and TRUE = 0, and views of its x_i and not x_i
     rows ([n, T] each) for the caller to fill."""
     n = prog.n
     buf = SCRATCH.get(name, (prog.num_slots, T), like)

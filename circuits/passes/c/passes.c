@@ -1,7 +1,7 @@
 /* Fused fp32 CPU passes over a level layout, one tile of TILE tokens at a time.
  *
- * The same mathematics as circuits/kernels.py, the plain-torch reference these passes are tested
- * against; read that file first. The torch passes stream every group through [slots, T] buffers
+ * The same mathematics as circuits/passes/torch_passes.py, the plain-torch reference these
+ * passes are tested against; read that file first. The torch passes stream every group through [slots, T] buffers
  * in memory; here one tile's whole circuit (values, element weights, flows: a few hundred kB)
  * stays in cache while all groups are evaluated, and each element is touched once per pass.
  *
@@ -173,7 +173,7 @@ static void leaves(int64_t n, const float *rt, float *val, float *p) {
     }
 }
 
-/* The "sum" upward pass (kernels.upward): node log-values val, element weights ex = exp(e - top)
+/* The "sum" upward pass (torch_passes.upward): node log-values val, element weights ex = exp(e - top)
  * (fan-in > 1 only), norm = sum of ex clamped to FLT_MIN. With dval != NULL also the tangents:
  * de = d prime + d sub per element, d node = E_w[de]. top: [TILE] scratch. */
 static void upward(const Prog *P, float *val, float *ex, float *norm, float *dval, float *de, float *top) {
@@ -212,7 +212,7 @@ static void upward(const Prog *P, float *val, float *ex, float *norm, float *dva
     }
 }
 
-/* Exact ancestral sampling (kernels.sample) of one tile, tokens t0..t0+nt of r [T, n], into
+/* Exact ancestral sampling (torch_passes.sample) of one tile, tokens t0..t0+nt of r [T, n], into
  * z [T, n]. U [count, T]: the uniforms, one row per vtree id; uid [S]: each decision slot's row of U.
  * fill [T, n]: uniforms for implicit variables (unused when the circuit is smooth).
  * logz [T]: the root's log-value, for the caller's checks. Returns 0, or -1 when scratch cannot
@@ -263,7 +263,7 @@ static int64_t sample_tile(const Prog *P, const float *r, const float *U, const 
     return 0;
 }
 
-/* log Z and, when m != NULL, the marginals (kernels.upward, downward and marginals_from_flows)
+/* log Z and, when m != NULL, the marginals (torch_passes.upward, downward and marginals_from_flows)
  * for tokens t0..t0+nt (one tile): r, m [T, n], logz [T]. Returns 0, or -1. */
 static int64_t marginals_tile(const Prog *P, const float *r, float *m, float *logz, int64_t t0, int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
@@ -300,7 +300,7 @@ static int64_t marginals_tile(const Prog *P, const float *r, float *m, float *lo
     return 0;
 }
 
-/* MAP (kernels.max_upward and map_assignment) of one tile, tokens t0..t0+nt of r [T, n], into
+/* MAP (torch_passes.max_upward and map_assignment) of one tile, tokens t0..t0+nt of r [T, n], into
  * z [T, n]; best [T]: the root's max log-value (-inf exactly when no assignment satisfies). An implicit
  * variable adds log max(p, 1 - p) to its element on the way up and takes r > 0 in the end; each
  * node takes its first maximal element. Returns 0, or -1. */
@@ -350,7 +350,7 @@ static int64_t map_tile(const Prog *P, const float *r, float *z, float *best, in
     return 0;
 }
 
-/* Cov(z) v (kernels.marginals_jvp) of one tile, tokens t0..t0+nt: r, v, out [T, n]. Forward-mode
+/* Cov(z) v (torch_passes.marginals_jvp) of one tile, tokens t0..t0+nt: r, v, out [T, n]. Forward-mode
  * tangents through the upward pass, then flows g and their tangents dg down. Returns 0, or -1. */
 static int64_t jvp_tile(const Prog *P, const float *r, const float *v, float *out, int64_t t0, int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;

@@ -1,0 +1,99 @@
+"""The engine's seams: passes picked once per (circuit, dtype); the autograd contract on its own;
+the exactly-k shift at any k (the C pass keeps its column on the heap)."""
+
+import concurrent.futures
+
+import pytest
+import torch
+
+import circuits
+import circuits.passes
+from brute import exact, masks
+from circuits import ExactMarginals
+from circuits.passes import CPasses, TorchPasses, c_library
+
+
+def test_passes_are_picked_once_per_dtype(monkeypatch):
+    calls = []
+    select = circuits.passes.select
+    monkeypatch.setattr(circuits.passes, "select", lambda prog, dtype: calls.append(dtype) or select(prog, dtype))
+    c = circuits.compile_circuit(circuits.RangeK(12, 2, 5))
+    r = torch.randn(40, 12)
+    for _ in range(3):
+        c.marginals(r), c.sample(r), c.map(r), c.log_partition(r.double())
+    assert calls == [torch.float32, torch.float64]
+    want = CPasses if c_library.library() is not None else TorchPasses
+    assert type(c.passes(torch.float32)) is want and type(c.passes(torch.float64)) is TorchPasses
+    assert c.passes(torch.float32) is c.passes(torch.float32)
+    assert c.to("cpu").passes(torch.float32) is not c.passes(torch.float32)  # a copy picks its own
+
+
+def test_concurrent_first_calls_share_one_choice():
+    c = circuits.compile_circuit(circuits.ExactlyK(10, 3))
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        chosen = list(pool.map(lambda _: c.passes(torch.float32), range(32)))
+    assert all(p is chosen[0] for p in chosen)
+
+
+def test_validate_false_skips_every_check():
+    """validate = False is for a caller that checked the logits (probmoe does): no argument check
+    and no host sync; validate = True names the argument."""
+    c = circuits.compile_circuit(circuits.ExactlyK(6, 2))
+    with pytest.raises(ValueError, match=r"logits must have shape \[\.\.\., n\] with n = 6"):
+        c.marginals(torch.randn(3, 5))
+    with pytest.raises(ValueError, match="generator must be a torch.Generator on cpu"):
+        c.sample(torch.randn(3, 6), generator="seed")
+    with pytest.raises(ValueError, match="unsatisfiable at row 1"):
+        c.marginals(torch.tensor([[0.0] * 6, [0.0] + [-torch.inf] * 5]))
+    c.validate = False
+    m = c.marginals(torch.tensor([[0.0] * 6, [0.0] + [-torch.inf] * 5]))  # garbage in, no error
+    assert m.shape == (2, 6)
+
+
+class BruteModel:
+    """P(x | x in allowed) by enumeration, behind the ExactMarginals contract."""
+
+    def __init__(self, allowed):
+        self.allowed, self.keeps = allowed, []
+
+    def forward_marginals(self, r, want_sample, generator, values):
+        e = exact(r, self.allowed)
+        z = self.allowed[torch.multinomial(e.probs, 1, generator=generator)[:, 0]] if want_sample else r.new_empty(0)
+        keep = r * 1.0  # a copy, as the circuit keeps shifted logits
+        self.keeps.append(keep)
+        return (e.marginals if values else torch.zeros_like(r)), z.to(r.dtype), keep
+
+    def cov_vec(self, keep, v):
+        assert keep is self.keeps[-1]  # the backward gets what the forward chose to keep
+        return torch.einsum("tij,tj->ti", exact(keep, self.allowed).cov, v)
+
+
+@pytest.mark.parametrize("values", [True, False])
+def test_exact_marginals_contract(values):
+    """Values (or zeros), a draw of the right support, Jacobian Cov(x), and only ``keep`` saved."""
+    allowed = masks(5, [1, 2])
+    model = BruteModel(allowed)
+    r = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        m, z = ExactMarginals.apply(model, r, True, torch.Generator().manual_seed(0), values)
+    assert len(saved) == 1 and saved[0] is model.keeps[-1]
+    want = exact(r.detach(), allowed)
+    torch.testing.assert_close(m.detach(), want.marginals if values else torch.zeros_like(r))
+    assert not z.requires_grad and ((z.sum(-1) >= 1) & (z.sum(-1) <= 2)).all()
+    for t in range(3):
+        (row,) = torch.autograd.grad(m[t].sum(), r, retain_graph=True)
+        torch.testing.assert_close(row[t], want.cov[t].sum(0))  # Cov is symmetric: rows = columns
+
+
+@pytest.mark.parametrize("T,n,k", [(32, 20_000, 10_000), (300, 30_000, 29_990), (3, 25_000, 12_500)])
+def test_kth_largest_at_k_in_the_tens_of_thousands(T, n, k):
+    """Once a stack array of k x 32 floats per OpenMP worker, which overflowed for k like these."""
+    if c_library.library() is None:
+        pytest.skip("the C passes are turned off or unbuildable")
+    prog = circuits.compile_circuit(circuits.ExactlyK(1, 1)).program
+    r = torch.randn(T, n, generator=torch.Generator().manual_seed(n)).round(decimals=2)  # ties
+    r[0, :100] = -torch.inf
+    want = TorchPasses(prog).kth_largest(r, k)
+    assert torch.equal(CPasses(prog).kth_largest(r, k), want)
+    assert torch.equal(want, r.sort(dim=-1, descending=True).values[:, k - 1])
