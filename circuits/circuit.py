@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 
-import networkx as nx
 import torch
 from torch import Tensor
 
@@ -61,12 +60,14 @@ class Circuit:
             f"elements={s['elements']}, padding={s['padding']}, device={self.device})"
         )
 
-    def to_networkx(self) -> nx.DiGraph:
+    def to_networkx(self) -> "networkx.DiGraph":  # noqa: F821 (imported here: 0.15 s saved at import)
         """The pruned circuit as a DAG: OR nodes (decision nodes), AND nodes (elements), literals.
 
         Node attributes: ``kind`` in {"or", "and", "literal", "true"}, ``level``, and ``label``.
         Edges point from parent to child.
         """
+        import networkx as nx
+
         L, n = self.layout, self.n
         G = nx.DiGraph()
 

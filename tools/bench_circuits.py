@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +40,20 @@ def compile_times(spec, repeats: int) -> tuple[float, float]:
     return statistics.median(cold), statistics.median(hit)
 
 
+def process_times(repeats: int) -> tuple[float, float]:
+    """(command, import torch): median wall seconds of the whole ``probmoe-compile --n 64 --k 8``
+    process on a cache hit and of ``python -c "import torch"``, interleaved."""
+    with tempfile.TemporaryDirectory() as d:
+        env = {**os.environ, "PROBMOE_CACHE": d}
+        command = [sys.executable, "-c", "from circuits.inspect.cli import compile_main; compile_main()",
+                   "--n", "64", "--k", "8"]
+        subprocess.run(command, env=env, check=True, capture_output=True)  # compile once: later runs hit
+        runs = {"command": lambda: subprocess.run(command, env=env, check=True, capture_output=True),
+                "torch": lambda: subprocess.run([sys.executable, "-c", "import torch"], check=True)}
+        times = interleaved(runs, repeats=repeats, warmup=1)
+    return times["command"], times["torch"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=4096)
@@ -53,6 +68,9 @@ def main() -> None:
         rows.append((spec.describe(), f"{cold * 1e3:.1f} ms", f"{hit * 1e3:.1f} ms", f"{cold / hit:.1f}x"))
     print("## Compile\n")
     print(table(rows, ("spec", "cold compile", "cache hit", "cold / hit")))
+    command, torch_import = process_times(7)
+    print(f"\nprobmoe-compile --n 64 --k 8 on a cache hit, the whole process: {command:.2f} s, "
+          f"{command / torch_import:.2f}x python -c 'import torch' ({torch_import:.2f} s)")
 
     T, k = args.tokens, 8
     gen = torch.Generator().manual_seed(0)

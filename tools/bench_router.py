@@ -1,11 +1,14 @@
 """Benchmark route(training=True) forward + backward against softmax + topk, in the same run.
 
-    python tools/bench_router.py [--tokens 4096] [--experts 64] [--repeats 15] [--threads 2]
+    python tools/bench_router.py [--tokens 4096] [--sizes 64:8,64:4-8] [--devices cpu,cuda]
+                                 [--repeats 15] [--threads 2]
 
-For exactly-k (k = 8) and Dynamic-k (4..8), fp32, CPU: the median time of route(training=True)
-forward + backward (to the logits) for each backend as a ratio to softmax + topk forward +
-backward (interleaved repeats, so drift hits all alike), and the bytes the autograd graph keeps for
-the backward (distinct storages seen by ``torch.autograd.graph.saved_tensors_hooks``).
+For each device (default: the CPU, and CUDA when there is one) and each constraint (N:k for
+exactly k of N experts, N:a-b for a..b), fp32: the median time of route(training=True) forward +
+backward (to the logits) for each backend as a ratio to softmax + topk forward + backward on the
+same device (interleaved repeats, so drift hits all alike), and the bytes the autograd graph keeps
+for the backward (distinct storages seen by ``torch.autograd.graph.saved_tensors_hooks``). Each
+table says which circuit passes ran on that device.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import circuit_passes, interleaved, table  # noqa: E402
+from timing import interleaved, table  # noqa: E402
 
 import probmoe  # noqa: E402
+from probmoe import backends  # noqa: E402
 
 
 def softmax_topk(r: torch.Tensor, k: int) -> torch.Tensor:
@@ -41,39 +45,69 @@ def saved_bytes(fn) -> int:
     return sum(seen.values())
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens", type=int, default=4096)
-    ap.add_argument("--experts", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=15)
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    T, N = args.tokens, args.experts
-    gen = torch.Generator().manual_seed(0)
-    r = (torch.randn(T, N, generator=gen) * 2).requires_grad_()
-    probmoe.route(r.detach()[:2], k=8, training=False, backend="circuit")  # compile / load the circuits once
-    print(f"T = {T}, N = {N}, fp32, CPU, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{circuit_passes()}, load average {os.getloadavg()[0]:.2f} at start")
-    rows = []
-    for label, size in [("exactly 8", dict(k=8)), ("range 4..8", dict(kmin=4, kmax=8))]:
+def parse_size(text: str) -> tuple[str, int, dict]:
+    """'64:8' -> ('exactly 8 of 64', 64, {k: 8}); '64:4-8' -> ('range 4..8 of 64', 64, {kmin: 4, kmax: 8})."""
+    n, _, k = text.partition(":")
+    if "-" in k:
+        a, b = k.split("-")
+        return f"range {a}..{b} of {n}", int(n), dict(kmin=int(a), kmax=int(b))
+    return f"exactly {k} of {n}", int(n), dict(k=int(k))
+
+
+def timed(fn, device: torch.device):
+    """``fn`` followed by a device synchronisation (CUDA work is asynchronous)."""
+    if device.type != "cuda":
+        return fn
+    return lambda: (fn(), torch.cuda.synchronize(device))
+
+
+def bench_device(device: torch.device, sizes: list[str], T: int, repeats: int) -> None:
+    gen = torch.Generator(device=device).manual_seed(0)
+    rows, passes = [], set()
+    for text in sizes:
+        label, N, size = parse_size(text)
         kmax = size.get("k", size.get("kmax"))
-        c = torch.randn(T, kmax, generator=gen)
+        r = (torch.randn(T, N, generator=gen, device=device) * 2).requires_grad_()
+        c = torch.randn(T, kmax, generator=gen, device=device)
         fwd = {"softmax + topk": lambda: softmax_topk(r, kmax)}
         for backend in ("dp", "circuit"):
             fwd[f"route {backend}"] = (lambda b: lambda: probmoe.route(r, **size, training=True, backend=b,
                                                                        generator=gen).weights)(backend)
-
-        def step(f):
-            return lambda: (f() * c).sum().backward()
-
-        times = interleaved({name: step(f) for name, f in fwd.items()}, repeats=args.repeats)
+        kmin = size.get("k", size.get("kmin"))
+        passes.add(backends.compiled(kmin, kmax, N, str(device)).passes(torch.float32).name)
+        times = interleaved({name: timed(lambda f=f: (f() * c).sum().backward(), device)
+                             for name, f in fwd.items()}, repeats=repeats)
         base = times["softmax + topk"]
         for name, f in fwd.items():
             mib = saved_bytes(f) / 2**20
-            rows.append((label, name, f"{times[name] * 1e3:.1f}", f"{times[name] / base:.1f}x", f"{mib:.2f}"))
-    print(table(rows, ("constraint", "routine", "median fwd+bwd (ms)", "ratio to softmax + topk", "saved for backward (MiB)")))
-    print(f"load average {os.getloadavg()[0]:.2f} at end (the machine may be shared: compare ratios, not times)")
+            rows.append((label, name, f"{times[name] * 1e3:.2f}", f"{times[name] / base:.1f}x", f"{mib:.2f}"))
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(f"\n{device.type}: {where}; circuit passes: {', '.join(sorted(passes))}")
+    print(table(rows, ("constraint", "routine", "median fwd+bwd (ms)", "ratio to softmax + topk",
+                       "saved for backward (MiB)")))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--sizes", default="64:8,64:4-8,128:8,256:16",
+                    help="comma-separated N:k (exactly k of N) or N:a-b (a..b of N)")
+    ap.add_argument("--devices", default="cpu,cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    import circuits.passes
+
+    print(f"T = {args.tokens}, fp32, torch {torch.__version__}; fp32 CPU calls take the "
+          f"{circuits.passes.describe()}; load average {os.getloadavg()[0]:.2f} at start")
+    for name in args.devices.split(","):
+        device = torch.device(name)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            print(f"\n{name}: skipped (no CUDA device)")
+            continue
+        bench_device(device, args.sizes.split(","), args.tokens, args.repeats)
+    print(f"\nload average {os.getloadavg()[0]:.2f} at end (the machine may be shared: compare ratios, not times)")
 
 
 if __name__ == "__main__":

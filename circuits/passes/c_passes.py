@@ -23,7 +23,7 @@ class CPasses(Passes):
     """The C passes over ``program`` (on the CPU). Holds the C view of the program: its sizes and
     pointers into index tensors that this object keeps alive."""
 
-    name = "c"
+    name = "fused C"
 
     def __init__(self, program: Program):
         super().__init__(program)
