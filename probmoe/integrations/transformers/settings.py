@@ -29,7 +29,7 @@ FIELDS = ("format", "version", "model_type", "num_experts", "top_k", "method", "
           "sha256")
 
 
-def _digest(content: dict) -> str:
+def digest(content: dict) -> str:
     text = json.dumps({k: v for k, v in content.items() if k != "sha256"}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -39,7 +39,7 @@ def content(plan: Plan, model_type: str) -> dict:
             "top_k": plan.top_k, "method": plan.method,
             "routing": plan.routing.to_dict() if plan.routing is not None else None,
             "aux_loss": plan.aux_loss, "z_loss": plan.z_loss}
-    data["sha256"] = _digest(data)
+    data["sha256"] = digest(data)
     return data
 
 
@@ -75,7 +75,7 @@ def read(directory) -> dict:
     if data["format"] != FORMAT or data["version"] != VERSION:
         raise ValueError(f"{path}: format {data['format']!r} version {data['version']!r} is not "
                          f"{FORMAT!r} version {VERSION}")
-    if data["sha256"] != _digest(data):
+    if data["sha256"] != digest(data):
         raise ValueError(f"{path} has been modified after it was written (sha256 mismatch); re-save the model "
                          "from a patched model instead of editing the file")
     if data["method"] not in METHODS:
