@@ -50,7 +50,7 @@ class RowCounter(TorchDispatchMode):
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("family", pt.SUPPORTED)
-@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("training", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_experts_see_only_active_rows_and_match_the_zero_weight_reference(family, impl, training):
     model = dynamic(family, impl).train(training)
     reference = dynamic(family, impl).train(training)  # same weights, same draws ...

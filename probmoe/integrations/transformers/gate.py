@@ -78,6 +78,13 @@ def densemixer_weights(logits: Tensor, k: int, normalize: bool) -> tuple[Tensor,
     return weights, indices, top_idx
 
 
+@torch.compiler.disable
+def route(logits: Tensor, config: probmoe.RoutingConfig, training: bool, generator) -> probmoe.Routing:
+    """``probmoe.route``, run eagerly under ``torch.compile`` (one graph break per router: the
+    circuit backend's cache and C passes are not traceable, and tracing them costs minutes)."""
+    return probmoe.route(logits, config, training=training, generator=generator)
+
+
 class PatchedGate:
     """Mixin placed before the family's ``*TopKRouter`` in the run-time subclass.
 
@@ -105,7 +112,7 @@ class PatchedGate:
             generator = self.probmoe_generator
             if generator is not None and self.training:
                 generator = self.probmoe_replay.generator(generator)  # same draws on checkpoint recomputation
-            routing = probmoe.route(logits, plan.routing, training=self.training, generator=generator)
+            routing = route(logits, plan.routing, self.training, generator)
             weights, indices = routing.weights, routing.indices  # [T, kmax] each
             self.probmoe_last = GateRecord(indices.detach(), routing.mask, plan.num_experts, routing)
         if not self.probmoe_fp32_weights:
