@@ -111,3 +111,20 @@ def test_settings_with_valid_checksum_but_bad_content(tmp_path):
 def test_from_pretrained_needs_a_directory(tmp_path):
     with pytest.raises(ValueError, match="path must be a local checkpoint directory"):
         pt.from_pretrained(tmp_path / "nowhere")
+
+
+def test_settings_file_content_and_loader_kwargs(tmp_path):
+    model = pt.patch_model(tiny_model("mixtral"), "probmoe-dynamic", kmin=1, kmax=2, backend="dp")
+    model.save_pretrained(tmp_path)
+    data = json.loads((tmp_path / pt.SETTINGS_FILENAME).read_text())
+    assert data["format"] == "probmoe-transformers-routing" and data["version"] == 1
+    assert (data["model_type"], data["num_experts"], data["top_k"], data["method"]) == ("mixtral", 8, 2,
+                                                                                       "probmoe-dynamic")
+    assert probmoe.RoutingConfig.from_dict(data["routing"]) == model.probmoe_plan.routing
+    assert data["routing"]["normalize"] is True  # Mixtral renormalises
+    reloaded = pt.from_pretrained(tmp_path, experts_implementation="eager", generator=torch.Generator())
+    assert reloaded.config._experts_implementation == "eager"
+    assert reloaded.probmoe_plan == model.probmoe_plan
+    x = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded.eval()(x).logits, model.eval()(x).logits, atol=1e-5, rtol=0)
