@@ -79,9 +79,13 @@ def densemixer_weights(logits: Tensor, k: int, normalize: bool) -> tuple[Tensor,
 
 
 @torch.compiler.disable
-def route(logits: Tensor, config: probmoe.RoutingConfig, training: bool, generator) -> probmoe.Routing:
-    """``probmoe.route``, run eagerly under ``torch.compile`` (one graph break per router: the
-    circuit backend's cache and C passes are not traceable, and tracing them costs minutes)."""
+def route(logits: Tensor, config: probmoe.RoutingConfig, training: bool, generator, replay: GeneratorReplay):
+    """``probmoe.route`` (logits [T, N] -> ``probmoe.Routing``), drawing from ``generator``
+    through ``replay`` (the same draws on checkpoint recomputation). Runs eagerly under
+    ``torch.compile`` (one graph break per router: the circuit backend's cache and C passes are
+    not traceable, and tracing them costs minutes)."""
+    if generator is not None and training:
+        generator = replay.generator(generator)
     return probmoe.route(logits, config, training=training, generator=generator)
 
 
@@ -109,10 +113,7 @@ class PatchedGate:
             self.probmoe_last = GateRecord(top_idx.detach(), torch.ones_like(top_idx, dtype=torch.bool),
                                            plan.num_experts)
         else:
-            generator = self.probmoe_generator
-            if generator is not None and self.training:
-                generator = self.probmoe_replay.generator(generator)  # same draws on checkpoint recomputation
-            routing = route(logits, plan.routing, self.training, generator)
+            routing = route(logits, plan.routing, self.training, self.probmoe_generator, self.probmoe_replay)
             weights, indices = routing.weights, routing.indices  # [T, kmax] each
             self.probmoe_last = GateRecord(indices.detach(), routing.mask, plan.num_experts, routing)
         if not self.probmoe_fp32_weights:
