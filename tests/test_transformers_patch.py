@@ -39,7 +39,8 @@ def test_supported_and_methods():
 
 
 def test_import_probmoe_does_not_import_transformers():
-    code = "import sys, probmoe, probmoe.integrations; assert 'transformers' not in sys.modules, 'transformers imported'; print('ok')"
+    code = ("import sys, probmoe, probmoe.integrations; "
+            "assert 'transformers' not in sys.modules, 'transformers imported'; print('ok')")
     root = Path(__file__).resolve().parents[1]  # this checkout's probmoe, not an installed one
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
     assert out.returncode == 0, out.stderr
