@@ -1,0 +1,7 @@
+"""Optional integrations of probmoe with other libraries.
+
+Each subpackage imports its library when it is imported itself; ``import probmoe`` imports none.
+
+    transformers: ProbMoE and the paper's baselines as a drop-in router for transformers 5.x
+        MoE models (OLMoE, Qwen2-MoE, Qwen3-MoE, Mixtral); see docs/transformers.md.
+"""

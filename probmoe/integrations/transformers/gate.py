@@ -1,0 +1,145 @@
+"""The patched router: a subclass of the family's own ``*TopKRouter``, made at run time.
+
+The subclass shares the block's ``weight`` Parameter (the instance keeps it: only its class
+changes), so checkpoint keys stay stock, and HF's router-logit hooks, matched with isinstance on
+the family's router class, keep capturing ``router_logits``. Its forward computes the logits as
+the stock router does (``F.linear`` in the hidden states' dtype), then routes by the plan:
+
+    stock methods, and DenseMixer in eval: the stock forward itself (bit for bit)
+    DenseMixer in training: all N experts, weights (mask·g).detach() + g − g.detach()
+    ProbMoE methods: ``probmoe.route`` (training: sampled, Eq. 7; eval: MAP)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+import probmoe
+from probmoe.replay import GeneratorReplay
+
+from .methods import STOCK, Plan
+
+
+@dataclass
+class GateRecord:
+    """What one router did in its last forward (detached; for statistics and the aux losses).
+
+    indices: [T, kmax] long, the experts whose outputs enter the forward value, by slot;
+    mask: [T, kmax] bool, the used slots (unused ones repeat slot 0's expert);
+    routing: the ``probmoe.Routing`` of the ProbMoE methods (it holds the autograd graph until the
+        next forward), None for the stock methods.
+    """
+
+    indices: Tensor
+    mask: Tensor
+    num_experts: int
+    routing: probmoe.Routing | None = None
+
+    @property
+    def selected(self) -> Tensor:
+        """The used experts per token: [T, N] bool."""
+        dense = torch.zeros(self.indices.shape[0], self.num_experts, dtype=torch.int32, device=self.indices.device)
+        return dense.scatter_add_(-1, self.indices, self.mask.int()) > 0  # [T, kmax] -> [T, N]
+
+    @property
+    def counts(self) -> Tensor:
+        """Tokens routed to each expert: [N] long."""
+        out = torch.zeros(self.num_experts, dtype=torch.long, device=self.indices.device)
+        return out.scatter_add_(0, self.indices.reshape(-1), self.mask.reshape(-1).long())
+
+    @property
+    def experts_per_token(self) -> Tensor:
+        """[T] long."""
+        return self.mask.sum(dim=-1)
+
+
+def densemixer_weights(logits: Tensor, k: int, normalize: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """DenseMixer as router output: (weights [T, N], indices [T, N], top-k indices [T, k]).
+
+    Forward value: the stock top-k weights at the top-k experts, exactly 0 elsewhere (so every
+    expert runs on every token, but only the top-k enter the output and receive gradients).
+    Backward: through g at all N experts, g = softmax(r), or with renormalisation DenseMixer's
+    "partscale_fix_expert" g = π·(1 − mask)/stopgrad(norm) + π·mask/norm, norm = Σ_top-k π.
+    """
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float)  # [T, N]
+    top, top_idx = torch.topk(probs, k, dim=-1)  # [T, k], as the stock routers
+    mask = torch.zeros_like(probs).scatter_(-1, top_idx, 1.0)  # [T, N] {0, 1}
+    if normalize:
+        norm = top.sum(dim=-1, keepdim=True)  # [T, 1], the stock denominator
+        g = probs * (1 - mask) / norm.detach() + probs * mask / norm
+    else:
+        g = probs
+    weights = (mask * g).detach() + (g - g.detach())  # value: mask·g; gradient: dg at all N
+    indices = torch.arange(probs.shape[-1], device=probs.device).expand_as(probs)  # [T, N]
+    return weights, indices, top_idx
+
+
+@torch.compiler.disable
+def route(logits: Tensor, config: probmoe.RoutingConfig, training: bool, generator, replay: GeneratorReplay):
+    """``probmoe.route`` (logits [T, N] -> ``probmoe.Routing``), drawing from ``generator``
+    through ``replay`` (the same draws on checkpoint recomputation). Runs eagerly under
+    ``torch.compile`` (one graph break per router: the circuit backend's cache and C passes are
+    not traceable, and tracing them costs minutes)."""
+    if generator is not None and training:
+        generator = replay.generator(generator)
+    return probmoe.route(logits, config, training=training, generator=generator)
+
+
+class PatchedGate:
+    """Mixin placed before the family's ``*TopKRouter`` in the run-time subclass.
+
+    Instance attributes added by ``patch_model`` (removed by ``unpatch_model``): ``probmoe_plan``
+    (the ``Plan``), ``probmoe_fp32_weights``, ``probmoe_generator``, ``probmoe_replay`` and, after
+    a forward, ``probmoe_last`` (a ``GateRecord``).
+    """
+
+    ADDED = ("probmoe_plan", "probmoe_fp32_weights", "probmoe_generator", "probmoe_replay", "probmoe_last")
+
+    def forward(self, hidden_states: Tensor):
+        plan: Plan = self.probmoe_plan
+        if plan.method in STOCK and not (plan.method == "densemixer" and self.training):
+            logits, weights, indices = super().forward(hidden_states)  # the stock router, untouched
+            self.probmoe_last = GateRecord(indices.detach(), torch.ones_like(indices, dtype=torch.bool),
+                                           plan.num_experts)
+            return logits, weights, indices
+        h = hidden_states.reshape(-1, self.hidden_dim)  # [..., D] -> [T, D]
+        logits = F.linear(h, self.weight)  # [T, N], in the hidden states' dtype, as the stock router
+        if plan.method == "densemixer":
+            weights, indices, top_idx = densemixer_weights(logits, plan.top_k, plan.normalize)
+            self.probmoe_last = GateRecord(top_idx.detach(), torch.ones_like(top_idx, dtype=torch.bool),
+                                           plan.num_experts)
+        else:
+            routing = route(logits, plan.routing, self.training, self.probmoe_generator, self.probmoe_replay)
+            weights, indices = routing.weights, routing.indices  # [T, kmax] each
+            self.probmoe_last = GateRecord(indices.detach(), routing.mask, plan.num_experts, routing)
+        if not self.probmoe_fp32_weights:
+            weights = weights.to(logits.dtype)  # as the stock OLMoE/Qwen routers
+        return logits, weights, indices
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def gate_class(router_class: type) -> type:
+    """The patched subclass of ``router_class`` (one per class, so isinstance and compile caches hold)."""
+    if router_class not in _CLASSES:
+        _CLASSES[router_class] = type(f"ProbMoE{router_class.__name__}", (PatchedGate, router_class),
+                                      {"__module__": router_class.__module__})
+    return _CLASSES[router_class]
+
+
+def install(gate, plan: Plan, fp32_weights: bool, generator) -> None:
+    gate.__class__ = gate_class(type(gate))
+    gate.probmoe_plan, gate.probmoe_fp32_weights = plan, fp32_weights
+    gate.probmoe_generator, gate.probmoe_replay = generator, GeneratorReplay()
+    gate.probmoe_last = None
+
+
+def uninstall(gate) -> None:
+    gate.__class__ = next(c for c in type(gate).__mro__[1:] if not issubclass(c, PatchedGate))
+    for name in PatchedGate.ADDED:
+        gate.__dict__.pop(name, None)

@@ -1,0 +1,115 @@
+"""The methods of the paper's comparison, and the validated plan a patched model routes by.
+
+    "conventional"      stock top-k routing (training and eval)
+    "frozen"            stock top-k routing, router weights frozen
+    "densemixer"        training: dense forward over all N experts (DenseMixer); eval: stock top-k
+    "probmoe"           ProbMoE Exact-k (training: sampled, Eq. 7; eval: MAP = stock top-k)
+    "probmoe-dynamic"   ProbMoE Dynamic-k over kmin..kmax (eval: MAP, clamp(#{r > 0}, kmin, kmax))
+    "sample-dense-ste", "topk-marginal"   the paper's two ablations (Exact-k; eval: MAP)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import probmoe
+
+METHODS = ("conventional", "frozen", "densemixer", "probmoe", "probmoe-dynamic", "sample-dense-ste",
+           "topk-marginal")
+STOCK = ("conventional", "frozen", "densemixer")  # routed by the family's own top-k (DenseMixer: in eval)
+_PROBMOE_METHOD = {"probmoe": "probmoe", "probmoe-dynamic": "probmoe", "sample-dense-ste": "sample-dense-ste",
+                   "topk-marginal": "topk-marginal"}  # our method -> probmoe.RoutingConfig.method
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a patched model routes: everything ``patch_model`` was given, checked.
+
+    method: one of ``METHODS``.
+    routing: the ``probmoe.RoutingConfig`` of the ProbMoE methods (None for the stock ones).
+    top_k: the model's own ``num_experts_per_tok``; num_experts: N.
+    aux_loss, z_loss: coefficients of the load-balancing loss and the router z-loss.
+    """
+
+    method: str
+    routing: probmoe.RoutingConfig | None
+    num_experts: int
+    top_k: int
+    normalize: bool
+    aux_loss: float
+    z_loss: float
+
+    @property
+    def kmax(self) -> int:
+        """Slots per token handed to the experts."""
+        return self.routing.kmax if self.routing is not None else self.top_k
+
+    @property
+    def dynamic(self) -> bool:
+        """Tokens use different numbers of experts (unused slots are skipped by the experts)."""
+        return self.routing is not None and not self.routing.exact_k
+
+
+def _int_or_none(name: str, value, lo: int, hi: int):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer in [{lo}, {hi}] or None, got {value!r}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}] (the model has {hi} experts), got {value}")
+    return value
+
+
+def _coefficient(name: str, value, default: float) -> float:
+    if value is ...:
+        return float(default)
+    if value is None or value is False:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0 (0 or None: off; ...: the config's "
+                         f"coefficient), got {value!r}")
+    return float(value)
+
+
+def make_plan(config, family, method, *, k=None, kmin=None, kmax=None, backend="circuit", grad="exact",
+              aux_loss=..., z_loss=...) -> Plan:
+    """Check ``patch_model``'s arguments against the model's ``config``; ValueError naming the
+    argument and the allowed values."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(repr(m) for m in METHODS)}; got {method!r}")
+    n, top_k = family.num_experts(config), family.top_k(config)
+    k = _int_or_none("k", k, 1, n)
+    kmin = _int_or_none("kmin", kmin, 1, n)
+    kmax = _int_or_none("kmax", kmax, 1, n)
+    if backend not in probmoe.config.BACKENDS:
+        raise ValueError(f"backend must be one of {probmoe.config.BACKENDS}; got {backend!r}")
+    if grad not in probmoe.config.GRADS:
+        raise ValueError(f"grad must be one of {probmoe.config.GRADS}; got {grad!r}")
+    normalize = family.normalize(config)
+    routing = None
+    if method in STOCK:
+        for name, value in (("k", k), ("kmin", kmin), ("kmax", kmax)):
+            if value is not None:
+                raise ValueError(f"{name} applies only to the methods probmoe, probmoe-dynamic, sample-dense-ste, "
+                                 f"topk-marginal; method {method!r} routes to the model's own top-{top_k}")
+        if (backend, grad) != ("circuit", "exact"):
+            raise ValueError(f"backend and grad apply only to the ProbMoE methods, not to {method!r}")
+    elif method == "probmoe-dynamic":
+        if k is not None:
+            raise ValueError("k: method 'probmoe-dynamic' takes kmin and kmax (use method 'probmoe' for exactly k)")
+        kmin = 1 if kmin is None else kmin
+        kmax = top_k if kmax is None else kmax
+        if kmin > kmax:
+            raise ValueError(f"kmin must be <= kmax; got kmin={kmin}, kmax={kmax}")
+    else:
+        if kmin is not None or kmax is not None:
+            raise ValueError(f"kmin/kmax: method {method!r} routes exactly k experts (give k); "
+                             "use method 'probmoe-dynamic' for a range")
+        kmin = kmax = top_k if k is None else k
+    if method not in STOCK:
+        routing = probmoe.RoutingConfig(n, kmin=kmin, kmax=kmax, method=_PROBMOE_METHOD[method], backend=backend,
+                                        grad=grad, normalize=normalize)
+    return Plan(method, routing, n, top_k, normalize,
+                _coefficient("aux_loss", aux_loss, getattr(config, "router_aux_loss_coef", 0.0)),
+                _coefficient("z_loss", z_loss, getattr(config, "router_z_loss_coef", 0.0) or 0.0))

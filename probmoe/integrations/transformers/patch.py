@@ -1,0 +1,135 @@
+"""``patch_model`` / ``unpatch_model`` / ``from_pretrained`` / ``router_stats``.
+
+Patching changes classes, never modules or parameters: each MoE block's ``gate`` becomes a
+``PatchedGate`` subclass of its own router class, dynamic-k experts become ``SkippingExperts``,
+and the top-level model a same-named subclass that adds the aux losses and the settings file.
+Unpatching sets the classes back and removes every added attribute, so the model routes as stock
+again, bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import experts as experts_mod
+from . import gate as gate_mod
+from . import model as model_mod
+from . import settings
+from .families import family_of
+from .methods import make_plan
+
+
+def is_patched(model) -> bool:
+    return isinstance(model, model_mod.PatchedModel)
+
+
+def patch_model(model, method: str, *, k=None, kmin=None, kmax=None, backend: str = "circuit", grad: str = "exact",
+                aux_loss=..., z_loss=..., generator: torch.Generator | None = None):
+    """Patch every MoE block of a transformers 5.x ``olmoe``, ``qwen2_moe``, ``qwen3_moe`` or
+    ``mixtral`` model in place to route by ``method``; returns the model.
+
+    method: "conventional", "frozen", "densemixer", "probmoe", "probmoe-dynamic",
+        "sample-dense-ste" or "topk-marginal" (see docs/transformers.md for what each does).
+    k: experts per token of the exactly-k ProbMoE methods (default: the model's
+        ``num_experts_per_tok``); kmin, kmax: the range of "probmoe-dynamic" (default 1 and the
+        model's top-k).
+    backend, grad: as for ``probmoe.RoutingConfig`` (ProbMoE methods only).
+    aux_loss, z_loss: coefficients of the load-balancing loss on the experts actually used and of
+        the router z-loss, added to the loss when router logits are output (``...``: the
+        config's ``router_aux_loss_coef`` / ``router_z_loss_coef`` (0 where it has none); 0 or
+        None: off).
+    generator: a ``torch.Generator`` for the ProbMoE draws (default: the global RNG).
+
+    Patching an already patched model with the same settings returns it unchanged; with other
+    settings it is a ValueError (``unpatch_model`` first).
+    """
+    family = family_of(model)
+    plan = make_plan(model.config, family, method, k=k, kmin=kmin, kmax=kmax, backend=backend, grad=grad,
+                     aux_loss=aux_loss, z_loss=z_loss)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if is_patched(model):
+        if model.probmoe_plan == plan and model.probmoe_generator is generator:
+            return model
+        raise ValueError(f"model is already patched with method {model.probmoe_plan.method!r} and other settings; "
+                         "call unpatch_model(model) before patching it again")
+    blocks = family.blocks(model)
+    if not blocks:
+        raise ValueError(f"model has no {family.block_class.__name__} to patch")
+    requires_grad = {}
+    for block in blocks:
+        gate_mod.install(block.gate, plan, family.fp32_weights, generator)
+        if plan.dynamic:
+            experts_mod.install(block.experts)
+        if method == "frozen":  # only the routers: Qwen2-MoE's shared_expert_gate stays trainable
+            requires_grad[id(block.gate.weight)] = block.gate.weight.requires_grad
+            block.gate.weight.requires_grad_(False)
+    model_mod.install(model)
+    model.probmoe_plan, model.probmoe_family, model.probmoe_generator = plan, family, generator
+    model.probmoe_requires_grad = requires_grad
+    model.probmoe_last_z_loss = None
+    return model
+
+
+def unpatch_model(model):
+    """Restore stock routing (classes, router ``requires_grad``); returns the model. ValueError
+    if ``model`` is not patched."""
+    if not is_patched(model):
+        raise ValueError("model is not patched by probmoe.integrations.transformers.patch_model")
+    family = model.probmoe_family
+    requires_grad = model.probmoe_requires_grad
+    for block in family.blocks(model):
+        if id(block.gate.weight) in requires_grad:
+            block.gate.weight.requires_grad_(requires_grad[id(block.gate.weight)])
+        if isinstance(block.gate, gate_mod.PatchedGate):
+            gate_mod.uninstall(block.gate)
+        experts_mod.uninstall(block.experts)
+    model_mod.uninstall(model)
+    return model
+
+
+def router_stats(model) -> list[dict]:
+    """Per patched MoE layer, what its router did in the last forward:
+
+    {"layer": module name, "routing": probmoe.Routing or None (stock methods), "indices":
+     [T, kmax], "mask": [T, kmax] bool, "expert_counts": [N] long (tokens per expert),
+     "experts_per_token": [T] long, "selected": [T, N] bool}; an empty dict's fields are None
+    before the first forward."""
+    if not is_patched(model):
+        raise ValueError("model is not patched by probmoe.integrations.transformers.patch_model")
+    stats = []
+    for name, module in model.named_modules():
+        if isinstance(module, gate_mod.PatchedGate):
+            rec = module.probmoe_last
+            stats.append({"layer": name, "routing": rec and rec.routing, "indices": rec and rec.indices,
+                          "mask": rec and rec.mask, "expert_counts": rec and rec.counts,
+                          "experts_per_token": rec and rec.experts_per_token, "selected": rec and rec.selected})
+    return stats
+
+
+def from_pretrained(path, *, generator: torch.Generator | None = None, **kwargs):
+    """Load a checkpoint saved from a patched model with transformers'
+    ``AutoModelForCausalLM.from_pretrained(path, **kwargs)`` and patch the routing its
+    ``probmoe_routing.json`` records. FileNotFoundError if the settings file is missing,
+    ValueError if it is unreadable, tampered or does not match the checkpoint's config."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if not os.path.isdir(os.fspath(path)):
+        raise ValueError(f"path must be a local checkpoint directory written by save_pretrained, got {path!r}")
+    data = settings.read(path)  # before loading any weights
+    config = AutoConfig.from_pretrained(path)
+    if config.model_type != data["model_type"]:
+        raise ValueError(f"{data['path']} is for model type {data['model_type']!r} but config.json says "
+                         f"{config.model_type!r}")
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    family = family_of(model)
+    if (family.num_experts(model.config), family.top_k(model.config)) != (data["num_experts"], data["top_k"]):
+        raise ValueError(f"{data['path']} records {data['num_experts']} experts, top-{data['top_k']}, but the model "
+                         f"has {family.num_experts(model.config)}, top-{family.top_k(model.config)}")
+    patch_model(model, **settings.patch_arguments(data), generator=generator)
+    if model.probmoe_plan.routing != data["routing"]:
+        raise ValueError(f"{data['path']}: its routing config {data['routing']} does not match the model's "
+                         f"({model.probmoe_plan.routing})")
+    return model

@@ -1,0 +1,130 @@
+"""Checkpoints of patched models stay stock; the routing travels in probmoe_routing.json."""
+
+import json
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", minversion="5.0")
+
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+import probmoe  # noqa: E402
+import probmoe.integrations.transformers as pt  # noqa: E402
+from probmoe.integrations.transformers.testing import tiny_model  # noqa: E402
+
+
+def batch(seed=0):
+    return torch.randint(3, 256, (2, 12), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("family", pt.SUPPORTED)
+def test_save_loads_in_stock_transformers_and_restores_routing(family, tmp_path):
+    model = pt.patch_model(tiny_model(family), "probmoe", aux_loss=0.02, z_loss=0.001)
+    model.save_pretrained(tmp_path)
+    assert os.path.isfile(tmp_path / pt.SETTINGS_FILENAME)
+
+    stock, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert not any(info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    assert not pt.is_patched(stock)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [type(stock).__name__]
+    assert set(stock.state_dict()) == set(model.state_dict())
+    x = batch()
+    with torch.no_grad():  # exactly-k ProbMoE at eval == the stock model it was saved as
+        torch.testing.assert_close(model.eval()(x).logits, stock.eval()(x).logits, atol=1e-5, rtol=0)
+
+    reloaded = pt.from_pretrained(tmp_path)
+    assert pt.is_patched(reloaded)
+    assert reloaded.probmoe_plan == model.probmoe_plan
+    assert reloaded.probmoe_plan.aux_loss == 0.02 and reloaded.probmoe_plan.z_loss == 0.001
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded.eval()(x).logits, model(x).logits, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("method,kwargs", [("probmoe-dynamic", dict(kmin=1, kmax=3)), ("densemixer", {}),
+                                           ("frozen", {}), ("topk-marginal", dict(k=3, grad="paper", backend="dp"))])
+def test_every_method_round_trips(method, kwargs, tmp_path):
+    model = pt.patch_model(tiny_model("qwen2_moe"), method, **kwargs)
+    model.save_pretrained(tmp_path)
+    reloaded = pt.from_pretrained(tmp_path)
+    assert reloaded.probmoe_plan == model.probmoe_plan
+    if method == "frozen":
+        assert not any(b.gate.weight.requires_grad for b in reloaded.probmoe_family.blocks(reloaded))
+    if method == "probmoe-dynamic":
+        assert isinstance(reloaded.probmoe_plan.routing, probmoe.RoutingConfig)
+        assert (reloaded.probmoe_plan.routing.kmin, reloaded.probmoe_plan.routing.kmax) == (1, 3)
+
+
+def saved(tmp_path, family="olmoe"):
+    pt.patch_model(tiny_model(family), "probmoe").save_pretrained(tmp_path)
+    return tmp_path / pt.SETTINGS_FILENAME
+
+
+def test_missing_settings_file(tmp_path):
+    tiny_model("olmoe").save_pretrained(tmp_path)  # a stock save writes no settings
+    with pytest.raises(FileNotFoundError, match="probmoe_routing.json is missing"):
+        pt.from_pretrained(tmp_path)
+
+
+def test_unreadable_settings_file(tmp_path):
+    saved(tmp_path).write_text("{not json")
+    with pytest.raises(ValueError, match="unreadable"):
+        pt.from_pretrained(tmp_path)
+    (tmp_path / pt.SETTINGS_FILENAME).write_text("[1, 2]")
+    with pytest.raises(ValueError, match="must hold a JSON object"):
+        pt.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("field,value", [("method", "conventional"), ("aux_loss", 1.0), ("num_experts", 4)])
+def test_tampered_settings_file(tmp_path, field, value):
+    path = saved(tmp_path)
+    data = json.loads(path.read_text())
+    data[field] = value
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="modified after it was written"):
+        pt.from_pretrained(tmp_path)
+
+
+def test_settings_with_valid_checksum_but_bad_content(tmp_path):
+    from probmoe.integrations.transformers import settings
+
+    path = saved(tmp_path)
+    for change, message in [(dict(routing={"num_experts": 8, "k": 9}), "bad routing config"),
+                            (dict(method="nope"), "method must be one of"),
+                            (dict(model_type="mixtral"), "is for model type 'mixtral'"),
+                            (dict(top_k=3), "records 8 experts, top-3"),
+                            (dict(version=2), "is not 'probmoe-transformers-routing' version 1")]:
+        data = settings.content(pt.patch_model(tiny_model("olmoe"), "probmoe").probmoe_plan, "olmoe")
+        data.update(change)
+        data["sha256"] = settings.digest(data)  # a consistent file with bad content
+        path.write_text(json.dumps(data))
+        with pytest.raises(ValueError, match=message):
+            pt.from_pretrained(tmp_path)
+    data = settings.content(pt.patch_model(tiny_model("olmoe"), "probmoe").probmoe_plan, "olmoe")
+    data["extra"] = 1
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="must have exactly the fields"):
+        pt.from_pretrained(tmp_path)
+
+
+def test_from_pretrained_needs_a_directory(tmp_path):
+    with pytest.raises(ValueError, match="path must be a local checkpoint directory"):
+        pt.from_pretrained(tmp_path / "nowhere")
+
+
+def test_settings_file_content_and_loader_kwargs(tmp_path):
+    model = pt.patch_model(tiny_model("mixtral"), "probmoe-dynamic", kmin=1, kmax=2, backend="dp")
+    model.save_pretrained(tmp_path)
+    data = json.loads((tmp_path / pt.SETTINGS_FILENAME).read_text())
+    assert data["format"] == "probmoe-transformers-routing" and data["version"] == 1
+    assert (data["model_type"], data["num_experts"], data["top_k"], data["method"]) == ("mixtral", 8, 2,
+                                                                                       "probmoe-dynamic")
+    assert probmoe.RoutingConfig.from_dict(data["routing"]) == model.probmoe_plan.routing
+    assert data["routing"]["normalize"] is True  # Mixtral renormalises
+    reloaded = pt.from_pretrained(tmp_path, experts_implementation="eager", generator=torch.Generator())
+    assert reloaded.config._experts_implementation == "eager"
+    assert reloaded.probmoe_plan == model.probmoe_plan
+    x = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded.eval()(x).logits, model.eval()(x).logits, atol=1e-5, rtol=0)

@@ -1,0 +1,49 @@
+"""torch.compile of a patched model (where the stock model compiles).
+
+Slow (10-20 s a case on 2 cores: dynamo traces the whole model); run with ``-m slow``. The
+aot_eager backend checks tracing and autograd without inductor's C++ build.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", minversion="5.0")
+
+import probmoe.integrations.transformers as pt  # noqa: E402
+from probmoe.integrations.transformers.testing import tiny_model  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def batch(seed=0):
+    return torch.randint(3, 256, (2, 8), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("method", ["probmoe", "densemixer", "probmoe-dynamic"])
+def test_compiled_equals_eager(method):
+    torch._dynamo.reset()
+    model = pt.patch_model(tiny_model("qwen3_moe"), method)
+    twin = pt.patch_model(tiny_model("qwen3_moe"), method)
+    compiled = torch.compile(model, backend="aot_eager")
+    x = batch()
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x).logits, model(x).logits, atol=1e-5, rtol=0)
+    model.train()
+    torch.manual_seed(0)
+    out = compiled(x, labels=x, output_router_logits=True)
+    torch.manual_seed(0)
+    want = model(x, labels=x, output_router_logits=True)
+    torch.testing.assert_close(out.loss, want.loss, atol=1e-5, rtol=0)
+    out.loss.backward()
+    if method != "densemixer":  # with the routers' own generator
+        for m in (model, twin):
+            pt.unpatch_model(m)
+        pt.patch_model(model, method, generator=torch.Generator().manual_seed(3))
+        pt.patch_model(twin, method, generator=torch.Generator().manual_seed(3))
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="aot_eager")
+        torch.testing.assert_close(compiled(x, labels=x).loss, twin.train()(x, labels=x).loss, atol=1e-5, rtol=0)
+        model.zero_grad()
+        compiled(x, labels=x).loss.backward()
+    assert all(b.gate.weight.grad.abs().sum() > 0 for b in model.probmoe_family.blocks(model))

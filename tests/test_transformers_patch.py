@@ -1,0 +1,207 @@
+"""probmoe.integrations.transformers: patching the four families with every method.
+
+Tiny random models (hidden 64, 2 layers, 8 experts, top-2, vocab 256): training reduces the loss
+and reaches the routers (frozen: bit-identical), eval of the exactly-k methods equals the stock
+model, generate() works with the KV cache, unpatch restores stock routing bit for bit, and every
+bad input is a ValueError naming the argument.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", minversion="5.0")
+
+import probmoe.integrations.transformers as pt  # noqa: E402
+from probmoe.integrations.transformers.testing import tiny_model  # noqa: E402
+
+FAMILIES = pt.SUPPORTED
+EXACT_K = ("conventional", "frozen", "densemixer", "probmoe", "sample-dense-ste", "topk-marginal")
+
+
+def batch(seed=0, shape=(4, 16)):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 256, shape, generator=g)
+
+
+def routers(model):
+    return [b.gate for b in model.probmoe_family.blocks(model)] if pt.is_patched(model) else \
+        [m for n, m in model.named_modules() if n.endswith("mlp.gate")]
+
+
+def test_supported_and_methods():
+    assert FAMILIES == ("olmoe", "qwen2_moe", "qwen3_moe", "mixtral")
+    assert pt.METHODS == ("conventional", "frozen", "densemixer", "probmoe", "probmoe-dynamic", "sample-dense-ste",
+                          "topk-marginal")
+
+
+def test_import_probmoe_does_not_import_transformers():
+    code = ("import sys, probmoe, probmoe.integrations; "
+            "assert 'transformers' not in sys.modules, 'transformers imported'; print('ok')")
+    root = Path(__file__).resolve().parents[1]  # this checkout's probmoe, not an installed one
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("method", pt.METHODS)
+def test_training_reduces_loss_and_reaches_routers(family, method):
+    model = pt.patch_model(tiny_model(family), method, generator=torch.Generator().manual_seed(1))
+    model.train()
+    x = batch()
+    before = [g.weight.detach().clone() for g in routers(model)]
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(4):
+        opt.zero_grad()
+        out = model(x, labels=x, output_router_logits=True)
+        out.loss.backward()
+        grads = [g.weight.grad for g in routers(model)]
+        if method == "frozen":
+            assert all(g is None for g in grads)
+        else:
+            assert all(g is not None and g.abs().sum() > 0 for g in grads)
+        opt.step()
+        losses.append(out.loss.item())
+    assert losses[-1] < losses[0] - 0.2, losses
+    after = [g.weight.detach() for g in routers(model)]
+    if method == "frozen":
+        assert all(torch.equal(a, b) for a, b in zip(before, after))
+        if family == "qwen2_moe":  # the shared expert's gate is not a router: it still trains
+            assert all(b.shared_expert_gate.weight.requires_grad for b in model.probmoe_family.blocks(model))
+    else:
+        assert not any(torch.equal(a, b) for a, b in zip(before, after))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("method", EXACT_K)
+def test_eval_of_exactly_k_methods_equals_stock(family, method):
+    stock, model = tiny_model(family).eval(), pt.patch_model(tiny_model(family), method).eval()
+    x = batch(1)
+    with torch.no_grad():
+        want, got = stock(x).logits, model(x).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generate_with_kv_cache_matches_stock(family):
+    stock, model = tiny_model(family).eval(), pt.patch_model(tiny_model(family), "probmoe").eval()
+    prompt = batch(2, (2, 5))
+    kw = dict(max_new_tokens=6, do_sample=False, use_cache=True, pad_token_id=0)
+    want, got = stock.generate(prompt, **kw), model.generate(prompt, **kw)
+    assert got.shape == (2, 11)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dynamic_k_serves_a_stock_trained_model(family):
+    model = pt.patch_model(tiny_model(family), "probmoe-dynamic", kmin=1, kmax=2).eval()
+    out = model.generate(batch(3, (1, 4)), max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert out.shape == (1, 8)
+    counts = [s["experts_per_token"] for s in pt.router_stats(model)]
+    assert all(((c >= 1) & (c <= 2)).all() for c in counts)
+
+
+def unpatch_cases():
+    """Every method on a rotating family by default (all four families covered); the full matrix is slow."""
+    for i, method in enumerate(pt.METHODS):
+        for j, family in enumerate(FAMILIES):
+            marks = () if j == i % len(FAMILIES) else (pytest.mark.slow,)
+            yield pytest.param(family, method, marks=marks, id=f"{method}-{family}")
+
+
+@pytest.mark.parametrize("family,method", list(unpatch_cases()))
+def test_unpatch_restores_stock_bit_for_bit(family, method):
+    stock = tiny_model(family)
+    model = tiny_model(family)
+    classes = {n: type(m) for n, m in model.named_modules()}
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    pt.patch_model(model, method)
+    x = batch(4)
+    model.train()
+    model(x, labels=x, output_router_logits=True).loss.backward()
+    model.zero_grad(set_to_none=True)
+    assert pt.unpatch_model(model) is model
+    assert not pt.is_patched(model)
+    assert {n: type(m) for n, m in model.named_modules()} == classes
+    assert {n: p.requires_grad for n, p in model.named_parameters()} == flags
+    assert not any(name.startswith("probmoe_") for m in model.modules() for name in vars(m))
+    for mode in (True, False):
+        stock.train(mode), model.train(mode)
+        a = stock(x, labels=x, output_router_logits=True)
+        b = model(x, labels=x, output_router_logits=True)
+        assert torch.equal(a.logits, b.logits) and torch.equal(a.loss, b.loss)
+        assert all(torch.equal(p, q) for p, q in zip(a.router_logits, b.router_logits))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_state_dict_keys_stay_stock(family):
+    stock = tiny_model(family)
+    model = pt.patch_model(tiny_model(family), "probmoe-dynamic")
+    assert list(model.state_dict()) == list(stock.state_dict())
+    assert [n for n, _ in model.named_parameters()] == [n for n, _ in stock.named_parameters()]
+    assert type(model).__name__ == type(stock).__name__
+
+
+def test_patch_after_a_forward_keeps_router_logit_capture():
+    model = tiny_model("olmoe")
+    x = batch()
+    model(x, output_router_logits=True)  # HF installs its capture hooks on the stock routers
+    pt.patch_model(model, "probmoe")
+    out = model.train()(x, labels=x, output_router_logits=True)
+    assert len(out.router_logits) == 2 and out.aux_loss is not None
+
+
+def test_patch_same_settings_is_a_no_op_and_other_settings_fail():
+    model = pt.patch_model(tiny_model("qwen3_moe"), "probmoe", k=2)
+    assert pt.patch_model(model, "probmoe") is model  # k=2 is the model's top-k: same plan
+    with pytest.raises(ValueError, match="already patched"):
+        pt.patch_model(model, "probmoe", k=3)
+    with pytest.raises(ValueError, match="already patched"):
+        pt.patch_model(model, "densemixer")
+
+
+BAD = [
+    (dict(method="bogus"), "method must be one of"),
+    (dict(method="probmoe", k=9), "k must be in \\[1, 8\\]"),
+    (dict(method="probmoe", k=0), "k must be in"),
+    (dict(method="probmoe", k=2.0), "k must be an integer"),
+    (dict(method="probmoe-dynamic", kmin=3, kmax=2), "kmin must be <= kmax"),
+    (dict(method="probmoe-dynamic", kmax=9), "kmax must be in"),
+    (dict(method="probmoe-dynamic", k=2), "k: method 'probmoe-dynamic' takes kmin and kmax"),
+    (dict(method="probmoe", kmin=1, kmax=2), "kmin/kmax: method 'probmoe' routes exactly k"),
+    (dict(method="conventional", k=2), "k applies only to the methods"),
+    (dict(method="densemixer", backend="dp"), "backend and grad apply only"),
+    (dict(method="probmoe", backend="gpu"), "backend must be one of"),
+    (dict(method="probmoe", grad="fast"), "grad must be one of"),
+    (dict(method="probmoe", aux_loss=-1.0), "aux_loss must be a finite number"),
+    (dict(method="probmoe", z_loss=float("nan")), "z_loss must be a finite number"),
+    (dict(method="probmoe", generator=0), "generator must be a torch.Generator"),
+]
+
+
+@pytest.mark.parametrize("kwargs,message", BAD)
+def test_bad_arguments_are_value_errors(kwargs, message):
+    model = tiny_model("mixtral")
+    with pytest.raises(ValueError, match=message):
+        pt.patch_model(model, **kwargs)
+    assert not pt.is_patched(model)
+
+
+def test_unsupported_models_are_value_errors():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    with pytest.raises(ValueError, match="model type 'llama' is not supported.*olmoe, qwen2_moe, qwen3_moe, mixtral"):
+        pt.patch_model(llama, "probmoe")
+    with pytest.raises(ValueError, match="model must be a transformers PreTrainedModel"):
+        pt.patch_model(torch.nn.Linear(2, 2), "probmoe")
+    with pytest.raises(ValueError, match="model is not patched"):
+        pt.unpatch_model(tiny_model("olmoe"))
+    with pytest.raises(ValueError, match="model is not patched"):
+        pt.router_stats(tiny_model("olmoe"))
