@@ -5,13 +5,15 @@
         -> route (straight-through training weights, MAP at eval) -> ProbMoERouter (nn.Module)
 """
 
-from .config import METHODS, RoutingConfig
+from .config import BACKENDS, GRADS, METHODS, RoutingConfig
 from .distribution import SubsetDistribution, Subsets
 from .map_rule import map_mask, map_size
 from .route import Routing, route
 from .router import ProbMoERouter
 
 __all__ = [
+    "BACKENDS",
+    "GRADS",
     "METHODS",
     "ProbMoERouter",
     "Routing",
