@@ -1,0 +1,168 @@
+"""Benchmark one training step of an MoE language model per routing method (the paper's Fig. 7).
+
+    python tools/bench_step.py [--tokens 2048] [--seq 256] [--hidden 128] [--experts 64] [--top-k 8]
+                               [--layers 2] [--repeats 7] [--threads 2] [--devices cpu,cuda]
+
+An OLMoE-proportioned model scaled down for the CPU (64 experts, top-8; OLMoE-1B-7B has hidden
+2048, 16 layers), randomly initialised, one copy per method from the same weights. A step is
+forward with labels, backward and an AdamW update on ``--tokens`` tokens. For conventional
+top-k, DenseMixer, ProbMoE Exact-k (the "dp" and the "circuit" backend) and ProbMoE Dynamic-k
+(1..top-k, circuit): the median step time (interleaved repeats, so drift hits all alike), tokens
+per second and peak memory, each as a ratio to conventional measured in the same run, and the
+experts a token used on average. Peak memory is the peak resident set of a fresh process that
+runs two steps (CPU; the whole process: torch, transformers and the model included) or
+``torch.cuda.max_memory_allocated`` over one step (CUDA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import resource
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import interleaved, table  # noqa: E402
+
+METHODS = {  # label -> patch_model arguments (None: the stock model)
+    "conventional": None,
+    "DenseMixer": dict(method="densemixer"),
+    "ProbMoE (dp)": dict(method="probmoe", backend="dp"),
+    "ProbMoE (circuit)": dict(method="probmoe", backend="circuit"),
+    "ProbMoE Dynamic-k (circuit)": dict(method="probmoe-dynamic", backend="circuit"),
+}
+
+
+def build(args, device: torch.device, labels=tuple(METHODS)) -> dict:
+    """label -> (model, optimizer) for ``labels``, every model from the same initial weights."""
+    from probmoe.integrations.transformers import patch_model
+    from probmoe.integrations.transformers.testing import tiny_model
+
+    base = tiny_model("olmoe", seed=0, hidden_size=args.hidden, intermediate_size=args.hidden // 2,
+                      num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=4,
+                      num_experts=args.experts, num_experts_per_tok=args.top_k, vocab_size=512,
+                      max_position_embeddings=args.seq)
+    out = {}
+    for label in labels:
+        patch = METHODS[label]
+        model = copy.deepcopy(base).to(device).train()
+        if patch is not None:
+            patch_model(model, **patch)
+        out[label] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4))
+    return out
+
+
+def step(model, opt, ids: torch.Tensor) -> None:
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def experts_per_token(model, top_k: int) -> float:
+    """Mean experts per token over the layers in the last forward (the stock model: top_k)."""
+    from probmoe.integrations.transformers import is_patched, router_stats
+
+    if not is_patched(model):
+        return float(top_k)
+    counts = [s["experts_per_token"].float().mean().item() for s in router_stats(model)]
+    return sum(counts) / len(counts)
+
+
+def peak_rss_mib(args, label: str) -> float:
+    """Peak resident set (MiB) of a fresh process that builds the ``label`` model and runs two steps."""
+    code = ("import sys, json; sys.argv = json.loads(sys.argv[1]); import bench_step; bench_step.rss_child()")
+    argv = [sys.argv[0], *[f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()], f"--child={label}"]
+    run = subprocess.run([sys.executable, "-c", code, json.dumps(argv)], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.abspath(__file__)))
+    return float(run.stdout.strip().splitlines()[-1])
+
+
+def rss_child() -> None:
+    args = parse()
+    torch.set_num_threads(args.threads)
+    model, opt = build(args, torch.device("cpu"), [args.child])[args.child]
+    ids = torch.randint(3, 512, (args.tokens // args.seq, args.seq))
+    for _ in range(2):
+        step(model, opt, ids)
+    print(peak_resident_mib())
+
+
+def peak_resident_mib() -> float:
+    """This process's peak resident set in MiB: VmHWM, which starts afresh at exec (ru_maxrss
+    carries the parent's peak across fork and exec on Linux)."""
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024  # kB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # no /proc: the best there is
+
+
+def bench(args, device: torch.device) -> None:
+    models = build(args, device)
+    ids = torch.randint(3, 512, (args.tokens // args.seq, args.seq), device=device)
+
+    def run(label):
+        model, opt = models[label]
+        if device.type == "cuda":
+            return lambda: (step(model, opt, ids), torch.cuda.synchronize(device))
+        return lambda: step(model, opt, ids)
+
+    times = interleaved({label: run(label) for label in models}, repeats=args.repeats, warmup=2)
+    memory = {}
+    for label in models:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            run(label)()
+            memory[label] = torch.cuda.max_memory_allocated(device) / 2**20
+        else:
+            memory[label] = peak_rss_mib(args, label)
+    base_t, base_m = times["conventional"], memory["conventional"]
+    rows = []
+    for label, (model, _) in models.items():
+        t = times[label]
+        rows.append((label, f"{t * 1e3:.0f}", f"{t / base_t:.2f}x", f"{args.tokens / t:,.0f}",
+                     f"{memory[label]:.0f}", f"{memory[label] / base_m:.2f}x", f"{experts_per_token(model, args.top_k):.2f}"))
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(f"\n{where}: {args.tokens} tokens per step ({args.tokens // args.seq} x {args.seq}), hidden {args.hidden}, "
+          f"{args.layers} layers, {args.experts} experts, top-{args.top_k}")
+    print(table(rows, ("method", "step (ms)", "step / conventional", "tokens/s", "peak memory (MiB)",
+                       "memory / conventional", "experts per token")))
+
+
+def parse():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--experts", type=int, default=64)
+    ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--devices", default="cpu,cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse()
+    if args.tokens % args.seq:
+        raise SystemExit(f"--tokens ({args.tokens}) must be a multiple of --seq ({args.seq})")
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}; load average {os.getloadavg()[0]:.2f} at start")
+    for name in args.devices.split(","):
+        device = torch.device(name)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            print(f"\n{name}: skipped (no CUDA device)")
+            continue
+        bench(args, device)
+    print(f"\nload average {os.getloadavg()[0]:.2f} at end (the machine may be shared: compare ratios, not times)")
+
+
+if __name__ == "__main__":
+    main()
