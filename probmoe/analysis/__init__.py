@@ -1,0 +1,37 @@
+"""Routing analyses of the ProbMoE paper: per-layer statistics (``metrics``) and their figures (``plots``).
+
+``metrics`` needs only torch; ``plots`` imports matplotlib when it draws.
+"""
+
+from .metrics import (
+    cardinality,
+    expert_load,
+    experts_to_cover,
+    frequency_bins,
+    frequency_vs_active,
+    layer_summary,
+    load_cv,
+    max_vio,
+    normalized_entropy,
+    top_mass,
+)
+from .plots import plot_all, plot_cardinality, plot_concentration, plot_coverage, plot_frequency, plot_load
+
+__all__ = [
+    "cardinality",
+    "expert_load",
+    "experts_to_cover",
+    "frequency_bins",
+    "frequency_vs_active",
+    "layer_summary",
+    "load_cv",
+    "max_vio",
+    "normalized_entropy",
+    "plot_all",
+    "plot_cardinality",
+    "plot_concentration",
+    "plot_coverage",
+    "plot_frequency",
+    "plot_load",
+    "top_mass",
+]

@@ -1,0 +1,321 @@
+"""Routing statistics of the ProbMoE paper's analyses, one MoE layer at a time, as plain torch functions.
+
+    probs [T, N]          a routing distribution per token (the softmax of the router logits)
+        -> experts_to_cover (Fig. 3), top_mass and normalized_entropy (Fig. 4)
+    selected [T, N] bool  the experts each token was sent to
+        -> expert_load -> load_cv, max_vio (load balance); cardinality (Fig. 5)
+    token_ids [T], cardinality [T]
+        -> frequency_vs_active -> frequency_bins (Fig. 6)
+    layer_summary: all of the above for one layer, as JSON-able numbers (what ``plots`` draws)
+
+T is the number of tokens (T >= 1), N the number of experts. Statistics are computed in float64.
+Every function checks its input and raises ValueError naming the argument.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from .. import _validate
+
+ROW_SUM_TOL = 1e-3  # how far a row of ``probs`` may sum from 1 (a float32 softmax is within ~1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks
+
+
+def _probs(probs) -> Tensor:
+    """``probs`` [T, N] checked (finite, >= 0, rows summing to 1) and as float64."""
+    if not isinstance(probs, Tensor) or not probs.is_floating_point():
+        raise ValueError(f"probs must be a floating-point torch.Tensor [tokens, experts], got {_describe(probs)}")
+    if probs.dim() != 2 or probs.shape[0] == 0 or probs.shape[1] == 0:
+        raise ValueError(f"probs must have shape [T, N] with T >= 1 tokens and N >= 1 experts, got {list(probs.shape)}")
+    p = probs.double()
+    if not bool(torch.isfinite(p).all()) or bool((p < 0).any()):
+        raise ValueError("probs must be finite and >= 0")
+    worst = float((p.sum(-1) - 1).abs().max())
+    if worst > ROW_SUM_TOL:
+        raise ValueError(f"probs rows must sum to 1 (within {ROW_SUM_TOL:g}; take the softmax in float32), "
+                         f"got a row off by {worst:.3g}")
+    return p
+
+
+def _selected(selected) -> Tensor:
+    """``selected`` [T, N] checked: a bool tensor with T >= 1 and N >= 1."""
+    if not isinstance(selected, Tensor) or selected.dtype != torch.bool:
+        raise ValueError(f"selected must be a bool torch.Tensor [tokens, experts], got {_describe(selected)}")
+    if selected.dim() != 2 or selected.shape[0] == 0 or selected.shape[1] == 0:
+        raise ValueError(f"selected must have shape [T, N] with T >= 1 tokens and N >= 1 experts, "
+                         f"got {list(selected.shape)}")
+    return selected
+
+
+def _counts(name: str, values, dim_name: str) -> Tensor:
+    """``values``: a non-empty 1-D real tensor, finite and >= 0, as float64."""
+    if not isinstance(values, Tensor) or values.dtype == torch.bool or values.is_complex():
+        raise ValueError(f"{name} must be a real torch.Tensor [{dim_name}], got {_describe(values)}")
+    if values.dim() != 1 or values.shape[0] == 0:
+        raise ValueError(f"{name} must have shape [{dim_name}] with at least one entry, got {list(values.shape)}")
+    v = values.double()
+    if not bool(torch.isfinite(v).all()) or bool((v < 0).any()):
+        raise ValueError(f"{name} must be finite and >= 0")
+    return v
+
+
+def _load(load) -> Tensor:
+    """``load`` [N] checked (finite, >= 0, a positive total) and as float64."""
+    v = _counts("load", load, "N")
+    if float(v.sum()) <= 0:
+        raise ValueError("load must have a positive total (no expert received a token)")
+    return v
+
+
+def _alphas(alphas) -> Tensor:
+    """``alphas`` as a float64 tensor [A]: a non-empty sequence of numbers in (0, 1]."""
+    if isinstance(alphas, (str, bytes)) or not isinstance(alphas, Sequence) or len(alphas) == 0:
+        raise ValueError(f"alphas must be a non-empty sequence of numbers in (0, 1], got {alphas!r}")
+    for a in alphas:
+        if isinstance(a, bool) or not isinstance(a, numbers.Real) or not 0 < a <= 1:
+            raise ValueError(f"alphas must be numbers in (0, 1], got {a!r} in {alphas!r}")
+    return torch.tensor([float(a) for a in alphas], dtype=torch.float64)
+
+
+def _describe(value) -> str:
+    if isinstance(value, Tensor):
+        return f"a {value.dtype} tensor of shape {list(value.shape)}"
+    return type(value).__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# Concentration of the routing distribution (Figs. 3 and 4)
+
+
+def experts_to_cover(probs: Tensor, alphas: Sequence[float] = (0.5, 0.9, 0.99)) -> Tensor:
+    """The fewest experts whose largest probabilities hold a fraction α of each token's mass (Fig. 3).
+
+    Args:
+        probs: [T, N] routing probabilities, rows summing to 1.
+        alphas: A fractions in (0, 1].
+
+    Returns:
+        [A, T] long, each in [1, N]: for α and token t the smallest k with
+        ``sum of the k largest probs[t] >= α * probs[t].sum()``, where a prefix within the rounding
+        of the input and of N float64 additions, ``eps(probs.dtype) + N * eps(float64)``, of the
+        target counts as reaching it. So uniform probabilities over N give ceil(αN) even where αN
+        is whole (0.9 * 10), [0.5, 0.3, 0.15, 0.05] in float32 needs 3 experts for α = 0.95, and
+        α = 1 gives the number of experts with non-zero probability, never more than N.
+    """
+    p = _probs(probs)
+    alpha = _alphas(alphas).to(p.device)
+    mass = p.sort(dim=-1, descending=True).values.cumsum(dim=-1)  # [T, N], non-decreasing
+    tol = torch.finfo(probs.dtype).eps + p.shape[1] * torch.finfo(torch.float64).eps
+    target = alpha[None, :] * mass[:, -1:] - tol  # [T, 1] * [1, A] -> [T, A], below the total mass[:, -1]
+    short = torch.searchsorted(mass, target)  # [T, A]: prefixes k = 1..N whose mass is still below the target
+    return (short + 1).T.contiguous()  # [A, T]
+
+
+def top_mass(probs: Tensor, m: int = 4) -> Tensor:
+    """The mass of the ``m`` largest probabilities per token (Fig. 4).
+
+    Args:
+        probs: [T, N] routing probabilities, rows summing to 1.
+        m: 1 <= m <= N.
+
+    Returns:
+        [T] float64.
+    """
+    p = _probs(probs)
+    m = _validate.int_in("m", m, 1, p.shape[1], f" (N = {p.shape[1]} experts)")
+    return p.topk(m, dim=-1).values.sum(-1)  # [T, m] -> [T]
+
+
+def normalized_entropy(probs: Tensor) -> Tensor:
+    """The entropy of each token's routing distribution over that of the uniform one, H(p) / log N (Fig. 4).
+
+    0 · log 0 = 0, so a one-hot row gives 0 and a uniform row 1.
+
+    Args:
+        probs: [T, N] routing probabilities, rows summing to 1, N >= 2.
+
+    Returns:
+        [T] float64 in [0, 1] (up to the rows' rounding).
+    """
+    p = _probs(probs)
+    if p.shape[1] < 2:
+        raise ValueError(f"probs must have N >= 2 experts for a normalised entropy, got N = {p.shape[1]}")
+    return -torch.xlogy(p, p).sum(-1) / math.log(p.shape[1])  # [T, N] -> [T]
+
+
+# ---------------------------------------------------------------------------------------------
+# Which experts were chosen: load balance and cardinality (Fig. 5)
+
+
+def expert_load(selected: Tensor) -> Tensor:
+    """The number of tokens sent to each expert.
+
+    Args:
+        selected: [T, N] bool, True where token t was sent to expert i.
+
+    Returns:
+        [N] long.
+    """
+    return _selected(selected).sum(0)  # [T, N] -> [N]
+
+
+def load_cv(load: Tensor) -> float:
+    """The coefficient of variation of the expert load, std / mean, with the population std (divided by N).
+
+    0 for a perfectly balanced load.
+
+    Args:
+        load: [N] tokens per expert (counts or fractions), >= 0 with a positive total.
+    """
+    v = _load(load)
+    return float(v.std(correction=0) / v.mean())
+
+
+def max_vio(load: Tensor) -> float:
+    """MaxVio, (max load - mean load) / mean load (Wang et al. 2024, "Auxiliary-loss-free load balancing").
+
+    0 for a perfectly balanced load; N - 1 when one expert takes every token.
+
+    Args:
+        load: [N] tokens per expert (counts or fractions), >= 0 with a positive total.
+    """
+    v = _load(load)
+    return float((v.max() - v.mean()) / v.mean())
+
+
+def cardinality(selected: Tensor) -> Tensor:
+    """The number of experts each token was sent to (Fig. 5; its mean is ``cardinality(s).double().mean()``).
+
+    Args:
+        selected: [T, N] bool.
+
+    Returns:
+        [T] long in [0, N].
+    """
+    return _selected(selected).sum(-1)  # [T, N] -> [T]
+
+
+# ---------------------------------------------------------------------------------------------
+# Token frequency against the number of active experts (Fig. 6)
+
+
+def frequency_vs_active(token_ids: Tensor, experts_per_token: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """How often each token id occurs, and how many experts it activates on average (Fig. 6).
+
+    Args:
+        token_ids: [T] integer token ids.
+        experts_per_token: [T] experts active at each position (``cardinality``), >= 0.
+
+    Returns:
+        (ids [U] long, sorted; counts [U] long, occurrences of each id; mean_active [U] float64,
+        the mean of ``experts_per_token`` over the occurrences of each id).
+    """
+    if (not isinstance(token_ids, Tensor) or token_ids.dtype == torch.bool
+            or token_ids.is_floating_point() or token_ids.is_complex()):
+        raise ValueError(f"token_ids must be an integer torch.Tensor [T], got {_describe(token_ids)}")
+    if token_ids.dim() != 1 or token_ids.shape[0] == 0:
+        raise ValueError(f"token_ids must have shape [T] with T >= 1, got {list(token_ids.shape)}")
+    active = _counts("experts_per_token", experts_per_token, "T")
+    if active.shape != token_ids.shape or active.device != token_ids.device:
+        raise ValueError(f"experts_per_token must match token_ids (shape {list(token_ids.shape)} on "
+                         f"{token_ids.device}), got shape {list(active.shape)} on {active.device}")
+    ids, inverse, counts = torch.unique(token_ids, return_inverse=True, return_counts=True)  # [U], [T], [U]
+    total = torch.zeros(ids.shape[0], dtype=torch.float64, device=ids.device).index_add_(0, inverse, active)
+    return ids, counts, total / counts
+
+
+def frequency_bins(counts: Tensor, mean_active: Tensor, num_bins: int = 10) -> tuple[Tensor, Tensor, Tensor]:
+    """``frequency_vs_active`` binned by log-frequency, for a plot with a log x axis (Fig. 6).
+
+    The range [1, max count] is cut into ``num_bins`` bins of equal width in log(count); empty bins
+    are left out. Within a bin, every occurrence weighs the same: a frequent id counts more than a
+    rare one.
+
+    Args:
+        counts: [U] occurrences of each id, >= 1.
+        mean_active: [U] mean active experts of each id, >= 0.
+        num_bins: 1 <= num_bins <= 1000.
+
+    Returns:
+        (frequency [B] float64, the geometric mean of the counts of the ids in each bin;
+        mean_active [B] float64, the mean active experts over all occurrences in the bin;
+        ids [B] long, the number of distinct ids in the bin), B <= num_bins, by increasing frequency.
+    """
+    c = _counts("counts", counts, "U")
+    if float(c.min()) < 1:
+        raise ValueError(f"counts must be >= 1 (occurrences of each id), got {float(c.min()):g}")
+    active = _counts("mean_active", mean_active, "U")
+    if active.shape != c.shape:
+        raise ValueError(f"mean_active must have the shape of counts, {list(c.shape)}, got {list(active.shape)}")
+    num_bins = _validate.int_in("num_bins", num_bins, 1, 1000)
+    log_c = c.log()  # [U]
+    width = float(log_c.max()) / num_bins
+    bin_of = (log_c / width).long().clamp(max=num_bins - 1) if width > 0 else torch.zeros_like(c, dtype=torch.long)
+
+    def per_bin(values: Tensor) -> Tensor:  # [U] -> [num_bins], summed within each bin
+        return torch.zeros(num_bins, dtype=values.dtype, device=values.device).index_add_(0, bin_of, values)
+
+    ids = per_bin(torch.ones_like(bin_of))  # [num_bins]
+    kept = ids > 0
+    frequency = (per_bin(log_c)[kept] / ids[kept]).exp()
+    mean = per_bin(c * active)[kept] / per_bin(c)[kept]
+    return frequency, mean, ids[kept]
+
+
+# ---------------------------------------------------------------------------------------------
+# Everything for one layer
+
+
+def layer_summary(probs: Tensor, selected: Tensor, token_ids: Tensor | None = None, *,
+                  alphas: Sequence[float] = (0.5, 0.9, 0.99), m: int = 4, num_bins: int = 10) -> dict:
+    """The statistics of one MoE layer over T tokens, as JSON-able numbers.
+
+    Args:
+        probs: [T, N] routing probabilities (softmax of the router logits), N >= 2.
+        selected: [T, N] bool, the experts each token was sent to; at least one True.
+        token_ids: [T] integer token ids, or None to leave out the frequency statistics.
+        alphas, m, num_bins: as for ``experts_to_cover``, ``top_mass`` and ``frequency_bins``.
+
+    Returns:
+        A dict: ``tokens`` (T), ``experts`` (N); ``coverage``, {f"{α:g}": mean experts to cover α};
+        ``top_m`` (m), ``top_mass`` and ``entropy`` (means over tokens of ``top_mass`` and
+        ``normalized_entropy``); ``load`` (tokens per expert, N ints), ``load_cv``, ``max_vio``;
+        ``cardinality_mean`` and ``cardinality_hist`` (tokens sent to 0, 1, ..., N experts:
+        N + 1 ints); with ``token_ids``, ``frequency``: {"frequency", "mean_active", "ids"}, the
+        lists of ``frequency_bins``.
+    """
+    cover = experts_to_cover(probs, alphas).double().mean(-1)  # [A, T] -> [A]; checks probs
+    chosen = _selected(selected)
+    if chosen.shape != probs.shape:
+        raise ValueError(f"selected must have the shape of probs, {list(probs.shape)}, got {list(chosen.shape)}")
+    if not bool(chosen.any()):
+        raise ValueError("selected must send at least one token to an expert")
+    load = expert_load(chosen)  # [N]
+    per_token = cardinality(chosen)  # [T]
+    summary = {
+        "tokens": probs.shape[0],
+        "experts": probs.shape[1],
+        "coverage": {f"{float(a):g}": float(c) for a, c in zip(alphas, cover)},
+        "top_m": m,
+        "top_mass": float(top_mass(probs, m).mean()),
+        "entropy": float(normalized_entropy(probs).mean()),
+        "load": load.tolist(),
+        "load_cv": load_cv(load),
+        "max_vio": max_vio(load),
+        "cardinality_mean": float(per_token.double().mean()),
+        "cardinality_hist": torch.bincount(per_token, minlength=probs.shape[1] + 1).tolist(),
+    }
+    if token_ids is not None:
+        _, counts, mean_active = frequency_vs_active(token_ids, per_token.to(token_ids.device))
+        frequency, active, ids = frequency_bins(counts, mean_active, num_bins)
+        summary["frequency"] = {"frequency": frequency.tolist(), "mean_active": active.tolist(), "ids": ids.tolist()}
+    return summary

@@ -1,0 +1,85 @@
+"""``probmoe-train``: fine-tune an MoE model with any routing method of the paper's comparison.
+
+    probmoe-train --model tiny-olmoe --data ../shared/data/gsm8k/train.jsonl --output-dir runs/a \\
+        --method probmoe --max-steps 200
+    torchrun --nproc_per_node 2 -m probmoe.cli.train ...     (the same flags, DDP)
+
+See docs/experiments.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import common
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="probmoe-train", description="Fine-tune a transformers MoE model "
+                                "(OLMoE, Qwen2-MoE, Qwen3-MoE, Mixtral) on question/answer JSON lines with "
+                                "ProbMoE or a baseline router. Runs alone or under torchrun (DDP).")
+    p.add_argument("--model", required=True, help="tiny-olmoe, tiny-qwen2-moe, tiny-qwen3-moe, tiny-mixtral "
+                   "(randomly initialised, byte-level tokenizer), or a local checkpoint directory")
+    p.add_argument("--data", required=True, help="JSON lines with 'question' and 'answer' (GSM8K format)")
+    p.add_argument("--output-dir", required=True, help="checkpoints, the final model and train_log.jsonl")
+    common.add_routing_flags(p, required=False)
+    p.add_argument("--aux-loss", type=common.nonnegative_float, default=None,
+                   help="load-balancing loss coefficient (default: the model config's router_aux_loss_coef)")
+    p.add_argument("--z-loss", type=common.nonnegative_float, default=None,
+                   help="router z-loss coefficient (default: the config's router_z_loss_coef, or 0)")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--max-steps", type=common.positive_int, help="optimizer steps in all")
+    length.add_argument("--epochs", type=common.positive_float, help="passes over the data (default 1)")
+    p.add_argument("--lr", type=common.positive_float, default=1e-3, help="peak learning rate (AdamW)")
+    p.add_argument("--lr-schedule", choices=("constant", "linear", "cosine"), default="linear")
+    p.add_argument("--warmup-steps", type=common.nonnegative_int, default=0)
+    p.add_argument("--weight-decay", type=common.nonnegative_float, default=0.0)
+    p.add_argument("--max-grad-norm", type=common.nonnegative_float, default=1.0, help="0: no clipping")
+    p.add_argument("--batch-size", type=common.positive_int, default=8, help="examples per process per micro-batch")
+    p.add_argument("--grad-accum", type=common.positive_int, default=1, help="micro-batches per optimizer step")
+    p.add_argument("--max-length", type=common.positive_int, default=1024, help="tokens per example, at most")
+    p.add_argument("--seed", type=common.nonnegative_int, default=0)
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast")
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--resume", help="a checkpoint directory, or 'latest' (the newest in --output-dir)")
+    p.add_argument("--save-every", type=common.nonnegative_int, default=0,
+                   help="write a resumable checkpoint every N steps (0: only at the end)")
+    p.add_argument("--log-every", type=common.positive_int, default=1)
+    p.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA when present")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv=None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+
+    def body():
+        from probmoe.experiments.trainer import TrainConfig, Trainer
+
+        cfg = TrainConfig(model=args.model, data=args.data, output_dir=args.output_dir,
+                          method=args.method or "probmoe", k=args.k, kmin=args.kmin, kmax=args.kmax,
+                          backend=args.backend, grad=args.grad, aux_loss=args.aux_loss, z_loss=args.z_loss,
+                          max_steps=args.max_steps,
+                          epochs=None if args.max_steps else (args.epochs or 1.0), lr=args.lr, lr_schedule=args.lr_schedule,
+                          warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
+                          max_grad_norm=args.max_grad_norm, batch_size=args.batch_size, grad_accum=args.grad_accum,
+                          max_length=args.max_length, seed=args.seed, bf16=args.bf16,
+                          gradient_checkpointing=args.gradient_checkpointing, resume=args.resume,
+                          save_every=args.save_every, log_every=args.log_every, device=args.device,
+                          progress=not args.no_progress)
+        return Trainer(cfg)
+
+    trainer = common.run_or_exit(p, body)
+    last = trainer.run()
+    if trainer.world.main and last:
+        print(f"step {last['step']}: loss {last['loss']:.4f}; model in {args.output_dir}", file=sys.stderr)
+    from probmoe.experiments import distributed
+
+    distributed.teardown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

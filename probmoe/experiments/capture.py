@@ -1,0 +1,49 @@
+"""The routing of a data set through a model, layer by layer, behind ``probmoe-analyze``.
+
+The model runs teacher-forced over question + answer texts (``data.encode``) in eval mode, so
+each router routes as at inference (MAP for ProbMoE, top-k for the stock methods). For every
+MoE layer and every real (non-pad) token we keep the routing probabilities softmax(r), the
+experts used, and the token id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import data
+
+
+@dataclass
+class LayerRouting:
+    """One MoE layer over T tokens: probs [T, N] float, selected [T, N] bool, token_ids [T] long."""
+
+    name: str
+    probs: torch.Tensor
+    selected: torch.Tensor
+    token_ids: torch.Tensor
+
+
+def capture(model, tokenizer, records: list[dict], batch_size: int, max_length: int, progress) -> list[LayerRouting]:
+    """Route ``records`` through the patched ``model``; one ``LayerRouting`` per MoE layer."""
+    from probmoe.integrations.transformers import router_stats
+
+    encoded = [data.encode(tokenizer, r, max_length) for r in records]
+    probs, selected, ids, names = None, None, [], None
+    with torch.no_grad():
+        for start in progress(range(0, len(encoded), batch_size), desc="route"):
+            batch = data.collate(encoded[start:start + batch_size], tokenizer.pad_token_id)
+            batch = {key: value.to(model.device) for key, value in batch.items()}
+            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_router_logits=True)
+            keep = batch["attention_mask"].reshape(-1).bool()  # [B·L]
+            stats = router_stats(model)
+            if probs is None:
+                names = [s["layer"] for s in stats]
+                probs, selected = [[] for _ in stats], [[] for _ in stats]
+            for layer, (logits, s) in enumerate(zip(out.router_logits, stats)):
+                probs[layer].append(torch.softmax(logits.float(), dim=-1)[keep].cpu())  # [B·L, N] -> [T_b, N]
+                selected[layer].append(s["selected"][keep].cpu())
+            ids.append(batch["input_ids"].reshape(-1)[keep].cpu())
+    token_ids = torch.cat(ids)
+    return [LayerRouting(name, torch.cat(p), torch.cat(s), token_ids) for name, p, s in zip(names, probs, selected)]

@@ -1,0 +1,52 @@
+"""Loading a trained model for evaluation or analysis, with the routing it was trained with or another.
+
+A directory saved by a patched model (``probmoe_routing.json`` beside it) comes back with its
+routing (``probmoe.integrations.transformers.from_pretrained``); a stock checkpoint is patched
+with ``"conventional"`` (stock routing, so the router statistics are there). ``method`` (and
+k/kmin/kmax) replaces the routing: the paper's training/inference-mismatch table evaluates every
+model with one inference rule, e.g. Dynamic-k MAP.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import models
+
+
+def load(path: str, *, method: str | None = None, k=None, kmin=None, kmax=None, backend="circuit", grad="exact",
+         device="cpu"):
+    """(model in eval mode on ``device``, tokenizer padding on the left) from checkpoint ``path``;
+    ``method`` and the rest as ``patch_model``'s arguments (None: the saved routing)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import probmoe.integrations.transformers as pt
+
+    models.check_checkpoint(path)
+    if method is None and ((k, kmin, kmax) != (None, None, None) or (backend, grad) != ("circuit", "exact")):
+        raise ValueError("--k/--kmin/--kmax/--backend/--grad need --method")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"checkpoint {path!r} has no loadable tokenizer ({e})") from None
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if os.path.isfile(os.path.join(path, pt.SETTINGS_FILENAME)):
+        model = pt.from_pretrained(path, dtype=torch.float32)
+        if method is not None:
+            pt.unpatch_model(model)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        method = method or "conventional"
+    if method is not None:
+        pt.patch_model(model, method, k=k, kmin=kmin, kmax=kmax, backend=backend, grad=grad)
+    return model.to(device).eval(), tokenizer
+
+
+def describe(model) -> str:
+    """The routing a loaded model runs: ``probmoe-dynamic (kmin=1, kmax=2)``."""
+    plan = model.probmoe_plan
+    return plan.method + (f" ({plan.routing.describe()})" if plan.routing is not None else f" (top-{plan.top_k})")

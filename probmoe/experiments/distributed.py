@@ -1,0 +1,71 @@
+"""torch.distributed for the experiment commands: the same command alone or under ``torchrun``.
+
+Under ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) ``setup`` joins the process group
+(gloo on the CPU, NCCL when CUDA is present) and picks this rank's device; alone it does
+nothing. Multi-node runs are ``torchrun``'s business (``--nnodes``, ``--rdzv-endpoint``): see
+docs/experiments.md.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int
+    size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: the only one that writes files and logs."""
+        return self.rank == 0
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, str(default))
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
+
+
+def setup(device: str | None = None) -> World:
+    """This process's place in the job. ``device``: "cpu", "cuda" or None (CUDA when present)."""
+    size, rank, local_rank = _env_int("WORLD_SIZE", 1), _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    if device not in (None, "cpu", "cuda"):
+        raise ValueError(f"--device must be 'cpu' or 'cuda', got {device!r}")
+    use_cuda = torch.cuda.is_available() if device is None else device == "cuda"
+    if use_cuda and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    dev = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(dev)
+    if size > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    return World(rank, size, local_rank, dev)
+
+
+def teardown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def all_sum(value: torch.Tensor) -> torch.Tensor:
+    """Sum of ``value`` over the ranks (itself when alone); a new tensor."""
+    value = value.clone()
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(value)
+    return value
+
+
+def barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()

@@ -1,0 +1,60 @@
+"""GSM8K evaluation behind ``probmoe-eval``: greedy generation scored by exact match, and the
+teacher-forced loss on the reference answers.
+
+Generation is greedy (``do_sample=False``) from ``data.prompt(question)`` with the KV cache, in
+batches padded on the left; a completion is cut at the first ``"Question:"`` (the model starting
+the next problem: lm-evaluation-harness's stop sequence) and at eos. Both scorer modes of
+``probmoe.eval.gsm8k`` are reported; ``flexible`` is the headline.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from probmoe.eval import gsm8k
+
+from . import data
+from .trainer import answer_loss_sum, routing_summary
+
+STOP = "Question:"
+
+
+def complete(model, tokenizer, questions: list[str], max_new_tokens: int) -> list[str]:
+    """Greedy completions of the prompts of ``questions`` (one batch)."""
+    enc = tokenizer([data.prompt(q) for q in questions], return_tensors="pt", padding=True,
+                    add_special_tokens=False).to(model.device)
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, use_cache=True,
+                             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    return [t.split(STOP)[0].strip() for t in texts]
+
+
+def score(record: dict, completion: str) -> dict:
+    """One problem's result: the reference, the completion, both modes' answers and verdicts."""
+    gold = gsm8k.gold_answer(record["answer"])
+    result = {"question": record["question"], "reference": gold, "completion": completion}
+    for mode in gsm8k.MODES:
+        result[f"answer_{mode}"] = gsm8k.extract_answer(completion, mode)
+        result[f"correct_{mode}"] = gsm8k.is_correct(completion, gold, mode)
+    return result
+
+
+def answer_loss(model, tokenizer, records: list[dict], batch_size: int, max_length: int, progress) -> dict:
+    """Mean cross-entropy over the reference answers' tokens (teacher forcing), with the routing
+    statistics of the same forwards (experts per token averaged over layers and tokens)."""
+    total, count, experts, layers = 0.0, 0, 0.0, 0
+    encoded = [data.encode(tokenizer, r, max_length) for r in records]
+    with torch.no_grad():
+        for start in progress(range(0, len(encoded), batch_size), desc="answer loss"):
+            batch = data.collate(encoded[start:start + batch_size], tokenizer.pad_token_id)
+            batch = {key: value.to(model.device) for key, value in batch.items()}
+            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+            s, n = answer_loss_sum(out.logits, batch["labels"])
+            total, count = total + s.item(), count + int(n)
+            summary = routing_summary(model, batch["attention_mask"])
+            real = int(batch["attention_mask"].sum())
+            experts += sum(layer["experts_per_token"] for layer in summary) * real
+            layers += len(summary) * real
+    return {"answer_loss": total / max(count, 1), "answer_tokens": count,
+            "experts_per_token": experts / max(layers, 1)}

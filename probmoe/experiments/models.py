@@ -1,0 +1,61 @@
+"""The models ``probmoe-train`` fine-tunes: built-in tiny ones, or local checkpoint directories.
+
+``--model tiny-olmoe | tiny-qwen2-moe | tiny-qwen3-moe | tiny-mixtral`` builds a randomly
+initialised model of that family (the integration's tiny configs: hidden 64, 2 layers, 8
+experts, top-2) with the byte-level tokenizer (``tokenizer``) and room for GSM8K-length texts.
+A directory is checked (config.json readable, a supported MoE model type, a tokenizer) before
+any weights are loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+TINY = {"tiny-olmoe": "olmoe", "tiny-qwen2-moe": "qwen2_moe", "tiny-qwen3-moe": "qwen3_moe",
+        "tiny-mixtral": "mixtral"}
+MAX_POSITIONS = 2048  # the tiny models' context: every GSM8K question + answer fits, in bytes
+
+
+def check_checkpoint(path: str) -> str:
+    """The model type of the checkpoint directory ``path``; ValueError (naming the path) if it is not
+    a directory with a readable config.json of a supported model type."""
+    from probmoe.integrations.transformers import SUPPORTED
+
+    if not os.path.isdir(path):
+        raise ValueError(f"--model must be one of {sorted(TINY)} or a local checkpoint directory; "
+                         f"{path!r} is neither")
+    config_path = os.path.join(path, "config.json")
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            model_type = json.load(f).get("model_type")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError(f"{config_path} is missing or unreadable ({e})") from None
+    if model_type not in SUPPORTED:
+        raise ValueError(f"checkpoint {path!r} is a {model_type!r} model; supported model types: "
+                         f"{', '.join(SUPPORTED)}")
+    return model_type
+
+
+def load(model: str, seed: int, dtype: torch.dtype = torch.float32):
+    """(model, tokenizer) for ``--model``: a tiny built-in one initialised under ``seed``, or the
+    local checkpoint directory ``model`` (stock or saved by a patched model; any probmoe routing
+    settings beside it are the caller's business)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from probmoe.integrations.transformers.testing import tiny_model
+
+    from .tokenizer import VOCAB_SIZE, byte_tokenizer
+
+    if model in TINY:
+        net = tiny_model(TINY[model], seed=seed, vocab_size=VOCAB_SIZE, max_position_embeddings=MAX_POSITIONS)
+        return net.to(dtype), byte_tokenizer()
+    check_checkpoint(model)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"checkpoint {model!r} has no loadable tokenizer ({e})") from None
+    net = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+    return net, tokenizer

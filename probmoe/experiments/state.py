@@ -1,0 +1,165 @@
+"""Checkpoints that resume exactly: the model as ``save_pretrained`` writes it, plus the training state.
+
+``output_dir/checkpoint-000005/`` holds
+
+    config.json, model.safetensors, tokenizer files, probmoe_routing.json   (the stock checkpoint)
+    training_state.pt      step, optimizer, LR scheduler (rank 0's; DDP keeps them equal on all ranks)
+    rng_rank{r}.pt         rank r's RNG states: Python, NumPy, torch CPU, CUDA, the routing generator
+    training_state.json    the run's fingerprint, the step, the world size, sha256 of every .pt file
+
+and is written under a temporary name, then renamed, so a crash never leaves half a checkpoint.
+Reading trusts nothing: the JSON's fields, the checksums, the fingerprint against the resuming
+run (``RESUME_KEYS``: anything that changes the trajectory), and every .pt file is read with
+``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+
+import numpy as np
+import torch
+
+FORMAT = "probmoe-training-state"
+VERSION = 1
+STATE = "training_state.pt"
+MANIFEST = "training_state.json"
+CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+# fingerprint fields that must match for a resume to continue the same trajectory
+RESUME_KEYS = ("model", "method", "k", "kmin", "kmax", "backend", "grad", "aux_loss", "z_loss", "seed", "lr",
+               "lr_schedule", "warmup_steps", "weight_decay", "max_grad_norm", "batch_size", "grad_accum",
+               "max_length", "bf16", "data_sha256", "world_size")
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def checkpoint_dir(output_dir: str, step: int) -> str:
+    return os.path.join(output_dir, f"checkpoint-{step:06d}")
+
+
+def latest_checkpoint(output_dir: str) -> str | None:
+    """The checkpoint of the highest step in ``output_dir``, or None."""
+    if not os.path.isdir(output_dir):
+        return None
+    steps = [int(m.group(1)) for name in os.listdir(output_dir) if (m := CHECKPOINT.match(name))]
+    return checkpoint_dir(output_dir, max(steps)) if steps else None
+
+
+def rng_state(generator: torch.Generator | None) -> dict:
+    """Every RNG this process draws from, as tensors and plain numbers (loadable with
+    ``weights_only=True``). The routing generator may be None (the routers draw from the global RNG)."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": [version, torch.tensor(internal, dtype=torch.int64), gauss],
+             "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+             "torch": torch.get_rng_state(),
+             "routing": generator.get_state() if generator is not None else None}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict, generator: torch.Generator | None) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal.tolist()), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if (state["routing"] is None) != (generator is None):
+        raise ValueError("the checkpoint's routing generator does not match this run's")
+    if generator is not None:
+        generator.set_state(state["routing"])
+
+
+def save(directory: str, *, step: int, fingerprint: dict, world, model, tokenizer, optimizer, scheduler,
+         generator) -> None:
+    """Write the checkpoint of ``step`` to ``directory`` (every rank calls this; rank 0 writes the
+    model, the optimizer and the manifest, each rank its own RNG file)."""
+    from . import distributed
+
+    tmp = f"{directory}.tmp"
+    if world.main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
+                   os.path.join(tmp, STATE))
+    distributed.barrier()
+    torch.save(rng_state(generator), os.path.join(tmp, f"rng_rank{world.rank}.pt"))
+    distributed.barrier()
+    if world.main:
+        files = [STATE] + [f"rng_rank{r}.pt" for r in range(world.size)]
+        manifest = {"format": FORMAT, "version": VERSION, "step": step, "world_size": world.size,
+                    "fingerprint": fingerprint, "sha256": {f: sha256_file(os.path.join(tmp, f)) for f in files}}
+        with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=2, sort_keys=True)
+            f.write("\n")
+        shutil.rmtree(directory, ignore_errors=True)
+        os.replace(tmp, directory)
+    distributed.barrier()
+
+
+def read_manifest(directory: str) -> dict:
+    """The checked manifest of a checkpoint directory; ValueError if missing, unreadable or malformed."""
+    path = os.path.join(directory, MANIFEST)
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--resume {directory!r}: {MANIFEST} is missing or unreadable ({e}); "
+                         "it is not a checkpoint written by probmoe-train") from None
+    fields = {"format", "version", "step", "world_size", "fingerprint", "sha256"}
+    if not isinstance(manifest, dict) or set(manifest) != fields:
+        raise ValueError(f"{path}: must be an object with the fields {sorted(fields)}")
+    if manifest["format"] != FORMAT or manifest["version"] != VERSION:
+        raise ValueError(f"{path}: format {manifest['format']!r} v{manifest['version']!r} is not {FORMAT} "
+                         f"v{VERSION}")
+    if not isinstance(manifest["step"], int) or manifest["step"] < 0:
+        raise ValueError(f"{path}: step must be an integer >= 0, got {manifest['step']!r}")
+    if not isinstance(manifest["fingerprint"], dict) or not isinstance(manifest["sha256"], dict):
+        raise ValueError(f"{path}: fingerprint and sha256 must be objects")
+    return manifest
+
+
+def check_resume(manifest: dict, fingerprint: dict, directory: str) -> None:
+    """ValueError listing every trajectory setting in which the resuming run differs."""
+    saved = manifest["fingerprint"]
+    diffs = [f"{key}: checkpoint {saved.get(key)!r}, now {fingerprint.get(key)!r}" for key in RESUME_KEYS
+             if saved.get(key) != fingerprint.get(key)]
+    if diffs:
+        raise ValueError(f"--resume {directory!r} was written by a run with other settings; an exact resume needs "
+                         f"the same ones ({'; '.join(diffs)})")
+
+
+def load(directory: str, manifest: dict, *, world, optimizer, scheduler, generator) -> int:
+    """Restore optimizer, scheduler and this rank's RNGs from ``directory``; returns the step."""
+    files = {STATE: None, f"rng_rank{world.rank}.pt": None}
+    for name in files:
+        path = os.path.join(directory, name)
+        expected = manifest["sha256"].get(name)
+        if expected is None or not os.path.isfile(path) or sha256_file(path) != expected:
+            raise ValueError(f"--resume {directory!r}: {name} is missing or does not match its checksum in "
+                             f"{MANIFEST} (damaged or modified)")
+        files[name] = torch.load(path, map_location="cpu", weights_only=True)
+    state = files[STATE]
+    if state.get("step") != manifest["step"]:
+        raise ValueError(f"--resume {directory!r}: {STATE} is for step {state.get('step')}, "
+                         f"{MANIFEST} says {manifest['step']}")
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(files[f"rng_rank{world.rank}.pt"], generator)
+    return manifest["step"]

@@ -1,0 +1,287 @@
+"""The training loop behind ``probmoe-train``: one process or many (torchrun), exact resume.
+
+One optimizer step sees a global batch of ``batch_size × world_size × grad_accum`` examples taken
+in the order ``data.epoch_order`` fixes (incomplete last batches of an epoch are dropped). Rank r
+takes rows [r·B, (r+1)·B) of each micro-batch. The loss of a step is the mean cross-entropy over
+every answer token of the global batch: each rank's micro-batch loss is its token sum divided by
+the global token count (summed over ranks before the step) times the world size, because DDP
+averages gradients over ranks. So N ranks with batch B take the same steps as one process with
+batch N·B, up to float summation order. Load-balancing and z-losses (coefficients from the
+routing plan) are added per micro-batch, averaged over micro-batches and ranks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import data, distributed, models, state
+
+SCHEDULES = ("constant", "linear", "cosine")
+
+
+@dataclass
+class TrainConfig:
+    """Everything ``probmoe-train`` is told (flags of the same names; see ``probmoe-train --help``)."""
+
+    model: str
+    data: str
+    output_dir: str
+    method: str = "probmoe"
+    k: int | None = None
+    kmin: int | None = None
+    kmax: int | None = None
+    backend: str = "circuit"
+    grad: str = "exact"
+    aux_loss: float | None = None  # None: the model config's coefficient
+    z_loss: float | None = None
+    max_steps: int | None = None
+    epochs: float | None = None
+    lr: float = 1e-3
+    lr_schedule: str = "linear"
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    batch_size: int = 8
+    grad_accum: int = 1
+    max_length: int = 1024
+    seed: int = 0
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    resume: str | None = None
+    save_every: int = 0
+    log_every: int = 1
+    device: str | None = None
+    progress: bool = True
+
+
+def lr_factor(schedule: str, warmup: int, total: int):
+    """The LR multiplier of step s (LambdaLR): linear warm-up over ``warmup`` steps, then constant,
+    linear decay to 0 at ``total``, or cosine decay to 0 at ``total``."""
+    def factor(s: int) -> float:
+        if s < warmup:
+            return (s + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        frac = min(1.0, (s - warmup) / max(1, total - warmup))
+        return 1.0 - frac if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))
+    return factor
+
+
+def answer_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of next-token cross-entropies over the answer tokens, their number):
+    logits [B, L, V], labels [B, L] (``data.IGNORE`` off the answer) -> ([], [])."""
+    shift_logits, shift_labels = logits[:, :-1].float(), labels[:, 1:]  # position t predicts token t + 1
+    total = F.cross_entropy(shift_logits.reshape(-1, shift_logits.shape[-1]), shift_labels.reshape(-1),
+                            ignore_index=data.IGNORE, reduction="sum")
+    return total, (shift_labels != data.IGNORE).sum()
+
+
+def routing_summary(model, attention_mask: torch.Tensor) -> list[dict]:
+    """Per MoE layer, over the real (non-pad) tokens of the last forward: mean experts per token,
+    expert-load coefficient of variation and MaxVio."""
+    from probmoe.analysis.metrics import load_cv, max_vio
+    from probmoe.integrations.transformers import router_stats
+
+    keep = attention_mask.reshape(-1).bool()  # [B·L]
+    out = []
+    for layer in router_stats(model):
+        if layer["selected"] is None:
+            continue
+        selected = layer["selected"][keep.to(layer["selected"].device)]  # [T, N] bool
+        load = selected.sum(dim=0).float()  # [N]
+        out.append({"layer": layer["layer"], "experts_per_token": selected.sum(dim=-1).float().mean().item(),
+                    "load_cv": load_cv(load), "max_vio": max_vio(load)})
+    return out
+
+
+def fingerprint(cfg: TrainConfig, world_size: int) -> dict:
+    fields = asdict(cfg)
+    with open(cfg.data, "rb") as f:
+        fields["data_sha256"] = hashlib.sha256(f.read()).hexdigest()
+    fields["world_size"] = world_size
+    return {key: fields[key] for key in state.RESUME_KEYS}
+
+
+class Trainer:
+    """Set up from a ``TrainConfig`` (every check happens here, before any step), then ``run()``."""
+
+    def __init__(self, cfg: TrainConfig):
+        from probmoe.integrations.transformers import patch_model
+
+        self.cfg = cfg
+        self.world = world = distributed.setup(cfg.device)
+        self.records = data.read_jsonl(cfg.data)
+        self.resume_dir, manifest = self._resume_dir(), None
+        self.fingerprint = fingerprint(cfg, world.size)
+        if self.resume_dir is not None:
+            manifest = state.read_manifest(self.resume_dir)
+            state.check_resume(manifest, self.fingerprint, self.resume_dir)
+        elif world.main and state.latest_checkpoint(cfg.output_dir) is not None:
+            raise ValueError(f"--output-dir {cfg.output_dir!r} already holds checkpoints of a run; pass "
+                             "--resume latest to continue it, or choose another --output-dir")
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        if self.resume_dir is not None:
+            models.check_checkpoint(self.resume_dir)
+        net, self.tokenizer = models.load(cfg.model, cfg.seed)
+        if self.resume_dir is not None:
+            net = self._weights_from(self.resume_dir)
+        self.generator = torch.Generator(world.device).manual_seed(cfg.seed * 1_000_003 + 7919 * (world.rank + 1))
+        aux = {} if cfg.aux_loss is None else {"aux_loss": cfg.aux_loss}
+        zl = {} if cfg.z_loss is None else {"z_loss": cfg.z_loss}
+        patch_model(net, cfg.method, k=cfg.k, kmin=cfg.kmin, kmax=cfg.kmax, backend=cfg.backend, grad=cfg.grad,
+                    generator=self.generator, **aux, **zl)
+        net.config.use_cache = False
+        if cfg.gradient_checkpointing:
+            net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.net = net.to(world.device)
+        self.plan = net.probmoe_plan
+        self.model = self.net
+        if world.size > 1:
+            ids = [world.local_rank] if world.device.type == "cuda" else None
+            self.model = torch.nn.parallel.DistributedDataParallel(self.net, device_ids=ids)
+        self.encoded = [data.encode(self.tokenizer, r, cfg.max_length) for r in self.records]
+        self.global_batch = cfg.batch_size * world.size * cfg.grad_accum
+        self.steps_per_epoch = len(self.encoded) // self.global_batch
+        if self.steps_per_epoch == 0:
+            raise ValueError(f"{cfg.data} has {len(self.encoded)} examples, fewer than one global batch "
+                             f"(--batch-size {cfg.batch_size} × {world.size} processes × --grad-accum "
+                             f"{cfg.grad_accum} = {self.global_batch})")
+        self.total_steps = cfg.max_steps if cfg.max_steps is not None else \
+            max(1, math.floor(cfg.epochs * self.steps_per_epoch))
+        params = [p for p in self.net.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_factor(cfg.lr_schedule, cfg.warmup_steps, self.total_steps))
+        self.step = 0
+        if self.resume_dir is not None:
+            self.step = state.load(self.resume_dir, manifest, world=world, optimizer=self.optimizer,
+                                   scheduler=self.scheduler, generator=self.generator)
+        self.log_path = os.path.join(cfg.output_dir, "train_log.jsonl")
+
+    def _resume_dir(self) -> str | None:
+        resume = self.cfg.resume
+        if resume is None:
+            return None
+        directory = state.latest_checkpoint(self.cfg.output_dir) if resume == "latest" else resume
+        if directory is None or not os.path.isdir(directory):
+            raise ValueError(f"--resume {resume!r}: no checkpoint to resume from "
+                             f"({'no checkpoint-* in ' + repr(self.cfg.output_dir) if resume == 'latest' else 'not a directory'})")
+        return directory
+
+    def _weights_from(self, directory: str):
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+
+    def _micro_batches(self, step: int):
+        """This rank's micro-batches of optimizer step ``step``: a list of collated dicts."""
+        cfg, world = self.cfg, self.world
+        epoch, index = divmod(step, self.steps_per_epoch)
+        order = data.epoch_order(len(self.encoded), cfg.seed, epoch)
+        chosen = order[index * self.global_batch:(index + 1) * self.global_batch]
+        per_micro = cfg.batch_size * world.size
+        batches = []
+        for a in range(cfg.grad_accum):
+            rows = chosen[a * per_micro:(a + 1) * per_micro][world.rank * cfg.batch_size:
+                                                             (world.rank + 1) * cfg.batch_size]
+            batches.append(data.collate([self.encoded[i] for i in rows], self.tokenizer.pad_token_id))
+        return epoch, batches
+
+    def _train_step(self, batches) -> dict:
+        cfg, world, dev = self.cfg, self.world, self.world.device
+        tokens = distributed.all_sum(torch.stack([(b["labels"][:, 1:] != data.IGNORE).sum() for b in batches]).sum())
+        total_tokens = max(1, int(tokens.item()))
+        want_router = bool(self.plan.aux_loss or self.plan.z_loss)
+        ce_sum, aux_sum = torch.zeros((), device=dev), torch.zeros((), device=dev)
+        autocast = torch.autocast(dev.type, dtype=torch.bfloat16) if cfg.bf16 else nullcontext()
+        for i, batch in enumerate(batches):
+            batch = {key: value.to(dev) for key, value in batch.items()}
+            sync = nullcontext() if (world.size == 1 or i == len(batches) - 1) else self.model.no_sync()
+            with sync:
+                with autocast:
+                    out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                     output_router_logits=want_router)
+                ce, _ = answer_loss_sum(out.logits, batch["labels"])
+                loss = ce * world.size / total_tokens
+                aux = torch.zeros((), device=dev)
+                if want_router:
+                    if self.plan.aux_loss:
+                        aux = aux + self.plan.aux_loss * out.aux_loss.float()
+                    if self.plan.z_loss:
+                        aux = aux + self.plan.z_loss * self.net.probmoe_last_z_loss.float()
+                    loss = loss + aux / len(batches)
+                loss.backward()
+            ce_sum += ce.detach()
+            aux_sum += aux.detach() / len(batches)
+        norm = torch.nn.utils.clip_grad_norm_(self.net.parameters(), cfg.max_grad_norm) if cfg.max_grad_norm \
+            else None
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        real = distributed.all_sum(torch.stack([b["attention_mask"].sum() for b in batches]).sum())
+        stats = {"loss": distributed.all_sum(ce_sum).item() / total_tokens,
+                 "aux_loss": distributed.all_sum(aux_sum).item() / world.size, "lr": lr,
+                 "answer_tokens": total_tokens, "tokens": int(real.item())}
+        if norm is not None:
+            stats["grad_norm"] = float(norm)
+        stats["routing"] = routing_summary(self.net, batch["attention_mask"])
+        return stats
+
+    def _log(self, record: dict) -> None:
+        if self.world.main:
+            with open(self.log_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def save(self, directory: str) -> None:
+        state.save(directory, step=self.step, fingerprint=self.fingerprint, world=self.world, model=self.net,
+                   tokenizer=self.tokenizer, optimizer=self.optimizer, scheduler=self.scheduler,
+                   generator=self.generator)
+
+    def run(self) -> dict:
+        """Train from ``self.step`` to ``total_steps``; returns the last step's log record."""
+        from tqdm.auto import tqdm
+
+        cfg, world = self.cfg, self.world
+        if world.main:
+            os.makedirs(cfg.output_dir, exist_ok=True)
+            self._log({"event": "resume" if self.resume_dir else "start", "step": self.step,
+                       "total_steps": self.total_steps, "world_size": world.size, "config": asdict(cfg)})
+        self.model.train()
+        bar = tqdm(total=self.total_steps, initial=self.step, desc=f"train {cfg.method}", unit="step",
+                   disable=not (world.main and cfg.progress), dynamic_ncols=True)
+        record = {}
+        while self.step < self.total_steps:
+            start = time.perf_counter()
+            epoch, batches = self._micro_batches(self.step)
+            stats = self._train_step(batches)
+            self.step += 1
+            elapsed = time.perf_counter() - start
+            record = {"step": self.step, "epoch": epoch, **stats, "tokens_per_s": stats["tokens"] / elapsed,
+                      "step_s": elapsed}
+            if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+                self._log(record)
+            bar.set_postfix(loss=f"{stats['loss']:.4f}", lr=f"{stats['lr']:.2e}")
+            bar.update(1)
+            if cfg.save_every and self.step % cfg.save_every == 0 and self.step < self.total_steps:
+                self.save(state.checkpoint_dir(cfg.output_dir, self.step))
+        bar.close()
+        self.save(state.checkpoint_dir(cfg.output_dir, self.step))
+        if world.main:
+            self.net.save_pretrained(cfg.output_dir)
+            self.tokenizer.save_pretrained(cfg.output_dir)
+        distributed.barrier()
+        return record

@@ -1,0 +1,142 @@
+"""probmoe-train: every family and method trains, the log holds what it should, resume is exact,
+and bad input stops the command before any training."""
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+pytest.importorskip("transformers")
+
+from gsm8k_data import write  # noqa: E402
+from probmoe.cli import common, train  # noqa: E402
+from probmoe.experiments import state  # noqa: E402
+
+
+def run(*argv):
+    return train.main([*map(str, argv), "--no-progress"])
+
+
+def weights(path):
+    return load_file(os.path.join(path, "model.safetensors"))
+
+
+def max_diff(a, b):
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write(tmp_path_factory.mktemp("data"), "train.jsonl", 16)
+
+
+def test_cli_methods_are_the_integrations():
+    import probmoe.integrations.transformers as pt
+
+    assert common.METHODS == pt.METHODS
+
+
+@pytest.mark.parametrize("model", ["tiny-olmoe", "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-mixtral"])
+def test_each_family_trains_and_saves_a_loadable_checkpoint(tmp_path, data, model):
+    import probmoe.integrations.transformers as pt
+
+    out = tmp_path / "run"
+    assert run("--model", model, "--data", data, "--output-dir", out, "--max-steps", 2, "--batch-size", 2) == 0
+    log = [json.loads(line) for line in open(out / "train_log.jsonl")]
+    assert log[0]["event"] == "start" and [r["step"] for r in log[1:]] == [1, 2]
+    for r in log[1:]:
+        assert r["loss"] > 0 and r["tokens_per_s"] > 0 and r["lr"] > 0 and r["answer_tokens"] > 0
+        assert len(r["routing"]) == 2 and all(layer["experts_per_token"] == 2 for layer in r["routing"])
+    from transformers import AutoModelForCausalLM
+
+    loaded, stock = pt.from_pretrained(str(out)).eval(), AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    assert loaded.probmoe_plan.method == "probmoe"
+    ids = torch.randint(3, 259, (2, 12))
+    assert torch.equal(loaded(ids).logits, stock(ids).logits)  # Exact-k MAP at eval is the stock top-k
+
+
+@pytest.mark.parametrize("method", ["conventional", "frozen", "densemixer", "probmoe", "probmoe-dynamic",
+                                    "sample-dense-ste", "topk-marginal"])
+def test_every_method_reduces_the_loss_on_a_repeated_batch(tmp_path, method):
+    lines = write(tmp_path, "train.jsonl", 2)
+    out = tmp_path / "run"
+    run("--model", "tiny-olmoe", "--data", lines, "--output-dir", out, "--method", method, "--max-steps", 8,
+        "--batch-size", 2, "--lr", "3e-3", "--lr-schedule", "constant")
+    losses = [r["loss"] for r in map(json.loads, open(out / "train_log.jsonl")) if "loss" in r]
+    assert losses[-1] < losses[0] - 0.05, losses
+
+
+def test_resume_is_exact(tmp_path, data):
+    """Steps 1-6 with a checkpoint at 3; resuming from it to 6 gives bit-identical parameters
+    (sampled routing with the router generators, grad accumulation, a decaying LR)."""
+    common_args = ["--model", "tiny-qwen2-moe", "--data", data, "--batch-size", 2, "--grad-accum", 2,
+                   "--method", "probmoe-dynamic", "--lr-schedule", "constant", "--warmup-steps", 4]
+    run(*common_args, "--max-steps", 6, "--output-dir", tmp_path / "a", "--save-every", 3)
+    run(*common_args, "--max-steps", 6, "--output-dir", tmp_path / "b", "--resume", tmp_path / "a" / "checkpoint-000003")
+    assert max_diff(weights(tmp_path / "a"), weights(tmp_path / "b")) == 0
+    assert max_diff(weights(tmp_path / "a"), weights(tmp_path / "a" / "checkpoint-000003")) > 0
+    log_b = [json.loads(line) for line in open(tmp_path / "b" / "train_log.jsonl")]
+    assert log_b[0]["event"] == "resume" and log_b[0]["step"] == 3 and [r["step"] for r in log_b[1:]] == [4, 5, 6]
+    # "latest" continues the same folder: from 6 to 8
+    run(*common_args, "--max-steps", 8, "--output-dir", tmp_path / "a", "--resume", "latest")
+    assert state.latest_checkpoint(str(tmp_path / "a")).endswith("checkpoint-000008")
+
+
+def test_resume_refuses_other_settings_and_damaged_state(tmp_path, data, capsys):
+    args = ["--model", "tiny-olmoe", "--data", data, "--max-steps", 2, "--batch-size", 2]
+    run(*args, "--output-dir", tmp_path / "a")
+    ckpt = tmp_path / "a" / "checkpoint-000002"
+    with pytest.raises(SystemExit) as e:
+        run(*args, "--output-dir", tmp_path / "b", "--resume", ckpt, "--lr", "0.5")
+    assert e.value.code == 2 and "lr: checkpoint 0.001, now 0.5" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the same folder again without --resume: nothing is overwritten
+        run(*args, "--output-dir", tmp_path / "a")
+    assert "already holds checkpoints" in capsys.readouterr().err
+    with open(ckpt / state.STATE, "ab") as f:
+        f.write(b"tampered")
+    with pytest.raises(SystemExit):
+        run(*args, "--max-steps", 3, "--output-dir", tmp_path / "c", "--resume", ckpt)
+    assert "checksum" in capsys.readouterr().err
+    (ckpt / state.MANIFEST).write_text("{not json")
+    with pytest.raises(SystemExit):
+        run(*args, "--max-steps", 3, "--output-dir", tmp_path / "c", "--resume", ckpt)
+    assert "unreadable" in capsys.readouterr().err
+
+
+def test_bf16_and_gradient_checkpointing_train(tmp_path, data):
+    run("--model", "tiny-qwen3-moe", "--data", data, "--output-dir", tmp_path / "r", "--max-steps", 2,
+        "--batch-size", 2, "--bf16", "--gradient-checkpointing")
+    losses = [r["loss"] for r in map(json.loads, open(tmp_path / "r" / "train_log.jsonl")) if "loss" in r]
+    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
+
+
+def _bad(tmp_path, capsys, *argv):
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit) as e:
+        run("--model", "tiny-olmoe", "--output-dir", out, "--max-steps", 1, *argv)
+    assert e.value.code == 2
+    assert not out.exists(), "the command wrote before it checked its input"
+    return capsys.readouterr().err
+
+
+def test_bad_input_is_refused_before_training(tmp_path, capsys, data):
+    assert "does not exist" in _bad(tmp_path, capsys, "--data", tmp_path / "missing.jsonl")
+    (tmp_path / "noq.jsonl").write_text('{"question": "q", "answer": "a"}\n{"answer": "4"}\n')
+    assert "noq.jsonl:2" in _bad(tmp_path, capsys, "--data", tmp_path / "noq.jsonl")
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    assert "holds no question/answer records" in _bad(tmp_path, capsys, "--data", tmp_path / "empty.jsonl")
+    assert "invalid choice" in _bad(tmp_path, capsys, "--data", data, "--method", "top1")
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text('{"model_type": "llama"}')
+    err = _bad(tmp_path, capsys, "--data", data, "--model", llama)
+    assert "'llama'" in err and "olmoe" in err and "mixtral" in err
+    assert "neither" in _bad(tmp_path, capsys, "--data", data, "--model", "tiny-gpt")
+    assert "kmin must be <= kmax" in _bad(tmp_path, capsys, "--data", data, "--method", "probmoe-dynamic",
+                                          "--kmin", 2, "--kmax", 1)
+    assert "k must be in [1, 8]" in _bad(tmp_path, capsys, "--data", data, "--k", 9)
+    assert "fewer than one global batch" in _bad(tmp_path, capsys, "--data", data, "--batch-size", 17)
+    assert "--batch-size" in _bad(tmp_path, capsys, "--data", data, "--batch-size", 0)
