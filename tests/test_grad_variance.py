@@ -1,0 +1,142 @@
+"""tools/grad_variance.py: the exact-gradient oracle, the metrics, the estimators' forward values, the command."""
+
+import importlib.util
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import probmoe
+
+TOOL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "grad_variance.py")
+_spec = importlib.util.spec_from_file_location("grad_variance", TOOL)
+gv = importlib.util.module_from_spec(_spec)
+sys.modules["grad_variance"] = gv  # dataclasses look their module up there
+_spec.loader.exec_module(gv)
+
+
+def reinforce_draws(problem, k, samples, generator):
+    """Unbiased single-draw gradients of the ProbMoE expected loss: [samples, T, n].
+
+    S ~ P(S | r) from ``probmoe.SubsetDistribution``; the gradient of L(S, r) with S held fixed
+    (the path through softmax) plus the score-function term L(S, r) ∇_r log P(S | r).
+    """
+    tokens, n = problem.logits.shape
+    r = problem.logits.repeat(samples, 1).requires_grad_()
+    dist = probmoe.SubsetDistribution(r, k=k, backend="dp")
+    z = dist.sample(generator=generator)
+    losses = gv.token_losses((z * torch.softmax(r, dim=-1)).view(samples, tokens, n), problem.experts,
+                             problem.targets)
+    surrogate = losses.sum() + (losses.detach().flatten() * dist.log_prob(z)).sum()
+    return torch.autograd.grad(surrogate, r)[0].view(samples, tokens, n)
+
+
+@pytest.mark.parametrize("probs", [gv.probmoe_probs, gv.gumbel_topk_probs])
+def test_exact_gradient_matches_finite_differences(probs):
+    problem = gv.make_problem(seed=3, n=5, tokens=2, dim=3)
+    exact = gv.exact_gradient(problem, 2, probs)
+    masks, h = gv.subset_masks(5, 2), 1e-6
+    numeric = torch.zeros_like(exact)
+    for t, i in itertools.product(range(2), range(5)):
+        step = torch.zeros_like(problem.logits)
+        step[t, i] = h
+        up, down = (gv.expected_loss(problem.logits + s, problem.experts, problem.targets, masks, probs)
+                    for s in (step, -step))
+        numeric[t, i] = (up - down) / (2 * h)
+    torch.testing.assert_close(exact, numeric, rtol=1e-7, atol=1e-8)
+    assert exact.abs().min() > 1e-4  # every entry is checked, none is trivially 0
+
+
+def test_subset_distributions_against_enumeration():
+    logits = torch.randn(3, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 2
+    masks = gv.subset_masks(5, 2)
+    assert masks.shape == (math.comb(5, 2), 5) and bool((masks.sum(1) == 2).all())
+    scores = logits @ masks.T  # Σ_{i∈S} r_i
+    torch.testing.assert_close(gv.probmoe_probs(logits, masks), scores.exp() / scores.exp().sum(-1, keepdim=True))
+    # Gumbel top-k = drawing k experts without replacement from softmax(r): sum over the orders of each subset
+    pi = torch.softmax(logits, dim=-1)
+    plackett_luce = torch.zeros(3, len(masks), dtype=torch.float64)
+    for c, row in enumerate(masks):
+        for a, b in itertools.permutations(row.nonzero().flatten().tolist()):
+            plackett_luce[:, c] += pi[:, a] * pi[:, b] / (1 - pi[:, a])
+    torch.testing.assert_close(gv.gumbel_topk_probs(logits, masks), plackett_luce, rtol=1e-12, atol=1e-14)
+
+
+def test_estimator_forward_values_and_draws():
+    """Every estimator's weights have the value z ⊙ softmax(r) with |z| = k; Gumbel-ST's subsets follow
+    the Gumbel-top-k probabilities; the two ProbMoE rows draw the same subsets from one seed."""
+    logits = torch.randn(1, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64).repeat(40_000, 1)
+    pi = torch.softmax(logits, dim=-1)
+    weights = {name: est(logits, 2, torch.Generator().manual_seed(7)).detach()
+               for name, est in gv.estimators(0.5).items()}
+    for name, w in weights.items():
+        z = (w > 0).double()
+        assert bool((z.sum(-1) == 2).all()), name
+        torch.testing.assert_close(w, z * pi, rtol=0, atol=0, msg=name)
+    assert torch.equal(weights["probmoe"], weights["probmoe-exact"])
+    assert torch.equal(weights["densemixer"][0], (pi[0] >= pi[0].topk(2).values[-1]) * pi[0])
+    masks = gv.subset_masks(4, 2)
+    counts = ((weights["gumbel-st"] > 0).double() @ masks.T == 2).double().sum(0)  # draws of each subset
+    expected = gv.gumbel_topk_probs(logits[:1], masks)[0] * len(logits)
+    assert float(((counts - expected).abs() / expected.sqrt()).max()) < 5  # within 5 standard deviations
+
+
+def test_reinforce_converges_where_probmoe_stays_biased():
+    """The oracle and the bias metric can tell: an unbiased estimator's bias falls to the Monte Carlo
+    floor with many draws, while the straight-through estimator's stays well above it."""
+    problem = gv.make_problem(seed=0, n=6, tokens=3, dim=4)
+    exact = gv.exact_gradient(problem, 3)
+    reinforce = reinforce_draws(problem, 3, 100_000, torch.Generator().manual_seed(0))
+    unbiased = gv.metrics(reinforce, exact)
+    probmoe_row = gv.metrics(gv.draws(problem, gv.estimators(1.0)["probmoe-exact"], 3, 100_000,
+                                      torch.Generator().manual_seed(0)), exact)
+    assert unbiased["bias"] < 2e-4
+    assert probmoe_row["bias"] > 10 * unbiased["bias"]
+    # a wrong oracle is caught too: against the Gumbel-top-k objective the same draws are far off
+    wrong = gv.exact_gradient(problem, 3, gv.gumbel_topk_probs)
+    assert gv.metrics(reinforce, wrong)["bias"] > 10 * unbiased["bias"]
+
+
+def test_metrics_by_hand():
+    exact = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    draws = torch.tensor([[[1.0, 1.0]], [[1.0, -1.0]]], dtype=torch.float64)  # mean [1, 0]: no bias
+    out = gv.metrics(draws, exact)
+    assert out["bias"] == pytest.approx(0.0, abs=1e-15)
+    assert out["variance"] == pytest.approx(0.0, abs=1e-15)  # both at cos 1/√2 to the mean
+    assert out["error"] == pytest.approx(1 - 2 ** -0.5)
+    assert out["mse"] == pytest.approx(1.0)
+
+
+def test_command_writes_the_json(tmp_path):
+    path = tmp_path / "out.json"
+    run = subprocess.run([sys.executable, TOOL, "--samples", "200", "--seeds", "2", "--json", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "| gumbel-st (own objective) |" in run.stdout
+    data = json.loads(path.read_text())
+    assert list(data) == ["probmoe", "probmoe-exact", "densemixer", "gumbel-st"]
+    for row in data.values():
+        assert list(row) == ["bias", "variance", "error"]
+        assert all(type(v) is float and math.isfinite(v) for v in row.values())
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--k", "10"], "--k must be 1..9, got 10"),
+    (["--n", "6", "--k", "0"], "--k must be 1..5, got 0"),
+    (["--samples", "1"], "--samples must be >= 2, got 1"),
+    (["--seeds", "1"], "--seeds must be >= 2, got 1"),
+    (["--n", "17"], f"--n must be 2..{gv.MAX_N}, got 17"),
+    (["--tau", "0"], "--tau must be a positive finite number, got 0.0"),
+    (["--tokens", "x"], "argument --tokens: invalid int value: 'x'"),
+])
+def test_bad_arguments_exit_2_with_one_line(argv, needle, capsys):
+    with pytest.raises(SystemExit) as stop:
+        gv.main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err, err
