@@ -140,3 +140,6 @@ def test_bad_input_is_refused_before_training(tmp_path, capsys, data):
     assert "k must be in [1, 8]" in _bad(tmp_path, capsys, "--data", data, "--k", 9)
     assert "fewer than one global batch" in _bad(tmp_path, capsys, "--data", data, "--batch-size", 17)
     assert "--batch-size" in _bad(tmp_path, capsys, "--data", data, "--batch-size", 0)
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"question": "caf\xe9", "answer": "1"}\n')
+    assert "not UTF-8" in _bad(tmp_path, capsys, "--data", tmp_path / "latin1.jsonl")
+    assert "leaves no answer token" in _bad(tmp_path, capsys, "--data", data, "--max-length", 5)

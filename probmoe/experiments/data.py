@@ -33,10 +33,10 @@ def read_jsonl(path, *, need_answer: bool = True) -> list[dict]:
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"data file {path!r} does not exist")
+        raise FileNotFoundError(f"data file {path!r} does not exist (or is not a file)")
     records = []
     with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
+        for number, line in enumerate(_lines(f, path), 1):
             if not line.strip():
                 continue
             try:
@@ -54,6 +54,13 @@ def read_jsonl(path, *, need_answer: bool = True) -> list[dict]:
     if not records:
         raise ValueError(f"data file {path!r} holds no question/answer records")
     return records
+
+
+def _lines(f, path: str):
+    try:
+        yield from f
+    except UnicodeDecodeError as e:
+        raise ValueError(f"data file {path!r} is not UTF-8 text ({e.reason})") from None
 
 
 @dataclass

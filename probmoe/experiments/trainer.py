@@ -121,6 +121,8 @@ class Trainer:
 
         self.cfg = cfg
         self.world = world = distributed.setup(cfg.device)
+        if os.path.exists(cfg.output_dir) and not os.path.isdir(cfg.output_dir):
+            raise ValueError(f"--output-dir {cfg.output_dir!r} exists and is not a directory")
         self.records = data.read_jsonl(cfg.data)
         self.resume_dir, manifest = self._resume_dir(), None
         self.fingerprint = fingerprint(cfg, world.size)
@@ -153,6 +155,9 @@ class Trainer:
             ids = [world.local_rank] if world.device.type == "cuda" else None
             self.model = torch.nn.parallel.DistributedDataParallel(self.net, device_ids=ids)
         self.encoded = [data.encode(self.tokenizer, r, cfg.max_length) for r in self.records]
+        self.no_answer = sum(all(label == data.IGNORE for label in e.labels[1:]) for e in self.encoded)
+        if self.no_answer == len(self.encoded):
+            raise ValueError(f"--max-length {cfg.max_length} leaves no answer token in any example of {cfg.data}")
         self.global_batch = cfg.batch_size * world.size * cfg.grad_accum
         self.steps_per_epoch = len(self.encoded) // self.global_batch
         if self.steps_per_epoch == 0:
@@ -259,7 +264,8 @@ class Trainer:
         if world.main:
             os.makedirs(cfg.output_dir, exist_ok=True)
             self._log({"event": "resume" if self.resume_dir else "start", "step": self.step,
-                       "total_steps": self.total_steps, "world_size": world.size, "config": asdict(cfg)})
+                       "total_steps": self.total_steps, "world_size": world.size, "examples": len(self.encoded),
+                       "examples_without_answer_tokens": self.no_answer, "config": asdict(cfg)})
         self.model.train()
         bar = tqdm(total=self.total_steps, initial=self.step, desc=f"train {cfg.method}", unit="step",
                    disable=not (world.main and cfg.progress), dynamic_ncols=True)
