@@ -5,6 +5,8 @@
     torch_passes.py  TorchPasses: plain tensor operations, any device and dtype (the meaning;
                      the oracle of the others)
     c_passes.py      CPasses: fused C for fp32 on the CPU (sources in c/, built by c_library.py)
+    triton_passes.py TritonPasses: fused Triton kernels (triton_kernels.py) for fp32 on CUDA; imported
+                     only when chosen (it imports triton, an optional extra)
     by_node.py       the definition, node by node in Python: the oracle of TorchPasses (tests)
     scratch.py       ScratchPool: reused [rows, T] buffers
 
@@ -24,17 +26,47 @@ from .torch_passes import TorchPasses
 __all__ = ["CPasses", "Passes", "Program", "TorchPasses", "describe", "draw_uniforms", "select"]
 
 
-def select(program: Program, dtype: torch.dtype) -> Passes:
-    """The passes for ``program`` (on its device) with logits of ``dtype``: the fused C passes for
-    float32 on the CPU when their library is available, else the torch passes."""
-    if program.device.type == "cpu" and dtype == torch.float32 and c_library.library() is not None:
-        return CPasses(program)
-    return TorchPasses(program)
+def select(program: Program, dtype: torch.dtype, prefer: str | None = None) -> Passes:
+    """The passes for ``program`` (on its device) with logits of ``dtype``: float32 on CUDA takes the
+    Triton passes when triton imports, float32 on the CPU the fused C passes when their library is
+    available, everything else the torch passes.
+
+    ``prefer`` ("torch", "c" or "triton") takes that implementation instead, whatever the device (the
+    tests run the Triton passes on CPU tensors under TRITON_INTERPRET=1): ValueError for other than
+    float32 logits (but "torch") and for "c" off the CPU, ImportError or RuntimeError when the
+    implementation is unavailable.
+    """
+    if prefer is None:
+        prefer = _default(program, dtype)
+    elif prefer not in ("torch", "c", "triton"):
+        raise ValueError(f"prefer must be None, 'torch', 'c' or 'triton', got {prefer!r}")
+    elif prefer != "torch" and dtype != torch.float32:
+        raise ValueError(f"the {prefer} passes take float32 logits, got {dtype}")
+    elif prefer == "c" and program.device.type != "cpu":
+        raise ValueError(f"the C passes run on the CPU, the program is on {program.device}")
+    if prefer == "triton":
+        from .triton_passes import TritonPasses
+
+        return TritonPasses(program)
+    return CPasses(program) if prefer == "c" else TorchPasses(program)
+
+
+def _default(program: Program, dtype: torch.dtype) -> str:
+    """The implementation ``select`` takes on its own: "triton", "c" or "torch"."""
+    if dtype == torch.float32 and program.device.type == "cuda":
+        try:
+            from . import triton_passes  # noqa: F401 (triton is an optional extra)
+        except ImportError:
+            return "torch"
+        return "triton"
+    if dtype == torch.float32 and program.device.type == "cpu" and c_library.library() is not None:
+        return "c"
+    return "torch"
 
 
 def describe() -> str:
-    """Which passes float32 CPU calls take, and why: one line for reports (fp64 and CUDA calls
-    take the torch passes)."""
+    """Which passes float32 CPU calls take, and why: one line for reports (fp64 calls take the torch
+    passes; fp32 CUDA calls the Triton passes when triton is installed, else the torch passes)."""
     if c_library.library() is not None:
         return f"fused C passes ({c_library.describe()})"
     return f"torch passes ({c_library.describe()})"

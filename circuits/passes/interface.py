@@ -5,7 +5,8 @@ evaluator (``circuits.Circuit``) picks one per (circuit, dtype) with ``circuits.
 and calls nothing else. Inputs are logits r [T, n] of that dtype on that device, contiguous,
 already checked by the caller (the input checks run once per public call, in ``Circuit``).
 Implementations: ``TorchPasses`` (plain tensor operations: the stated meaning of every pass and
-the test oracle of the others) and ``CPasses`` (fused C for fp32 on the CPU).
+the test oracle of the others), ``CPasses`` (fused C for fp32 on the CPU) and ``TritonPasses``
+(fused Triton kernels for fp32 on CUDA, ``circuits.passes.triton_passes``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,194 @@
+"""The Triton passes (circuits/passes/triton_passes.py) against the torch passes and brute force.
+
+Run by tests/test_circuits_triton.py in a child process: with CUDA the compiled kernels run on the
+GPU; without it TRITON_INTERPRET=1 is set for the whole child, and the kernels run on CPU tensors in
+Triton's interpreter (triton reads the variable when a kernel is defined, its own library's as
+well, so it cannot be switched on for part of a process). Not collected by a plain ``pytest``
+(the file name does not start with test_); run it directly with
+
+    TRITON_INTERPRET=1 python -m pytest tests/circuits_triton_checks.py
+
+The interpreter is slow (about 2 s per pass over 32 tokens of exactly 8 of 64), so token counts
+stay small.
+"""
+
+import functools
+import os
+
+import pytest
+import torch
+
+import circuits
+import circuits.passes
+from brute import exact, masks
+from circuits.passes import TorchPasses, draw_uniforms
+
+pytest.importorskip("triton", reason="triton is not installed (the optional extra: pip install -e '.[triton]')")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("without CUDA these checks need TRITON_INTERPRET=1 (tests/test_circuits_triton.py sets it)",
+                allow_module_level=True)
+
+from circuits.passes.triton_passes import TritonPasses  # noqa: E402 (after the skips)
+
+
+def compiled(spec):
+    return circuits.compile_circuit(spec, device=DEVICE)
+
+
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator(DEVICE).manual_seed(seed)
+
+
+def shifted(c, r):
+    """r [T, n] shifted as the circuit's calls shift it (exactly-k: minus the k-th largest)."""
+    return c._shift(r, TorchPasses(c.program))
+
+
+def logits(spec, T, seed):
+    """[T, n] on DEVICE: N(0, 9), row 0 with -inf logits (still satisfiable), row 1 at +-1e4."""
+    gen = torch.Generator().manual_seed(seed)
+    r = torch.randn(T, spec.n, generator=gen) * 3
+    if T > 1:
+        r[0, : spec.n - spec.cardinalities[-1]] = -torch.inf
+        r[1] = 1e4 * (1 - 2 * (torch.arange(spec.n) % 2))
+    return r.to(DEVICE), torch.randn(T, spec.n, generator=gen).to(DEVICE)
+
+
+def check_against_torch(prog, r, v, fast, gen):
+    """``fast`` (a TritonPasses) on r, v [T, n] against the torch passes: the same draws from the same
+    uniforms and the same MAP, log Z within 1e-5, the marginals and Cov(z) v against float64."""
+    ref = TorchPasses(prog)
+    uniforms, fill = draw_uniforms(prog, r, gen)
+    z, log_z = fast.sample(r, uniforms, fill)
+    z_ref, log_z_ref = ref.sample(r, uniforms, fill)
+    assert torch.equal(z, z_ref)
+    torch.testing.assert_close(log_z, log_z_ref, atol=1e-5, rtol=1e-5)
+    log_z2, m = fast.log_partition(r, True)
+    assert torch.equal(log_z2, log_z) and fast.log_partition(r, False)[1] is None
+    log_z64, m64 = ref.log_partition(r.double(), True)
+    torch.testing.assert_close(log_z.double(), log_z64, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(m.double(), m64, atol=2e-6, rtol=0)
+    z_map, best = fast.map(r)
+    z_map_ref, best_ref = ref.map(r)
+    assert torch.equal(z_map, z_map_ref)
+    torch.testing.assert_close(best, best_ref, atol=1e-5, rtol=1e-6)
+    jvp = fast.marginals_jvp(r, v)
+    torch.testing.assert_close(jvp.double(), ref.marginals_jvp(r.double(), v.double()), atol=2e-5, rtol=0)
+    return z
+
+
+SMALL = [circuits.ExactlyK(6, 3), circuits.RangeK(8, 2, 5), circuits.ExactlyK(10, 4), circuits.RangeK(12, 3, 7)]
+
+
+@pytest.mark.parametrize("T", [1, 37])
+@pytest.mark.parametrize("spec", SMALL, ids=str)
+def test_small_circuits_match_the_torch_passes(spec, T):
+    """T = 37: two blocks of 32 tokens, the second partial; range circuits have implicit variables."""
+    c = compiled(spec)
+    r, v = logits(spec, T, seed=T)
+    z = check_against_torch(c.program, shifted(c, r), v, TritonPasses(c.program), seeded(1))
+    sizes = z.sum(-1)
+    assert bool(((sizes >= spec.cardinalities[0]) & (sizes <= spec.cardinalities[-1])).all())
+    if T > 1:
+        assert not z[0, : spec.n - spec.cardinalities[-1]].any()
+
+
+def test_exactly_8_of_64_matches_the_torch_passes():
+    spec = circuits.ExactlyK(64, 8)
+    c = compiled(spec)
+    r, v = logits(spec, 20, seed=0)
+    z = check_against_torch(c.program, shifted(c, r), v, TritonPasses(c.program), seeded(2))
+    assert bool((z.sum(-1) == 8).all()) and not z[0, :56].any()
+
+
+def test_blocks_taken_in_turn_and_no_tokens():
+    """Past the scratch budget one program takes every block in turn (here 3 blocks of 64); T = 0 launches
+    nothing."""
+    spec = circuits.RangeK(6, 1, 4)
+    c = compiled(spec)
+    r, v = logits(spec, 150, seed=3)
+    fast = TritonPasses(c.program, block=64, scratch_bytes=1)
+    check_against_torch(c.program, r, v, fast, seeded(3))
+    empty = r[:0]
+    assert fast.log_partition(empty, True)[1].shape == (0, 6) and fast.map(empty)[0].shape == (0, 6)
+    assert fast.marginals_jvp(empty, empty).shape == (0, 6)
+    assert fast.sample(empty, *draw_uniforms(c.program, empty))[0].shape == (0, 6)
+
+
+@pytest.mark.parametrize("spec", [circuits.ExactlyK(5, 2), circuits.RangeK(5, 1, 3)], ids=str)
+def test_many_draws_equal_the_torch_passes(spec):
+    """4,096 draws (blocks of 1,024 tokens), token for token: an inverse-CDF step off by a little shows."""
+    c = compiled(spec)
+    r = shifted(c, logits(spec, 4096, seed=7)[0])
+    uniforms, fill = draw_uniforms(c.program, r, seeded(7))
+    z, _ = TritonPasses(c.program, block=1024).sample(r, uniforms, fill)
+    assert torch.equal(z, TorchPasses(c.program).sample(r, uniforms, fill)[0])
+
+
+@pytest.mark.parametrize("spec,cards", [(circuits.ExactlyK(6, 3), [3]), (circuits.RangeK(7, 2, 4), range(2, 5)),
+                                        (circuits.ExactlyK(5, 5), [5]), (circuits.RangeK(6, 0, 6), range(7))], ids=str)
+def test_brute_force(spec, cards):
+    """log Z, the marginals, Cov(z) v and the MAP against enumeration in float64, -inf and +-1e4 logits included."""
+    c = compiled(spec)
+    r, v = logits(spec, 8, seed=4)
+    r = shifted(c, r)
+    want = exact(r.cpu(), masks(spec.n, cards))
+    fast = TritonPasses(c.program)
+    log_z, m = fast.log_partition(r, True)
+    torch.testing.assert_close(log_z.cpu().double(), want.log_partition, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(m.cpu().double(), want.marginals, atol=2e-6, rtol=0)
+    cov_v = torch.einsum("tij,tj->ti", want.cov, v.cpu().double())
+    torch.testing.assert_close(fast.marginals_jvp(r, v).cpu().double(), cov_v, atol=2e-5, rtol=0)
+    assert torch.equal(fast.map(r)[0].cpu().double(), want.map)
+
+
+@pytest.fixture
+def triton_everywhere(monkeypatch):
+    """Circuits compiled under this fixture take the Triton passes for float32, whatever the device."""
+    select = circuits.passes.select
+    monkeypatch.setattr(circuits.passes, "select", functools.partial(select, prefer="triton"))
+
+
+def test_through_the_public_api(triton_everywhere):
+    """Circuit calls on the Triton passes: the exactly-k shift, the autograd contract (the marginals'
+    Jacobian is Cov(z), by the Triton Cov(z) v), the MAP, and seeded draws equal to the torch passes'."""
+    spec = circuits.RangeK(6, 2, 4)
+    c = compiled(spec)
+    assert isinstance(c.passes(torch.float32), TritonPasses)
+    r = torch.tensor([[0.7, -1.2, 0.3, 2.0, -0.4, 0.1]], device=DEVICE)
+    want = exact(r.cpu(), masks(6, range(2, 5)))
+    torch.testing.assert_close(c.marginals(r).cpu().double(), want.marginals, atol=2e-6, rtol=0)
+    jac = torch.autograd.functional.jacobian(lambda x: c.marginals(x), r[0])
+    torch.testing.assert_close(jac.cpu().double(), want.cov[0], atol=2e-6, rtol=0)
+    x = r.clone().requires_grad_()
+    grad = torch.autograd.grad(c.log_partition(x).sum(), x)[0]  # m - sigmoid(r)
+    torch.testing.assert_close(grad.cpu().double(), want.marginals - torch.sigmoid(r.cpu().double()), atol=2e-6, rtol=0)
+    assert torch.equal(c.map(r).cpu().double(), want.map)
+    k4 = compiled(circuits.ExactlyK(12, 4))
+    rr = (torch.randn(40, 12, generator=torch.Generator().manual_seed(5)) * 2 + 50).to(DEVICE)
+    # the circuit shifts rr by each row's 4th largest before the passes
+    z = k4.sample(rr, generator=seeded(5))
+    rs = shifted(k4, rr)
+    z_ref, _ = TorchPasses(k4.program).sample(rs, *draw_uniforms(k4.program, rs, seeded(5)))
+    assert torch.equal(z, z_ref) and bool((z.sum(-1) == 4).all())
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="host synchronisation is observable on CUDA only")
+def test_no_host_synchronisation():
+    c = compiled(circuits.RangeK(64, 4, 8))
+    fast = TritonPasses(c.program)
+    r, v = logits(c.spec, 4096, seed=6)
+    uniforms, fill = draw_uniforms(c.program, r)
+
+    def every_pass():
+        fast.log_partition(r, True), fast.sample(r, uniforms, fill), fast.map(r), fast.marginals_jvp(r, v)
+        fast.kth_largest(r, 8)
+
+    every_pass()  # compiles the kernels
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        every_pass()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
