@@ -9,41 +9,25 @@ METHODS = ("conventional", "frozen", "densemixer", "probmoe", "probmoe-dynamic",
            "topk-marginal")  # probmoe.integrations.transformers.METHODS (checked in the tests)
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
-    return value
+def _bounded(convert, what: str, low: float, inclusive: bool):
+    """An argparse type: ``convert(text)``, finite, >= ``low`` (> ``low`` unless ``inclusive``)."""
+    bound = f"{'>=' if inclusive else '>'} {low:g}"
+
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what} {bound}, got {text!r}") from None
+        if not (value >= low if inclusive else value > low) or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be {what} {bound} (finite), got {text}")
+        return value
+    return parse
 
 
-def nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
-    return value
-
-
-def nonnegative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = nonnegative_float(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be a number > 0, got 0")
-    return value
+positive_int = _bounded(int, "an integer", 1, True)
+nonnegative_int = _bounded(int, "an integer", 0, True)
+nonnegative_float = _bounded(float, "a number", 0, True)
+positive_float = _bounded(float, "a number", 0, False)
 
 
 def add_routing_flags(parser: argparse.ArgumentParser, *, required: bool) -> None:
