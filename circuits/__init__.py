@@ -1,6 +1,7 @@
 """circuits: compile constraints into probabilistic circuits once, evaluate them batched.
 
-    spec (ExactlyK, RangeK, SddFile, CnfFile) -> compile (pysdd SDD) -> layout (levels)
+    spec (ExactlyK, RangeK, GroupLimited, GroupCapacity, SddFile, CnfFile) -> compile (pysdd SDD)
+        -> layout (levels)
         -> cache (disk) -> Circuit (log_partition, marginals, sample, map)
         -> passes (torch, fused C; ``circuits.passes.select`` picks per device and dtype)
 
@@ -16,7 +17,7 @@ from .circuit import Circuit
 from .compile import compile_circuit, compile_sdd
 from .layout import Layout, build_layout
 from .passes.scratch import ScratchPool
-from .spec import CnfFile, ExactlyK, RangeK, SddFile
+from .spec import CnfFile, ExactlyK, GroupCapacity, GroupLimited, RangeK, SddFile, spec_from_dict, spec_to_dict
 
 __all__ = [
     "CacheWarning",
@@ -24,6 +25,8 @@ __all__ = [
     "CnfFile",
     "ExactMarginals",
     "ExactlyK",
+    "GroupCapacity",
+    "GroupLimited",
     "Layout",
     "RangeK",
     "ScratchPool",
@@ -32,4 +35,6 @@ __all__ = [
     "compile_circuit",
     "compile_sdd",
     "default_cache_dir",
+    "spec_from_dict",
+    "spec_to_dict",
 ]

@@ -1,8 +1,10 @@
-"""Compile a constraint spec into a pysdd SDD on a balanced vtree.
+"""Compile a constraint spec into a pysdd SDD.
 
-Cardinality constraints are built bottom-up over the vtree as "exactly j of this block"
+Cardinality constraints are built bottom-up over a balanced vtree as "exactly j of this block"
 (Eq(block, j) = OR_a Eq(left, a) AND Eq(right, j - a)), counts capped at kmax; a range is the
-OR over the band. This takes milliseconds where compiling the equivalent CNF takes seconds.
+OR over the band. Group constraints are built the same way on a vtree that follows the groups,
+with (count, nonempty groups) states above them (``circuits.groups``). This takes milliseconds
+where compiling the equivalent CNF takes seconds.
 """
 
 from __future__ import annotations
@@ -15,31 +17,18 @@ from pathlib import Path
 
 from pysdd.sdd import SddManager, SddNode, Vtree
 
-from . import cache, file_checks, self_check
+from . import cache, file_checks, groups, self_check
 from .circuit import Circuit
 from .layout import build_layout
-from .spec import CnfFile, ExactlyK, RangeK, SddFile, Spec
+from .spec import GROUP_SPECS, CnfFile, ExactlyK, RangeK, SddFile, Spec
+
+SPECS = (ExactlyK, RangeK, SddFile, CnfFile, *GROUP_SPECS)
+SPEC_NAMES = "ExactlyK, RangeK, SddFile, CnfFile, GroupLimited, GroupCapacity"
 
 
 def balanced_vtree(n: int) -> Vtree:
     """A balanced vtree over variables 1..n in natural order (depth ceil(log2 n))."""
     return Vtree(var_count=n, var_order=list(range(1, n + 1)), vtree_type="balanced")
-
-
-def _exactly_counts(mgr: SddManager, vtree: Vtree, cap: int) -> list[SddNode]:
-    """[Eq(vars(vtree), j) for j in 0..min(cap, |vars|)] as SDD nodes."""
-    if vtree.is_leaf():
-        x = mgr.literal(vtree.var())
-        return [~x, x][: cap + 1]
-    left = _exactly_counts(mgr, vtree.left(), cap)
-    right = _exactly_counts(mgr, vtree.right(), cap)
-    out = []
-    for j in range(min(cap, len(left) + len(right) - 2) + 1):
-        node = mgr.false()
-        for a in range(max(0, j - len(right) + 1), min(j, len(left) - 1) + 1):
-            node = node | (left[a] & right[j - a])
-        out.append(node)
-    return out
 
 
 def compile_sdd(spec: Spec) -> tuple[SddManager, SddNode]:
@@ -48,7 +37,7 @@ def compile_sdd(spec: Spec) -> tuple[SddManager, SddNode]:
         lo, hi = (spec.k, spec.k) if isinstance(spec, ExactlyK) else (spec.kmin, spec.kmax)
         mgr = SddManager.from_vtree(balanced_vtree(spec.n))
         mgr.auto_gc_and_minimize_off()
-        counts = _exactly_counts(mgr, mgr.vtree(), hi)
+        counts = groups.exactly_counts(mgr, mgr.vtree(), hi)
         root = mgr.false()
         for j in range(lo, hi + 1):
             root = root | counts[j]
@@ -63,20 +52,21 @@ def compile_sdd(spec: Spec) -> tuple[SddManager, SddNode]:
         vtree_type = b"balanced"
         mgr, root = SddManager.from_cnf_file(spec.path.encode(), vtree_type)
         return mgr, root
-    raise TypeError(f"spec must be ExactlyK, RangeK, SddFile or CnfFile, got {type(spec).__name__}")
+    if isinstance(spec, GROUP_SPECS):
+        return groups.build_grouped(spec)
+    raise TypeError(f"spec must be {SPEC_NAMES}, got {type(spec).__name__}")
 
 
 def _as_spec(spec) -> Spec:
     """Accept a spec, a DIMACS path (str / PathLike), or a (sdd path, vtree path) pair."""
-    if isinstance(spec, (ExactlyK, RangeK, SddFile, CnfFile)):
+    if isinstance(spec, SPECS):
         return spec
     if isinstance(spec, (str, os.PathLike)):
         return CnfFile(os.fspath(spec))
     if isinstance(spec, tuple) and len(spec) == 2:
         return SddFile(*map(os.fspath, spec))
     raise ValueError(
-        "spec must be ExactlyK, RangeK, SddFile, CnfFile, a DIMACS file path or an (sdd, vtree) "
-        f"path pair; got {spec!r}"
+        f"spec must be {SPEC_NAMES}, a DIMACS file path or an (sdd, vtree) path pair; got {spec!r}"
     )
 
 
@@ -94,7 +84,8 @@ def _sdd_files(mgr: SddManager, root: SddNode) -> dict[str, bytes]:
 def compile_circuit(spec, *, cache_dir=None, force: bool = False, device="cpu") -> Circuit:
     """Compile ``spec`` on first use with pysdd; from then on load it from the disk cache.
 
-    spec: ``ExactlyK``, ``RangeK``, ``SddFile``, ``CnfFile``, a DIMACS path, or (sdd, vtree) paths.
+    spec: ``ExactlyK``, ``RangeK``, ``GroupLimited``, ``GroupCapacity``, ``SddFile``, ``CnfFile``, a
+        DIMACS path, or (sdd, vtree) paths.
     cache_dir: cache root (default: ``circuits.cache.default_cache_dir()``).
     force: recompile and overwrite the cache entry.
 
@@ -118,11 +109,14 @@ def compile_circuit(spec, *, cache_dir=None, force: bool = False, device="cpu") 
         "sdd_size": root.size(),
         "sdd_count": root.count(),
         "pysdd_version": _pysdd_version(),
+        **({"vtree": "grouped"} if isinstance(spec, GROUP_SPECS) else {}),
     })
     expected = spec.model_count()
     if expected is not None and int(manifest["model_count"]) != expected:
         raise RuntimeError(f"compiled model count {manifest['model_count']} != {expected} for {spec.describe()}")
     self_check.check(layout, spec)  # a self-check against an independent computation
+    if isinstance(spec, GROUP_SPECS):
+        groups.self_check(layout, spec)
     path = cache.store(spec, layout, _sdd_files(mgr, root), manifest, cache_dir, replace=force)
     info = {**manifest, "cache_hit": False, "cache_path": None if path is None else str(path)}
     return Circuit(layout, spec, info, device)

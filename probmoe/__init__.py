@@ -1,11 +1,13 @@
 """probmoe: differentiable probabilistic routing for Mixture-of-Experts.
 
-    RoutingConfig (sizes, estimator, backend, gradient convention; validated once)
-    SubsetDistribution (P(S) ∝ exp(Σ_{i∈S} r_i), |S| = k or kmin..kmax; backends "circuit", "dp")
+    RoutingConfig (sizes or a structured constraint, estimator, backend, gradient convention, gate
+        scores; validated once)
+    SubsetDistribution (P(S) ∝ exp(Σ_{i∈S} r_i), |S| = k or kmin..kmax, or S allowed by any compiled
+        circuit such as circuits.GroupLimited; backends "circuit", "dp")
         -> route (straight-through training weights, MAP at eval) -> ProbMoERouter (nn.Module)
 """
 
-from .config import BACKENDS, GRADS, METHODS, RoutingConfig
+from .config import BACKENDS, GRADS, METHODS, SCORES, RoutingConfig
 from .distribution import SubsetDistribution, Subsets
 from .map_rule import map_mask, map_size
 from .route import Routing, route
@@ -18,6 +20,7 @@ __all__ = [
     "ProbMoERouter",
     "Routing",
     "RoutingConfig",
+    "SCORES",
     "SubsetDistribution",
     "Subsets",
     "map_mask",

@@ -76,15 +76,15 @@ def logits_tensor(logits, *, dim: int | None = None) -> Tensor:
 
 
 @torch.no_grad()
-def logits_values(logits: Tensor, kmin: int) -> None:
+def logits_values(logits: Tensor, kmin: int) -> bool:
     """Raise for NaN, +inf or huge finite logits (|r| >= ``MAX_ABS_LOGIT``), or rows with fewer than
-    ``kmin`` logits above -inf.
+    ``kmin`` logits above -inf. Returns whether some logit is -inf.
 
     One host synchronisation for the global minimum and maximum (NaN propagates into both); rows
     are looked at only when some logit is -inf, and the offending row is located only on failure.
     """
     if logits.numel() == 0:
-        return
+        return False
     bottom, top = torch.stack(torch.aminmax(logits)).tolist()
     if math.isnan(top):
         raise ValueError("logits contain NaN")
@@ -95,7 +95,7 @@ def logits_values(logits: Tensor, kmin: int) -> None:
         raise ValueError(f"logits must be -inf or finite with |logits| < {MAX_ABS_LOGIT:g}, "
                          f"got {top if top >= -low else low:g}")
     if bottom > -math.inf or kmin == 0:
-        return
+        return bottom == -math.inf
     live = (logits > -torch.inf).sum(-1)  # [...]
     if int(live.min()) < kmin:
         row = tuple((live < kmin).nonzero()[0].tolist())
@@ -103,3 +103,4 @@ def logits_values(logits: Tensor, kmin: int) -> None:
             f"logits at row {row} have only {int(live[row])} experts above -inf, but kmin = {kmin} "
             "must be chosen: the constraint is infeasible"
         )
+    return True

@@ -1,7 +1,8 @@
 """The two exact backends behind ``SubsetDistribution``, with one interface.
 
 - ``"dp"``: the dynamic program over experts in ``probmoe.dp``; needs nothing compiled.
-- ``"circuit"``: the compiled circuit of ``circuits.ExactlyK`` / ``circuits.RangeK``.
+- ``"circuit"``: the compiled circuit of ``circuits.ExactlyK`` / ``circuits.RangeK``, or of a
+  structured constraint (``probmoe.constraints``: any compiled circuit over the N experts).
 
 Every method takes logits r [T, N] (float32 or float64, validated by the caller) and returns
 tensors over the same T rows. ``marginals`` is differentiable with the Jacobian Cov(z) (exact)
@@ -19,7 +20,7 @@ from torch import Tensor
 
 from circuits import ExactMarginals
 
-from . import dp
+from . import constraints, dp
 from .map_rule import map_mask
 
 
@@ -96,16 +97,36 @@ def compiled(kmin: int, kmax: int, n: int, device: str):
 
 
 class CircuitBackend:
-    """``circuits``: the compiled circuit of the constraint (one per size for ``log_counts``)."""
+    """``circuits``: the compiled circuit of the constraint (one per size for ``log_counts``).
+
+    constraint: None (the cardinality kmin..kmax) or a resolved ``probmoe.constraints`` constraint,
+    whose smallest and largest subsets are kmin and kmax.
+    """
 
     name = "circuit"
 
-    def __init__(self, n: int, kmin: int, kmax: int, device):
+    def __init__(self, n: int, kmin: int, kmax: int, device, constraint=None):
         self.n, self.kmin, self.kmax, self.device = n, kmin, kmax, str(torch.device(device))
-        self.circuit = compiled(kmin, kmax, n, self.device)
+        self.constraint = constraint
+        if constraint is None:
+            self.circuit = compiled(kmin, kmax, n, self.device)
+        else:
+            self.circuit = constraints.compiled(constraint, self.device)
+
+    def _size(self, j: int):
+        """The circuit of the subsets of exactly j experts (that the constraint allows)."""
+        if self.constraint is None:
+            return compiled(j, j, self.n, self.device)
+        if self.kmin == self.kmax:
+            return self.circuit
+        if not hasattr(self.constraint, "with_cardinality"):
+            raise ValueError(f"cardinality_probs needs a constraint spec with a size range (GroupLimited, "
+                             f"GroupCapacity); {constraints.describe(self.constraint)} allows {self.kmin}..{self.kmax} "
+                             "experts and cannot be split by size")
+        return constraints.compiled(self.constraint.with_cardinality(j, j), self.device)
 
     def log_counts(self, r: Tensor) -> Tensor:
-        sizes = [compiled(j, j, self.n, self.device) for j in range(self.kmin, self.kmax + 1)]
+        sizes = [self._size(j) for j in range(self.kmin, self.kmax + 1)]
         paper = torch.stack([c.log_partition(r) for c in sizes], dim=-1)  # [T, J]
         return paper + softplus_sum(r).unsqueeze(-1)
 
@@ -133,6 +154,9 @@ class CircuitBackend:
 BACKENDS = {"dp": DPBackend, "circuit": CircuitBackend}
 
 
-def make(name: str, n: int, kmin: int, kmax: int, device):
-    """The backend ``name`` (a key of ``BACKENDS``, checked by the caller)."""
+def make(name: str, n: int, kmin: int, kmax: int, device, constraint=None):
+    """The backend ``name`` (a key of ``BACKENDS``, checked by the caller; a ``constraint`` only with
+    "circuit", also checked by the caller)."""
+    if constraint is not None:
+        return CircuitBackend(n, kmin, kmax, device, constraint)
     return BACKENDS[name](n, kmin, kmax, device)

@@ -1,8 +1,10 @@
 """``RoutingConfig``: how a ProbMoE router routes, validated once.
 
 One frozen value holds the choices ``route``, ``ProbMoERouter`` and the integrations share: the
-number of experts, the subset sizes (exactly k, or kmin..kmax), the training estimator
-(``method``), the exact backend, the gradient convention and HF's ``norm_topk_prob``. It is
+number of experts, the subset sizes (exactly k, or kmin..kmax) or a structured ``constraint``
+(any compiled circuit over the experts, e.g. ``circuits.GroupLimited``), the training estimator
+(``method``), the exact backend, the gradient convention, HF's ``norm_topk_prob`` and the gate
+scores (softmax or sigmoid). It is
 checked when it is made, so the code that routes with it checks nothing again, and it round-trips
 through a plain dict (``to_dict`` / ``from_dict``) for settings files written beside checkpoints:
 ``from_dict`` trusts nothing it reads.
@@ -10,13 +12,14 @@ through a plain dict (``to_dict`` / ``from_dict``) for settings files written be
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
-from . import _validate
+from . import _validate, constraints
 
 METHODS = ("probmoe", "topk-marginal", "sample-dense-ste")
 BACKENDS = ("circuit", "dp")
 GRADS = ("exact", "paper")
+SCORES = ("softmax", "sigmoid")
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,15 @@ class RoutingConfig:
         backend: "circuit" (the compiled circuit) or "dp" (the dynamic program); both exact.
         grad: "exact" (Jacobian of the marginals Cov(z)) or "paper" (Cov(z) diag(1 - p)).
         normalize: divide the used weights by their sum (HF's ``norm_topk_prob``).
+        scores: the gate values the used experts are weighted by: "softmax" (softmax(r) over the
+            N experts, as OLMoE, Qwen and Mixtral) or "sigmoid" (sigmoid(r) = the Bernoulli
+            probabilities p, as DeepSeek-V3).
+        constraint: None, or the allowed subsets as a compiled circuit over the N experts (a
+            ``circuits.Circuit``) or a spec (``circuits.GroupLimited``, ``GroupCapacity``,
+            ``SddFile``, ``CnfFile``; ``ExactlyK`` / ``RangeK`` are stored as k / kmin..kmax).
+            ``kmin``/``kmax`` are then the smallest and largest allowed subset (k/kmin/kmax may be
+            given only if they agree); every allowed subset needs at least 1 expert. Needs
+            backend "circuit". ``to_dict`` can write GroupLimited / GroupCapacity specs only.
     """
 
     num_experts: int
@@ -45,20 +57,27 @@ class RoutingConfig:
     backend: str = "circuit"
     grad: str = "exact"
     normalize: bool = False
+    scores: str = "softmax"
+    constraint: object = None
 
     def __post_init__(self):
         n = _validate.int_in("num_experts", self.num_experts, 1, 2**31)
         k, kmin, kmax = self.k, self.kmin, self.kmax
         if k is not None and kmin == kmax == k:  # an already resolved exactly-k config (to_dict)
             kmin = kmax = None
+        constraint = self.constraint
+        if constraint is not None:
+            constraint, kmin, kmax = constraints.settle(constraint, n, self.backend, k, kmin, kmax, lowest=1)
+            k = None
         kmin, kmax = _validate.cardinality(n, k, kmin, kmax, lowest=1)
         _validate.choice("method", self.method, METHODS)
         _validate.choice("backend", self.backend, BACKENDS)
         _validate.choice("grad", self.grad, GRADS)
+        _validate.choice("scores", self.scores, SCORES)
         if not isinstance(self.normalize, bool):
             raise ValueError(f"normalize must be True or False, got {self.normalize!r}")
         for name, value in (("num_experts", n), ("kmin", kmin), ("kmax", kmax),
-                            ("k", kmin if kmin == kmax else None)):
+                            ("k", kmin if kmin == kmax else None), ("constraint", constraint)):
             object.__setattr__(self, name, value)
 
     @property
@@ -67,12 +86,17 @@ class RoutingConfig:
         return self.kmin == self.kmax
 
     def describe(self) -> str:
-        """``k=8`` or ``kmin=4, kmax=8``, for reprs and logs."""
+        """``k=8``, ``kmin=4, kmax=8`` or ``constraint=GroupLimited(...)``, for reprs and logs."""
+        if self.constraint is not None:
+            return f"constraint={constraints.describe(self.constraint)}"
         return f"k={self.k}" if self.exact_k else f"kmin={self.kmin}, kmax={self.kmax}"
 
     def to_dict(self) -> dict:
-        """A JSON-able dict that ``from_dict`` turns back into an equal config."""
-        return asdict(self)
+        """A JSON-able dict that ``from_dict`` turns back into an equal config (ValueError for a
+        constraint that has no dict form: a compiled circuit or a file spec)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["constraint"] = constraints.to_dict(self.constraint)
+        return data
 
     @classmethod
     def resolve(cls, num_experts: int, config: "RoutingConfig | None" = None, **fields) -> "RoutingConfig":
@@ -101,4 +125,4 @@ class RoutingConfig:
             raise ValueError(f"unknown routing config keys {unknown}; known: {sorted(fields)}")
         if "num_experts" not in data:
             raise ValueError("a routing config needs num_experts")
-        return cls(**data)
+        return cls(**{**data, "constraint": constraints.from_dict(data.get("constraint"))})

@@ -1,6 +1,7 @@
-"""``SubsetDistribution``: independent Bernoulli(sigmoid(logits)) conditioned on |S| ∈ [kmin, kmax].
+"""``SubsetDistribution``: independent Bernoulli(sigmoid(logits)) conditioned on |S| ∈ [kmin, kmax],
+or on any constraint compiled as a circuit (``probmoe.constraints``).
 
-    P(S | C) ∝ Π_{i∈S} p_i Π_{i∉S} (1 - p_i) ∝ exp(Σ_{i∈S} r_i),   C: kmin <= |S| <= kmax
+    P(S | C) ∝ Π_{i∈S} p_i Π_{i∉S} (1 - p_i) ∝ exp(Σ_{i∈S} r_i),   C: kmin <= |S| <= kmax, or S ∈ C
 
 A ``torch.distributions.Distribution`` over binary masks [..., N] (event shape [N]); see
 docs/distribution.md for the mathematics and the two gradient conventions.
@@ -15,6 +16,7 @@ from torch import Tensor
 from torch.distributions import Distribution, constraints
 
 from . import _validate, backends
+from . import constraints as subset_constraints
 from .config import BACKENDS, GRADS, RoutingConfig
 
 
@@ -55,6 +57,10 @@ class SubsetDistribution(Distribution):
         logits: [..., N] log-odds r; -inf means "never in S". float16/bfloat16 are computed in
             float32; results come back in the logits' dtype.
         k: exactly k experts (0 <= k <= N). Or give ``kmin`` and/or ``kmax`` (defaults 0 and N).
+        constraint: instead of k / kmin / kmax, the allowed subsets as a compiled circuit over the
+            N experts (``circuits.Circuit``) or a spec (``circuits.GroupLimited``,
+            ``GroupCapacity``, ...; see ``probmoe.constraints``). ``kmin``/``kmax`` are then its
+            smallest and largest subsets; the mode is the circuit's MAP. Backend "circuit" only.
         backend: "circuit" (the compiled circuit from ``circuits``) or "dp" (a dynamic program
             over experts, no compilation). Both are exact.
         grad: the Jacobian of ``.mean`` w.r.t. the logits. "exact": Cov(z). "paper": Cov(z)
@@ -70,43 +76,49 @@ class SubsetDistribution(Distribution):
     arg_constraints = {"logits": constraints.real_vector}
     has_rsample = False
 
-    def __init__(self, logits: Tensor, k=None, *, kmin=None, kmax=None, backend: str = "circuit",
+    def __init__(self, logits: Tensor, k=None, *, kmin=None, kmax=None, constraint=None, backend: str = "circuit",
                  grad: str = "exact", validate_args=None):
         logits = _validate.logits_tensor(logits)
+        backend = _validate.choice("backend", backend, BACKENDS)
+        if constraint is not None:
+            constraint, kmin, kmax = subset_constraints.settle(constraint, logits.shape[-1], backend, k, kmin, kmax)
+            k = None
         kmin, kmax = _validate.cardinality(logits.shape[-1], k, kmin, kmax)
-        self._setup(logits, kmin, kmax, _validate.choice("backend", backend, BACKENDS),
-                    _validate.choice("grad", grad, GRADS), validate_args)
+        self._setup(logits, kmin, kmax, backend, _validate.choice("grad", grad, GRADS), validate_args, constraint)
 
     @classmethod
     def from_config(cls, logits: Tensor, config: RoutingConfig, validate_args=None) -> "SubsetDistribution":
-        """The distribution a router with ``config`` draws from (its sizes, backend and grad).
+        """The distribution a router with ``config`` draws from (its sizes or constraint, backend and grad).
 
         logits: [..., N] with N = ``config.num_experts``; the config was validated when it was
         made, so only the logits are checked here.
         """
         logits = _validate.logits_tensor(logits)
         if logits.shape[-1] != config.num_experts:
-            raise ValueError(f"logits have N = {logits.shape[-1]} experts but config.num_experts = {config.num_experts}")
+            raise ValueError(f"logits have N = {logits.shape[-1]} experts but config.num_experts = "
+                             f"{config.num_experts}")
         return cls._checked(logits, config, validate_args)
 
     @classmethod
     def _checked(cls, logits: Tensor, config: RoutingConfig, validate_args) -> "SubsetDistribution":
         """``from_config`` for a caller that has checked the logits against the config (``route``)."""
         self = cls.__new__(cls)
-        self._setup(logits, config.kmin, config.kmax, config.backend, config.grad, validate_args)
+        self._setup(logits, config.kmin, config.kmax, config.backend, config.grad, validate_args, config.constraint)
         return self
 
-    def _setup(self, logits: Tensor, kmin: int, kmax: int, backend: str, grad: str, validate_args) -> None:
-        """Initialise from checked arguments; the logit values are checked here (``validate_args``)."""
+    def _setup(self, logits: Tensor, kmin: int, kmax: int, backend: str, grad: str, validate_args,
+               constraint=None) -> None:
+        """Initialise from checked arguments (``constraint`` resolved by ``probmoe.constraints``); the
+        logit values are checked here (``validate_args``)."""
         n = logits.shape[-1]
-        self.logits, self.kmin, self.kmax, self.grad = logits, kmin, kmax, grad
-        self._impl = backends.make(backend, n, kmin, kmax, logits.device)
+        self.logits, self.kmin, self.kmax, self.grad, self.constraint = logits, kmin, kmax, grad, constraint
+        self._impl = backends.make(backend, n, kmin, kmax, logits.device, constraint)
         super().__init__(logits.shape[:-1], logits.shape[-1:], validate_args=False)
         self._validate_args = Distribution._validate_args if validate_args is None else bool(validate_args)
-        if self._validate_args:
-            _validate.logits_values(logits, kmin)
         dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
         self._r = logits.reshape(-1, n).to(dtype)  # [T, N], T = prod(batch_shape)
+        if self._validate_args and _validate.logits_values(logits, kmin) and constraint is not None:
+            subset_constraints.check_feasible(self._impl.circuit, self._r, constraint)  # only when some logit is -inf
         self._cache: dict[str, Tensor] = {}
 
     # --- helpers ------------------------------------------------------------------------------
@@ -135,6 +147,8 @@ class SubsetDistribution(Distribution):
     # --- torch.distributions interface ---------------------------------------------------------
     @property
     def support(self) -> constraints.Constraint:
+        if self.constraint is not None:
+            return subset_constraints.Allowed(self._impl.circuit, subset_constraints.describe(self.constraint))
         return Subsets(self.kmin, self.kmax)
 
     @property
@@ -221,10 +235,12 @@ class SubsetDistribution(Distribution):
     def expand(self, batch_shape, _instance=None):
         n = self.event_shape[0]
         logits = self.logits.expand(*batch_shape, n)
-        return SubsetDistribution(logits, kmin=self.kmin, kmax=self.kmax, backend=self.backend,
-                                  grad=self.grad, validate_args=False)
+        sizes = {"kmin": self.kmin, "kmax": self.kmax} if self.constraint is None else {"constraint": self.constraint}
+        return SubsetDistribution(logits, **sizes, backend=self.backend, grad=self.grad, validate_args=False)
 
     def __repr__(self) -> str:
         size = f"k={self.kmin}" if self.k is not None else f"kmin={self.kmin}, kmax={self.kmax}"
+        if self.constraint is not None:
+            size = f"constraint={subset_constraints.describe(self.constraint)}"
         return (f"SubsetDistribution(batch_shape={tuple(self.batch_shape)}, N={self.event_shape[0]}, {size}, "
                 f"backend={self.backend!r}, grad={self.grad!r})")

@@ -1,9 +1,11 @@
-"""``route``: ProbMoE routing of T tokens over N experts, Exact-k and Dynamic-k, training and eval.
+"""``route``: ProbMoE routing of T tokens over N experts, Exact-k, Dynamic-k or any compiled
+constraint, training and eval.
 
 Training draws S ~ P(S | C) and weights the drawn experts with the straight-through estimator of
-the paper's Eq. 7, w = (stopgrad(z - m) + m) ⊙ softmax(r), gathered at the drawn experts: the
-forward value is exactly softmax(r) there, the backward goes through the marginals m (Jacobian
-Cov(z), Eq. 8) and through softmax(r). Eval takes the MAP subset (``probmoe.map_rule``).
+the paper's Eq. 7, w = (stopgrad(z - m) + m) ⊙ π, gathered at the drawn experts, π the gate
+scores (softmax(r), or sigmoid(r) for sigmoid gates): the forward value is exactly π there, the
+backward goes through the marginals m (Jacobian Cov(z), Eq. 8) and through π. Eval takes the MAP
+subset (``probmoe.map_rule``; for a structured constraint, the circuit's MAP).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ class Routing:
         repeat slot 0's expert (a valid index everywhere) with weight 0.
     weights: [T, kmax]; exactly 0, with no gradient, on unused slots.
     mask: [T, kmax] bool, the used slots.
-    probs: [T, N] softmax(logits).
+    probs: [T, N] the gate scores π: softmax(logits), or sigmoid(logits) (``config.scores``).
     distribution: the ``SubsetDistribution`` the subsets come from; ``marginals`` is its mean.
     config: the ``RoutingConfig`` the tokens were routed with.
     """
@@ -57,44 +59,56 @@ class Routing:
 
 
 def route(logits: Tensor, config: RoutingConfig | None = None, *, training: bool, k=None, kmin=None, kmax=None,
-          method: str | None = None, generator: torch.Generator | None = None, normalize: bool | None = None,
-          backend: str | None = None, grad: str | None = None, validate_args=None) -> Routing:
+          constraint=None, method: str | None = None, generator: torch.Generator | None = None,
+          normalize: bool | None = None, backend: str | None = None, grad: str | None = None, scores: str | None = None,
+          validate_args=None) -> Routing:
     """Route tokens with ProbMoE. logits: [T, N] router logits (-inf: never route there).
 
     config: a ``RoutingConfig`` with N = ``num_experts``; or give its fields as keywords (k or
-        kmin/kmax, method, normalize, backend, grad; the defaults are ``RoutingConfig``'s):
+        kmin/kmax or constraint, method, normalize, backend, grad, scores; the defaults are
+        ``RoutingConfig``'s):
     k: exactly k experts per token (Exact-k); or kmin/kmax: between kmin and kmax (Dynamic-k),
         1 <= kmin <= kmax <= N (a missing kmin is 1, a missing kmax is N).
+    constraint: instead of sizes, the allowed subsets: a ``circuits.Circuit`` over N variables or
+        a spec such as ``circuits.GroupLimited(N, k, groups, max_groups)`` (``RoutingConfig``).
+        The Routing's slots are then its largest subset (kmax).
     training: True draws S from the distribution; False takes the MAP subset: the top-k experts
-        (identical to softmax + topk, so experts whose probabilities underflow to 0 tie) or, for
-        a range, the top clamp(#{logits > 0}, kmin, kmax) logits.
+        (identical to softmax + topk, so experts whose probabilities underflow to 0 tie; with
+        sigmoid scores, top-k of sigmoid(r)) or, for a range, the top clamp(#{logits > 0}, kmin,
+        kmax) logits; for a structured constraint the circuit's MAP, the allowed subset with the
+        largest sum of logits (top-k is not the MAP there).
     method (training only): "probmoe" (sampled forward, marginal backward, Eq. 7), or the
         paper's ablations on the same code path: "topk-marginal" (MAP forward, marginal
         backward) and "sample-dense-ste" (sampled forward; backward with z ≈ softmax(r), the
         classic straight-through estimator, in place of z ≈ m).
     normalize: divide the used weights by their sum (HF's ``norm_topk_prob``), after the
         straight-through estimator, so the gradient goes through numerator and denominator.
-    backend, grad: as for ``SubsetDistribution``.
+    scores: the gate scores π the used experts are weighted by: "softmax" or "sigmoid".
+    backend, grad: as for ``SubsetDistribution`` (a structured constraint needs "circuit").
     validate_args: check the logit values (one host synchronisation), as for
         ``SubsetDistribution``. float16/bfloat16 logits are routed in float32.
     """
     logits = _validate.logits_tensor(logits, dim=2)
-    config = RoutingConfig.resolve(logits.shape[-1], config, k=k, kmin=kmin, kmax=kmax, method=method, normalize=normalize,
-                     backend=backend, grad=grad)
+    config = RoutingConfig.resolve(logits.shape[-1], config, k=k, kmin=kmin, kmax=kmax, constraint=constraint,
+                                   method=method, normalize=normalize, backend=backend, grad=grad, scores=scores)
     if not isinstance(training, bool):
         raise ValueError(f"training must be True or False, got {training!r}")
     _validate.generator(generator, logits.device)
     kmin, kmax, method = config.kmin, config.kmax, config.method
     r = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
     dist = SubsetDistribution._checked(r, config, validate_args)  # the logits were checked above
-    probs = torch.softmax(r, dim=-1)  # [T, N]
+    probs = torch.softmax(r, dim=-1) if config.scores == "softmax" else torch.sigmoid(r)  # [T, N]
     sampled = training and method != "topk-marginal"
     # the marginals enter only the backward: skip them when no gradient can flow
     marginal_st = training and method != "sample-dense-ste" and torch.is_grad_enabled() and r.requires_grad
     # tangent: zeros [T, N] carrying the backward of z ≈ m (or ≈ softmax for "sample-dense-ste")
-    if sampled:
-        tangent, z = dist.mean_tangent(True, generator) if marginal_st else (None, dist.sample(generator=generator))
-        key = torch.addcmul(z - 1, probs.detach(), z)  # drawn experts: their probability, others -1 (exact)
+    structured = config.constraint is not None
+    if sampled or structured:
+        if sampled:
+            tangent, z = dist.mean_tangent(True, generator) if marginal_st else (None, dist.sample(generator=generator))
+        else:  # the circuit's MAP
+            tangent, z = (dist.mean_tangent()[0] if marginal_st else None), dist.mode
+        key = torch.addcmul(z - 1, probs.detach(), z)  # chosen experts: their probability, others -1 (exact)
     else:
         tangent = dist.mean_tangent()[0] if marginal_st else None
         # exactly-k: softmax + topk as HF does (never a -inf logit; probabilities that underflow to 0
@@ -103,12 +117,12 @@ def route(logits: Tensor, config: RoutingConfig | None = None, *, training: bool
     if training and method == "sample-dense-ste":
         tangent = probs - probs.detach()
     top, idx = key.topk(kmax, dim=-1)  # [T, kmax]
-    if sampled:
+    if sampled or structured:
         mask = top >= 0
     else:
         mask = torch.arange(kmax, device=r.device) < map_size(r, kmin, kmax).unsqueeze(-1)
     w = probs.gather(-1, idx)  # [T, N] -> [T, kmax]
-    if tangent is not None:  # Eq. 7 at the used experts: value exactly softmax(r), gradient through m too
+    if tangent is not None:  # Eq. 7 at the used experts: value exactly π, gradient through m too
         t = tangent[torch.arange(idx.shape[0], device=idx.device).unsqueeze(-1), idx]  # the graph keeps only idx
         w = w * (1 + t)
     w = torch.where(mask, w, 0.0)

@@ -24,7 +24,9 @@ class ProbMoERouter(nn.Module):
     analysis and auxiliary losses (it holds the autograd graph until the next forward).
 
     Routing options: a ``RoutingConfig`` as ``config``, or its fields as keywords (k or
-    kmin/kmax, method, backend, grad, normalize); ``self.config`` holds them either way.
+    kmin/kmax or constraint, method, backend, grad, normalize, scores); ``self.config`` holds them
+    either way. With a ``constraint`` (a ``circuits.Circuit`` over the N experts or a spec such as
+    ``circuits.GroupLimited``) ``top_k`` is its largest subset and eval takes its MAP.
 
     generator: draw from this ``torch.Generator`` (reproducible) instead of the global RNG. Under
     ``torch.utils.checkpoint`` the recomputation in backward draws the same subsets as the
@@ -35,14 +37,15 @@ class ProbMoERouter(nn.Module):
     FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
     def __init__(self, hidden_size: int, num_experts: int, *, config: RoutingConfig | None = None, k=None,
-                 kmin=None, kmax=None, method: str | None = None, backend: str | None = None,
-                 grad: str | None = None, normalize: bool | None = None, generator: torch.Generator | None = None,
-                 validate_args=None, device=None, dtype=None):
+                 kmin=None, kmax=None, constraint=None, method: str | None = None, backend: str | None = None,
+                 grad: str | None = None, normalize: bool | None = None, scores: str | None = None,
+                 generator: torch.Generator | None = None, validate_args=None, device=None, dtype=None):
         super().__init__()
         hidden_size = _validate.int_in("hidden_size", hidden_size, 1, 2**31)
         num_experts = _validate.int_in("num_experts", num_experts, 1, 2**31)
-        self.config = RoutingConfig.resolve(num_experts, config, k=k, kmin=kmin, kmax=kmax, method=method, backend=backend,
-                              grad=grad, normalize=normalize)
+        self.config = RoutingConfig.resolve(num_experts, config, k=k, kmin=kmin, kmax=kmax, constraint=constraint,
+                                            method=method, backend=backend, grad=grad, normalize=normalize,
+                                            scores=scores)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
         self.hidden_dim, self.num_experts, self.top_k = hidden_size, num_experts, self.config.kmax  # HF's names
@@ -55,12 +58,13 @@ class ProbMoERouter(nn.Module):
     def extra_repr(self) -> str:
         c = self.config
         return (f"hidden_size={self.hidden_dim}, num_experts={self.num_experts}, {c.describe()}, method={c.method!r}, "
-                f"backend={c.backend!r}, grad={c.grad!r}, normalize={c.normalize}")
+                f"backend={c.backend!r}, grad={c.grad!r}, normalize={c.normalize}, scores={c.scores!r}")
 
     def forward(self, hidden_states: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         if not isinstance(hidden_states, Tensor) or hidden_states.dtype not in self.FLOATS:
             got = hidden_states.dtype if isinstance(hidden_states, Tensor) else type(hidden_states).__name__
-            raise ValueError(f"hidden_states must be a tensor of dtype float16, bfloat16, float32 or float64, got {got}")
+            raise ValueError(f"hidden_states must be a tensor of dtype float16, bfloat16, float32 or float64, "
+                             f"got {got}")
         if hidden_states.dim() == 0 or hidden_states.shape[-1] != self.hidden_dim:
             raise ValueError(
                 f"hidden_states must have shape [..., {self.hidden_dim}], got {list(hidden_states.shape)}"

@@ -4,6 +4,10 @@ Both take one circuit:
 
     --n N --k K                 ExactlyK(N, K)
     --n N --kmin A --kmax B     RangeK(N, A, B) (--kmin defaults to 0, --kmax to N)
+    ... --groups G --max-groups M   GroupLimited: the K (or A..B) from at most M of G groups
+    ... --groups G --capacity C     GroupCapacity: at most C per group (both limits together:
+                                    GroupLimited with a capacity); --groups takes a count of
+                                    equal groups or a comma-separated list of sizes
     --cnf FILE                  a DIMACS CNF
     --sdd FILE --vtree FILE     an SDD saved by pysdd / libsdd
     --entry DIR                 (inspect only) a cache entry directory, read as it is
@@ -27,13 +31,13 @@ from .. import file_checks
 from ..cache import CacheWarning, read_entry
 from ..circuit import Circuit
 from ..compile import compile_circuit
-from ..spec import CnfFile, ExactlyK, RangeK, SddFile
+from ..spec import CnfFile, ExactlyK, GroupCapacity, GroupLimited, RangeK, SddFile
 from .report import compile_facts, render_compile
 from .text import render_text, to_dot
 
 # The spec constructors name their fields in ValueError messages; the user typed flags.
 _FLAG = {"n": "--n", "k": "--k", "kmin": "--kmin", "kmax": "--kmax", "sdd": "--sdd", "vtree": "--vtree",
-         "path": "--cnf"}
+         "path": "--cnf", "groups": "--groups", "max_groups": "--max-groups", "capacity": "--capacity"}
 _FORMATS = {".png": "png", ".svg": "svg", ".dot": "dot", ".gv": "dot", ".txt": "text"}
 
 
@@ -55,6 +59,13 @@ def _parser(prog: str, description: str) -> _Parser:
     g.add_argument("--k", type=int, metavar="K", help="exactly K of N are true (0 <= K <= N)")
     g.add_argument("--kmin", type=int, metavar="A", help="at least A are true (0 <= A <= kmax; default 0)")
     g.add_argument("--kmax", type=int, metavar="B", help="at most B are true (A <= B <= N; default N)")
+    g.add_argument("--groups", type=_groups, metavar="G",
+                   help="contiguous groups of the N variables: G equal groups, or sizes 'a,b,...' summing to N "
+                        "(with --max-groups and/or --capacity)")
+    g.add_argument("--max-groups", type=int, metavar="M", help="the true variables lie in at most M groups "
+                   "(1 <= M <= number of groups)")
+    g.add_argument("--capacity", type=int, metavar="C", help="at most C true variables per group "
+                   "(1 <= C <= largest group)")
     g.add_argument("--cnf", metavar="FILE", help="a DIMACS CNF file (compiled on a balanced vtree)")
     g.add_argument("--sdd", metavar="FILE", help="an SDD file saved by pysdd/libsdd (needs --vtree)")
     g.add_argument("--vtree", metavar="FILE", help="the vtree file the --sdd was saved with")
@@ -63,9 +74,19 @@ def _parser(prog: str, description: str) -> _Parser:
     return p
 
 
+def _groups(text: str):
+    """--groups: an int (that many equal groups) or comma-separated group sizes."""
+    try:
+        sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of equal groups or comma-separated sizes, got {text!r}")
+    return sizes[0] if len(sizes) == 1 else sizes
+
+
 def _spec(p: _Parser, args, entry: bool = False):
     """The spec the flags name, or None for ``--entry``; bad flags end in ``p.error`` (exit 2)."""
-    counting = any(getattr(args, a) is not None for a in ("n", "k", "kmin", "kmax"))
+    grouping = [getattr(args, a) is not None for a in ("groups", "max_groups", "capacity")]
+    counting = any(getattr(args, a) is not None for a in ("n", "k", "kmin", "kmax")) or any(grouping)
     chosen = [counting, args.cnf is not None, args.sdd is not None or args.vtree is not None,
               entry and args.entry is not None]
     if sum(chosen) != 1:
@@ -81,6 +102,8 @@ def _spec(p: _Parser, args, entry: bool = False):
             p.error("--k cannot be combined with --kmin/--kmax: give --k K (0 <= K <= N) or a range")
         if args.k is None and args.kmin is None and args.kmax is None:
             p.error("give --k K (0 <= K <= N) or a range --kmin A --kmax B (0 <= A <= B <= N)")
+        if any(grouping) and (args.groups is None or not any(grouping[1:])):
+            p.error("group limits need --groups G and at least one of --max-groups M, --capacity C")
     else:
         if (args.sdd is None) != (args.vtree is None):
             p.error("--sdd and --vtree must be given together")
@@ -92,6 +115,11 @@ def _spec(p: _Parser, args, entry: bool = False):
         except ValueError as exc:
             p.error(f"{'--cnf' if args.cnf is not None else '--sdd/--vtree'}: {exc}")
     try:
+        if args.groups is not None:
+            sizes = {"kmin": args.kmin, "kmax": args.kmax}
+            if args.max_groups is not None:
+                return GroupLimited(args.n, args.k, args.groups, args.max_groups, capacity=args.capacity, **sizes)
+            return GroupCapacity(args.n, args.k, args.groups, args.capacity, **sizes)
         if args.k is not None:
             return ExactlyK(args.n, args.k)
         if counting:

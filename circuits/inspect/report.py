@@ -2,13 +2,14 @@
 
 The model count is an exact Python integer (``Layout.model_count``), never pysdd's
 ``global_model_count``, which is an unsigned 64-bit integer and wraps silently. For
-``ExactlyK`` / ``RangeK`` it is checked against ``math.comb``.
+``ExactlyK`` / ``RangeK`` it is checked against ``math.comb``, for the group specs against a
+dynamic program over the groups in ``math.comb`` terms (``circuits.spec.group_model_count``).
 """
 
 from __future__ import annotations
 
 from .. import passes
-from ..spec import ExactlyK, RangeK, spec_to_dict
+from ..spec import GROUP_SPECS, ExactlyK, RangeK, spec_to_dict
 from .text import level_table
 
 
@@ -20,6 +21,8 @@ def count_formula(spec) -> str | None:
         if spec.kmin == spec.kmax:
             return f"C({spec.n}, {spec.kmin})"
         return f"sum of C({spec.n}, j) for j in {spec.kmin}..{spec.kmax}"
+    if isinstance(spec, GROUP_SPECS):
+        return "a sum over the groups' counts of products of C(group size, j)"
     return None
 
 
@@ -45,6 +48,7 @@ def compile_facts(circuit, warnings: list[str] = ()) -> dict:
         "load_seconds": info.get("load_seconds"),
         "sdd_size": info["sdd_size"],
         "sdd_count": info["sdd_count"],
+        "vtree": info.get("vtree", "balanced"),
         "sizes": circuit.sizes(),
         "levels": circuit.layout.levels(),
         "model_count": str(count),
@@ -76,7 +80,7 @@ def render_compile(facts: dict) -> str:
     cache = f["cache_path"] or "not written (see the warning above)"
     lines = [
         head,
-        f"  SDD          size {f['sdd_size']:,}, {f['sdd_count']:,} decision nodes (balanced vtree)",
+        f"  SDD          size {f['sdd_size']:,}, {f['sdd_count']:,} decision nodes ({f['vtree']} vtree)",
         f"  layout       {s['levels']} levels ({s['groups']} groups), {s['nodes']:,} nodes, "
         f"{s['elements']:,} elements, {s['padded_elements']:,} padded: padding {s['padding']:.2f}x",
         f"  model count  {count}",

@@ -1,9 +1,14 @@
 """The transformers 5.x MoE families that can be patched, and how to find their MoE blocks.
 
-All four share one layout (checked on transformers 5.23): every MoE layer is a
-``*SparseMoeBlock`` with ``gate`` (a ``*TopKRouter`` whose forward returns
-``(router_logits [T, N], top_k_weights [T, k], top_k_index [T, k])``) and ``experts`` (one fused
-module with 3-D weights that dispatches on ``config._experts_implementation``).
+All share one layout (checked on transformers 5.23): every MoE layer is a block (``*SparseMoeBlock``;
+DeepSeek-V3: ``DeepseekV3MoE``) with ``gate`` (a router whose forward returns ``(router_logits [T, N],
+top_k_weights [T, k], top_k_index [T, k])``: ``*TopKRouter``, ``DeepseekV3TopkRouter``) and
+``experts`` (one fused module with 3-D weights that dispatches on ``config._experts_implementation``).
+
+``SUPPORTED``: the four softmax-gated families (OLMoE, Qwen2-MoE, Qwen3-MoE, Mixtral), every
+method of ``METHODS``. ``GROUPED``: families whose stock router limits each token to
+``topk_group`` of ``n_group`` expert groups (DeepSeek-V3: sigmoid scores, a selection-only bias,
+a routed scaling factor), which also take the method "probmoe-grouped".
 """
 
 from __future__ import annotations
@@ -23,8 +28,15 @@ class Family:
     experts_attr: the config field holding the number of routed experts.
     always_normalize: the router always renormalises its top-k weights (Mixtral); otherwise it
         follows ``config.norm_topk_prob``.
-    fp32_weights: the router returns float32 weights whatever the logits' dtype (Mixtral); the
-        others cast their weights to the logits' dtype.
+    fp32_weights: the router returns float32 weights whatever the logits' dtype (Mixtral,
+        DeepSeek-V3); the others cast their weights to the logits' dtype.
+    router, block: the router and block class names without the prefix.
+    fp32_logits: the router computes its logits in float32 whatever the hidden states' dtype
+        (DeepSeek-V3); the others in the hidden states' dtype.
+    scores: the gate scores the used experts are weighted by: "softmax" or "sigmoid"
+        (``probmoe.RoutingConfig.scores``).
+    grouped: the router limits each token to ``config.topk_group`` of ``config.n_group`` expert
+        groups, and scales the used weights by ``config.routed_scaling_factor``.
     """
 
     model_type: str
@@ -32,6 +44,11 @@ class Family:
     experts_attr: str
     always_normalize: bool
     fp32_weights: bool
+    router: str = "TopKRouter"
+    block: str = "SparseMoeBlock"
+    fp32_logits: bool = False
+    scores: str = "softmax"
+    grouped: bool = False
 
     @property
     def modeling(self):
@@ -39,11 +56,11 @@ class Family:
 
     @property
     def router_class(self) -> type[nn.Module]:
-        return getattr(self.modeling, f"{self.prefix}TopKRouter")
+        return getattr(self.modeling, f"{self.prefix}{self.router}")
 
     @property
     def block_class(self) -> type[nn.Module]:
-        return getattr(self.modeling, f"{self.prefix}SparseMoeBlock")
+        return getattr(self.modeling, f"{self.prefix}{self.block}")
 
     def num_experts(self, config) -> int:
         return int(getattr(config, self.experts_attr))
@@ -53,6 +70,14 @@ class Family:
 
     def normalize(self, config) -> bool:
         return True if self.always_normalize else bool(config.norm_topk_prob)
+
+    def scale(self, config) -> float:
+        """The factor the router multiplies its used weights by (``routed_scaling_factor``; else 1)."""
+        return float(config.routed_scaling_factor) if self.grouped else 1.0
+
+    def groups(self, config) -> tuple[int, int]:
+        """(n_group, topk_group) of a grouped family's config."""
+        return int(config.n_group), int(config.topk_group)
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:
         """The model's MoE blocks in module order (Qwen's dense ``mlp_only_layers`` are skipped)."""
@@ -67,9 +92,13 @@ FAMILIES = {
         Family("qwen2_moe", "Qwen2Moe", "num_experts", always_normalize=False, fp32_weights=False),
         Family("qwen3_moe", "Qwen3Moe", "num_experts", always_normalize=False, fp32_weights=False),
         Family("mixtral", "Mixtral", "num_local_experts", always_normalize=True, fp32_weights=True),
+        Family("deepseek_v3", "DeepseekV3", "n_routed_experts", always_normalize=False, fp32_weights=True,
+               router="TopkRouter", block="MoE", fp32_logits=True, scores="sigmoid", grouped=True),
     )
 }
-SUPPORTED = tuple(FAMILIES)
+GROUPED = tuple(name for name, f in FAMILIES.items() if f.grouped)
+SUPPORTED = tuple(name for name, f in FAMILIES.items() if not f.grouped)
+ALL = SUPPORTED + GROUPED
 
 
 def family_of(model) -> Family:
@@ -77,10 +106,10 @@ def family_of(model) -> Family:
     import transformers
 
     if not isinstance(model, transformers.PreTrainedModel):
-        raise ValueError(f"model must be a transformers PreTrainedModel of type {', '.join(SUPPORTED)}; "
+        raise ValueError(f"model must be a transformers PreTrainedModel of type {', '.join(ALL)}; "
                          f"got {type(model).__module__}.{type(model).__qualname__}")
     model_type = getattr(model.config, "model_type", None)
     if model_type not in FAMILIES:
         raise ValueError(f"model type {model_type!r} is not supported; model must be of type "
-                         f"{', '.join(SUPPORTED)}")
+                         f"{', '.join(ALL)}")
     return FAMILIES[model_type]

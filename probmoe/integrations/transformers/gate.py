@@ -3,11 +3,13 @@
 The subclass shares the block's ``weight`` Parameter (the instance keeps it: only its class
 changes), so checkpoint keys stay stock, and HF's router-logit hooks, matched with isinstance on
 the family's router class, keep capturing ``router_logits``. Its forward computes the logits as
-the stock router does (``F.linear`` in the hidden states' dtype), then routes by the plan:
+the stock router does (``F.linear`` in the hidden states' dtype; in float32 for DeepSeek-V3),
+then routes by the plan:
 
     stock methods, and DenseMixer in eval: the stock forward itself (bit for bit)
     DenseMixer in training: all N experts, weights (mask·g).detach() + g − g.detach()
-    ProbMoE methods: ``probmoe.route`` (training: sampled, Eq. 7; eval: MAP)
+    ProbMoE methods: ``probmoe.route`` (training: sampled, Eq. 7; eval: MAP), the weights times
+        the plan's scale (DeepSeek-V3's routed_scaling_factor)
 """
 
 from __future__ import annotations
@@ -57,16 +59,21 @@ class GateRecord:
         return self.mask.sum(dim=-1)
 
 
-def densemixer_weights(logits: Tensor, k: int, normalize: bool) -> tuple[Tensor, Tensor, Tensor]:
+def densemixer_weights(logits: Tensor, k: int, normalize: bool, *, scores: str = "softmax",
+                       top_idx: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """DenseMixer as router output: (weights [T, N], indices [T, N], top-k indices [T, k]).
 
     Forward value: the stock top-k weights at the top-k experts, exactly 0 elsewhere (so every
     expert runs on every token, but only the top-k enter the output and receive gradients).
-    Backward: through g at all N experts, g = softmax(r), or with renormalisation DenseMixer's
-    "partscale_fix_expert" g = π·(1 − mask)/stopgrad(norm) + π·mask/norm, norm = Σ_top-k π.
+    Backward: through g at all N experts, g = π = softmax(r) (``scores="sigmoid"``: sigmoid(r)),
+    or with renormalisation DenseMixer's "partscale_fix_expert" g = π·(1 − mask)/stopgrad(norm) +
+    π·mask/norm, norm = Σ_top-k π. ``top_idx`` [T, k]: the experts the stock router chose, when it
+    chooses otherwise than by the top-k of π (DeepSeek-V3's groups and bias).
     """
-    probs = torch.softmax(logits, dim=-1, dtype=torch.float)  # [T, N]
-    top, top_idx = torch.topk(probs, k, dim=-1)  # [T, k], as the stock routers
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float) if scores == "softmax" else torch.sigmoid(logits.float())
+    if top_idx is None:
+        top_idx = torch.topk(probs, k, dim=-1).indices  # [T, k], as the stock routers
+    top = probs.gather(-1, top_idx)  # [T, k]
     mask = torch.zeros_like(probs).scatter_(-1, top_idx, 1.0)  # [T, N] {0, 1}
     if normalize:
         norm = top.sum(dim=-1, keepdim=True)  # [T, 1], the stock denominator
@@ -93,30 +100,42 @@ class PatchedGate:
     """Mixin placed before the family's ``*TopKRouter`` in the run-time subclass.
 
     Instance attributes added by ``patch_model`` (removed by ``unpatch_model``): ``probmoe_plan``
-    (the ``Plan``), ``probmoe_fp32_weights``, ``probmoe_generator``, ``probmoe_replay`` and, after
-    a forward, ``probmoe_last`` (a ``GateRecord``).
+    (the ``Plan``), ``probmoe_family``, ``probmoe_generator``, ``probmoe_replay`` and, after a
+    forward, ``probmoe_last`` (a ``GateRecord``).
     """
 
-    ADDED = ("probmoe_plan", "probmoe_fp32_weights", "probmoe_generator", "probmoe_replay", "probmoe_last")
+    ADDED = ("probmoe_plan", "probmoe_family", "probmoe_generator", "probmoe_replay", "probmoe_last")
 
     def forward(self, hidden_states: Tensor):
         plan: Plan = self.probmoe_plan
+        family = self.probmoe_family
         if plan.method in STOCK and not (plan.method == "densemixer" and self.training):
             logits, weights, indices = super().forward(hidden_states)  # the stock router, untouched
             self.probmoe_last = GateRecord(indices.detach(), torch.ones_like(indices, dtype=torch.bool),
                                            plan.num_experts)
             return logits, weights, indices
-        h = hidden_states.reshape(-1, self.hidden_dim)  # [..., D] -> [T, D]
-        logits = F.linear(h, self.weight)  # [T, N], in the hidden states' dtype, as the stock router
         if plan.method == "densemixer":
-            weights, indices, top_idx = densemixer_weights(logits, plan.top_k, plan.normalize)
+            stock_idx = None
+            if family.grouped:  # the stock choice (groups, bias) and the stock float32 logits
+                logits, _, stock_idx = super().forward(hidden_states)
+            else:
+                logits = F.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
+            weights, indices, top_idx = densemixer_weights(logits, plan.top_k, plan.normalize, scores=family.scores,
+                                                           top_idx=stock_idx)
             self.probmoe_last = GateRecord(top_idx.detach(), torch.ones_like(top_idx, dtype=torch.bool),
                                            plan.num_experts)
         else:
+            h = hidden_states.reshape(-1, self.hidden_dim)  # [..., D] -> [T, D]
+            if family.fp32_logits:  # [T, N], as the stock router: in float32, or in the hidden states' dtype
+                logits = F.linear(h.float(), self.weight.float())
+            else:
+                logits = F.linear(h, self.weight)
             routing = route(logits, plan.routing, self.training, self.probmoe_generator, self.probmoe_replay)
             weights, indices = routing.weights, routing.indices  # [T, kmax] each
             self.probmoe_last = GateRecord(indices.detach(), routing.mask, plan.num_experts, routing)
-        if not self.probmoe_fp32_weights:
+        if plan.scale != 1.0:
+            weights = weights * plan.scale  # DeepSeek-V3's routed_scaling_factor
+        if not family.fp32_weights:
             weights = weights.to(logits.dtype)  # as the stock OLMoE/Qwen routers
         return logits, weights, indices
 
@@ -132,9 +151,9 @@ def gate_class(router_class: type) -> type:
     return _CLASSES[router_class]
 
 
-def install(gate, plan: Plan, fp32_weights: bool, generator) -> None:
+def install(gate, plan: Plan, family, generator) -> None:
     gate.__class__ = gate_class(type(gate))
-    gate.probmoe_plan, gate.probmoe_fp32_weights = plan, fp32_weights
+    gate.probmoe_plan, gate.probmoe_family = plan, family
     gate.probmoe_generator, gate.probmoe_replay = generator, GeneratorReplay()
     gate.probmoe_last = None
 

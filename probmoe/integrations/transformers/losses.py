@@ -6,6 +6,8 @@ Here the expert fractions come from the routers' records of the experts really u
 
     load balancing (Switch Transformer, Eq. 4-6; HF's normalisation):
         N · Σ_i f_i · P_i,  f_i = (tokens routed to i) / T,  P_i = mean_t softmax(r_t)_i
+        (sigmoid gates, DeepSeek-V3: P_i = mean_t of sigmoid(r_t)_i / Σ_j sigmoid(r_t)_j, the
+        normalised scores of DeepSeek-V3's sequence-wise balance loss)
         (f sums to the mean number of experts per token; averaged over layers as HF does,
         padding tokens excluded by the attention mask)
     router z-loss (ST-MoE, Eq. 5): mean over layers and tokens of logsumexp(r_t)²
@@ -25,9 +27,11 @@ def _token_mask(attention_mask: Tensor | None, rows: int, device) -> Tensor | No
     return attention_mask.reshape(-1).to(device=device, dtype=torch.float32)
 
 
-def load_balancing_loss(router_logits, selected, attention_mask: Tensor | None = None) -> Tensor:
+def load_balancing_loss(router_logits, selected, attention_mask: Tensor | None = None,
+                        scores: str = "softmax") -> Tensor:
     """router_logits: per layer [T, N] (differentiable); selected: per layer [T, N] bool, the
-    experts used; attention_mask: [B, S] with B·S = T, or None. Returns a scalar (float32)."""
+    experts used; attention_mask: [B, S] with B·S = T, or None; scores: the gate's scores,
+    "softmax" or "sigmoid" (normalised over the experts). Returns a scalar (float32)."""
     if len(router_logits) != len(selected) or not router_logits:
         raise ValueError(f"need one selection per layer of router logits, got {len(router_logits)} logits and "
                          f"{len(selected)} selections")
@@ -37,7 +41,11 @@ def load_balancing_loss(router_logits, selected, attention_mask: Tensor | None =
     probs = torch.zeros(n, dtype=torch.float32, device=device)
     rows = torch.zeros((), dtype=torch.float32, device=device)
     for logits, used in zip(router_logits, selected):
-        p = torch.softmax(logits.to(device).float(), dim=-1)  # [T, N]
+        if scores == "softmax":
+            p = torch.softmax(logits.to(device).float(), dim=-1)  # [T, N]
+        else:
+            p = torch.sigmoid(logits.to(device).float())
+            p = p / p.sum(dim=-1, keepdim=True)
         used = used.to(device=device, dtype=torch.float32)  # [T, N]
         mask = _token_mask(attention_mask, p.shape[0], device)
         if mask is None:

@@ -6,6 +6,8 @@
     "probmoe"           ProbMoE Exact-k (training: sampled, Eq. 7; eval: MAP = stock top-k)
     "probmoe-dynamic"   ProbMoE Dynamic-k over kmin..kmax (eval: MAP, clamp(#{r > 0}, kmin, kmax))
     "sample-dense-ste", "topk-marginal"   the paper's two ablations (Exact-k; eval: MAP)
+    "probmoe-grouped"   (grouped families: DeepSeek-V3) ProbMoE on exactly k experts from at most
+                        topk_group of the n_group expert groups, the model's own limit (eval: MAP)
 """
 
 from __future__ import annotations
@@ -13,13 +15,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import circuits
 import probmoe
+
+from .families import GROUPED
 
 METHODS = ("conventional", "frozen", "densemixer", "probmoe", "probmoe-dynamic", "sample-dense-ste",
            "topk-marginal")
+GROUPED_METHODS = ("probmoe-grouped",)  # for the grouped families only
+ALL_METHODS = METHODS + GROUPED_METHODS
 STOCK = ("conventional", "frozen", "densemixer")  # routed by the family's own top-k (DenseMixer: in eval)
 _PROBMOE_METHOD = {"probmoe": "probmoe", "probmoe-dynamic": "probmoe", "sample-dense-ste": "sample-dense-ste",
-                   "topk-marginal": "topk-marginal"}  # our method -> probmoe.RoutingConfig.method
+                   "topk-marginal": "topk-marginal", "probmoe-grouped": "probmoe"}  # -> RoutingConfig.method
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,7 @@ class Plan:
     routing: the ``probmoe.RoutingConfig`` of the ProbMoE methods (None for the stock ones).
     top_k: the model's own ``num_experts_per_tok``; num_experts: N.
     aux_loss, z_loss: coefficients of the load-balancing loss and the router z-loss.
+    scale: the factor the used weights are multiplied by (DeepSeek-V3's ``routed_scaling_factor``).
     """
 
     method: str
@@ -39,6 +47,7 @@ class Plan:
     normalize: bool
     aux_loss: float
     z_loss: float
+    scale: float = 1.0
 
     @property
     def kmax(self) -> int:
@@ -76,8 +85,11 @@ def make_plan(config, family, method, *, k=None, kmin=None, kmax=None, backend="
               aux_loss=..., z_loss=...) -> Plan:
     """Check ``patch_model``'s arguments against the model's ``config``; ValueError naming the
     argument and the allowed values."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(repr(m) for m in METHODS)}; got {method!r}")
+    if method not in ALL_METHODS:
+        raise ValueError(f"method must be one of {', '.join(repr(m) for m in ALL_METHODS)}; got {method!r}")
+    if method in GROUPED_METHODS and not family.grouped:
+        raise ValueError(f"method {method!r} routes within the model's expert groups (n_group, topk_group); model "
+                         f"type {family.model_type!r} has none (it applies to {', '.join(GROUPED)})")
     n, top_k = family.num_experts(config), family.top_k(config)
     k = _int_or_none("k", k, 1, n)
     kmin = _int_or_none("kmin", kmin, 1, n)
@@ -92,7 +104,8 @@ def make_plan(config, family, method, *, k=None, kmin=None, kmax=None, backend="
         for name, value in (("k", k), ("kmin", kmin), ("kmax", kmax)):
             if value is not None:
                 raise ValueError(f"{name} applies only to the methods probmoe, probmoe-dynamic, sample-dense-ste, "
-                                 f"topk-marginal; method {method!r} routes to the model's own top-{top_k}")
+                                 f"topk-marginal, probmoe-grouped; method {method!r} routes to the model's own "
+                                 f"top-{top_k}")
         if (backend, grad) != ("circuit", "exact"):
             raise ValueError(f"backend and grad apply only to the ProbMoE methods, not to {method!r}")
     elif method == "probmoe-dynamic":
@@ -108,8 +121,14 @@ def make_plan(config, family, method, *, k=None, kmin=None, kmax=None, backend="
                              "use method 'probmoe-dynamic' for a range")
         kmin = kmax = top_k if k is None else k
     if method not in STOCK:
+        constraint = None
+        if method in GROUPED_METHODS:  # exactly k experts from at most topk_group of the n_group groups
+            n_group, topk_group = family.groups(config)
+            constraint = circuits.GroupLimited(n, kmin, n_group, topk_group)
+            kmin = kmax = None
         routing = probmoe.RoutingConfig(n, kmin=kmin, kmax=kmax, method=_PROBMOE_METHOD[method], backend=backend,
-                                        grad=grad, normalize=normalize)
+                                        grad=grad, normalize=normalize, scores=family.scores, constraint=constraint)
     return Plan(method, routing, n, top_k, normalize,
-                _coefficient("aux_loss", aux_loss, getattr(config, "router_aux_loss_coef", 0.0)),
-                _coefficient("z_loss", z_loss, getattr(config, "router_z_loss_coef", 0.0) or 0.0))
+                _coefficient("aux_loss", aux_loss, getattr(config, "router_aux_loss_coef", 0.0) or 0.0),
+                _coefficient("z_loss", z_loss, getattr(config, "router_z_loss_coef", 0.0) or 0.0),
+                family.scale(config))

@@ -48,7 +48,7 @@ class PatchedCausalLM(PatchedModel):
         plan = self.probmoe_plan
         router_logits = tuple(out.router_logits)  # per layer [T, N], captured by HF's own hooks
         selected = [g.probmoe_last.selected for g in patched_gates(self)]  # per layer [T, N] bool
-        balance = losses.load_balancing_loss(router_logits, selected, attention_mask)
+        balance = losses.load_balancing_loss(router_logits, selected, attention_mask, self.probmoe_family.scores)
         z = losses.router_z_loss(router_logits, attention_mask) if plan.z_loss else None
         self.probmoe_last_z_loss = z
         loss = None

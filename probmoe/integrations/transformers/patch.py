@@ -27,11 +27,13 @@ def is_patched(model) -> bool:
 
 def patch_model(model, method: str, *, k=None, kmin=None, kmax=None, backend: str = "circuit", grad: str = "exact",
                 aux_loss=..., z_loss=..., generator: torch.Generator | None = None):
-    """Patch every MoE block of a transformers 5.x ``olmoe``, ``qwen2_moe``, ``qwen3_moe`` or
-    ``mixtral`` model in place to route by ``method``; returns the model.
+    """Patch every MoE block of a transformers 5.x ``olmoe``, ``qwen2_moe``, ``qwen3_moe``,
+    ``mixtral`` or ``deepseek_v3`` model in place to route by ``method``; returns the model.
 
     method: "conventional", "frozen", "densemixer", "probmoe", "probmoe-dynamic",
-        "sample-dense-ste" or "topk-marginal" (see docs/transformers.md for what each does).
+        "sample-dense-ste" or "topk-marginal" (see docs/transformers.md for what each does); for
+        ``deepseek_v3`` also "probmoe-grouped": exactly k experts from at most ``topk_group`` of
+        the ``n_group`` expert groups, the model's own limit (docs/constraints.md).
     k: experts per token of the exactly-k ProbMoE methods (default: the model's
         ``num_experts_per_tok``); kmin, kmax: the range of "probmoe-dynamic" (default 1 and the
         model's top-k).
@@ -60,7 +62,7 @@ def patch_model(model, method: str, *, k=None, kmin=None, kmax=None, backend: st
         raise ValueError(f"model has no {family.block_class.__name__} to patch")
     requires_grad = {}
     for block in blocks:
-        gate_mod.install(block.gate, plan, family.fp32_weights, generator)
+        gate_mod.install(block.gate, plan, family, generator)
         if plan.dynamic:
             experts_mod.install(block.experts)
         if method == "frozen":  # only the routers: Qwen2-MoE's shared_expert_gate stays trainable

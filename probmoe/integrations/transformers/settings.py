@@ -20,7 +20,7 @@ import os
 
 import probmoe
 
-from .methods import METHODS, Plan
+from .methods import ALL_METHODS, Plan
 
 FILENAME = "probmoe_routing.json"
 FORMAT = "probmoe-transformers-routing"
@@ -78,8 +78,8 @@ def read(directory) -> dict:
     if data["sha256"] != digest(data):
         raise ValueError(f"{path} has been modified after it was written (sha256 mismatch); re-save the model "
                          "from a patched model instead of editing the file")
-    if data["method"] not in METHODS:
-        raise ValueError(f"{path}: method must be one of {METHODS}; got {data['method']!r}")
+    if data["method"] not in ALL_METHODS:
+        raise ValueError(f"{path}: method must be one of {ALL_METHODS}; got {data['method']!r}")
     try:
         routing = None if data["routing"] is None else probmoe.RoutingConfig.from_dict(data["routing"])
     except (ValueError, TypeError) as e:

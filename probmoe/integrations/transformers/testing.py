@@ -1,14 +1,19 @@
-"""Tiny randomly initialised models of the four families, for tests, examples and benchmarks.
+"""Tiny randomly initialised models of the five families, for tests, examples and benchmarks.
 
 hidden 64, 2 layers, 8 experts, top-2, vocab 256, intermediate 128, 4 heads / 2 kv heads,
 pad/bos/eos 0/1/2: each builds in milliseconds on a CPU.
+
+DeepSeek-V3: 3 layers, the first dense (first_k_dense_replace = 1), 8 routed experts in
+n_group = 4 groups of 2, topk_group = 2, top-3 (so that the group limit binds: with top-2 any two
+experts already lie in at most 2 groups), 1 shared expert, routed_scaling_factor 2.5,
+norm_topk_prob, MLA with kv_lora_rank 16 and no q LoRA, 4 heads.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .families import SUPPORTED
+from .families import ALL
 
 COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2, num_experts_per_tok=2,
@@ -18,14 +23,18 @@ EXTRA = {
     "qwen2_moe": dict(num_experts=8, moe_intermediate_size=128, shared_expert_intermediate_size=128),
     "qwen3_moe": dict(num_experts=8, moe_intermediate_size=128),
     "mixtral": dict(num_local_experts=8),
+    "deepseek_v3": dict(n_routed_experts=8, n_shared_experts=1, n_group=4, topk_group=2, num_experts_per_tok=3,
+                        moe_intermediate_size=64, num_hidden_layers=3, first_k_dense_replace=1, num_key_value_heads=4,
+                        q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+                        routed_scaling_factor=2.5, norm_topk_prob=True),
 }
 
 
 def tiny_config(model_type: str, **overrides):
     from transformers import AutoConfig
 
-    if model_type not in SUPPORTED:
-        raise ValueError(f"model_type must be one of {SUPPORTED}, got {model_type!r}")
+    if model_type not in ALL:
+        raise ValueError(f"model_type must be one of {ALL}, got {model_type!r}")
     return AutoConfig.for_model(model_type, **{**COMMON, **EXTRA[model_type], **overrides})
 
 

@@ -1,0 +1,161 @@
+"""Routing constraints beyond a number of experts: any compiled circuit over the N experts.
+
+A constraint is a ``circuits`` spec over N variables (``GroupLimited``, ``GroupCapacity``,
+``SddFile``, ``CnfFile``; ``ExactlyK`` / ``RangeK`` are plain k / kmin..kmax and are turned into
+those) or a compiled ``circuits.Circuit`` over N variables. The distribution is then
+P(S) ∝ exp(Σ_{i∈S} r_i) over the subsets S the constraint allows; everything is computed on the
+circuit (log Z, marginals, exact draws, the MAP).
+
+    resolve(constraint, n)      -> (constraint or None, (kmin, kmax)): checked, sizes read off
+    settle(...)                 -> resolve, plus the checks a config or distribution makes
+    to_dict / from_dict         -> the JSON form of a spec constraint (settings files)
+    compiled(constraint, device) -> the circuit on a device, input checks off (cached)
+    check_feasible(circuit, r)  -> ValueError for a token whose -inf logits leave no allowed subset
+    Allowed(circuit)            -> the support, a torch.distributions constraint
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+from torch.distributions import constraints as dist_constraints
+
+import circuits
+from circuits.spec import GROUP_SPECS
+
+CARDINALITY = (circuits.ExactlyK, circuits.RangeK)
+SPECS = (*CARDINALITY, *GROUP_SPECS, circuits.SddFile, circuits.CnfFile)
+KINDS = "a circuits.Circuit or a spec (GroupLimited, GroupCapacity, ExactlyK, RangeK, SddFile, CnfFile)"
+
+
+def describe(constraint) -> str:
+    """The spec's description, or ``Circuit(...)`` for a circuit without one."""
+    spec = constraint.spec if isinstance(constraint, circuits.Circuit) else constraint
+    return spec.describe() if spec is not None else repr(constraint)
+
+
+def resolve(constraint, n: int):
+    """Check ``constraint`` against N = ``n`` experts.
+
+    Returns (constraint, sizes): a cardinality spec (ExactlyK, RangeK, or a circuit of one)
+    becomes (None, (kmin, kmax)); a circuit whose spec can be rebuilt is kept as that spec (it
+    compiles, from the cache, on the logits' device); anything else as given. sizes = (the
+    smallest, the largest) number of experts an allowed subset has. ValueError for anything else.
+    """
+    if isinstance(constraint, circuits.Circuit):
+        if constraint.n != n:
+            raise ValueError(f"constraint is a circuit over {constraint.n} variables, but there are N = {n} experts")
+        if isinstance(constraint.spec, (*CARDINALITY, *GROUP_SPECS)):
+            constraint = constraint.spec
+    elif not isinstance(constraint, SPECS):
+        raise ValueError(f"constraint must be {KINDS}, got {type(constraint).__name__}")
+    if isinstance(constraint, SPECS):
+        size = getattr(constraint, "n", None)
+        if size is None:  # a file spec: its variable count is the compiled circuit's
+            size = compiled(constraint, "cpu").n
+        if size != n:
+            raise ValueError(f"constraint {constraint.describe()} is over n = {size} variables, but there are "
+                             f"N = {n} experts")
+    if isinstance(constraint, CARDINALITY):
+        return None, (constraint.cardinalities[0], constraint.cardinalities[-1])
+    cards = getattr(constraint, "cardinalities", None) if isinstance(constraint, SPECS) else None
+    return constraint, (cards[0], cards[-1]) if cards else _size_range(compiled(constraint, "cpu"))
+
+
+def settle(constraint, n: int, backend: str, k=None, kmin=None, kmax=None, lowest: int = 0):
+    """``resolve`` for a config or a distribution: (constraint or None, kmin, kmax). k / kmin / kmax,
+    where given, must agree with the constraint's sizes; every allowed subset needs at least
+    ``lowest`` experts; backend "dp" takes no structured constraint. ValueError otherwise."""
+    name = describe(constraint) if isinstance(constraint, (circuits.Circuit, *SPECS)) else None
+    constraint, sizes = resolve(constraint, n)
+    lo, hi = sizes
+    want = {"k": lo if lo == hi else None, "kmin": lo, "kmax": hi}
+    for key, value in {"k": k, "kmin": kmin, "kmax": kmax}.items():
+        if value is not None and value != want[key]:
+            raise ValueError(f"{key} = {value!r} disagrees with constraint {name}, whose subsets have {lo}..{hi} "
+                             "experts; give the constraint alone")
+    if lo < lowest:
+        raise ValueError(f"constraint {name} allows subsets of {lo} experts; routing needs at least {lowest} expert "
+                         f"per token (kmin >= {lowest})")
+    if constraint is not None and backend == "dp":
+        raise ValueError(f"backend 'dp' handles only k or kmin/kmax; constraint {name} needs backend 'circuit'")
+    return constraint, lo, hi
+
+
+def _size_range(circuit: circuits.Circuit) -> tuple[int, int]:
+    """(smallest, largest) number of true variables among the circuit's models: its MAP at logits
+    all -1 and all +1 (the MAP maximises the number of true variables times the logit)."""
+    r = torch.tensor([[-1.0], [1.0]], dtype=torch.float64, device=circuit.device).expand(2, circuit.n)
+    lo, hi = circuit.map(r).sum(-1).tolist()
+    return int(lo), int(hi)
+
+
+def to_dict(constraint):
+    """The JSON form of a constraint (``circuits.spec_to_dict``); None stays None. ValueError for a
+    compiled circuit without a rebuildable spec and for file specs (they are known by a digest only)."""
+    if constraint is None:
+        return None
+    if isinstance(constraint, GROUP_SPECS):
+        return circuits.spec_to_dict(constraint)
+    raise ValueError(f"constraint {describe(constraint)} cannot be written to a dict: only GroupLimited and "
+                     "GroupCapacity specs (and k / kmin / kmax) can; pass the spec instead of a compiled circuit")
+
+
+def from_dict(data):
+    """The constraint a ``to_dict`` value describes (None stays None), validated as if constructed."""
+    if data is None:
+        return None
+    try:
+        return circuits.spec_from_dict(data)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"constraint: {exc}") from None
+
+
+@functools.lru_cache(maxsize=64)
+def compiled(constraint, device) -> circuits.Circuit:
+    """The circuit of a spec (compiled once, then from the disk cache) or a copy of a given circuit,
+    on ``device``, with its input checks off (the callers check the logits)."""
+    if isinstance(constraint, circuits.Circuit):
+        c = circuits.Circuit(constraint.layout, constraint.spec, constraint.info, device)
+    else:
+        c = circuits.compile_circuit(constraint, device=device)
+    c.validate = False
+    return c
+
+
+@torch.no_grad()
+def check_feasible(circuit: circuits.Circuit, r: Tensor, constraint) -> None:
+    """Raise ValueError naming the first row of r [T, N] whose -inf logits leave no subset the
+    constraint allows (one pass of the circuit at logits 0 / -inf, and one host sync)."""
+    live = torch.where(r > -torch.inf, 0.0, -torch.inf).to(r.dtype)
+    bad = ~torch.isfinite(circuit.log_partition(live))  # [T]
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        raise ValueError(f"logits at row {row} have {int((r[row] > -torch.inf).sum())} experts above -inf, and no "
+                         f"subset of them satisfies the constraint {describe(constraint)}: it is infeasible")
+
+
+class Allowed(dist_constraints.Constraint):
+    """Binary vectors that satisfy a compiled constraint (the support of a constrained
+    ``SubsetDistribution``). ``check``: [..., N] -> [...] bool, by one pass of the circuit in
+    float64 at logits ±1e6 (log Z is 0 for an allowed vector and below -1e6 + N log 2 otherwise)."""
+
+    is_discrete = True
+    event_dim = 1
+    SCALE = 1e6
+
+    def __init__(self, circuit: circuits.Circuit, name: str):
+        self.circuit, self.name = circuit, name
+        super().__init__()
+
+    def check(self, value: Tensor) -> Tensor:
+        binary = ((value == 0) | (value == 1)).all(dim=-1)
+        r = torch.where(value > 0, self.SCALE, -self.SCALE).to(torch.float64)
+        with torch.no_grad():
+            log_z = self.circuit.log_partition(r)
+        return binary & (log_z > -self.SCALE / 2)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name})"
