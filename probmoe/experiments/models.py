@@ -1,8 +1,8 @@
 """The models ``probmoe-train`` fine-tunes: built-in tiny ones, or local checkpoint directories.
 
-``--model tiny-olmoe | tiny-qwen2-moe | tiny-qwen3-moe | tiny-mixtral`` builds a randomly
-initialised model of that family (the integration's tiny configs: hidden 64, 2 layers, 8
-experts, top-2) with the byte-level tokenizer (``tokenizer``) and room for GSM8K-length texts.
+``--model tiny-olmoe | tiny-qwen2-moe | tiny-qwen3-moe | tiny-mixtral | tiny-deepseek-v3`` builds a
+randomly initialised model of that family (the integration's tiny configs: hidden 64, 2 layers, 8
+experts, top-2; DeepSeek-V3 top-3 from at most 2 of 4 groups) with the byte-level tokenizer (``tokenizer``) and room for GSM8K-length texts.
 A directory is checked (config.json readable, a supported MoE model type, a tokenizer) before
 any weights are loaded.
 """
@@ -15,14 +15,14 @@ import os
 import torch
 
 TINY = {"tiny-olmoe": "olmoe", "tiny-qwen2-moe": "qwen2_moe", "tiny-qwen3-moe": "qwen3_moe",
-        "tiny-mixtral": "mixtral"}
+        "tiny-mixtral": "mixtral", "tiny-deepseek-v3": "deepseek_v3"}
 MAX_POSITIONS = 2048  # the tiny models' context: every GSM8K question + answer fits, in bytes
 
 
 def check_checkpoint(path: str) -> str:
     """The model type of the checkpoint directory ``path``; ValueError (naming the path) if it is not
     a directory with a readable config.json of a supported model type."""
-    from probmoe.integrations.transformers import SUPPORTED
+    from probmoe.integrations.transformers import ALL_FAMILIES
 
     if not os.path.isdir(path):
         raise ValueError(f"--model must be one of {sorted(TINY)} or a local checkpoint directory; "
@@ -33,9 +33,9 @@ def check_checkpoint(path: str) -> str:
             model_type = json.load(f).get("model_type")
     except (OSError, ValueError, AttributeError) as e:
         raise ValueError(f"{config_path} is missing or unreadable ({e})") from None
-    if model_type not in SUPPORTED:
+    if model_type not in ALL_FAMILIES:
         raise ValueError(f"checkpoint {path!r} is a {model_type!r} model; supported model types: "
-                         f"{', '.join(SUPPORTED)}")
+                         f"{', '.join(ALL_FAMILIES)}")
     return model_type
 
 
