@@ -84,7 +84,7 @@ def test_eval_and_analyze_refuse_bad_input(tmp_path, trained, capsys):
     data = write(root, "test.jsonl", 2)
     with pytest.raises(SystemExit) as e:
         evaluate.main(["--checkpoint", str(tmp_path / "none"), "--data", data])
-    assert e.value.code == 2 and "neither" in capsys.readouterr().err
+    assert e.value.code == 2 and "--checkpoint must be a local checkpoint directory" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         evaluate.main(["--checkpoint", str(runs["conventional"]), "--data", data, "--kmax", "2"])
     assert "need --method" in capsys.readouterr().err
@@ -96,4 +96,32 @@ def test_eval_and_analyze_refuse_bad_input(tmp_path, trained, capsys):
         evaluate.main(["--checkpoint", str(runs["conventional"]), "--data", str(tmp_path / "missing.jsonl")])
     assert "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "a").exists()
+    out = tmp_path / "again"
+    args = ["--checkpoint", str(runs["conventional"]), "--data", data, "--skip-generation", "--output", str(out),
+            "--no-progress"]
+    evaluate.main(args)
+    with pytest.raises(SystemExit):  # earlier results are never replaced silently
+        evaluate.main(args)
+    assert "already holds results.jsonl, summary.json; pass --overwrite" in capsys.readouterr().err
+    assert evaluate.main([*args, "--overwrite"]) == 0
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(SystemExit):
+        analyze.main(["--checkpoint", str(runs["conventional"]), "--data", data, "--output", str(tmp_path / "file")])
+    assert "exists and is not a directory" in capsys.readouterr().err and (tmp_path / "file").read_text() == "mine"
     assert torch.is_grad_enabled()
+
+
+def test_deepseek_analysis_uses_its_sigmoid_scores(tmp_path):
+    """DeepSeek-V3 gates with sigmoid scores: the analysed distribution is σ(r) normalised, not softmax(r)."""
+    data = write(tmp_path, "train.jsonl", 4)
+    train.main(["--model", "tiny-deepseek-v3", "--data", data, "--output-dir", str(tmp_path / "ds"), "--method",
+                "probmoe-grouped", "--max-steps", "1", "--batch-size", "4", "--no-progress"])
+    from probmoe.experiments import capture, checkpoints
+
+    model, tokenizer = checkpoints.load(str(tmp_path / "ds"))
+    (layer, *_) = capture.capture(model, tokenizer, [{"question": "1+1?", "answer": "2"}], 1, 64, lambda x, desc: x)
+    with torch.no_grad():
+        logits = model(layer.token_ids[None], output_router_logits=True).router_logits[0].float()  # [T, N]
+    scores = torch.sigmoid(logits)
+    assert torch.allclose(layer.probs, scores / scores.sum(-1, keepdim=True), atol=1e-6)
+    assert not torch.allclose(layer.probs, torch.softmax(logits, -1), atol=1e-3)

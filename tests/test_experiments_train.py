@@ -3,6 +3,7 @@ and bad input stops the command before any training."""
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -74,40 +75,55 @@ def test_every_method_reduces_the_loss_on_a_repeated_batch(tmp_path, method):
 
 
 def test_resume_is_exact(tmp_path, data):
-    """Steps 1-6 with a checkpoint at 3; resuming from it to 6 gives bit-identical parameters
-    (sampled routing with the router generators, grad accumulation, a decaying LR)."""
+    """6 uninterrupted steps = stop after 3, then resume to 6 (bit for bit), with sampled Dynamic-k
+    routing from the router generators, gradient accumulation and a decaying LR with warm-up."""
     common_args = ["--model", "tiny-qwen2-moe", "--data", data, "--batch-size", 2, "--grad-accum", 2,
-                   "--method", "probmoe-dynamic", "--lr-schedule", "constant", "--warmup-steps", 4]
-    run(*common_args, "--max-steps", 6, "--output-dir", tmp_path / "a", "--save-every", 3)
-    run(*common_args, "--max-steps", 6, "--output-dir", tmp_path / "b", "--resume", tmp_path / "a" / "checkpoint-000003")
+                   "--method", "probmoe-dynamic", "--lr-schedule", "linear", "--warmup-steps", 2, "--max-steps", 6]
+    run(*common_args, "--output-dir", tmp_path / "a", "--save-every", 3)
+    run(*common_args, "--output-dir", tmp_path / "b", "--stop-after", 3)
+    assert not (tmp_path / "b" / "model.safetensors").exists()  # stopped: only the checkpoint
+    run(*common_args, "--output-dir", tmp_path / "b", "--resume", "latest")
     assert max_diff(weights(tmp_path / "a"), weights(tmp_path / "b")) == 0
     assert max_diff(weights(tmp_path / "a"), weights(tmp_path / "a" / "checkpoint-000003")) > 0
     log_b = [json.loads(line) for line in open(tmp_path / "b" / "train_log.jsonl")]
-    assert log_b[0]["event"] == "resume" and log_b[0]["step"] == 3 and [r["step"] for r in log_b[1:]] == [4, 5, 6]
-    # "latest" continues the same folder: from 6 to 8
-    run(*common_args, "--max-steps", 8, "--output-dir", tmp_path / "a", "--resume", "latest")
-    assert state.latest_checkpoint(str(tmp_path / "a")).endswith("checkpoint-000008")
+    assert [r.get("event") for r in log_b if "event" in r] == ["start", "resume"]
+    assert [r["step"] for r in log_b if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    # from a checkpoint of another folder into a new one
+    run(*common_args, "--output-dir", tmp_path / "c", "--resume", tmp_path / "a" / "checkpoint-000003")
+    assert max_diff(weights(tmp_path / "a"), weights(tmp_path / "c")) == 0
 
 
 def test_resume_refuses_other_settings_and_damaged_state(tmp_path, data, capsys):
-    args = ["--model", "tiny-olmoe", "--data", data, "--max-steps", 2, "--batch-size", 2]
-    run(*args, "--output-dir", tmp_path / "a")
+    args = ["--model", "tiny-olmoe", "--data", data, "--batch-size", 2]
+    run(*args, "--max-steps", 2, "--save-every", 1, "--output-dir", tmp_path / "a")
     ckpt = tmp_path / "a" / "checkpoint-000002"
     with pytest.raises(SystemExit) as e:
-        run(*args, "--output-dir", tmp_path / "b", "--resume", ckpt, "--lr", "0.5")
+        run(*args, "--max-steps", 2, "--output-dir", tmp_path / "b", "--resume", ckpt, "--lr", "0.5")
     assert e.value.code == 2 and "lr: checkpoint 0.001, now 0.5" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # the same folder again without --resume: nothing is overwritten
-        run(*args, "--output-dir", tmp_path / "a")
-    assert "already holds checkpoints" in capsys.readouterr().err
-    with open(ckpt / state.STATE, "ab") as f:
-        f.write(b"tampered")
-    with pytest.raises(SystemExit):
-        run(*args, "--max-steps", 3, "--output-dir", tmp_path / "c", "--resume", ckpt)
-    assert "checksum" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a linear schedule over 2 steps does not continue to 3
+        run(*args, "--max-steps", 3, "--output-dir", tmp_path / "b", "--resume", ckpt)
+    assert "schedule_steps: checkpoint 2, now 3" in capsys.readouterr().err
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "a").rglob("*")}
+    with pytest.raises(SystemExit):  # the same folder again without --resume
+        run(*args, "--max-steps", 2, "--output-dir", tmp_path / "a")
+    assert "is not empty" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # an older checkpoint into its own folder would overwrite the newer
+        run(*args, "--max-steps", 2, "--output-dir", tmp_path / "a", "--resume", tmp_path / "a" / "checkpoint-000001")
+    assert "not its newest checkpoint" in capsys.readouterr().err
+    assert before == {p.name: p.stat().st_mtime_ns for p in (tmp_path / "a").rglob("*")}  # nothing touched
+    for name in ("model.safetensors", state.STATE):
+        damaged = tmp_path / f"damaged-{name}"
+        shutil.copytree(ckpt, damaged)
+        with open(damaged / name, "ab") as f:
+            f.write(b"tampered")
+        with pytest.raises(SystemExit):
+            run(*args, "--max-steps", 2, "--output-dir", tmp_path / "c", "--resume", damaged)
+        assert f"{name} is missing or does not match its checksum" in capsys.readouterr().err
     (ckpt / state.MANIFEST).write_text("{not json")
     with pytest.raises(SystemExit):
-        run(*args, "--max-steps", 3, "--output-dir", tmp_path / "c", "--resume", ckpt)
+        run(*args, "--max-steps", 2, "--output-dir", tmp_path / "c", "--resume", ckpt)
     assert "unreadable" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
 
 
 def test_bf16_and_gradient_checkpointing_train(tmp_path, data):
@@ -138,7 +154,7 @@ def test_bad_input_is_refused_before_training(tmp_path, capsys, data):
     (llama / "config.json").write_text('{"model_type": "llama"}')
     err = _bad(tmp_path, capsys, "--data", data, "--model", llama)
     assert "'llama'" in err and "olmoe" in err and "mixtral" in err
-    assert "neither" in _bad(tmp_path, capsys, "--data", data, "--model", "tiny-gpt")
+    assert "is not" in _bad(tmp_path, capsys, "--data", data, "--model", "tiny-gpt")
     assert "kmin must be <= kmax" in _bad(tmp_path, capsys, "--data", data, "--method", "probmoe-dynamic",
                                           "--kmin", 2, "--kmax", 1)
     assert "k must be in [1, 8]" in _bad(tmp_path, capsys, "--data", data, "--k", 9)

@@ -35,7 +35,7 @@ def sh(cmd: list[str], log) -> None:
 
 def run_one(args, method: str, seed: int, log) -> dict:
     out = args.output / "runs" / f"{method}-seed{seed}"
-    summary = out / "eval" / "summary.json"
+    summary = out / "eval-saved" / "summary.json"
     if not summary.exists():
         start = time.perf_counter()
         if not (out / "model.safetensors").exists():

@@ -3,7 +3,8 @@
     probmoe-analyze --checkpoint runs/conventional --checkpoint runs/probmoe \\
         --data ../shared/data/gsm8k/test.jsonl --limit 64 --output analysis/
 
-Per MoE layer: experts to cover α of the routing probability (Fig. 3), top-4 mass and normalised
+Per MoE layer: experts to cover α of the routing probability (softmax of the router logits;
+normalised sigmoid scores for DeepSeek-V3) (Fig. 3), top-4 mass and normalised
 entropy (Fig. 4), experts per token (Fig. 5), token frequency against active experts (Fig. 6),
 expert-load CV and MaxVio. Writes ``analysis.json``, ``analysis.csv`` and PNG figures.
 """
@@ -33,8 +34,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=common.positive_int, default=16)
     p.add_argument("--max-length", type=common.positive_int, default=1024)
     common.add_routing_flags(p, required=False)
-    p.add_argument("--device", choices=("cpu", "cuda"))
-    p.add_argument("--no-progress", action="store_true")
+    common.add_model_flags(p)
     return p
 
 
@@ -73,14 +73,12 @@ def main(argv=None) -> int:
 
         runs = named(args.checkpoint)
         for path in runs.values():
-            models.check_checkpoint(path)
+            models.check_checkpoint(path, "--checkpoint")
         records = data.read_jsonl(args.data)[:args.limit]
-        if args.device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("--device cuda: no CUDA device is available")
-        return runs, records
+        common.output_folder(args.output, ("analysis.json", "analysis.csv"), args.overwrite)
+        return runs, records, common.device(args.device), getattr(torch, args.dtype)
 
-    runs, records = common.run_or_exit(p, body)
-    import torch
+    runs, records, device, dtype = common.run_or_exit(p, body)
     from tqdm.auto import tqdm
 
     from probmoe.analysis import metrics, plots
@@ -89,17 +87,15 @@ def main(argv=None) -> int:
     def progress(iterable, desc):
         return tqdm(iterable, desc=desc, disable=args.no_progress, dynamic_ncols=True)
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     routing = dict(k=args.k, kmin=args.kmin, kmax=args.kmax, backend=args.backend, grad=args.grad)
     results, described = {}, {}
     for name, path in runs.items():
         model, tokenizer = common.run_or_exit(p, lambda: checkpoints.load(path, method=args.method, device=device,
-                                                                           **routing))
+                                                                           dtype=dtype, **routing))
         described[name] = checkpoints.describe(model)
         layers = capture.capture(model, tokenizer, records, args.batch_size, args.max_length, progress)
         results[name] = [dict(name=layer.name, **metrics.layer_summary(layer.probs, layer.selected, layer.token_ids))
                          for layer in layers]
-    os.makedirs(args.output, exist_ok=True)
     with open(os.path.join(args.output, "analysis.json"), "w", encoding="utf-8") as f:
         json.dump({"data": args.data, "records": len(records), "routing": described, "runs": results}, f, indent=1)
         f.write("\n")

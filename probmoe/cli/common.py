@@ -45,6 +45,40 @@ def add_routing_flags(parser: argparse.ArgumentParser, *, required: bool) -> Non
                         help="gradient of the marginals: exact Cov(z), or the paper's Cov(z) diag(1 - p)")
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    """--device, --dtype (weights of the evaluated model), --overwrite, --no-progress."""
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA when present")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="the weights' dtype (default float32)")
+    parser.add_argument("--overwrite", action="store_true", help="replace results already in the output folder")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def device(name: str | None) -> str:
+    import torch
+
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    return name or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def output_folder(path: str, files: tuple[str, ...], overwrite: bool) -> str:
+    """Create ``path`` for ``files`` (checked before any model is loaded): ValueError if it is not a
+    folder, or already holds one of ``files`` and ``overwrite`` is off."""
+    import os
+
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"--output {path!r} exists and is not a directory")
+    taken = [f for f in files if os.path.exists(os.path.join(path, f))]
+    if taken and not overwrite:
+        raise ValueError(f"--output {path!r} already holds {', '.join(taken)}; pass --overwrite or choose another "
+                         "folder")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
 def run_or_exit(parser: argparse.ArgumentParser, body):
     """Call ``body()``; a ValueError or FileNotFoundError from checking the inputs becomes
     ``parser.error`` (status 2, one line)."""

@@ -4,7 +4,7 @@
     probmoe-eval --checkpoint runs/a --method probmoe-dynamic --kmin 1 --kmax 8   # another inference rule
 
 Prints the scores and writes ``results.jsonl`` (one line per problem) and ``summary.json`` into
-``--output`` (default: ``<checkpoint>/eval``).
+``--output`` (default: ``<checkpoint>/eval-<method>``, ``eval-saved`` for the saved routing).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=common.positive_int, default=256)
     p.add_argument("--batch-size", type=common.positive_int, default=16)
     p.add_argument("--max-length", type=common.positive_int, default=1024, help="tokens per example for the loss")
-    p.add_argument("--output", help="results folder (default: <checkpoint>/eval)")
+    p.add_argument("--output", help="results folder (default: <checkpoint>/eval-<method>, eval-saved for the "
+                   "routing saved with the checkpoint)")
     p.add_argument("--skip-generation", action="store_true", help="only the answer loss")
     common.add_routing_flags(p, required=False)
-    p.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA when present")
-    p.add_argument("--no-progress", action="store_true")
+    common.add_model_flags(p)
     return p
 
 
@@ -42,17 +42,18 @@ def main(argv=None) -> int:
     def body():
         import torch
 
-        from probmoe.experiments import checkpoints, data
+        from probmoe.experiments import checkpoints, data, models
 
         records = data.read_jsonl(args.data)[:args.limit]
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("--device cuda: no CUDA device is available")
+        models.check_checkpoint(args.checkpoint, "--checkpoint")
+        out = common.output_folder(args.output or os.path.join(args.checkpoint, f"eval-{args.method or 'saved'}"),
+                                   ("results.jsonl", "summary.json"), args.overwrite)
         routing = dict(k=args.k, kmin=args.kmin, kmax=args.kmax, backend=args.backend, grad=args.grad)
-        model, tokenizer = checkpoints.load(args.checkpoint, method=args.method, device=device, **routing)
-        return records, model, tokenizer
+        model, tokenizer = checkpoints.load(args.checkpoint, method=args.method, device=common.device(args.device),
+                                            dtype=getattr(torch, args.dtype), **routing)
+        return records, out, model, tokenizer
 
-    records, model, tokenizer = common.run_or_exit(p, body)
+    records, out, model, tokenizer = common.run_or_exit(p, body)
     from tqdm.auto import tqdm
 
     from probmoe.experiments import checkpoints, generation
@@ -64,18 +65,18 @@ def main(argv=None) -> int:
                "problems": len(records)}
     summary.update(generation.answer_loss(model, tokenizer, records, args.batch_size, args.max_length, progress))
     results = []
-    if not args.skip_generation:
-        for start in progress(range(0, len(records), args.batch_size), desc="generate"):
+    with open(os.path.join(out, "results.jsonl"), "w", encoding="utf-8") as f:  # written as it goes
+        for start in progress(range(0, len(records), args.batch_size) if not args.skip_generation else [],
+                              desc="generate"):
             chunk = records[start:start + args.batch_size]
             completions = generation.complete(model, tokenizer, [r["question"] for r in chunk], args.max_new_tokens)
-            results += [dict(index=start + i, **generation.score(r, c)) for i, (r, c) in enumerate(zip(chunk, completions))]
+            for i, (record, completion) in enumerate(zip(chunk, completions)):
+                results.append(dict(index=start + i, **generation.score(record, completion)))
+                f.write(json.dumps(results[-1]) + "\n")
+            f.flush()
+    if results:
         for mode in ("flexible", "strict"):
             summary[f"exact_match_{mode}"] = sum(r[f"correct_{mode}"] for r in results) / len(results)
-    out = args.output or os.path.join(args.checkpoint, "eval")
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "results.jsonl"), "w", encoding="utf-8") as f:
-        for r in results:
-            f.write(json.dumps(r) + "\n")
     with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
         f.write("\n")

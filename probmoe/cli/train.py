@@ -19,8 +19,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="probmoe-train", description="Fine-tune a transformers MoE model "
                                 "(OLMoE, Qwen2-MoE, Qwen3-MoE, Mixtral) on question/answer JSON lines with "
                                 "ProbMoE or a baseline router. Runs alone or under torchrun (DDP).")
-    p.add_argument("--model", required=True, help="tiny-olmoe, tiny-qwen2-moe, tiny-qwen3-moe, tiny-mixtral "
-                   "(randomly initialised, byte-level tokenizer), or a local checkpoint directory")
+    p.add_argument("--model", required=True, help="tiny-olmoe, tiny-qwen2-moe, tiny-qwen3-moe, tiny-mixtral, "
+                   "tiny-deepseek-v3 (randomly initialised, byte-level tokenizer), or a local checkpoint directory "
+                   "of those families")
     p.add_argument("--data", required=True, help="JSON lines with 'question' and 'answer' (GSM8K format)")
     p.add_argument("--output-dir", required=True, help="checkpoints, the final model and train_log.jsonl")
     common.add_routing_flags(p, required=False)
@@ -43,6 +44,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bf16", action="store_true", help="bf16 autocast")
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--resume", help="a checkpoint directory, or 'latest' (the newest in --output-dir)")
+    p.add_argument("--stop-after", type=common.positive_int,
+                   help="stop after this step with a resumable checkpoint, the schedule unchanged")
     p.add_argument("--save-every", type=common.nonnegative_int, default=0,
                    help="write a resumable checkpoint every N steps (0: only at the end)")
     p.add_argument("--log-every", type=common.positive_int, default=1)
@@ -67,6 +70,7 @@ def main(argv=None) -> int:
                           max_grad_norm=args.max_grad_norm, batch_size=args.batch_size, grad_accum=args.grad_accum,
                           max_length=args.max_length, seed=args.seed, bf16=args.bf16,
                           gradient_checkpointing=args.gradient_checkpointing, resume=args.resume,
+                          stop_after=args.stop_after,
                           save_every=args.save_every, log_every=args.log_every, device=args.device,
                           progress=not args.no_progress)
         return Trainer(cfg)
@@ -74,7 +78,9 @@ def main(argv=None) -> int:
     trainer = common.run_or_exit(p, body)
     last = trainer.run()
     if trainer.world.main and last:
-        print(f"step {last['step']}: loss {last['loss']:.4f}; model in {args.output_dir}", file=sys.stderr)
+        where = f"model in {args.output_dir}" if trainer.step == trainer.total_steps else \
+            f"stopped at step {trainer.step} of {trainer.total_steps}: resume with --resume latest"
+        print(f"step {last['step']}: loss {last['loss']:.4f}; {where}", file=sys.stderr)
     from probmoe.experiments import distributed
 
     distributed.teardown()

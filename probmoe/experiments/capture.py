@@ -2,7 +2,8 @@
 
 The model runs teacher-forced over question + answer texts (``data.encode``) in eval mode, so
 each router routes as at inference (MAP for ProbMoE, top-k for the stock methods). For every
-MoE layer and every real (non-pad) token we keep the routing probabilities softmax(r), the
+MoE layer and every real (non-pad) token we keep the routing probabilities (softmax(r); for a
+family gating with sigmoid scores, DeepSeek-V3, the scores σ(r) normalised to sum to 1), the
 experts used, and the token id.
 """
 
@@ -30,6 +31,7 @@ def capture(model, tokenizer, records: list[dict], batch_size: int, max_length: 
     from probmoe.integrations.transformers import router_stats
 
     encoded = [data.encode(tokenizer, r, max_length) for r in records]
+    sigmoid = model.probmoe_family.scores == "sigmoid"
     probs, selected, ids, names = None, None, [], None
     with torch.no_grad():
         for start in progress(range(0, len(encoded), batch_size), desc="route"):
@@ -42,7 +44,9 @@ def capture(model, tokenizer, records: list[dict], batch_size: int, max_length: 
                 names = [s["layer"] for s in stats]
                 probs, selected = [[] for _ in stats], [[] for _ in stats]
             for layer, (logits, s) in enumerate(zip(out.router_logits, stats)):
-                probs[layer].append(torch.softmax(logits.float(), dim=-1)[keep].cpu())  # [B·L, N] -> [T_b, N]
+                scores = torch.sigmoid(logits.float()) if sigmoid else torch.softmax(logits.float(), dim=-1)
+                scores = scores / scores.sum(dim=-1, keepdim=True) if sigmoid else scores  # [B·L, N]
+                probs[layer].append(scores[keep].cpu())  # [T_b, N]
                 selected[layer].append(s["selected"][keep].cpu())
             ids.append(batch["input_ids"].reshape(-1)[keep].cpu())
     token_ids = torch.cat(ids)

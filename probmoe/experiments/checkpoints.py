@@ -17,29 +17,23 @@ from . import models
 
 
 def load(path: str, *, method: str | None = None, k=None, kmin=None, kmax=None, backend="circuit", grad="exact",
-         device="cpu"):
-    """(model in eval mode on ``device``, tokenizer padding on the left) from checkpoint ``path``;
-    ``method`` and the rest as ``patch_model``'s arguments (None: the saved routing)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+         device="cpu", dtype: torch.dtype = torch.float32):
+    """(model in eval mode on ``device`` with weights in ``dtype``, tokenizer) from checkpoint
+    ``path``; ``method`` and the rest as ``patch_model``'s arguments (None: the saved routing)."""
+    from transformers import AutoModelForCausalLM
 
     import probmoe.integrations.transformers as pt
 
-    models.check_checkpoint(path)
+    models.check_checkpoint(path, "--checkpoint")
     if method is None and ((k, kmin, kmax) != (None, None, None) or (backend, grad) != ("circuit", "exact")):
         raise ValueError("--k/--kmin/--kmax/--backend/--grad need --method")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"checkpoint {path!r} has no loadable tokenizer ({e})") from None
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = models.load_tokenizer(path, "--checkpoint")
     if os.path.isfile(os.path.join(path, pt.SETTINGS_FILENAME)):
-        model = pt.from_pretrained(path, dtype=torch.float32)
+        model = pt.from_pretrained(path, dtype=dtype)
         if method is not None:
             pt.unpatch_model(model)
     else:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         method = method or "conventional"
     if method is not None:
         pt.patch_model(model, method, k=k, kmin=kmin, kmax=kmax, backend=backend, grad=grad)

@@ -3,8 +3,8 @@
 Each line is a JSON object with string fields ``question`` and ``answer`` (other fields are
 kept and ignored). An example becomes
 
-    prompt  = "Question: {question}\\nAnswer: "     (no loss)
-    target  = "{answer}" + eos                    (the loss is on these tokens only)
+    prompt  = bos + "Question: {question}\\nAnswer: "     (no loss; bos where the tokenizer adds one)
+    target  = "{answer}" + eos                          (the loss is on these tokens only)
 
 ``prompt(question)`` is also what ``probmoe-eval`` hands the model to generate from.
 """
@@ -71,9 +71,25 @@ class Encoded:
     labels: list[int]
 
 
+def special_prefix(tokenizer) -> list[int]:
+    """The special tokens the tokenizer puts before a text (Llama/Mixtral/DeepSeek: bos; GPT-2-style
+    and our byte tokenizer: none), found by tokenizing a probe with and without them."""
+    plain = tokenizer("x", add_special_tokens=False)["input_ids"]
+    full = tokenizer("x", add_special_tokens=True)["input_ids"]
+    for start in range(len(full) - len(plain) + 1):
+        if full[start:start + len(plain)] == plain:
+            return full[:start]
+    return []
+
+
+def prompt_ids(tokenizer, question: str) -> list[int]:
+    """The prompt's tokens, special prefix included (what training conditions on and eval generates from)."""
+    return special_prefix(tokenizer) + tokenizer(prompt(question), add_special_tokens=False)["input_ids"]
+
+
 def encode(tokenizer, record: dict, max_length: int) -> Encoded:
     """Prompt + answer + eos, cut to ``max_length`` tokens (the answer's tail goes first)."""
-    p = tokenizer(prompt(record["question"]), add_special_tokens=False)["input_ids"]
+    p = prompt_ids(tokenizer, record["question"])
     a = tokenizer(record["answer"].strip(), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     ids = (p + a)[:max_length]
     labels = ([IGNORE] * len(p) + a)[:max_length]

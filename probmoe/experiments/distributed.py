@@ -44,12 +44,28 @@ def setup(device: str | None = None) -> World:
     use_cuda = torch.cuda.is_available() if device is None else device == "cuda"
     if use_cuda and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available")
+    if use_cuda and local_rank >= torch.cuda.device_count():
+        raise ValueError(f"LOCAL_RANK {local_rank} has no GPU: this node shows {torch.cuda.device_count()}; start "
+                         "at most that many processes per node")
     dev = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(dev)
     if size > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo")
+        # NCCL for CUDA tensors, gloo for the few CPU ones (the agreement on checks below)
+        dist.init_process_group("cpu:gloo,cuda:nccl" if use_cuda else "gloo")
     return World(rank, size, local_rank, dev)
+
+
+def agree(error: Exception | None) -> None:
+    """Every process learns whether any process failed its checks: the failing ones raise their own
+    error, the others a ValueError saying so (instead of waiting in the next collective)."""
+    failed = torch.tensor([0 if error is None else 1])
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(failed)
+    if error is not None:
+        raise error
+    if failed.item():
+        raise ValueError(f"{failed.item()} other process(es) failed their checks (see their error); stopping")
 
 
 def teardown() -> None:

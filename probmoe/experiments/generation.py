@@ -19,13 +19,25 @@ from .trainer import answer_loss_sum, routing_summary
 STOP = "Question:"
 
 
+def left_padded(prompts: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """input_ids and attention_mask [B, L_max], padded on the left (what generation continues from)."""
+    length = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), length), dtype=torch.long)
+    for row, p in enumerate(prompts):
+        ids[row, length - len(p):] = torch.tensor(p)
+        mask[row, length - len(p):] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
 def complete(model, tokenizer, questions: list[str], max_new_tokens: int) -> list[str]:
-    """Greedy completions of the prompts of ``questions`` (one batch)."""
-    enc = tokenizer([data.prompt(q) for q in questions], return_tensors="pt", padding=True,
-                    add_special_tokens=False).to(model.device)
+    """Greedy completions of the prompts of ``questions`` (one batch); generation stops at eos (the
+    model's generation config) or once every row has written ``STOP``."""
+    enc = left_padded([data.prompt_ids(tokenizer, q) for q in questions], tokenizer.pad_token_id)
+    enc = {key: value.to(model.device) for key, value in enc.items()}
     with torch.no_grad():
         out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, use_cache=True,
-                             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+                             pad_token_id=tokenizer.pad_token_id, stop_strings=[STOP], tokenizer=tokenizer)
     texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
     return [t.split(STOP)[0].strip() for t in texts]
 

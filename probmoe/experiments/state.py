@@ -4,13 +4,14 @@
 
     config.json, model.safetensors, tokenizer files, probmoe_routing.json   (the stock checkpoint)
     training_state.pt      step, optimizer, LR scheduler (rank 0's; DDP keeps them equal on all ranks)
-    rng_rank{r}.pt         rank r's RNG states: Python, NumPy, torch CPU, CUDA, the routing generator
-    training_state.json    the run's fingerprint, the step, the world size, sha256 of every .pt file
+    rng_rank{r}.pt         rank r's RNG states: Python, NumPy, torch CPU, its GPU, the routing generator
+    training_state.json    the run's fingerprint, the step, the world size, sha256 of every other file
 
-and is written under a temporary name, then renamed, so a crash never leaves half a checkpoint.
-Reading trusts nothing: the JSON's fields, the checksums, the fingerprint against the resuming
-run (``RESUME_KEYS``: anything that changes the trajectory), and every .pt file is read with
-``weights_only=True``.
+and is written under a temporary name, synced, then renamed, so a crash never leaves half a
+checkpoint; an existing checkpoint is never replaced. Reading trusts nothing: the JSON's fields,
+the checksums of every file (weights included) before anything is loaded, the fingerprint against
+the resuming run (``RESUME_KEYS``: anything that changes the trajectory; the total number of
+steps too under a decaying schedule), and every .pt file is read with ``weights_only=True``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 # fingerprint fields that must match for a resume to continue the same trajectory
 RESUME_KEYS = ("model", "method", "k", "kmin", "kmax", "backend", "grad", "aux_loss", "z_loss", "seed", "lr",
                "lr_schedule", "warmup_steps", "weight_decay", "max_grad_norm", "batch_size", "grad_accum",
-               "max_length", "bf16", "data_sha256", "world_size")
+               "max_length", "bf16", "data_sha256", "world_size", "device_type", "schedule_steps")
 
 
 def sha256_file(path: str) -> str:
@@ -56,7 +57,7 @@ def latest_checkpoint(output_dir: str) -> str | None:
     return checkpoint_dir(output_dir, max(steps)) if steps else None
 
 
-def rng_state(generator: torch.Generator | None) -> dict:
+def rng_state(generator: torch.Generator | None, device: torch.device) -> dict:
     """Every RNG this process draws from, as tensors and plain numbers (loadable with
     ``weights_only=True``). The routing generator may be None (the routers draw from the global RNG)."""
     version, internal, gauss = random.getstate()
@@ -65,50 +66,64 @@ def rng_state(generator: torch.Generator | None) -> dict:
              "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
              "torch": torch.get_rng_state(),
              "routing": generator.get_state() if generator is not None else None}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def set_rng_state(state: dict, generator: torch.Generator | None) -> None:
+def set_rng_state(state: dict, generator: torch.Generator | None, device: torch.device) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal.tolist()), gauss))
     kind, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
     if (state["routing"] is None) != (generator is None):
         raise ValueError("the checkpoint's routing generator does not match this run's")
     if generator is not None:
         generator.set_state(state["routing"])
 
 
+def _sync_tree(directory: str) -> None:
+    """fsync every file of ``directory``, then the directory itself."""
+    for name in os.listdir(directory):
+        with open(os.path.join(directory, name), "rb") as f:
+            os.fsync(f.fileno())
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def save(directory: str, *, step: int, fingerprint: dict, world, model, tokenizer, optimizer, scheduler,
          generator) -> None:
-    """Write the checkpoint of ``step`` to ``directory`` (every rank calls this; rank 0 writes the
-    model, the optimizer and the manifest, each rank its own RNG file)."""
+    """Write the checkpoint of ``step`` to ``directory``, which must not exist (every rank calls
+    this; rank 0 writes the model, the optimizer and the manifest, each rank its own RNG file)."""
     from . import distributed
 
+    if os.path.exists(directory):
+        raise FileExistsError(f"{directory} exists already; a checkpoint is never overwritten")
     tmp = f"{directory}.tmp"
     if world.main:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # what a crashed save of this step left
         os.makedirs(tmp)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
                    os.path.join(tmp, STATE))
     distributed.barrier()
-    torch.save(rng_state(generator), os.path.join(tmp, f"rng_rank{world.rank}.pt"))
+    torch.save(rng_state(generator, world.device), os.path.join(tmp, f"rng_rank{world.rank}.pt"))
     distributed.barrier()
     if world.main:
-        files = [STATE] + [f"rng_rank{r}.pt" for r in range(world.size)]
+        files = sorted(os.listdir(tmp))
         manifest = {"format": FORMAT, "version": VERSION, "step": step, "world_size": world.size,
                     "fingerprint": fingerprint, "sha256": {f: sha256_file(os.path.join(tmp, f)) for f in files}}
         with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=2, sort_keys=True)
             f.write("\n")
-        shutil.rmtree(directory, ignore_errors=True)
+        _sync_tree(tmp)
         os.replace(tmp, directory)
     distributed.barrier()
 
@@ -132,7 +147,24 @@ def read_manifest(directory: str) -> dict:
         raise ValueError(f"{path}: step must be an integer >= 0, got {manifest['step']!r}")
     if not isinstance(manifest["fingerprint"], dict) or not isinstance(manifest["sha256"], dict):
         raise ValueError(f"{path}: fingerprint and sha256 must be objects")
+    for name, digest in manifest["sha256"].items():
+        if os.path.basename(name) != name or not isinstance(digest, str):
+            raise ValueError(f"{path}: sha256 must map file names to hex digests, got {name!r}: {digest!r}")
     return manifest
+
+
+def verify(directory: str, manifest: dict, rank: int) -> None:
+    """Every file the manifest lists (weights included) and this rank's state files are there and
+    match their checksums; ValueError otherwise."""
+    listed = manifest["sha256"]
+    for name in (STATE, f"rng_rank{rank}.pt"):
+        if name not in listed:
+            raise ValueError(f"--resume {directory!r}: {MANIFEST} does not list {name}")
+    for name, expected in listed.items():
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path) or sha256_file(path) != expected:
+            raise ValueError(f"--resume {directory!r}: {name} is missing or does not match its checksum in "
+                             f"{MANIFEST} (damaged or modified)")
 
 
 def check_resume(manifest: dict, fingerprint: dict, directory: str) -> None:
@@ -146,20 +178,15 @@ def check_resume(manifest: dict, fingerprint: dict, directory: str) -> None:
 
 
 def load(directory: str, manifest: dict, *, world, optimizer, scheduler, generator) -> int:
-    """Restore optimizer, scheduler and this rank's RNGs from ``directory``; returns the step."""
-    files = {STATE: None, f"rng_rank{world.rank}.pt": None}
-    for name in files:
-        path = os.path.join(directory, name)
-        expected = manifest["sha256"].get(name)
-        if expected is None or not os.path.isfile(path) or sha256_file(path) != expected:
-            raise ValueError(f"--resume {directory!r}: {name} is missing or does not match its checksum in "
-                             f"{MANIFEST} (damaged or modified)")
-        files[name] = torch.load(path, map_location="cpu", weights_only=True)
+    """Restore optimizer, scheduler and this rank's RNGs from ``directory`` (``verify`` first);
+    returns the step."""
+    files = {name: torch.load(os.path.join(directory, name), map_location="cpu", weights_only=True)
+             for name in (STATE, f"rng_rank{world.rank}.pt")}
     state = files[STATE]
     if state.get("step") != manifest["step"]:
         raise ValueError(f"--resume {directory!r}: {STATE} is for step {state.get('step')}, "
                          f"{MANIFEST} says {manifest['step']}")
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
-    set_rng_state(files[f"rng_rank{world.rank}.pt"], generator)
+    set_rng_state(files[f"rng_rank{world.rank}.pt"], generator, world.device)
     return manifest["step"]

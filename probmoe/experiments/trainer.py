@@ -59,6 +59,7 @@ class TrainConfig:
     bf16: bool = False
     gradient_checkpointing: bool = False
     resume: str | None = None
+    stop_after: int | None = None  # stop (with a checkpoint) after this step, as if interrupted
     save_every: int = 0
     log_every: int = 1
     device: str | None = None
@@ -105,55 +106,43 @@ def routing_summary(model, attention_mask: torch.Tensor) -> list[dict]:
     return out
 
 
-def fingerprint(cfg: TrainConfig, world_size: int) -> dict:
+def fingerprint(cfg: TrainConfig, world, total_steps: int) -> dict:
+    """The settings an exact resume must share (``state.RESUME_KEYS``)."""
     fields = asdict(cfg)
     with open(cfg.data, "rb") as f:
         fields["data_sha256"] = hashlib.sha256(f.read()).hexdigest()
-    fields["world_size"] = world_size
+    fields.update(world_size=world.size, device_type=world.device.type,
+                  schedule_steps=None if cfg.lr_schedule == "constant" else total_steps)
     return {key: fields[key] for key in state.RESUME_KEYS}
 
 
 class Trainer:
-    """Set up from a ``TrainConfig`` (every check happens here, before any step), then ``run()``."""
+    """Set up from a ``TrainConfig``, then ``run()``. Every check (flags, data, output folder,
+    resume checkpoint) runs on every process before any weights load, and the processes agree on
+    the outcome before the first collective, so a bad input stops all of them with its message."""
 
     def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.world = distributed.setup(cfg.device)
+        error = None
+        try:
+            self._check_and_build()
+        except (ValueError, FileNotFoundError) as e:
+            error = e
+        distributed.agree(error)
+        self.model = self.net
+        if self.world.size > 1:
+            ids = [self.world.local_rank] if self.world.device.type == "cuda" else None
+            self.model = torch.nn.parallel.DistributedDataParallel(self.net, device_ids=ids)
+
+    def _check_and_build(self) -> None:
         from probmoe.integrations.transformers import patch_model
 
-        self.cfg = cfg
-        self.world = world = distributed.setup(cfg.device)
-        if os.path.exists(cfg.output_dir) and not os.path.isdir(cfg.output_dir):
-            raise ValueError(f"--output-dir {cfg.output_dir!r} exists and is not a directory")
+        cfg, world = self.cfg, self.world
         self.records = data.read_jsonl(cfg.data)
-        self.resume_dir, manifest = self._resume_dir(), None
-        self.fingerprint = fingerprint(cfg, world.size)
-        if self.resume_dir is not None:
-            manifest = state.read_manifest(self.resume_dir)
-            state.check_resume(manifest, self.fingerprint, self.resume_dir)
-        elif world.main and state.latest_checkpoint(cfg.output_dir) is not None:
-            raise ValueError(f"--output-dir {cfg.output_dir!r} already holds checkpoints of a run; pass "
-                             "--resume latest to continue it, or choose another --output-dir")
-        random.seed(cfg.seed)
-        np.random.seed(cfg.seed)
-        torch.manual_seed(cfg.seed)
-        if self.resume_dir is not None:
-            models.check_checkpoint(self.resume_dir)
-        net, self.tokenizer = models.load(cfg.model, cfg.seed)
-        if self.resume_dir is not None:
-            net = self._weights_from(self.resume_dir)
-        self.generator = torch.Generator(world.device).manual_seed(cfg.seed * 1_000_003 + 7919 * (world.rank + 1))
-        aux = {} if cfg.aux_loss is None else {"aux_loss": cfg.aux_loss}
-        zl = {} if cfg.z_loss is None else {"z_loss": cfg.z_loss}
-        patch_model(net, cfg.method, k=cfg.k, kmin=cfg.kmin, kmax=cfg.kmax, backend=cfg.backend, grad=cfg.grad,
-                    generator=self.generator, **aux, **zl)
-        net.config.use_cache = False
-        if cfg.gradient_checkpointing:
-            net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.net = net.to(world.device)
-        self.plan = net.probmoe_plan
-        self.model = self.net
-        if world.size > 1:
-            ids = [world.local_rank] if world.device.type == "cuda" else None
-            self.model = torch.nn.parallel.DistributedDataParallel(self.net, device_ids=ids)
+        self.resume_dir = self._resume_dir()
+        self._check_output_dir()
+        self.tokenizer = models.load_tokenizer(cfg.model)
         self.encoded = [data.encode(self.tokenizer, r, cfg.max_length) for r in self.records]
         self.no_answer = sum(all(label == data.IGNORE for label in e.labels[1:]) for e in self.encoded)
         if self.no_answer == len(self.encoded):
@@ -166,6 +155,25 @@ class Trainer:
                              f"{cfg.grad_accum} = {self.global_batch})")
         self.total_steps = cfg.max_steps if cfg.max_steps is not None else \
             max(1, math.floor(cfg.epochs * self.steps_per_epoch))
+        self.fingerprint = fingerprint(cfg, world, self.total_steps)
+        manifest = None
+        if self.resume_dir is not None:
+            manifest = state.read_manifest(self.resume_dir)
+            state.check_resume(manifest, self.fingerprint, self.resume_dir)
+            state.verify(self.resume_dir, manifest, world.rank)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        net = models.load_model(cfg.model, cfg.seed) if self.resume_dir is None else self._weights_from(self.resume_dir)
+        self.generator = torch.Generator(world.device).manual_seed(cfg.seed * 1_000_003 + 7919 * (world.rank + 1))
+        aux = {} if cfg.aux_loss is None else {"aux_loss": cfg.aux_loss}
+        zl = {} if cfg.z_loss is None else {"z_loss": cfg.z_loss}
+        patch_model(net, cfg.method, k=cfg.k, kmin=cfg.kmin, kmax=cfg.kmax, backend=cfg.backend, grad=cfg.grad,
+                    generator=self.generator, **aux, **zl)
+        if cfg.gradient_checkpointing:
+            net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.net = net.to(world.device)
+        self.plan = net.probmoe_plan
         params = [p for p in self.net.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -174,17 +182,37 @@ class Trainer:
         if self.resume_dir is not None:
             self.step = state.load(self.resume_dir, manifest, world=world, optimizer=self.optimizer,
                                    scheduler=self.scheduler, generator=self.generator)
+        self.start_step = self.step
         self.log_path = os.path.join(cfg.output_dir, "train_log.jsonl")
 
     def _resume_dir(self) -> str | None:
         resume = self.cfg.resume
         if resume is None:
             return None
-        directory = state.latest_checkpoint(self.cfg.output_dir) if resume == "latest" else resume
-        if directory is None or not os.path.isdir(directory):
-            raise ValueError(f"--resume {resume!r}: no checkpoint to resume from "
-                             f"({'no checkpoint-* in ' + repr(self.cfg.output_dir) if resume == 'latest' else 'not a directory'})")
-        return directory
+        if resume == "latest":
+            directory = state.latest_checkpoint(self.cfg.output_dir)
+            if directory is None:
+                raise ValueError(f"--resume latest: no checkpoint-* in --output-dir {self.cfg.output_dir!r}")
+            return directory
+        if not os.path.isdir(resume):
+            raise ValueError(f"--resume {resume!r}: not a checkpoint directory (or 'latest')")
+        return resume
+
+    def _check_output_dir(self) -> None:
+        """Nothing is overwritten: a new run needs an empty or new folder; a resume, an empty folder or
+        the folder whose newest checkpoint it resumes from."""
+        out = self.cfg.output_dir
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise ValueError(f"--output-dir {out!r} exists and is not a directory")
+        if not os.path.isdir(out) or not os.listdir(out):
+            return
+        if self.resume_dir is None:
+            raise ValueError(f"--output-dir {out!r} is not empty; choose a new folder, or pass --resume latest to "
+                             "continue the run in it")
+        latest = state.latest_checkpoint(out)
+        if latest is None or os.path.realpath(latest) != os.path.realpath(self.resume_dir):
+            raise ValueError(f"--output-dir {out!r} is not empty and --resume {self.cfg.resume!r} is not its newest "
+                             f"checkpoint ({latest}); resume into an empty folder, or from the newest checkpoint")
 
     def _weights_from(self, directory: str):
         from transformers import AutoModelForCausalLM
@@ -207,7 +235,8 @@ class Trainer:
 
     def _train_step(self, batches) -> dict:
         cfg, world, dev = self.cfg, self.world, self.world.device
-        tokens = distributed.all_sum(torch.stack([(b["labels"][:, 1:] != data.IGNORE).sum() for b in batches]).sum())
+        tokens = distributed.all_sum(torch.stack([(b["labels"][:, 1:] != data.IGNORE).sum() for b in batches]).sum()
+                                     .to(dev))
         total_tokens = max(1, int(tokens.item()))
         want_router = bool(self.plan.aux_loss or self.plan.z_loss)
         ce_sum, aux_sum = torch.zeros((), device=dev), torch.zeros((), device=dev)
@@ -218,7 +247,7 @@ class Trainer:
             with sync:
                 with autocast:
                     out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                     output_router_logits=want_router)
+                                     output_router_logits=want_router, use_cache=False)
                 ce, _ = answer_loss_sum(out.logits, batch["labels"])
                 loss = ce * world.size / total_tokens
                 aux = torch.zeros((), device=dev)
@@ -237,7 +266,7 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        real = distributed.all_sum(torch.stack([b["attention_mask"].sum() for b in batches]).sum())
+        real = distributed.all_sum(torch.stack([b["attention_mask"].sum() for b in batches]).sum().to(dev))
         stats = {"loss": distributed.all_sum(ce_sum).item() / total_tokens,
                  "aux_loss": distributed.all_sum(aux_sum).item() / world.size, "lr": lr,
                  "answer_tokens": total_tokens, "tokens": int(real.item())}
@@ -257,7 +286,8 @@ class Trainer:
                    generator=self.generator)
 
     def run(self) -> dict:
-        """Train from ``self.step`` to ``total_steps``; returns the last step's log record."""
+        """Train from ``self.step`` to ``total_steps`` (or ``stop_after``), write a checkpoint there and,
+        at ``total_steps``, the final model into the output folder; returns the last step's log record."""
         from tqdm.auto import tqdm
 
         cfg, world = self.cfg, self.world
@@ -270,7 +300,8 @@ class Trainer:
         bar = tqdm(total=self.total_steps, initial=self.step, desc=f"train {cfg.method}", unit="step",
                    disable=not (world.main and cfg.progress), dynamic_ncols=True)
         record = {}
-        while self.step < self.total_steps:
+        end = self.total_steps if cfg.stop_after is None else min(cfg.stop_after, self.total_steps)
+        while self.step < end:
             start = time.perf_counter()
             epoch, batches = self._micro_batches(self.step)
             stats = self._train_step(batches)
@@ -282,11 +313,12 @@ class Trainer:
                 self._log(record)
             bar.set_postfix(loss=f"{stats['loss']:.4f}", lr=f"{stats['lr']:.2e}")
             bar.update(1)
-            if cfg.save_every and self.step % cfg.save_every == 0 and self.step < self.total_steps:
+            if cfg.save_every and self.step % cfg.save_every == 0 and self.step < end:
                 self.save(state.checkpoint_dir(cfg.output_dir, self.step))
         bar.close()
-        self.save(state.checkpoint_dir(cfg.output_dir, self.step))
-        if world.main:
+        if self.step > self.start_step or self.resume_dir is None:
+            self.save(state.checkpoint_dir(cfg.output_dir, self.step))
+        if world.main and self.step == self.total_steps:
             self.net.save_pretrained(cfg.output_dir)
             self.tokenizer.save_pretrained(cfg.output_dir)
         distributed.barrier()
