@@ -67,7 +67,8 @@ def _per_layer(ax, runs: dict[str, list[dict]], value, ylabel: str, title: str) 
 def _save(fig, path) -> Path:
     """Write ``fig`` to ``path`` as PNG, with one legend of the runs below the panels."""
     handles, labels = fig.axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4), frameon=False)
+    per_row = max(1, round(fig.get_figwidth() / 2.3))  # about 2.3 inches per legend entry: never clipped
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), per_row), frameon=False)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI)
