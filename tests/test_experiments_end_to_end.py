@@ -125,3 +125,15 @@ def test_deepseek_analysis_uses_its_sigmoid_scores(tmp_path):
     scores = torch.sigmoid(logits)
     assert torch.allclose(layer.probs, scores / scores.sum(-1, keepdim=True), atol=1e-6)
     assert not torch.allclose(layer.probs, torch.softmax(logits, -1), atol=1e-3)
+
+
+def test_commands_name_the_missing_extra(monkeypatch, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a))
+    for main in (train.main, evaluate.main, analyze.main):
+        with pytest.raises(SystemExit) as e:
+            main(["--model", "m", "--data", "d", "--output-dir", "o"] if main is train.main else
+                 ["--checkpoint", "c", "--data", "d", "--output", "o"])
+        assert e.value.code == 2 and "pip install 'probmoe[transformers]'" in capsys.readouterr().err

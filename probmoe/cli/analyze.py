@@ -65,6 +65,7 @@ def csv_rows(results: dict) -> list[dict]:
 def main(argv=None) -> int:
     p = parser()
     args = p.parse_args(argv)
+    common.require_extras(p)
 
     def body():
         import torch

@@ -79,6 +79,15 @@ def output_folder(path: str, files: tuple[str, ...], overwrite: bool) -> str:
     return path
 
 
+def require_extras(parser: argparse.ArgumentParser) -> None:
+    """Exit with status 2 and the install command when the ``transformers`` extra is missing."""
+    import importlib.util
+
+    missing = [name for name in ("transformers", "tqdm") if importlib.util.find_spec(name) is None]
+    if missing:
+        parser.error(f"needs {' and '.join(missing)}: pip install 'probmoe[transformers]'")
+
+
 def run_or_exit(parser: argparse.ArgumentParser, body):
     """Call ``body()``; a ValueError or FileNotFoundError from checking the inputs becomes
     ``parser.error`` (status 2, one line)."""

@@ -38,6 +38,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     p = parser()
     args = p.parse_args(argv)
+    common.require_extras(p)
 
     def body():
         import torch

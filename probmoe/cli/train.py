@@ -57,6 +57,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     p = parser()
     args = p.parse_args(argv)
+    common.require_extras(p)
 
     def body():
         from probmoe.experiments.trainer import TrainConfig, Trainer
