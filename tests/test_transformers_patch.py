@@ -17,6 +17,7 @@ pytest.importorskip("transformers", minversion="5.0")
 
 import probmoe.integrations.transformers as pt  # noqa: E402
 from probmoe.integrations.transformers.testing import tiny_model  # noqa: E402
+from training_steps import train_steps  # noqa: E402
 
 FAMILIES = pt.SUPPORTED
 EXACT_K = ("conventional", "frozen", "densemixer", "probmoe", "sample-dense-ste", "topk-marginal")
@@ -51,24 +52,8 @@ def test_import_probmoe_does_not_import_transformers():
 @pytest.mark.parametrize("method", pt.METHODS)
 def test_training_reduces_loss_and_reaches_routers(family, method):
     model = pt.patch_model(tiny_model(family), method, generator=torch.Generator().manual_seed(1))
-    model.train()
-    x = batch()
-    before = [g.weight.detach().clone() for g in routers(model)]
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    losses = []
-    for _ in range(4):
-        opt.zero_grad()
-        out = model(x, labels=x, output_router_logits=True)
-        out.loss.backward()
-        grads = [g.weight.grad for g in routers(model)]
-        if method == "frozen":
-            assert all(g is None for g in grads)
-        else:
-            assert all(g is not None and g.abs().sum() > 0 for g in grads)
-        opt.step()
-        losses.append(out.loss.item())
+    losses, before, after = train_steps(model, routers(model), batch(), method == "frozen")
     assert losses[-1] < losses[0] - 0.2, losses
-    after = [g.weight.detach() for g in routers(model)]
     if method == "frozen":
         assert all(torch.equal(a, b) for a, b in zip(before, after))
         if family == "qwen2_moe":  # the shared expert's gate is not a router: it still trains
