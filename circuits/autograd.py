@@ -7,9 +7,10 @@ circuit, probmoe's cardinality dynamic program) plugs into ``ExactMarginals`` by
 
     model.forward_marginals(r, want_sample, generator, values) -> (m [T, n], z [T, n], keep)
         the marginals (zeros when ``values`` is False: the caller wants only their Jacobian),
-        one exact draw (an empty tensor when not wanted), and the one tensor the backward needs
-        (r itself, or a copy the model prefers, e.g. shifted logits; [T, n]);
-    model.cov_vec(keep, v) -> Cov(x) v [T, n], recomputed from ``keep`` alone.
+        one exact draw (an empty tensor when not wanted), and the tensors the backward needs, a
+        tuple (r itself where it can: a caller that also keeps r then shares its storage; e.g.
+        (r, shift [T, 1]) for a circuit that evaluates shifted logits);
+    model.cov_vec(keep, v) -> Cov(x) v [T, n], recomputed from the tuple ``keep`` alone.
 
 So the graph keeps O(T n) per call whatever the model's intermediate size. ``LogPartition`` adds
 log Z for a model that also offers ``log_z_and_marginals(r, marginals)``.
@@ -25,22 +26,21 @@ class ExactMarginals(torch.autograd.Function):
     """``ExactMarginals.apply(model, r, want_sample, generator, values=True)`` -> (m, z).
 
     r [T, n] -> m [T, n] (differentiable: backward Cov(x) v; not twice differentiable) and
-    z [T, n] in {0, 1} or an empty tensor (not differentiable). Saves only ``keep``.
+    z [T, n] in {0, 1} or an empty tensor (not differentiable). Saves only the model's ``keep``.
     """
 
     @staticmethod
     def forward(ctx, model, r: Tensor, want_sample: bool, generator, values: bool = True):
         m, z, keep = model.forward_marginals(r, want_sample, generator, values)
         ctx.model = model
-        ctx.save_for_backward(keep)
+        ctx.save_for_backward(*keep)
         ctx.mark_non_differentiable(z)
         return m, z
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, v: Tensor, _):
-        (keep,) = ctx.saved_tensors
-        return None, ctx.model.cov_vec(keep, v.contiguous()), None, None, None
+        return None, ctx.model.cov_vec(ctx.saved_tensors, v.contiguous()), None, None, None
 
 
 class LogPartition(torch.autograd.Function):

@@ -154,17 +154,21 @@ class Circuit:
             f"logits make the constraint unsatisfiable at row {bad}: {finite} finite logits{need}"
         )
 
-    def _shift(self, r: Tensor, chosen: Passes) -> Tensor:
-        """Exactly-k distributions are shift invariant: subtract each row's k-th largest logit.
-
-        The k-th largest sits at the boundary of the likely subsets, so the logits that matter
-        keep their low bits (the row maximum would let one far outlier wipe them out). [T, n].
-        """
+    def _shift_amount(self, r: Tensor, chosen: Passes) -> Tensor | None:
+        """Exactly-k distributions are shift invariant: each row's k-th largest logit, [T, 1], is
+        subtracted (None: nothing is). The k-th largest sits at the boundary of the likely subsets,
+        so the logits that matter keep their low bits (the row maximum would let one far outlier
+        wipe them out)."""
         k = self.spec.cardinalities[0] if self.spec is not None and self.spec.fixed_cardinality else 0
         if k == 0 or r.shape[0] == 0:
-            return r
+            return None
         ref = chosen.kth_largest(r, k).unsqueeze(-1)  # [T, n] -> [T, 1]
-        return r - torch.where(torch.isfinite(ref), ref, torch.zeros_like(ref))
+        return torch.where(torch.isfinite(ref), ref, torch.zeros_like(ref))
+
+    def _shift(self, r: Tensor, chosen: Passes) -> Tensor:
+        """The logits the passes evaluate: r [T, n] less ``_shift_amount``."""
+        amount = self._shift_amount(r, chosen)
+        return r if amount is None else r - amount
 
     # --- the model behind circuits.autograd ---------------------------------------------------
     def log_z_and_marginals(self, r: Tensor, marginals: bool) -> tuple[Tensor, Tensor | None]:
@@ -174,11 +178,13 @@ class Circuit:
         return log_z, m
 
     def forward_marginals(self, r: Tensor, want_sample: bool, generator, values: bool):
-        """(marginals or zeros [T, n], one draw or an empty tensor [T, n], the shifted logits the
-        backward keeps [T, n]) of checked logits r [T, n], no autograd: one sampling pass and one
-        marginals pass at most, and one host sync for the checks."""
+        """(marginals or zeros [T, n], one draw or an empty tensor [T, n], what the backward keeps:
+        (r,) or (r, shift [T, 1]), the caller's own logits and no copy) of checked logits r [T, n],
+        no autograd: one sampling pass and one marginals pass at most, and one host sync for the
+        checks."""
         chosen = self.passes(r.dtype)
-        rs = self._shift(r, chosen)
+        shift = self._shift_amount(r, chosen)
+        rs = r if shift is None else r - shift
         z, log_z = rs.new_empty(0), None
         if want_sample:
             z, log_z = chosen.sample(rs, *draw_uniforms(self.program, rs, generator))
@@ -190,10 +196,12 @@ class Circuit:
                 log_z, _ = chosen.log_partition(rs, False)
         if log_z is not None:
             self._check(r, log_z)
-        return m, z, rs
+        return m, z, (r,) if shift is None else (r, shift)
 
-    def cov_vec(self, rs: Tensor, v: Tensor) -> Tensor:
-        """Cov(x) v at the shifted logits rs [T, n]: v [T, n] -> [T, n]."""
+    def cov_vec(self, keep: tuple, v: Tensor) -> Tensor:
+        """Cov(x) v at the logits ``forward_marginals`` kept, shifted again as in the forward
+        (the same operation, so the same bits): v [T, n] -> [T, n]."""
+        rs = keep[0] if len(keep) == 1 else keep[0] - keep[1]
         return self.passes(rs.dtype).marginals_jvp(rs, v)
 
     # --- the four queries ---------------------------------------------------------------------

@@ -213,13 +213,13 @@ class Cardinality:
         self.kmin, self.kmax = kmin, kmax
 
     def forward_marginals(self, r: Tensor, want_sample: bool, generator, values: bool):
-        """(m [T, N] or zeros, one draw [T, N] or an empty tensor, r): one up and one down sweep."""
+        """(m [T, N] or zeros, one draw [T, N] or an empty tensor, (r,)): one up and one down sweep."""
         u = up(r, self.kmin, self.kmax)
         m, z = down(u, u.band_probs(), int(want_sample), generator)
-        return m if values else torch.zeros_like(m), z[0] if want_sample else r.new_empty(0), r
+        return m if values else torch.zeros_like(m), z[0] if want_sample else r.new_empty(0), (r,)
 
-    def cov_vec(self, r: Tensor, v: Tensor) -> Tensor:
-        return cov_vec(r, v, self.kmin, self.kmax)
+    def cov_vec(self, keep: tuple, v: Tensor) -> Tensor:
+        return cov_vec(keep[0], v, self.kmin, self.kmax)
 
 
 class LogCounts(torch.autograd.Function):

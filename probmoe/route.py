@@ -18,6 +18,7 @@ from torch import Tensor
 from . import _validate
 from .config import RoutingConfig
 from .distribution import SubsetDistribution
+from .gate_weights import gate_weights
 from .map_rule import map_size
 
 @dataclass
@@ -29,7 +30,8 @@ class Routing:
         repeat slot 0's expert (a valid index everywhere) with weight 0.
     weights: [T, kmax]; exactly 0, with no gradient, on unused slots.
     mask: [T, kmax] bool, the used slots.
-    probs: [T, N] the gate scores π: softmax(logits), or sigmoid(logits) (``config.scores``).
+    probs: [T, N] the gate scores π: softmax(logits), or sigmoid(logits) (``config.scores``);
+        detached (the weights carry the gradient).
     distribution: the ``SubsetDistribution`` the subsets come from; ``marginals`` is its mean.
     config: the ``RoutingConfig`` the tokens were routed with.
     """
@@ -97,7 +99,8 @@ def route(logits: Tensor, config: RoutingConfig | None = None, *, training: bool
     kmin, kmax, method = config.kmin, config.kmax, config.method
     r = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
     dist = SubsetDistribution._checked(r, config, validate_args)  # the logits were checked above
-    probs = torch.softmax(r, dim=-1) if config.scores == "softmax" else torch.sigmoid(r)  # [T, N]
+    with torch.no_grad():  # the weights carry the gradient (gate_weights); probs is for selection and users
+        probs = torch.softmax(r, dim=-1) if config.scores == "softmax" else torch.sigmoid(r)  # [T, N]
     sampled = training and method != "topk-marginal"
     # the marginals enter only the backward: skip them when no gradient can flow
     marginal_st = training and method != "sample-dense-ste" and torch.is_grad_enabled() and r.requires_grad
@@ -108,24 +111,21 @@ def route(logits: Tensor, config: RoutingConfig | None = None, *, training: bool
             tangent, z = dist.mean_tangent(True, generator) if marginal_st else (None, dist.sample(generator=generator))
         else:  # the circuit's MAP
             tangent, z = (dist.mean_tangent()[0] if marginal_st else None), dist.mode
-        key = torch.addcmul(z - 1, probs.detach(), z)  # chosen experts: their probability, others -1 (exact)
+        key = torch.addcmul(z - 1, probs, z)  # chosen experts: their probability, others -1 (exact)
     else:
         tangent = dist.mean_tangent()[0] if marginal_st else None
         # exactly-k: softmax + topk as HF does (never a -inf logit; probabilities that underflow to 0
         # tie); a range: the MAP's top logits, which do not tie there
-        key = torch.where(r > -torch.inf, probs.detach(), -1.0) if kmin == kmax else r.detach()
+        key = torch.where(r > -torch.inf, probs, -1.0) if kmin == kmax else r.detach()
     if training and method == "sample-dense-ste":
-        tangent = probs - probs.detach()
+        scores = torch.softmax(r, dim=-1) if config.scores == "softmax" else torch.sigmoid(r)  # [T, N]
+        tangent = scores - scores.detach()
     top, idx = key.topk(kmax, dim=-1)  # [T, kmax]
     if sampled or structured:
         mask = top >= 0
     else:
         mask = torch.arange(kmax, device=r.device) < map_size(r, kmin, kmax).unsqueeze(-1)
-    w = probs.gather(-1, idx)  # [T, N] -> [T, kmax]
-    if tangent is not None:  # Eq. 7 at the used experts: value exactly π, gradient through m too
-        t = tangent[torch.arange(idx.shape[0], device=idx.device).unsqueeze(-1), idx]  # the graph keeps only idx
-        w = w * (1 + t)
-    w = torch.where(mask, w, 0.0)
+    w = gate_weights(r, tangent, idx, mask, config.scores)  # Eq. 7 at the used experts: value π, gradient via m
     if config.normalize:
         w = w / w.sum(dim=-1, keepdim=True)
     idx = torch.where(mask, idx, idx[:, :1])
