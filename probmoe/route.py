@@ -127,6 +127,8 @@ def route(logits: Tensor, config: RoutingConfig | None = None, *, training: bool
         mask = torch.arange(kmax, device=r.device) < map_size(r, kmin, kmax).unsqueeze(-1)
     w = gate_weights(r, tangent, idx, mask, config.scores)  # Eq. 7 at the used experts: value π, gradient via m
     if config.normalize:
-        w = w / w.sum(dim=-1, keepdim=True)
+        # a floor instead of 0 when every used score underflowed (sigmoid below -104, or a constraint
+        # that excludes the argmax): weights 0, not NaN, as stock DeepSeek-V3's + 1e-20
+        w = w / w.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
     idx = torch.where(mask, idx, idx[:, :1])
     return Routing(idx, w, mask, probs, dist, config)

@@ -257,3 +257,16 @@ def test_bad_inputs_elsewhere(tmp_path):
                         ({**config.to_dict(), "k": 5, "kmin": 5, "kmax": 5}, "k = 5 disagrees")]:
         with pytest.raises(ValueError, match=match):
             RoutingConfig.from_dict(data)
+
+
+def test_normalized_weights_stay_finite_when_every_used_score_underflows():
+    r = torch.tensor([[100.0, -1000, -1000, -1000, -100, -100, -100, -100]])
+    out = probmoe.route(r, constraint=circuits.GroupLimited(8, 4, 2, 1), training=False, normalize=True)
+    assert torch.equal(out.weights, torch.zeros(1, 4))  # the MAP excludes the argmax: softmax 0 there
+    out = probmoe.route(torch.full((1, 8), -120.0), k=3, scores="sigmoid", training=False, normalize=True)
+    assert torch.equal(out.weights, torch.zeros(1, 3))
+    r = torch.full((2, 8), -120.0, requires_grad=True)
+    out = probmoe.route(r, constraint=circuits.GroupLimited(8, 3, 4, 2), scores="sigmoid", training=True,
+                        normalize=True, generator=torch.Generator().manual_seed(0))
+    out.weights.sum().backward()
+    assert torch.isfinite(out.weights).all() and torch.isfinite(r.grad).all()
