@@ -32,8 +32,8 @@ class GateWeights(torch.autograd.Function):
     """``reference`` with a smaller graph (same value; gradients equal up to rounding)."""
 
     @staticmethod
-    def forward(ctx, r: Tensor, t: Tensor, idx: Tensor, mask: Tensor, kind: str) -> Tensor:
-        p = _scores(r, kind)  # [T, N]
+    def forward(ctx, r: Tensor, t: Tensor, idx: Tensor, mask: Tensor, kind: str, p: Tensor | None = None) -> Tensor:
+        p = _scores(r, kind) if p is None else p  # [T, N]
         w = torch.where(mask, p.gather(-1, idx), 0.0)  # [T, kmax]; t's value is 0
         ctx.kind = kind
         ctx.save_for_backward(r, idx.to(torch.int32), mask)
@@ -52,12 +52,15 @@ class GateWeights(torch.autograd.Function):
             g_r = p * (g_p - (g_p * p).sum(dim=-1, keepdim=True))  # softmax backward
         else:
             g_r = g_p * p * (1 - p)  # sigmoid backward
-        return g_r, g_t, None, None, None
+        return g_r, g_t, None, None, None, None
 
 
-def gate_weights(r: Tensor, t: Tensor | None, idx: Tensor, mask: Tensor, kind: str) -> Tensor:
+def gate_weights(r: Tensor, t: Tensor | None, idx: Tensor, mask: Tensor, kind: str,
+                 scores: Tensor | None = None) -> Tensor:
     """The weights of the used slots: r [T, N] logits, t [T, N] tangent (None: no straight-through
-    gradient), idx [T, kmax] long, mask [T, kmax] bool, kind "softmax" or "sigmoid" -> [T, kmax]."""
+    gradient), idx [T, kmax] long, mask [T, kmax] bool, kind "softmax" or "sigmoid" -> [T, kmax].
+    scores: the caller's π = softmax(r) or sigmoid(r) [T, N], detached, to save computing it again
+    in the forward (the backward recomputes it from r)."""
     if t is None or not torch.is_grad_enabled():
         return reference(r, t, idx, mask, kind)
-    return GateWeights.apply(r, t, idx, mask, kind)
+    return GateWeights.apply(r, t, idx, mask, kind, scores)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from circuits.passes import topk as topk_rows
+
 from . import _validate
 from .config import RoutingConfig
 from .distribution import SubsetDistribution
@@ -120,12 +122,13 @@ def route(logits: Tensor, config: RoutingConfig | None = None, *, training: bool
     if training and method == "sample-dense-ste":
         scores = torch.softmax(r, dim=-1) if config.scores == "softmax" else torch.sigmoid(r)  # [T, N]
         tangent = scores - scores.detach()
-    top, idx = key.topk(kmax, dim=-1)  # [T, kmax]
-    if sampled or structured:
+    if sampled or structured:  # the chosen experts (at most kmax), by descending score, ties to the lower index
+        top, idx = topk_rows(key, kmax)  # [T, kmax]
         mask = top >= 0
     else:
+        top, idx = key.topk(kmax, dim=-1)  # [T, kmax], as stock softmax + topk
         mask = torch.arange(kmax, device=r.device) < map_size(r, kmin, kmax).unsqueeze(-1)
-    w = gate_weights(r, tangent, idx, mask, config.scores)  # Eq. 7 at the used experts: value π, gradient via m
+    w = gate_weights(r, tangent, idx, mask, config.scores, probs)  # Eq. 7 at the used experts: value π, gradient via m
     if config.normalize:
         # a floor instead of 0 when every used score underflowed (sigmoid below -104, or a constraint
         # that excludes the argmax): weights 0, not NaN, as stock DeepSeek-V3's + 1e-20

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import circuits
+from circuits import native
 from brute import exact, masks
 import circuits.passes
 from circuits.passes import CPasses, TorchPasses, c_library, draw_uniforms
@@ -153,7 +154,7 @@ def test_threads_split_tokens_without_changing_results():
 def fresh_native(monkeypatch, tmp_path):
     """The loader's state and cache directory, private to one test."""
     monkeypatch.setenv("PROBMOE_CACHE", str(tmp_path))
-    monkeypatch.setattr(c_library, "_state", {})
+    monkeypatch.setattr(c_library.NATIVE, "state", {})
     return tmp_path
 
 
@@ -174,7 +175,7 @@ def test_turned_off_falls_back_to_the_torch_passes(fresh_native, monkeypatch):
 @pytest.mark.skipif(shutil.which("cc") is None or os.environ.get("PROBMOE_NATIVE") == "0", reason="needs cc")
 @pytest.mark.parametrize("damage", ["garbage", "no digest", "another library"])
 def test_a_damaged_cached_library_is_rebuilt(fresh_native, damage):
-    path = c_library._path(shutil.which("cc"))
+    path = c_library.NATIVE.path(shutil.which("cc"))
     path.parent.mkdir(parents=True)
     if damage == "another library":  # loads fine, but is not ours: its digest does not match
         shutil.copy(torch.__file__.replace("__init__.py", "lib/libc10.so"), path)
@@ -182,14 +183,14 @@ def test_a_damaged_cached_library_is_rebuilt(fresh_native, damage):
     else:
         path.write_bytes(b"not a shared library")
         if damage == "garbage":
-            path.with_suffix(".so.sha256").write_text(c_library._digest(path))
+            path.with_suffix(".so.sha256").write_text(native.digest(path))
     assert c_library.library() is not None and circuits.passes.describe() == f"fused C passes ({path})"
-    assert path.read_bytes()[:4] == b"\x7fELF" and c_library._digest(path) == path.with_suffix(".so.sha256").read_text()
+    assert path.read_bytes()[:4] == b"\x7fELF" and native.digest(path) == path.with_suffix(".so.sha256").read_text()
 
 
 def test_a_missing_compiler_warns_once_and_falls_back(fresh_native, monkeypatch):
     monkeypatch.setenv("CC", str(fresh_native / "no-such-cc"))
-    with pytest.warns(RuntimeWarning, match="torch passes"):
+    with pytest.warns(RuntimeWarning, match="using the torch code"):
         assert c_library.library() is None
     assert c_library.library() is None  # decided once: no second warning
     assert circuits.passes.describe().startswith("torch passes (C passes unavailable: ")
@@ -225,7 +226,7 @@ def test_route_is_the_same_with_and_without_the_c_passes(size, monkeypatch):
 
     fast, fast_grad = run()
     probmoe.backends.compiled.cache_clear()  # circuits pick their passes once: make new ones
-    monkeypatch.setattr(c_library, "_state", {"lib": None, "where": "turned off in this test"})
+    monkeypatch.setattr(c_library.NATIVE, "state", {"lib": None, "where": "turned off in this test"})
     try:
         slow, slow_grad = run()
         assert isinstance(probmoe.backends.compiled(8, 8, 60, "cpu").passes(torch.float32), TorchPasses)
@@ -238,7 +239,7 @@ def test_route_is_the_same_with_and_without_the_c_passes(size, monkeypatch):
 
 @pytest.mark.skipif(shutil.which("cc") is None or os.environ.get("PROBMOE_NATIVE") == "0", reason="needs cc")
 def test_a_read_only_cache_builds_for_this_process(fresh_native, monkeypatch):
-    build, targets = c_library._build, []
+    build, targets = c_library.NATIVE.build, []
 
     def refuse_the_cache(cc, out):  # what a read-only cache directory does to a non-root user
         targets.append(out)
@@ -246,7 +247,7 @@ def test_a_read_only_cache_builds_for_this_process(fresh_native, monkeypatch):
             raise PermissionError(13, "Permission denied", str(out))
         build(cc, out)
 
-    monkeypatch.setattr(c_library, "_build", refuse_the_cache)
+    monkeypatch.setattr(c_library.NATIVE, "build", refuse_the_cache)
     assert c_library.library() is not None
     assert len(targets) == 2 and not str(targets[1]).startswith(str(fresh_native))
     assert circuits.passes.describe() == f"fused C passes ({targets[1]})"

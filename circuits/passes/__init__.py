@@ -8,6 +8,8 @@
     triton_passes.py TritonPasses: fused Triton kernels (triton_kernels.py) for fp32 on CUDA; imported
                      only when chosen (it imports triton, an optional extra)
     by_node.py       the definition, node by node in Python: the oracle of TorchPasses (tests)
+    counter_uniforms.py uniforms: the random numbers of sampling, counter-based on the CPU (C or torch)
+    topk_rows.py     topk: the k largest of each row, ties to the lower index (C or torch)
     scratch.py       ScratchPool: reused [rows, T] buffers
 
 ``select(program, dtype)`` is the only place that decides which implementation runs.
@@ -21,9 +23,11 @@ from . import c_library
 from .c_passes import CPasses
 from .interface import Passes
 from .program import Program, draw_uniforms
+from .topk_rows import topk
 from .torch_passes import TorchPasses
+from .counter_uniforms import uniforms
 
-__all__ = ["CPasses", "Passes", "Program", "TorchPasses", "describe", "draw_uniforms", "select"]
+__all__ = ["CPasses", "Passes", "Program", "TorchPasses", "describe", "draw_uniforms", "select", "topk", "uniforms"]
 
 
 def select(program: Program, dtype: torch.dtype, prefer: str | None = None) -> Passes:

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from ..layout import Layout
+from .counter_uniforms import uniforms
 
 
 @dataclass
@@ -96,8 +97,10 @@ class Program:
 def draw_uniforms(prog: Program, r: Tensor, generator: torch.Generator | None = None
                   ) -> tuple[Tensor, Tensor | None]:
     """The uniforms one draw per token uses, in this order: [count, T], one per vtree node and token
-    (``Program.scope_ids``), then [T, n] for the implicit variables (None for a smooth circuit)."""
+    (``Program.scope_ids``), then [T, n] for the implicit variables (None for a smooth circuit); all
+    from one call of ``circuits.passes.uniforms``."""
     _, count = prog.scope_ids
-    uniforms = torch.rand(count, r.shape[0], generator=generator, device=r.device, dtype=r.dtype)
-    fill = None if prog.smooth else torch.rand(r.shape, generator=generator, device=r.device, dtype=r.dtype)
-    return uniforms, fill
+    T, n = r.shape
+    fill = 0 if prog.smooth else T * n
+    u = uniforms(count * T + fill, generator, r.device, r.dtype)
+    return u[: count * T].view(count, T), None if prog.smooth else u[count * T :].view(T, n)

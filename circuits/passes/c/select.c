@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define LANES 32
 
@@ -49,6 +50,71 @@ int64_t pm_kth_largest(const float *r, int64_t T, int64_t n, int64_t k, float *o
             for (int64_t l = 0; l < m; l++) out[t0 + l] = sign * best[(j - 1) * LANES + l];
         }
         free(best);
+            }
+    return failed;
+}
+
+/* The k largest values of each row in descending order, ties to the lower index (values [T, k],
+ * indices [T, k] int64; its torch reference is a stable descending sort, circuits.passes.topk).
+ * NaN counts as -inf and -0 as 0. Each entry becomes one int64 key that orders as (value, -index):
+ * the float's bits made monotone in the high half, n - 1 - index in the low half. Then, as above,
+ * LANES rows at a time, each key sinks through a sorted column of the k best so far by max/min
+ * swaps; INT64_MIN, below every key, marks an empty place. Returns 0, or 1 when the scratch could
+ * not be allocated. */
+static inline int64_t key_of(float v, int64_t i, int64_t n) {
+    v = v == v ? v + 0.0f : -INFINITY; /* NaN -> -inf, -0 -> +0 */
+    int32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    bits = bits >= 0 ? bits : bits ^ INT32_MAX; /* monotone in v */
+    return (int64_t)((uint64_t)(int64_t)bits << 32 | (uint64_t)(n - 1 - i));
+}
+
+static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+int64_t pm_topk(const float *r, int64_t T, int64_t n, int64_t k, float *values, int64_t *indices,
+                int64_t threads) {
+    const int64_t blocks = (T + LANES - 1) / LANES;
+    int64_t failed = 0;
+#pragma omp parallel num_threads(threads) if (blocks > 8) reduction(| : failed)
+    {
+        int64_t *best = malloc(sizeof(int64_t) * (size_t)(k * LANES)); /* best[c * LANES + l] */
+        int64_t *keys = malloc(sizeof(int64_t) * (size_t)(n * LANES)); /* keys[i * LANES + l] */
+        int64_t *row = malloc(sizeof(int64_t) * (size_t)n);
+        int64_t x[LANES];
+        if (best == NULL || keys == NULL || row == NULL) failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; b++) {
+            if (best == NULL || keys == NULL || row == NULL) continue;
+            const int64_t t0 = b * LANES, m = T - t0 < LANES ? T - t0 : LANES;
+            for (int64_t c = 0; c < k * LANES; c++) best[c] = INT64_MIN;
+            for (int64_t l = 0; l < LANES; l++) { /* keys, a row at a time, stored lane-major */
+                const float *src = r + (t0 + (l < m ? l : 0)) * n;
+                for (int64_t i = 0; i < n; i++) row[i] = key_of(src[i], i, n);
+                for (int64_t i = 0; i < n; i++) keys[i * LANES + l] = l < m ? row[i] : INT64_MIN;
+            }
+            for (int64_t i = 0; i < n; i++) {
+                for (int64_t l = 0; l < LANES; l++) x[l] = keys[i * LANES + l];
+                for (int64_t c = 0; c < k; c++) {
+                    int64_t *restrict col = best + c * LANES;
+                    for (int64_t l = 0; l < LANES; l++) {
+                        const int64_t hi = max64(col[l], x[l]);
+                        x[l] = min64(col[l], x[l]);
+                        col[l] = hi;
+                    }
+                }
+            }
+            for (int64_t l = 0; l < m; l++)
+                for (int64_t c = 0; c < k; c++) {
+                    const int64_t i = n - 1 - (int64_t)(uint32_t)best[c * LANES + l];
+                    const float v = r[(t0 + l) * n + i];
+                    indices[(t0 + l) * k + c] = i;
+                    values[(t0 + l) * k + c] = v == v ? v : -INFINITY;
+                }
+        }
+        free(best);
+        free(keys);
+        free(row);
     }
     return failed;
 }
