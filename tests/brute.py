@@ -17,6 +17,22 @@ def masks(n: int, cardinalities) -> Tensor:
     return torch.tensor(rows, dtype=torch.float64).reshape(-1, n)
 
 
+def satisfies_groups(z: Tensor, spec) -> Tensor:
+    """Whether each row of z [D, n] in {0, 1} meets a group spec (``circuits.GroupLimited`` or
+    ``GroupCapacity``): [D] bool, straight from the definition."""
+    z = z.double()
+    per_group = torch.stack([part.sum(-1) for part in z.split(list(spec.groups), dim=-1)], -1)  # [D, G]
+    size = z.sum(-1)
+    return (((z == 0) | (z == 1)).all(-1) & (size >= spec.kmin) & (size <= spec.kmax)
+            & ((per_group > 0).sum(-1) <= spec.max_groups) & (per_group <= spec.capacity).all(-1))
+
+
+def group_models(spec) -> Tensor:
+    """Every assignment that meets a group spec: [M, n] float64."""
+    rows = torch.tensor(list(itertools.product((0.0, 1.0), repeat=spec.n)), dtype=torch.float64)
+    return rows[satisfies_groups(rows, spec)]
+
+
 @dataclass
 class Exact:
     """Exact quantities of P(x | x in masks) for logits r [T, n]."""

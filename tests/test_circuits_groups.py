@@ -1,7 +1,6 @@
 """Group constraints (GroupLimited, GroupCapacity and their conjunction) against brute force, pysdd
 model counts in Python integers, chi-squared on samples, extreme logits, the cache and the commands."""
 
-import itertools
 import json
 import math
 
@@ -9,7 +8,7 @@ import pytest
 import torch
 
 import circuits
-from brute import exact
+from brute import exact, group_models as models, satisfies_groups as satisfies
 from circuits import GroupCapacity, GroupLimited, groups
 from circuits.inspect.cli import compile_main, inspect_main
 from circuits.passes import TorchPasses, draw_uniforms
@@ -31,21 +30,6 @@ SPECS = [
     GroupLimited(10, None, [2, 3, 5], 2, capacity=2, kmin=2, kmax=4),
     GroupCapacity(10, 3, [4, 4, 2], 2, max_groups=2),
 ]
-
-
-def satisfies(z, spec) -> torch.Tensor:
-    """Whether each row of z [D, n] in {0, 1} meets ``spec``: [D] bool, straight from the definition."""
-    z = z.double()
-    per_group = torch.stack([part.sum(-1) for part in z.split(list(spec.groups), dim=-1)], -1)  # [D, G]
-    size = z.sum(-1)
-    return (((z == 0) | (z == 1)).all(-1) & (size >= spec.kmin) & (size <= spec.kmax)
-            & ((per_group > 0).sum(-1) <= spec.max_groups) & (per_group <= spec.capacity).all(-1))
-
-
-def models(spec) -> torch.Tensor:
-    """Every satisfying assignment: [M, n] float64."""
-    rows = torch.tensor(list(itertools.product((0.0, 1.0), repeat=spec.n)), dtype=torch.float64)
-    return rows[satisfies(rows, spec)]
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=str)

@@ -9,27 +9,13 @@ import torch
 
 import circuits
 import probmoe
-from brute import exact
+from brute import exact, group_models as models, satisfies_groups as satisfies
 from circuits import GroupCapacity, GroupLimited
 from probmoe import RoutingConfig, SubsetDistribution
 from stats import chi2_pvalue, mask_counts
 
 # (x1 or x2) and (not x1 or x3) and (not x4 or not x5): a CNF over 6 variables, subsets of 1..5
 CLAUSES = [[1, 2], [-1, 3], [-4, -5]]
-
-
-def satisfies(z, spec) -> torch.Tensor:
-    """[D, n] -> [D] bool: does each row meet the group spec (from the definition)."""
-    z = z.double()
-    per_group = torch.stack([part.sum(-1) for part in z.split(list(spec.groups), dim=-1)], -1)
-    size = z.sum(-1)
-    return (((z == 0) | (z == 1)).all(-1) & (size >= spec.kmin) & (size <= spec.kmax)
-            & ((per_group > 0).sum(-1) <= spec.max_groups) & (per_group <= spec.capacity).all(-1))
-
-
-def models(spec) -> torch.Tensor:
-    rows = torch.tensor(list(itertools.product((0.0, 1.0), repeat=spec.n)), dtype=torch.float64)
-    return rows[satisfies(rows, spec)]
 
 
 def cnf_constraint(tmp_path):

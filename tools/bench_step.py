@@ -9,7 +9,10 @@ forward with labels, backward and an AdamW update on ``--tokens`` tokens. For co
 top-k, DenseMixer, ProbMoE Exact-k (the "dp" and the "circuit" backend) and ProbMoE Dynamic-k
 (1..top-k, circuit): the median step time (interleaved repeats, so drift hits all alike), tokens
 per second and peak memory, each as a ratio to conventional measured in the same run, and the
-experts a token used on average. Peak memory is the peak resident set of a fresh process that
+experts a token used on average. ``--router-offset c`` adds c to every router logit (through a
+constant input feature of the router; the experts see the hidden states unchanged): softmax,
+top-k, Exact-k and DenseMixer are shift invariant, so only Dynamic-k changes, and a negative c
+makes its tokens use fewer experts, as a trained router can (c = -3 gives about 3 of 1..8). Peak memory is the peak resident set of a fresh process that
 runs two steps (CPU; the whole process: torch, transformers and the model included) or
 ``torch.cuda.max_memory_allocated`` over one step (CUDA).
 """
@@ -47,6 +50,8 @@ def build(args, device: torch.device, labels=tuple(METHODS)) -> dict:
                       num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=4,
                       num_experts=args.experts, num_experts_per_tok=args.top_k, vocab_size=512,
                       max_position_embeddings=args.seq)
+    if args.router_offset:
+        offset_routers(base, args.router_offset)
     out = {}
     for label in labels:
         patch = METHODS[label]
@@ -55,6 +60,22 @@ def build(args, device: torch.device, labels=tuple(METHODS)) -> dict:
             patch_model(model, **patch)
         out[label] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4))
     return out
+
+
+def offset_routers(model, offset: float) -> None:
+    """Add ``offset`` to every router logit: the router's input feature 0 is set to 1 (a forward
+    pre-hook on the router, on a copy of its input) and its weight column 0 to ``offset``."""
+
+    def constant_feature(_, args):
+        h = args[0].clone()
+        h[..., 0] = 1.0
+        return (h, *args[1:])
+
+    for layer in model.model.layers:
+        gate = layer.mlp.gate  # OLMoE's router: logits = F.linear(h, weight) [T, N]
+        with torch.no_grad():
+            gate.weight[:, 0] = offset
+        gate.register_forward_pre_hook(constant_feature)
 
 
 def step(model, opt, ids: torch.Tensor) -> None:
@@ -128,7 +149,7 @@ def bench(args, device: torch.device) -> None:
                      f"{memory[label]:.0f}", f"{memory[label] / base_m:.2f}x", f"{experts_per_token(model, args.top_k):.2f}"))
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"\n{where}: {args.tokens} tokens per step ({args.tokens // args.seq} x {args.seq}), hidden {args.hidden}, "
-          f"{args.layers} layers, {args.experts} experts, top-{args.top_k}")
+          f"{args.layers} layers, {args.experts} experts, top-{args.top_k}, router offset {args.router_offset:g}")
     print(table(rows, ("method", "step (ms)", "step / conventional", "tokens/s", "peak memory (MiB)",
                        "memory / conventional", "experts per token")))
 
@@ -143,6 +164,8 @@ def parse():
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--router-offset", type=float, default=0.0,
+                    help="add this to every router logit (negative: Dynamic-k tokens use fewer experts)")
     ap.add_argument("--devices", default="cpu,cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     return ap.parse_args()
