@@ -38,6 +38,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from circuits import ScratchPool
+from circuits.passes import uniforms
+
+from . import dp_native
 
 LOG_ZERO = -1e30  # a finite log 0: a few of them add up without overflow in float32
 
@@ -151,8 +154,8 @@ def down(u: Up, band: Tensor, num_samples: int = 0, generator: torch.Generator |
     Returns (Σ_j F[i, j] as [T, N], draws [num_samples, T, N] or None). With ``band`` = P(|S| = j)
     the first output is the marginals; with any other seed g it is Σ_j g_j m^(j), the gradient of
     Σ_j g_j log Z_j. Draws: |S| ~ ``band`` (which must then be the band probabilities), then
-    z_i ~ Bernoulli(W[i, c]) along the path; one uniform per (draw, token, expert) and per (draw,
-    token), no host synchronisation.
+    z_i ~ Bernoulli(W[i, c]) along the path; one uniform per (draw, token) for the size, then one
+    per (expert, draw, token), all from one call of ``circuits.passes.uniforms``.
     """
     W = u.W
     N, _, T = W.shape
@@ -162,10 +165,11 @@ def down(u: Up, band: Tensor, num_samples: int = 0, generator: torch.Generator |
     cols, zs = [], []
     if num_samples:
         cum = band.cumsum(dim=0)  # [J, T]
-        x = torch.rand(num_samples, T, generator=generator, device=band.device, dtype=band.dtype) * cum[-1]
+        rand = uniforms((N + 1) * num_samples * T, generator, band.device, band.dtype)  # sizes, then experts
+        x = rand[: num_samples * T].view(num_samples, T) * cum[-1]
         x = torch.minimum(x, cum[-1] * (1 - torch.finfo(x.dtype).eps))  # u * total may round up to the total
         c = (cum.unsqueeze(1) <= x).sum(dim=0) + u.kmin  # [S, T]: the first size whose cumulative mass passes x
-        draws = torch.rand(N, num_samples, T, generator=generator, device=band.device, dtype=band.dtype).unbind(0)
+        draws = rand[num_samples * T :].view(N, num_samples, T).unbind(0)
     for i in reversed(range(N)):
         torch.mul(A, Wrows[i], out=f)  # F[i]
         A.sub_(f)
@@ -207,18 +211,28 @@ def marginals(r: Tensor, kmin: int, kmax: int) -> Tensor:
 
 class Cardinality:
     """The DP as a model of ``circuits.ExactMarginals`` (P(S | C) for kmin <= |S| <= kmax): the
-    forward sweeps give the marginals and a draw, the backward is ``cov_vec`` from r alone."""
+    forward sweeps give the marginals and a draw, the backward is ``cov_vec`` from r alone.
+
+    float32 CPU tensors take the fused C sweeps of ``probmoe.dp_native`` when its library is built
+    (the same results and, from the same generator, the same draws); everything else (float64,
+    CUDA, no compiler, ``PROBMOE_NATIVE=0``) takes the torch sweeps of this module."""
 
     def __init__(self, kmin: int, kmax: int):
         self.kmin, self.kmax = kmin, kmax
 
     def forward_marginals(self, r: Tensor, want_sample: bool, generator, values: bool):
         """(m [T, N] or zeros, one draw [T, N] or an empty tensor, (r,)): one up and one down sweep."""
+        if dp_native.available(r):
+            m, z = dp_native.forward_marginals(r, self.kmin, self.kmax, want_sample, generator, values)
+            return m, z, (r,)
         u = up(r, self.kmin, self.kmax)
         m, z = down(u, u.band_probs(), int(want_sample), generator)
         return m if values else torch.zeros_like(m), z[0] if want_sample else r.new_empty(0), (r,)
 
     def cov_vec(self, keep: tuple, v: Tensor) -> Tensor:
+        """Cov(z) v for r = keep[0], v: [T, N] -> [T, N]."""
+        if dp_native.available(keep[0]):
+            return dp_native.cov_vec(keep[0], v, self.kmin, self.kmax)
         return cov_vec(keep[0], v, self.kmin, self.kmax)
 
 

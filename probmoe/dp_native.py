@@ -1,0 +1,86 @@
+"""The cardinality DP fused in C (``native/cardinality.c``) for float32 CPU tensors.
+
+The same results as ``probmoe.dp``'s torch sweeps, the reference and oracle: ``forward_marginals``
+is ``Cardinality.forward_marginals`` (one up and one down sweep per tile of tokens, the draw from
+the same uniforms as ``dp.down``, so a seeded generator gives the same draws either way) and
+``cov_vec`` is ``dp.cov_vec``. The library is a ``circuits.native.NativeLibrary``, built on first use
+into ``<cache dir>/native/<key>/libcardinality.so``; off with ``PROBMOE_NATIVE=0``. ``available(r)``
+says whether a tensor takes the C path; ``probmoe.dp.Cardinality`` dispatches on it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from circuits.native import VMATH, NativeLibrary
+from circuits.passes import uniforms
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.dp_forward.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64]
+    lib.dp_cov_vec.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i64]
+    lib.dp_forward.restype = lib.dp_cov_vec.restype = i64
+
+
+NATIVE = NativeLibrary("cardinality", [Path(__file__).with_name("native") / "cardinality.c", VMATH], _declare,
+                       label="C DP")
+library = NATIVE.library
+describe = NATIVE.describe
+
+
+def available(r: Tensor) -> bool:
+    """Whether ``r`` takes the C DP: float32 on the CPU, with the library built (built here on first use)."""
+    return r.dtype == torch.float32 and r.device.type == "cpu" and library() is not None
+
+
+def _checked(r: Tensor, kmin: int, kmax: int) -> Tensor:
+    """r [T, N] as a contiguous float32 CPU tensor; ValueError for anything the C code cannot take."""
+    if r.dim() != 2 or r.dtype != torch.float32 or r.device.type != "cpu":
+        raise ValueError(f"the C DP takes float32 CPU logits [T, N], got {r.dtype} {tuple(r.shape)} on {r.device}")
+    if not 0 <= kmin <= kmax:
+        raise ValueError(f"the C DP needs 0 <= kmin <= kmax, got kmin={kmin}, kmax={kmax}")
+    return r.contiguous()
+
+
+def _run(fn, *args) -> None:
+    """Call a C entry point with torch's thread count (OpenMP threads inside; ctypes releases the GIL)."""
+    if fn(*args, torch.get_num_threads()):
+        raise MemoryError("probmoe.dp: the C DP could not allocate its scratch")
+
+
+def _ptr(x: Tensor | None):
+    return None if x is None else x.data_ptr()
+
+
+def forward_marginals(r: Tensor, kmin: int, kmax: int, want_sample: bool, generator: torch.Generator | None,
+                      values: bool) -> tuple[Tensor, Tensor]:
+    """(m [T, N] or zeros, one draw z [T, N] or an empty tensor) for r [T, N] float32 on the CPU.
+
+    m: the marginals P(i ∈ S | C) when ``values`` (else zeros). z: one exact draw in {0, 1} when
+    ``want_sample``, from ``uniforms((N + 1) T, generator)`` as ``dp.down`` with one sample (the
+    sizes [T], then the experts [N, T]).
+    """
+    r = _checked(r, kmin, kmax)
+    T, N = r.shape
+    m = torch.empty_like(r) if values else None
+    z = torch.empty_like(r) if want_sample else None
+    rand = uniforms((N + 1) * T, generator, r.device, r.dtype) if want_sample else None  # [(N + 1) T]
+    if values or want_sample:
+        _run(library().dp_forward, r.data_ptr(), _ptr(rand), _ptr(m), _ptr(z), T, N, kmin, kmax)
+    return (m if values else torch.zeros_like(r)), (z if want_sample else r.new_empty(0))
+
+
+def cov_vec(r: Tensor, v: Tensor, kmin: int, kmax: int) -> Tensor:
+    """Cov(z) v = (d m / d r) v from r alone (``dp.cov_vec``): r, v [T, N] -> [T, N] float32."""
+    r = _checked(r, kmin, kmax)
+    if v.shape != r.shape:
+        raise ValueError(f"cov_vec: v {tuple(v.shape)} must have the shape of r {tuple(r.shape)}")
+    v = v.to(torch.float32).contiguous()
+    out = torch.empty_like(r)
+    _run(library().dp_cov_vec, r.data_ptr(), v.data_ptr(), out.data_ptr(), r.shape[0], r.shape[1], kmin, kmax)
+    return out

@@ -1,0 +1,230 @@
+"""The fused C cardinality DP (probmoe/dp_native.py, probmoe/native/cardinality.c) against the torch DP.
+
+float32 CPU calls of ``dp.Cardinality`` take the C sweeps; these tests call both implementations on
+the same inputs: the marginals and Cov(z) v against the float64 torch DP, the draws bit for bit from
+the same generator seed, the draws' frequencies against the exact marginals, the edge cases, the
+fallback to the torch code, and ``probmoe.route`` with and without the C library.
+"""
+
+import os
+import shutil
+
+import pytest
+import torch
+
+import probmoe
+from probmoe import dp, dp_native
+
+
+@pytest.fixture
+def c_available():
+    """Skip unless the C DP loads. A fixture, not a skipif mark: a mark would build the library
+    while the tests are collected, before conftest points the cache at a private folder."""
+    if dp_native.library() is None:
+        pytest.skip("the C DP is turned off or unbuildable")
+
+
+needs_native = pytest.mark.usefixtures("c_available")
+
+
+@pytest.fixture
+def native_off(monkeypatch):
+    """The C library turned off, as without a compiler or with PROBMOE_NATIVE=0."""
+    monkeypatch.setattr(dp_native.NATIVE, "state", {"lib": None, "where": "off"})
+
+
+def torch_reference(r, kmin, kmax, seed, dtype=torch.float64):
+    """(marginals, one draw) of the torch DP in ``dtype`` with uniforms from ``seed``: [T, N] each."""
+    u = dp.up(r.to(dtype), kmin, kmax)
+    m, z = dp.down(u, u.band_probs(), 1, torch.Generator().manual_seed(seed))
+    return m, z[0]
+
+
+def check_against_torch(r, kmin, kmax, seed=0, dtype=torch.float64):
+    """The C marginals, draw and Cov(z) v of r [T, N] float32 against the torch DP in ``dtype``
+    (float32: the same rounding of the tilted logits, which at |r| ~ 1e4 costs ~1e-4 in float32)."""
+    v = torch.randn(r.shape, generator=torch.Generator().manual_seed(seed + 1))
+    m, z = dp_native.forward_marginals(r, kmin, kmax, True, torch.Generator().manual_seed(seed), True)
+    m_ref, z_ref = torch_reference(r, kmin, kmax, seed, dtype)
+    torch.testing.assert_close(m.to(dtype), m_ref, atol=1e-5, rtol=0, equal_nan=True)
+    assert torch.equal(z.to(dtype), z_ref)
+    cov = dp_native.cov_vec(r, v, kmin, kmax)
+    torch.testing.assert_close(cov.to(dtype), dp.cov_vec(r.to(dtype), v.to(dtype), kmin, kmax), atol=1e-5, rtol=0,
+                               equal_nan=True)
+    return m, z
+
+
+def test_built_wherever_a_compiler_is():
+    if os.environ.get("PROBMOE_NATIVE", "1") == "0" or shutil.which("cc") is None:
+        pytest.skip("no compiler, or turned off")
+    assert dp_native.library() is not None
+
+
+@needs_native
+@pytest.mark.parametrize("T,N,kmin,kmax", [
+    (300, 64, 8, 8),  # the tile (128 tokens) does not divide T
+    (257, 64, 4, 8),
+    (40, 256, 16, 16),  # smaller tiles: 32 tokens for the draw, 16 for Cov(z) v
+    (33, 7, 0, 7),  # kmin = 0, kmax = N
+    (17, 9, 9, 9),  # all experts
+    (20, 1, 0, 1),  # N = 1
+    (20, 1, 1, 1),
+    (10, 3, 2, 5),  # kmax > N: the sizes past N are unreachable
+    (1, 5, 2, 3),
+    (0, 6, 2, 3),  # T = 0
+])
+def test_matches_the_torch_dp(T, N, kmin, kmax):
+    r = torch.randn(T, N, generator=torch.Generator().manual_seed(T * N + kmin)) * 3
+    m, z = check_against_torch(r, kmin, kmax, seed=T)
+    sizes = z.sum(-1)
+    assert ((sizes >= kmin) & (sizes <= kmax)).all()
+    if kmin == kmax:
+        torch.testing.assert_close(m.sum(-1), torch.full((T,), float(kmin)), atol=1e-4, rtol=0)
+
+
+@needs_native
+def test_extreme_logits():
+    """-inf logits (never chosen), ±1e4 magnitudes, ties, and a row with exactly kmin finite logits;
+    against the float64 DP where the logits are moderate and the float32 DP everywhere."""
+    g = torch.Generator().manual_seed(3)
+    r = torch.randn(200, 16, generator=g) * 2
+    r[0:20, :5] = -torch.inf
+    r[20:40] = 0.0  # ties everywhere
+    r[40:60] = torch.randn(20, 16, generator=g) * 1e4
+    r[60:80, ::2] = 1e4
+    r[60:80, 1::2] = -1e4
+    r[80:100, :12] = -torch.inf  # exactly 4 finite logits: forced
+    r[100:120, 3] = 30.0  # one dominant expert
+    for kmin, kmax in [(4, 4), (2, 6), (0, 16)]:
+        check_against_torch(torch.cat([r[:40], r[80:]]), kmin, kmax, seed=kmin)
+        m, z = check_against_torch(r, kmin, kmax, seed=kmin, dtype=torch.float32)
+        assert (z[0:20, :5] == 0).all() and (m[0:20, :5] == 0).all()
+        if kmin == 4:
+            assert (z[80:100, 12:] == 1).all() and (z[80:100, :12] == 0).all()
+
+
+@needs_native
+def test_infeasible_rows_are_nan_as_in_torch():
+    """More -inf logits than kmin allows: the torch DP's marginals and Cov(z) v are NaN there; so are C's."""
+    r = torch.randn(4, 6)
+    r[1, 1:] = -torch.inf  # one finite logit, kmin = 2
+    m, _ = check_against_torch(r, 2, 3)
+    assert m[1].isnan().all() and not m[[0, 2, 3]].isnan().any()
+
+
+@needs_native
+def test_frequencies_match_the_marginals():
+    """Many tokens with identical logits: every draw is allowed, and each expert's and each size's
+    frequency is within 5 standard errors of its exact probability."""
+    T = 20_000
+    row = torch.tensor([0.8, -0.5, 1.5, -2.0, 0.1, 0.4, -torch.inf, 0.0])
+    r = row.expand(T, 8).contiguous()
+    m, z = dp_native.forward_marginals(r, 2, 5, True, torch.Generator().manual_seed(11), True)
+    sizes = z.sum(-1)
+    assert ((sizes >= 2) & (sizes <= 5)).all() and (z[:, 6] == 0).all()
+    p = torch_reference(r[:1], 2, 5, 0)[0][0]
+    torch.testing.assert_close(m.double(), p.expand(T, 8), atol=1e-6, rtol=0)
+    se = (p * (1 - p) / T).sqrt()
+    assert ((z.double().mean(0) - p).abs() <= 5 * se + 1e-12).all()
+    band = dp.up(r[:1].double(), 2, 5).band_probs()[:, 0]  # [J]
+    freq = torch.stack([(sizes == j).double().mean() for j in range(2, 6)])
+    assert ((freq - band).abs() <= 5 * (band * (1 - band) / T).sqrt() + 1e-12).all()
+
+
+@needs_native
+def test_results_do_not_depend_on_the_thread_count():
+    r = torch.randn(700, 32) * 2
+    v = torch.randn(700, 32)
+    old = torch.get_num_threads()
+    outs = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        try:
+            outs.append((*dp_native.forward_marginals(r, 3, 6, True, torch.Generator().manual_seed(0), True),
+                         dp_native.cov_vec(r, v, 3, 6)))
+        finally:
+            torch.set_num_threads(old)
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
+
+
+@needs_native
+def test_only_what_is_asked_for():
+    """values=False gives zeros (the draw alone); want_sample=False an empty draw and no generator use."""
+    r = torch.randn(50, 10)
+    g = torch.Generator().manual_seed(5)
+    m, z = dp_native.forward_marginals(r, 2, 4, True, g, False)
+    assert torch.equal(m, torch.zeros(50, 10)) and z.shape == (50, 10)
+    assert torch.equal(z, torch_reference(r, 2, 4, 5)[1].float())
+    state = g.get_state()
+    m, z = dp_native.forward_marginals(r, 2, 4, False, g, True)
+    assert z.numel() == 0 and torch.equal(g.get_state(), state)
+    torch.testing.assert_close(m.double(), torch_reference(r, 2, 4, 0)[0], atol=1e-5, rtol=0)
+
+
+@needs_native
+def test_bad_arguments():
+    r = torch.randn(4, 6)
+    with pytest.raises(ValueError, match="kmin <= kmax"):
+        dp_native.forward_marginals(r, 3, 2, True, None, True)
+    with pytest.raises(ValueError, match="float32 CPU"):
+        dp_native.cov_vec(r.double(), r.double(), 1, 2)
+    with pytest.raises(ValueError, match="shape"):
+        dp_native.cov_vec(r, r[:2], 1, 2)
+
+
+@needs_native
+def test_cardinality_dispatch(monkeypatch):
+    """float32 CPU takes the C sweeps (not dp.up); float64 takes the torch sweeps (not the C ones)."""
+    model = dp.Cardinality(2, 4)
+    r = torch.randn(30, 8)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the wrong implementation ran")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(dp, "up", refuse)
+        patch.setattr(dp, "cov_vec", refuse)
+        m, z, keep = model.forward_marginals(r, True, torch.Generator().manual_seed(2), True)
+        model.cov_vec(keep, torch.ones_like(r))
+    assert torch.equal(z.double(), torch_reference(r, 2, 4, 2)[1])
+    with monkeypatch.context() as patch:
+        patch.setattr(dp_native, "forward_marginals", refuse)
+        patch.setattr(dp_native, "cov_vec", refuse)
+        m64, z64, keep = model.forward_marginals(r.double(), True, torch.Generator().manual_seed(2), True)
+        model.cov_vec(keep, torch.ones_like(r.double()))
+    torch.testing.assert_close(m.double(), m64, atol=1e-5, rtol=0)
+    assert torch.equal(z.double(), z64)
+
+
+def test_fallback_when_the_library_is_off(native_off, monkeypatch):
+    """With the library off, float32 CPU takes the torch sweeps, and describe() says why."""
+    monkeypatch.setattr(dp_native, "forward_marginals", None)  # a call would fail
+    monkeypatch.setattr(dp_native, "cov_vec", None)
+    r = torch.randn(20, 8)
+    assert not dp_native.available(r) and "off" in dp_native.describe()
+    model = dp.Cardinality(1, 3)
+    m, z, keep = model.forward_marginals(r, True, torch.Generator().manual_seed(0), True)
+    out = model.cov_vec(keep, torch.randn(20, 8))
+    assert m.dtype == z.dtype == out.dtype == torch.float32 and ((z.sum(-1) >= 1) & (z.sum(-1) <= 3)).all()
+
+
+def route_dp(r, size, seed):
+    """probmoe.route(training=True, backend="dp") forward and backward: (indices, weights, grad)."""
+    r = r.clone().requires_grad_()
+    out = probmoe.route(r, **size, training=True, backend="dp", generator=torch.Generator().manual_seed(seed))
+    c = torch.randn(out.weights.shape, generator=torch.Generator().manual_seed(seed + 1))
+    (out.weights * c).sum().backward()
+    return out.indices, out.weights.detach(), r.grad
+
+
+@needs_native
+@pytest.mark.parametrize("size", [dict(k=8), dict(kmin=2, kmax=6)])
+def test_route_with_and_without_the_library(size, monkeypatch):
+    r = torch.randn(300, 32, generator=torch.Generator().manual_seed(4)) * 2
+    r[:10, :3] = -torch.inf
+    with_c = route_dp(r, size, 9)
+    monkeypatch.setattr(dp_native.NATIVE, "state", {"lib": None, "where": "off"})
+    without = route_dp(r, size, 9)
+    assert torch.equal(with_c[0], without[0])
+    torch.testing.assert_close(with_c[1], without[1], atol=1e-5, rtol=0)
+    torch.testing.assert_close(with_c[2], without[2], atol=1e-5, rtol=0)
