@@ -6,7 +6,8 @@
  * stays in cache while all groups are evaluated, and each element is touched once per pass.
  *
  * Buffers are [rows][TILE] floats. A partial last tile is padded with logit 0 (and uniform 0.5),
- * so every lane holds ordinary numbers; only the first nt lanes are written out. The entry
+ * so every lane holds ordinary numbers; only the first nt lanes are written out. Inputs [T, n] and
+ * outputs move between the two layouts in 16 x 16 blocks (load_tile, store_tile). The entry
  * points at the end (pm_marginals, pm_sample, pm_map, pm_jvp) split the tiles between OpenMP
  * threads; each thread has its own scratch.
  */
@@ -15,10 +16,15 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 void pm_exp(float *x, int64_t n);
 void pm_log(float *x, int64_t n);
 void pm_log1p(float *x, int64_t n);
+void pm_exp_shift(float *x, const float *top, int64_t rows, int64_t w);
+void pm_log_add(float *v, const float *s, const float *top, int64_t n);
 
 #define TILE 128 /* tokens per tile: 64 and 128 measured fastest, 32 and 256 slower */
 
@@ -40,12 +46,22 @@ static inline void add_rows_max(float *restrict out, float *restrict top, const 
     }
 }
 
-/* d = da + db, acc += w d: an element's tangent and its weighted sum. */
-static inline void tangent_row(float *restrict d, float *restrict acc, const float *restrict w,
+/* acc += w (da + db), s += w: an element's tangent d e = da + db in the weighted sum, and its weight in the
+ * sum of weights. */
+static inline void tangent_row(float *restrict acc, float *restrict s, const float *restrict w,
                                const float *restrict da, const float *restrict db) {
     for (int64_t t = 0; t < TILE; t++) {
-        d[t] = da[t] + db[t];
-        acc[t] += w[t] * d[t];
+        acc[t] += w[t] * (da[t] + db[t]);
+        s[t] += w[t];
+    }
+}
+
+/* The first element's: acc = 0 + w (da + db), s = w. */
+static inline void first_tangent_row(float *restrict acc, float *restrict s, const float *restrict w,
+                                     const float *restrict da, const float *restrict db) {
+    for (int64_t t = 0; t < TILE; t++) {
+        acc[t] = 0.0f + w[t] * (da[t] + db[t]);
+        s[t] = w[t];
     }
 }
 
@@ -57,15 +73,39 @@ static inline void pass_rows(float *restrict p, float *restrict q, const float *
     }
 }
 
-/* One element of the inverse-CDF choice: c += w; the flow [c > x] - [previous c > x] goes to p, q. */
-static inline void pick_row(float *restrict p, float *restrict q, float *restrict c, float *restrict prev,
-                            const float *restrict w, const float *restrict x) {
-    for (int64_t t = 0; t < TILE; t++) {
-        c[t] += w[t];
-        const float passed = c[t] > x[t] ? 1.0f : 0.0f, flow = passed - prev[t];
-        prev[t] = passed;
-        p[t] += flow;
-        q[t] += flow;
+/* 16 lanes of a row as one vector (GCC vector extensions: plain IEEE operations lane by lane, so the
+ * same results as the scalar loops). Scratch rows are 64-byte aligned; vfu reads from anywhere. */
+typedef float vf __attribute__((vector_size(64), aligned(64)));
+typedef float vfu __attribute__((vector_size(64), aligned(4)));
+typedef int32_t vi __attribute__((vector_size(64), aligned(64)));
+
+/* Whether some lane of the 16 at a is > 0. */
+static inline int any16(const float *a) {
+#if defined(__AVX512F__)
+    return _mm512_cmp_ps_mask(_mm512_load_ps(a), _mm512_setzero_ps(), _CMP_GT_OQ) != 0;
+#else
+    const vi m = *(const vf *)a > 0.0f;
+    int any = 0;
+    for (int k = 0; k < 16; k++) any |= m[k];
+    return any;
+#endif
+}
+
+/* The inverse-CDF choice of one node (elements r0..r0+F) for lanes b..b+16: x = u total where active
+ * (a > 0), else inf, which nothing passes; over the elements, c += w and the flow [c > x] -
+ * [previous c > x] goes to the element's prime and sub. c, x and [c > x] stay in registers. */
+static inline void pick16(const int64_t *prime, const int64_t *sub, float *act, const float *ex, int64_t r0,
+                          int64_t F, int64_t b, const float *a, const float *u, const float *total) {
+    const vf zero = {0.0f}, one = zero + 1.0f, inf = zero + INFINITY;
+    const vi on = *(const vf *)a > 0.0f;
+    const vf x = (vf)((on & (vi)(*(const vf *)u * *(const vf *)total)) | (~on & (vi)inf));
+    vf c = zero, prev = zero;
+    for (int64_t e = r0; e < r0 + F; e++) {
+        c += *(const vf *)(ex + e * TILE + b);
+        const vf passed = (vf)((c > x) & (vi)one), flow = passed - prev;
+        prev = passed;
+        *(vf *)(act + prime[e] * TILE + b) += flow;
+        *(vf *)(act + sub[e] * TILE + b) += flow;
     }
 }
 
@@ -100,13 +140,13 @@ static inline void flow_row(float *restrict p, float *restrict q, const float *r
     }
 }
 
-/* One element of the paired downward pass: flow = w coef, d flow = w (dcoef + coef (de - d node)),
- * both to the prime (gp, dgp) and the sub (gq, dgq). */
+/* One element of the paired downward pass: flow = w coef, d flow = w (dcoef + coef (de - d node)) with
+ * de = da + db, both to the prime (gp, dgp) and the sub (gq, dgq). */
 static inline void flow_rows(float *restrict gp, float *restrict gq, float *restrict dgp, float *restrict dgq,
-                             const float *restrict w, const float *restrict d, const float *restrict dnode,
-                             const float *restrict coef, const float *restrict dcoef) {
+                             const float *restrict w, const float *restrict da, const float *restrict db,
+                             const float *restrict dnode, const float *restrict coef, const float *restrict dcoef) {
     for (int64_t t = 0; t < TILE; t++) {
-        const float f = w[t] * coef[t], df = w[t] * ((d[t] - dnode[t]) * coef[t] + dcoef[t]);
+        const float f = w[t] * coef[t], df = w[t] * (((da[t] + db[t]) - dnode[t]) * coef[t] + dcoef[t]);
         gp[t] += f;
         gq[t] += f;
         dgp[t] += df;
@@ -142,12 +182,63 @@ static void root_flow(float *flow, int64_t S, int64_t rows) {
     for (int64_t t = 0; t < TILE; t++) flow[(S - 1) * TILE + t] = 1.0f;
 }
 
-/* src [T, n] rows t0..t0+nt -> dst [n][TILE], lanes past nt = pad. */
-static void load_tile(const float *src, int64_t n, int64_t t0, int64_t nt, float pad, float *dst) {
-    for (int64_t t = 0; t < TILE; t++) {
-        const float *row = src + (t0 + t) * n;
-        for (int64_t i = 0; i < n; i++) dst[i * TILE + t] = t < nt ? row[i] : pad;
+/* dst[k][j] = src[j][k] for a 16 x 16 block: rows of src are ss floats apart, rows of dst ds. */
+static inline void transpose16(const float *src, int64_t ss, float *dst, int64_t ds) {
+#if defined(__AVX512F__)
+    __m512 r[16], t[16];
+    for (int j = 0; j < 16; j++) r[j] = _mm512_loadu_ps(src + j * ss);
+    for (int j = 0; j < 16; j += 2) { /* per 128-bit lane: rows j, j + 1 interleaved */
+        t[j] = _mm512_unpacklo_ps(r[j], r[j + 1]);
+        t[j + 1] = _mm512_unpackhi_ps(r[j], r[j + 1]);
     }
+    for (int j = 0; j < 16; j += 4) { /* r[j + c], lane L: rows j..j+3 of column 4 L + c */
+        r[j] = _mm512_shuffle_ps(t[j], t[j + 2], 0x44);
+        r[j + 1] = _mm512_shuffle_ps(t[j], t[j + 2], 0xEE);
+        r[j + 2] = _mm512_shuffle_ps(t[j + 1], t[j + 3], 0x44);
+        r[j + 3] = _mm512_shuffle_ps(t[j + 1], t[j + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; c++) { /* then whole 128-bit lanes */
+        t[c] = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
+        t[4 + c] = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD);
+        t[8 + c] = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+        t[12 + c] = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
+    }
+    for (int c = 0; c < 4; c++) {
+        _mm512_storeu_ps(dst + c * ds, _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88));
+        _mm512_storeu_ps(dst + (8 + c) * ds, _mm512_shuffle_f32x4(t[c], t[8 + c], 0xDD));
+        _mm512_storeu_ps(dst + (4 + c) * ds, _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0x88));
+        _mm512_storeu_ps(dst + (12 + c) * ds, _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0xDD));
+    }
+#else
+    for (int k = 0; k < 16; k++)
+        for (int j = 0; j < 16; j++) dst[k * ds + j] = src[j * ss + k];
+#endif
+}
+
+/* src [T, n] rows t0..t0+nt -> dst [n][TILE], lanes past nt = pad: 16 x 16 blocks, then the rest. */
+static void load_tile(const float *src, int64_t n, int64_t t0, int64_t nt, float pad, float *dst) {
+    const int64_t n16 = n & ~(int64_t)15, nt16 = nt & ~(int64_t)15;
+    for (int64_t b = 0; b < nt16; b += 16) {
+        const float *s = src + (t0 + b) * n;
+        for (int64_t i = 0; i < n16; i += 16) transpose16(s + i, n, dst + i * TILE + b, TILE);
+        for (int64_t i = n16; i < n; i++)
+            for (int64_t t = 0; t < 16; t++) dst[i * TILE + b + t] = s[t * n + i];
+    }
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t t = nt16; t < TILE; t++) dst[i * TILE + t] = t < nt ? src[(t0 + t) * n + i] : pad;
+}
+
+/* src [n][TILE] -> dst [T, n] rows t0..t0+nt: 16 x 16 blocks, then the rest. */
+static void store_tile(const float *src, int64_t n, int64_t t0, int64_t nt, float *dst) {
+    const int64_t n16 = n & ~(int64_t)15, nt16 = nt & ~(int64_t)15;
+    for (int64_t b = 0; b < nt16; b += 16) {
+        float *d = dst + (t0 + b) * n;
+        for (int64_t i = 0; i < n16; i += 16) transpose16(src + i * TILE + b, TILE, d + i, n);
+        for (int64_t t = 0; t < 16; t++)
+            for (int64_t i = n16; i < n; i++) d[t * n + i] = src[i * TILE + b + t];
+    }
+    for (int64_t t = nt16; t < nt; t++)
+        for (int64_t i = 0; i < n; i++) dst[(t0 + t) * n + i] = src[i * TILE + t];
 }
 
 /* Leaf rows of val: FALSE = -inf, TRUE = 0, x_i = log sigma(r_i), not x_i = log sigma(-r_i).
@@ -174,9 +265,10 @@ static void leaves(int64_t n, const float *rt, float *val, float *p) {
 }
 
 /* The "sum" upward pass (torch_passes.upward): node log-values val, element weights ex = exp(e - top)
- * (fan-in > 1 only), norm = sum of ex clamped to FLT_MIN. With dval != NULL also the tangents:
- * de = d prime + d sub per element, d node = E_w[de]. top: [TILE] scratch. */
-static void upward(const Prog *P, float *val, float *ex, float *norm, float *dval, float *de, float *top) {
+ * (fan-in > 1 only), norm = sum of ex clamped to FLT_MIN. With dval != NULL also the tangents
+ * d node = E_w[de], de = d prime + d sub per element (not kept: the downward pass adds them again).
+ * top: [TILE] scratch. */
+static void upward(const Prog *P, float *val, float *ex, float *norm, float *dval, float *top) {
     for (int64_t d = 0; d < P->num_nodes; d++) {
         const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
         float *v = val + slot * TILE;
@@ -188,27 +280,20 @@ static void upward(const Prog *P, float *val, float *ex, float *norm, float *dva
         for (int64_t t = 0; t < TILE; t++) top[t] = -FLT_MAX; /* a dead node keeps exp(e - top) = 0 */
         for (int64_t e = 0; e < F; e++)
             add_rows_max(ex + (r0 + e) * TILE, top, val + P->prime[r0 + e] * TILE, val + P->sub[r0 + e] * TILE);
-        float *x = ex + r0 * TILE;
-        for (int64_t e = 0; e < F; e++)
-            for (int64_t t = 0; t < TILE; t++) x[e * TILE + t] -= top[t];
-        pm_exp(x, F * TILE);
-        float *s = norm + slot * TILE;
-        memcpy(s, x, TILE * sizeof(float));
-        for (int64_t e = 1; e < F; e++)
-            for (int64_t t = 0; t < TILE; t++) s[t] += x[e * TILE + t]; /* in element order, as the descent */
-        memcpy(v, s, TILE * sizeof(float));
-        pm_log(v, TILE);
-        for (int64_t t = 0; t < TILE; t++) {
-            v[t] += top[t];
-            s[t] = max2(s[t], FLT_MIN); /* a dead node's zero flow / FLT_MIN = 0 */
+        float *x = ex + r0 * TILE, *s = norm + slot * TILE;
+        pm_exp_shift(x, top, F, TILE); /* x = exp(x - top) */
+        if (!dval) {
+            memcpy(s, x, TILE * sizeof(float));
+            for (int64_t e = 1; e < F; e++) acc_row(s, x + e * TILE); /* in element order, as the descent */
+        } else { /* and the tangents: de = d prime + d sub, d node = sum w de / norm */
+            float *dv = dval + slot * TILE;
+            first_tangent_row(dv, s, x, dval + P->prime[r0] * TILE, dval + P->sub[r0] * TILE);
+            for (int64_t e = 1; e < F; e++)
+                tangent_row(dv, s, x + e * TILE, dval + P->prime[r0 + e] * TILE, dval + P->sub[r0 + e] * TILE);
+            for (int64_t t = 0; t < TILE; t++) dv[t] /= max2(s[t], FLT_MIN);
         }
-        if (!dval) continue;
-        float *dv = dval + slot * TILE;
-        memset(dv, 0, TILE * sizeof(float));
-        for (int64_t e = 0; e < F; e++)
-            tangent_row(de + (r0 + e) * TILE, dv, x + e * TILE, dval + P->prime[r0 + e] * TILE,
-                        dval + P->sub[r0 + e] * TILE);
-        for (int64_t t = 0; t < TILE; t++) dv[t] /= s[t];
+        pm_log_add(v, s, top, TILE);
+        for (int64_t t = 0; t < TILE; t++) s[t] = max2(s[t], FLT_MIN); /* a dead node's zero flow / FLT_MIN = 0 */
     }
 }
 
@@ -220,46 +305,46 @@ static void upward(const Prog *P, float *val, float *ex, float *norm, float *dva
 static int64_t sample_tile(const Prog *P, const float *r, const float *U, const int64_t *uid, const float *fill,
                            float *z, float *logz, int64_t T, int64_t t0, int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
-    float *buf = scratch((size_t)(3 * n + 3 * S + R + 5) * TILE);
+    float *buf = scratch((size_t)(3 * n + 3 * S + R + 1) * TILE);
     if (!buf) return -1;
-    float *rt = buf, *p = rt + n * TILE, *val = p + n * TILE, *norm = val + S * TILE, *act = norm + S * TILE;
-    float *ex = act + S * TILE, *top = ex + R * TILE, *x = top + TILE, *c = x + TILE, *prev = c + TILE,
-          *u = prev + TILE;
+    float *rt = buf, *p = rt + n * TILE, *fl = p + n * TILE, *val = fl + n * TILE, *norm = val + S * TILE;
+    float *act = norm + S * TILE, *ex = act + S * TILE, *top = ex + R * TILE; /* fl: the fill's uniforms */
     load_tile(r, n, t0, nt, 0.0f, rt);
     leaves(n, rt, val, P->smooth ? NULL : p);
-    upward(P, val, ex, norm, NULL, NULL, top);
+    upward(P, val, ex, norm, NULL, top);
     memcpy(logz + t0, val + (S - 1) * TILE, nt * sizeof(float));
     root_flow(act, S, S);
     for (int64_t d = P->num_nodes - 1; d >= 0; d--) {
         const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
-        const float *a = act + slot * TILE;
-        if (F == 1) {
-            pass_rows(act + P->prime[r0] * TILE, act + P->sub[r0] * TILE, a);
-            continue;
+        const float *a = act + slot * TILE, *urow = U + uid[slot] * T + t0, *tot = norm + slot * TILE;
+        /* 16 lanes at a time, skipping those no token reaches (their flows are all 0). A live node's
+         * largest weight is 1, so u * total < total: some element passes. */
+        for (int64_t b = 0; b < TILE; b += 16) {
+            if (!any16(a + b)) continue;
+            if (F == 1) {
+                *(vf *)(act + P->prime[r0] * TILE + b) += *(const vf *)(a + b);
+                *(vf *)(act + P->sub[r0] * TILE + b) += *(const vf *)(a + b);
+                continue;
+            }
+            vf ub;
+            if (b + 16 <= nt) {
+                ub = *(const vfu *)(urow + b);
+            } else {
+                for (int k = 0; k < 16; k++) ub[k] = b + k < nt ? urow[b + k] : 0.5f;
+            }
+            pick16(P->prime, P->sub, act, ex, r0, F, b, a + b, (const float *)&ub, tot + b);
         }
-        const float *urow = U + uid[slot] * T + t0, *tot = norm + slot * TILE;
-        for (int64_t t = 0; t < TILE; t++) u[t] = t < nt ? urow[t] : 0.5f;
-        /* A live node's largest weight is 1, so u * total < total: some element passes.
-         * Inactive nodes get x = inf, which nothing passes. */
-        for (int64_t t = 0; t < TILE; t++) {
-            x[t] = a[t] > 0.0f ? u[t] * tot[t] : INFINITY;
-            c[t] = 0.0f;
-            prev[t] = 0.0f;
-        }
-        for (int64_t e = 0; e < F; e++)
-            pick_row(act + P->prime[r0 + e] * TILE, act + P->sub[r0 + e] * TILE, c, prev, ex + (r0 + e) * TILE, x);
     }
     const float *pos = act + 2 * TILE, *neg = act + (2 + n) * TILE;
-    for (int64_t t = 0; t < nt; t++) {
-        float *zr = z + (t0 + t) * n;
-        const float *fr = fill ? fill + (t0 + t) * n : NULL;
-        for (int64_t i = 0; i < n; i++) {
-            float on = pos[i * TILE + t] > 0.0f ? 1.0f : 0.0f;
-            if (!P->smooth && on == 0.0f && !(neg[i * TILE + t] > 0.0f))
-                on = fr[i] < p[i * TILE + t] ? 1.0f : 0.0f; /* an implicit variable: its own coin */
-            zr[i] = on;
-        }
+    float *on = rt; /* [n][TILE], rt is free now */
+    if (P->smooth || !fill) {
+        for (int64_t k = 0; k < n * TILE; k++) on[k] = pos[k] > 0.0f ? 1.0f : 0.0f;
+    } else { /* an implicit variable (neither literal reached) tosses its own coin */
+        load_tile(fill, n, t0, nt, 1.0f, fl);
+        for (int64_t k = 0; k < n * TILE; k++)
+            on[k] = pos[k] > 0.0f ? 1.0f : neg[k] > 0.0f ? 0.0f : fl[k] < p[k] ? 1.0f : 0.0f;
     }
+    store_tile(on, n, t0, nt, z);
     return 0;
 }
 
@@ -272,8 +357,8 @@ static int64_t marginals_tile(const Prog *P, const float *r, float *m, float *lo
     float *rt = buf, *p = rt + n * TILE, *val = p + n * TILE, *norm = val + S * TILE, *g = norm + S * TILE;
     float *ex = g + S * TILE, *top = ex + R * TILE, *coef = top + TILE;
     load_tile(r, n, t0, nt, 0.0f, rt);
-    leaves(n, rt, val, p);
-    upward(P, val, ex, norm, NULL, NULL, top);
+    leaves(n, rt, val, P->smooth || !m ? NULL : p);
+    upward(P, val, ex, norm, NULL, top);
     memcpy(logz + t0, val + (S - 1) * TILE, nt * sizeof(float));
     if (!m) return 0;
     root_flow(g, S, S);
@@ -289,14 +374,11 @@ static int64_t marginals_tile(const Prog *P, const float *r, float *m, float *lo
         for (int64_t e = 0; e < F; e++)
             flow_row(g + P->prime[r0 + e] * TILE, g + P->sub[r0 + e] * TILE, ex + (r0 + e) * TILE, coef);
     }
-    const float *gpos = g + 2 * TILE, *gneg = g + (2 + n) * TILE;
-    for (int64_t t = 0; t < nt; t++) {
-        float *o = m + (t0 + t) * n;
-        for (int64_t i = 0; i < n; i++) {
-            const int64_t k = i * TILE + t; /* an implicit x_i is 1 with probability p_i */
-            o[i] = P->smooth ? gpos[k] : gpos[k] + p[k] * (1.0f - gpos[k] - gneg[k]);
-        }
-    }
+    float *gpos = g + 2 * TILE;
+    const float *gneg = g + (2 + n) * TILE;
+    if (!P->smooth) /* an implicit x_i is 1 with probability p_i */
+        for (int64_t k = 0; k < n * TILE; k++) gpos[k] = gpos[k] + p[k] * (1.0f - gpos[k] - gneg[k]);
+    store_tile(gpos, n, t0, nt, m);
     return 0;
 }
 
@@ -340,13 +422,9 @@ static int64_t map_tile(const Prog *P, const float *r, float *z, float *best, in
             argmax_row(act + P->prime[e] * TILE, act + P->sub[e] * TILE, found, ex + e * TILE, v, a);
     }
     const float *pos = act + 2 * TILE, *neg = act + (2 + n) * TILE;
-    for (int64_t t = 0; t < nt; t++) {
-        float *zr = z + (t0 + t) * n;
-        for (int64_t i = 0; i < n; i++) {
-            const int64_t k = i * TILE + t;
-            zr[i] = pos[k] > 0.0f ? 1.0f : (neg[k] > 0.0f || P->smooth) ? 0.0f : (rt[k] > 0.0f ? 1.0f : 0.0f);
-        }
-    }
+    for (int64_t k = 0; k < n * TILE; k++) /* into h, free now */
+        h[k] = pos[k] > 0.0f ? 1.0f : (neg[k] > 0.0f || P->smooth) ? 0.0f : (rt[k] > 0.0f ? 1.0f : 0.0f);
+    store_tile(h, n, t0, nt, z);
     return 0;
 }
 
@@ -354,11 +432,11 @@ static int64_t map_tile(const Prog *P, const float *r, float *z, float *best, in
  * tangents through the upward pass, then flows g and their tangents dg down. Returns 0, or -1. */
 static int64_t jvp_tile(const Prog *P, const float *r, const float *v, float *out, int64_t t0, int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
-    float *buf = scratch((size_t)(3 * n + 6 * S + 2 * R + 3) * TILE);
+    float *buf = scratch((size_t)(3 * n + 6 * S + R + 3) * TILE);
     if (!buf) return -1;
     float *rt = buf, *vt = rt + n * TILE, *p = vt + n * TILE, *val = p + n * TILE, *dval = val + S * TILE;
     float *norm = dval + S * TILE, *g = norm + S * TILE, *dg = g + S * TILE, *ex = dg + S * TILE;
-    float *de = ex + R * TILE, *top = de + R * TILE, *coef = top + TILE, *dcoef = coef + TILE;
+    float *top = ex + R * TILE, *coef = top + TILE, *dcoef = coef + TILE;
     load_tile(r, n, t0, nt, 0.0f, rt);
     load_tile(v, n, t0, nt, 0.0f, vt);
     leaves(n, rt, val, p);
@@ -369,7 +447,7 @@ static int64_t jvp_tile(const Prog *P, const float *r, const float *v, float *ou
         dpos[i] = vt[i] - pv;
         dneg[i] = -pv;
     }
-    upward(P, val, ex, norm, dval, de, top);
+    upward(P, val, ex, norm, dval, top);
     root_flow(g, S, 2 * S); /* g, and dg = 0 after it */
     for (int64_t d = P->num_nodes - 1; d >= 0; d--) {
         const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
@@ -386,23 +464,17 @@ static int64_t jvp_tile(const Prog *P, const float *r, const float *v, float *ou
         }
         for (int64_t e = 0; e < F; e++) {
             const int64_t pr = P->prime[r0 + e] * TILE, sb = P->sub[r0 + e] * TILE;
-            flow_rows(g + pr, g + sb, dg + pr, dg + sb, ex + (r0 + e) * TILE, de + (r0 + e) * TILE, dv, coef, dcoef);
+            flow_rows(g + pr, g + sb, dg + pr, dg + sb, ex + (r0 + e) * TILE, dval + pr, dval + sb, dv, coef, dcoef);
         }
     }
-    const float *gpos = g + 2 * TILE, *gneg = g + (2 + n) * TILE;
-    const float *dgpos = dg + 2 * TILE, *dgneg = dg + (2 + n) * TILE;
-    for (int64_t t = 0; t < nt; t++) {
-        float *o = out + (t0 + t) * n;
-        for (int64_t i = 0; i < n; i++) {
-            const int64_t k = i * TILE + t;
-            if (P->smooth) {
-                o[i] = dgpos[k];
-            } else { /* an implicit x_i is 1 with probability p_i wherever neither literal is reached */
-                const float pi = p[k];
-                o[i] = dgpos[k] + pi * (1.0f - pi) * vt[k] * (1.0f - gpos[k] - gneg[k]) - pi * (dgpos[k] + dgneg[k]);
-            }
+    const float *gpos = g + 2 * TILE, *gneg = g + (2 + n) * TILE, *dgneg = dg + (2 + n) * TILE;
+    float *dgpos = dg + 2 * TILE;
+    if (!P->smooth) /* an implicit x_i is 1 with probability p_i wherever neither literal is reached */
+        for (int64_t k = 0; k < n * TILE; k++) {
+            const float pi = p[k];
+            dgpos[k] = dgpos[k] + pi * (1.0f - pi) * vt[k] * (1.0f - gpos[k] - gneg[k]) - pi * (dgpos[k] + dgneg[k]);
         }
-    }
+    store_tile(dgpos, n, t0, nt, out);
     return 0;
 }
 
