@@ -99,8 +99,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     import circuits.passes
 
+    from probmoe import dp_native
+
+    dp_where = f"the fused C DP ({dp_native.describe()})" if dp_native.library() else f"the torch DP ({dp_native.describe()})"
     print(f"T = {args.tokens}, fp32, torch {torch.__version__}; fp32 CPU calls take the "
-          f"{circuits.passes.describe()}; load average {os.getloadavg()[0]:.2f} at start")
+          f"{circuits.passes.describe()} and {dp_where}; load average {os.getloadavg()[0]:.2f} at start")
     for name in args.devices.split(","):
         device = torch.device(name)
         if device.type == "cuda" and not torch.cuda.is_available():

@@ -1,7 +1,7 @@
 """Benchmark one training step of an MoE language model per routing method (the paper's Fig. 7).
 
     python tools/bench_step.py [--tokens 2048] [--seq 256] [--hidden 128] [--experts 64] [--top-k 8]
-                               [--layers 2] [--repeats 7] [--threads 2] [--devices cpu,cuda]
+                               [--layers 2] [--repeats 15] [--threads 2] [--devices cpu,cuda]
 
 An OLMoE-proportioned model scaled down for the CPU (64 experts, top-8; OLMoE-1B-7B has hidden
 2048, 16 layers), randomly initialised, one copy per method from the same weights. A step is
@@ -162,7 +162,7 @@ def parse():
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--router-offset", type=float, default=0.0,
                     help="add this to every router logit (negative: Dynamic-k tokens use fewer experts)")
