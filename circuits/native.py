@@ -29,6 +29,7 @@ FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-std=c11", "-fop
 if platform.machine() in ("x86_64", "AMD64"):
     FLAGS.append("-mprefer-vector-width=512")  # AVX-512 where the CPU has it: 20 % faster here; else ignored
 VMATH = Path(__file__).parent / "passes" / "c" / "vmath.c"  # SIMD exp/log/log1p, the -ffast-math unit
+SCRATCH = Path(__file__).parent / "passes" / "c" / "scratch.c"  # pm_scratch: per-thread scratch buffers
 
 
 def _cpu_id() -> str:

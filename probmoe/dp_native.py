@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from circuits.native import VMATH, NativeLibrary
+from circuits.native import SCRATCH, VMATH, NativeLibrary
 from circuits.passes import uniforms
 
 
@@ -27,7 +27,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.dp_forward.restype = lib.dp_cov_vec.restype = i64
 
 
-NATIVE = NativeLibrary("cardinality", [Path(__file__).with_name("native") / "cardinality.c", VMATH], _declare,
+NATIVE = NativeLibrary("cardinality", [Path(__file__).with_name("native") / "cardinality.c", SCRATCH, VMATH], _declare,
                        label="C DP")
 library = NATIVE.library
 describe = NATIVE.describe

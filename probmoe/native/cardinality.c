@@ -82,18 +82,7 @@ static int64_t carve(Tile *w, const Dims *d, int tangents, int sampling, float *
     return at;
 }
 
-static __thread float *scratch_buf = NULL;
-static __thread size_t scratch_cap = 0;
-
-/* This thread's scratch of at least `floats` floats (kept for the next call), or NULL. */
-static float *scratch(size_t floats) {
-    if (floats > scratch_cap) {
-        free(scratch_buf);
-        scratch_buf = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
-        scratch_cap = scratch_buf ? floats : 0;
-    }
-    return scratch_buf;
-}
+float *pm_scratch(size_t floats); /* scratch.c: this thread's buffer of at least `floats` floats */
 
 /* The lanes per tile: the largest power of two in [MIN_LANES, MAX_LANES] whose `tables` tables of
  * [N][K1][B] floats fit TABLE_BUDGET and whose [N][B] rows fit ROWS_BUDGET (MIN_LANES when none
@@ -319,7 +308,7 @@ static int64_t forward_tile(const Dims *d, const float *r, const float *U, float
                             int64_t nt) {
     const int64_t T = d->T, N = d->N, K1 = d->K1, B = d->B;
     Tile w;
-    float *buf = scratch(carve(&w, d, 0, z != NULL, NULL));
+    float *buf = pm_scratch(carve(&w, d, 0, z != NULL, NULL));
     if (!buf) return -1;
     carve(&w, d, 0, z != NULL, buf);
     const float *top = up_sweep(d, &w, r, NULL, t0, nt, NULL);
@@ -347,7 +336,7 @@ static int64_t forward_tile(const Dims *d, const float *r, const float *U, float
 static int64_t cov_tile(const Dims *d, const float *r, const float *v, float *out, int64_t t0, int64_t nt) {
     const int64_t N = d->N, K1 = d->K1, B = d->B, kmin = d->kmin;
     Tile w;
-    float *buf = scratch(carve(&w, d, 1, 0, NULL));
+    float *buf = pm_scratch(carve(&w, d, 1, 0, NULL));
     if (!buf) return -1;
     carve(&w, d, 1, 0, buf);
     const float *dtop = NULL, *top = up_sweep(d, &w, r, v, t0, nt, &dtop);

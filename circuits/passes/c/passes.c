@@ -163,18 +163,7 @@ typedef struct {
     const int64_t *imp_var; /* [P] */
 } Prog;
 
-static __thread float *scratch_buf = NULL;
-static __thread size_t scratch_cap = 0;
-
-/* This thread's scratch of at least `floats` floats (kept for the next call), or NULL. */
-static float *scratch(size_t floats) {
-    if (floats > scratch_cap) {
-        free(scratch_buf);
-        scratch_buf = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
-        scratch_cap = scratch_buf ? floats : 0;
-    }
-    return scratch_buf;
-}
+float *pm_scratch(size_t floats); /* scratch.c: this thread's buffer of at least `floats` floats */
 
 /* The start of a top-down pass: rows [rows][TILE] all 0 but the root (slot S - 1), 1. */
 static void root_flow(float *flow, int64_t S, int64_t rows) {
@@ -305,7 +294,7 @@ static void upward(const Prog *P, float *val, float *ex, float *norm, float *dva
 static int64_t sample_tile(const Prog *P, const float *r, const float *U, const int64_t *uid, const float *fill,
                            float *z, float *logz, int64_t T, int64_t t0, int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
-    float *buf = scratch((size_t)(3 * n + 3 * S + R + 1) * TILE);
+    float *buf = pm_scratch((size_t)(3 * n + 3 * S + R + 1) * TILE);
     if (!buf) return -1;
     float *rt = buf, *p = rt + n * TILE, *fl = p + n * TILE, *val = fl + n * TILE, *norm = val + S * TILE;
     float *act = norm + S * TILE, *ex = act + S * TILE, *top = ex + R * TILE; /* fl: the fill's uniforms */
@@ -352,7 +341,7 @@ static int64_t sample_tile(const Prog *P, const float *r, const float *U, const 
  * for tokens t0..t0+nt (one tile): r, m [T, n], logz [T]. Returns 0, or -1. */
 static int64_t marginals_tile(const Prog *P, const float *r, float *m, float *logz, int64_t t0, int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
-    float *buf = scratch((size_t)(2 * n + 3 * S + R + 2) * TILE);
+    float *buf = pm_scratch((size_t)(2 * n + 3 * S + R + 2) * TILE);
     if (!buf) return -1;
     float *rt = buf, *p = rt + n * TILE, *val = p + n * TILE, *norm = val + S * TILE, *g = norm + S * TILE;
     float *ex = g + S * TILE, *top = ex + R * TILE, *coef = top + TILE;
@@ -388,7 +377,7 @@ static int64_t marginals_tile(const Prog *P, const float *r, float *m, float *lo
  * node takes its first maximal element. Returns 0, or -1. */
 static int64_t map_tile(const Prog *P, const float *r, float *z, float *best, int64_t t0, int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
-    float *buf = scratch((size_t)(2 * n + 2 * S + R + 2) * TILE);
+    float *buf = pm_scratch((size_t)(2 * n + 2 * S + R + 2) * TILE);
     if (!buf) return -1;
     float *rt = buf, *h = rt + n * TILE, *val = h + n * TILE, *act = val + S * TILE, *ex = act + S * TILE;
     float *gap = ex + R * TILE, *found = gap + TILE;
@@ -432,7 +421,7 @@ static int64_t map_tile(const Prog *P, const float *r, float *z, float *best, in
  * tangents through the upward pass, then flows g and their tangents dg down. Returns 0, or -1. */
 static int64_t jvp_tile(const Prog *P, const float *r, const float *v, float *out, int64_t t0, int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
-    float *buf = scratch((size_t)(3 * n + 6 * S + R + 3) * TILE);
+    float *buf = pm_scratch((size_t)(3 * n + 6 * S + R + 3) * TILE);
     if (!buf) return -1;
     float *rt = buf, *vt = rt + n * TILE, *p = vt + n * TILE, *val = p + n * TILE, *dval = val + S * TILE;
     float *norm = dval + S * TILE, *g = norm + S * TILE, *dg = g + S * TILE, *ex = dg + S * TILE;
