@@ -1,9 +1,10 @@
 """Benchmark route(training=True) forward + backward against softmax + topk, in the same run.
 
-    python tools/bench_router.py [--tokens 4096] [--sizes 64:8,64:4-8] [--devices cpu,cuda]
+    python tools/bench_router.py [--tokens T] [--sizes 64:8,64:4-8] [--devices cpu,cuda]
                                  [--repeats 15] [--threads 2]
 
-For each device (default: the CPU, and CUDA when there is one) and each constraint (N:k for
+For each device (default: the CPU at T = 4096 tokens, and CUDA at T = 65,536 when there is one;
+``--tokens`` sets both) and each constraint (N:k for
 exactly k of N experts, N:a-b for a..b), fp32: the median time of route(training=True) forward +
 backward (to the logits) for each backend as a ratio to softmax + topk forward + backward on the
 same device (interleaved repeats, so drift hits all alike), and the bytes the autograd graph keeps
@@ -82,14 +83,14 @@ def bench_device(device: torch.device, sizes: list[str], T: int, repeats: int) -
             mib = saved_bytes(f) / 2**20
             rows.append((label, name, f"{times[name] * 1e3:.2f}", f"{times[name] / base:.1f}x", f"{mib:.2f}"))
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"\n{device.type}: {where}; circuit passes: {', '.join(sorted(passes))}")
+    print(f"\n{device.type}: {where}; T = {T} tokens; circuit passes: {', '.join(sorted(passes))}")
     print(table(rows, ("constraint", "routine", "median fwd+bwd (ms)", "ratio to softmax + topk",
                        "saved for backward (MiB)")))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--tokens", type=int, default=None, help="tokens per call (default: 4096 on the CPU, 65536 on CUDA)")
     ap.add_argument("--sizes", default="64:8,64:4-8,128:8,256:16",
                     help="comma-separated N:k (exactly k of N) or N:a-b (a..b of N)")
     ap.add_argument("--devices", default="cpu,cuda" if torch.cuda.is_available() else "cpu")
@@ -102,14 +103,15 @@ def main() -> None:
     from probmoe import dp_native
 
     dp_where = f"the fused C DP ({dp_native.describe()})" if dp_native.library() else f"the torch DP ({dp_native.describe()})"
-    print(f"T = {args.tokens}, fp32, torch {torch.__version__}; fp32 CPU calls take the "
+    print(f"fp32, torch {torch.__version__}; fp32 CPU calls take the "
           f"{circuits.passes.describe()} and {dp_where}; load average {os.getloadavg()[0]:.2f} at start")
     for name in args.devices.split(","):
         device = torch.device(name)
         if device.type == "cuda" and not torch.cuda.is_available():
             print(f"\n{name}: skipped (no CUDA device)")
             continue
-        bench_device(device, args.sizes.split(","), args.tokens, args.repeats)
+        tokens = args.tokens or (65536 if device.type == "cuda" else 4096)
+        bench_device(device, args.sizes.split(","), tokens, args.repeats)
     print(f"\nload average {os.getloadavg()[0]:.2f} at end (the machine may be shared: compare ratios, not times)")
 
 
