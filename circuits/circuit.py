@@ -147,12 +147,12 @@ class Circuit:
             raise ValueError("logits must be finite or -inf (never chosen); got +inf")
         bad = int((~torch.isfinite(log_z)).nonzero()[0, 0])
         finite = int(torch.isfinite(r[bad]).sum())
+        what = f"the constraint {self.spec.describe()}" if self.spec is not None else "the circuit's constraint"
         need = ""
-        if self.spec is not None and getattr(self.spec, "cardinalities", None):
-            need = f" (needs at least {self.spec.cardinalities[0]} variables that are not -inf)"
-        raise ValueError(
-            f"logits make the constraint unsatisfiable at row {bad}: {finite} finite logits{need}"
-        )
+        if self.spec is not None and getattr(self.spec, "cardinalities", None) and finite < self.spec.cardinalities[0]:
+            need = f"; it needs at least {self.spec.cardinalities[0]} logits that are not -inf"
+        raise ValueError(f"logits make {what} unsatisfiable at row {bad}: no subset of its {finite} finite logits "
+                         f"satisfies it{need}")
 
     def _shift_amount(self, r: Tensor, chosen: Passes) -> Tensor | None:
         """Exactly-k distributions are shift invariant: each row's k-th largest logit, [T, 1], is

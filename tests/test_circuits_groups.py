@@ -115,7 +115,8 @@ def test_unsatisfiable_rows_are_value_errors():
     r = torch.randn(5, 16)
     r[2, :] = -torch.inf
     r[2, [0, 1, 4, 5, 8, 9, 12, 13]] = 0.0  # 8 finite logits, but at most 2 in any one group
-    with pytest.raises(ValueError, match="unsatisfiable at row 2"):
+    with pytest.raises(ValueError, match=r"GroupLimited\(n=16, k=3, groups=4x4, max_groups=1\) unsatisfiable at "
+                       r"row 2: no subset of its 8 finite logits satisfies it$"):
         c.sample(r)
 
 
