@@ -11,6 +11,7 @@ library; other packages build theirs the same way.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
 import os
@@ -132,7 +133,9 @@ class NativeLibrary:
                         try:
                             self.build(cc, path)
                         except PermissionError:  # a read-only cache: build for this process only
-                            path = Path(tempfile.mkdtemp(prefix="probmoe-native-")) / path.name
+                            tmp = tempfile.mkdtemp(prefix="probmoe-native-")
+                            atexit.register(shutil.rmtree, tmp, True)  # nothing left behind in /tmp
+                            path = Path(tmp) / path.name
                             self.build(cc, path)
                         lib = self.load(path)
                     where = str(path)

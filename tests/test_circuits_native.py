@@ -4,6 +4,7 @@ fp32 on the CPU takes the C passes; these tests call both implementations on the
 uniforms for sampling) and check the C results against float64 brute force and chi-squared.
 """
 
+import atexit
 import os
 import shutil
 
@@ -247,10 +248,15 @@ def test_a_read_only_cache_builds_for_this_process(fresh_native, monkeypatch):
             raise PermissionError(13, "Permission denied", str(out))
         build(cc, out)
 
+    at_exit = []
     monkeypatch.setattr(c_library.NATIVE, "build", refuse_the_cache)
+    monkeypatch.setattr(atexit, "register", lambda fn, *args: at_exit.append((fn, args)))
     assert c_library.library() is not None
     assert len(targets) == 2 and not str(targets[1]).startswith(str(fresh_native))
     assert circuits.passes.describe() == f"fused C passes ({targets[1]})"
+    for fn, args in at_exit:  # what the process does when it exits: the private build goes
+        fn(*args)
+    assert not targets[1].parent.exists()
 
 
 @needs_native

@@ -113,6 +113,47 @@ def test_infeasible_rows_are_nan_as_in_torch():
 
 
 @needs_native
+def test_garbage_logits_never_draw_more_than_kmax():
+    """Validation off (as ``validate_args=False`` allows): a NaN with a logit above 1e30 in the same
+    row once drove the draw's count below zero, so it read table rows below its own and drew up to
+    6 experts at kmax = 2. Whatever the garbage, a draw stays within kmax."""
+    for pos in range(7):
+        for big in (2e30, 3e38, torch.inf):
+            r = torch.randn(500, 8, generator=torch.Generator().manual_seed(pos))
+            r[:, pos], r[:, 7] = big, torch.nan
+            _, z = dp_native.forward_marginals(r, 2, 2, True, torch.Generator().manual_seed(pos), True)
+            assert z.sum(-1).max() <= 2, (pos, big)
+
+
+@needs_native
+def test_short_lived_threads_do_not_leak_scratch():
+    """A call that fits one tile runs on the calling thread, in that thread's scratch (~1 MB at
+    N = 256, kmax = 64); the scratch is freed when the thread exits (it leaked 100 MB per 100 threads)."""
+    import threading
+
+    r = torch.randn(4, 256)
+
+    def work():
+        dp_native.forward_marginals(r, 1, 64, False, None, True)
+
+    def resident_mib():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    work()
+    for _ in range(10):  # warm up the allocator's arenas
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+    before = resident_mib()
+    for _ in range(100):
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+    assert resident_mib() - before < 40
+
+
+@needs_native
 def test_frequencies_match_the_marginals():
     """Many tokens with identical logits: every draw is allowed, and each expert's and each size's
     frequency is within 5 standard errors of its exact probability."""

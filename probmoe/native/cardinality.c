@@ -259,7 +259,9 @@ static void draw_size(const Dims *d, const float *A, const float *u, int32_t *c)
 static void draw_step(int64_t B, const float *restrict w, const float *restrict u, int32_t *restrict c,
                       float *restrict z) {
     for (int64_t t = 0; t < B; t++) {
-        const int32_t on = u[t] < w[c[t] * B + t];
+        /* c > 0: W[i, 0] is 0 for valid logits, but NaN together with |r| > 1e30 (validation off)
+         * makes it 1 and would drive c negative, reading W rows below the table. */
+        const int32_t on = c[t] > 0 && u[t] < w[c[t] * B + t];
         z[t] = (float)on;
         c[t] -= on;
     }

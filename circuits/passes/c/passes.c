@@ -124,7 +124,8 @@ static inline void max_row(float *restrict top, const float *restrict x) {
 static inline void argmax_row(float *restrict p, float *restrict q, float *restrict found, const float *restrict x,
                               const float *restrict v, const float *restrict a) {
     for (int64_t t = 0; t < TILE; t++) {
-        const float hit = found[t] == 0.0f && x[t] == v[t] ? 1.0f : 0.0f, f = hit * a[t];
+        /* & rather than &&: no branch, so gcc vectorises it without AVX (9x faster MAP at -march=x86-64) */
+        const float hit = (found[t] == 0.0f) & (x[t] == v[t]) ? 1.0f : 0.0f, f = hit * a[t];
         found[t] += hit;
         p[t] += f;
         q[t] += f;
