@@ -211,6 +211,13 @@ def test_kth_largest_equals_topk(T, n, k):
 
 
 @needs_native
+@pytest.mark.parametrize("k", [0, -1, 5])
+def test_kth_largest_refuses_k_outside_1_to_n(k):
+    with pytest.raises(ValueError, match=rf"k must be in \[1, n = 4\], got {k}"):
+        CPasses(circuits.compile_circuit(circuits.ExactlyK(1, 1)).program).kth_largest(torch.randn(3, 4), k)
+
+
+@needs_native
 @pytest.mark.parametrize("size", [dict(k=8), dict(kmin=4, kmax=8)], ids=["exactly 8", "range 4..8"])
 def test_route_is_the_same_with_and_without_the_c_passes(size, monkeypatch):
     """A seeded training route draws the same experts, with the same weights and gradient, on a

@@ -77,6 +77,8 @@ class CPasses(Passes):
         return out
 
     def kth_largest(self, r: Tensor, k: int) -> Tensor:
+        if not 1 <= k <= r.shape[1]:  # the C loop would read before its buffer
+            raise ValueError(f"k must be in [1, n = {r.shape[1]}], got {k}")
         out = r.new_empty(r.shape[0])
         if self.lib.pm_kth_largest(r.data_ptr(), r.shape[0], r.shape[1], k, out.data_ptr(), torch.get_num_threads()):
             raise MemoryError("circuits: the C passes could not allocate their scratch")
