@@ -36,3 +36,45 @@ def float64():
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(old)
+
+
+def _skip_unless_built(native) -> None:
+    if native.library() is None:
+        pytest.skip(f"{native.label} turned off or unbuildable")
+
+
+def _turn_off(monkeypatch, native) -> None:
+    """The library as without a compiler or with PROBMOE_NATIVE=0, for one test."""
+    monkeypatch.setattr(native, "state", {"lib": None, "where": "turned off in this test"})
+
+
+# Fixtures, not skipif marks: a mark would build the library while the tests are collected, before
+# pytest_configure points the cache at a private folder.
+@pytest.fixture
+def c_passes_built():
+    """Skip unless the circuits' C passes (circuits.passes.c_library) load."""
+    from circuits.passes import c_library
+
+    _skip_unless_built(c_library.NATIVE)
+
+
+@pytest.fixture
+def c_dp_built():
+    """Skip unless the C cardinality DP (probmoe.dp_native) loads."""
+    from probmoe import dp_native
+
+    _skip_unless_built(dp_native.NATIVE)
+
+
+@pytest.fixture
+def c_passes_off(monkeypatch):
+    from circuits.passes import c_library
+
+    _turn_off(monkeypatch, c_library.NATIVE)
+
+
+@pytest.fixture
+def c_dp_off(monkeypatch):
+    from probmoe import dp_native
+
+    _turn_off(monkeypatch, dp_native.NATIVE)

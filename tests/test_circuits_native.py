@@ -24,15 +24,7 @@ CLAUSES = [[1, 2], [-1, 3], [2, -4, 5], [-3, -5]]
 
 
 
-@pytest.fixture
-def c_available():
-    """Skip unless the C library loads. A fixture, not a skipif mark: a mark would build the
-    library while the tests are collected, before conftest points the cache at a private folder."""
-    if c_library.library() is None:
-        pytest.skip("the C passes are turned off or unbuildable")
-
-
-needs_native = pytest.mark.usefixtures("c_available")
+needs_native = pytest.mark.usefixtures("c_passes_built")
 
 
 def shifted(c, r):

@@ -12,18 +12,7 @@ from circuits.passes import c_library, counter_uniforms, draw_uniforms, topk, to
 from stats import chi2_pvalue
 
 
-@pytest.fixture
-def c_available():
-    if c_library.library() is None:
-        pytest.skip("the C library is turned off or unbuildable")
-
-
-needs_native = pytest.mark.usefixtures("c_available")
-
-
-@pytest.fixture
-def without_c(monkeypatch):
-    monkeypatch.setattr(c_library.NATIVE, "state", {"lib": None, "where": "turned off in this test"})
+needs_native = pytest.mark.usefixtures("c_passes_built")
 
 
 def awkward_rows(T: int, n: int) -> torch.Tensor:
@@ -50,7 +39,7 @@ def test_topk_in_c_equals_a_stable_sort(T, n, k):
     assert torch.equal(values, want_values)  # NaN reported as -inf, as the reference
 
 
-def test_topk_breaks_ties_toward_the_lower_index(without_c):
+def test_topk_breaks_ties_toward_the_lower_index(c_passes_off):
     x = torch.tensor([[1.0, 2.0, 2.0, 1.0, 2.0], [0.0, -0.0, 0.0, -torch.inf, -torch.inf]])
     assert topk(x, 4)[1].tolist() == [[1, 2, 4, 0], [0, 1, 2, 3]]
 

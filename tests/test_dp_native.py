@@ -16,21 +16,7 @@ import probmoe
 from probmoe import dp, dp_native
 
 
-@pytest.fixture
-def c_available():
-    """Skip unless the C DP loads. A fixture, not a skipif mark: a mark would build the library
-    while the tests are collected, before conftest points the cache at a private folder."""
-    if dp_native.library() is None:
-        pytest.skip("the C DP is turned off or unbuildable")
-
-
-needs_native = pytest.mark.usefixtures("c_available")
-
-
-@pytest.fixture
-def native_off(monkeypatch):
-    """The C library turned off, as without a compiler or with PROBMOE_NATIVE=0."""
-    monkeypatch.setattr(dp_native.NATIVE, "state", {"lib": None, "where": "off"})
+needs_native = pytest.mark.usefixtures("c_dp_built")
 
 
 def torch_reference(r, kmin, kmax, seed, dtype=torch.float64):
@@ -237,7 +223,7 @@ def test_cardinality_dispatch(monkeypatch):
     assert torch.equal(z.double(), z64)
 
 
-def test_fallback_when_the_library_is_off(native_off, monkeypatch):
+def test_fallback_when_the_library_is_off(c_dp_off, monkeypatch):
     """With the library off, float32 CPU takes the torch sweeps, and describe() says why."""
     monkeypatch.setattr(dp_native, "forward_marginals", None)  # a call would fail
     monkeypatch.setattr(dp_native, "cov_vec", None)
