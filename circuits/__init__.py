@@ -3,14 +3,14 @@
     spec (ExactlyK, RangeK, GroupLimited, GroupCapacity, SddFile, CnfFile) -> compile (pysdd SDD)
         -> layout (levels)
         -> cache (disk) -> Circuit (log_partition, marginals, sample, map)
-        -> passes (torch, fused C; ``circuits.passes.select`` picks per device and dtype)
+        -> passes (torch, fused C, Triton; ``circuits.passes.select`` picks per device and dtype)
+        reached through registered torch operators (``circuits.ops``: torch.compile traces them)
 
-Building blocks for other exact models of distributions over binary vectors: ``ExactMarginals``
-(the autograd contract: marginals and a draw, backward Cov(x) v, keeps O(T n)) and
-``ScratchPool`` (reused scratch buffers for batched passes).
+Shared with other packages: ``circuits.native`` (the C build machinery, row top-k, counter-based
+uniforms) and ``ScratchPool`` (reused scratch buffers for batched passes).
 """
 
-from .autograd import ExactMarginals
+from . import ops  # registers torch.ops.circuits
 from .cache import CacheWarning
 from .cache_dir import default_cache_dir
 from .circuit import Circuit
@@ -23,7 +23,6 @@ __all__ = [
     "CacheWarning",
     "Circuit",
     "CnfFile",
-    "ExactMarginals",
     "ExactlyK",
     "GroupCapacity",
     "GroupLimited",

@@ -14,10 +14,9 @@ import threading
 import torch
 from torch import Tensor
 
-from . import passes
-from .autograd import ExactMarginals, LogPartition
+from . import ops, passes
 from .layout import FALSE_SLOT, TRUE_SLOT, Layout
-from .passes import Passes, Program, draw_uniforms
+from .passes import Passes, Program
 from .spec import Spec
 
 
@@ -38,6 +37,7 @@ class Circuit:
         self.device = self.program.device  # resolved: "cuda" becomes "cuda:0"
         self._passes: dict[torch.dtype, Passes] = {}
         self._lock = threading.Lock()
+        self.handle = ops.register(self)  # the ``circuit`` argument of the operators in ``circuits.ops``
 
     # --- housekeeping -------------------------------------------------------------------------
     @property
@@ -154,64 +154,39 @@ class Circuit:
         raise ValueError(f"logits make {what} unsatisfiable at row {bad}: no subset of its {finite} finite logits "
                          f"satisfies it{need}")
 
-    def _shift_amount(self, r: Tensor, chosen: Passes) -> Tensor | None:
-        """Exactly-k distributions are shift invariant: each row's k-th largest logit, [T, 1], is
-        subtracted (None: nothing is). The k-th largest sits at the boundary of the likely subsets,
-        so the logits that matter keep their low bits (the row maximum would let one far outlier
-        wipe them out)."""
+    def _shift(self, r: Tensor) -> Tensor | None:
+        """What the passes subtract from checked logits r [T, n]: each row's k-th largest logit,
+        [T, 1], for an exactly-k circuit (shift invariant), else None. The k-th largest sits at the
+        boundary of the likely subsets, so the logits that matter keep their low bits (the row
+        maximum would let one far outlier wipe them out)."""
         k = self.spec.cardinalities[0] if self.spec is not None and self.spec.fixed_cardinality else 0
         if k == 0 or r.shape[0] == 0:
             return None
-        ref = chosen.kth_largest(r, k).unsqueeze(-1)  # [T, n] -> [T, 1]
+        ref = torch.ops.circuits.kth_largest(r.detach(), k).unsqueeze(-1)  # [T, n] -> [T, 1], no gradient (see ops)
         return torch.where(torch.isfinite(ref), ref, torch.zeros_like(ref))
 
-    def _shift(self, r: Tensor, chosen: Passes) -> Tensor:
-        """The logits the passes evaluate: r [T, n] less ``_shift_amount``."""
-        amount = self._shift_amount(r, chosen)
-        return r if amount is None else r - amount
+    def shifted(self, r: Tensor) -> Tensor:
+        """The logits the passes evaluate for checked logits r [T, n]: r less ``_shift`` (the
+        tests feed them to one implementation of the passes directly)."""
+        shift = self._shift(r)
+        return r if shift is None else r - shift
 
-    # --- the model behind circuits.autograd ---------------------------------------------------
-    def log_z_and_marginals(self, r: Tensor, marginals: bool) -> tuple[Tensor, Tensor | None]:
-        """(log Z [T], the marginals [T, n] if asked) of checked logits r [T, n], no autograd."""
-        log_z, m = self.passes(r.dtype).log_partition(r, marginals)
-        self._check(r, log_z)
-        return log_z, m
-
-    def forward_marginals(self, r: Tensor, want_sample: bool, generator, values: bool):
-        """(marginals or zeros [T, n], one draw or an empty tensor [T, n], what the backward keeps:
-        (r,) or (r, shift [T, 1]), the caller's own logits and no copy) of checked logits r [T, n],
-        no autograd: one sampling pass and one marginals pass at most, and one host sync for the
-        checks."""
-        chosen = self.passes(r.dtype)
-        shift = self._shift_amount(r, chosen)
-        rs = r if shift is None else r - shift
-        z, log_z = rs.new_empty(0), None
-        if want_sample:
-            z, log_z = chosen.sample(rs, *draw_uniforms(self.program, rs, generator))
-        if values:
-            log_z, m = chosen.log_partition(rs, True)
-        else:
-            m = torch.zeros_like(rs)
-            if log_z is None and self.validate:
-                log_z, _ = chosen.log_partition(rs, False)
-        if log_z is not None:
-            self._check(r, log_z)
-        return m, z, (r,) if shift is None else (r, shift)
-
-    def cov_vec(self, keep: tuple, v: Tensor) -> Tensor:
-        """Cov(x) v at the logits ``forward_marginals`` kept, shifted again as in the forward
-        (the same operation, so the same bits): v [T, n] -> [T, n]."""
-        rs = keep[0] if len(keep) == 1 else keep[0] - keep[1]
-        return self.passes(rs.dtype).marginals_jvp(rs, v)
-
-    # --- the four queries ---------------------------------------------------------------------
+    # --- the four queries (each one registered operator, ``circuits.ops``) -------------------------
     def log_partition(self, logits: Tensor) -> Tensor:
         """log P(constraint) under independent Bernoulli(sigmoid(logits)): [..., n] -> [...].
 
         Differentiable; d/d logits = marginals - sigmoid(logits), and twice differentiable.
         """
         r, lead = self._inputs(logits)
-        return LogPartition.apply(self, r).reshape(lead).to(logits.dtype)
+        log_z, _ = torch.ops.circuits.log_partition(r, self.handle, r.requires_grad and torch.is_grad_enabled())
+        self._check(r, log_z)
+        return log_z.reshape(lead).to(logits.dtype)
+
+    def _marginals(self, r: Tensor, seed: Tensor | None, values: bool) -> tuple[Tensor, Tensor]:
+        """(marginals or zeros [T, n], one draw [T, n] or an empty tensor) of checked logits r [T, n]."""
+        m, z, log_z = torch.ops.circuits.marginals(r, self._shift(r), seed, self.handle, values, self.validate)
+        self._check(r, log_z)
+        return m, z
 
     def marginals(self, logits: Tensor, *, values: bool = True) -> Tensor:
         """P(x_i = 1 | constraint): [..., n] -> [..., n]. Its Jacobian is Cov(x) (exact).
@@ -220,7 +195,7 @@ class Circuit:
         Jacobian in the backward: for straight-through estimators, which need only the gradient.
         """
         r, lead = self._inputs(logits)
-        m, _ = ExactMarginals.apply(self, r, False, None, values)
+        m, _ = self._marginals(r, None, values)
         return m.reshape(*lead, self.n).to(logits.dtype)
 
     def sample(self, logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -230,9 +205,7 @@ class Circuit:
         """
         r, lead = self._inputs(logits, generator)
         with torch.no_grad():
-            chosen = self.passes(r.dtype)
-            rs = self._shift(r, chosen)
-            z, log_z = chosen.sample(rs, *draw_uniforms(self.program, rs, generator))
+            z, log_z = torch.ops.circuits.sample(r, self._shift(r), ops.seed(generator, r.device), self.handle)
             self._check(r, log_z)
         return z.reshape(*lead, self.n).to(logits.dtype)
 
@@ -240,8 +213,7 @@ class Circuit:
         """The most probable satisfying assignment: [..., n] -> [..., n] in {0, 1}."""
         r, lead = self._inputs(logits)
         with torch.no_grad():
-            chosen = self.passes(r.dtype)
-            z, best = chosen.map(self._shift(r, chosen))
+            z, best = torch.ops.circuits.map(r, self._shift(r), self.handle)
             self._check(r, best)  # the best completion is -inf exactly when none exists
         return z.reshape(*lead, self.n).to(logits.dtype)
 
@@ -250,6 +222,6 @@ class Circuit:
         """(marginals, sample) from one upward pass; marginals differentiable (and ``values``) as
         in ``marginals``."""
         r, lead = self._inputs(logits, generator)
-        m, z = ExactMarginals.apply(self, r, True, generator, values)
+        m, z = self._marginals(r, ops.seed(generator, r.device), values)
         shape = (*lead, self.n)
         return m.reshape(shape).to(logits.dtype), z.reshape(shape).to(logits.dtype)

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from circuits import ExactMarginals
+from circuits import ops as circuit_ops
 
-from . import constraints, dp
+from . import constraints, dp, ops  # noqa: F401 (ops registers torch.ops.probmoe)
 from .map_rule import map_mask
 
 
@@ -52,7 +52,6 @@ class DPBackend:
 
     def __init__(self, n: int, kmin: int, kmax: int, device):
         self.n, self.kmin, self.kmax = n, kmin, kmax
-        self.model = dp.Cardinality(kmin, kmax)
 
     def log_counts(self, r: Tensor) -> Tensor:
         """log Σ_{|S| = j} exp(r·z_S), j = kmin..kmax: [T, N] -> [T, J]."""
@@ -67,10 +66,11 @@ class DPBackend:
         return torch.logsumexp(dp.LogCounts.apply(r, self.kmin, self.kmax, True), dim=-1)
 
     def marginals(self, r: Tensor, paper: bool, sample: bool = False, generator=None, values: bool = True):
-        """(m [T, N], one draw [T, N] or None): ``circuits.ExactMarginals`` over ``dp.Cardinality``."""
+        """(m [T, N], one draw [T, N] or None): the operator ``probmoe::dp_marginals``."""
         if paper:
             r = PaperGrad.apply(r)
-        m, z = ExactMarginals.apply(self.model, r, sample, generator, values)
+        seed = circuit_ops.seed(generator, r.device) if sample else None
+        m, z = torch.ops.probmoe.dp_marginals(r, seed, self.kmin, self.kmax, values)
         return m, z if sample else None
 
     def sample(self, r: Tensor, num: int, generator=None) -> Tensor:

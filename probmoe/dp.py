@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from circuits import ScratchPool
-from circuits.passes import uniforms
+from circuits.native.uniforms import seed_tensor, uniforms
 
 from . import dp_native
 
@@ -148,14 +148,14 @@ def paper_log_counts(r: Tensor, kmin: int, kmax: int) -> Tensor:
     return torch.where(top > LOG_ZERO / 2, top, -torch.inf)
 
 
-def down(u: Up, band: Tensor, num_samples: int = 0, generator: torch.Generator | None = None):
+def down(u: Up, band: Tensor, num_samples: int = 0, seed: Tensor | torch.Generator | None = None):
     """The downward sweep from adjoints ``band`` [J, T] on the band sizes.
 
     Returns (Σ_j F[i, j] as [T, N], draws [num_samples, T, N] or None). With ``band`` = P(|S| = j)
     the first output is the marginals; with any other seed g it is Σ_j g_j m^(j), the gradient of
     Σ_j g_j log Z_j. Draws: |S| ~ ``band`` (which must then be the band probabilities), then
     z_i ~ Bernoulli(W[i, c]) along the path; one uniform per (draw, token) for the size, then one
-    per (expert, draw, token), all from one call of ``circuits.passes.uniforms``.
+    per (expert, draw, token), all from one call of ``circuits.native.uniforms``.
     """
     W = u.W
     N, _, T = W.shape
@@ -165,7 +165,8 @@ def down(u: Up, band: Tensor, num_samples: int = 0, generator: torch.Generator |
     cols, zs = [], []
     if num_samples:
         cum = band.cumsum(dim=0)  # [J, T]
-        rand = uniforms((N + 1) * num_samples * T, generator, band.device, band.dtype)  # sizes, then experts
+        seed = seed if isinstance(seed, Tensor) else seed_tensor(seed, band.device)  # a generator (None: the default)
+        rand = uniforms(seed, (N + 1) * num_samples * T, band.device, band.dtype)  # sizes, then experts
         x = rand[: num_samples * T].view(num_samples, T) * cum[-1]
         x = torch.minimum(x, cum[-1] * (1 - torch.finfo(x.dtype).eps))  # u * total may round up to the total
         c = (cum.unsqueeze(1) <= x).sum(dim=0) + u.kmin  # [S, T]: the first size whose cumulative mass passes x
@@ -210,8 +211,8 @@ def marginals(r: Tensor, kmin: int, kmax: int) -> Tensor:
 
 
 class Cardinality:
-    """The DP as a model of ``circuits.ExactMarginals`` (P(S | C) for kmin <= |S| <= kmax): the
-    forward sweeps give the marginals and a draw, the backward is ``cov_vec`` from r alone.
+    """The DP's two kernels behind the operators of ``probmoe.ops`` (P(S | C) for kmin <= |S| <= kmax):
+    the forward sweeps give the marginals and a draw, the backward is ``cov_vec`` from r alone.
 
     float32 CPU tensors take the fused C sweeps of ``probmoe.dp_native`` when its library is built
     (the same results and, from the same generator, the same draws); everything else (float64,
@@ -220,20 +221,19 @@ class Cardinality:
     def __init__(self, kmin: int, kmax: int):
         self.kmin, self.kmax = kmin, kmax
 
-    def forward_marginals(self, r: Tensor, want_sample: bool, generator, values: bool):
-        """(m [T, N] or zeros, one draw [T, N] or an empty tensor, (r,)): one up and one down sweep."""
+    def forward_marginals(self, r: Tensor, seed: Tensor | None, values: bool) -> tuple[Tensor, Tensor]:
+        """(m [T, N] or zeros, one draw [T, N] from ``seed`` or an empty tensor): one up and one down sweep."""
         if dp_native.available(r):
-            m, z = dp_native.forward_marginals(r, self.kmin, self.kmax, want_sample, generator, values)
-            return m, z, (r,)
+            return dp_native.forward_marginals(r, self.kmin, self.kmax, seed, values)
         u = up(r, self.kmin, self.kmax)
-        m, z = down(u, u.band_probs(), int(want_sample), generator)
-        return m if values else torch.zeros_like(m), z[0] if want_sample else r.new_empty(0), (r,)
+        m, z = down(u, u.band_probs(), int(seed is not None), seed)
+        return m if values else torch.zeros_like(m), z[0] if seed is not None else r.new_empty(0)
 
-    def cov_vec(self, keep: tuple, v: Tensor) -> Tensor:
-        """Cov(z) v for r = keep[0], v: [T, N] -> [T, N]."""
-        if dp_native.available(keep[0]):
-            return dp_native.cov_vec(keep[0], v, self.kmin, self.kmax)
-        return cov_vec(keep[0], v, self.kmin, self.kmax)
+    def cov_vec(self, r: Tensor, v: Tensor) -> Tensor:
+        """Cov(z) v: r, v [T, N] -> [T, N]."""
+        if dp_native.available(r):
+            return dp_native.cov_vec(r, v, self.kmin, self.kmax)
+        return cov_vec(r, v, self.kmin, self.kmax)
 
 
 class LogCounts(torch.autograd.Function):

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from circuits.native import SCRATCH, VMATH, NativeLibrary
-from circuits.passes import uniforms
+from circuits.native.uniforms import uniforms
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -57,19 +57,19 @@ def _ptr(x: Tensor | None):
     return None if x is None else x.data_ptr()
 
 
-def forward_marginals(r: Tensor, kmin: int, kmax: int, want_sample: bool, generator: torch.Generator | None,
-                      values: bool) -> tuple[Tensor, Tensor]:
+def forward_marginals(r: Tensor, kmin: int, kmax: int, seed: Tensor | None, values: bool) -> tuple[Tensor, Tensor]:
     """(m [T, N] or zeros, one draw z [T, N] or an empty tensor) for r [T, N] float32 on the CPU.
 
     m: the marginals P(i ∈ S | C) when ``values`` (else zeros). z: one exact draw in {0, 1} when
-    ``want_sample``, from ``uniforms((N + 1) T, generator)`` as ``dp.down`` with one sample (the
+    a ``seed`` is given, from ``uniforms(seed, (N + 1) T)`` as ``dp.down`` with one sample (the
     sizes [T], then the experts [N, T]).
     """
     r = _checked(r, kmin, kmax)
     T, N = r.shape
     m = torch.empty_like(r) if values else None
+    want_sample = seed is not None
     z = torch.empty_like(r) if want_sample else None
-    rand = uniforms((N + 1) * T, generator, r.device, r.dtype) if want_sample else None  # [(N + 1) T]
+    rand = uniforms(seed, (N + 1) * T, r.device, r.dtype) if want_sample else None  # [(N + 1) T]
     if values or want_sample:
         _run(library().dp_forward, r.data_ptr(), _ptr(rand), _ptr(m), _ptr(z), T, N, kmin, kmax)
     return (m if values else torch.zeros_like(r)), (z if want_sample else r.new_empty(0))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from circuits.passes import topk as topk_rows
+from circuits.native.select import topk as topk_rows
 
 from . import _validate
 from .config import RoutingConfig

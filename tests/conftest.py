@@ -52,10 +52,13 @@ def _turn_off(monkeypatch, native) -> None:
 # pytest_configure points the cache at a private folder.
 @pytest.fixture
 def c_passes_built():
-    """Skip unless the circuits' C passes (circuits.passes.c_library) load."""
+    """Skip unless the circuits' C passes (circuits.passes.c_library) and the C row operations
+    (circuits.native.rows) load."""
+    from circuits.native import rows
     from circuits.passes import c_library
 
     _skip_unless_built(c_library.NATIVE)
+    _skip_unless_built(rows.ROWS)
 
 
 @pytest.fixture
@@ -68,9 +71,12 @@ def c_dp_built():
 
 @pytest.fixture
 def c_passes_off(monkeypatch):
+    """The circuit passes and the row operations without their C code, for one test."""
+    from circuits.native import rows
     from circuits.passes import c_library
 
     _turn_off(monkeypatch, c_library.NATIVE)
+    _turn_off(monkeypatch, rows.ROWS)
 
 
 @pytest.fixture

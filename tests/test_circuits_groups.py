@@ -105,7 +105,7 @@ def test_draws_and_map_never_violate_the_constraint(spec, scale):
     if spec.fixed_cardinality:
         torch.testing.assert_close(m.sum(-1), torch.full((512,), float(spec.k)), atol=1e-3, rtol=0)
     torch_passes = TorchPasses(c.program)  # fp32 through the torch passes too
-    rs = c._shift(r, torch_passes)
+    rs = c.shifted(r)
     zt, log_z = torch_passes.sample(rs, *draw_uniforms(c.program, rs, gen))
     assert bool(satisfies(zt, spec).all()) and bool(torch.isfinite(log_z).all())
 

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import circuits
-from circuits import native
+from circuits.native import build as native
 from brute import exact, masks
 import circuits.passes
+from circuits.native import select
 from circuits.passes import CPasses, TorchPasses, c_library, draw_uniforms
 from circuits.passes import torch_passes as kernels
 from stats import chi2_pvalue, mask_counts
@@ -29,7 +30,7 @@ needs_native = pytest.mark.usefixtures("c_passes_built")
 
 def shifted(c, r):
     """r [T, n] shifted as the circuit's fp32 calls shift it (exactly-k: minus the k-th largest)."""
-    return c._shift(r, c.passes(torch.float32))
+    return c.shifted(r)
 
 
 def _cnf(tmp_path):
@@ -200,14 +201,15 @@ def test_kth_largest_equals_topk(T, n, k):
         r[0, : n - 1] = -torch.inf
         r[1, 0] = float("nan")
     want = torch.where(r.isnan(), -torch.inf, r).topk(k, dim=-1).values.amin(dim=-1) if T else r.new_empty(0)
-    assert torch.equal(CPasses(circuits.compile_circuit(circuits.ExactlyK(1, 1)).program).kth_largest(r, k), want)
+    assert torch.equal(select.kth_largest(r, k), want)
+    assert torch.equal(select.kth_largest_reference(r, k), want)
 
 
 @needs_native
 @pytest.mark.parametrize("k", [0, -1, 5])
 def test_kth_largest_refuses_k_outside_1_to_n(k):
-    with pytest.raises(ValueError, match=rf"k must be in \[1, n = 4\], got {k}"):
-        CPasses(circuits.compile_circuit(circuits.ExactlyK(1, 1)).program).kth_largest(torch.randn(3, 4), k)
+    with pytest.raises(ValueError, match=r"kth_largest takes x \[T, n\] and k in \[1, n = 4\]"):
+        select.kth_largest(torch.randn(3, 4), k)
 
 
 @needs_native

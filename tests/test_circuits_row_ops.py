@@ -1,5 +1,5 @@
-"""The two row operations beside the passes: ``circuits.passes.topk`` (the k largest of each row,
-ties to the lower index) and ``circuits.passes.uniforms`` (counter-based uniforms), each in C
+"""The row operations shared by the passes and probmoe: ``circuits.native.select.topk`` (the k largest
+of each row, ties to the lower index) and ``circuits.native.uniforms`` (counter-based uniforms), each in C
 against its plain-torch reference, bit for bit, and the uniforms against the uniform law."""
 
 from __future__ import annotations
@@ -8,7 +8,9 @@ import pytest
 import torch
 
 import circuits
-from circuits.passes import c_library, counter_uniforms, draw_uniforms, topk, topk_rows, uniforms
+from circuits.native import rows, uniforms as counter_uniforms
+from circuits.native.select import topk, topk_reference
+from circuits.passes import draw_uniforms
 from stats import chi2_pvalue
 
 
@@ -33,7 +35,7 @@ def awkward_rows(T: int, n: int) -> torch.Tensor:
 def test_topk_in_c_equals_a_stable_sort(T, n, k):
     x = awkward_rows(T, n)
     values, indices = topk(x, k)
-    want_values, want_indices = topk_rows.reference(x, k)
+    want_values, want_indices = topk_reference(x, k)
     assert indices.dtype == torch.int64 and values.shape == indices.shape == (T, k)
     assert torch.equal(indices, want_indices)
     assert torch.equal(values, want_values)  # NaN reported as -inf, as the reference
@@ -53,7 +55,7 @@ def test_topk_ties_in_c_too():
 
 def test_topk_of_other_dtypes_takes_the_reference():
     x = awkward_rows(20, 9).double()
-    assert torch.equal(topk(x, 4)[1], topk_rows.reference(x, 4)[1])
+    assert torch.equal(topk(x, 4)[1], topk_reference(x, 4)[1])
 
 
 @pytest.mark.parametrize("shape,k", [((3,), 1), ((2, 3, 4), 1), ((3, 4), 5), ((3, 4), -1)])
@@ -67,7 +69,7 @@ def test_topk_bad_arguments(shape, k):
 @pytest.mark.parametrize("offset,count", [(0, 1), (0, 70_000), (12_345, 999)])
 def test_uniforms_in_c_equal_the_reference(seed, offset, count):
     out = torch.empty(count)
-    c_library.library().pm_uniforms(seed, offset, count, out.data_ptr(), torch.get_num_threads())
+    rows.library().pm_uniforms(seed, offset, count, out.data_ptr(), torch.get_num_threads())
     assert torch.equal(out, counter_uniforms.reference(seed, offset, count))
 
 
@@ -91,12 +93,16 @@ def test_uniforms_follow_the_uniform_law(seed):
 
 def test_uniforms_reproduce_with_a_seeded_generator_with_and_without_c(monkeypatch):
     cpu = torch.device("cpu")
-    fast = uniforms(5000, torch.Generator().manual_seed(3), cpu, torch.float32)
-    monkeypatch.setattr(c_library.NATIVE, "state", {"lib": None, "where": "turned off in this test"})
-    slow = uniforms(5000, torch.Generator().manual_seed(3), cpu, torch.float32)
+    def draw(seed, count=5000, dtype=torch.float32):
+        return counter_uniforms.uniforms(counter_uniforms.seed_tensor(torch.Generator().manual_seed(seed)), count,
+                                         cpu, dtype)
+
+    fast = draw(3)
+    monkeypatch.setattr(rows.ROWS, "state", {"lib": None, "where": "turned off in this test"})
+    slow = draw(3)
     assert torch.equal(fast, slow)
-    assert uniforms(5, torch.Generator().manual_seed(3), cpu, torch.float64).dtype == torch.float64
-    assert not torch.equal(slow, uniforms(5000, torch.Generator().manual_seed(4), cpu, torch.float32))
+    assert draw(3, 5, torch.float64).dtype == torch.float64
+    assert not torch.equal(slow, draw(4))
 
 
 def test_draw_uniforms_slices_one_call():

@@ -9,7 +9,7 @@ import torch
 import circuits
 import circuits.passes
 from brute import exact, masks
-from circuits import ExactMarginals
+from circuits.native import rows, select
 from circuits.passes import CPasses, TorchPasses, c_library
 
 
@@ -50,34 +50,19 @@ def test_validate_false_skips_every_check():
     assert m.shape == (2, 6)
 
 
-class BruteModel:
-    """P(x | x in allowed) by enumeration, behind the ExactMarginals contract."""
-
-    def __init__(self, allowed):
-        self.allowed, self.keeps = allowed, []
-
-    def forward_marginals(self, r, want_sample, generator, values):
-        e = exact(r, self.allowed)
-        z = self.allowed[torch.multinomial(e.probs, 1, generator=generator)[:, 0]] if want_sample else r.new_empty(0)
-        keep = (r * 1.0, r.new_zeros(r.shape[0], 1))  # a copy and a shift, as a model may keep
-        self.keeps.append(keep)
-        return (e.marginals if values else torch.zeros_like(r)), z.to(r.dtype), keep
-
-    def cov_vec(self, keep, v):
-        assert all(a is b for a, b in zip(keep, self.keeps[-1]))  # the backward gets what the forward kept
-        return torch.einsum("tij,tj->ti", exact(keep[0] - keep[1], self.allowed).cov, v)
-
-
 @pytest.mark.parametrize("values", [True, False])
-def test_exact_marginals_contract(values):
-    """Values (or zeros), a draw of the right support, Jacobian Cov(x), and only ``keep`` saved."""
-    allowed = masks(5, [1, 2])
-    model = BruteModel(allowed)
+@pytest.mark.parametrize("spec", [circuits.ExactlyK(5, 2), circuits.RangeK(5, 1, 2)], ids=str)
+def test_marginals_operator_contract(values, spec):
+    """``circuits::marginals``: values (or zeros), a draw of the right support, Jacobian Cov(x), and
+    only the caller's logits (their storage, no copy) and the [T, 1] shift saved for the backward."""
+    c = circuits.compile_circuit(spec)
+    allowed = masks(5, list(spec.cardinalities))
     r = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    shift = torch.randn(3, 1, dtype=torch.float64) if isinstance(spec, circuits.ExactlyK) else None
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        m, z = ExactMarginals.apply(model, r, True, torch.Generator().manual_seed(0), values)
-    assert len(saved) == 2 and all(a is b for a, b in zip(saved, model.keeps[-1]))
+        m, z, _ = torch.ops.circuits.marginals(r, shift, circuits.ops.seed(None, r.device), c.handle, values, False)
+    assert saved[0].data_ptr() == r.data_ptr() and len(saved) == 1 + (shift is not None)
     want = exact(r.detach(), allowed)
     torch.testing.assert_close(m.detach(), want.marginals if values else torch.zeros_like(r))
     assert not z.requires_grad and ((z.sum(-1) >= 1) & (z.sum(-1) <= 2)).all()
@@ -89,11 +74,10 @@ def test_exact_marginals_contract(values):
 @pytest.mark.parametrize("T,n,k", [(32, 20_000, 10_000), (300, 30_000, 29_990), (3, 25_000, 12_500)])
 def test_kth_largest_at_k_in_the_tens_of_thousands(T, n, k):
     """Once a stack array of k x 32 floats per OpenMP worker, which overflowed for k like these."""
-    if c_library.library() is None:
-        pytest.skip("the C passes are turned off or unbuildable")
-    prog = circuits.compile_circuit(circuits.ExactlyK(1, 1)).program
+    if rows.library() is None:
+        pytest.skip("the C row operations are turned off or unbuildable")
     r = torch.randn(T, n, generator=torch.Generator().manual_seed(n)).round(decimals=2)  # ties
     r[0, :100] = -torch.inf
-    want = TorchPasses(prog).kth_largest(r, k)
-    assert torch.equal(CPasses(prog).kth_largest(r, k), want)
+    want = select.kth_largest_reference(r, k)
+    assert torch.equal(select.kth_largest(r, k), want)
     assert torch.equal(want, r.sort(dim=-1, descending=True).values[:, k - 1])

@@ -12,6 +12,8 @@ import shutil
 import pytest
 import torch
 
+from circuits.native.uniforms import seed_tensor
+
 import probmoe
 from probmoe import dp, dp_native
 
@@ -30,7 +32,7 @@ def check_against_torch(r, kmin, kmax, seed=0, dtype=torch.float64):
     """The C marginals, draw and Cov(z) v of r [T, N] float32 against the torch DP in ``dtype``
     (float32: the same rounding of the tilted logits, which at |r| ~ 1e4 costs ~1e-4 in float32)."""
     v = torch.randn(r.shape, generator=torch.Generator().manual_seed(seed + 1))
-    m, z = dp_native.forward_marginals(r, kmin, kmax, True, torch.Generator().manual_seed(seed), True)
+    m, z = dp_native.forward_marginals(r, kmin, kmax, seed_tensor(torch.Generator().manual_seed(seed)), True)
     m_ref, z_ref = torch_reference(r, kmin, kmax, seed, dtype)
     torch.testing.assert_close(m.to(dtype), m_ref, atol=1e-5, rtol=0, equal_nan=True)
     assert torch.equal(z.to(dtype), z_ref)
@@ -107,7 +109,7 @@ def test_garbage_logits_never_draw_more_than_kmax():
         for big in (2e30, 3e38, torch.inf):
             r = torch.randn(500, 8, generator=torch.Generator().manual_seed(pos))
             r[:, pos], r[:, 7] = big, torch.nan
-            _, z = dp_native.forward_marginals(r, 2, 2, True, torch.Generator().manual_seed(pos), True)
+            _, z = dp_native.forward_marginals(r, 2, 2, seed_tensor(torch.Generator().manual_seed(pos)), True)
             assert z.sum(-1).max() <= 2, (pos, big)
 
 
@@ -120,7 +122,7 @@ def test_short_lived_threads_do_not_leak_scratch():
     r = torch.randn(4, 256)
 
     def work():
-        dp_native.forward_marginals(r, 1, 64, False, None, True)
+        dp_native.forward_marginals(r, 1, 64, None, True)
 
     def resident_mib():
         with open("/proc/self/statm") as f:
@@ -146,7 +148,7 @@ def test_frequencies_match_the_marginals():
     T = 20_000
     row = torch.tensor([0.8, -0.5, 1.5, -2.0, 0.1, 0.4, -torch.inf, 0.0])
     r = row.expand(T, 8).contiguous()
-    m, z = dp_native.forward_marginals(r, 2, 5, True, torch.Generator().manual_seed(11), True)
+    m, z = dp_native.forward_marginals(r, 2, 5, seed_tensor(torch.Generator().manual_seed(11)), True)
     sizes = z.sum(-1)
     assert ((sizes >= 2) & (sizes <= 5)).all() and (z[:, 6] == 0).all()
     p = torch_reference(r[:1], 2, 5, 0)[0][0]
@@ -167,7 +169,7 @@ def test_results_do_not_depend_on_the_thread_count():
     for threads in (1, 2):
         torch.set_num_threads(threads)
         try:
-            outs.append((*dp_native.forward_marginals(r, 3, 6, True, torch.Generator().manual_seed(0), True),
+            outs.append((*dp_native.forward_marginals(r, 3, 6, seed_tensor(torch.Generator().manual_seed(0)), True),
                          dp_native.cov_vec(r, v, 3, 6)))
         finally:
             torch.set_num_threads(old)
@@ -179,11 +181,11 @@ def test_only_what_is_asked_for():
     """values=False gives zeros (the draw alone); want_sample=False an empty draw and no generator use."""
     r = torch.randn(50, 10)
     g = torch.Generator().manual_seed(5)
-    m, z = dp_native.forward_marginals(r, 2, 4, True, g, False)
+    m, z = dp_native.forward_marginals(r, 2, 4, seed_tensor(g), False)
     assert torch.equal(m, torch.zeros(50, 10)) and z.shape == (50, 10)
     assert torch.equal(z, torch_reference(r, 2, 4, 5)[1].float())
     state = g.get_state()
-    m, z = dp_native.forward_marginals(r, 2, 4, False, g, True)
+    m, z = dp_native.forward_marginals(r, 2, 4, None, True)
     assert z.numel() == 0 and torch.equal(g.get_state(), state)
     torch.testing.assert_close(m.double(), torch_reference(r, 2, 4, 0)[0], atol=1e-5, rtol=0)
 
@@ -192,7 +194,7 @@ def test_only_what_is_asked_for():
 def test_bad_arguments():
     r = torch.randn(4, 6)
     with pytest.raises(ValueError, match="kmin <= kmax"):
-        dp_native.forward_marginals(r, 3, 2, True, None, True)
+        dp_native.forward_marginals(r, 3, 2, seed_tensor(None), True)
     with pytest.raises(ValueError, match="float32 CPU"):
         dp_native.cov_vec(r.double(), r.double(), 1, 2)
     with pytest.raises(ValueError, match="shape"):
@@ -211,14 +213,14 @@ def test_cardinality_dispatch(monkeypatch):
     with monkeypatch.context() as patch:
         patch.setattr(dp, "up", refuse)
         patch.setattr(dp, "cov_vec", refuse)
-        m, z, keep = model.forward_marginals(r, True, torch.Generator().manual_seed(2), True)
-        model.cov_vec(keep, torch.ones_like(r))
+        m, z = model.forward_marginals(r, seed_tensor(torch.Generator().manual_seed(2)), True)
+        model.cov_vec(r, torch.ones_like(r))
     assert torch.equal(z.double(), torch_reference(r, 2, 4, 2)[1])
     with monkeypatch.context() as patch:
         patch.setattr(dp_native, "forward_marginals", refuse)
         patch.setattr(dp_native, "cov_vec", refuse)
-        m64, z64, keep = model.forward_marginals(r.double(), True, torch.Generator().manual_seed(2), True)
-        model.cov_vec(keep, torch.ones_like(r.double()))
+        m64, z64 = model.forward_marginals(r.double(), seed_tensor(torch.Generator().manual_seed(2)), True)
+        model.cov_vec(r.double(), torch.ones_like(r.double()))
     torch.testing.assert_close(m.double(), m64, atol=1e-5, rtol=0)
     assert torch.equal(z.double(), z64)
 
@@ -230,8 +232,8 @@ def test_fallback_when_the_library_is_off(c_dp_off, monkeypatch):
     r = torch.randn(20, 8)
     assert not dp_native.available(r) and "off" in dp_native.describe()
     model = dp.Cardinality(1, 3)
-    m, z, keep = model.forward_marginals(r, True, torch.Generator().manual_seed(0), True)
-    out = model.cov_vec(keep, torch.randn(20, 8))
+    m, z = model.forward_marginals(r, seed_tensor(torch.Generator().manual_seed(0)), True)
+    out = model.cov_vec(r, torch.randn(20, 8))
     assert m.dtype == z.dtype == out.dtype == torch.float32 and ((z.sum(-1) >= 1) & (z.sum(-1) <= 3)).all()
 
 

@@ -8,9 +8,11 @@
     triton_passes.py TritonPasses: fused Triton kernels (triton_kernels.py) for fp32 on CUDA; imported
                      only when chosen (it imports triton, an optional extra)
     by_node.py       the definition, node by node in Python: the oracle of TorchPasses (tests)
-    counter_uniforms.py uniforms: the random numbers of sampling, counter-based on the CPU (C or torch)
-    topk_rows.py     topk: the k largest of each row, ties to the lower index (C or torch)
     scratch.py       ScratchPool: reused [rows, T] buffers
+
+The row operations the passes share with ``probmoe`` (top-k, the k-th largest, counter-based
+uniforms) and the C build machinery live in ``circuits.native``; ``circuits.ops`` registers the
+passes as torch operators.
 
 ``select(program, dtype)`` is the only place that decides which implementation runs.
 """
@@ -23,11 +25,9 @@ from . import c_library
 from .c_passes import CPasses
 from .interface import Passes
 from .program import Program, draw_uniforms
-from .topk_rows import topk
 from .torch_passes import TorchPasses
-from .counter_uniforms import uniforms
 
-__all__ = ["CPasses", "Passes", "Program", "TorchPasses", "describe", "draw_uniforms", "select", "topk", "uniforms"]
+__all__ = ["CPasses", "Passes", "Program", "TorchPasses", "describe", "draw_uniforms", "select"]
 
 
 def select(program: Program, dtype: torch.dtype, prefer: str | None = None) -> Passes:
@@ -63,7 +63,7 @@ def _default(program: Program, dtype: torch.dtype) -> str:
         except ImportError:
             return "torch"
         return "triton"
-    if dtype == torch.float32 and program.device.type == "cpu" and c_library.library() is not None:
+    if c_library.NATIVE.takes(program.device, dtype) is not None:
         return "c"
     return "torch"
 

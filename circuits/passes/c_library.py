@@ -1,4 +1,5 @@
-"""The fused C passes' shared library (``c/*.c``), a ``circuits.native.NativeLibrary``: built on
+"""The fused C passes' shared library (``c/passes.c`` with the shared units of ``circuits/native/c``),
+a ``circuits.native.NativeLibrary``: built on
 first use into ``<cache dir>/native/<key>/libpasses.so``, loaded with ctypes, off with
 ``PROBMOE_NATIVE=0``. ``library()`` is the loaded library or None; ``describe()`` says which.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
-from ..native import NativeLibrary
+from ..native import SCRATCH, VMATH, NativeLibrary
 
 SOURCES = Path(__file__).with_name("c")
 
@@ -29,14 +30,11 @@ def _declare(lib: ctypes.CDLL) -> None:
         (lib.pm_jvp, [prog, ptr, ptr, ptr, i64, i64]),
         (lib.pm_marginals, [prog, ptr, ptr, ptr, i64, i64]),
         (lib.pm_map, [prog, ptr, ptr, ptr, i64, i64]),
-        (lib.pm_kth_largest, [ptr, i64, i64, i64, ptr, i64]),
-        (lib.pm_topk, [ptr, i64, i64, i64, ptr, ptr, i64]),
-        (lib.pm_uniforms, [i64, i64, i64, ptr, i64]),
     ]:
         fn.restype, fn.argtypes = i64, args
 
 
-NATIVE = NativeLibrary("passes", list(SOURCES.glob("*.c")), _declare, label="C passes")
+NATIVE = NativeLibrary("passes", [SOURCES / "passes.c", SCRATCH, VMATH], _declare, label="C passes")
 library = NATIVE.library
 describe = NATIVE.describe
 

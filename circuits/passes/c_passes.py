@@ -1,7 +1,7 @@
-"""``CPasses``: the passes fused in C (``c/passes.c``, ``c/select.c``), for fp32 on the CPU.
+"""``CPasses``: the passes fused in C (``c/passes.c``), for fp32 on the CPU.
 
 Each pass evaluates one tile of tokens through the whole circuit while it stays in cache: log Z
-and the marginals, sampling, MAP, Cov(z) v, and the exactly-k shift. ``TorchPasses`` is their
+and the marginals, sampling, MAP, Cov(z) v. ``TorchPasses`` is their
 plain-torch meaning and test oracle: the same results, the same draws from the same uniforms.
 Tiles of tokens are split between ``torch.get_num_threads()`` OpenMP threads (ctypes releases the
 GIL). The library comes from ``circuits.passes.c_library``.
@@ -74,12 +74,4 @@ class CPasses(Passes):
         v = v.contiguous()
         out = torch.empty_like(r)
         self._run(self.lib.pm_jvp, r.data_ptr(), v.data_ptr(), out.data_ptr(), r.shape[0])
-        return out
-
-    def kth_largest(self, r: Tensor, k: int) -> Tensor:
-        if not 1 <= k <= r.shape[1]:  # the C loop would read before its buffer
-            raise ValueError(f"k must be in [1, n = {r.shape[1]}], got {k}")
-        out = r.new_empty(r.shape[0])
-        if self.lib.pm_kth_largest(r.data_ptr(), r.shape[0], r.shape[1], k, out.data_ptr(), torch.get_num_threads()):
-            raise MemoryError("circuits: the C passes could not allocate their scratch")
         return out

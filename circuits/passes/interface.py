@@ -42,6 +42,3 @@ class Passes:
         """Cov(z) v = (d marginals / d r) v: r, v [T, n] -> [T, n]."""
         raise NotImplementedError
 
-    def kth_largest(self, r: Tensor, k: int) -> Tensor:
-        """Each row's k-th largest logit (1 <= k <= n): [T, n] -> [T]."""
-        raise NotImplementedError

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ..layout import Layout
-from .counter_uniforms import uniforms
+from ..native.uniforms import seed_tensor, uniforms
 
 
 @dataclass
@@ -94,13 +94,16 @@ class Program:
                        ch[:, 1].contiguous(), imp[:, 0].contiguous(), imp[:, 1].contiguous())
 
 
-def draw_uniforms(prog: Program, r: Tensor, generator: torch.Generator | None = None
+def draw_uniforms(prog: Program, r: Tensor, seed: Tensor | torch.Generator | None = None
                   ) -> tuple[Tensor, Tensor | None]:
     """The uniforms one draw per token uses, in this order: [count, T], one per vtree node and token
     (``Program.scope_ids``), then [T, n] for the implicit variables (None for a smooth circuit); all
-    from one call of ``circuits.passes.uniforms``."""
+    from one seed (``circuits.native.uniforms``): a 0-dim int64 tensor, or a generator (None: the
+    default one) to draw it from."""
     _, count = prog.scope_ids
     T, n = r.shape
     fill = 0 if prog.smooth else T * n
-    u = uniforms(count * T + fill, generator, r.device, r.dtype)
+    if not isinstance(seed, Tensor):
+        seed = seed_tensor(seed, r.device)
+    u = uniforms(seed, count * T + fill, r.device, r.dtype)
     return u[: count * T].view(count, T), None if prog.smooth else u[count * T :].view(T, n)

@@ -303,6 +303,3 @@ class TorchPasses(Passes):
 
     def marginals_jvp(self, r: Tensor, v: Tensor) -> Tensor:
         return marginals_jvp(self.program, r, v)
-
-    def kth_largest(self, r: Tensor, k: int) -> Tensor:
-        return r.topk(k, dim=-1, sorted=False).values.amin(dim=-1)  # [T, n] -> [T, k] -> [T]

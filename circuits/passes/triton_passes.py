@@ -2,8 +2,7 @@
 
 Each pass is one kernel launch: a program per block of ``block`` tokens runs the whole circuit
 (log Z and the marginals, sampling, MAP, Cov(z) v). ``TorchPasses`` is their plain-torch meaning
-and test oracle: the same results, the same draws from the same uniforms. The exactly-k shift
-(the k-th largest logit) stays ``torch.topk``. No pass synchronises with the host: sizes come
+and test oracle: the same results, the same draws from the same uniforms. No pass synchronises with the host: sizes come
 from shapes, scratch from the caching allocator, and the kernels branch on values inside (building
 the index tables, once per circuit and dtype, reads the layout on the host, as ``Program.scope_ids``
 does for every implementation).
@@ -83,6 +82,3 @@ class TritonPasses(Passes):
         out = torch.empty_like(r)
         self._launch(K.jvp_kernel, r, (r, v.contiguous(), out), "srssrss")
         return out
-
-    def kth_largest(self, r: Tensor, k: int) -> Tensor:
-        return r.topk(k, dim=-1, sorted=False).values.amin(dim=-1)  # [T, n] -> [T, k] -> [T]

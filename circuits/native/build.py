@@ -24,13 +24,15 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-from .cache_dir import default_cache_dir
+import torch
+
+from ..cache_dir import default_cache_dir
 
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-std=c11", "-fopenmp"]
 if platform.machine() in ("x86_64", "AMD64"):
     FLAGS.append("-mprefer-vector-width=512")  # AVX-512 where the CPU has it: 20 % faster here; else ignored
-VMATH = Path(__file__).parent / "passes" / "c" / "vmath.c"  # SIMD exp/log/log1p, the -ffast-math unit
-SCRATCH = Path(__file__).parent / "passes" / "c" / "scratch.c"  # pm_scratch: per-thread scratch buffers
+VMATH = Path(__file__).parent / "c" / "vmath.c"  # SIMD exp/log/log1p, the -ffast-math unit
+SCRATCH = Path(__file__).parent / "c" / "scratch.c"  # pm_scratch: per-thread scratch buffers
 
 
 def _cpu_id() -> str:
@@ -145,6 +147,13 @@ class NativeLibrary:
                     warnings.warn(f"{self.name}: {self.label} {where}; using the torch code", RuntimeWarning)
             self.state["lib"], self.state["where"] = lib, where
             return lib
+
+    def takes(self, device: torch.device, dtype: torch.dtype) -> ctypes.CDLL | None:
+        """The library when tensors of ``dtype`` on ``device`` take the C code (float32 on the CPU,
+        the library built), else None: the one place that makes this choice."""
+        if dtype != torch.float32 or torch.device(device).type != "cpu":
+            return None
+        return self.library()
 
     def describe(self) -> str:
         """Where the library is, or why it is not used: one line for reports."""

@@ -1,0 +1,28 @@
+"""``ROWS``: the row-operations library (``c/select.c``: row top-k and k-th largest;
+``c/uniforms.c``: counter-based uniforms), a ``NativeLibrary`` built on first use into
+``<cache dir>/native/<key>/librows.so``. ``library()`` is the loaded library or None."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+from .build import NativeLibrary
+
+SOURCES = Path(__file__).with_name("c")
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    for fn, args in [
+        (lib.pm_kth_largest, [ptr, i64, i64, i64, ptr, i64]),
+        (lib.pm_topk, [ptr, i64, i64, i64, ptr, ptr, i64]),
+        (lib.pm_uniforms, [i64, i64, i64, ptr, i64]),
+    ]:
+        fn.restype, fn.argtypes = i64, args
+
+
+ROWS = NativeLibrary("rows", [SOURCES / "select.c", SOURCES / "uniforms.c"], _declare, fast_math=None,
+                     label="C row operations")
+library = ROWS.library
+describe = ROWS.describe

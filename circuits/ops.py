@@ -1,0 +1,223 @@
+"""The circuit passes and the row operations as registered torch operators (``torch.ops.circuits``).
+
+Every fused pass (C on the CPU, Triton on CUDA, or the torch passes where neither applies) is
+reached through one of these operators, so ``torch.compile`` traces through routing without a
+graph break: each has a fake (meta) implementation that gives its output shapes, and the
+differentiable ones have their autograd registered here.
+
+    log_partition(r, circuit, marginals)        -> (log Z [T], m [T, n] or [0])   d/dr: m - sigmoid(r)
+    marginals(r, shift, seed, circuit, values, want_log_z)
+                                                -> (m [T, n], z [T, n] or [0], log Z [T] or [0])
+                                                   d/dr of m: Cov(z) v (``marginals_jvp``)
+    marginals_jvp(r, shift, v, circuit)         -> Cov(z) v [T, n]
+    sample(r, shift, seed, circuit)             -> (z [T, n], log Z [T])
+    map(r, shift, circuit)                      -> (z [T, n], best [T])
+    kth_largest(x, k)                           -> [T]            (``circuits.native.select``)
+    topk(x, k)                                  -> ([T, k], [T, k] long)
+    draw_seed(device)                           -> 0-dim int64, from torch's default generator
+
+r: logits [T, n], float32 or float64, contiguous, checked by the caller (``Circuit``). shift:
+None, or [T, 1] subtracted from r before the pass (the exactly-k shift; the circuit's answers do
+not change, only their rounding). seed: a 0-dim int64 tensor (``circuits.native.uniforms``).
+circuit: the handle of a ``Circuit`` (``register``), which picks the implementation for the
+logits' dtype and device (``circuits.passes.select``): the operators carry no Python object, so
+a handle is valid in the process that registered it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+
+import torch
+from torch import Tensor
+
+from .native import select, uniforms
+from .passes import draw_uniforms
+
+_CIRCUITS: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
+_HANDLES = itertools.count(1)
+_LOCK = threading.Lock()
+
+
+def register(circuit) -> int:
+    """A handle for ``circuit`` (kept while the circuit lives), the ``circuit`` argument of the operators."""
+    with _LOCK:
+        handle = next(_HANDLES)
+        _CIRCUITS[handle] = circuit
+    return handle
+
+
+def _circuit(handle: int):
+    circuit = _CIRCUITS.get(handle)
+    if circuit is None:
+        raise RuntimeError(f"circuits: no live circuit has handle {handle} (handles belong to the process and "
+                           "the Circuit object that registered them)")
+    return circuit
+
+
+def _shifted(r: Tensor, shift: Tensor | None) -> Tensor:
+    return r if shift is None else r - shift  # [T, n] - [T, 1]
+
+
+def _passes(r: Tensor, handle: int):
+    circuit = _circuit(handle)
+    return circuit, circuit.passes(r.dtype)
+
+
+# --- log Z, twice differentiable ------------------------------------------------------------------
+@torch.library.custom_op("circuits::log_partition", mutates_args=())
+def log_partition(r: Tensor, circuit: int, marginals: bool) -> tuple[Tensor, Tensor]:
+    """(log P_indep(C) [T], the marginals [T, n] when ``marginals``, else an empty tensor)."""
+    log_z, m = _passes(r, circuit)[1].log_partition(r, marginals)
+    return log_z, m if m is not None else r.new_empty(0)
+
+
+@log_partition.register_fake
+def _(r, circuit, marginals):
+    return r.new_empty(r.shape[0]), r.new_empty(r.shape if marginals else (0,))
+
+
+def _log_partition_setup(ctx, inputs, output):
+    r, circuit, _ = inputs
+    ctx.circuit = circuit
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(r, output[1])
+
+
+def _log_partition_backward(ctx, g_log_z, _):
+    """d log Z / d r = m - sigmoid(r); under create_graph m is recomputed differentiably (the
+    Hessian of log Z is Cov(z))."""
+    r, m = ctx.saved_tensors
+    if torch.is_grad_enabled() or m.numel() == 0:
+        m = torch.ops.circuits.marginals(r, None, None, ctx.circuit, True, False)[0]
+    return g_log_z.unsqueeze(-1) * (m - torch.sigmoid(r)), None, None
+
+
+log_partition.register_autograd(_log_partition_backward, setup_context=_log_partition_setup)
+
+
+# --- the marginals (and one draw), differentiable with Jacobian Cov(z) -------------------------------
+@torch.library.custom_op("circuits::marginals", mutates_args=())
+def marginals(r: Tensor, shift: Tensor | None, seed: Tensor | None, circuit: int, values: bool,
+              want_log_z: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(m [T, n] (zeros unless ``values``), one draw z [T, n] when a seed is given else [0],
+    log Z [T] when computed (a draw, ``values`` or ``want_log_z``) else [0]).
+
+    At most one sampling pass and one upward-downward pass; with ``values`` False m is zeros that
+    still carry the Jacobian Cov(z) (straight-through estimators need only that)."""
+    c, chosen = _passes(r, circuit)
+    rs = _shifted(r, shift)
+    z, log_z = r.new_empty(0), None
+    if seed is not None:
+        z, log_z = chosen.sample(rs, *draw_uniforms(c.program, rs, seed))
+    if values:
+        log_z, m = chosen.log_partition(rs, True)
+    else:
+        m = torch.zeros_like(r)
+        if log_z is None and want_log_z:
+            log_z, _ = chosen.log_partition(rs, False)
+    return m, z, r.new_empty(0) if log_z is None else log_z
+
+
+@marginals.register_fake
+def _(r, shift, seed, circuit, values, want_log_z):
+    T = r.shape[0]
+    has_log_z = seed is not None or values or want_log_z
+    return torch.empty_like(r), r.new_empty(r.shape if seed is not None else (0,)), r.new_empty(T if has_log_z else 0)
+
+
+def _marginals_setup(ctx, inputs, output):
+    r, shift, _, circuit, _, _ = inputs
+    ctx.circuit = circuit
+    ctx.mark_non_differentiable(output[1], output[2])
+    ctx.save_for_backward(r, shift)  # the caller's logits (no copy) and [T, 1]
+
+
+def _marginals_backward(ctx, v, _z, _log_z):
+    """Cov(z) v at the saved logits: the marginals' Jacobian is Cov(z), symmetric. The shift moves
+    every logit of a row by one amount, along which an exactly-k circuit's marginals do not change
+    (Cov(z) 1 = 0), so no gradient flows into it."""
+    r, shift = ctx.saved_tensors
+    return torch.ops.circuits.marginals_jvp(r, shift, v.contiguous(), ctx.circuit), None, None, None, None, None
+
+
+marginals.register_autograd(_marginals_backward, setup_context=_marginals_setup)
+
+
+@torch.library.custom_op("circuits::marginals_jvp", mutates_args=())
+def marginals_jvp(r: Tensor, shift: Tensor | None, v: Tensor, circuit: int) -> Tensor:
+    """Cov(z) v = (d marginals / d r) v: r, v [T, n] -> [T, n] (not differentiable again)."""
+    return _passes(r, circuit)[1].marginals_jvp(_shifted(r, shift), v.contiguous())
+
+
+@marginals_jvp.register_fake
+def _(r, shift, v, circuit):
+    return torch.empty_like(r)
+
+
+# --- draws and the MAP (not differentiable) ----------------------------------------------------------
+@torch.library.custom_op("circuits::sample", mutates_args=())
+def sample(r: Tensor, shift: Tensor | None, seed: Tensor, circuit: int) -> tuple[Tensor, Tensor]:
+    """(one exact draw z [T, n] in {0, 1}, log Z [T]) from the uniforms of ``seed``."""
+    c, chosen = _passes(r, circuit)
+    rs = _shifted(r, shift)
+    return chosen.sample(rs, *draw_uniforms(c.program, rs, seed))
+
+
+@sample.register_fake
+def _(r, shift, seed, circuit):
+    return torch.empty_like(r), r.new_empty(r.shape[0])
+
+
+@torch.library.custom_op("circuits::map", mutates_args=())
+def map_assignment(r: Tensor, shift: Tensor | None, circuit: int) -> tuple[Tensor, Tensor]:
+    """(the most probable satisfying assignment z [T, n] in {0, 1}, its log-value [T]; -inf where none)."""
+    return _passes(r, circuit)[1].map(_shifted(r, shift))
+
+
+@map_assignment.register_fake
+def _(r, shift, circuit):
+    return torch.empty_like(r), r.new_empty(r.shape[0])
+
+
+# --- row operations ------------------------------------------------------------------------------------
+@torch.library.custom_op("circuits::kth_largest", mutates_args=())
+def kth_largest(x: Tensor, k: int) -> Tensor:
+    """Each row's k-th largest entry: x [T, n], 1 <= k <= n -> [T] (``circuits.native.select``)."""
+    return select.kth_largest(x, k)
+
+
+@kth_largest.register_fake
+def _(x, k):
+    return x.new_empty(x.shape[0])
+
+
+@torch.library.custom_op("circuits::topk", mutates_args=())
+def topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The k largest entries of each row, descending, ties to the lower index: x [T, n] ->
+    (values [T, k], indices [T, k] long) (``circuits.native.select``)."""
+    return select.topk(x, k)
+
+
+@topk.register_fake
+def _(x, k):
+    return x.new_empty(x.shape[0], k), x.new_empty(x.shape[0], k, dtype=torch.int64)
+
+
+@torch.library.custom_op("circuits::draw_seed", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
+def draw_seed(device: torch.device) -> Tensor:
+    """A sampling seed from torch's default generator of ``device``: 0-dim int64 (an operator, so a
+    compiled model draws the same seeds as the eager one)."""
+    return uniforms.seed_tensor(None, device)
+
+
+@draw_seed.register_fake
+def _(device):
+    return torch.empty((), dtype=torch.int64, device=device)
+
+
+def seed(generator: torch.Generator | None, device: torch.device) -> Tensor:
+    """The seed of one draw: from ``generator``, or from the default generator (``draw_seed``)."""
+    return uniforms.seed_tensor(generator, device) if generator is not None else draw_seed(device)
