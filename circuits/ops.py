@@ -71,7 +71,7 @@ def _passes(r: Tensor, handle: int):
 def log_partition(r: Tensor, circuit: int, marginals: bool) -> tuple[Tensor, Tensor]:
     """(log P_indep(C) [T], the marginals [T, n] when ``marginals``, else an empty tensor)."""
     log_z, m = _passes(r, circuit)[1].log_partition(r, marginals)
-    return log_z, m if m is not None else r.new_empty(0)
+    return log_z, m.contiguous() if m is not None else r.new_empty(0)
 
 
 @log_partition.register_fake
@@ -118,7 +118,7 @@ def marginals(r: Tensor, shift: Tensor | None, seed: Tensor | None, circuit: int
         m = torch.zeros_like(r)
         if log_z is None and want_log_z:
             log_z, _ = chosen.log_partition(rs, False)
-    return m, z, r.new_empty(0) if log_z is None else log_z
+    return m.contiguous(), z.contiguous(), r.new_empty(0) if log_z is None else log_z  # the fake's strides
 
 
 @marginals.register_fake
@@ -149,7 +149,7 @@ marginals.register_autograd(_marginals_backward, setup_context=_marginals_setup)
 @torch.library.custom_op("circuits::marginals_jvp", mutates_args=())
 def marginals_jvp(r: Tensor, shift: Tensor | None, v: Tensor, circuit: int) -> Tensor:
     """Cov(z) v = (d marginals / d r) v: r, v [T, n] -> [T, n] (not differentiable again)."""
-    return _passes(r, circuit)[1].marginals_jvp(_shifted(r, shift), v.contiguous())
+    return _passes(r, circuit)[1].marginals_jvp(_shifted(r, shift), v.contiguous()).contiguous()
 
 
 @marginals_jvp.register_fake
@@ -163,7 +163,8 @@ def sample(r: Tensor, shift: Tensor | None, seed: Tensor, circuit: int) -> tuple
     """(one exact draw z [T, n] in {0, 1}, log Z [T]) from the uniforms of ``seed``."""
     c, chosen = _passes(r, circuit)
     rs = _shifted(r, shift)
-    return chosen.sample(rs, *draw_uniforms(c.program, rs, seed))
+    z, log_z = chosen.sample(rs, *draw_uniforms(c.program, rs, seed))
+    return z.contiguous(), log_z  # the torch passes build z transposed
 
 
 @sample.register_fake
@@ -174,7 +175,8 @@ def _(r, shift, seed, circuit):
 @torch.library.custom_op("circuits::map", mutates_args=())
 def map_assignment(r: Tensor, shift: Tensor | None, circuit: int) -> tuple[Tensor, Tensor]:
     """(the most probable satisfying assignment z [T, n] in {0, 1}, its log-value [T]; -inf where none)."""
-    return _passes(r, circuit)[1].map(_shifted(r, shift))
+    z, best = _passes(r, circuit)[1].map(_shifted(r, shift))
+    return z.contiguous(), best
 
 
 @map_assignment.register_fake
@@ -198,7 +200,8 @@ def _(x, k):
 def topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """The k largest entries of each row, descending, ties to the lower index: x [T, n] ->
     (values [T, k], indices [T, k] long) (``circuits.native.select``)."""
-    return select.topk(x, k)
+    values, indices = select.topk(x, k)
+    return values.contiguous(), indices.contiguous()  # the reference slices a sort
 
 
 @topk.register_fake

@@ -62,6 +62,20 @@ def cardinality(n: int, k=None, kmin=None, kmax=None, *, lowest: int = 0) -> tup
     return kmin, kmax
 
 
+def traced_logits_values(logits: Tensor, kmin: int) -> None:
+    """``logits_values``'s conditions as asynchronous assertions, which torch.compile keeps in the
+    graph with no host synchronisation: a RuntimeError with the same message, without the row (on
+    CUDA a failed assertion is a device-side assert). ``validate_args=False`` leaves them out."""
+    finite = torch.where(logits > -torch.inf, logits, 0.0)  # [..., N]
+    torch._assert_async(~logits.isnan().any(), "logits contain NaN")
+    torch._assert_async(~logits.isposinf().any(), "logits contain +inf; use finite logits, or -inf for 'never chosen'")
+    torch._assert_async(finite.abs().amax() < MAX_ABS_LOGIT, f"logits must be -inf or finite with |logits| < {MAX_ABS_LOGIT:g}")
+    if kmin > 0:
+        live = (logits > -torch.inf).sum(-1)  # [...]
+        torch._assert_async(live.amin() >= kmin, f"some row of the logits has fewer than kmin = {kmin} experts above "
+                                                 "-inf: the constraint is infeasible")
+
+
 def logits_tensor(logits, *, dim: int | None = None) -> Tensor:
     """Check type, dtype and rank of ``logits`` ([..., N], or exactly ``dim``-D); no host sync."""
     if not isinstance(logits, Tensor):
@@ -78,13 +92,17 @@ def logits_tensor(logits, *, dim: int | None = None) -> Tensor:
 @torch.no_grad()
 def logits_values(logits: Tensor, kmin: int) -> bool:
     """Raise for NaN, +inf or huge finite logits (|r| >= ``MAX_ABS_LOGIT``), or rows with fewer than
-    ``kmin`` logits above -inf. Returns whether some logit is -inf.
+    ``kmin`` logits above -inf. Returns whether some logit is -inf (always True under torch.compile).
 
     One host synchronisation for the global minimum and maximum (NaN propagates into both); rows
     are looked at only when some logit is -inf, and the offending row is located only on failure.
+    Under torch.compile the same conditions are asserted inside the graph (``traced_logits_values``).
     """
     if logits.numel() == 0:
         return False
+    if torch.compiler.is_compiling():
+        traced_logits_values(logits, kmin)
+        return True
     bottom, top = torch.stack(torch.aminmax(logits)).tolist()
     if math.isnan(top):
         raise ValueError("logits contain NaN")

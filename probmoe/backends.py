@@ -12,7 +12,6 @@ or Cov(z) diag(1 - sigmoid(r)) (``paper=True``); its backward keeps only O(T N) 
 
 from __future__ import annotations
 
-import functools
 
 import torch
 import torch.nn.functional as F
@@ -84,18 +83,6 @@ class DPBackend:
         return map_mask(r, self.kmin, self.kmax)
 
 
-@functools.lru_cache(maxsize=64)
-def compiled(kmin: int, kmax: int, n: int, device: str):
-    """The compiled circuit for kmin <= |S| <= kmax over n variables on ``device``; checks off (the
-    caller validates)."""
-    import circuits
-
-    spec = circuits.ExactlyK(n, kmin) if kmin == kmax else circuits.RangeK(n, kmin, kmax)
-    c = circuits.compile_circuit(spec, device=device)
-    c.validate = False
-    return c
-
-
 class CircuitBackend:
     """``circuits``: the compiled circuit of the constraint (one per size for ``log_counts``).
 
@@ -109,14 +96,14 @@ class CircuitBackend:
         self.n, self.kmin, self.kmax, self.device = n, kmin, kmax, str(torch.device(device))
         self.constraint = constraint
         if constraint is None:
-            self.circuit = compiled(kmin, kmax, n, self.device)
+            self.circuit = constraints.cardinality(n, kmin, kmax, self.device)
         else:
             self.circuit = constraints.compiled(constraint, self.device)
 
     def _size(self, j: int):
         """The circuit of the subsets of exactly j experts (that the constraint allows)."""
         if self.constraint is None:
-            return compiled(j, j, self.n, self.device)
+            return constraints.cardinality(self.n, j, j, self.device)
         if self.kmin == self.kmax:
             return self.circuit
         if not hasattr(self.constraint, "with_cardinality"):

@@ -16,7 +16,7 @@ circuit (log Z, marginals, exact draws, the MAP).
 
 from __future__ import annotations
 
-import functools
+import threading
 
 import torch
 from torch import Tensor
@@ -113,24 +113,60 @@ def from_dict(data):
         raise ValueError(f"constraint: {exc}") from None
 
 
-@functools.lru_cache(maxsize=64)
+_CIRCUITS: dict[tuple, circuits.Circuit] = {}
+_CIRCUITS_LOCK = threading.Lock()
+
+
 def compiled(constraint, device) -> circuits.Circuit:
-    """The circuit of a spec (compiled once, then from the disk cache) or a copy of a given circuit,
-    on ``device``, with its input checks off (the callers check the logits)."""
-    if isinstance(constraint, circuits.Circuit):
-        c = circuits.Circuit(constraint.layout, constraint.spec, constraint.info, device)
-    else:
-        c = circuits.compile_circuit(constraint, device=device)
-    c.validate = False
-    return c
+    """The circuit routing evaluates for a constraint on ``device``: a spec compiled once per process
+    (from the disk cache after the first time), or a copy of a given circuit; input checks off (the
+    callers check the logits). The one in-memory cache of routing circuits.
+
+    Under torch.compile the compiling runs while tracing (``_ensure``, whose result is a constant)
+    and the circuit is then a dictionary look-up that the graph guards on: no graph break, also on a
+    cold cache and with ``fullgraph=True``."""
+    return _CIRCUITS[_ensure(constraint, str(device))][1]
+
+
+def cardinality(n: int, kmin: int, kmax: int, device) -> circuits.Circuit:
+    """``compiled`` for kmin <= |S| <= kmax over n experts (``ExactlyK`` when kmin = kmax)."""
+    return _CIRCUITS[_ensure_cardinality(n, kmin, kmax, str(device))][1]
+
+
+@torch.compiler.assume_constant_result
+def _ensure_cardinality(n: int, kmin: int, kmax: int, device: str) -> tuple:
+    spec = circuits.ExactlyK(n, kmin) if kmin == kmax else circuits.RangeK(n, kmin, kmax)
+    return _ensure(spec, device, (n, kmin, kmax, device))
+
+
+@torch.compiler.assume_constant_result
+def _ensure(constraint, device: str, key: tuple | None = None) -> tuple:
+    """The key of ``constraint``'s circuit on ``device`` in ``_CIRCUITS`` (a spec compares by value, a
+    circuit by identity), compiling (or copying) it there first if needed: (constraint, circuit)."""
+    key = (constraint, device) if key is None else key
+    if key not in _CIRCUITS:
+        with _CIRCUITS_LOCK:
+            if key not in _CIRCUITS:
+                if isinstance(constraint, circuits.Circuit):
+                    c = circuits.Circuit(constraint.layout, constraint.spec, constraint.info, device)
+                else:
+                    c = circuits.compile_circuit(constraint, device=device)
+                c.validate = False
+                _CIRCUITS[key] = (constraint, c)
+    return key
 
 
 @torch.no_grad()
 def check_feasible(circuit: circuits.Circuit, r: Tensor, constraint) -> None:
     """Raise ValueError naming the first row of r [T, N] whose -inf logits leave no subset the
-    constraint allows (one pass of the circuit at logits 0 / -inf, and one host sync)."""
+    constraint allows (one pass of the circuit at logits 0 / -inf, and one host sync; under
+    torch.compile an assertion in the graph, as ``_validate.traced_logits_values``)."""
     live = torch.where(r > -torch.inf, 0.0, -torch.inf).to(r.dtype)
     bad = ~torch.isfinite(circuit.log_partition(live))  # [T]
+    if torch.compiler.is_compiling():
+        torch._assert_async(~bad.any(), f"some row of the logits leaves no subset that the constraint "
+                                        f"{describe(constraint)} allows: it is infeasible")
+        return
     if bool(bad.any()):
         row = int(bad.nonzero()[0, 0])
         raise ValueError(f"logits at row {row} have {int((r[row] > -torch.inf).sum())} experts above -inf, and no "

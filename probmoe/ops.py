@@ -22,7 +22,7 @@ from .dp import Cardinality
 @torch.library.custom_op("probmoe::dp_marginals", mutates_args=())
 def dp_marginals(r: Tensor, seed: Tensor | None, kmin: int, kmax: int, values: bool) -> tuple[Tensor, Tensor]:
     m, z = Cardinality(kmin, kmax).forward_marginals(r, seed, values)
-    return m, z
+    return m.contiguous(), z.contiguous()  # the torch sweeps build them transposed
 
 
 @dp_marginals.register_fake
@@ -48,7 +48,7 @@ dp_marginals.register_autograd(_backward, setup_context=_setup)
 
 @torch.library.custom_op("probmoe::dp_cov_vec", mutates_args=())
 def dp_cov_vec(r: Tensor, v: Tensor, kmin: int, kmax: int) -> Tensor:
-    return Cardinality(kmin, kmax).cov_vec(r, v)
+    return Cardinality(kmin, kmax).cov_vec(r, v).contiguous()
 
 
 @dp_cov_vec.register_fake

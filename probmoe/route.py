@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from circuits.native.select import topk as topk_rows
+import circuits  # noqa: F401 (registers torch.ops.circuits)
 
 from . import _validate
 from .config import RoutingConfig
@@ -123,7 +123,7 @@ def route(logits: Tensor, config: RoutingConfig | None = None, *, training: bool
         scores = torch.softmax(r, dim=-1) if config.scores == "softmax" else torch.sigmoid(r)  # [T, N]
         tangent = scores - scores.detach()
     if sampled or structured:  # the chosen experts (at most kmax), by descending score, ties to the lower index
-        top, idx = topk_rows(key, kmax)  # [T, kmax]
+        top, idx = torch.ops.circuits.topk(key, kmax)  # [T, kmax]
         mask = top >= 0
     else:
         top, idx = key.topk(kmax, dim=-1)  # [T, kmax], as stock softmax + topk

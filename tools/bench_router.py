@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import interleaved, table  # noqa: E402
 
 import probmoe  # noqa: E402
-from probmoe import backends  # noqa: E402
+from probmoe import constraints  # noqa: E402
 
 
 def softmax_topk(r: torch.Tensor, k: int) -> torch.Tensor:
@@ -75,7 +75,7 @@ def bench_device(device: torch.device, sizes: list[str], T: int, repeats: int) -
             fwd[f"route {backend}"] = (lambda b: lambda: probmoe.route(r, **size, training=True, backend=b,
                                                                        generator=gen).weights)(backend)
         kmin = size.get("k", size.get("kmin"))
-        passes.add(backends.compiled(kmin, kmax, N, str(device)).passes(torch.float32).name)
+        passes.add(constraints.cardinality(N, kmin, kmax, str(device)).passes(torch.float32).name)
         times = interleaved({name: timed(lambda f=f: (f() * c).sum().backward(), device)
                              for name, f in fwd.items()}, repeats=repeats)
         base = times["softmax + topk"]

@@ -85,13 +85,13 @@ def densemixer_weights(logits: Tensor, k: int, normalize: bool, *, scores: str =
     return weights, indices, top_idx
 
 
-@torch.compiler.disable
 def route(logits: Tensor, config: probmoe.RoutingConfig, training: bool, generator, replay: GeneratorReplay):
     """``probmoe.route`` (logits [T, N] -> ``probmoe.Routing``), drawing from ``generator``
-    through ``replay`` (the same draws on checkpoint recomputation). Runs eagerly under
-    ``torch.compile`` (one graph break per router: the circuit backend's cache and C passes are
-    not traceable, and tracing them costs minutes)."""
-    if generator is not None and training:
+    through ``replay`` (the same draws on checkpoint recomputation). Traced by torch.compile with
+    no graph break (routing runs on registered operators); there a router's own generator is used
+    as it is, since the replay's bookkeeping reads values on the host (the default generator needs
+    no replay anywhere: checkpointing restores it)."""
+    if generator is not None and training and not torch.compiler.is_compiling():
         generator = replay.generator(generator)
     return probmoe.route(logits, config, training=training, generator=generator)
 
