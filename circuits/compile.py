@@ -5,20 +5,27 @@ Cardinality constraints are built bottom-up over a balanced vtree as "exactly j 
 OR over the band. Group constraints are built the same way on a vtree that follows the groups,
 with (count, nonempty groups) states above them (``circuits.groups``). This takes milliseconds
 where compiling the equivalent CNF takes seconds.
+
+Before any pysdd work ``compile_circuit`` estimates the size (``circuits.estimate``): it refuses a
+spec past ``estimate.MAX_STEPS`` unless told ``size_limit=False``, and shows tqdm progress bars on
+stderr for one past ``estimate.PROGRESS_STEPS`` (about a second; tqdm is optional).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from pysdd.sdd import SddManager, SddNode, Vtree
 
-from . import cache, file_checks, groups, self_check
+from . import cache, estimate, file_checks, groups, self_check
 from .circuit import Circuit
+from .groups import Progress
 from .layout import build_layout
 from .spec import GROUP_SPECS, CnfFile, ExactlyK, RangeK, SddFile, Spec
 
@@ -31,13 +38,14 @@ def balanced_vtree(n: int) -> Vtree:
     return Vtree(var_count=n, var_order=list(range(1, n + 1)), vtree_type="balanced")
 
 
-def compile_sdd(spec: Spec) -> tuple[SddManager, SddNode]:
-    """Build the SDD of ``spec``; returns the manager (keep it alive) and the root node."""
+def compile_sdd(spec: Spec, progress: Progress | None = None) -> tuple[SddManager, SddNode]:
+    """Build the SDD of ``spec``; returns the manager (keep it alive) and the root node.
+    ``progress`` (counting specs only) is told the compile steps done (``circuits.estimate``)."""
     if isinstance(spec, (ExactlyK, RangeK)):
         lo, hi = (spec.k, spec.k) if isinstance(spec, ExactlyK) else (spec.kmin, spec.kmax)
         mgr = SddManager.from_vtree(balanced_vtree(spec.n))
         mgr.auto_gc_and_minimize_off()
-        counts = groups.exactly_counts(mgr, mgr.vtree(), hi)
+        counts = groups.exactly_counts(mgr, mgr.vtree(), hi, progress)
         root = mgr.false()
         for j in range(lo, hi + 1):
             root = root | counts[j]
@@ -53,7 +61,7 @@ def compile_sdd(spec: Spec) -> tuple[SddManager, SddNode]:
         mgr, root = SddManager.from_cnf_file(spec.path.encode(), vtree_type)
         return mgr, root
     if isinstance(spec, GROUP_SPECS):
-        return groups.build_grouped(spec)
+        return groups.build_grouped(spec, progress)
     raise TypeError(f"spec must be {SPEC_NAMES}, got {type(spec).__name__}")
 
 
@@ -81,17 +89,38 @@ def _sdd_files(mgr: SddManager, root: SddNode) -> dict[str, bytes]:
     return out
 
 
-def compile_circuit(spec, *, cache_dir=None, force: bool = False, device="cpu") -> Circuit:
+@contextlib.contextmanager
+def _progress(show: bool, total: int, desc: str, unit: str):
+    """A tqdm bar's ``update`` on stderr while the block runs; None when not ``show`` or without tqdm."""
+    if not show:
+        yield None
+        return
+    try:
+        from tqdm import tqdm  # an optional extra: imported only for a long compile
+    except ImportError:
+        yield None
+        return
+    with tqdm(total=total, desc=desc, unit=unit, unit_scale=True, file=sys.stderr, leave=False) as bar:
+        yield bar.update
+
+
+def compile_circuit(spec, *, cache_dir=None, force: bool = False, device="cpu", size_limit: bool = True) -> Circuit:
     """Compile ``spec`` on first use with pysdd; from then on load it from the disk cache.
 
     spec: ``ExactlyK``, ``RangeK``, ``GroupLimited``, ``GroupCapacity``, ``SddFile``, ``CnfFile``, a
         DIMACS path, or (sdd, vtree) paths.
     cache_dir: cache root (default: ``circuits.cache.default_cache_dir()``).
     force: recompile and overwrite the cache entry.
+    size_limit: refuse, before any pysdd work, a spec whose estimated compile cost passes
+        ``circuits.estimate.MAX_STEPS`` (about 20 s on a 2-core AMD EPYC), with a
+        ``circuits.estimate.CircuitTooLarge`` (a ValueError) naming the estimate; False compiles
+        anyway. A spec already in the cache loads whatever its size. File specs are never refused.
 
     ``circuit.info`` says what happened: ``cache_hit``, ``cache_path`` (None if compiled in
     memory), ``compile_seconds``, ``sdd_size``, ``sdd_count``, ``model_count``, ``pysdd_version``.
     """
+    if not isinstance(size_limit, bool):
+        raise ValueError(f"size_limit must be True or False, got {size_limit!r}")
     spec = _as_spec(spec)
     t0 = time.perf_counter()
     if not force:
@@ -101,8 +130,13 @@ def compile_circuit(spec, *, cache_dir=None, force: bool = False, device="cpu") 
             info = {**manifest, "cache_hit": True, "cache_path": str(cache.entry_dir(spec, cache_dir)),
                     "load_seconds": time.perf_counter() - t0}
             return Circuit(layout, spec, info, device)
-    mgr, root = compile_sdd(spec)
-    layout = build_layout(mgr, root)
+    insist = "pass size_limit=False to compile_circuit to compile it anyway"
+    est = estimate.check(spec, insist) if size_limit else estimate.estimate(spec)
+    long = est is not None and est.steps > estimate.PROGRESS_STEPS
+    with _progress(long, est.state_steps if long else 0, f"compiling {spec.describe()}", "step") as tick:
+        mgr, root = compile_sdd(spec, tick)
+    with _progress(long, est.nodes if long else 0, "layout", "node") as tick:
+        layout = build_layout(mgr, root, tick)
     seconds = time.perf_counter() - t0
     manifest = cache.make_manifest(spec, layout, {
         "compile_seconds": seconds,

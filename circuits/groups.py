@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -30,19 +31,26 @@ from .layout import Layout
 from .spec import GroupCapacity, GroupLimited
 
 
-def exactly_counts(mgr: SddManager, vtree: Vtree, cap: int) -> list[SddNode]:
-    """[Eq(vars(vtree), j) for j in 0..min(cap, |vars|)] as SDD nodes."""
+Progress = Callable[[int], None]  # told the compile steps done (circuits.estimate: f^2 per state of f terms)
+
+
+def exactly_counts(mgr: SddManager, vtree: Vtree, cap: int, progress: Progress | None = None) -> list[SddNode]:
+    """[Eq(vars(vtree), j) for j in 0..min(cap, |vars|)] as SDD nodes; ``progress(f * f)`` after each
+    state OR-ing f terms."""
     if vtree.is_leaf():
         x = mgr.literal(vtree.var())
         return [~x, x][: cap + 1]
-    left = exactly_counts(mgr, vtree.left(), cap)
-    right = exactly_counts(mgr, vtree.right(), cap)
+    left = exactly_counts(mgr, vtree.left(), cap, progress)
+    right = exactly_counts(mgr, vtree.right(), cap, progress)
     out = []
     for j in range(min(cap, len(left) + len(right) - 2) + 1):
         node = mgr.false()
-        for a in range(max(0, j - len(right) + 1), min(j, len(left) - 1) + 1):
+        terms = range(max(0, j - len(right) + 1), min(j, len(left) - 1) + 1)
+        for a in terms:
             node = node | (left[a] & right[j - a])
         out.append(node)
+        if progress is not None:
+            progress(len(terms) ** 2)
     return out
 
 
@@ -83,8 +91,10 @@ def group_vtree(sizes: tuple[int, ...]) -> Vtree:
         return Vtree.from_file(path.encode())
 
 
-def build_grouped(spec: GroupLimited | GroupCapacity) -> tuple[SddManager, SddNode]:
-    """The SDD of a group spec on ``group_vtree(spec.groups)``: (manager (keep it alive), root)."""
+def build_grouped(spec: GroupLimited | GroupCapacity, progress: Progress | None = None) -> tuple[SddManager, SddNode]:
+    """The SDD of a group spec on ``group_vtree(spec.groups)``: (manager (keep it alive), root).
+    ``progress`` as in ``exactly_counts``; above the groups it is told, per vtree node, the sum over
+    its states of f^2 (f: the conjunctions OR-ed into the state)."""
     mgr = SddManager.from_vtree(group_vtree(spec.groups))
     mgr.auto_gc_and_minimize_off()
     cap, track = min(spec.capacity, spec.kmax), spec.limits_groups
@@ -93,16 +103,20 @@ def build_grouped(spec: GroupLimited | GroupCapacity) -> tuple[SddManager, SddNo
         """(true variables c, nonempty groups g) -> the SDD of that state over v's variables; v
         covers ``groups`` whole groups (g is always 0 when there is no group limit)."""
         if groups == 1:
-            return {(j, int(track and j > 0)): node for j, node in enumerate(exactly_counts(mgr, v, cap))}
+            return {(j, int(track and j > 0)): node for j, node in enumerate(exactly_counts(mgr, v, cap, progress))}
         nl, nr = _halves(range(groups))
         left, right = states(v.left(), len(nl)), states(v.right(), len(nr))
         out: dict[tuple[int, int], SddNode] = {}
+        terms: dict[tuple[int, int], int] = {}
         for (c1, g1), a in left.items():
             for (c2, g2), b in right.items():
                 key = (c1 + c2, g1 + g2)
                 if key[0] <= spec.kmax and key[1] <= spec.max_groups:
                     term = a & b
                     out[key] = out[key] | term if key in out else term
+                    terms[key] = terms.get(key, 0) + 1
+        if progress is not None:
+            progress(sum(f * f for f in terms.values()))
         return out
 
     root = mgr.false()

@@ -23,6 +23,7 @@ log max(p, 1-p) per implicit variable (see ``circuits.evaluate``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -172,8 +173,9 @@ def _buckets(fanins: list[int]) -> list[list[int]]:
     return out
 
 
-def build_layout(mgr: SddManager, root: SddNode) -> Layout:
-    """Flatten the SDD under ``root`` into a Layout (prunes FALSE subs, records implicit vars)."""
+def build_layout(mgr: SddManager, root: SddNode, progress: Callable[[int], None] | None = None) -> Layout:
+    """Flatten the SDD under ``root`` into a Layout (prunes FALSE subs, records implicit vars).
+    ``progress(1)`` after each decision node is walked."""
     if root.is_false():
         raise ValueError("the constraint is unsatisfiable: its SDD is FALSE")
     n = mgr.var_count()
@@ -219,6 +221,8 @@ def build_layout(mgr: SddManager, root: SddNode) -> Layout:
             "scope": vvars[v.position()],
             "height": 1 + max(max(height(p), height(s)) for p, s in elems),
         }
+        if progress is not None:
+            progress(1)
 
     def leaf_slot(node) -> int:
         if node.is_true():

@@ -12,8 +12,13 @@ Both take one circuit:
     --sdd FILE --vtree FILE     an SDD saved by pysdd / libsdd
     --entry DIR                 (inspect only) a cache entry directory, read as it is
 
-Exit status: 0 done, 1 the circuit could not be compiled, 2 bad arguments. Errors and cache
-warnings are one line each on stderr, never a traceback.
+A counting circuit whose estimated compile cost passes the size limit (``circuits.estimate``:
+``MAX_STEPS``, about 20 s on a 2-core AMD EPYC) is refused before any pysdd work, naming the
+estimate; ``--force`` compiles it anyway (and recompiles it if cached). A long compile shows
+progress bars on stderr.
+
+Exit status: 0 done, 1 the circuit could not be compiled, 2 bad arguments or a circuit past the
+size limit. Errors and cache warnings are one line each on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from .. import file_checks
 from ..cache import CacheWarning, read_entry
 from ..circuit import Circuit
 from ..compile import compile_circuit
+from ..estimate import MAX_STEPS, CircuitTooLarge
 from ..spec import CnfFile, ExactlyK, GroupCapacity, GroupLimited, RangeK, SddFile
 from .report import compile_facts, render_compile
 from .text import render_text, to_dot
@@ -149,12 +155,20 @@ def _stdout_to_stderr():
         os.close(saved)
 
 
+_FORCE_HELP = (f"recompile, overwriting the cache entry, even past the size limit (an estimated "
+               f"{MAX_STEPS:,} compile steps, about 20 s on a 2-core AMD EPYC; larger circuits are "
+               f"refused otherwise)")
+
+
 def _compile(p: _Parser, spec, cache_dir, force: bool = False):
-    """compile_circuit with cache warnings printed as one line each; returns (circuit, warnings)."""
+    """compile_circuit with cache warnings printed as one line each; returns (circuit, warnings).
+    ``force``: recompile and lift the size limit; a circuit past it ends in exit status 2."""
     with warnings.catch_warnings(record=True) as caught, _stdout_to_stderr():
         warnings.simplefilter("always", CacheWarning)
         try:
-            circuit = compile_circuit(spec, cache_dir=cache_dir, force=force)
+            circuit = compile_circuit(spec, cache_dir=cache_dir, force=force, size_limit=not force)
+        except CircuitTooLarge as exc:
+            p.exit(2, f"{p.prog}: error: {_one_line(exc.summary)}; pass --force to compile it anyway\n")
         except (ValueError, RuntimeError, OSError) as exc:
             p.exit(1, f"{p.prog}: error: could not compile {spec.describe()}: {_one_line(exc)}\n")
     notes = []
@@ -171,7 +185,7 @@ def compile_main(argv: list[str] | None = None) -> int:
     """``probmoe-compile``: compile a circuit (or load it from the cache) and say what was built."""
     p = _parser("probmoe-compile", "Compile a constraint into a probabilistic circuit, once; "
                 "later runs load it from the disk cache.")
-    p.add_argument("--force", action="store_true", help="recompile and overwrite the cache entry")
+    p.add_argument("--force", action="store_true", help=_FORCE_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = p.parse_args(argv)
     spec = _spec(p, args)
@@ -195,11 +209,14 @@ def inspect_main(argv: list[str] | None = None) -> int:
     size = p.add_mutually_exclusive_group()
     size.add_argument("--whole", action="store_true", help="draw / list every node, however large")
     size.add_argument("--summary", action="store_true", help="only the per-level summary, however small")
+    p.add_argument("--force", action="store_true", help=_FORCE_HELP)
     args = p.parse_args(argv)
     fmt = args.format or (_FORMATS.get(Path(args.output).suffix.lower(), "text") if args.output else "text")
     if fmt in ("png", "svg") and not args.output:
         p.error(f"--format {fmt} needs --output FILE")
     spec = _spec(p, args, entry=True)
+    if spec is None and args.force:
+        p.error("--force compiles a circuit given by flags; --entry DIR is read as it is")
     if spec is None:
         try:
             layout, manifest = read_entry(Path(args.entry))
@@ -207,7 +224,7 @@ def inspect_main(argv: list[str] | None = None) -> int:
             p.error(f"--entry must be a valid cache entry directory: {args.entry!r}: {_one_line(exc)}")
         circuit = Circuit(layout, None, {**manifest, "cache_hit": True, "cache_path": str(Path(args.entry))})
     else:
-        circuit, _ = _compile(p, spec, args.cache_dir)
+        circuit, _ = _compile(p, spec, args.cache_dir, args.force)
     whole = True if args.whole else False if args.summary else None
     try:
         if fmt in ("png", "svg"):
