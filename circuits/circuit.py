@@ -205,7 +205,7 @@ class Circuit:
         """
         r, lead = self._inputs(logits, generator)
         with torch.no_grad():
-            z, log_z = torch.ops.circuits.sample(r, self._shift(r), ops.seed(generator, r.device), self.handle)
+            z, log_z = torch.ops.circuits.sample(r, self._shift(r), ops.seed(generator, r), self.handle)
             self._check(r, log_z)
         return z.reshape(*lead, self.n).to(logits.dtype)
 
@@ -222,6 +222,6 @@ class Circuit:
         """(marginals, sample) from one upward pass; marginals differentiable (and ``values``) as
         in ``marginals``."""
         r, lead = self._inputs(logits, generator)
-        m, z = self._marginals(r, ops.seed(generator, r.device), values)
+        m, z = self._marginals(r, ops.seed(generator, r), values)
         shape = (*lead, self.n)
         return m.reshape(shape).to(logits.dtype), z.reshape(shape).to(logits.dtype)

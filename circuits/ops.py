@@ -14,7 +14,7 @@ differentiable ones have their autograd registered here.
     map(r, shift, circuit)                      -> (z [T, n], best [T])
     kth_largest(x, k)                           -> [T]            (``circuits.native.select``)
     topk(x, k)                                  -> ([T, k], [T, k] long)
-    draw_seed(device)                           -> 0-dim int64, from torch's default generator
+    draw_seed(r)                                -> 0-dim int64, from torch's default generator
 
 r: logits [T, n], float32 or float64, contiguous, checked by the caller (``Circuit``). shift:
 None, or [T, 1] subtracted from r before the pass (the exactly-k shift; the circuit's answers do
@@ -210,17 +210,20 @@ def _(x, k):
 
 
 @torch.library.custom_op("circuits::draw_seed", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
-def draw_seed(device: torch.device) -> Tensor:
-    """A sampling seed from torch's default generator of ``device``: 0-dim int64 (an operator, so a
-    compiled model draws the same seeds as the eager one)."""
-    return uniforms.seed_tensor(None, device)
+def draw_seed(r: Tensor) -> Tensor:
+    """A sampling seed from torch's default generator of r's device: 0-dim int64 (an operator, so a
+    compiled model draws the same seeds as the eager one). ``r``, the logits the seed is for, is
+    not read: it makes every call's arguments distinct, so that a compiler never merges two draws
+    into one (two routers' draw_seed(device) calls were merged, tag or not)."""
+    return uniforms.seed_tensor(None, r.device)
 
 
 @draw_seed.register_fake
-def _(device):
-    return torch.empty((), dtype=torch.int64, device=device)
+def _(r):
+    return torch.empty((), dtype=torch.int64, device=r.device)
 
 
-def seed(generator: torch.Generator | None, device: torch.device) -> Tensor:
-    """The seed of one draw: from ``generator``, or from the default generator (``draw_seed``)."""
-    return uniforms.seed_tensor(generator, device) if generator is not None else draw_seed(device)
+def seed(generator: torch.Generator | None, r: Tensor) -> Tensor:
+    """The seed of one draw for logits ``r``: from ``generator``, or from the default generator
+    (``draw_seed``)."""
+    return uniforms.seed_tensor(generator, r.device) if generator is not None else draw_seed(r.detach())

@@ -68,7 +68,7 @@ class DPBackend:
         """(m [T, N], one draw [T, N] or None): the operator ``probmoe::dp_marginals``."""
         if paper:
             r = PaperGrad.apply(r)
-        seed = circuit_ops.seed(generator, r.device) if sample else None
+        seed = circuit_ops.seed(generator, r) if sample else None
         m, z = torch.ops.probmoe.dp_marginals(r, seed, self.kmin, self.kmax, values)
         return m, z if sample else None
 

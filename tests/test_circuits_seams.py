@@ -61,7 +61,7 @@ def test_marginals_operator_contract(values, spec):
     shift = torch.randn(3, 1, dtype=torch.float64) if isinstance(spec, circuits.ExactlyK) else None
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        m, z, _ = torch.ops.circuits.marginals(r, shift, circuits.ops.seed(None, r.device), c.handle, values, False)
+        m, z, _ = torch.ops.circuits.marginals(r, shift, circuits.ops.seed(None, r), c.handle, values, False)
     assert saved[0].data_ptr() == r.data_ptr() and len(saved) == 1 + (shift is not None)
     want = exact(r.detach(), allowed)
     torch.testing.assert_close(m.detach(), want.marginals if values else torch.zeros_like(r))

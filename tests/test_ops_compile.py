@@ -33,7 +33,7 @@ def circuit_samples(dtype):
         ALIVE.append(c)  # an operator's handle is valid while its circuit lives
         r = logits(7, 12, dtype=dtype).requires_grad_()
         shift = c._shift(r.detach())
-        seed = circuits.ops.seed(None, r.device)
+        seed = circuits.ops.seed(None, r)
         v = torch.randn(7, 12, dtype=dtype)
         out += [
             (torch.ops.circuits.log_partition.default, (r, c.handle, True)),
@@ -48,7 +48,7 @@ def circuit_samples(dtype):
     out += [(torch.ops.circuits.kth_largest.default, (x, 3)), (torch.ops.circuits.topk.default, (x, 4))]
     r = logits(7, 10, dtype=dtype).requires_grad_()
     out += [
-        (torch.ops.probmoe.dp_marginals.default, (r, circuits.ops.seed(None, r.device), 2, 4, True)),
+        (torch.ops.probmoe.dp_marginals.default, (r, circuits.ops.seed(None, r), 2, 4, True)),
         (torch.ops.probmoe.dp_marginals.default, (r, None, 3, 3, False)),
         (torch.ops.probmoe.dp_cov_vec.default, (r.detach(), torch.randn(7, 10, dtype=dtype), 2, 4)),
     ]
@@ -61,7 +61,7 @@ def test_opcheck_every_operator(dtype):
     # seed is a fixed tensor here (as it is within one routing call)
     for op, args in circuit_samples(dtype):
         torch.library.opcheck(op, args)
-    torch.library.opcheck(torch.ops.circuits.draw_seed.default, (torch.device("cpu"),),
+    torch.library.opcheck(torch.ops.circuits.draw_seed.default, (logits(),),
                           test_utils=("test_schema", "test_faketensor"))
 
 
@@ -180,3 +180,20 @@ def test_patched_decoder_layer_compiles_with_fullgraph():
     torch.testing.assert_close(got_out, want_out, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(got_grad, want_grad, atol=1e-5, rtol=1e-4)
     assert want_grad.abs().sum() > 0
+
+
+def test_two_compiled_draws_take_two_seeds():
+    """Two routing calls in one graph draw two seeds, as eagerly (a compiler once merged two
+    draw_seed calls with equal arguments into one, so every router drew from the same seed)."""
+    torch._dynamo.reset()
+
+    def f(a, b):
+        return (probmoe.route(a, k=8, training=True).indices, probmoe.route(b, k=8, training=True).indices)
+
+    a, b = logits(seed=1), logits(seed=1) * 1.0  # equal logits: only the seeds can tell the draws apart
+    torch.manual_seed(2)
+    want = f(a, b)
+    torch.manual_seed(2)
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(a, b)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert not torch.equal(want[0], want[1])

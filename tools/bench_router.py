@@ -1,14 +1,15 @@
 """Benchmark route(training=True) forward + backward against softmax + topk, in the same run.
 
     python tools/bench_router.py [--tokens T] [--sizes 64:8,64:4-8] [--devices cpu,cuda]
-                                 [--repeats 15] [--threads 2]
+                                 [--repeats 15] [--threads 2] [--compiled]
 
 For each device (default: the CPU at T = 4096 tokens, and CUDA at T = 65,536 when there is one;
 ``--tokens`` sets both) and each constraint (N:k for
 exactly k of N experts, N:a-b for a..b), fp32: the median time of route(training=True) forward +
 backward (to the logits) for each backend as a ratio to softmax + topk forward + backward on the
 same device (interleaved repeats, so drift hits all alike), and the bytes the autograd graph keeps
-for the backward (distinct storages seen by ``torch.autograd.graph.saved_tensors_hooks``). Each
+for the backward (distinct storages seen by ``torch.autograd.graph.saved_tensors_hooks``);
+with ``--compiled`` also each backend under torch.compile(fullgraph=True). Each
 table says which circuit passes ran on that device.
 """
 
@@ -62,7 +63,13 @@ def timed(fn, device: torch.device):
     return lambda: (fn(), torch.cuda.synchronize(device))
 
 
-def bench_device(device: torch.device, sizes: list[str], T: int, repeats: int) -> None:
+def compiled_route(size: dict, backend: str):
+    """``probmoe.route`` (training, default generator) under ``torch.compile(fullgraph=True)``:
+    r [T, N] -> weights [T, kmax]. Routing is registered operators, so the graph is whole."""
+    return torch.compile(lambda x: probmoe.route(x, **size, training=True, backend=backend).weights, fullgraph=True)
+
+
+def bench_device(device: torch.device, sizes: list[str], T: int, repeats: int, compiled: bool = False) -> None:
     gen = torch.Generator(device=device).manual_seed(0)
     rows, passes = [], set()
     for text in sizes:
@@ -74,6 +81,10 @@ def bench_device(device: torch.device, sizes: list[str], T: int, repeats: int) -
         for backend in ("dp", "circuit"):
             fwd[f"route {backend}"] = (lambda b: lambda: probmoe.route(r, **size, training=True, backend=b,
                                                                        generator=gen).weights)(backend)
+            if compiled:
+                fn = compiled_route(size, backend)
+                fn(r)  # compile outside the timed runs
+                fwd[f"route {backend} compiled"] = (lambda g: lambda: g(r))(fn)
         kmin = size.get("k", size.get("kmin"))
         passes.add(constraints.cardinality(N, kmin, kmax, str(device)).passes(torch.float32).name)
         times = interleaved({name: timed(lambda f=f: (f() * c).sum().backward(), device)
@@ -96,6 +107,8 @@ def main() -> None:
     ap.add_argument("--devices", default="cpu,cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--compiled", action="store_true",
+                    help="also time route under torch.compile(fullgraph=True) (inductor; compiling takes minutes)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     import circuits.passes
@@ -111,7 +124,7 @@ def main() -> None:
             print(f"\n{name}: skipped (no CUDA device)")
             continue
         tokens = args.tokens or (65536 if device.type == "cuda" else 4096)
-        bench_device(device, args.sizes.split(","), tokens, args.repeats)
+        bench_device(device, args.sizes.split(","), tokens, args.repeats, args.compiled)
     print(f"\nload average {os.getloadavg()[0]:.2f} at end (the machine may be shared: compare ratios, not times)")
 
 
