@@ -184,6 +184,28 @@ static void root_flow(float *flow, int64_t S, int64_t rows) {
     for (int64_t t = 0; t < TILE; t++) flow[(S - 1) * TILE + t] = 1.0f;
 }
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+/* dst[k][j] = src[j][k] for an 8 x 8 block (AVX2): rows of src are ss floats apart, rows of dst ds. */
+static inline void transpose8(const float *src, int64_t ss, float *dst, int64_t ds) {
+    __m256 r[8], t[8];
+    for (int j = 0; j < 8; j++) r[j] = _mm256_loadu_ps(src + j * ss);
+    for (int j = 0; j < 8; j += 2) { /* per 128-bit half: rows j, j + 1 interleaved */
+        t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
+        t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
+    }
+    for (int j = 0; j < 8; j += 4) { /* r[j + c], half H: rows j..j+3 of column 4 H + c */
+        r[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44);
+        r[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xEE);
+        r[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44);
+        r[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; c++) { /* then the 128-bit halves */
+        _mm256_storeu_ps(dst + c * ds, _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
+        _mm256_storeu_ps(dst + (4 + c) * ds, _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
+    }
+}
+#endif
+
 /* dst[k][j] = src[j][k] for a 16 x 16 block: rows of src are ss floats apart, rows of dst ds. */
 static inline void transpose16(const float *src, int64_t ss, float *dst, int64_t ds) {
 #if defined(__AVX512F__)
@@ -211,6 +233,11 @@ static inline void transpose16(const float *src, int64_t ss, float *dst, int64_t
         _mm512_storeu_ps(dst + (4 + c) * ds, _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0x88));
         _mm512_storeu_ps(dst + (12 + c) * ds, _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0xDD));
     }
+#elif defined(__AVX2__)
+    transpose8(src, ss, dst, ds); /* four 8 x 8 blocks, the off-diagonal ones swapped */
+    transpose8(src + 8, ss, dst + 8 * ds, ds);
+    transpose8(src + 8 * ss, ss, dst + 8, ds);
+    transpose8(src + 8 * ss + 8, ss, dst + 8 * ds + 8, ds);
 #else
     for (int k = 0; k < 16; k++)
         for (int j = 0; j < 16; j++) dst[k * ds + j] = src[j * ss + k];
