@@ -241,11 +241,11 @@ def test_route_is_the_same_with_and_without_the_c_passes(size, monkeypatch):
 def test_a_read_only_cache_builds_for_this_process(fresh_native, monkeypatch):
     build, targets = c_library.NATIVE.build, []
 
-    def refuse_the_cache(cc, out):  # what a read-only cache directory does to a non-root user
+    def refuse_the_cache(cc, out, isa=None):  # what a read-only cache directory does to a non-root user
         targets.append(out)
         if str(out).startswith(str(fresh_native)):
             raise PermissionError(13, "Permission denied", str(out))
-        build(cc, out)
+        build(cc, out, isa)
 
     at_exit = []
     monkeypatch.setattr(c_library.NATIVE, "build", refuse_the_cache)

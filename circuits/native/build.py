@@ -1,12 +1,17 @@
 """``NativeLibrary``: a shared library built from C sources on first use, loaded with ctypes.
 
-A library is built with the system's ``cc`` into ``<cache dir>/native/<key>/lib<name>.so`` (the key
-hashes the sources, the flags, the compiler and the CPU, since it is built with -march=native),
-installed with its sha256 by atomic renames, and rebuilt when it does not match or does not load; a
-read-only cache builds into a temporary directory. ``PROBMOE_NATIVE=0`` turns every library off.
-Linked against libgomp, a library shares the OpenMP runtime torch has loaded, so torch's idle
-workers run its parallel loops. The circuit passes (``circuits.passes.c_library``) are one such
-library; other packages build theirs the same way.
+A library is built with the system's ``cc`` for one instruction set (``ISAS``: ``avx512``,
+``avx2``, ``portable``) into ``<cache dir>/native/<key>/lib<name>.so`` (the key hashes the sources,
+the flags, the ISA among them, the compiler and the CPU), installed with its sha256 by atomic
+renames, and rebuilt when it does not match or does not load; a read-only cache builds into a
+temporary directory. The ISA is the best this CPU runs, read from its flags in /proc/cpuinfo at
+run time (``best_isa()``), or the one ``PROBMOE_NATIVE_ISA`` names (for tests and benchmarks: one
+the CPU lacks, or a name not in ``ISAS``, is refused with a warning and the torch code runs). A
+CPU that is neither x86-64 nor 64-bit Arm, or no compiler, leaves the torch code too, with one
+warning per library. ``PROBMOE_NATIVE=0`` turns every library off. Linked against libgomp, a
+library shares the OpenMP runtime torch has loaded, so torch's idle workers run its parallel
+loops. The circuit passes (``circuits.passes.c_library``) are one such library; other packages
+build theirs the same way.
 """
 
 from __future__ import annotations
@@ -28,9 +33,62 @@ import torch
 
 from ..cache_dir import default_cache_dir
 
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-std=c11", "-fopenmp"]
-if platform.machine() in ("x86_64", "AMD64"):
-    FLAGS.append("-mprefer-vector-width=512")  # AVX-512 where the CPU has it: 20 % faster here; else ignored
+FLAGS = ["-O3", "-ffp-contract=off", "-fno-trapping-math", "-fPIC", "-std=c11", "-fopenmp"]
+X86 = platform.machine() in ("x86_64", "AMD64")
+ARM = platform.machine() in ("aarch64", "arm64")
+ISAS = ("avx512", "avx2", "portable")  # best first
+# The /proc/cpuinfo flags each x86 level needs (the psABI's x86-64-v2, -v3, -v4).
+_V2 = {"cx16", "lahf_lm", "popcnt", "pni", "sse4_1", "sse4_2", "ssse3"}
+_V3 = _V2 | {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"}
+_V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+
+
+def _cpu_flags() -> set[str] | None:
+    """This CPU's feature flags (the first "flags" line of /proc/cpuinfo), None when unreadable."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return set(line.partition(":")[2].split())
+    return None
+
+
+def runnable_isas() -> list[str]:
+    """The ISAs of ``ISAS`` this CPU runs, best first ([] for an unknown CPU): on x86-64 from its
+    flags (avx512 = x86-64-v4, avx2 = x86-64-v3); on 64-bit Arm only "portable" (NEON is part of
+    the base architecture)."""
+    if ARM:
+        return ["portable"]
+    if not X86:
+        return []
+    flags = _cpu_flags() or set()
+    return [isa for isa, need in (("avx512", _V4), ("avx2", _V3)) if need <= flags] + ["portable"]
+
+
+def best_isa() -> str | None:
+    """The best ISA this CPU runs, None for an unknown CPU."""
+    isas = runnable_isas()
+    return isas[0] if isas else None
+
+
+def isa_flags(isa: str) -> list[str]:
+    """The compiler flags of ``isa``: a baseline architecture level and tuning for this CPU. The
+    portable build has no intrinsics: its loops are plain C that gcc and clang vectorise for SSE
+    (x86-64-v2) or NEON (the Arm base)."""
+    if isa not in ISAS:
+        raise ValueError(f"unknown ISA {isa!r}: one of {', '.join(ISAS)}")
+    if ARM:
+        return []
+    if isa == "avx512":  # 512-bit vectors: 20 % faster than 256 on the AVX-512 CPU measured
+        return ["-march=x86-64-v4", "-mtune=native", "-mprefer-vector-width=512"]
+    if isa == "avx2":
+        return ["-march=x86-64-v3", "-mtune=native"]
+    v2 = _V2 <= (_cpu_flags() or set())
+    return ["-march=x86-64-v2" if v2 else "-march=x86-64", "-mtune=native"]
+
+
 VMATH = Path(__file__).parent / "c" / "vmath.c"  # SIMD exp/log/log1p, the -ffast-math unit
 SCRATCH = Path(__file__).parent / "c" / "scratch.c"  # pm_scratch: per-thread scratch buffers
 
@@ -57,11 +115,29 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def requested_isa() -> tuple[str | None, str]:
+    """(the ISA to build, "") or (None, why not): ``PROBMOE_NATIVE_ISA`` when set (it must be one
+    this CPU runs), else the best this CPU runs."""
+    want = os.environ.get("PROBMOE_NATIVE_ISA", "").strip().lower()
+    isas = runnable_isas()
+    if not isas:
+        return None, f"unknown CPU ({platform.machine() or 'unnamed'}): no ISA to build for"
+    if not want:
+        return isas[0], ""
+    if want not in ISAS:
+        return None, f"PROBMOE_NATIVE_ISA={want!r} is not one of {', '.join(ISAS)}"
+    if want not in isas:
+        return None, f"PROBMOE_NATIVE_ISA={want!r}: this CPU runs only {', '.join(isas)}"
+    return want, ""
+
+
 class NativeLibrary:
     """lib<name>.so built from ``sources`` (C files; ``fast_math`` among them is the one unit built
     with -ffast-math, for libmvec's SIMD exp/log), its functions declared by ``declare(lib)``, which
     raises AttributeError when one is missing (a foreign or stale file). ``library()`` builds and
-    loads it once per process; ``describe()`` says where it is or why it is not used."""
+    loads it once per process for the ISA ``requested_isa()`` names; ``variant(isa)`` builds and
+    loads any other this CPU runs (tests and benchmarks compare them); ``describe()`` says where it
+    is or why it is not used."""
 
     def __init__(self, name: str, sources: list[Path], declare: Callable[[ctypes.CDLL], None],
                  fast_math: Path | None = VMATH, label: str = "C library"):
@@ -69,30 +145,37 @@ class NativeLibrary:
         self.label = label  # what reports call it: "C passes unavailable: ..."
         self.lock = threading.Lock()  # taken to load, and by anything that caches what points into it
         self.state: dict = {}
+        self.variants: dict[tuple[str, Path], ctypes.CDLL] = {}  # (isa, build dir) -> loaded library
 
-    def path(self, cc: str) -> Path:
-        """Where the library built by ``cc`` for this machine lives (a sibling .sha256 vouches for it)."""
+    def path(self, cc: str, isa: str | None = None) -> Path:
+        """Where the library built by ``cc`` for ``isa`` (default: the one ``library()`` builds) on
+        this machine lives (a sibling .sha256 vouches for it)."""
+        isa = isa or requested_isa()[0] or "portable"
         h = hashlib.sha256()
         for src in self.sources:
             h.update(src.name.encode() + src.read_bytes())
         version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-        h.update(" ".join(FLAGS).encode() + version.encode() + _cpu_id().encode())
-        return build_dir() / h.hexdigest()[:16] / f"lib{self.name}.so"
+        h.update(" ".join(FLAGS + isa_flags(isa)).encode() + version.encode() + _cpu_id().encode())
+        return build_dir() / f"{isa}-{h.hexdigest()[:16]}" / f"lib{self.name}.so"
 
-    def build(self, cc: str, out: Path) -> None:
-        """Compile each unit, then link without -ffast-math (which would change the process's
-        denormal mode); install ``out`` and its digest by atomic renames."""
+    def build(self, cc: str, out: Path, isa: str | None = None) -> None:
+        """Compile each unit for ``isa``, then link without -ffast-math (which would change the
+        process's denormal mode); install ``out`` and its digest by atomic renames."""
+        flags = FLAGS + isa_flags(isa or requested_isa()[0] or "portable")
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
             objects = []
             for src in self.sources:
                 obj = Path(tmp) / (src.stem + ".o")
                 extra = ["-ffast-math"] if src == self.fast_math else []
-                subprocess.run([cc, *FLAGS, *extra, "-c", str(src), "-o", str(obj)], check=True, capture_output=True)
+                subprocess.run([cc, *flags, *extra, "-c", str(src), "-o", str(obj)], check=True, capture_output=True)
                 objects.append(str(obj))
             lib = Path(tmp) / out.name
-            subprocess.run([cc, "-shared", "-fopenmp", *objects, "-o", str(lib), "-lmvec", "-lm"],
-                           check=True, capture_output=True)
+            link = [cc, "-shared", "-fopenmp", *objects, "-o", str(lib), "-lm"]
+            try:
+                subprocess.run(link[:-1] + ["-lmvec", "-lm"], check=True, capture_output=True)
+            except subprocess.CalledProcessError:  # a libc without libmvec (older glibc on Arm, musl)
+                subprocess.run(link, check=True, capture_output=True)
             stamp = Path(tmp) / "digest"
             stamp.write_text(digest(lib))
             os.replace(lib, out)
@@ -110,6 +193,35 @@ class NativeLibrary:
             raise OSError(f"{path} lacks a function: {err}") from None
         return lib
 
+    def _load_or_build(self, cc: str, isa: str) -> tuple[ctypes.CDLL, Path]:
+        path = self.path(cc, isa)
+        try:
+            return self.load(path), path
+        except OSError:  # missing, damaged or foreign: build it (again)
+            try:
+                self.build(cc, path, isa)
+            except PermissionError:  # a read-only cache: build for this process only
+                tmp = tempfile.mkdtemp(prefix="probmoe-native-")
+                atexit.register(shutil.rmtree, tmp, True)  # nothing left behind in /tmp
+                path = Path(tmp) / path.name
+                self.build(cc, path, isa)
+            return self.load(path), path
+
+    def variant(self, isa: str) -> ctypes.CDLL:
+        """The library built for ``isa`` (one of ``ISAS`` this CPU runs), built and loaded once per
+        process and cache directory; RuntimeError when the CPU or the compiler cannot. For tests and
+        benchmarks: the passes use ``library()``."""
+        if isa not in runnable_isas():
+            raise RuntimeError(f"this CPU does not run {isa!r} (it runs {', '.join(runnable_isas()) or 'none'})")
+        cc = _compiler()
+        if cc is None:
+            raise RuntimeError("no C compiler (cc or $CC) found")
+        with self.lock:
+            key = (isa, build_dir())
+            if key not in self.variants:
+                self.variants[key] = self._load_or_build(cc, isa)[0]
+            return self.variants[key]
+
     def library(self) -> ctypes.CDLL | None:
         """The loaded library, building it if needed; None when it is turned off or cannot be built
         (a warning says why, once; ``describe()`` too)."""
@@ -118,7 +230,7 @@ class NativeLibrary:
         with self.lock:
             if "lib" in self.state:
                 return self.state["lib"]
-            lib, where = None, ""
+            lib, where, isa = None, "", None
             if os.environ.get("PROBMOE_NATIVE", "1") == "0":
                 where = "turned off by PROBMOE_NATIVE=0"
             elif platform.system() != "Linux":
@@ -126,27 +238,25 @@ class NativeLibrary:
             else:
                 cc = _compiler()
                 try:
+                    isa, why = requested_isa()
+                    if isa is None:
+                        raise RuntimeError(why)
                     if cc is None:
                         raise RuntimeError("no C compiler (cc or $CC) found")
-                    path = self.path(cc)
-                    try:
-                        lib = self.load(path)
-                    except OSError:  # missing, damaged or foreign: build it (again)
-                        try:
-                            self.build(cc, path)
-                        except PermissionError:  # a read-only cache: build for this process only
-                            tmp = tempfile.mkdtemp(prefix="probmoe-native-")
-                            atexit.register(shutil.rmtree, tmp, True)  # nothing left behind in /tmp
-                            path = Path(tmp) / path.name
-                            self.build(cc, path)
-                        lib = self.load(path)
+                    lib, path = self._load_or_build(cc, isa)
                     where = str(path)
-                except (OSError, RuntimeError, subprocess.CalledProcessError) as err:
+                except (OSError, RuntimeError, ValueError, subprocess.CalledProcessError) as err:
                     detail = (getattr(err, "stderr", b"") or b"").decode(errors="replace")[-300:]
                     where = f"unavailable: {err}{'; ' + detail if detail else ''}"
                     warnings.warn(f"{self.name}: {self.label} {where}; using the torch code", RuntimeWarning)
-            self.state["lib"], self.state["where"] = lib, where
+                    isa = None
+            self.state["lib"], self.state["where"], self.state["isa"] = lib, where, isa
             return lib
+
+    def isa(self) -> str | None:
+        """The ISA ``library()`` was built for, None when it is not used."""
+        self.library()
+        return self.state.get("isa")
 
     def takes(self, device: torch.device, dtype: torch.dtype) -> ctypes.CDLL | None:
         """The library when tensors of ``dtype`` on ``device`` take the C code (float32 on the CPU,

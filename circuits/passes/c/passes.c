@@ -16,7 +16,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -73,29 +73,41 @@ static inline void pass_rows(float *restrict p, float *restrict q, const float *
     }
 }
 
-/* 16 lanes of a row as one vector (GCC vector extensions: plain IEEE operations lane by lane, so the
- * same results as the scalar loops). Scratch rows are 64-byte aligned; vfu reads from anywhere. */
-typedef float vf __attribute__((vector_size(64), aligned(64)));
-typedef float vfu __attribute__((vector_size(64), aligned(4)));
-typedef int32_t vi __attribute__((vector_size(64), aligned(64)));
+/* VL lanes of a row as one vector of the machine's width (GCC vector extensions: plain IEEE
+ * operations lane by lane, so the same results as the scalar loops, whatever VL is). VL is 16 with
+ * AVX-512, 8 with AVX2 and 4 elsewhere (SSE, NEON): a vector wider than the machine's is split by
+ * gcc into scalar compares and lane inserts through the stack (2.7x slower sampling with AVX2).
+ * Scratch rows are 64-byte aligned; vfu reads from anywhere. */
+#if defined(__AVX512F__)
+#define VL 16
+#elif defined(__AVX2__)
+#define VL 8
+#else
+#define VL 4
+#endif
+typedef float vf __attribute__((vector_size(4 * VL), aligned(4 * VL)));
+typedef float vfu __attribute__((vector_size(4 * VL), aligned(4)));
+typedef int32_t vi __attribute__((vector_size(4 * VL), aligned(4 * VL)));
 
-/* Whether some lane of the 16 at a is > 0. */
-static inline int any16(const float *a) {
+/* Whether some lane of the VL at a is > 0. */
+static inline int any_lane(const float *a) {
 #if defined(__AVX512F__)
     return _mm512_cmp_ps_mask(_mm512_load_ps(a), _mm512_setzero_ps(), _CMP_GT_OQ) != 0;
+#elif defined(__AVX2__)
+    return _mm256_movemask_ps(_mm256_cmp_ps(_mm256_load_ps(a), _mm256_setzero_ps(), _CMP_GT_OQ)) != 0;
 #else
     const vi m = *(const vf *)a > 0.0f;
     int any = 0;
-    for (int k = 0; k < 16; k++) any |= m[k];
+    for (int k = 0; k < VL; k++) any |= m[k];
     return any;
 #endif
 }
 
-/* The inverse-CDF choice of one node (elements r0..r0+F) for lanes b..b+16: x = u total where active
+/* The inverse-CDF choice of one node (elements r0..r0+F) for lanes b..b+VL: x = u total where active
  * (a > 0), else inf, which nothing passes; over the elements, c += w and the flow [c > x] -
  * [previous c > x] goes to the element's prime and sub. c, x and [c > x] stay in registers. */
-static inline void pick16(const int64_t *prime, const int64_t *sub, float *act, const float *ex, int64_t r0,
-                          int64_t F, int64_t b, const float *a, const float *u, const float *total) {
+static inline void pick(const int64_t *prime, const int64_t *sub, float *act, const float *ex, int64_t r0,
+                        int64_t F, int64_t b, const float *a, const float *u, const float *total) {
     const vf zero = {0.0f}, one = zero + 1.0f, inf = zero + INFINITY;
     const vi on = *(const vf *)a > 0.0f;
     const vf x = (vf)((on & (vi)(*(const vf *)u * *(const vf *)total)) | (~on & (vi)inf));
@@ -172,6 +184,28 @@ static void root_flow(float *flow, int64_t S, int64_t rows) {
     for (int64_t t = 0; t < TILE; t++) flow[(S - 1) * TILE + t] = 1.0f;
 }
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+/* dst[k][j] = src[j][k] for an 8 x 8 block (AVX2): rows of src are ss floats apart, rows of dst ds. */
+static inline void transpose8(const float *src, int64_t ss, float *dst, int64_t ds) {
+    __m256 r[8], t[8];
+    for (int j = 0; j < 8; j++) r[j] = _mm256_loadu_ps(src + j * ss);
+    for (int j = 0; j < 8; j += 2) { /* per 128-bit half: rows j, j + 1 interleaved */
+        t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
+        t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
+    }
+    for (int j = 0; j < 8; j += 4) { /* r[j + c], half H: rows j..j+3 of column 4 H + c */
+        r[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44);
+        r[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xEE);
+        r[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44);
+        r[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; c++) { /* then the 128-bit halves */
+        _mm256_storeu_ps(dst + c * ds, _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
+        _mm256_storeu_ps(dst + (4 + c) * ds, _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
+    }
+}
+#endif
+
 /* dst[k][j] = src[j][k] for a 16 x 16 block: rows of src are ss floats apart, rows of dst ds. */
 static inline void transpose16(const float *src, int64_t ss, float *dst, int64_t ds) {
 #if defined(__AVX512F__)
@@ -199,6 +233,11 @@ static inline void transpose16(const float *src, int64_t ss, float *dst, int64_t
         _mm512_storeu_ps(dst + (4 + c) * ds, _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0x88));
         _mm512_storeu_ps(dst + (12 + c) * ds, _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0xDD));
     }
+#elif defined(__AVX2__)
+    transpose8(src, ss, dst, ds); /* four 8 x 8 blocks, the off-diagonal ones swapped */
+    transpose8(src + 8, ss, dst + 8 * ds, ds);
+    transpose8(src + 8 * ss, ss, dst + 8, ds);
+    transpose8(src + 8 * ss + 8, ss, dst + 8 * ds + 8, ds);
 #else
     for (int k = 0; k < 16; k++)
         for (int j = 0; j < 16; j++) dst[k * ds + j] = src[j * ss + k];
@@ -307,22 +346,22 @@ static int64_t sample_tile(const Prog *P, const float *r, const float *U, const 
     for (int64_t d = P->num_nodes - 1; d >= 0; d--) {
         const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
         const float *a = act + slot * TILE, *urow = U + uid[slot] * T + t0, *tot = norm + slot * TILE;
-        /* 16 lanes at a time, skipping those no token reaches (their flows are all 0). A live node's
+        /* VL lanes at a time, skipping those no token reaches (their flows are all 0). A live node's
          * largest weight is 1, so u * total < total: some element passes. */
-        for (int64_t b = 0; b < TILE; b += 16) {
-            if (!any16(a + b)) continue;
+        for (int64_t b = 0; b < TILE; b += VL) {
+            if (!any_lane(a + b)) continue;
             if (F == 1) {
                 *(vf *)(act + P->prime[r0] * TILE + b) += *(const vf *)(a + b);
                 *(vf *)(act + P->sub[r0] * TILE + b) += *(const vf *)(a + b);
                 continue;
             }
             vf ub;
-            if (b + 16 <= nt) {
+            if (b + VL <= nt) {
                 ub = *(const vfu *)(urow + b);
             } else {
-                for (int k = 0; k < 16; k++) ub[k] = b + k < nt ? urow[b + k] : 0.5f;
+                for (int k = 0; k < VL; k++) ub[k] = b + k < nt ? urow[b + k] : 0.5f;
             }
-            pick16(P->prime, P->sub, act, ex, r0, F, b, a + b, (const float *)&ub, tot + b);
+            pick(P->prime, P->sub, act, ex, r0, F, b, a + b, (const float *)&ub, tot + b);
         }
     }
     const float *pos = act + 2 * TILE, *neg = act + (2 + n) * TILE;

@@ -1,0 +1,234 @@
+"""Every instruction set's build of the three C libraries against the torch oracle, and the fallback.
+
+``circuits.native.build`` builds each library for one ISA: avx512 (-march=x86-64-v4), avx2
+(x86-64-v3) or portable (x86-64-v2 on x86, the base architecture with NEON on Arm), the best the
+CPU runs unless ``PROBMOE_NATIVE_ISA`` names another. Here each ISA this CPU runs (read from its
+flags; the others are skipped) gets the circuit passes, the row operations and the cardinality DP
+built once per session into the test cache, and each is checked on awkward inputs: -inf logits,
+±1e4 logits, ties, T not a multiple of the tile, n = 1, 64 and 256, exactly-k, range-k and a group
+constraint. Bit for bit where the C code is exact (the row operations, the uniforms, the MAP, the
+DP's draws); the draws of the circuit passes from the same uniforms as the torch passes, but for
+rounding at a boundary; log Z, the marginals and Cov(z) v within the tolerances of
+test_circuits_native.py and test_dp_native.py. Then the fallback: an unknown ISA name, an ISA the
+CPU lacks, an unknown CPU and a missing compiler each give the torch code with exactly one warning.
+"""
+
+import os
+import shutil
+import warnings
+
+import pytest
+import torch
+
+import circuits
+import circuits.passes
+from circuits import GroupLimited
+from circuits.native import build, rows, select
+from circuits.native import uniforms as native_uniforms
+from circuits.native.uniforms import seed_tensor
+from circuits.passes import CPasses, TorchPasses, c_library, draw_uniforms
+from circuits.passes import torch_passes as kernels
+from probmoe import dp, dp_native
+
+LIBS = {"passes": c_library.NATIVE, "rows": rows.ROWS, "dp": dp_native.NATIVE}
+
+
+@pytest.fixture(scope="module", params=build.ISAS)
+def isa_libs(request):
+    """(ISA, {name: its build}) for one ISA this CPU runs, built once per test session."""
+    isa = request.param
+    if os.environ.get("PROBMOE_NATIVE", "1") == "0" or build._compiler() is None:
+        pytest.skip("the C code is turned off or there is no compiler")
+    if isa not in build.runnable_isas():
+        pytest.skip(f"this CPU does not run {isa} (it runs {', '.join(build.runnable_isas()) or 'none'})")
+    return isa, {name: lib.variant(isa) for name, lib in LIBS.items()}
+
+
+@pytest.fixture
+def isa(isa_libs, monkeypatch):
+    """The three libraries point at the builds of one ISA for one test."""
+    name, libs = isa_libs
+    for key, native in LIBS.items():
+        monkeypatch.setattr(native, "state", {"lib": libs[key], "where": f"{name} build", "isa": name})
+    return name
+
+
+def awkward_logits(T: int, n: int, seed: int) -> torch.Tensor:
+    """T x n logits with -inf entries, ±1e4 rows, ties and one dominant logit, among ordinary ones."""
+    g = torch.Generator().manual_seed(seed)
+    r = torch.randn(T, n, generator=g) * 3
+    q = max(T // 8, 1)
+    r[0:q, : max(n // 4, 1) - (n == 1)] = -torch.inf  # never chosen (n = 1: nothing)
+    r[q:2 * q] = r[q:2 * q].round()  # ties
+    r[2 * q:3 * q] += 1e4  # a big shift
+    r[3 * q:4 * q] -= 1e4
+    r[4 * q:5 * q, ::2] = 1e4  # ±1e4 within a row
+    r[4 * q:5 * q, 1::2] = -1e4
+    r[5 * q:6 * q, 0] = 30.0  # one dominant logit
+    return r
+
+
+SPECS = [circuits.ExactlyK(64, 8), circuits.RangeK(64, 4, 8), circuits.ExactlyK(256, 16), circuits.ExactlyK(1, 1),
+         circuits.RangeK(1, 0, 1), GroupLimited(16, None, 4, 2, kmin=2, kmax=5)]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+def test_circuit_passes(isa, spec):
+    c = circuits.compile_circuit(spec)
+    prog, n = c.program, spec.n
+    T = 300 if n < 256 else 130  # a partial last tile of 128 tokens
+    r = c.shifted(awkward_logits(T, n, seed=n)) if isinstance(spec, circuits.ExactlyK) else awkward_logits(T, n, n)
+    v = torch.randn(T, n, generator=torch.Generator().manual_seed(1))
+    native = CPasses(prog)
+    assert native.lib is c_library.NATIVE.state["lib"]
+    log_z, m = native.log_partition(r, True)
+    up = kernels.upward(prog, r)
+    torch.testing.assert_close(log_z, up.val[-1], atol=1e-5, rtol=1e-5)
+    finite = r.abs().amax(-1) < 100  # against float64 where fp32 rounding of ±1e4 logits does not dominate
+    up64 = kernels.upward(prog, r.double())
+    m64 = kernels.marginals_from_flows(prog, kernels.downward(prog, up64), torch.sigmoid(r.double()))
+    torch.testing.assert_close(m.double()[finite], m64[finite], atol=2e-6, rtol=0)
+    m32 = kernels.marginals_from_flows(prog, kernels.downward(prog, up), torch.sigmoid(r))
+    torch.testing.assert_close(m, m32, atol=2e-5, rtol=0)
+    uniforms, fill = draw_uniforms(prog, r, torch.Generator().manual_seed(2))
+    z, log_z2 = native.sample(r, uniforms, fill)
+    z_ref = kernels.sample(prog, r, up, uniforms, fill)
+    assert (z != z_ref).any(-1).sum() <= 1  # only rounding at a boundary may differ
+    torch.testing.assert_close(log_z2, log_z, atol=0, rtol=0)
+    assert not z[0:T // 8][r[0:T // 8] == -torch.inf].any()
+    z_map, best = native.map(r)
+    up_max = kernels.max_upward(prog, r)
+    z_map_ref = kernels.map_assignment(prog, r, up_max)
+    ties = torch.zeros(T, dtype=torch.bool)
+    ties[T // 8:2 * (T // 8)] = True  # tied logits: either maximum will do, with the same score
+    assert torch.equal(z_map[~ties], z_map_ref[~ties])
+    score = lambda z: torch.where(z > 0, r, 0.0).sum(-1)  # noqa: E731
+    assert torch.equal(score(z_map)[ties], score(z_map_ref)[ties])
+    torch.testing.assert_close(best, up_max.val[-1], atol=1e-5, rtol=1e-6)
+    jvp = native.marginals_jvp(r, v)
+    jvp64 = kernels.marginals_jvp(prog, r.double(), v.double())
+    torch.testing.assert_close(jvp.double()[finite], jvp64[finite], atol=2e-5, rtol=0)
+    torch.testing.assert_close(jvp, kernels.marginals_jvp(prog, r, v), atol=5e-5, rtol=0)
+
+
+@pytest.mark.parametrize("T,N,kmin,kmax", [(300, 64, 8, 8), (257, 64, 4, 8), (40, 256, 16, 16), (20, 1, 0, 1),
+                                           (20, 1, 1, 1), (33, 7, 0, 7)])
+def test_cardinality_dp(isa, T, N, kmin, kmax):
+    r = awkward_logits(T, N, seed=N + kmin)
+    v = torch.randn(T, N, generator=torch.Generator().manual_seed(3))
+    seed = torch.Generator().manual_seed(4)
+    m, z = dp_native.forward_marginals(r, kmin, kmax, seed_tensor(seed), True)
+    u = dp.up(r, kmin, kmax)  # the float32 torch DP: the same rounding of the tilted ±1e4 logits
+    m_ref, z_ref = dp.down(u, u.band_probs(), 1, torch.Generator().manual_seed(4))
+    torch.testing.assert_close(m, m_ref, atol=1e-5, rtol=0, equal_nan=True)
+    assert torch.equal(z, z_ref[0])
+    sizes = z.sum(-1)
+    assert ((sizes >= kmin) & (sizes <= kmax)).all() and not z[r == -torch.inf].any()
+    finite = r.abs().amax(-1) < 100
+    u64 = dp.up(r.double(), kmin, kmax)
+    m64, _ = dp.down(u64, u64.band_probs(), 1, torch.Generator().manual_seed(4))
+    torch.testing.assert_close(m.double()[finite], m64[finite], atol=2e-5, rtol=0)  # the fp32 DP's own error
+    cov = dp_native.cov_vec(r, v, kmin, kmax)
+    torch.testing.assert_close(cov, dp.cov_vec(r, v, kmin, kmax), atol=1e-5, rtol=0, equal_nan=True)
+    cov64 = dp.cov_vec(r.double(), v.double(), kmin, kmax)
+    torch.testing.assert_close(cov.double()[finite], cov64[finite], atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("T,n,k", [(0, 4, 2), (1, 1, 1), (33, 10, 10), (300, 64, 8), (70, 256, 16), (65, 64, 57)])
+def test_row_operations(isa, T, n, k):
+    r = awkward_logits(T, n, seed=T + n).round(decimals=1) if T else torch.empty(0, n)
+    if T > 3:
+        r[3, :2] = torch.nan  # counts as -inf
+        r[2, 0] = -0.0
+    assert torch.equal(select.kth_largest(r, k), select.kth_largest_reference(r, k))
+    values, indices = select.topk(r, k)
+    want_values, want_indices = select.topk_reference(r, k)
+    assert torch.equal(values, want_values) and torch.equal(indices, want_indices)
+    seed = torch.tensor(12345, dtype=torch.int64)
+    got = native_uniforms.uniforms(seed, 3 * T * n + 5, torch.device("cpu"), torch.float32)
+    assert torch.equal(got, native_uniforms.reference(seed, 0, 3 * T * n + 5))
+
+
+def test_the_isas_this_cpu_runs(monkeypatch):
+    """Decided from the CPU's flags: x86-64-v4 for avx512, v3 for avx2; portable always."""
+    v3 = {"cx16", "lahf_lm", "popcnt", "pni", "sse4_1", "sse4_2", "ssse3", "avx", "avx2", "bmi1", "bmi2", "f16c",
+          "fma", "abm", "movbe", "xsave"}
+    monkeypatch.setattr(build, "X86", True)
+    monkeypatch.setattr(build, "ARM", False)
+    monkeypatch.setattr(build, "_cpu_flags", lambda: v3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"})
+    assert build.runnable_isas() == ["avx512", "avx2", "portable"]
+    monkeypatch.setattr(build, "_cpu_flags", lambda: v3)
+    assert build.runnable_isas() == ["avx2", "portable"] and build.best_isa() == "avx2"
+    assert build.isa_flags("avx2")[0] == "-march=x86-64-v3"
+    monkeypatch.setattr(build, "_cpu_flags", lambda: v3 - {"fma"})
+    assert build.runnable_isas() == ["portable"]
+    monkeypatch.setattr(build, "X86", False)
+    monkeypatch.setattr(build, "ARM", True)
+    assert build.runnable_isas() == ["portable"] and build.isa_flags("portable") == []
+    monkeypatch.setattr(build, "ARM", False)
+    assert build.runnable_isas() == [] and build.best_isa() is None
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """The three libraries undecided, with a private cache and the C code on."""
+    monkeypatch.setenv("PROBMOE_CACHE", str(tmp_path))
+    monkeypatch.delenv("PROBMOE_NATIVE", raising=False)
+    monkeypatch.delenv("PROBMOE_NATIVE_ISA", raising=False)
+    for native in LIBS.values():
+        monkeypatch.setattr(native, "state", {})
+    return tmp_path
+
+
+def falls_back_with_one_warning(match: str) -> None:
+    """Each library: library() is None after exactly one RuntimeWarning, and the torch code runs."""
+    for native in LIBS.values():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert native.library() is None
+            assert native.library() is None  # decided once: no second warning
+        assert [str(w.message) for w in caught if w.category is RuntimeWarning and match in str(w.message)] \
+            == [str(w.message) for w in caught], caught
+        assert len(caught) == 1, [str(w.message) for w in caught]
+        assert "using the torch code" in str(caught[0].message) and native.isa() is None
+    assert circuits.passes.describe().startswith("torch passes (C passes unavailable: ")
+    c = circuits.compile_circuit(circuits.RangeK(6, 2, 4))
+    assert isinstance(circuits.passes.select(c.program, torch.float32), TorchPasses)
+    r = torch.randn(5, 6)
+    assert not dp_native.available(r)
+    assert torch.isfinite(c.marginals(r)).all()
+    assert torch.equal(select.kth_largest(r, 2), select.kth_largest_reference(r, 2))
+
+
+@pytest.mark.parametrize("name", ["sse9", "neon512"])
+def test_an_unknown_isa_name_falls_back(fresh, monkeypatch, name):
+    monkeypatch.setenv("PROBMOE_NATIVE_ISA", name)
+    falls_back_with_one_warning(f"PROBMOE_NATIVE_ISA={name!r} is not one of")
+
+
+def test_an_isa_the_cpu_lacks_falls_back(fresh, monkeypatch):
+    monkeypatch.setattr(build, "runnable_isas", lambda: ["portable"])  # as on a CPU without AVX2
+    monkeypatch.setenv("PROBMOE_NATIVE_ISA", "avx2")
+    falls_back_with_one_warning("this CPU runs only portable")
+
+
+def test_an_unknown_cpu_falls_back(fresh, monkeypatch):
+    monkeypatch.setattr(build, "X86", False)
+    monkeypatch.setattr(build, "ARM", False)
+    falls_back_with_one_warning("unknown CPU")
+
+
+def test_no_compiler_falls_back(fresh, monkeypatch):
+    monkeypatch.setenv("CC", str(fresh / "no-such-cc"))
+    falls_back_with_one_warning("no-such-cc")
+
+
+@pytest.mark.skipif(shutil.which("cc") is None or os.environ.get("PROBMOE_NATIVE") == "0", reason="needs cc")
+def test_the_isa_is_chosen_and_named_in_the_build_key(fresh, monkeypatch):
+    """By default the best ISA the CPU runs; PROBMOE_NATIVE_ISA picks another; each its own build."""
+    best = build.best_isa()
+    assert c_library.NATIVE.isa() == best and f"/native/{best}-" in c_library.describe()
+    monkeypatch.setenv("PROBMOE_NATIVE_ISA", "portable")
+    monkeypatch.setattr(c_library.NATIVE, "state", {})
+    assert c_library.NATIVE.isa() == "portable" and "/native/portable-" in c_library.describe()
+    assert c_library.NATIVE.path("cc", "portable") != c_library.NATIVE.path("cc", best) or best == "portable"
