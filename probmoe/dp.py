@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from circuits import ScratchPool
-from circuits.native.uniforms import seed_tensor, uniforms
+from circuits.native.uniforms import as_seed, uniforms
 
 from . import dp_native
 
@@ -165,8 +165,7 @@ def down(u: Up, band: Tensor, num_samples: int = 0, seed: Tensor | torch.Generat
     cols, zs = [], []
     if num_samples:
         cum = band.cumsum(dim=0)  # [J, T]
-        seed = seed if isinstance(seed, Tensor) else seed_tensor(seed, band.device)  # a generator (None: the default)
-        rand = uniforms(seed, (N + 1) * num_samples * T, band.device, band.dtype)  # sizes, then experts
+        rand = uniforms(as_seed(seed, band.device), (N + 1) * num_samples * T, band.device, band.dtype)  # sizes, then experts
         x = rand[: num_samples * T].view(num_samples, T) * cum[-1]
         x = torch.minimum(x, cum[-1] * (1 - torch.finfo(x.dtype).eps))  # u * total may round up to the total
         c = (cum.unsqueeze(1) <= x).sum(dim=0) + u.kmin  # [S, T]: the first size whose cumulative mass passes x

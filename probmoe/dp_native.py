@@ -35,7 +35,7 @@ describe = NATIVE.describe
 
 def available(r: Tensor) -> bool:
     """Whether ``r`` takes the C DP: float32 on the CPU, with the library built (built here on first use)."""
-    return r.dtype == torch.float32 and r.device.type == "cpu" and library() is not None
+    return NATIVE.takes(r.device, r.dtype) is not None
 
 
 def _checked(r: Tensor, kmin: int, kmax: int) -> Tensor:

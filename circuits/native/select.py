@@ -27,16 +27,11 @@ def kth_largest_reference(x: Tensor, k: int) -> Tensor:
     return torch.where(x.isnan(), -torch.inf, x).topk(k, dim=-1, sorted=False).values.amin(dim=-1)  # [T, k] -> [T]
 
 
-def _native(x: Tensor):
-    """The row library when ``x`` takes the C code (float32 on the CPU, library built), else None."""
-    return rows.library() if x.device.type == "cpu" and x.dtype == torch.float32 else None
-
-
 def topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """x [T, n] float, 0 <= k <= n -> (values [T, k], indices [T, k] long)."""
     if x.dim() != 2 or not 0 <= k <= x.shape[1]:
         raise ValueError(f"topk takes x [T, n] and 0 <= k <= n, got shape {list(x.shape)} and k = {k}")
-    lib = _native(x)
+    lib = rows.ROWS.takes(x.device, x.dtype)
     if lib is None or k == 0 or x.shape[0] == 0:
         return topk_reference(x, k)
     x = x.detach().contiguous()
@@ -52,7 +47,7 @@ def kth_largest(x: Tensor, k: int) -> Tensor:
     if x.dim() != 2 or not 1 <= k <= x.shape[1]:
         raise ValueError(f"kth_largest takes x [T, n] and k in [1, n = {x.shape[-1]}], got shape "
                          f"{list(x.shape)} and k = {k}")
-    lib = _native(x)
+    lib = rows.ROWS.takes(x.device, x.dtype)
     if lib is None or x.shape[0] == 0:
         return kth_largest_reference(x, k)
     x = x.detach().contiguous()

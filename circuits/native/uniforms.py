@@ -48,6 +48,12 @@ def seed_tensor(generator: torch.Generator | None, device: torch.device | str = 
     return torch.randint(SEED_BOUND, (), generator=generator, dtype=torch.int64, device=where)
 
 
+def as_seed(seed: Tensor | torch.Generator | None, device) -> Tensor:
+    """``seed`` if it is a seed tensor, else ``seed_tensor`` drawn from it (a generator; None: the
+    default generator of ``device``)."""
+    return seed if isinstance(seed, Tensor) else seed_tensor(seed, device)
+
+
 def seed_from(generator: torch.Generator | None) -> int:
     """``seed_tensor`` on the CPU as a Python int (reads its value: eager code only)."""
     return int(seed_tensor(generator))

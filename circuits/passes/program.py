@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ..layout import Layout
-from ..native.uniforms import seed_tensor, uniforms
+from ..native.uniforms import as_seed, uniforms
 
 
 @dataclass
@@ -103,7 +103,5 @@ def draw_uniforms(prog: Program, r: Tensor, seed: Tensor | torch.Generator | Non
     _, count = prog.scope_ids
     T, n = r.shape
     fill = 0 if prog.smooth else T * n
-    if not isinstance(seed, Tensor):
-        seed = seed_tensor(seed, r.device)
-    u = uniforms(seed, count * T + fill, r.device, r.dtype)
+    u = uniforms(as_seed(seed, r.device), count * T + fill, r.device, r.dtype)
     return u[: count * T].view(count, T), None if prog.smooth else u[count * T :].view(T, n)
