@@ -2,6 +2,7 @@
 
     probmoe-eval --checkpoint runs/a --data ../shared/data/gsm8k/test.jsonl --limit 200
     probmoe-eval --checkpoint runs/a --method probmoe-dynamic --kmin 1 --kmax 8   # another inference rule
+    probmoe-eval --checkpoint runs/a --tasks mmlu,mbpp ...   # LM Evaluation Harness tasks (evaluate_tasks)
 
 Prints the scores and writes ``results.jsonl`` (one line per problem) and ``summary.json`` into
 ``--output`` (default: ``<checkpoint>/eval-<method>``, ``eval-saved`` for the saved routing).
@@ -14,7 +15,7 @@ import json
 import os
 import sys
 
-from . import common
+from . import common, evaluate_tasks
 
 
 def parser() -> argparse.ArgumentParser:
@@ -22,8 +23,8 @@ def parser() -> argparse.ArgumentParser:
                                 "the loss on the reference answers, of a checkpoint written by probmoe-train (or "
                                 "any local transformers MoE checkpoint).")
     p.add_argument("--checkpoint", required=True, help="a checkpoint directory")
-    p.add_argument("--data", required=True, help="JSON lines with 'question' and 'answer' (GSM8K test set)")
-    p.add_argument("--limit", type=common.positive_int, help="the first N problems only")
+    p.add_argument("--data", help="JSON lines with 'question' and 'answer' (GSM8K test set); or --tasks")
+    p.add_argument("--limit", type=common.positive_int, help="the first N problems (of each task) only")
     p.add_argument("--max-new-tokens", type=common.positive_int, default=256)
     p.add_argument("--batch-size", type=common.positive_int, default=16)
     p.add_argument("--max-length", type=common.positive_int, default=1024, help="tokens per example for the loss")
@@ -32,6 +33,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-generation", action="store_true", help="only the answer loss")
     common.add_routing_flags(p, required=False)
     common.add_model_flags(p)
+    evaluate_tasks.add_flags(p)
     return p
 
 
@@ -39,6 +41,10 @@ def main(argv=None) -> int:
     p = parser()
     args = p.parse_args(argv)
     common.require_extras(p)
+    if (args.data is None) == (args.tasks is None):
+        p.error("give either --data (GSM8K exact match) or --tasks (LM Evaluation Harness tasks)")
+    if args.tasks is not None:
+        return evaluate_tasks.main(p, args)
 
     def body():
         import torch

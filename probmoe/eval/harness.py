@@ -1,0 +1,146 @@
+"""A probmoe checkpoint as a model of the LM Evaluation Harness (``lm-eval``, the ``eval`` extra).
+
+``ProbMoELM`` is the harness's ``HFLM`` around a model loaded by
+``probmoe.experiments.checkpoints.load``: with the routing saved beside the checkpoint
+(``probmoe_routing.json``), or with the inference rule given (``method``, ``k``, ``kmin``,
+``kmax``: exact-k MAP ``probmoe``, dynamic-k MAP ``probmoe-dynamic``, the stock router
+``conventional``). Batching, log-likelihoods and generation are the harness's own; a
+``RoutingTally`` counts the experts every real token is sent to in every MoE layer.
+Importing this module registers the class under the harness's model name ``probmoe``:
+
+    import probmoe.eval.harness, lm_eval
+    lm_eval.simple_evaluate(model="probmoe", model_args="checkpoint=runs/a,method=probmoe-dynamic,kmin=4,kmax=8",
+                            tasks=["mmlu"])
+
+``evaluate`` runs tasks (the harness's names, plus task YAML under ``include_path``) and returns
+the harness's results with the routing statistics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import os
+
+import torch
+from lm_eval.api.registry import register_model
+from lm_eval.models import huggingface
+from lm_eval.models.huggingface import HFLM
+
+from .routing_tally import RoutingTally
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@register_model("probmoe")
+class ProbMoELM(HFLM):
+    """A checkpoint directory evaluated by the harness with a given routing.
+
+    Args:
+        checkpoint: a directory written by ``probmoe-train`` or any local transformers MoE checkpoint.
+        method, k, kmin, kmax, backend, grad: as ``probmoe-eval``'s flags (None: the saved routing).
+        device: "cpu", "cuda" or "cuda:N" (default: CUDA when present).
+        dtype: the weights' dtype, one of ``DTYPES``.
+        batch_size, max_batch_size, and the rest: as ``HFLM``'s (``pretrained`` is the loaded model).
+    """
+
+    def __init__(self, checkpoint: str, method: str | None = None, k=None, kmin=None, kmax=None,
+                 backend: str = "circuit", grad: str = "exact", device: str | None = None, dtype: str = "float32",
+                 batch_size=1, **kwargs):
+        from probmoe.experiments import checkpoints
+
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: no CUDA device is available")
+        model, tokenizer = checkpoints.load(str(checkpoint), method=method, k=k, kmin=kmin, kmax=kmax,
+                                            backend=backend, grad=grad, device=device, dtype=getattr(torch, dtype))
+        super().__init__(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, **kwargs)
+        self.checkpoint = str(checkpoint)
+        self.routing = checkpoints.describe(model)
+        self.tally = RoutingTally(model)
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
+        """The harness's scoring, with each batch's real row lengths handed to the tally (it pads on the right)."""
+        with _row_lengths(self.tally):
+            return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
+
+    def _detect_batch_size(self, requests=None, pos: int = 0):
+        """``batch_size="auto"``: the harness's probe forwards are not counted."""
+        self.tally.paused = True
+        try:
+            return super()._detect_batch_size(requests, pos)
+        finally:
+            self.tally.paused = False
+
+
+@contextlib.contextmanager
+def _row_lengths(tally: RoutingTally):
+    """While open, every right-padded batch ``HFLM`` builds tells ``tally`` its rows' real lengths."""
+    original = huggingface.pad_and_concat
+
+    def recording(max_length, tensors, padding_side="right"):
+        if padding_side == "right":
+            tally.next_lengths = [t.shape[-1] for t in tensors]
+        return original(max_length, tensors, padding_side=padding_side)
+
+    huggingface.pad_and_concat = recording
+    try:
+        yield
+    finally:
+        huggingface.pad_and_concat = original
+
+
+def parse_tasks(text: str) -> list[str]:
+    """``"a,b, c"`` -> ["a", "b", "c"]; ValueError for an empty list or an empty name."""
+    names = [t.strip() for t in text.split(",")]
+    if not text.strip() or any(not n for n in names):
+        raise ValueError(f"--tasks must be a comma-separated list of task names, got {text!r}")
+    return names
+
+
+def task_manager(tasks: list[str], include_path: str | None = None):
+    """The harness's ``TaskManager`` (with the YAML under ``include_path``), after checking every name
+    in ``tasks`` is a task or group it knows; ValueError naming the unknown ones and near matches."""
+    from lm_eval.tasks import TaskManager
+
+    if include_path is not None and not os.path.isdir(include_path):
+        raise ValueError(f"--include-path {include_path!r} is not a directory")
+    manager = TaskManager(include_path=include_path)
+    known = set(manager.all_tasks)
+    unknown = [t for t in tasks if t not in known and not manager.match_tasks([t])]
+    if unknown:
+        hints = {t: difflib.get_close_matches(t, sorted(known), n=3) for t in unknown}
+        raise ValueError("--tasks: unknown task(s) " + "; ".join(
+            f"{t!r}" + (f" (did you mean {', '.join(h)}?)" if h else "") for t, h in hints.items())
+            + (f"; task YAML under {include_path!r} is included" if include_path else
+               "; pass --include-path DIR for your own task YAML"))
+    return manager
+
+
+def evaluate(lm: ProbMoELM, tasks: list[str], manager, *, limit=None, num_fewshot=None,
+             allow_code_execution: bool = False, log_samples: bool = False, seed: int = 0) -> dict:
+    """Run ``tasks`` on ``lm``; ``allow_code_execution`` passes the harness's ``confirm_run_unsafe_code``
+    and sets ``HF_ALLOW_CODE_EVAL=1`` (tasks marked unsafe, MBPP, run the generated code). The harness's results dict (``samples`` only with ``log_samples``) with
+    ``"probmoe"``: {"checkpoint", "routing", "routing_statistics": ``RoutingTally.summary()``} of these tasks."""
+    import lm_eval
+
+    if allow_code_execution:  # the harness's code_eval metric (MBPP, HumanEval) refuses to run without it
+        os.environ["HF_ALLOW_CODE_EVAL"] = "1"
+    lm.tally.reset()
+    results = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
+                                      num_fewshot=num_fewshot, log_samples=log_samples,
+                                      confirm_run_unsafe_code=allow_code_execution, random_seed=seed,
+                                      numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
+    results["probmoe"] = {"checkpoint": lm.checkpoint, "routing": lm.routing,
+                          "routing_statistics": lm.tally.summary()}
+    return results
+
+
+def headline(task_results: dict) -> tuple[str, float] | None:
+    """The first metric of one task's results (``results[task]``), e.g. ("acc,none", 0.25), or None."""
+    for key, value in task_results.items():
+        if "," in key and "_stderr" not in key and isinstance(value, (int, float)):
+            return key, float(value)
+    return None

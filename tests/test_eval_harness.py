@@ -1,0 +1,170 @@
+"""probmoe-eval --tasks and the ``probmoe`` harness model: tiny OLMoE, task YAML over local JSON, offline."""
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("lm_eval")
+
+from probmoe.cli import evaluate  # noqa: E402
+from probmoe.eval import harness  # noqa: E402
+
+PROBLEMS = [(1, 2), (3, 4), (5, 6), (12, 7)]
+TASK = """task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+{extra}"""
+MC = """output_type: multiple_choice
+doc_to_text: "Question: {{q}}\\nAnswer:"
+doc_to_choice: "{{choices}}"
+doc_to_target: label
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+"""
+GEN = """output_type: generate_until
+doc_to_text: "Question: {{q}}\\nAnswer:"
+doc_to_target: "{{choices[0]}}"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 6
+  do_sample: false
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A tiny OLMoE saved with ProbMoE exact-2 routing, and a folder of three tasks: multiple choice
+    (log-likelihood), generation, and generation marked unsafe (as MBPP is)."""
+    import probmoe.integrations.transformers as pt
+    from probmoe.experiments.tokenizer import VOCAB_SIZE, byte_tokenizer
+    from probmoe.integrations.transformers.testing import tiny_model
+
+    root = tmp_path_factory.mktemp("harness")
+    model = tiny_model("olmoe", seed=0, vocab_size=VOCAB_SIZE, max_position_embeddings=256)
+    pt.patch_model(model, "probmoe", k=2)
+    model.save_pretrained(root / "ckpt")
+    byte_tokenizer().save_pretrained(root / "ckpt")
+    tasks = root / "tasks"
+    tasks.mkdir()
+    with open(tasks / "arith.json", "w") as f:
+        for a, b in PROBLEMS:
+            f.write(json.dumps({"q": f"{a} plus {b}?", "choices": [str(a + b), str(a * b), f"{a}{b} apples"],
+                                "label": 0}) + "\n")
+    for name, extra in (("tiny_mc", MC), ("tiny_gen", GEN), ("tiny_unsafe", "unsafe_code: true\n" + GEN)):
+        (tasks / f"{name}.yaml").write_text(TASK.format(name=name, data=tasks / "arith.json", extra=extra))
+    return root
+
+
+def _run(setup, out, *extra):
+    return evaluate.main(["--checkpoint", str(setup / "ckpt"), "--include-path", str(setup / "tasks"), "--device",
+                          "cpu", "--output", str(out), "--batch-size", "3", "--log-samples", *extra])
+
+
+def _loglikelihoods(folder) -> list[float]:
+    rows = [json.loads(line) for line in (folder / "samples_tiny_mc.jsonl").read_text().splitlines()]
+    return [r[0] for row in sorted(rows, key=lambda r: r["doc_id"]) for r in row["filtered_resps"]]
+
+
+@pytest.fixture(scope="module")
+def saved(setup):
+    """Both tasks with the saved routing (exact-2 MAP)."""
+    out = setup / "saved"
+    assert _run(setup, out, "--tasks", "tiny_mc,tiny_gen") == 0
+    return out
+
+
+def test_tasks_write_the_harness_results_and_routing_statistics(saved, setup):
+    results = json.loads((saved / "results.json").read_text())
+    assert set(results["results"]) == {"tiny_mc", "tiny_gen"}
+    assert 0 <= results["results"]["tiny_mc"]["acc,none"] <= 1
+    assert 0 <= results["results"]["tiny_gen"]["exact_match,none"] <= 1
+    assert results["n-samples"]["tiny_mc"]["effective"] == len(PROBLEMS)
+    routing = json.loads((saved / "routing.json").read_text())
+    assert routing["routing"] == "probmoe (k=2)" and routing["checkpoint"] == str(setup / "ckpt")
+    stats = routing["routing_statistics"]
+    assert stats["tokens"] > 0 and len(stats["layers"]) == 2
+    for layer in stats["layers"]:  # exact-2 MAP: every token, every layer, exactly 2 experts
+        assert layer["experts_per_token"] == 2 and layer["cardinality_hist"][2] == stats["tokens"]
+    gen = [json.loads(line) for line in (saved / "samples_tiny_gen.jsonl").read_text().splitlines()]
+    assert len(gen) == len(PROBLEMS) and all(isinstance(row["resps"][0][0], str) for row in gen)
+
+
+def test_the_routing_rule_changes_what_the_model_computes(saved, setup):
+    """Exact-1 MAP scores the same choices differently from exact-2; exact-2 given on the command line
+    reproduces the saved routing exactly; the stock top-2 router reads the same experts as exact-2 MAP
+    (MAP of exactly-k is the top k) but weighs them as the stock model does."""
+    base = _loglikelihoods(saved)
+    runs = {}
+    for name, flags in (("k1", ["--method", "probmoe", "--k", "1"]), ("k2", ["--method", "probmoe", "--k", "2"])):
+        assert _run(setup, setup / name, "--tasks", "tiny_mc", *flags) == 0
+        runs[name] = _loglikelihoods(setup / name)
+    assert len(base) == 3 * len(PROBLEMS)
+    assert runs["k2"] == base
+    assert all(abs(a - b) > 1e-4 for a, b in zip(runs["k1"], base))
+    routing = json.loads((setup / "k1" / "routing.json").read_text())
+    assert routing["routing_statistics"]["experts_per_token"] == 1
+
+
+def test_routing_tally_counts_real_tokens_only(setup):
+    """Right-padded log-likelihood batches: the tally's histograms equal those of each request run alone."""
+    from lm_eval.api.instance import Instance
+
+    lm = harness.ProbMoELM(str(setup / "ckpt"), method="probmoe-dynamic", kmin=1, kmax=2, device="cpu", batch_size=4)
+    pairs = [("Question: 1 plus 2?\nAnswer:", " 3 apples"), ("Q:", " no"), ("Question: what is twelve?", " 12"),
+             ("Hi", " there, friend")]
+    requests = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
+    lm.loglikelihood(requests, disable_tqdm=True)
+    batched = lm.tally.summary()
+    expected = torch.zeros(2, 9, dtype=torch.long)
+    for context, continuation in pairs:
+        ids = lm.tok_encode(context + continuation)[:-1]
+        with torch.no_grad():
+            lm.tally.paused = True
+            lm.model(torch.tensor([ids]))
+            lm.tally.paused = False
+        from probmoe.integrations.transformers import router_stats
+
+        for layer, s in enumerate(router_stats(lm.model)):
+            expected[layer] += torch.bincount(s["experts_per_token"].long(), minlength=9)
+    assert batched["tokens"] == int(expected[0].sum())
+    assert [layer["cardinality_hist"] for layer in batched["layers"]] == expected.tolist()
+    assert expected[:, 1].sum() > 0 and expected[:, 2].sum() > 0  # both cardinalities occur: a real check
+
+
+@pytest.mark.slow
+def test_registered_with_the_harness(setup):
+    import lm_eval
+    from lm_eval.api.registry import get_model
+
+    assert get_model("probmoe") is harness.ProbMoELM
+    manager = harness.task_manager(["tiny_mc"], str(setup / "tasks"))
+    results = lm_eval.simple_evaluate(model="probmoe", model_args=f"checkpoint={setup / 'ckpt'},method=conventional",
+                                      tasks=["tiny_mc"], task_manager=manager, limit=2, device="cpu", batch_size=2)
+    assert results["config"]["model"] == "probmoe" and 0 <= results["results"]["tiny_mc"]["acc,none"] <= 1
+
+
+def test_bad_input_is_refused(setup, capsys):
+    cases = [(["--tasks", "tiny_mcq"], "unknown task(s) 'tiny_mcq' (did you mean tiny_mc"),
+             (["--tasks", "tiny_mc,"], "comma-separated list"),
+             (["--tasks", "tiny_unsafe"], "unsafe"),
+             (["--tasks", "tiny_mc", "--data", "x.jsonl"], "either --data")]
+    for flags, message in cases:
+        with pytest.raises(SystemExit) as e:
+            _run(setup, setup / "bad", *flags)
+        assert e.value.code == 2
+        assert message in capsys.readouterr().err, flags
+    with pytest.raises(SystemExit):
+        evaluate.main(["--checkpoint", str(setup / "ckpt"), "--tasks", "tiny_mc", "--include-path",
+                       str(setup / "none")])
+    assert "is not a directory" in capsys.readouterr().err
