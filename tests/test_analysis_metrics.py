@@ -22,6 +22,7 @@ from probmoe.analysis import (
     normalized_entropy,
     plot_all,
     plot_coverage,
+    token_ranking,
     top_mass,
 )
 
@@ -98,6 +99,20 @@ def test_frequency_vs_active():
     assert ids.tolist() == [3, 5, 7]
     assert counts.tolist() == [2, 3, 1]
     assert mean.tolist() == [1.0, 3.0, 3.0]
+
+
+def test_token_ranking():
+    ids = torch.tensor([5, 3, 5, 7, 5, 3, 9, 9])
+    experts = torch.tensor([[2, 1, 4, 3, 3, 1, 2, 2],   # layer 0
+                            [4, 3, 2, 3, 3, 1, 2, 2]])  # layer 1: 5 -> (2+4+4+2+3+3)/6 = 3, 3 -> 1.5, 7 -> 3, 9 -> 2
+    ranked, counts, mean = token_ranking(ids, experts)
+    assert ranked.tolist() == [5, 7, 9, 3]  # 5 and 7 tie at 3 experts: the more frequent first
+    assert counts.tolist() == [3, 1, 2, 2] and mean.tolist() == [3.0, 3.0, 2.0, 1.5]
+    ranked, counts, mean = token_ranking(ids, experts, min_count=2)
+    assert ranked.tolist() == [5, 9, 3] and counts.tolist() == [3, 2, 2]
+    ranked, _, _ = token_ranking(torch.tensor([4, 2]), torch.tensor([[1, 1]]))
+    assert ranked.tolist() == [2, 4]  # full tie: the smaller id first
+    assert token_ranking(ids, experts, min_count=4)[0].numel() == 0
 
 
 def test_frequency_bins():
@@ -178,6 +193,9 @@ S = torch.ones(2, 4, dtype=torch.bool)
     (lambda: frequency_bins(torch.tensor([0, 2]), torch.tensor([1.0, 1.0])), "counts must be >= 1"),
     (lambda: frequency_bins(torch.tensor([1, 2]), torch.tensor([1.0])), "mean_active must have the shape of counts"),
     (lambda: frequency_bins(torch.tensor([1, 2]), torch.tensor([1.0, 1.0]), 0), r"num_bins must be in \[1, 1000\]"),
+    (lambda: token_ranking(torch.tensor([1, 2]), torch.tensor([1, 2])), r"experts_per_token must be a tensor \[L, T\]"),
+    (lambda: token_ranking(torch.tensor([1, 2]), torch.ones(2, 3)), "experts_per_token must match"),
+    (lambda: token_ranking(torch.tensor([1, 2]), torch.ones(1, 2), 0), "min_count must be in"),
     (lambda: layer_summary(P, S[:1]), "selected must have the shape of probs"),
     (lambda: layer_summary(P, torch.zeros(2, 4, dtype=torch.bool)), "selected must send at least one token"),
     (lambda: layer_summary(P, S, torch.tensor([1, 2, 3])), "experts_per_token must match"),

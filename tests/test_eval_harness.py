@@ -154,6 +154,7 @@ def test_registered_with_the_harness(setup):
     assert results["config"]["model"] == "probmoe" and 0 <= results["results"]["tiny_mc"]["acc,none"] <= 1
 
 
+@pytest.mark.slow  # about 12 s: the harness indexes its task YAML for each refusal
 def test_bad_input_is_refused(setup, capsys):
     cases = [(["--tasks", "tiny_mcq"], "unknown task(s) 'tiny_mcq' (did you mean tiny_mc"),
              (["--tasks", "tiny_mc,"], "comma-separated list"),

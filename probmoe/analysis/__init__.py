@@ -13,6 +13,7 @@ from .metrics import (
     load_cv,
     max_vio,
     normalized_entropy,
+    token_ranking,
     top_mass,
 )
 from .plots import plot_all, plot_cardinality, plot_concentration, plot_coverage, plot_frequency, plot_load
@@ -33,5 +34,6 @@ __all__ = [
     "plot_coverage",
     "plot_frequency",
     "plot_load",
+    "token_ranking",
     "top_mass",
 ]

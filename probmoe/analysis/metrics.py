@@ -6,6 +6,8 @@
         -> expert_load -> load_cv, max_vio (load balance); cardinality (Fig. 5)
     token_ids [T], cardinality [T]
         -> frequency_vs_active -> frequency_bins (Fig. 6)
+    token_ids [T], cardinality of every layer [L, T]
+        -> token_ranking (the tokens with the most and fewest experts, tab:dynamic_expert_number)
     layer_summary: all of the above for one layer, as JSON-able numbers (what ``plots`` draws)
 
 T is the number of tokens (T >= 1), N the number of experts. Statistics are computed in float64.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from collections.abc import Sequence
 
 import torch
@@ -269,6 +272,32 @@ def frequency_bins(counts: Tensor, mean_active: Tensor, num_bins: int = 10) -> t
     frequency = (per_bin(log_c)[kept] / ids[kept]).exp()
     mean = per_bin(c * active)[kept] / per_bin(c)[kept]
     return frequency, mean, ids[kept]
+
+
+def token_ranking(token_ids: Tensor, experts_per_token: Tensor, min_count: int = 1) -> tuple[Tensor, Tensor, Tensor]:
+    """Token ids ranked by the mean number of experts they activate, over layers and occurrences
+    (the paper's ``tab:dynamic_expert_number``).
+
+    Args:
+        token_ids: [T] integer token ids.
+        experts_per_token: [L, T] experts active at each position in each of L layers (``cardinality``), >= 0.
+        min_count: rank only ids occurring at least this often (a token seen once has a noisy mean), >= 1.
+
+    Returns:
+        (ids [U'] long, counts [U'] long, mean_active [U'] float64, the mean over the L layers and the
+        occurrences) for the U' ids with ``counts >= min_count``, most experts first; ties go to the
+        more frequent id, then to the smaller id.
+    """
+    if not isinstance(experts_per_token, Tensor) or experts_per_token.dim() != 2 or experts_per_token.shape[0] == 0:
+        raise ValueError(f"experts_per_token must be a tensor [L, T] with L >= 1 layers, got "
+                         f"{_describe(experts_per_token)}")
+    min_count = _validate.int_in("min_count", min_count, 1, sys.maxsize)
+    ids, counts, mean_active = frequency_vs_active(token_ids, experts_per_token.double().mean(dim=0))
+    kept = counts >= min_count
+    ids, counts, mean_active = ids[kept], counts[kept], mean_active[kept]
+    order = torch.argsort(counts, descending=True, stable=True)  # ids ascending within equal counts
+    order = order[torch.argsort(mean_active[order], descending=True, stable=True)]
+    return ids[order], counts[order], mean_active[order]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,7 +6,10 @@
 Per MoE layer: experts to cover α of the routing probability (softmax of the router logits;
 normalised sigmoid scores for DeepSeek-V3) (Fig. 3), top-4 mass and normalised
 entropy (Fig. 4), experts per token (Fig. 5), token frequency against active experts (Fig. 6),
-expert-load CV and MaxVio. Writes ``analysis.json``, ``analysis.csv`` and PNG figures.
+expert-load CV and MaxVio. Writes ``analysis.json``, ``analysis.csv`` and PNG figures, and
+``tokens.csv``: every token id seen ``--token-min-count`` times or more, ranked by the mean experts
+it activates over layers and occurrences, the top and bottom 20% marked (the paper's
+``tab:dynamic_expert_number``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from . import common
 
 CSV_FIELDS = ("run", "layer", "name", "tokens", "experts", "coverage_0.5", "coverage_0.9", "coverage_0.99",
               "top_mass", "entropy", "cardinality_mean", "load_cv", "max_vio")
+TOKEN_FIELDS = ("run", "rank", "token_id", "token", "count", "mean_experts", "group")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -33,6 +37,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=common.positive_int, default=64, help="the first N records (default 64)")
     p.add_argument("--batch-size", type=common.positive_int, default=16)
     p.add_argument("--max-length", type=common.positive_int, default=1024)
+    p.add_argument("--token-min-count", type=common.positive_int, default=3,
+                   help="tokens.csv ranks token ids seen at least this often (default 3)")
     common.add_routing_flags(p, required=False)
     common.add_model_flags(p)
     return p
@@ -62,6 +68,22 @@ def csv_rows(results: dict) -> list[dict]:
     return rows
 
 
+def token_rows(run: str, layers, tokenizer, min_count: int) -> list[dict]:
+    """tokens.csv's rows of one run: ids by mean experts (``metrics.token_ranking``), the first and
+    last 20% (at least one each) grouped "top 20%" and "bottom 20%"; the token as decoded, escaped."""
+    import torch
+
+    from probmoe.analysis import metrics
+
+    experts = torch.stack([metrics.cardinality(layer.selected) for layer in layers])  # [L, T]
+    ids, counts, means = metrics.token_ranking(layers[0].token_ids, experts, min_count)
+    edge = max(1, round(0.2 * len(ids)))
+    return [{"run": run, "rank": rank, "token_id": int(i), "token": json.dumps(tokenizer.decode([int(i)]))[1:-1],
+             "count": int(c), "mean_experts": round(float(m), 6),
+             "group": "top 20%" if rank < edge else "bottom 20%" if rank >= len(ids) - edge else ""}
+            for rank, (i, c, m) in enumerate(zip(ids, counts, means))]
+
+
 def main(argv=None) -> int:
     p = parser()
     args = p.parse_args(argv)
@@ -76,7 +98,7 @@ def main(argv=None) -> int:
         for path in runs.values():
             models.check_checkpoint(path, "--checkpoint")
         records = data.read_jsonl(args.data)[:args.limit]
-        common.output_folder(args.output, ("analysis.json", "analysis.csv"), args.overwrite)
+        common.output_folder(args.output, ("analysis.json", "analysis.csv", "tokens.csv"), args.overwrite)
         return runs, records, common.device(args.device), getattr(torch, args.dtype)
 
     runs, records, device, dtype = common.run_or_exit(p, body)
@@ -89,7 +111,7 @@ def main(argv=None) -> int:
         return tqdm(iterable, desc=desc, disable=args.no_progress, dynamic_ncols=True)
 
     routing = dict(k=args.k, kmin=args.kmin, kmax=args.kmax, backend=args.backend, grad=args.grad)
-    results, described = {}, {}
+    results, described, tokens = {}, {}, []
     for name, path in runs.items():
         model, tokenizer = common.run_or_exit(p, lambda: checkpoints.load(path, method=args.method, device=device,
                                                                            dtype=dtype, **routing))
@@ -97,6 +119,7 @@ def main(argv=None) -> int:
         layers = capture.capture(model, tokenizer, records, args.batch_size, args.max_length, progress)
         results[name] = [dict(name=layer.name, **metrics.layer_summary(layer.probs, layer.selected, layer.token_ids))
                          for layer in layers]
+        tokens += token_rows(name, layers, tokenizer, args.token_min_count)
     with open(os.path.join(args.output, "analysis.json"), "w", encoding="utf-8") as f:
         json.dump({"data": args.data, "records": len(records), "routing": described, "runs": results}, f, indent=1)
         f.write("\n")
@@ -104,12 +127,20 @@ def main(argv=None) -> int:
         writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         writer.writeheader()
         writer.writerows(csv_rows(results))
+    with open(os.path.join(args.output, "tokens.csv"), "w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=TOKEN_FIELDS)
+        writer.writeheader()
+        writer.writerows(tokens)
     figures = plots.plot_all(results, args.output)
     for run, layers in results.items():
         cover = ", ".join(f"{s['coverage']['0.9']:.2f}" for s in layers)
         card = ", ".join(f"{s['cardinality_mean']:.2f}" for s in layers)
         print(f"{run} [{described[run]}]: experts to cover 90% per layer {cover}; experts per token {card}")
-    print(f"{len(figures)} figures, analysis.json and analysis.csv in {args.output}", file=sys.stderr)
+        ranked = [row for row in tokens if row["run"] == run]
+        if ranked:
+            print(f"  most experts: {', '.join(repr(r['token']) for r in ranked[:5])}; fewest: "
+                  f"{', '.join(repr(r['token']) for r in ranked[-5:])}")
+    print(f"{len(figures)} figures, analysis.json, analysis.csv and tokens.csv in {args.output}", file=sys.stderr)
     return 0
 
 
