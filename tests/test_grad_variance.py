@@ -141,3 +141,66 @@ def test_bad_arguments_exit_2_with_one_line(argv, needle, capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err, err
+
+
+def test_metrics_axes_by_hand():
+    """per-token: cosines over each token's n logits, averaged; token-axis: over the T tokens of each expert."""
+    exact = torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)  # [T=2, n=2]
+    draws = torch.tensor([[[1.0, 1.0], [0.0, 1.0]], [[1.0, -1.0], [0.0, 1.0]]], dtype=torch.float64)  # [S=2, T, n]
+    tok = gv.metrics(draws, exact, "per-token")
+    assert tok["bias"] == pytest.approx(0.0, abs=1e-15)  # token 0's mean is [1, 0], token 1's is exact
+    assert tok["error"] == pytest.approx((1 - 2 ** -0.5) / 2)  # token 0 at 45 degrees, token 1 exact
+    assert tok["variance"] == pytest.approx(0.0, abs=1e-15)
+    axis = gv.metrics(draws, exact, "token-axis")  # expert 0: (1, 0) every draw; expert 1: (±1, 1) against (0, 1)
+    assert axis["bias"] == pytest.approx(0.0, abs=1e-15)
+    assert axis["error"] == pytest.approx((0 + (1 - 2 ** -0.5)) / 2)
+    assert axis["variance"] == pytest.approx(torch.tensor([1.0, 2 ** -0.5, 1.0, 2 ** -0.5]).var().item())
+    flat = gv.metrics(draws, exact)
+    assert flat["error"] == pytest.approx(1 - 2 / (3 ** 0.5 * 2 ** 0.5))
+    with pytest.raises(ValueError, match="axis must be"):
+        gv.metrics(draws, exact, "rows")
+
+
+def test_metrics_against_one_exact_gradient_per_draw():
+    """With an exact gradient per draw the bias compares the means; a draw equal to its own exact
+    gradient has no error even when the draws differ."""
+    exact = torch.randn(3, 2, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    out = gv.metrics(exact.clone(), exact)
+    assert out["bias"] == pytest.approx(0.0, abs=1e-12) and out["error"] == pytest.approx(0.0, abs=1e-12)
+    assert out["variance"] > 0
+
+
+def test_batched_exact_gradients_match_the_oracle():
+    problem = gv.make_problem(seed=2, n=5, tokens=3, dim=2)
+    logits = torch.randn(4, 3, 5, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    batched = gv.exact_gradients(logits, problem.experts, problem.targets, 2)
+    for s in range(4):
+        one = gv.Problem(logits[s], problem.experts, problem.targets)
+        torch.testing.assert_close(batched[s], gv.exact_gradient(one, 2), rtol=1e-12, atol=1e-14)
+
+
+def test_sampled_densemixer_draws_subsets_from_the_distribution():
+    logits = torch.randn(1, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64).repeat(20_000, 1)
+    w = gv.sampled_densemixer_weights(logits, 2, torch.Generator().manual_seed(3)).detach()
+    z = (w > 0).double()
+    torch.testing.assert_close(w, z * torch.softmax(logits, -1), rtol=0, atol=0)
+    masks = gv.subset_masks(4, 2)
+    counts = (z @ masks.T == 2).double().sum(0)
+    expected = gv.probmoe_probs(logits[:1], masks)[0] * len(logits)
+    assert float(((counts - expected).abs() / expected.sqrt()).max()) < 5
+
+
+@pytest.mark.parametrize("reading, densemixer_varies", [("ours", False), ("per-token", False), ("token-axis", False),
+                                                        ("sampled-densemixer", True), ("logits-per-sample", True)])
+def test_readings(reading, densemixer_varies, capsys):
+    args = gv.parse_args(["--samples", "64", "--seeds", "2", "--n", "5", "--k", "2", "--tokens", "3", "--dim", "2",
+                          "--reading", reading])
+    summary = gv.run(args)
+    assert ("gumbel-st (own objective)" in summary) == (reading != "logits-per-sample")
+    variance = summary["densemixer"]["variance"][0]
+    assert (variance > 1e-6) if densemixer_varies else (variance < 1e-20)
+    for row in summary.values():
+        assert all(math.isfinite(mean) and mean >= -1e-15 for mean, _ in row.values())
+    with pytest.raises(SystemExit):
+        gv.parse_args(["--reading", "mine"])
+    assert "invalid choice: 'mine'" in capsys.readouterr().err

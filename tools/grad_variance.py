@@ -1,7 +1,7 @@
 """Bias, variance and error of router-gradient estimators against the exact gradient (the paper's Table 5).
 
     python tools/grad_variance.py [--samples 10000] [--seeds 10] [--n 10] [--k 5] [--tokens 10]
-                                  [--dim 8] [--tau 1.0] [--json PATH]
+                                  [--dim 8] [--tau 1.0] [--reading ours] [--json PATH]
 
 A tiny fixed MoE layer per seed: T tokens, each with its own router logits r_t ~ N(0, I_n), expert
 outputs f_i(x_t) ~ N(0, I_d) and a target y*_t ~ N(0, I_d), all drawn once from the seed. A subset S
@@ -31,6 +31,21 @@ synthetic experiment); also mse = the mean over draws of ||draw - mean draw||² 
 is averaged over ``--seeds`` seeds (0, 1, ...) with its standard deviation over seeds. Gumbel-ST is
 also scored against the gradient of its own objective, the same loss with S from the Gumbel-top-k
 distribution (enumerated exactly too). docs/results.md says why each choice was made.
+
+``--reading`` chooses another reading of the paper's protocol (``tab:ProbMoE_densemixer``), to
+see which, if any, reproduces its numbers (docs/results.md reports each):
+
+- "ours": as above.
+- "per-token": the cosines taken per token over its n logits, each metric averaged over the T tokens.
+- "token-axis": the SIMPLE notebook's ``F.cosine_similarity`` calls applied as written to the
+  [samples, T, n] stacks: their default ``dim`` (1 for variance and error, 0 for the bias on the
+  mean [T, n]) is the token axis, so each cosine is over the T tokens of one expert; averaged.
+- "sampled-densemixer": DenseMixer's forward on the subset ProbMoE draws (S ~ P(S | r)) instead
+  of the top-k, so its draws vary; its backward as before.
+- "logits-per-sample": every sample draws new router logits r ~ N(0, I) [T, n] (experts and
+  targets stay the seed's); each draw is compared with the exact gradient at its own logits, the
+  bias is 1 - cos(mean draw, mean exact gradient) (the notebook's form). DenseMixer varies with
+  the logits. The Gumbel-ST own-objective row is left out (C(n, k) · 2^k terms per token and sample).
 """
 
 from __future__ import annotations
@@ -60,6 +75,8 @@ DTYPE = torch.float64
 MAX_N = 16  # the Gumbel-top-k objective sums C(n, k) · 2^k terms per token: 3.3 million at n = 16, k = 8
 DRAW_SEED = 1_000_000  # the draws of seed s start from a generator seeded with DRAW_SEED + s
 ROWS = ("probmoe", "probmoe-exact", "densemixer", "gumbel-st")  # the estimators, in the table's order
+READINGS = ("ours", "per-token", "token-axis", "sampled-densemixer", "logits-per-sample")
+EXACT_CHUNK = 4096  # tokens per enumeration batch of the per-sample exact gradients
 METRICS = ("bias", "variance", "error", "mse")
 Estimator = Callable[[Tensor, int, torch.Generator], Tensor]  # (logits [B, n] leaf, k, generator) -> weights [B, n]
 
@@ -131,6 +148,23 @@ def exact_gradient(problem: Problem, k: int, subset_probs=probmoe_probs) -> Tens
     return torch.cat(rows)
 
 
+def exact_gradients(logits: Tensor, experts: Tensor, targets: Tensor, k: int) -> Tensor:
+    """∇_r of the ProbMoE expected loss at many logits at once: logits [S, T, n] -> [S, T, n] float64.
+
+    Each token's gradient depends only on its own row, so one backward per chunk of rows gives them all.
+    """
+    samples, tokens, n = logits.shape
+    masks = subset_masks(n, k)
+    flat = logits.reshape(-1, n)
+    rows = []
+    for start in range(0, len(flat), EXACT_CHUNK):
+        r = flat[start:start + EXACT_CHUNK].clone().requires_grad_()
+        t = torch.arange(start, start + len(r)) % tokens  # the token each row is
+        loss = expected_loss(r, experts[t], targets[t], masks, probmoe_probs)
+        rows.append(torch.autograd.grad(loss, r)[0])
+    return torch.cat(rows).view(samples, tokens, n)
+
+
 def probmoe_weights(logits: Tensor, k: int, generator: torch.Generator, grad: str) -> Tensor:
     """ProbMoE's Eq. 7 through ``probmoe.route`` (dp backend), scattered onto the experts: [B, n]."""
     out = probmoe.route(logits, k=k, training=True, grad=grad, backend="dp", generator=generator)
@@ -144,6 +178,13 @@ def densemixer_weights(logits: Tensor, k: int, generator: torch.Generator) -> Te
     return (mask * pi).detach() + (pi - pi.detach())
 
 
+def sampled_densemixer_weights(logits: Tensor, k: int, generator: torch.Generator) -> Tensor:
+    """DenseMixer's backward (through π of every expert) on a subset drawn from P(S | r): [B, n]."""
+    pi = torch.softmax(logits, dim=-1)
+    z = probmoe.SubsetDistribution(logits.detach(), k=k, backend="dp").sample(generator=generator)
+    return (z * pi).detach() + (pi - pi.detach())
+
+
 def gumbel_st_weights(logits: Tensor, k: int, generator: torch.Generator, tau: float) -> Tensor:
     """Gumbel straight-through: value top-k(r + g) mask ⊙ π, z ≈ softmax((r + g) / τ) backward: [B, n]."""
     noisy = logits - torch.empty_like(logits).exponential_(generator=generator).log()  # r + Gumbel(0, 1)
@@ -152,43 +193,72 @@ def gumbel_st_weights(logits: Tensor, k: int, generator: torch.Generator, tau: f
     return (hard + (soft - soft.detach())) * torch.softmax(logits, dim=-1)
 
 
-def estimators(tau: float) -> dict[str, Estimator]:
-    """Row label -> estimator, in the order of ``ROWS``."""
+def estimators(tau: float, reading: str = "ours") -> dict[str, Estimator]:
+    """Row label -> estimator, in the order of ``ROWS`` (DenseMixer on drawn subsets for "sampled-densemixer")."""
+    densemixer = sampled_densemixer_weights if reading == "sampled-densemixer" else densemixer_weights
     return dict(zip(ROWS, (partial(probmoe_weights, grad="paper"), partial(probmoe_weights, grad="exact"),
-                           densemixer_weights, partial(gumbel_st_weights, tau=tau))))
+                           densemixer, partial(gumbel_st_weights, tau=tau))))
 
 
-def draws(problem: Problem, estimator: Estimator, k: int, samples: int, generator: torch.Generator) -> Tensor:
+def draws(problem: Problem, estimator: Estimator, k: int, samples: int, generator: torch.Generator,
+          logits: Tensor | None = None) -> Tensor:
     """``samples`` single-draw gradients of the loss w.r.t. the logits, in one batch: [samples, T, n].
 
-    The batch holds ``samples`` copies of the T tokens (row s·T + t is token t of draw s); each
-    row's gradient depends only on that row, so one backward gives every draw's gradient.
+    The batch holds ``samples`` copies of the T tokens (row s·T + t is token t of draw s), or the
+    given ``logits`` [samples, T, n] (a new router per sample); each row's gradient depends only on
+    that row, so one backward gives every draw's gradient.
     """
     tokens, n = problem.logits.shape
-    logits = problem.logits.repeat(samples, 1).requires_grad_()  # [samples·T, n]
+    logits = (problem.logits.repeat(samples, 1) if logits is None else logits.reshape(-1, n)).clone().requires_grad_()
     weights = estimator(logits, k, generator).view(samples, tokens, n)
     loss = token_losses(weights, problem.experts, problem.targets).sum()
     return torch.autograd.grad(loss, logits)[0].view(samples, tokens, n)
 
 
-def metrics(grads: Tensor, exact: Tensor) -> dict[str, float]:
-    """bias, variance, error and mse (see the module docstring) of draws [S, T, n] against exact [T, n]."""
-    g, e = grads.flatten(1), exact.flatten()
-    mean = g.mean(dim=0)
-    return {"bias": 1.0 - F.cosine_similarity(mean, e, dim=0).item(),
-            "variance": F.cosine_similarity(g, mean.unsqueeze(0), dim=1).var().item(),
-            "error": (1.0 - F.cosine_similarity(g, e.unsqueeze(0), dim=1)).mean().item(),
-            "mse": ((g - mean).square().sum(dim=1).mean() / e.square().sum()).item()}
+def metrics(grads: Tensor, exact: Tensor, axis: str = "flat") -> dict[str, float]:
+    """bias, variance, error and mse (see the module docstring) of draws [S, T, n] against exact [T, n]
+    (or [S, T, n], one per draw: the bias then compares the means).
+
+    ``axis``: "flat", cosines over the whole T·n gradient; "per-token", over each token's n logits,
+    averaged over tokens; "token-axis", over the T tokens of each expert, averaged over experts.
+    """
+    exact = exact.expand_as(grads)
+    if axis == "flat":
+        g, e, dim = grads.flatten(1), exact.flatten(1), -1  # [S, T·n]
+    elif axis == "per-token":
+        g, e, dim = grads, exact, -1  # cosines over n, [S, T]
+    elif axis == "token-axis":
+        g, e, dim = grads, exact, 1  # cosines over T, [S, n]
+    else:
+        raise ValueError(f"axis must be 'flat', 'per-token' or 'token-axis', got {axis!r}")
+    mean, mean_exact = g.mean(dim=0), e.mean(dim=0)
+    cos_to_mean = F.cosine_similarity(g, mean.unsqueeze(0), dim=dim)  # [S] or [S, T] or [S, n]
+    bias_dim = 0 if axis == "token-axis" else -1  # the same axis of the means [T·n] or [T, n]
+    return {"bias": (1.0 - F.cosine_similarity(mean, mean_exact, dim=bias_dim)).mean().item(),
+            "variance": (cos_to_mean.var() if axis == "token-axis" else cos_to_mean.var(dim=0).mean()).item(),
+            "error": (1.0 - F.cosine_similarity(g, e, dim=dim)).mean().item(),
+            "mse": ((g - mean).square().flatten(1).sum(dim=1).mean() / mean_exact.square().sum()).item()}
 
 
 def evaluate_seed(seed: int, args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    """Row label -> metrics for one seed: the four estimators, and Gumbel-ST against its own objective."""
+    """Row label -> metrics for one seed: the four estimators, and Gumbel-ST against its own objective
+    (not under "logits-per-sample")."""
+    reading = getattr(args, "reading", "ours")
+    axis = reading if reading in ("per-token", "token-axis") else "flat"
     problem = make_problem(seed, args.n, args.tokens, args.dim)
-    exact = exact_gradient(problem, args.k)
-    grads = {name: draws(problem, estimator, args.k, args.samples, torch.Generator().manual_seed(DRAW_SEED + seed))
-             for name, estimator in estimators(args.tau).items()}
-    rows = {name: metrics(g, exact) for name, g in grads.items()}
-    rows["gumbel-st (own objective)"] = metrics(grads["gumbel-st"], exact_gradient(problem, args.k, gumbel_topk_probs))
+    logits = None
+    if reading == "logits-per-sample":
+        g = torch.Generator().manual_seed(DRAW_SEED // 2 + seed)
+        logits = torch.randn(args.samples, args.tokens, args.n, generator=g, dtype=DTYPE)
+        exact = exact_gradients(logits, problem.experts, problem.targets, args.k)
+    else:
+        exact = exact_gradient(problem, args.k)
+    grads = {name: draws(problem, estimator, args.k, args.samples, torch.Generator().manual_seed(DRAW_SEED + seed),
+                         logits) for name, estimator in estimators(args.tau, reading).items()}
+    rows = {name: metrics(g, exact, axis) for name, g in grads.items()}
+    if logits is None:
+        rows["gumbel-st (own objective)"] = metrics(grads["gumbel-st"], exact_gradient(problem, args.k,
+                                                                                        gumbel_topk_probs), axis)
     return rows
 
 
@@ -216,7 +286,7 @@ def report(summary: dict[str, dict[str, tuple[float, float]]], args: argparse.Na
     rows = [(name, *(f"{mean:.2e} ± {std:.1e}" for mean, std in (stats[m] for m in METRICS)))
             for name, stats in summary.items()]
     header = ("estimator", "bias", "variance", "error", "mse / ||exact||²")
-    return (f"n = {args.n}, k = {args.k}, T = {args.tokens}, d = {args.dim}, tau = {args.tau}, "
+    return (f"reading {args.reading}: n = {args.n}, k = {args.k}, T = {args.tokens}, d = {args.dim}, tau = {args.tau}, "
             f"{args.samples} draws x {args.seeds} seeds\n\n{table(rows, header)}\n\n"
             f"{seconds:.1f} s on {torch.get_num_threads()} threads")
 
@@ -237,6 +307,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=10, help="tokens, each with its own logits")
     p.add_argument("--dim", type=int, default=8, help="width d of the expert outputs")
     p.add_argument("--tau", type=float, default=1.0, help="Gumbel-ST's softmax temperature")
+    p.add_argument("--reading", choices=READINGS, default="ours", help="a reading of the paper's protocol "
+                   "(module docstring)")
     p.add_argument("--json", metavar="PATH", help="write {estimator: {bias, variance, error}} (means over seeds)")
     args = p.parse_args(argv)
     for name, low, high in (("samples", 2, None), ("seeds", 2, None), ("n", 2, MAX_N), ("k", 1, args.n - 1),

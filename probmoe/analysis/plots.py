@@ -10,6 +10,11 @@ matplotlib is imported only when a figure is drawn) and returns the path written
     plot_frequency      token frequency against mean active experts, log x (Fig. 6)
     plot_load           load imbalance per layer: coefficient of variation and MaxVio
     plot_all            all of them into one folder
+
+Runs with the same values stay visible: each run has its own colour, marker and line style, runs
+are offset slightly along x (a fraction of a layer; a few hundredths of a decade on the frequency
+axis), and markers shrink from the first run to the last, so a later run drawn over an earlier one
+leaves a ring. Axes that start at 0 end above the largest value (``_HEADROOM``).
 """
 
 from __future__ import annotations
@@ -19,6 +24,29 @@ from pathlib import Path
 
 DPI = 150
 _PANEL = (4.6, 3.4)  # inches per panel
+_LEGEND_ROW = 0.3  # inches per row of the legend below the panels
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+_LINESTYLES = ("-", "--", "-.", ":")
+_HEADROOM = 1.12  # top of a y axis from 0, over the largest value drawn
+_SPREAD = 0.3  # the runs' x offsets span at most this much of a layer
+
+
+def _style(i: int, runs: int) -> dict:
+    """Line style of run ``i`` of ``runs``: colour, marker, line style, a marker size shrinking from 7 to 3."""
+    size = 7 - 4 * i / max(runs - 1, 1)
+    return dict(color=f"C{i % 10}", marker=_MARKERS[i % len(_MARKERS)], linestyle=_LINESTYLES[i % len(_LINESTYLES)],
+                markersize=size, linewidth=1.4)
+
+
+def _offset(i: int, runs: int) -> float:
+    """Run ``i``'s offset in [-_SPREAD / 2, _SPREAD / 2], 0 for a single run."""
+    return 0.0 if runs == 1 else _SPREAD * (i / (runs - 1) - 0.5)
+
+
+def _headroom(ax, values) -> None:
+    """y from 0 to _HEADROOM times the largest of ``values`` (1 when all are 0)."""
+    top = max([v for v in values if v == v] or [0.0])
+    ax.set_ylim(0, top * _HEADROOM if top > 0 else 1.0)
 
 
 def _check(summaries, keys: Sequence[str]) -> dict[str, list[dict]]:
@@ -38,37 +66,47 @@ def _check(summaries, keys: Sequence[str]) -> dict[str, list[dict]]:
     return {run: list(layers) for run, layers in summaries.items()}
 
 
-def _figure(ncols: int, title: str):
-    """A figure with ``ncols`` panels side by side on an Agg canvas, and its axes."""
+def _legend_columns(width: float, runs: int) -> int:
+    return min(runs, max(1, round(width / 2.3)))  # about 2.3 inches per legend entry: never clipped
+
+
+def _figure(ncols: int, title: str, runs: int):
+    """A figure with ``ncols`` panels side by side on an Agg canvas, and its axes; taller by a
+    legend row per ``_legend_columns`` runs, so the panels keep their height (and their labels fit)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(_PANEL[0] * ncols, _PANEL[1]), layout="constrained")  # tight, legend included
+    width = _PANEL[0] * ncols
+    rows = -(-runs // _legend_columns(width, runs))
+    fig = Figure(figsize=(width, _PANEL[1] + _LEGEND_ROW * rows), layout="constrained")  # tight, legend included
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, ncols, squeeze=False)[0]
     fig.suptitle(title)
     return fig, axes
 
 
-def _per_layer(ax, runs: dict[str, list[dict]], value, ylabel: str, title: str) -> None:
-    """One line per run: ``value(layer summary)`` against the layer index."""
+def _per_layer(ax, runs: dict[str, list[dict]], value, ylabel: str, title: str) -> list[float]:
+    """One line per run: ``value(layer summary)`` against the layer index (offset per run); the values drawn."""
     from matplotlib.ticker import MaxNLocator
 
+    drawn = []
     for i, (run, layers) in enumerate(runs.items()):
-        ax.plot(range(len(layers)), [value(layer) for layer in layers], marker="o", markersize=4, color=f"C{i}",
-                label=run)
+        ys = [value(layer) for layer in layers]
+        ax.plot([x + _offset(i, len(runs)) for x in range(len(layers))], ys, label=run, **_style(i, len(runs)))
+        drawn += ys
     ax.set_xlabel("layer")
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize="medium")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
+    return drawn
 
 
 def _save(fig, path) -> Path:
     """Write ``fig`` to ``path`` as PNG, with one legend of the runs below the panels."""
     handles, labels = fig.axes[0].get_legend_handles_labels()
-    per_row = max(1, round(fig.get_figwidth() / 2.3))  # about 2.3 inches per legend entry: never clipped
-    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), per_row), frameon=False)
+    fig.legend(handles, labels, loc="outside lower center", ncols=_legend_columns(fig.get_figwidth(), len(labels)),
+               frameon=False)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI)
@@ -81,34 +119,32 @@ def plot_coverage(summaries: Mapping[str, Sequence[dict]], path) -> Path:
     alphas = list(next(iter(runs.values()))[0]["coverage"])
     if any(list(layer["coverage"]) != alphas for layers in runs.values() for layer in layers):
         raise ValueError(f"summaries must all hold coverage for the same alphas, {alphas}")
-    fig, axes = _figure(len(alphas), "Experts needed to cover a fraction α of the routing probability")
+    fig, axes = _figure(len(alphas), "Experts needed to cover a fraction α of the routing probability", len(runs))
     for ax, alpha in zip(axes, alphas):
-        _per_layer(ax, runs, lambda layer: layer["coverage"][alpha], "mean experts per token", f"α = {alpha}")
-        ax.set_ylim(bottom=0)
+        _headroom(ax, _per_layer(ax, runs, lambda layer: layer["coverage"][alpha], "mean experts per token",
+                                 f"α = {alpha}"))
     return _save(fig, path)
 
 
 def plot_concentration(summaries: Mapping[str, Sequence[dict]], path) -> Path:
     """Mean top-m probability mass and mean normalised entropy per layer."""
     runs = _check(summaries, ["top_m", "top_mass", "entropy"])
-    fig, axes = _figure(2, "Concentration of the routing distribution")
+    fig, axes = _figure(2, "Concentration of the routing distribution", len(runs))
     top_ms = sorted({layer["top_m"] for layers in runs.values() for layer in layers})
     m = top_ms[0] if len(top_ms) == 1 else "m"
     _per_layer(axes[0], runs, lambda layer: layer["top_mass"], f"mean top-{m} mass", f"Mass of the top {m} experts")
     _per_layer(axes[1], runs, lambda layer: layer["entropy"], "mean H(p) / log N", "Normalised entropy")
     for ax in axes:
-        ax.set_ylim(0, 1.02)
+        ax.set_ylim(0, _HEADROOM)  # both are fractions in [0, 1]
     return _save(fig, path)
 
 
 def plot_cardinality(summaries: Mapping[str, Sequence[dict]], path) -> Path:
     """Mean experts per token per layer, and the share of tokens sent to c experts over all layers."""
-    from matplotlib.ticker import MaxNLocator
-
     runs = _check(summaries, ["cardinality_mean", "cardinality_hist"])
-    fig, axes = _figure(2, "Experts activated per token")
-    _per_layer(axes[0], runs, lambda layer: layer["cardinality_mean"], "mean experts per token", "Mean per layer")
-    axes[0].set_ylim(bottom=0)
+    fig, axes = _figure(2, "Experts activated per token", len(runs))
+    _headroom(axes[0], _per_layer(axes[0], runs, lambda layer: layer["cardinality_mean"], "mean experts per token",
+                                  "Mean per layer"))
     shares = {}
     for run, layers in runs.items():
         hist = [0] * max(len(layer["cardinality_hist"]) for layer in layers)  # tokens with 0, 1, ... experts
@@ -125,7 +161,9 @@ def plot_cardinality(summaries: Mapping[str, Sequence[dict]], path) -> Path:
     axes[1].set_xlabel("experts per token")
     axes[1].set_ylabel("share of tokens (all layers)")
     axes[1].set_title("Distribution over all layers", fontsize="medium")
-    axes[1].xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[1].set_xlim(min(xs) - 0.7, max(xs) + 0.7)  # whole counts only, with room beside the outer bars
+    axes[1].set_xticks(list(xs) if len(xs) <= 12 else list(xs)[::-(-len(xs) // 12)])  # whole counts, at most 12
+    axes[1].set_ylim(0, _HEADROOM * max(s for share in shares.values() for s in share))
     axes[1].grid(alpha=0.3, axis="y")
     return _save(fig, path)
 
@@ -137,19 +175,23 @@ def plot_frequency(summaries: Mapping[str, Sequence[dict]], path) -> Path:
     same tokens); one line per run.
     """
     runs = _check(summaries, ["frequency"])
-    fig, axes = _figure(1, "Token frequency and active experts")
+    fig, axes = _figure(1, "Token frequency and active experts\n(mean over layers)", len(runs))
     ax = axes[0]
+    drawn = []
     for i, (run, layers) in enumerate(runs.items()):
         bins: dict[float, list[float]] = {}
         for layer in layers:
             for f, a in zip(layer["frequency"]["frequency"], layer["frequency"]["mean_active"]):
                 bins.setdefault(f, []).append(a)
         xs = sorted(bins)
-        ax.plot(xs, [sum(bins[f]) / len(bins[f]) for f in xs], marker="o", markersize=4, color=f"C{i}", label=run)
+        ys = [sum(bins[f]) / len(bins[f]) for f in xs]
+        shift = 10 ** (0.2 * _offset(i, len(runs)))  # at most ±0.03 decades
+        ax.plot([f * shift for f in xs], ys, label=run, **_style(i, len(runs)))
+        drawn += ys
     ax.set_xscale("log")
-    ax.set_ylim(bottom=0)
+    _headroom(ax, drawn)
     ax.set_xlabel("token frequency (occurrences)")
-    ax.set_ylabel("mean active experts (over layers)")
+    ax.set_ylabel("mean active experts")
     ax.grid(alpha=0.3, which="both")
     return _save(fig, path)
 
@@ -157,11 +199,10 @@ def plot_frequency(summaries: Mapping[str, Sequence[dict]], path) -> Path:
 def plot_load(summaries: Mapping[str, Sequence[dict]], path) -> Path:
     """Load imbalance per layer: the coefficient of variation of the expert load, and MaxVio."""
     runs = _check(summaries, ["load_cv", "max_vio"])
-    fig, axes = _figure(2, "Expert load balance (0 = perfectly balanced)")
-    _per_layer(axes[0], runs, lambda layer: layer["load_cv"], "std / mean of the load", "Coefficient of variation")
-    _per_layer(axes[1], runs, lambda layer: layer["max_vio"], "(max − mean) / mean load", "MaxVio")
-    for ax in axes:
-        ax.set_ylim(bottom=0)
+    fig, axes = _figure(2, "Expert load balance (0 = perfectly balanced)", len(runs))
+    _headroom(axes[0], _per_layer(axes[0], runs, lambda layer: layer["load_cv"], "std / mean of the load",
+                                  "Coefficient of variation"))
+    _headroom(axes[1], _per_layer(axes[1], runs, lambda layer: layer["max_vio"], "(max − mean) / mean load", "MaxVio"))
     return _save(fig, path)
 
 
