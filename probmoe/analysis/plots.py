@@ -202,7 +202,8 @@ def plot_load(summaries: Mapping[str, Sequence[dict]], path) -> Path:
     fig, axes = _figure(2, "Expert load balance (0 = perfectly balanced)", len(runs))
     _headroom(axes[0], _per_layer(axes[0], runs, lambda layer: layer["load_cv"], "std / mean of the load",
                                   "Coefficient of variation"))
-    _headroom(axes[1], _per_layer(axes[1], runs, lambda layer: layer["max_vio"], "(max − mean) / mean load", "MaxVio"))
+    _headroom(axes[1], _per_layer(axes[1], runs, lambda layer: layer["max_vio"], "(max − mean) / mean load",
+                                  "MaxVio"))
     return _save(fig, path)
 
 

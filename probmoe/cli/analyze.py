@@ -138,8 +138,8 @@ def main(argv=None) -> int:
         print(f"{run} [{described[run]}]: experts to cover 90% per layer {cover}; experts per token {card}")
         ranked = [row for row in tokens if row["run"] == run]
         if ranked:
-            print(f"  most experts: {', '.join(repr(r['token']) for r in ranked[:5])}; fewest: "
-                  f"{', '.join(repr(r['token']) for r in ranked[-5:])}")
+            quoted = [f"'{r['token']}' ({r['mean_experts']:.2f})" for r in ranked]  # token: escaped already
+            print(f"  most experts: {', '.join(quoted[:5])}; fewest: {', '.join(quoted[-5:])}")
     print(f"{len(figures)} figures, analysis.json, analysis.csv and tokens.csv in {args.output}", file=sys.stderr)
     return 0
 

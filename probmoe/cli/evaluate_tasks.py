@@ -62,8 +62,8 @@ def main(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from probmoe.eval import harness
 
     results = common.run_or_exit(p, lambda: harness.evaluate(
-        lm, tasks, manager, limit=args.limit, num_fewshot=args.num_fewshot, allow_code_execution=args.allow_code_execution,
-        log_samples=args.log_samples, seed=args.seed))
+        lm, tasks, manager, limit=args.limit, num_fewshot=args.num_fewshot,
+        allow_code_execution=args.allow_code_execution, log_samples=args.log_samples, seed=args.seed))
     samples = results.pop("samples", {})
     routing = results.pop("probmoe")
     _write_json(os.path.join(out, "results.json"), results)

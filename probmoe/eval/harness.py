@@ -121,9 +121,12 @@ def task_manager(tasks: list[str], include_path: str | None = None):
 
 def evaluate(lm: ProbMoELM, tasks: list[str], manager, *, limit=None, num_fewshot=None,
              allow_code_execution: bool = False, log_samples: bool = False, seed: int = 0) -> dict:
-    """Run ``tasks`` on ``lm``; ``allow_code_execution`` passes the harness's ``confirm_run_unsafe_code``
-    and sets ``HF_ALLOW_CODE_EVAL=1`` (tasks marked unsafe, MBPP, run the generated code). The harness's results dict (``samples`` only with ``log_samples``) with
-    ``"probmoe"``: {"checkpoint", "routing", "routing_statistics": ``RoutingTally.summary()``} of these tasks."""
+    """Run ``tasks`` on ``lm``: the harness's results dict (``samples`` only with ``log_samples``) with
+    ``"probmoe"``: {"checkpoint", "routing", "routing_statistics": ``RoutingTally.summary()``} of these tasks.
+
+    ``allow_code_execution`` passes the harness's ``confirm_run_unsafe_code`` and sets
+    ``HF_ALLOW_CODE_EVAL=1``: tasks marked unsafe (MBPP) run the generated code.
+    """
     import lm_eval
 
     if allow_code_execution:  # the harness's code_eval metric (MBPP, HumanEval) refuses to run without it
