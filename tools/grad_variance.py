@@ -1,4 +1,4 @@
-"""Bias, variance and error of router-gradient estimators against the exact gradient (the paper's tab:ProbMoE_densemixer).
+"""Bias, variance and error of router-gradient estimators against the exact gradient (tab:ProbMoE_densemixer).
 
     python tools/grad_variance.py [--samples 10000] [--seeds 10] [--n 10] [--k 5] [--tokens 10]
                                   [--dim 8] [--tau 1.0] [--reading ours] [--json PATH]
