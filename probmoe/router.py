@@ -46,8 +46,7 @@ class ProbMoERouter(nn.Module):
         self.config = RoutingConfig.resolve(num_experts, config, k=k, kmin=kmin, kmax=kmax, constraint=constraint,
                                             method=method, backend=backend, grad=grad, normalize=normalize,
                                             scores=scores)
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+        _validate.generator(generator)
         self.hidden_dim, self.num_experts, self.top_k = hidden_size, num_experts, self.config.kmax  # HF's names
         self.generator, self.validate_args = generator, validate_args
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, device=device, dtype=dtype))

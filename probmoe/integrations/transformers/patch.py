@@ -13,6 +13,8 @@ import os
 
 import torch
 
+from circuits import checks
+
 from . import experts as experts_mod
 from . import gate as gate_mod
 from . import model as model_mod
@@ -50,8 +52,7 @@ def patch_model(model, method: str, *, k=None, kmin=None, kmax=None, backend: st
     family = family_of(model)
     plan = make_plan(model.config, family, method, k=k, kmin=kmin, kmax=kmax, backend=backend, grad=grad,
                      aux_loss=aux_loss, z_loss=z_loss)
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    checks.generator(generator)
     if is_patched(model):
         if model.probmoe_plan == plan and model.probmoe_generator is generator:
             return model
