@@ -22,6 +22,7 @@ from .config import RoutingConfig
 from .distribution import SubsetDistribution
 from .gate_weights import gate_weights
 from .map_rule import map_size
+from .scores import dense_selection, gate_scores
 
 @dataclass
 class Routing:
@@ -58,8 +59,7 @@ class Routing:
 
     def selected(self) -> Tensor:
         """The used experts as a dense mask: [T, N] bool."""
-        dense = torch.zeros_like(self.probs, dtype=torch.int32)
-        return dense.scatter_add_(-1, self.indices, self.mask.int()) > 0  # unused slots repeat slot 0
+        return dense_selection(self.indices, self.mask, self.probs.shape[-1])
 
 
 def route(logits: Tensor, config: RoutingConfig | None = None, *, training: bool, k=None, kmin=None, kmax=None,
@@ -102,7 +102,7 @@ def route(logits: Tensor, config: RoutingConfig | None = None, *, training: bool
     r = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
     dist = SubsetDistribution._checked(r, config, validate_args)  # the logits were checked above
     with torch.no_grad():  # the weights carry the gradient (gate_weights); probs is for selection and users
-        probs = torch.softmax(r, dim=-1) if config.scores == "softmax" else torch.sigmoid(r)  # [T, N]
+        probs = gate_scores(r, config.scores)  # [T, N]
     sampled = training and method != "topk-marginal"
     # the marginals enter only the backward: skip them when no gradient can flow
     marginal_st = training and method != "sample-dense-ste" and torch.is_grad_enabled() and r.requires_grad
@@ -120,7 +120,7 @@ def route(logits: Tensor, config: RoutingConfig | None = None, *, training: bool
         # tie); a range: the MAP's top logits, which do not tie there
         key = torch.where(r > -torch.inf, probs, -1.0) if kmin == kmax else r.detach()
     if training and method == "sample-dense-ste":
-        scores = torch.softmax(r, dim=-1) if config.scores == "softmax" else torch.sigmoid(r)  # [T, N]
+        scores = gate_scores(r, config.scores)  # [T, N]
         tangent = scores - scores.detach()
     if sampled or structured:  # the chosen experts (at most kmax), by descending score, ties to the lower index
         top, idx = torch.ops.circuits.topk(key, kmax)  # [T, kmax]

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from probmoe.scores import gate_scores
+
 from . import data
 
 
@@ -31,7 +33,7 @@ def capture(model, tokenizer, records: list[dict], batch_size: int, max_length: 
     from probmoe.integrations.transformers import router_stats
 
     encoded = [data.encode(tokenizer, r, max_length) for r in records]
-    sigmoid = model.probmoe_family.scores == "sigmoid"
+    kind = model.probmoe_family.scores
     probs, selected, ids, names = None, None, [], None
     with torch.no_grad():
         for start in progress(range(0, len(encoded), batch_size), desc="route"):
@@ -44,8 +46,7 @@ def capture(model, tokenizer, records: list[dict], batch_size: int, max_length: 
                 names = [s["layer"] for s in stats]
                 probs, selected = [[] for _ in stats], [[] for _ in stats]
             for layer, (logits, s) in enumerate(zip(out.router_logits, stats)):
-                scores = torch.sigmoid(logits.float()) if sigmoid else torch.softmax(logits.float(), dim=-1)
-                scores = scores / scores.sum(dim=-1, keepdim=True) if sigmoid else scores  # [B·L, N]
+                scores = gate_scores(logits.float(), kind, normalized=True)  # [B·L, N]
                 probs[layer].append(scores[keep].cpu())  # [T_b, N]
                 selected[layer].append(s["selected"][keep].cpu())
             ids.append(batch["input_ids"].reshape(-1)[keep].cpu())
