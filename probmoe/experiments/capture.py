@@ -1,6 +1,6 @@
 """The routing of a data set through a model, layer by layer, behind ``probmoe-analyze``.
 
-The model runs teacher-forced over question + answer texts (``data.encode``) in eval mode, so
+The model runs teacher-forced over whole examples (``data.encode_all``: prompt and answer) in eval mode, so
 each router routes as at inference (MAP for ProbMoE, top-k for the stock methods). For every
 MoE layer and every real (non-pad) token we keep the routing probabilities (softmax(r); for a
 family gating with sigmoid scores, DeepSeek-V3, the scores σ(r) normalised to sum to 1), the
@@ -28,11 +28,10 @@ class LayerRouting:
     token_ids: torch.Tensor
 
 
-def capture(model, tokenizer, records: list[dict], batch_size: int, max_length: int, progress) -> list[LayerRouting]:
-    """Route ``records`` through the patched ``model``; one ``LayerRouting`` per MoE layer."""
+def capture(model, tokenizer, encoded: list[data.Encoded], batch_size: int, progress) -> list[LayerRouting]:
+    """Route the ``encoded`` examples through the patched ``model``; one ``LayerRouting`` per MoE layer."""
     from probmoe.integrations.transformers import router_stats
 
-    encoded = [data.encode(tokenizer, r, max_length) for r in records]
     kind = model.probmoe_family.scores
     probs, selected, ids, names = None, None, [], None
     with torch.no_grad():
