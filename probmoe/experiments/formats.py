@@ -11,9 +11,11 @@ The format follows from the fields (``detect``: exactly one format's fields must
 is given (``--data-format``); other fields are kept and ignored. Files: ``.jsonl`` (one JSON
 object per line, blank lines skipped), ``.json`` (an array of objects, or JSON lines) and
 ``.parquet``. A malformed record is named by file and line (``train.jsonl:12``), or by record
-index from 0 in a JSON array or a Parquet file (``train.parquet: record 3``). A file that
-``datasets`` (Arrow) cannot type, e.g. a field that is a string on one line and a number on the
-next, is read again with Python's ``json`` so that the offending record is the one named.
+index from 0 in a JSON array or a Parquet file (``train.parquet: record 3``). Arrow infers the
+types of a JSON file: a field that is a string on one line and a number on the next fails to
+load, and a date-like string ("2020-01-01") comes back as a timestamp. So a JSON file whose
+``datasets`` reading fails or does not check out is read again with Python's ``json``, which
+keeps the strings as written and names the record at fault.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class Records:
     ``lines`` the line of each row (JSON lines) or None (rows named by index)."""
 
     path: str
-    format: str
+    format: str | None  # None only until ``read`` has detected it
     rows: list[dict]
     lines: list[int] | None
 
@@ -65,23 +67,44 @@ def read(path, data_format: str | None = None) -> Records:
     if suffix not in SUFFIXES:
         raise ValueError(f"data file {path!r}: the suffix must be one of {', '.join(SUFFIXES)} (JSON lines, JSON, "
                          "Parquet)")
-    lines = None if SUFFIXES[suffix] == "parquet" or _is_array(path) else _record_lines(path)
+    parquet = SUFFIXES[suffix] == "parquet"
+    lines = None if parquet or _is_array(path) else _record_lines(path)
     try:
         rows = _load(path, SUFFIXES[suffix])
     except Exception as e:  # datasets and Arrow raise many types; the re-read below names the record
-        if SUFFIXES[suffix] == "parquet":
+        if parquet:
             raise ValueError(f"data file {path!r} is not a readable Parquet file ({_reason(e)})") from None
         rows = None
-    if rows is None or (lines is not None and len(lines) != len(rows)):
-        rows, lines = _read_json(path)
-    if not rows:
-        raise ValueError(f"data file {path!r} holds no records")
-    records = Records(path, data_format or detect(rows, path), rows, lines)
-    for index, row in enumerate(rows):
+    if parquet:
+        records = Records(path, data_format, rows, None)
+        _validate(records)
+        return records
+    if rows is not None and (lines is None or len(lines) == len(rows)):
+        records = Records(path, data_format, rows, lines)
+        if _valid(records):
+            return records
+    records = Records(path, data_format, *_read_json(path))  # Arrow's types are not the file's (see the module)
+    _validate(records)
+    return records
+
+
+def _validate(records: Records) -> None:
+    """Detect the format unless given, then check every record; ValueError naming the first bad one."""
+    if not records.rows:
+        raise ValueError(f"data file {records.path!r} holds no records")
+    records.format = records.format or detect(records.rows, records.path)
+    for index, row in enumerate(records.rows):
         problem = check(row, records.format)
         if problem:
             raise ValueError(f"{records.where(index)}: {problem}")
-    return records
+
+
+def _valid(records: Records) -> bool:
+    try:
+        _validate(records)
+    except ValueError:
+        return False
+    return True
 
 
 def detect(rows: list[dict], path: str) -> str:
