@@ -2,6 +2,8 @@
 --max-length are warned of or refused, a finished run is not re-run, --no-progress is quiet, and
 damaged weights get one line naming the file (with no output folder left behind)."""
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -31,20 +33,21 @@ def write_jsonl(path, rows):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """A tiny OLMoE trained 2 steps on 4 question/answer lines, stopped after 1 and resumed."""
+    """A tiny OLMoE trained 2 steps on 4 question/answer lines, stopped after 1 and resumed (with
+    what the resume printed)."""
     root = tmp_path_factory.mktemp("cli")
     qa = write_jsonl(root / "qa.jsonl", QA)
     args = ["--model", "tiny-olmoe", "--data", qa, "--output-dir", str(root / "run"), "--max-steps", "2",
             "--batch-size", "2", "--no-progress"]
     assert train.main([*args, "--stop-after", "1"]) == 0
-    return root, qa, args
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        assert train.main([*args, "--resume", "latest"]) == 0
+    return root, qa, args, err.getvalue()
 
 
 def test_resume_says_where_it_resumed_and_a_finished_run_writes_nothing(run, capsys):
-    root, _, args = run
-    assert train.main([*args, "--resume", "latest"]) == 0
-    err = capsys.readouterr().err
-    assert f"resumed from {root / 'run' / 'checkpoint-000001'} at step 1 of 2" in err
+    root, _, args, resumed = run
+    assert f"resumed from {root / 'run' / 'checkpoint-000001'} at step 1 of 2" in resumed
     assert (root / "run" / "model.safetensors").is_file()
     before = snapshot(root / "run")
     assert train.main([*args, "--resume", "latest"]) == 0
@@ -57,7 +60,7 @@ def test_resume_says_where_it_resumed_and_a_finished_run_writes_nothing(run, cap
 def test_no_progress_silences_the_loading_bars_of_transformers(run, capsys):
     from transformers.utils import logging
 
-    root, qa, _ = run
+    root, qa, _, _ = run
     cases = {}
     for flag in ([], ["--no-progress"]):
         logging.enable_progress_bar()  # as in a fresh process
@@ -71,7 +74,7 @@ def test_no_progress_silences_the_loading_bars_of_transformers(run, capsys):
 
 @pytest.mark.parametrize("damage", ["truncated to 1,000 bytes", "first 8 bytes overwritten"])
 def test_damaged_weights_get_one_line_naming_the_file(run, tmp_path, capsys, damage):
-    root, qa, _ = run
+    root, qa, _, _ = run
     model = tmp_path / "model"
     shutil.copytree(root / "run", model, ignore=shutil.ignore_patterns("checkpoint-*", "eval*"))
     weights = model / "model.safetensors"
@@ -96,17 +99,17 @@ def test_damaged_weights_get_one_line_naming_the_file(run, tmp_path, capsys, dam
 
 
 def test_weights_file_check_reads_headers(run, tmp_path):
-    root, _, _ = run
-    assert check_weights_files(str(root / "run")) == ["model.safetensors"]
+    root, _, _, _ = run
+    assert check_weights_files(str(root / "run")) == [str(root / "run" / "model.safetensors")]
     raw = (root / "run" / "model.safetensors").read_bytes()
-    cases = {"short.safetensors": (raw[:100 + int.from_bytes(raw[:8], "little")], "lie outside the data region"),
+    cases = {"short.safetensors": (raw[:100 + int.from_bytes(raw[:8], "little")], r"bytes of data \(truncated\)"),
              "tiny.safetensors": (raw[:5], "shorter than the 8-byte header length"),
-             "json.safetensors": ((4).to_bytes(8, "little") + b"{no}" + raw[8:], "its header is not JSON")}
+             "json.safetensors": ((4).to_bytes(8, "little") + b"{no}" + raw[8:], "header is not valid JSON")}
     for name, (content, message) in cases.items():
         folder = tmp_path / name
         folder.mkdir()
         (folder / name).write_bytes(content)
-        with pytest.raises(ValueError, match=f"{name}: damaged weights file .*{message}"):
+        with pytest.raises(ValueError, match=f"{name}: damaged weights file: .*{message}"):
             check_weights_files(str(folder))
 
 
