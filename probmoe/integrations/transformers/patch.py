@@ -17,6 +17,7 @@ from . import experts as experts_mod
 from . import gate as gate_mod
 from . import model as model_mod
 from . import settings
+from .weights_file import check_weights_files
 from .families import family_of
 from .methods import make_plan
 
@@ -115,7 +116,9 @@ def from_pretrained(path, *, generator: torch.Generator | None = None, **kwargs)
     """Load a checkpoint saved from a patched model with transformers'
     ``AutoModelForCausalLM.from_pretrained(path, **kwargs)`` and patch the routing its
     ``probmoe_routing.json`` records. FileNotFoundError if the settings file is missing,
-    ValueError if it is unreadable, tampered or does not match the checkpoint's config."""
+    ValueError if it is unreadable, tampered or does not match the checkpoint's config;
+    ``weights_file.DamagedWeightsError`` (a ValueError) naming a truncated or corrupted
+    ``*.safetensors`` file, before transformers reads it."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if not os.path.isdir(os.fspath(path)):
@@ -125,6 +128,7 @@ def from_pretrained(path, *, generator: torch.Generator | None = None, **kwargs)
     if config.model_type != data["model_type"]:
         raise ValueError(f"{data['path']} is for model type {data['model_type']!r} but config.json says "
                          f"{config.model_type!r}")
+    check_weights_files(path)
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     family = family_of(model)
     if (family.num_experts(model.config), family.top_k(model.config)) != (data["num_experts"], data["top_k"]):
