@@ -23,6 +23,7 @@ from torch import Tensor
 import probmoe
 from probmoe.replay import GeneratorReplay
 
+from . import pickling
 from .methods import STOCK, Plan
 
 
@@ -138,6 +139,9 @@ class PatchedGate:
         if not family.fp32_weights:
             weights = weights.to(logits.dtype)  # as the stock OLMoE/Qwen routers
         return logits, weights, indices
+
+    def __reduce_ex__(self, protocol):  # pickle, torch.save, deepcopy: the patched class (see pickling)
+        return pickling.reduce(self, gate_class, (pickling.stock_class(self, PatchedGate),), ("probmoe_last",))
 
 
 _CLASSES: dict[type, type] = {}

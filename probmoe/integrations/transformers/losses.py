@@ -27,6 +27,15 @@ def _token_mask(attention_mask: Tensor | None, rows: int, device) -> Tensor | No
     return attention_mask.reshape(-1).to(device=device, dtype=torch.float32)
 
 
+def routing_probs(logits: Tensor, scores: str = "softmax") -> Tensor:
+    """The routing distribution per token, logits [T, N] -> [T, N] float32 rows summing to 1:
+    softmax(r), or for sigmoid gates (``scores="sigmoid"``) σ(r) / Σ_j σ(r)_j."""
+    if scores == "softmax":
+        return torch.softmax(logits.float(), dim=-1)
+    p = torch.sigmoid(logits.float())
+    return p / p.sum(dim=-1, keepdim=True)
+
+
 def load_balancing_loss(router_logits, selected, attention_mask: Tensor | None = None,
                         scores: str = "softmax") -> Tensor:
     """router_logits: per layer [T, N] (differentiable); selected: per layer [T, N] bool, the
@@ -41,11 +50,7 @@ def load_balancing_loss(router_logits, selected, attention_mask: Tensor | None =
     probs = torch.zeros(n, dtype=torch.float32, device=device)
     rows = torch.zeros((), dtype=torch.float32, device=device)
     for logits, used in zip(router_logits, selected):
-        if scores == "softmax":
-            p = torch.softmax(logits.to(device).float(), dim=-1)  # [T, N]
-        else:
-            p = torch.sigmoid(logits.to(device).float())
-            p = p / p.sum(dim=-1, keepdim=True)
+        p = routing_probs(logits.to(device), scores)  # [T, N]
         used = used.to(device=device, dtype=torch.float32)  # [T, N]
         mask = _token_mask(attention_mask, p.shape[0], device)
         if mask is None:

@@ -46,7 +46,9 @@ def patch_model(model, method: str, *, k=None, kmin=None, kmax=None, backend: st
     generator: a ``torch.Generator`` for the ProbMoE draws (default: the global RNG).
 
     Patching an already patched model with the same settings returns it unchanged; with other
-    settings it is a ValueError (``unpatch_model`` first).
+    settings it is a ValueError (``unpatch_model`` first). A transformers release whose model
+    layout lacks a class, attribute or config field patching uses is a ``families.LayoutError``
+    naming the family and what is missing, raised before the model is changed.
     """
     family = family_of(model)
     plan = make_plan(model.config, family, method, k=k, kmin=kmin, kmax=kmax, backend=backend, grad=grad,
@@ -61,6 +63,10 @@ def patch_model(model, method: str, *, k=None, kmin=None, kmax=None, backend: st
     blocks = family.blocks(model)
     if not blocks:
         raise ValueError(f"model has no {family.block_class.__name__} to patch")
+    names = {id(m): name for name, m in model.named_modules()}
+    for block in blocks:  # the layout patching relies on, checked before anything changes
+        family.check_block(block, names[id(block)])
+    model_mod.model_class(type(model), model_mod.is_causal_lm(model))  # LayoutError if its forward lacks what is used
     requires_grad = {}
     for block in blocks:
         gate_mod.install(block.gate, plan, family, generator)
@@ -72,7 +78,7 @@ def patch_model(model, method: str, *, k=None, kmin=None, kmax=None, backend: st
     model_mod.install(model)
     model.probmoe_plan, model.probmoe_family, model.probmoe_generator = plan, family, generator
     model.probmoe_requires_grad = requires_grad
-    model.probmoe_last_z_loss = None
+    model.probmoe_last_z_loss = model.probmoe_last_aux_loss = None
     return model
 
 
