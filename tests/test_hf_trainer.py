@@ -48,8 +48,8 @@ def check_stats(logs, kmin, kmax, n=8, aux=True):
 def test_trainer_with_gradient_checkpointing_aux_loss_and_reload(tmp_path):
     model = pt.patch_model(tiny_model("olmoe"), "probmoe", aux_loss=0.01, generator=torch.Generator().manual_seed(1))
     model.config.output_router_logits = True  # the aux loss enters the Trainer's loss
-    args = TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=6, gradient_checkpointing=True,
-                             save_strategy="steps", save_steps=3, **COMMON)
+    args = TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=4, gradient_checkpointing=True,
+                             save_strategy="steps", save_steps=2, **COMMON)
     trainer = Trainer(model=model, args=args, train_dataset=token_data())
     callback = RoutingStatsCallback(per_layer=True).attach(trainer)
     assert trainer.callback_handler.callbacks[0] is callback
@@ -57,7 +57,7 @@ def test_trainer_with_gradient_checkpointing_aux_loss_and_reload(tmp_path):
     assert model.is_gradient_checkpointing
 
     logs = train_logs(trainer)
-    assert len(logs) == 6 and all(math.isfinite(e["loss"]) for e in logs)
+    assert len(logs) == 4 and all(math.isfinite(e["loss"]) for e in logs)
     assert logs[-1]["loss"] < logs[0]["loss"] - 0.1, [e["loss"] for e in logs]
     check_stats(logs, 2, 2)
     assert all(e["routing/experts_per_token"] == 2.0 for e in logs)  # exactly k = 2
@@ -73,7 +73,7 @@ def test_trainer_with_gradient_checkpointing_aux_loss_and_reload(tmp_path):
     assert out.aux_loss > 0
     torch.testing.assert_close(loss, lm + 0.01 * out.aux_loss)
 
-    for checkpoint in ("checkpoint-3", "checkpoint-6"):  # every checkpoint carries the routing
+    for checkpoint in ("checkpoint-2", "checkpoint-4"):  # every checkpoint carries the routing
         assert (tmp_path / "run" / checkpoint / pt.SETTINGS_FILENAME).is_file()
     trainer.save_model(str(tmp_path / "final"))
     reloaded = pt.from_pretrained(tmp_path / "final")
@@ -86,17 +86,58 @@ def test_trainer_with_gradient_checkpointing_aux_loss_and_reload(tmp_path):
 def test_trainer_dynamic_k_with_gradient_accumulation(tmp_path):
     model = pt.patch_model(tiny_model("qwen3_moe"), "probmoe-dynamic", kmin=1, kmax=2, aux_loss=0.01)
     model.config.output_router_logits = True
-    args = TrainingArguments(output_dir=str(tmp_path), max_steps=3, gradient_accumulation_steps=2,
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=2, gradient_accumulation_steps=2,
                              save_strategy="no", **COMMON)
     trainer = Trainer(model=model, args=args, train_dataset=token_data(), callbacks=[RoutingStatsCallback()])
     forwards = []
     model.register_forward_hook(lambda *_: forwards.append(1))
     trainer.train()
     logs = train_logs(trainer)
-    assert len(logs) == 3 and len(forwards) == 6  # two micro-batches per step, each counted in the stats
+    assert len(logs) == 2 and len(forwards) == 4  # two micro-batches per step, each counted in the stats
     check_stats(logs, 1, 2)
     assert any(e["routing/experts_per_token"] < 2 for e in logs)  # dynamic-k uses fewer than kmax
     assert logs[-1]["loss"] != logs[0]["loss"]
+
+
+def test_callback_statistics_equal_the_analysis_metrics_on_real_tokens():
+    from transformers import TrainerState
+
+    from probmoe.analysis import metrics
+
+    model = pt.patch_model(tiny_model("qwen3_moe"), "probmoe-dynamic", kmin=1, kmax=2, aux_loss=0.01)
+    model.config.output_router_logits = True
+    callback = RoutingStatsCallback(per_layer=True)
+    callback.on_train_begin(None, None, None, model=model)
+    x = torch.randint(3, 256, (3, 8), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(x)
+    mask[0, :3] = 0  # left padding: left out of the statistics
+    model.train()
+    records = []
+    for _ in range(2):  # two forwards before one log: their tokens pooled
+        out = model(x, attention_mask=mask, labels=x, output_router_logits=True)
+        keep = mask.reshape(-1).bool()
+        records.append([(torch.softmax(logits.detach().float(), -1)[keep], s["selected"][keep], out.aux_loss.item())
+                        for logits, s in zip(out.router_logits, pt.router_stats(model))])
+    with torch.no_grad():
+        model.eval()(x, attention_mask=mask)  # eval forwards are not counted
+    state, logs = TrainerState(), {"loss": 1.0}
+    state.log_history.append(dict(logs, step=0))
+    callback.on_log(None, state, None, logs=logs)
+    assert state.log_history[-1] == dict(logs, step=0)
+    for layer in range(2):
+        probs = torch.cat([r[layer][0] for r in records])
+        selected = torch.cat([r[layer][1] for r in records])
+        want = metrics.layer_summary(probs, selected)
+        assert logs[f"routing/layer{layer}/experts_per_token"] == pytest.approx(want["cardinality_mean"])
+        assert logs[f"routing/layer{layer}/load_cv"] == pytest.approx(want["load_cv"])
+        assert logs[f"routing/layer{layer}/max_vio"] == pytest.approx(want["max_vio"])
+        assert logs[f"routing/layer{layer}/entropy"] == pytest.approx(want["entropy"])
+    assert logs["routing/aux_loss"] == pytest.approx(sum(r[0][2] for r in records) / 2)
+    assert logs["routing/entropy"] == pytest.approx((logs["routing/layer0/entropy"] + logs["routing/layer1/entropy"]) / 2)
+    empty = {"loss": 1.0}
+    callback.on_log(None, state, None, logs=empty)  # nothing routed since the last log: nothing added
+    assert empty == {"loss": 1.0}
+    callback.on_train_end(None, None, None)
 
 
 def test_callback_needs_a_patched_model_and_warns_without_router_logits():
@@ -118,7 +159,7 @@ def test_sft_trainer_prompt_completion(tmp_path):
     model = pt.patch_model(tiny_model("olmoe", vocab_size=VOCAB_SIZE), "probmoe", aux_loss=0.01)
     model.config.output_router_logits = True
     rows = [{"prompt": f"{a}+{b}=", "completion": f"{a + b}."} for a in range(4) for b in range(4)]
-    args = trl.SFTConfig(output_dir=str(tmp_path / "run"), max_steps=5, max_length=32, save_strategy="no",
+    args = trl.SFTConfig(output_dir=str(tmp_path / "run"), max_steps=4, max_length=32, save_strategy="no",
                          gradient_checkpointing=True, **COMMON)
     trainer = trl.SFTTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(rows),
                              processing_class=tokenizer)
@@ -126,10 +167,45 @@ def test_sft_trainer_prompt_completion(tmp_path):
     assert "forward" in vars(model)  # trl's fused LM head replaces the forward (docs/transformers.md)
     trainer.train()
     logs = train_logs(trainer)
-    assert len(logs) == 5 and all(math.isfinite(e["loss"]) for e in logs)
+    assert len(logs) == 4 and all(math.isfinite(e["loss"]) for e in logs)
     assert logs[-1]["loss"] < logs[0]["loss"], [e["loss"] for e in logs]
     check_stats(logs, 2, 2, aux=False)  # the load-balancing loss is trl's own here: its "aux_loss" key
     assert all(e["aux_loss"] > 0 for e in logs)
     trainer.save_model(str(tmp_path / "final"))
     reloaded = pt.from_pretrained(tmp_path / "final")
     assert reloaded.probmoe_plan == model.probmoe_plan
+
+
+ACCELERATE_CPU = """compute_environment: LOCAL_MACHINE
+distributed_type: MULTI_CPU
+num_machines: 1
+num_processes: 2
+mixed_precision: "no"
+use_cpu: true
+"""
+
+
+@pytest.mark.slow
+def test_accelerate_launch_two_cpu_processes(tmp_path):
+    """tools/hf_trainer_example.py under `accelerate launch` with 2 gloo processes (DDP: accelerate
+    turns FSDP on only on GPU-type devices, docs/transformers.md), then the saved model reloads."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "cpu.yaml").write_text(ACCELERATE_CPU)
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(tmp_path / "cpu.yaml"),
+               str(root / "tools" / "hf_trainer_example.py"), "--output", str(tmp_path / "run"), "--steps", "3",
+               "--gradient-checkpointing"]
+    env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    out = subprocess.run(command, capture_output=True, text=True, cwd=root, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    logs = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    train = [entry for entry in logs if "loss" in entry]
+    assert [entry["step"] for entry in train] == [1, 2, 3]  # printed by rank 0 only: one distributed run
+    assert all(entry["routing/experts_per_token"] == 2.0 and entry["routing/aux_loss"] > 0 for entry in train)
+    reloaded = pt.from_pretrained(tmp_path / "run" / "final")
+    assert reloaded.probmoe_plan.method == "probmoe" and reloaded.probmoe_plan.aux_loss == 0.01

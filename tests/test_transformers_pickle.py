@@ -45,7 +45,8 @@ CASES = [("olmoe", "probmoe", how) for how in COPIES] + [
 
 @pytest.mark.parametrize("family,method,how", CASES)
 def test_copy_keeps_the_routing(family, method, how):
-    model = pt.patch_model(tiny_model(family), method, aux_loss=0.01, generator=torch.Generator().manual_seed(3))
+    model = pt.patch_model(tiny_model(family), method, aux_loss=0.01, z_loss=0.001,
+                              generator=torch.Generator().manual_seed(3))
     step(model)
     copied = COPIES[how](model)
     assert type(copied) is type(model) and pt.is_patched(copied)
@@ -53,14 +54,14 @@ def test_copy_keeps_the_routing(family, method, how):
     assert copied.probmoe_plan == model.probmoe_plan
     gates = [b.gate for b in copied.probmoe_family.blocks(copied)]
     assert all(g.probmoe_generator is copied.probmoe_generator for g in gates)  # still one shared generator
-    assert all(g.probmoe_last is None for g in gates) and copied.probmoe_last_aux_loss is None
+    assert all(g.probmoe_last is None for g in gates) and copied.probmoe_last_z_loss is None
     assert copied.probmoe_generator.get_state().equal(model.probmoe_generator.get_state())
     torch.manual_seed(5)
     want = step(model)
     torch.manual_seed(5)
     got = step(copied)  # same generator state: the same subsets, the same loss (aux loss included)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
-    assert copied.probmoe_last_aux_loss is not None  # router logits captured again after the copy
+    assert copied.probmoe_last_z_loss is not None  # router logits captured again after the copy
     with torch.no_grad():
         torch.testing.assert_close(copied.eval()(X).logits, model.eval()(X).logits, rtol=0, atol=0)
     assert pt.unpatch_model(copied) is copied and not pt.is_patched(copied)
@@ -71,3 +72,13 @@ def test_stock_model_copies_stay_stock():
     model(X, output_router_logits=True)
     copied = copy.deepcopy(model)
     assert type(copied) is type(model) and not pt.is_patched(copied)
+
+
+def test_unpatching_a_wrapped_model_is_a_clear_error():
+    model = pt.patch_model(tiny_model("olmoe"), "probmoe")
+    class FSDPModule:  # fully_shard swaps in a class FSDP<name>(FSDPModule, <the model's class>)
+        pass
+
+    model.__class__ = type("FSDPOlmoeForCausalLM", (FSDPModule, type(model)), {})
+    with pytest.raises(ValueError, match="class FSDPOlmoeForCausalLM was changed after patch_model"):
+        pt.unpatch_model(model)

@@ -116,8 +116,9 @@ class RoutingStatsCallback(TrainerCallback):
 
     def _after(self, module, args, output):
         self._mask = None
-        if module.training and module.probmoe_last_aux_loss is not None:
-            self._aux = self._aux + module.probmoe_last_aux_loss.double()
+        aux = getattr(output, "aux_loss", None)  # a ModelOutput's; None without router logits
+        if module.training and isinstance(aux, torch.Tensor):
+            self._aux = self._aux + aux.detach().double()
             self._aux_count += 1
 
     def _router_hook(self, layer: int):

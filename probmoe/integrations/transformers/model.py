@@ -30,9 +30,8 @@ def patched_gates(model) -> list:
 class PatchedModel:
     """Mixin for any patched model: ``save_pretrained`` also writes ``probmoe_routing.json``."""
 
-    ADDED = ("probmoe_plan", "probmoe_family", "probmoe_generator", "probmoe_requires_grad", "probmoe_last_z_loss",
-             "probmoe_last_aux_loss")
-    TRANSIENT = ("probmoe_last_z_loss", "probmoe_last_aux_loss")  # what the last forward left: not pickled
+    ADDED = ("probmoe_plan", "probmoe_family", "probmoe_generator", "probmoe_requires_grad", "probmoe_last_z_loss")
+    TRANSIENT = ("probmoe_last_z_loss",)  # what the last forward left (with its graph): not pickled
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         result = super().save_pretrained(save_directory, *args, **kwargs)
@@ -51,9 +50,7 @@ class PatchedCausalLM(PatchedModel):
     transformers) the loss gets ``aux_loss · load_balancing_loss + z_loss · router_z_loss``, both
     computed from the experts the routers actually used (``losses``), in place of HF's own
     load-balancing term. ``aux_loss`` in the output holds the load-balancing loss (as HF's does);
-    the last forward's z-loss is kept in ``probmoe_last_z_loss`` (with its graph) and its
-    load-balancing loss, detached, in ``probmoe_last_aux_loss`` (both None after a forward
-    without router logits)."""
+    the z-loss of the last forward with router logits is kept in ``probmoe_last_z_loss``."""
 
     def probmoe_forward(self, arguments: dict, extra: dict):
         """The forward, given the stock forward's named ``arguments`` and its ``**kwargs`` ``extra``."""
@@ -63,7 +60,6 @@ class PatchedCausalLM(PatchedModel):
         if output_router_logits is None:
             output_router_logits = self.config.output_router_logits
         if not output_router_logits:
-            self.probmoe_last_aux_loss = self.probmoe_last_z_loss = None
             return stock(**arguments, labels=labels, output_router_logits=False, **extra)
         return_dict = extra.pop("return_dict", None)
         out = stock(**arguments, labels=None, output_router_logits=True, return_dict=True, **extra)
@@ -72,7 +68,7 @@ class PatchedCausalLM(PatchedModel):
         selected = [g.probmoe_last.selected for g in patched_gates(self)]  # per layer [T, N] bool
         balance = losses.load_balancing_loss(router_logits, selected, attention_mask, self.probmoe_family.scores)
         z = losses.router_z_loss(router_logits, attention_mask) if plan.z_loss else None
-        self.probmoe_last_aux_loss, self.probmoe_last_z_loss = balance.detach(), z
+        self.probmoe_last_z_loss = z
         loss = None
         if labels is not None:
             loss = self.loss_function(out.logits, labels, self.vocab_size, **extra)
@@ -92,18 +88,22 @@ def causal_lm_forward(cls: type):
     """A ``forward`` for the patched subclass of ``cls``, with ``cls.forward``'s signature."""
     signature = inspect.signature(cls.forward)
     params = signature.parameters
-    missing = [name for name in NEEDED if name not in params]
-    variadic = [p.name for p in params.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
-    if missing or not variadic or any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params.values()):
+    kinds = [p.kind for p in params.values()]
+    problems = [f"has no parameter {name!r}" for name in NEEDED if name not in params]
+    if inspect.Parameter.VAR_KEYWORD not in kinds:
+        problems.append("takes no **kwargs")
+    if inspect.Parameter.VAR_POSITIONAL in kinds:
+        problems.append("takes *args")
+    if problems:
         model_type = getattr(getattr(cls, "config_class", None), "model_type", cls.__name__)
-        raise layout_error(model_type, f"{cls.__name__}.forward{signature} lacks "
-                                         f"{', '.join(missing) or '**kwargs'} (or takes *args)")
+        raise layout_error(model_type, f"{cls.__name__}.forward{signature} {' and '.join(problems)}")
+    variadic = next(p.name for p in params.values() if p.kind is inspect.Parameter.VAR_KEYWORD)
 
     @functools.wraps(cls.forward)
     def forward(self, *args, **kwargs):
         arguments = dict(signature.bind(self, *args, **kwargs).arguments)  # TypeError as the stock forward
         del arguments["self"]
-        extra = arguments.pop(variadic[0], {})
+        extra = arguments.pop(variadic, {})
         return PatchedCausalLM.probmoe_forward(self, arguments, extra)
 
     forward.__signature__ = signature
@@ -124,6 +124,11 @@ def model_class(cls: type, causal_lm: bool) -> type:
             namespace["forward"] = causal_lm_forward(cls)
         _CLASSES[key] = type(cls.__name__, (mixin, cls), namespace)
     return _CLASSES[key]
+
+
+def is_patched_class(cls: type) -> bool:
+    """Whether ``cls`` is a class ``model_class`` made (not a later subclass of one)."""
+    return cls in _CLASSES.values()
 
 
 def is_causal_lm(model) -> bool:

@@ -78,7 +78,7 @@ def patch_model(model, method: str, *, k=None, kmin=None, kmax=None, backend: st
     model_mod.install(model)
     model.probmoe_plan, model.probmoe_family, model.probmoe_generator = plan, family, generator
     model.probmoe_requires_grad = requires_grad
-    model.probmoe_last_z_loss = model.probmoe_last_aux_loss = None
+    model.probmoe_last_z_loss = None
     return model
 
 
@@ -87,6 +87,9 @@ def unpatch_model(model):
     if ``model`` is not patched."""
     if not is_patched(model):
         raise ValueError("model is not patched by probmoe.integrations.transformers.patch_model")
+    if not model_mod.is_patched_class(type(model)):
+        raise ValueError(f"model's class {type(model).__qualname__} was changed after patch_model (a wrapper such as "
+                         "FSDP's fully_shard subclasses it); unpatch the model before wrapping it")
     family = model.probmoe_family
     requires_grad = model.probmoe_requires_grad
     for block in family.blocks(model):

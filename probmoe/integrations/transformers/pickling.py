@@ -9,13 +9,12 @@ function, saved by name) and the stock class it was made from, and unpickling ca
 again. Transformers' output-capturing hooks (installed by the first forward that outputs router
 logits; local functions, which pickle cannot save, so a stock model cannot be pickled after such
 a forward either) are removed first and the model marked unhooked: the next forward that
-captures outputs, of the original or of the copy, installs them again. What a forward left behind (the routers' last ``GateRecord``, which holds the autograd
-graph of that forward, and the last aux losses) is not copied: it is None in the copy until
-its first forward.
+captures outputs, of the original or of the copy, installs them again. What a forward left
+behind (the routers' last ``GateRecord``, which holds the autograd graph of that forward, and
+the last aux losses) is not copied: it is None in the copy until its first forward.
 """
 
 from __future__ import annotations
-
 
 CAPTURE_MODULE = "transformers.utils.output_capturing"  # where transformers' capturing hooks are defined
 
