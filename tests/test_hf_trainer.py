@@ -203,7 +203,7 @@ def test_accelerate_launch_two_cpu_processes(tmp_path):
     env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     out = subprocess.run(command, capture_output=True, text=True, cwd=root, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    logs = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    logs = [json.loads(line) for line in out.stdout.splitlines() if line.startswith('{"')]
     train = [entry for entry in logs if "loss" in entry]
     assert [entry["step"] for entry in train] == [1, 2, 3]  # printed by rank 0 only: one distributed run
     assert all(entry["routing/experts_per_token"] == 2.0 and entry["routing/aux_loss"] > 0 for entry in train)
