@@ -98,11 +98,12 @@ def causal_lm_forward(cls: type):
         model_type = getattr(getattr(cls, "config_class", None), "model_type", cls.__name__)
         raise layout_error(model_type, f"{cls.__name__}.forward{signature} {' and '.join(problems)}")
     variadic = next(p.name for p in params.values() if p.kind is inspect.Parameter.VAR_KEYWORD)
+    instance = next(iter(params))  # "self"
 
     @functools.wraps(cls.forward)
     def forward(self, *args, **kwargs):
         arguments = dict(signature.bind(self, *args, **kwargs).arguments)  # TypeError as the stock forward
-        del arguments["self"]
+        del arguments[instance]
         extra = arguments.pop(variadic, {})
         return PatchedCausalLM.probmoe_forward(self, arguments, extra)
 
