@@ -174,6 +174,10 @@ def test_sft_trainer_prompt_completion(tmp_path):
     trainer.save_model(str(tmp_path / "final"))
     reloaded = pt.from_pretrained(tmp_path / "final")
     assert reloaded.probmoe_plan == model.probmoe_plan
+    with pytest.raises(ValueError, match="del model.forward"):
+        pt.unpatch_model(model)
+    del model.forward
+    assert not pt.is_patched(pt.unpatch_model(model))
 
 
 ACCELERATE_CPU = """compute_environment: LOCAL_MACHINE

@@ -90,6 +90,9 @@ def unpatch_model(model):
     if not model_mod.is_patched_class(type(model)):
         raise ValueError(f"model's class {type(model).__qualname__} was changed after patch_model (a wrapper such as "
                          "FSDP's fully_shard subclasses it); unpatch the model before wrapping it")
+    if "forward" in vars(model):  # it would call the patched forward of a model no longer patched
+        raise ValueError("model.forward was replaced on the instance after patch_model (trl's SFTTrainer puts its "
+                         "fused LM head there); `del model.forward` before unpatch_model")
     family = model.probmoe_family
     requires_grad = model.probmoe_requires_grad
     for block in family.blocks(model):
