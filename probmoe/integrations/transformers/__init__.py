@@ -8,8 +8,10 @@
 
 ``SUPPORTED`` families (olmoe, qwen2_moe, qwen3_moe, mixtral) take every method of ``METHODS``;
 ``GROUPED_FAMILIES`` (deepseek_v3) take those and ``GROUPED_METHODS`` ("probmoe-grouped").
-An optional extra (transformers 5.x); ``import probmoe`` does not import transformers, this
-package does. See docs/transformers.md and docs/constraints.md.
+An optional extra (transformers>=5.23,<6, checked at import: ``version``); ``import probmoe`` does
+not import transformers, this package does. For the Hugging Face trainers,
+``callback.RoutingStatsCallback`` puts routing statistics into their logs; ``weights_file``
+checks safetensors files before they are loaded. See docs/transformers.md and docs/constraints.md.
 """
 
 import transformers as _transformers
