@@ -24,6 +24,7 @@ from probmoe.replay import GeneratorReplay
 from probmoe.router import router_logits, routed
 from probmoe.scores import dense_selection, gate_scores
 
+from . import pickling
 from .methods import STOCK, Plan
 
 
@@ -124,6 +125,9 @@ class PatchedGate:
         if not family.fp32_weights:
             weights = weights.to(logits.dtype)  # as the stock OLMoE/Qwen routers
         return logits, weights, indices
+
+    def __reduce_ex__(self, protocol):  # pickle, torch.save, deepcopy: the patched class (see pickling)
+        return pickling.reduce(self, gate_class, (pickling.stock_class(self, PatchedGate),), ("probmoe_last",))
 
 
 _CLASSES: dict[type, type] = {}
