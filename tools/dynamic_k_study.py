@@ -34,7 +34,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--checkpoint", action="append", required=True, metavar="[NAME=]DIR",
                    help="a checkpoint directory, optionally named (repeat: one row each)")
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--data", help="GSM8K JSON lines (question, answer): greedy exact match")
+    source.add_argument("--data", help="GSM8K records with question and answer (.jsonl, .json or .parquet): "
+                        "greedy exact match")
     source.add_argument("--tasks", help="comma-separated LM Evaluation Harness tasks (pip install 'probmoe[eval]')")
     p.add_argument("--include-path", help="a folder of your own task YAML (with --tasks)")
     p.add_argument("--output", required=True, help="folder for study.csv, study.md and study.json")
@@ -54,13 +55,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--include-path needs --tasks")
 
     def check():
-        from probmoe.experiments import data, models
+        from probmoe.experiments import checkpoints, formats
 
         args.runs = named(args.checkpoint)
         for path in args.runs.values():
-            models.check_checkpoint(path, "--checkpoint")
-        args.records = data.read_jsonl(args.data)[:args.limit] if args.data else None
-        common.output_folder(args.output, FILES, args.overwrite)
+            checkpoints.check(path)
+        args.records = formats.read(args.data, "question-answer").head(args.limit).rows if args.data else None
+        common.check_output_folder(args.output, FILES, args.overwrite)
         args.device = common.device(args.device)
 
     common.run_or_exit(p, check)
@@ -151,6 +152,7 @@ def main(argv=None) -> int:
         scores, stats, rule = common.run_or_exit(args.parser, lambda: evaluate_one(path, args))
         results[name] = {"checkpoint": path, "trained_with": trained_with(path), "scores": scores,
                          "routing_statistics": stats}
+    os.makedirs(args.output, exist_ok=True)  # only once every checkpoint has been evaluated
     header, table = rows(results)
     with open(os.path.join(args.output, "study.csv"), "w", encoding="utf-8", newline="") as f:
         csv.writer(f).writerows([header, *table])

@@ -46,16 +46,17 @@ def main(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         p.error("--tasks needs the LM Evaluation Harness: pip install 'probmoe[eval]'")
     def body():
         from probmoe.eval import harness
-        from probmoe.experiments import models
+        from probmoe.experiments import checkpoints
 
         tasks = harness.parse_tasks(args.tasks)
-        models.check_checkpoint(args.checkpoint, "--checkpoint")
+        checkpoints.check(args.checkpoint)
         manager = harness.task_manager(tasks, args.include_path)
         out = args.output or os.path.join(args.checkpoint, f"tasks-{args.method or 'saved'}")
-        common.output_folder(out, FILES, args.overwrite)
+        common.check_output_folder(out, FILES, args.overwrite)
         lm = harness.ProbMoELM(args.checkpoint, method=args.method, k=args.k, kmin=args.kmin, kmax=args.kmax,
                                backend=args.backend, grad=args.grad, device=common.device(args.device),
                                dtype=args.dtype, batch_size=args.batch_size)
+        os.makedirs(out, exist_ok=True)  # only once the model has loaded
         return tasks, manager, out, lm
 
     tasks, manager, out, lm = common.run_or_exit(p, body)
