@@ -154,6 +154,24 @@ def test_registered_with_the_harness(setup):
     assert results["config"]["model"] == "probmoe" and 0 <= results["results"]["tiny_mc"]["acc,none"] <= 1
 
 
+@pytest.mark.slow
+def test_the_harness_command_line_finds_the_model(setup):
+    """``python -m probmoe.eval.harness`` is lm_eval's command line with ``probmoe`` registered."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+           "HF_DATASETS_OFFLINE": "1"}
+    run = subprocess.run([sys.executable, "-m", "probmoe.eval.harness", "run", "--model", "probmoe", "--model_args",
+                          f"checkpoint={setup / 'ckpt'},method=probmoe,k=1", "--tasks", "tiny_mc", "--include_path",
+                          str(setup / "tasks"), "--device", "cpu", "--batch_size", "2", "--limit", "2"],
+                         capture_output=True, text=True, timeout=300, env=env, cwd=str(setup))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "|tiny_mc|" in run.stdout and "probmoe (" in run.stdout
+
+
 @pytest.mark.slow  # about 12 s: the harness indexes its task YAML for each refusal
 def test_bad_input_is_refused(setup, capsys):
     cases = [(["--tasks", "tiny_mcq"], "unknown task(s) 'tiny_mcq' (did you mean tiny_mc"),

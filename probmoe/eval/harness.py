@@ -12,6 +12,12 @@ Importing this module registers the class under the harness's model name ``probm
     lm_eval.simple_evaluate(model="probmoe", model_args="checkpoint=runs/a,method=probmoe-dynamic,kmin=4,kmax=8",
                             tasks=["mmlu"])
 
+The ``lm_eval`` command imports only the harness's own models; ``python -m probmoe.eval.harness``
+is that command with ``probmoe`` registered:
+
+    python -m probmoe.eval.harness run --model probmoe --model_args checkpoint=runs/a,method=probmoe,k=2 \
+        --tasks mmlu --batch_size 8
+
 ``evaluate`` runs tasks (the harness's names, plus task YAML under ``include_path``) and returns
 the harness's results with the routing statistics.
 """
@@ -147,3 +153,9 @@ def headline(task_results: dict) -> tuple[str, float] | None:
         if "," in key and "_stderr" not in key and isinstance(value, (int, float)):
             return key, float(value)
     return None
+
+
+if __name__ == "__main__":  # the harness's own command line, with ``probmoe`` registered (see the module docstring)
+    from lm_eval.__main__ import cli_evaluate
+
+    cli_evaluate()
