@@ -73,9 +73,12 @@ class DPBackend:
         return m, z if sample else None
 
     def sample(self, r: Tensor, num: int, generator=None) -> Tensor:
-        """``num`` exact draws: [T, N] -> [num, T, N]."""
+        """``num`` exact draws: [T, N] -> [num, T, N]. One draw is the operator's (torch.compile
+        traces it); several share one upward sweep of the torch DP."""
         if num == 0:
             return r.new_zeros(0, *r.shape)
+        if num == 1:
+            return self.marginals(r.detach(), False, sample=True, generator=generator, values=False)[1].unsqueeze(0)
         u = dp.up(r, self.kmin, self.kmax)
         return dp.down(u, u.band_probs(), num, generator)[1]
 

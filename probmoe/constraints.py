@@ -15,6 +15,7 @@ circuit (log Z, marginals, exact draws, the MAP).
 
 from __future__ import annotations
 
+import operator
 import threading
 
 import torch
@@ -128,7 +129,12 @@ def compiled(constraint, device) -> circuits.Circuit:
 
 
 def cardinality(n: int, kmin: int, kmax: int, device) -> circuits.Circuit:
-    """``compiled`` for kmin <= |S| <= kmax over n experts (``ExactlyK`` when kmin = kmax)."""
+    """``compiled`` for kmin <= |S| <= kmax over n experts (``ExactlyK`` when kmin = kmax).
+
+    Under torch.compile the sizes are made static here (``operator.index`` makes dynamo guard on
+    their values): dynamo turns a size that changed between calls into a symbol, but each size is
+    another circuit."""
+    n, kmin, kmax = operator.index(n), operator.index(kmin), operator.index(kmax)
     return _CIRCUITS[_ensure_cardinality(n, kmin, kmax, str(device))][1]
 
 

@@ -171,6 +171,25 @@ def test_compiled_route_equals_eager(case, backend):
     torch.testing.assert_close(g1, g0, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["circuit", "dp"])
+def test_compiled_route_follows_changing_sizes(backend):
+    """One compiled function called with other token counts, expert counts and k: dynamo makes a
+    changed size a symbol, and each size must still route with its own circuit (a symbolic size
+    cannot pick one) and equal eager routing."""
+    torch._dynamo.reset()
+
+    def f(x, k):
+        return probmoe.route(x, k=k, training=True, backend=backend).weights
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    for T, N, k in [(64, 64, 8), (64, 64, 4), (32, 128, 8), (48, 16, 3), (80, 64, 8)]:
+        x = logits(T, N, seed=T + N + k)
+        torch.manual_seed(5)
+        want = f(x, k)
+        torch.manual_seed(5)
+        torch.testing.assert_close(compiled(x, k), want, atol=1e-6, rtol=0)
+
+
 def test_compiled_validation_raises_inside_the_graph():
     """Value checks are asynchronous assertions in a compiled graph: no graph break, and NaN logits
     still stop the call (a RuntimeError naming the problem); validate_args=False leaves them out."""
