@@ -1,0 +1,156 @@
+"""probmoe-train --fsdp under torchrun --nproc_per_node 2 (gloo, CPU): FSDP2 takes the same steps as
+one process, every rank gathers the same full parameters, ProbMoE's draws are per-rank streams
+that repeat, resume is exact, activation checkpointing redraws nothing, and the final model is a
+stock transformers checkpoint with its routing."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from gsm8k_data import write  # noqa: E402
+
+# Runs probmoe-train on each rank, then saves what the test compares: the full parameters each
+# rank gathers (every rank gets all of them), and its routing generator's state.
+RANK_SCRIPT = """
+import os, sys, torch
+from probmoe.cli import train
+from probmoe.experiments.trainer import Trainer
+original_run = Trainer.run
+def run(self):
+    record = original_run(self)
+    if self.cfg.fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        full = get_model_state_dict(self.net, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False))
+        local = sum(p.to_local().numel() for p in self.net.parameters())
+    else:
+        full, local = self.net.state_dict(), sum(p.numel() for p in self.net.parameters())
+    torch.save({"params": {k: v.detach().clone() for k, v in full.items()}, "local_numel": local,
+                "generator": self.generator.get_state()},
+               os.path.join(sys.argv[1], f"rank{self.world.rank}.pt"))
+    return record
+Trainer.run = run
+sys.exit(train.main(sys.argv[2:]))
+"""
+
+
+def torchrun():
+    exe = shutil.which("torchrun")
+    return [exe] if exe else [sys.executable, "-m", "torch.distributed.run"]
+
+
+def launch(where, nproc, argv, torchrun_it=True):
+    """Run probmoe-train (2 ranks under torchrun, or 1 plain process); the per-rank dumps."""
+    where.mkdir(parents=True, exist_ok=True)
+    script = where / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    cmd = [*torchrun(), "--standalone", "--nproc_per_node", str(nproc), str(script), str(where), *argv] \
+        if torchrun_it else [sys.executable, str(script), str(where), *argv]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return [torch.load(where / f"rank{r}.pt") for r in range(nproc)]
+
+
+def max_diff(a, b):
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def losses(out):
+    return [json.loads(line)["loss"] for line in open(out / "train_log.jsonl") if '"loss"' in line]
+
+
+def test_fsdp_matches_one_process_and_saves_a_stock_checkpoint(tmp_path):
+    """conventional routing: 2 FSDP ranks × batch 2 take the steps of one process × batch 4."""
+    from probmoe.experiments.models import load_model
+    from probmoe.integrations.transformers import from_pretrained
+
+    data = write(tmp_path, "train.jsonl", 16)
+    args = ["--model", "tiny-olmoe", "--data", data, "--method", "conventional", "--max-steps", "3", "--aux-loss",
+            "0", "--no-progress", "--seed", "3"]
+    ranks = launch(tmp_path / "fsdp", 2, [*args, "--fsdp", "--global-batch-size", "4",
+                                          "--output-dir", str(tmp_path / "fsdp" / "out")])
+    (one,) = launch(tmp_path / "one", 1, [*args, "--batch-size", "4", "--output-dir", str(tmp_path / "one" / "out")],
+                    torchrun_it=False)
+    assert max_diff(ranks[0]["params"], ranks[1]["params"]) == 0  # every rank gathers the same model
+    total = sum(v.numel() for v in one["params"].values())
+    assert ranks[0]["local_numel"] + ranks[1]["local_numel"] <= total + 2 * 64 and ranks[0]["local_numel"] < total
+    initial = load_model("tiny-olmoe", seed=3).state_dict()
+    moved = max_diff(initial, one["params"])
+    diff = max_diff(ranks[0]["params"], one["params"])
+    assert diff < 1e-5 and moved > 1e-3, (diff, moved)
+    loss_fsdp, loss_one = losses(tmp_path / "fsdp" / "out"), losses(tmp_path / "one" / "out")
+    assert len(loss_fsdp) == 3 and max(abs(a - b) for a, b in zip(loss_fsdp, loss_one)) < 1e-5
+    # the final model: a stock checkpoint (stock architectures, per-expert keys) with its routing
+    out = tmp_path / "fsdp" / "out"
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["OlmoeForCausalLM"]
+    model = from_pretrained(str(out))
+    assert model.probmoe_plan.method == "conventional"
+    assert max_diff({k: v for k, v in model.state_dict().items()}, ranks[0]["params"]) == 0
+    checkpoint = out / "checkpoint-000003"
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(os.listdir(checkpoint))
+    assert not (checkpoint / "model.safetensors").exists()  # sharded: no rank wrote the whole model
+
+
+@pytest.mark.slow
+def test_fsdp_probmoe_draws_per_rank_and_repeat(tmp_path):
+    """Each rank draws from its own generator stream (different states), and a second run with the
+    same seed repeats every draw (identical parameters and generator states)."""
+    data = write(tmp_path, "train.jsonl", 16)
+    args = ["--model", "tiny-olmoe", "--data", data, "--method", "probmoe", "--max-steps", "2", "--no-progress",
+            "--fsdp", "--batch-size", "2"]
+    a = launch(tmp_path / "a", 2, [*args, "--output-dir", str(tmp_path / "a" / "out")])
+    b = launch(tmp_path / "b", 2, [*args, "--output-dir", str(tmp_path / "b" / "out")])
+    assert not torch.equal(a[0]["generator"], a[1]["generator"])
+    for r in range(2):
+        assert torch.equal(a[r]["generator"], b[r]["generator"])
+    assert max_diff(a[0]["params"], b[0]["params"]) == 0
+    assert max_diff(a[0]["params"], a[1]["params"]) == 0
+
+
+@pytest.mark.slow
+def test_fsdp_resume_is_exact_and_checkpointing_redraws_nothing(tmp_path):
+    """4 uninterrupted steps = stop after 2, then resume to 4, bit for bit, with sampled Dynamic-k
+    routing, gradient accumulation and a decaying LR; activation checkpointing (recomputing every
+    layer, routing included) gives the same parameters."""
+    from safetensors.torch import load_file
+
+    data = write(tmp_path, "train.jsonl", 16)
+    args = ["--model", "tiny-qwen2-moe", "--data", data, "--method", "probmoe-dynamic", "--max-steps", "4",
+            "--batch-size", "2", "--grad-accum", "2", "--lr-schedule", "linear", "--warmup-steps", "1",
+            "--no-progress", "--fsdp"]
+    launch(tmp_path / "a", 2, [*args, "--output-dir", str(tmp_path / "a" / "out")])
+    launch(tmp_path / "b", 2, [*args, "--output-dir", str(tmp_path / "b" / "out"), "--stop-after", "2"])
+    assert not (tmp_path / "b" / "out" / "model.safetensors").exists()
+    launch(tmp_path / "b", 2, [*args, "--output-dir", str(tmp_path / "b" / "out"), "--resume", "latest"])
+    launch(tmp_path / "c", 2, [*args, "--output-dir", str(tmp_path / "c" / "out"), "--gradient-checkpointing"])
+    final = {name: load_file(tmp_path / name / "out" / "model.safetensors") for name in "abc"}
+    assert max_diff(final["a"], final["b"]) == 0
+    assert max_diff(final["a"], final["c"]) < 1e-6
+    assert losses(tmp_path / "a" / "out") == losses(tmp_path / "b" / "out")
+
+
+def test_fsdp_refusals_before_loading(tmp_path, capsys):
+    """--fsdp without torchrun, and a global batch the processes do not divide: status 2, one line."""
+    from probmoe.cli import train
+
+    data = write(tmp_path, "train.jsonl", 8)
+    base = ["--model", "tiny-olmoe", "--data", data, "--output-dir", str(tmp_path / "o"), "--max-steps", "1"]
+    env = {k: os.environ.pop(k) for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK") if k in os.environ}
+    try:
+        with pytest.raises(SystemExit) as e:
+            train.main([*base, "--fsdp"])
+        assert e.value.code == 2 and "start it under torchrun" in capsys.readouterr().err
+        with pytest.raises(SystemExit) as e:
+            train.main([*base, "--global-batch-size", "3", "--grad-accum", "2"])
+        assert e.value.code == 2 and "use a multiple of 2" in capsys.readouterr().err
+    finally:
+        os.environ.update(env)
+    assert not (tmp_path / "o").exists()
