@@ -102,10 +102,11 @@ def test_fsdp_matches_one_process_and_saves_a_stock_checkpoint(tmp_path):
 @pytest.mark.slow
 def test_fsdp_probmoe_draws_per_rank_and_repeat(tmp_path):
     """Each rank draws from its own generator stream (different states), and a second run with the
-    same seed repeats every draw (identical parameters and generator states)."""
+    same seed repeats every draw (identical parameters and generator states); bf16 compute with
+    fp32 reduction (MixedPrecisionPolicy) keeps fp32 shards."""
     data = write(tmp_path, "train.jsonl", 16)
     args = ["--model", "tiny-olmoe", "--data", data, "--method", "probmoe", "--max-steps", "2", "--no-progress",
-            "--fsdp", "--batch-size", "2"]
+            "--fsdp", "--batch-size", "2", "--bf16"]
     a = launch(tmp_path / "a", 2, [*args, "--output-dir", str(tmp_path / "a" / "out")])
     b = launch(tmp_path / "b", 2, [*args, "--output-dir", str(tmp_path / "b" / "out")])
     assert not torch.equal(a[0]["generator"], a[1]["generator"])
@@ -113,6 +114,7 @@ def test_fsdp_probmoe_draws_per_rank_and_repeat(tmp_path):
         assert torch.equal(a[r]["generator"], b[r]["generator"])
     assert max_diff(a[0]["params"], b[0]["params"]) == 0
     assert max_diff(a[0]["params"], a[1]["params"]) == 0
+    assert all(v.dtype == torch.float32 for v in a[0]["params"].values())
 
 
 @pytest.mark.slow
@@ -154,3 +156,66 @@ def test_fsdp_refusals_before_loading(tmp_path, capsys):
     finally:
         os.environ.update(env)
     assert not (tmp_path / "o").exists()
+
+
+SMALL_SHAPE = ("olmoe", dict(hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=4, num_experts=8, num_experts_per_tok=2, vocab_size=300))
+
+
+def _meta_build_rank(rank, port, out):
+    """One of 2 gloo ranks: fsdp.build of a published-shape model (a small stand-in for the real
+    widths, through the same path), recording every full tensor the initialiser produces."""
+    import weakref
+
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from probmoe.experiments import distributed, fsdp, models
+    from probmoe.integrations.transformers import patch_model
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank),
+                      LOCAL_RANK=str(rank))
+    models.SHAPES["small-olmoe-shape"] = SMALL_SHAPE
+    world = distributed.setup("cpu")
+    calls, alive, most_alive = [], [], [0]
+    real = models.initial_tensor
+
+    def spy(model, name, seed):
+        value = real(model, name, seed)
+        calls.append(name)
+        alive.append(weakref.ref(value))
+        most_alive[0] = max(most_alive[0], sum(r() is not None for r in alive))
+        return value
+
+    models.initial_tensor = spy
+    net = fsdp.build("small-olmoe-shape", seed=4, dtype=torch.float32, layers=None, world=world,
+                     patch=lambda m: patch_model(m, "conventional"), checkpointing=False, bf16=False, fresh=True)
+    full = get_model_state_dict(net, options=StateDictOptions(full_state_dict=True))
+    torch.save({"calls": calls, "most_alive": most_alive[0], "full": full,
+                "local": sum(p.to_local().numel() for p in net.parameters())}, os.path.join(out, f"rank{rank}.pt"))
+    distributed.teardown()
+
+
+@pytest.mark.slow
+def test_meta_init_never_puts_the_whole_model_on_a_rank(tmp_path):
+    """The shape path under FSDP: rank 1 never sees a full tensor, rank 0 one at a time, each rank
+    keeps half the parameters, and the gathered model equals the one-process build of the seed."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from probmoe.experiments import models
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_meta_build_rank, args=(port, str(tmp_path)), nprocs=2)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    models.SHAPES["small-olmoe-shape"] = SMALL_SHAPE
+    try:
+        one = models.load_model("small-olmoe-shape", seed=4)
+    finally:
+        del models.SHAPES["small-olmoe-shape"]
+    total = sum(p.numel() for p in one.parameters())
+    assert r1["calls"] == [] and sorted(r0["calls"]) == sorted(one.state_dict()) and r0["most_alive"] == 1
+    assert r0["local"] < total and r1["local"] < total and r0["local"] + r1["local"] >= total
+    assert max_diff(r0["full"], one.state_dict()) == 0 and max_diff(r1["full"], one.state_dict()) == 0

@@ -75,3 +75,16 @@ def test_initialiser_is_per_name_and_follows_transformers_rule():
 def test_unknown_model_names_the_choices():
     with pytest.raises(ValueError, match="olmoe-1b-7b-shape"):
         models.check_checkpoint("olmoe-1b-7b")
+
+
+def test_checkpoint_loads_straight_into_bf16(tmp_path):
+    """--param-dtype bfloat16: a checkpoint directory's weights come back in bf16 (rounded once from
+    the file), with no fp32 parameter left."""
+    fp32 = models.load_model("tiny-qwen2-moe", seed=2)
+    fp32.save_pretrained(tmp_path)
+    models.load_tokenizer("tiny-qwen2-moe").save_pretrained(tmp_path)
+    bf16 = models.load_model(str(tmp_path), seed=0, dtype=torch.bfloat16)
+    assert {p.dtype for p in bf16.parameters()} == {torch.bfloat16}
+    expected = fp32.state_dict()
+    for name, value in bf16.state_dict().items():
+        assert torch.equal(value, expected[name].to(value.dtype)), name

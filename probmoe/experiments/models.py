@@ -144,6 +144,7 @@ def materialize(model, source, device: torch.device) -> None:
                 torch.empty(tensor.shape, dtype=tensor.dtype)
             shard = distribute_tensor(full.to(device, tensor.dtype), tensor.device_mesh, tensor.placements)
             tensor.to_local().copy_(shard.to_local())
+            del full, shard  # one full tensor at a time
         else:
             tensor.copy_(source(name))
     for module in model.modules():
