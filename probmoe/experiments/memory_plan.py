@@ -3,10 +3,13 @@
 The model is built on the meta device (no memory), so the parameter counts are exact for any size.
 Per process, with P parameters, W processes and b bytes per stored parameter (4 fp32, 2 bf16):
 
-    DDP   parameters P·b, gradients P·b (views into DDP's buckets), AdamW state 2·P·b
-    FSDP  parameters P/W·b + the unsharded working set (the root's embeddings, final norm and LM
-          head, and two decoder layers: the one running and the one prefetched, in the compute
-          dtype), gradients P/W·b + the same working set, AdamW state 2·P/W·b
+    DDP   parameters P·b, gradients P·b (views into DDP's buckets), AdamW state 2·P·b plus its
+          step's temporaries (torch's multi-tensor AdamW on CUDA: about P·b more; one tensor at
+          a time on the CPU: twice the largest tensor)
+    FSDP  parameters P/W·b + the unsharded working set in the compute dtype (the root's
+          embeddings, final norm and LM head, kept gathered, and two decoder layers: the one
+          running and the one prefetched), gradients P/W·b + the root's and one layer's unreduced
+          gradients, AdamW state 2·P/W·b and its step's temporaries (as DDP's, on 1/W)
     activations (both) per micro-batch of B·L tokens: what autograd keeps per decoder layer
           (``layer_activation_bytes``; with activation checkpointing only each layer's input plus
           one layer recomputed), plus the logits and their fp32 log-softmax and gradient.
@@ -32,6 +35,7 @@ class Shape:
     params: int  # all parameters
     root_params: int  # outside the decoder layers: embeddings, final norm, LM head
     layer_params: int  # the largest decoder layer
+    largest_tensor: int  # elements of the largest parameter
     layers: int
     hidden: int
     heads: int
@@ -60,7 +64,8 @@ def shape_of(model) -> Shape:
     expert_width = getattr(c, "moe_intermediate_size", None) or c.intermediate_size
     shared = getattr(c, "shared_expert_intermediate_size", 0) or \
         (getattr(c, "n_shared_experts", 0) or 0) * expert_width
-    return Shape(params=total, root_params=total - sum(sizes), layer_params=max(sizes), layers=len(layers),
+    return Shape(params=total, root_params=total - sum(sizes), layer_params=max(sizes),
+                 largest_tensor=max(p.numel() for p in model.parameters()), layers=len(layers),
                  hidden=c.hidden_size, heads=c.num_attention_heads, kv_width=kv, experts=int(experts),
                  top_k=c.num_experts_per_tok, expert_width=expert_width, shared_width=shared, vocab=c.vocab_size)
 
@@ -103,20 +108,29 @@ class Estimate:
 
 def estimate(shape: Shape, *, world_size: int, fsdp: bool, batch_size: int, max_length: int, method: str,
              k: int | None = None, kmax: int | None = None, param_bytes: int = 4, compute_bytes: int | None = None,
-             checkpointing: bool = False, attention_scores: bool = False) -> Estimate:
+             checkpointing: bool = False, attention_scores: bool = False, foreach: bool = True) -> Estimate:
     """Per-process bytes of one run (see the module docstring). ``compute_bytes``: the activations'
-    and FSDP's unsharded parameters' bytes per value (2 under bf16; default ``param_bytes``)."""
+    and FSDP's unsharded parameters' bytes per value (2 under bf16; default ``param_bytes``);
+    ``foreach``: AdamW's multi-tensor step (torch's default on CUDA), else one tensor at a time
+    (the CPU's)."""
     compute_bytes = compute_bytes or param_bytes
     P = shape.params
     stored = -(-P // world_size) if fsdp else P  # ceil: FSDP pads the last shard
-    working = (shape.root_params + 2 * shape.layer_params) * compute_bytes if fsdp else 0
+    # unsharded at once: the root (kept gathered through the step) and the running and prefetched
+    # layers' parameters; the root's and one layer's gradients before their reduce-scatter
+    gathered = (shape.root_params + min(2, shape.layers) * shape.layer_params) * compute_bytes if fsdp else 0
+    unreduced = (shape.root_params + shape.layer_params) * compute_bytes if fsdp else 0
     tokens = batch_size * max_length
     layer = layer_activation_bytes(shape, tokens, max_length, experts_per_token(shape, method, k, kmax), compute_bytes,
                                    attention_scores)
     kept = shape.layers * tokens * shape.hidden * compute_bytes + layer if checkpointing else shape.layers * layer
     logits = tokens * shape.vocab * (compute_bytes + 3 * 4)  # logits, fp32 copy, log-softmax, its gradient
-    return Estimate(parameters=stored * param_bytes + working, gradients=stored * param_bytes + working,
-                    optimizer=2 * stored * param_bytes, activations=kept + logits)
+    # the step's temporaries: foreach, about one more copy of the (local) parameters; one tensor at a
+    # time, two of the largest local tensor (the denominator and the update)
+    largest = -(-shape.largest_tensor // world_size) if fsdp else shape.largest_tensor
+    step = stored * param_bytes if foreach else 2 * largest * param_bytes
+    return Estimate(parameters=stored * param_bytes + gathered, gradients=stored * param_bytes + unreduced,
+                    optimizer=2 * stored * param_bytes + step, activations=kept + logits)
 
 
 def gib(n: int) -> str:
@@ -166,7 +180,8 @@ def for_run(cfg, world_size: int, device_type: str) -> tuple[Shape, dict]:
     param_bytes = dtype.itemsize
     return shape, dict(batch_size=cfg.batch_size, max_length=cfg.max_length, method=cfg.method, k=cfg.k,
                        kmax=cfg.kmax, param_bytes=param_bytes, compute_bytes=2 if cfg.bf16 else param_bytes,
-                       checkpointing=cfg.gradient_checkpointing, attention_scores=device_type == "cpu")
+                       checkpointing=cfg.gradient_checkpointing, attention_scores=device_type == "cpu",
+                       foreach=device_type == "cuda")
 
 
 def device_bytes(world) -> tuple[int, str]:

@@ -25,6 +25,7 @@ TINY = {"tiny-olmoe": "olmoe", "tiny-qwen2-moe": "qwen2_moe", "tiny-qwen3-moe": 
         "tiny-mixtral": "mixtral", "tiny-deepseek-v3": "deepseek_v3"}
 BUILT_IN = (*TINY, *SHAPES)
 MAX_POSITIONS = 2048  # the tiny models' context: every GSM8K question + answer fits, in bytes
+INIT_CHUNK = 1 << 24  # values drawn at once by ``initial_tensor`` (64 MiB in fp32)
 
 
 def check_checkpoint(path: str, flag: str = "--model") -> str:
@@ -118,11 +119,14 @@ def initial_tensor(model, name: str, seed: int) -> torch.Tensor:
     if leaf == "bias" or leaf in dict(owner.named_buffers(recurse=False)):
         return torch.zeros(meta.shape, dtype=meta.dtype)
     generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-    value = torch.empty(meta.shape, dtype=torch.float32).normal_(0.0, model.config.initializer_range,
-                                                                 generator=generator)
+    value = torch.empty(meta.shape, dtype=meta.dtype)
+    rows = max(1, INIT_CHUNK // max(1, value[0].numel()))  # drawn in fp32 a block of rows at a time
+    for start in range(0, value.shape[0], rows):
+        block = value[start:start + rows]
+        block.copy_(torch.empty(block.shape).normal_(0.0, model.config.initializer_range, generator=generator))
     if isinstance(owner, torch.nn.Embedding) and owner.padding_idx is not None:
         value[owner.padding_idx] = 0
-    return value.to(meta.dtype)
+    return value
 
 
 @torch.no_grad()
