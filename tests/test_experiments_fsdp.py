@@ -27,7 +27,7 @@ def run(self):
     record = original_run(self)
     if self.cfg.fsdp:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-        full = get_model_state_dict(self.net, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False))
+        full = get_model_state_dict(self.net, options=StateDictOptions(full_state_dict=True))
         local = sum(p.to_local().numel() for p in self.net.parameters())
     else:
         full, local = self.net.state_dict(), sum(p.numel() for p in self.net.parameters())

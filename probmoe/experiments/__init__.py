@@ -2,8 +2,11 @@
 
     data         question/answer JSON-lines files, checked; prompt + answer tokens, loss mask
     tokenizer    the byte-level tokenizer of the built-in tiny models (built offline)
-    models       built-in tiny models and local checkpoints, checked before any weights load
+    models       built-in tiny models, published shapes and local checkpoints, checked before any weights load
+    shapes       the published configurations (OLMoE-1B-7B, Qwen1.5-MoE-A2.7B, ...) for ``--model *-shape``
     distributed  torch.distributed set-up (torchrun: gloo on CPU, NCCL on GPU), rank helpers
+    fsdp         ``--fsdp``: FSDP2 sharding from the meta device, sharded checkpoints, the final gather
+    memory_plan  ``--plan``: per-GPU memory under DDP and FSDP, and the refusal of runs that cannot fit
     state        the exact-resume training state (optimizer, scheduler, step, every RNG), checked
     trainer      the training loop behind ``probmoe-train``
     generation   greedy GSM8K generation and scoring behind ``probmoe-eval``

@@ -46,11 +46,10 @@ def shard(model, world, bf16: bool) -> None:
 
 def weights_source(path: str, seed: int, dtype: torch.dtype, meta_model, layers: int | None, world, fresh: bool):
     """``name -> full CPU tensor`` for ``models.materialize`` (called on rank 0 only): the tiny
-    model's weights, the published shape's initialiser, the checkpoint's weights in ``dtype`` (loaded
-    once, on rank 0), or zeros when ``fresh`` is False (a resume overwrites them)."""
+    model's weights, the published shape's initialiser, or the checkpoint's weights in ``dtype``
+    (loaded once, on rank 0); None when not ``fresh`` (a resume reads every value from its shards)."""
     if not fresh:
-        return lambda name: torch.zeros(meta_model.get_parameter(name).shape if name in dict(
-            meta_model.named_parameters()) else meta_model.get_buffer(name).shape, dtype=dtype)
+        return None
     if path in models.SHAPES:
         return lambda name: models.initial_tensor(meta_model, name, seed)
     weights = models.load_model(path, seed, dtype, layers).state_dict() if world.main else {}

@@ -134,14 +134,15 @@ def materialize(model, source, device: torch.device) -> None:
     """Give the meta model ``model`` real storage on ``device`` and fill it: every parameter and
     persistent buffer from ``source(name) -> full tensor`` (one at a time, on the CPU; a sharded
     DTensor parameter keeps only its shard, scattered from rank 0, where ``source`` is called: the
-    other ranks never hold the full tensor), the non-persistent buffers (rotary frequencies) by
-    transformers' own initialiser."""
+    other ranks never hold the full tensor; ``source`` None: left unset, for a caller that loads
+    every value next), the non-persistent buffers (rotary frequencies) by transformers' own
+    initialiser."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     persistent = set(model.state_dict())
     model.to_empty(device=device)
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        if name not in persistent:
+        if source is None or name not in persistent:
             continue
         if isinstance(tensor, DTensor):
             full = source(name) if tensor.device_mesh.get_rank() == 0 else \

@@ -6,7 +6,8 @@ takes rows [r·B, (r+1)·B) of each micro-batch. The loss of a step is the mean 
 every answer token of the global batch: each rank's micro-batch loss is its token sum divided by
 the global token count (summed over ranks before the step) times the world size, because DDP
 averages gradients over ranks. So N ranks with batch B take the same steps as one process with
-batch N·B, up to float summation order. Load-balancing and z-losses (coefficients from the
+batch N·B, up to float summation order; FSDP (``--fsdp``, ``fsdp``) averages gradients the same
+way, so the same holds sharded. Load-balancing and z-losses (coefficients from the
 routing plan) are added per micro-batch, averaged over micro-batches and ranks.
 """
 
