@@ -20,7 +20,8 @@ from . import common
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="probmoe-train", description="Fine-tune a transformers MoE model "
                                 "(OLMoE, Qwen2-MoE, Qwen3-MoE, Mixtral) on question/answer JSON lines with "
-                                "ProbMoE or a baseline router. Runs alone or under torchrun (DDP, or FSDP2 with --fsdp).")
+                                "ProbMoE or a baseline router. Runs alone or under torchrun (DDP, or FSDP2 "
+                                "with --fsdp).")
     p.add_argument("--model", required=True, help="tiny-olmoe, tiny-qwen2-moe, tiny-qwen3-moe, tiny-mixtral, "
                    "tiny-deepseek-v3 (randomly initialised, byte-level tokenizer), or a local checkpoint directory "
                    "of those families")
