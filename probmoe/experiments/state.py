@@ -5,9 +5,10 @@
     config.json, model.safetensors, tokenizer files, probmoe_routing.json   (the stock checkpoint)
     training_state.pt      step, optimizer, LR scheduler (rank 0's; DDP keeps them equal on all ranks)
 
-or, under ``--fsdp``, config.json, probmoe_routing.json and the tokenizer files, the model and
-optimizer shards of every rank (``.metadata``, ``__<r>_0.distcp``: torch.distributed.checkpoint,
-``fsdp.save_shards``) and a training_state.pt without the optimizer; and in both cases
+(under ``--fsdp``: config.json, probmoe_routing.json, the tokenizer files, every rank's model and
+optimizer shards in ``.metadata`` and ``__<r>_0.distcp`` (torch.distributed.checkpoint,
+``fsdp.save_shards``), and training_state.pt without the optimizer), and in both cases
+
     rng_rank{r}.pt         rank r's RNG states: Python, NumPy, torch CPU, its GPU, the routing generator
     training_state.json    the run's fingerprint, the step, the world size, sha256 of every other file
 
