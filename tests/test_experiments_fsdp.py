@@ -219,3 +219,25 @@ def test_meta_init_never_puts_the_whole_model_on_a_rank(tmp_path):
     assert r1["calls"] == [] and sorted(r0["calls"]) == sorted(one.state_dict()) and r0["most_alive"] == 1
     assert r0["local"] < total and r1["local"] < total and r0["local"] + r1["local"] >= total
     assert max_diff(r0["full"], one.state_dict()) == 0 and max_diff(r1["full"], one.state_dict()) == 0
+
+
+@pytest.mark.slow
+def test_fsdp_from_a_checkpoint_directory_in_bf16(tmp_path):
+    """--model DIR --fsdp --param-dtype bfloat16: rank 0 loads the checkpoint straight into bf16 and
+    scatters it; with a learning rate far below bf16's resolution the final model is the checkpoint,
+    rounded to bf16, bit for bit."""
+    from safetensors.torch import load_file
+
+    from probmoe.experiments.models import load_model, load_tokenizer
+
+    source = tmp_path / "source"
+    load_model("tiny-mixtral", seed=6).save_pretrained(source)
+    load_tokenizer("tiny-mixtral").save_pretrained(source)
+    data = write(tmp_path, "train.jsonl", 8)
+    launch(tmp_path / "run", 2, ["--model", str(source), "--data", data, "--method", "conventional", "--max-steps",
+                                 "1", "--batch-size", "2", "--lr", "1e-30", "--no-progress", "--fsdp",
+                                 "--param-dtype", "bfloat16", "--output-dir", str(tmp_path / "run" / "out")])
+    saved, final = load_file(source / "model.safetensors"), load_file(tmp_path / "run" / "out" / "model.safetensors")
+    assert saved.keys() == final.keys()
+    for name, value in final.items():
+        assert value.dtype == torch.bfloat16 and torch.equal(value, saved[name].to(torch.bfloat16)), name
