@@ -14,7 +14,7 @@ import threading
 import torch
 from torch import Tensor
 
-from . import ops, passes
+from . import checks, ops, passes
 from .layout import FALSE_SLOT, TRUE_SLOT, Layout
 from .passes import Passes, Program
 from .spec import Spec
@@ -116,43 +116,50 @@ class Circuit:
         False); the value checks come after the first pass (``_check``), from its log Z.
         """
         if self.validate:
-            if not isinstance(logits, Tensor):
-                raise ValueError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
-            if logits.dim() == 0 or logits.shape[-1] != self.n:
-                raise ValueError(f"logits must have shape [..., n] with n = {self.n}, got {list(logits.shape)}")
-            if not logits.is_floating_point():
-                raise ValueError(f"logits must be a floating-point tensor, got {logits.dtype}")
-            if logits.device != self.device:
-                raise ValueError(
-                    f"logits is on {logits.device} but the circuit is on {self.device}; use circuit.to(device)"
-                )
-            if generator is not None and (
-                not isinstance(generator, torch.Generator) or generator.device.type != self.device.type
-            ):
-                where = getattr(generator, "device", type(generator).__name__)
-                raise ValueError(f"generator must be a torch.Generator on {self.device.type}, got one on {where}")
+            checks.logits(logits, n=self.n, device=self.device)
+            checks.generator(generator, self.device)
         dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
         return logits.reshape(-1, self.n).to(dtype).contiguous(), logits.shape[:-1]
 
     def _check(self, r: Tensor, log_z: Tensor) -> None:
-        """One host sync: raise ValueError for NaN / +inf logits or an unmeetable constraint."""
+        """Raise ValueError for NaN / +inf logits r [T, n] or a row that satisfies nothing (log Z
+        [T] not finite): one host sync, or assertions in the graph under torch.compile."""
         if not self.validate or r.shape[0] == 0:
             return
-        # one sync: a variable the circuit leaves implicit never reaches log Z, so look at r too
-        if bool(torch.isfinite(log_z).all() & ~(torch.isnan(r) | torch.isposinf(r)).any()):
-            return
-        if bool(torch.isnan(r).any()):
-            raise ValueError("logits contain NaN")
-        if bool(torch.isposinf(r).any()):
-            raise ValueError("logits must be finite or -inf (never chosen); got +inf")
-        bad = int((~torch.isfinite(log_z)).nonzero()[0, 0])
-        finite = int(torch.isfinite(r[bad]).sum())
+        # a variable the circuit leaves implicit never reaches log Z, so look at r too
+        fine = torch.isfinite(log_z).all() & ~(torch.isnan(r) | torch.isposinf(r)).any()
+        if torch.compiler.is_compiling():
+            checks.no_nan_or_posinf(r)
+            checks.require(torch.isfinite(log_z).all(), self._unsatisfiable())
+        elif not bool(fine):
+            checks.no_nan_or_posinf(r)
+            raise ValueError(self._unsatisfiable(r, int((~torch.isfinite(log_z)).nonzero()[0, 0])))
+
+    def _unsatisfiable(self, r: Tensor | None = None, row: int | None = None) -> str:
+        """The message for logits r [T, n] whose -inf entries leave no satisfying assignment at ``row``
+        (any row, when not known: the message of a traced assertion)."""
         what = f"the constraint {self.spec.describe()}" if self.spec is not None else "the circuit's constraint"
+        if row is None:
+            return f"some row of the logits makes {what} unsatisfiable: no subset of its finite logits satisfies it"
+        finite = int(torch.isfinite(r[row]).sum())
         need = ""
         if self.spec is not None and getattr(self.spec, "cardinalities", None) and finite < self.spec.cardinalities[0]:
             need = f"; it needs at least {self.spec.cardinalities[0]} logits that are not -inf"
-        raise ValueError(f"logits make {what} unsatisfiable at row {bad}: no subset of its {finite} finite logits "
-                         f"satisfies it{need}")
+        return (f"logits make {what} unsatisfiable at row {row}: no subset of its {finite} finite logits "
+                f"satisfies it{need}")
+
+    @torch.no_grad()
+    def check_satisfiable(self, logits: Tensor) -> None:
+        """Raise ValueError naming the first row of ``logits`` [..., n] whose -inf entries leave no
+        satisfying assignment (one pass at logits 0 / -inf and one host sync; an assertion in the
+        graph under torch.compile). NaN and +inf count as finite here."""
+        r, _ = self._inputs(logits)
+        live = torch.where(r > -torch.inf, 0.0, -torch.inf).to(r.dtype)  # [T, n]
+        log_z, _ = torch.ops.circuits.log_partition(live, self.handle, False)
+        if torch.compiler.is_compiling():
+            checks.require(torch.isfinite(log_z).all(), self._unsatisfiable())
+        elif r.shape[0] and not bool(torch.isfinite(log_z).all()):
+            raise ValueError(self._unsatisfiable(live, int((~torch.isfinite(log_z)).nonzero()[0, 0])))
 
     def _shift(self, r: Tensor) -> Tensor | None:
         """What the passes subtract from checked logits r [T, n]: each row's k-th largest logit,

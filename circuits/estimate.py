@@ -34,7 +34,6 @@ shared): about 1 us per step, up to 2x more for k in the hundreds (docs/circuits
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from .spec import GROUP_SPECS, CnfFile, ExactlyK, RangeK, SddFile

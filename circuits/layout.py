@@ -179,17 +179,35 @@ def build_layout(mgr: SddManager, root: SddNode, progress: Callable[[int], None]
     if root.is_false():
         raise ValueError("the constraint is unsatisfiable: its SDD is FALSE")
     n = mgr.var_count()
-    vvars = _vtree_vars(mgr)
+    nodes = _walk(root, _vtree_vars(mgr), progress)
+    groups, children, implicit = _Slots(nodes, n).place(root)
+    layout = Layout(
+        n=n,
+        groups=np.asarray(groups, dtype=np.int64).reshape(-1, 5),
+        children=np.asarray(children, dtype=np.int64).reshape(-1, 2),
+        implicit=np.asarray(implicit, dtype=np.int64).reshape(-1, 2),
+    )
+    layout.validate()
+    return layout
 
-    # Post-order walk over the decision nodes (iterative: SDDs can be deep).
+
+def _scope(node: SddNode, nodes: dict[int, dict]) -> frozenset:
+    """The variables (1-based) a node of the walk (``_walk``'s ``nodes``) mentions."""
+    if node.is_literal():
+        return frozenset([abs(node.literal)])
+    if node.is_decision():
+        return nodes[node.id]["scope"]
+    return frozenset()
+
+
+def _walk(root: SddNode, vvars: dict[int, frozenset], progress) -> dict[int, dict]:
+    """Post-order walk over the decision nodes under ``root`` (iterative: SDDs can be deep).
+
+    Returns {node id: {"elems": [(prime, sub)] without FALSE ones, "implicit": per element the
+    variables of the node's vtree that neither prime nor sub mentions, "scope": the vtree's
+    variables, "height": 1 + the highest child's}}; raises for an SDD not normalised for its vtree.
+    """
     nodes: dict[int, dict] = {}
-
-    def scope(node) -> frozenset:
-        if node.is_literal():
-            return frozenset([abs(node.literal)])
-        if node.is_decision():
-            return nodes[node.id]["scope"]
-        return frozenset()
 
     def height(node) -> int:
         return nodes[node.id]["height"] if node.is_decision() else 0
@@ -202,80 +220,72 @@ def build_layout(mgr: SddManager, root: SddNode, progress: Callable[[int], None]
         elems = [(p, s) for p, s in node.elements() if not s.is_false() and not p.is_false()]
         if not expanded:
             stack.append((node, True))
-            for p, s in elems:
-                for c in (p, s):
-                    if c.is_decision() and c.id not in nodes:
-                        stack.append((c, False))
+            stack.extend((c, False) for p, s in elems for c in (p, s) if c.is_decision() and c.id not in nodes)
             continue
         v = node.vtree()
         left, right = vvars[v.left().position()], vvars[v.right().position()]
         imp = []
         for p, s in elems:
-            sp, ss = scope(p), scope(s)
+            sp, ss = _scope(p, nodes), _scope(s, nodes)
             if not sp <= left or not ss <= right:
                 raise ValueError("the SDD is not normalised for its vtree")
             imp.append(sorted((left - sp) | (right - ss)))
-        nodes[node.id] = {
-            "elems": elems,
-            "implicit": imp,
-            "scope": vvars[v.position()],
-            "height": 1 + max(max(height(p), height(s)) for p, s in elems),
-        }
+        nodes[node.id] = {"elems": elems, "implicit": imp, "scope": vvars[v.position()],
+                          "height": 1 + max(max(height(p), height(s)) for p, s in elems)}
         if progress is not None:
             progress(1)
+    return nodes
 
-    def leaf_slot(node) -> int:
+
+class _Slots:
+    """Slot assignment of the walked nodes, group by group in height order: the rows of the
+    layout's ``groups``, ``children`` and ``implicit`` tables (see ``Layout``)."""
+
+    def __init__(self, nodes: dict[int, dict], n: int):
+        self.nodes, self.n = nodes, n
+        self.slot_of: dict[int, int] = {}
+        self.groups, self.children, self.implicit = [], [], []
+        self.next_slot = 2 + 2 * n
+
+    def child(self, node: SddNode) -> int:
+        """The slot of a child: a decision node's own, or a literal's / constant's leaf slot."""
+        if node.is_decision():
+            return self.slot_of[node.id]
         if node.is_true():
             return TRUE_SLOT
         if node.is_false():
             return FALSE_SLOT
         lit = node.literal
-        return 1 + lit if lit > 0 else 1 + n - lit
+        return 1 + lit if lit > 0 else 1 + self.n - lit
 
-    # Assign slots group by group, in height order.
-    by_height: dict[int, list[int]] = {}
-    for nid, rec in nodes.items():
-        by_height.setdefault(rec["height"], []).append(nid)
-    slot_of: dict[int, int] = {}
-    groups, children, implicit = [], [], []
-    next_slot = 2 + 2 * n
-
-    def child_slot(node) -> int:
-        return slot_of[node.id] if node.is_decision() else leaf_slot(node)
-
-    def emit(height: int, members: list[tuple[list, list]]) -> None:
-        nonlocal next_slot
+    def emit(self, height: int, members: list[tuple[list, list]]) -> None:
+        """One group: ``members`` are (element slots [(prime, sub)], implicit variables per element),
+        padded to the group's fan-in with FALSE elements."""
         fanin = max(len(e) for e, _ in members)
-        groups.append((next_slot, len(members), fanin, len(children), height))
+        self.groups.append((self.next_slot, len(members), fanin, len(self.children), height))
         for elems, imp in members:
             for j in range(fanin):
                 if j < len(elems):
-                    for var in imp[j]:
-                        implicit.append((len(children), var - 1))
-                    children.append(elems[j])
+                    self.implicit.extend((len(self.children), var - 1) for var in imp[j])
+                    self.children.append(elems[j])
                 else:
-                    children.append((FALSE_SLOT, TRUE_SLOT))
-        next_slot += len(members)
+                    self.children.append((FALSE_SLOT, TRUE_SLOT))
+        self.next_slot += len(members)
 
-    for h in sorted(by_height):
-        ids = sorted(by_height[h])
-        for bucket in _buckets([len(nodes[i]["elems"]) for i in ids]):
-            members = []
-            for b in bucket:
-                nid = ids[b]
-                slot_of[nid] = next_slot + len(members)
-                rec = nodes[nid]
-                members.append(([(child_slot(p), child_slot(s)) for p, s in rec["elems"]], rec["implicit"]))
-            emit(h, members)
-
-    top = max(by_height, default=0) + 1
-    root_imp = sorted(frozenset(range(1, n + 1)) - scope(root))
-    emit(top, [([(child_slot(root), TRUE_SLOT)], [root_imp])])
-    layout = Layout(
-        n=n,
-        groups=np.asarray(groups, dtype=np.int64).reshape(-1, 5),
-        children=np.asarray(children, dtype=np.int64).reshape(-1, 2),
-        implicit=np.asarray(implicit, dtype=np.int64).reshape(-1, 2),
-    )
-    layout.validate()
-    return layout
+    def place(self, root: SddNode) -> tuple[list, list, list]:
+        """Every node in height order (bucketed by fan-in), then the root's group; the three tables."""
+        by_height: dict[int, list[int]] = {}
+        for nid, rec in self.nodes.items():
+            by_height.setdefault(rec["height"], []).append(nid)
+        for h in sorted(by_height):
+            ids = sorted(by_height[h])
+            for bucket in _buckets([len(self.nodes[i]["elems"]) for i in ids]):
+                members = []
+                for b in bucket:
+                    rec = self.nodes[ids[b]]
+                    self.slot_of[ids[b]] = self.next_slot + len(members)
+                    members.append(([(self.child(p), self.child(s)) for p, s in rec["elems"]], rec["implicit"]))
+                self.emit(h, members)
+        root_imp = sorted(frozenset(range(1, self.n + 1)) - _scope(root, self.nodes))
+        self.emit(max(by_height, default=0) + 1, [([(self.child(root), TRUE_SLOT)], [root_imp])])
+        return self.groups, self.children, self.implicit

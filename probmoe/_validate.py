@@ -2,7 +2,8 @@
 
 Every failure is a ``ValueError`` that names the argument and the allowed range. Shape and
 integer checks are free; the checks on logit values (NaN, +inf, a cardinality range that -inf
-logits make infeasible) cost one host synchronisation and can be skipped.
+logits make infeasible) cost one host synchronisation and can be skipped. The checks on logits
+and generators that circuits make too live in ``circuits.checks`` (one home, one message).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import numbers
 import torch
 from torch import Tensor
 
+from circuits import checks
+from circuits.checks import generator, logits as logits_tensor  # noqa: F401 (probmoe's entry points use these)
 
 MAX_ABS_LOGIT = 1e20  # the DP's tilted sums of up to 2**31 logits stay far above its log-zero, -1e30
 
@@ -31,16 +34,6 @@ def choice(name: str, value, options) -> str:
     if not isinstance(value, str) or value not in options:
         raise ValueError(f"{name} must be one of {tuple(options)}, got {value!r}")
     return value
-
-
-def generator(value, device: torch.device) -> None:
-    """Raise unless ``value`` is None or a ``torch.Generator`` on ``device``'s type."""
-    if value is None:
-        return
-    if not isinstance(value, torch.Generator):
-        raise ValueError(f"generator must be a torch.Generator or None, got {type(value).__name__}")
-    if value.device.type != device.type:
-        raise ValueError(f"generator must be a torch.Generator on {device.type}, got one on {value.device}")
 
 
 def cardinality(n: int, k=None, kmin=None, kmax=None, *, lowest: int = 0) -> tuple[int, int]:
@@ -62,33 +55,6 @@ def cardinality(n: int, k=None, kmin=None, kmax=None, *, lowest: int = 0) -> tup
     return kmin, kmax
 
 
-def traced_logits_values(logits: Tensor, kmin: int) -> None:
-    """``logits_values``'s conditions as asynchronous assertions, which torch.compile keeps in the
-    graph with no host synchronisation: a RuntimeError with the same message, without the row (on
-    CUDA a failed assertion is a device-side assert). ``validate_args=False`` leaves them out."""
-    finite = torch.where(logits > -torch.inf, logits, 0.0)  # [..., N]
-    torch._assert_async(~logits.isnan().any(), "logits contain NaN")
-    torch._assert_async(~logits.isposinf().any(), "logits contain +inf; use finite logits, or -inf for 'never chosen'")
-    torch._assert_async(finite.abs().amax() < MAX_ABS_LOGIT, f"logits must be -inf or finite with |logits| < {MAX_ABS_LOGIT:g}")
-    if kmin > 0:
-        live = (logits > -torch.inf).sum(-1)  # [...]
-        torch._assert_async(live.amin() >= kmin, f"some row of the logits has fewer than kmin = {kmin} experts above "
-                                                 "-inf: the constraint is infeasible")
-
-
-def logits_tensor(logits, *, dim: int | None = None) -> Tensor:
-    """Check type, dtype and rank of ``logits`` ([..., N], or exactly ``dim``-D); no host sync."""
-    if not isinstance(logits, Tensor):
-        raise ValueError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
-    if not logits.is_floating_point():
-        raise ValueError(f"logits must be a floating-point tensor, got {logits.dtype}")
-    if dim is not None and logits.dim() != dim:
-        raise ValueError(f"logits must be {dim}-D [tokens, experts], got shape {list(logits.shape)}")
-    if logits.dim() == 0 or logits.shape[-1] == 0:
-        raise ValueError(f"logits must have shape [..., N] with N >= 1 experts, got {list(logits.shape)}")
-    return logits
-
-
 @torch.no_grad()
 def logits_values(logits: Tensor, kmin: int) -> bool:
     """Raise for NaN, +inf or huge finite logits (|r| >= ``MAX_ABS_LOGIT``), or rows with fewer than
@@ -96,18 +62,16 @@ def logits_values(logits: Tensor, kmin: int) -> bool:
 
     One host synchronisation for the global minimum and maximum (NaN propagates into both); rows
     are looked at only when some logit is -inf, and the offending row is located only on failure.
-    Under torch.compile the same conditions are asserted inside the graph (``traced_logits_values``).
+    Under torch.compile the same conditions are asserted inside the graph (``checks.require``).
     """
     if logits.numel() == 0:
         return False
     if torch.compiler.is_compiling():
-        traced_logits_values(logits, kmin)
+        _traced_logits_values(logits, kmin)
         return True
     bottom, top = torch.stack(torch.aminmax(logits)).tolist()
-    if math.isnan(top):
-        raise ValueError("logits contain NaN")
-    if top == math.inf:
-        raise ValueError("logits contain +inf; use finite logits, or -inf for 'never chosen'")
+    if math.isnan(top) or top == math.inf:
+        checks.no_nan_or_posinf(logits)
     low = bottom if bottom > -math.inf else torch.where(logits > -torch.inf, logits, 0.0).amin().item()
     if max(top, -low) >= MAX_ABS_LOGIT:
         raise ValueError(f"logits must be -inf or finite with |logits| < {MAX_ABS_LOGIT:g}, "
@@ -122,3 +86,15 @@ def logits_values(logits: Tensor, kmin: int) -> bool:
             "must be chosen: the constraint is infeasible"
         )
     return True
+
+
+def _traced_logits_values(logits: Tensor, kmin: int) -> None:
+    """``logits_values``'s conditions as assertions that torch.compile keeps in the graph, with no
+    host synchronisation (``checks.require``); ``validate_args=False`` leaves them out."""
+    checks.no_nan_or_posinf(logits)
+    finite = torch.where(logits > -torch.inf, logits, 0.0)  # [..., N]
+    checks.require(finite.abs().amax() < MAX_ABS_LOGIT, f"logits must be -inf or finite with |logits| < {MAX_ABS_LOGIT:g}")
+    if kmin > 0:
+        live = (logits > -torch.inf).sum(-1)  # [...]
+        checks.require(live.amin() >= kmin, f"some row of the logits has fewer than kmin = {kmin} experts above "
+                                            "-inf: the constraint is infeasible")

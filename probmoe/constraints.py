@@ -10,7 +10,6 @@ circuit (log Z, marginals, exact draws, the MAP).
     settle(...)                 -> resolve, plus the checks a config or distribution makes
     to_dict / from_dict         -> the JSON form of a spec constraint (settings files)
     compiled(constraint, device) -> the circuit on a device, input checks off (cached)
-    check_feasible(circuit, r)  -> ValueError for a token whose -inf logits leave no allowed subset
     Allowed(circuit)            -> the support, a torch.distributions constraint
 """
 
@@ -154,23 +153,6 @@ def _ensure(constraint, device: str, key: tuple | None = None) -> tuple:
                 c.validate = False
                 _CIRCUITS[key] = (constraint, c)
     return key
-
-
-@torch.no_grad()
-def check_feasible(circuit: circuits.Circuit, r: Tensor, constraint) -> None:
-    """Raise ValueError naming the first row of r [T, N] whose -inf logits leave no subset the
-    constraint allows (one pass of the circuit at logits 0 / -inf, and one host sync; under
-    torch.compile an assertion in the graph, as ``_validate.traced_logits_values``)."""
-    live = torch.where(r > -torch.inf, 0.0, -torch.inf).to(r.dtype)
-    bad = ~torch.isfinite(circuit.log_partition(live))  # [T]
-    if torch.compiler.is_compiling():
-        torch._assert_async(~bad.any(), f"some row of the logits leaves no subset that the constraint "
-                                        f"{describe(constraint)} allows: it is infeasible")
-        return
-    if bool(bad.any()):
-        row = int(bad.nonzero()[0, 0])
-        raise ValueError(f"logits at row {row} have {int((r[row] > -torch.inf).sum())} experts above -inf, and no "
-                         f"subset of them satisfies the constraint {describe(constraint)}: it is infeasible")
 
 
 class Allowed(dist_constraints.Constraint):

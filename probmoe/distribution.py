@@ -118,7 +118,7 @@ class SubsetDistribution(Distribution):
         dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
         self._r = logits.reshape(-1, n).to(dtype)  # [T, N], T = prod(batch_shape)
         if self._validate_args and _validate.logits_values(logits, kmin) and constraint is not None:
-            subset_constraints.check_feasible(self._impl.circuit, self._r, constraint)  # only when some logit is -inf
+            self._impl.circuit.check_satisfiable(self._r)  # only when some logit is -inf
         self._cache: dict[str, Tensor] = {}
 
     # --- helpers ------------------------------------------------------------------------------

@@ -15,14 +15,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-
-def _scores(r: Tensor, kind: str) -> Tensor:
-    return torch.softmax(r, dim=-1) if kind == "softmax" else torch.sigmoid(r)  # [T, N]
+from .scores import gate_scores
 
 
 def reference(r: Tensor, t: Tensor | None, idx: Tensor, mask: Tensor, kind: str) -> Tensor:
     """The plain torch meaning: r, t [T, N]; idx [T, kmax] long; mask [T, kmax] bool -> w [T, kmax]."""
-    w = _scores(r, kind).gather(-1, idx)
+    w = gate_scores(r, kind).gather(-1, idx)
     if t is not None:
         w = w * (1 + t.gather(-1, idx))
     return torch.where(mask, w, 0.0)
@@ -33,7 +31,7 @@ class GateWeights(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, r: Tensor, t: Tensor, idx: Tensor, mask: Tensor, kind: str, p: Tensor | None = None) -> Tensor:
-        p = _scores(r, kind) if p is None else p  # [T, N]
+        p = gate_scores(r, kind) if p is None else p  # [T, N]
         w = torch.where(mask, p.gather(-1, idx), 0.0)  # [T, kmax]; t's value is 0
         ctx.kind = kind
         ctx.save_for_backward(r, idx.to(torch.int32), mask)
@@ -43,7 +41,7 @@ class GateWeights(torch.autograd.Function):
     def backward(ctx, gw: Tensor):
         r, idx32, mask = ctx.saved_tensors
         idx = idx32.long()
-        p = _scores(r, ctx.kind)  # [T, N], recomputed
+        p = gate_scores(r, ctx.kind)  # [T, N], recomputed
         g = torch.where(mask, gw, 0.0)  # [T, kmax]; unused slots carry no gradient
         g_p = torch.zeros_like(p).scatter_add_(-1, idx, g)  # dL/dπ [T, N] (used slots are distinct experts)
         # d w / d t at a used slot is π there (t = 0): dL/dt = dL/dπ · π

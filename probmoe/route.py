@@ -22,6 +22,7 @@ from .config import RoutingConfig
 from .distribution import SubsetDistribution
 from .gate_weights import gate_weights
 from .map_rule import map_size
+from .scores import dense_selection, gate_scores
 
 @dataclass
 class Routing:
@@ -58,8 +59,7 @@ class Routing:
 
     def selected(self) -> Tensor:
         """The used experts as a dense mask: [T, N] bool."""
-        dense = torch.zeros_like(self.probs, dtype=torch.int32)
-        return dense.scatter_add_(-1, self.indices, self.mask.int()) > 0  # unused slots repeat slot 0
+        return dense_selection(self.indices, self.mask, self.probs.shape[-1])
 
 
 def route(logits: Tensor, config: RoutingConfig | None = None, *, training: bool, k=None, kmin=None, kmax=None,
@@ -98,40 +98,56 @@ def route(logits: Tensor, config: RoutingConfig | None = None, *, training: bool
     if not isinstance(training, bool):
         raise ValueError(f"training must be True or False, got {training!r}")
     _validate.generator(generator, logits.device)
-    kmin, kmax, method = config.kmin, config.kmax, config.method
     r = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
     dist = SubsetDistribution._checked(r, config, validate_args)  # the logits were checked above
     with torch.no_grad():  # the weights carry the gradient (gate_weights); probs is for selection and users
-        probs = torch.softmax(r, dim=-1) if config.scores == "softmax" else torch.sigmoid(r)  # [T, N]
+        probs = gate_scores(r, config.scores)  # [T, N]
+    tangent, idx, mask = _select(dist, r, probs, config, training, generator)
+    w = _weights(r, tangent, idx, mask, probs, config)
+    idx = torch.where(mask, idx, idx[:, :1])
+    return Routing(idx, w, mask, probs, dist, config)
+
+
+def _select(dist: SubsetDistribution, r: Tensor, probs: Tensor, config: RoutingConfig, training: bool,
+            generator) -> tuple[Tensor | None, Tensor, Tensor]:
+    """The used experts and what carries the backward: (tangent, idx, mask).
+
+    tangent: zeros [T, N] whose Jacobian is the straight-through estimator's (z ≈ m, or z ≈ π for
+        "sample-dense-ste"), None when no gradient can flow (the marginals are then skipped);
+    idx: [T, kmax] long, the used experts first, by descending score (ties to the lower index);
+    mask: [T, kmax] bool, the used slots.
+    """
+    method, kmin, kmax = config.method, config.kmin, config.kmax
     sampled = training and method != "topk-marginal"
-    # the marginals enter only the backward: skip them when no gradient can flow
     marginal_st = training and method != "sample-dense-ste" and torch.is_grad_enabled() and r.requires_grad
-    # tangent: zeros [T, N] carrying the backward of z ≈ m (or ≈ softmax for "sample-dense-ste")
-    structured = config.constraint is not None
-    if sampled or structured:
+    if sampled or config.constraint is not None:
         if sampled:
             tangent, z = dist.mean_tangent(True, generator) if marginal_st else (None, dist.sample(generator=generator))
         else:  # the circuit's MAP
             tangent, z = (dist.mean_tangent()[0] if marginal_st else None), dist.mode
         key = torch.addcmul(z - 1, probs, z)  # chosen experts: their probability, others -1 (exact)
+        top, idx = torch.ops.circuits.topk(key, kmax)  # [T, kmax]
+        mask = top >= 0
     else:
         tangent = dist.mean_tangent()[0] if marginal_st else None
         # exactly-k: softmax + topk as HF does (never a -inf logit; probabilities that underflow to 0
         # tie); a range: the MAP's top logits, which do not tie there
         key = torch.where(r > -torch.inf, probs, -1.0) if kmin == kmax else r.detach()
-    if training and method == "sample-dense-ste":
-        scores = torch.softmax(r, dim=-1) if config.scores == "softmax" else torch.sigmoid(r)  # [T, N]
-        tangent = scores - scores.detach()
-    if sampled or structured:  # the chosen experts (at most kmax), by descending score, ties to the lower index
-        top, idx = torch.ops.circuits.topk(key, kmax)  # [T, kmax]
-        mask = top >= 0
-    else:
-        top, idx = key.topk(kmax, dim=-1)  # [T, kmax], as stock softmax + topk
+        _, idx = key.topk(kmax, dim=-1)  # [T, kmax], as stock softmax + topk
         mask = torch.arange(kmax, device=r.device) < map_size(r, kmin, kmax).unsqueeze(-1)
-    w = gate_weights(r, tangent, idx, mask, config.scores, probs)  # Eq. 7 at the used experts: value π, gradient via m
+    if training and method == "sample-dense-ste":
+        scores = gate_scores(r, config.scores)  # [T, N]
+        tangent = scores - scores.detach()
+    return tangent, idx, mask
+
+
+def _weights(r: Tensor, tangent: Tensor | None, idx: Tensor, mask: Tensor, probs: Tensor,
+             config: RoutingConfig) -> Tensor:
+    """Eq. 7 at the used slots (value π, gradient through the tangent), normalised if the config
+    says so: [T, kmax], exactly 0 on unused slots."""
+    w = gate_weights(r, tangent, idx, mask, config.scores, probs)
     if config.normalize:
         # a floor instead of 0 when every used score underflowed (sigmoid below -104, or a constraint
         # that excludes the argmax): weights 0, not NaN, as stock DeepSeek-V3's + 1e-20
         w = w / w.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
-    idx = torch.where(mask, idx, idx[:, :1])
-    return Routing(idx, w, mask, probs, dist, config)
+    return w

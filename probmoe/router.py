@@ -14,6 +14,27 @@ from .replay import GeneratorReplay
 from .route import Routing, route
 
 
+def router_logits(hidden_states: Tensor, weight: Tensor, *, float32: bool = False) -> Tensor:
+    """The gate's logits as HF's routers compute them: hidden_states [..., D], weight [N, D] ->
+    [T, N], in the hidden states' dtype (``float32``: in float32, as DeepSeek-V3's router)."""
+    h = hidden_states.reshape(-1, weight.shape[-1])  # [T, D]
+    if float32:
+        return F.linear(h.float(), weight.float())
+    return F.linear(h, weight.to(h.dtype))
+
+
+def routed(logits: Tensor, config: RoutingConfig, *, training: bool, generator: torch.Generator | None,
+           replay: GeneratorReplay, validate_args=None) -> Routing:
+    """One router forward's ``route`` of logits [T, N] (float16/bfloat16 are routed in float32),
+    drawing from ``generator`` through ``replay`` in training (the same draws when activation
+    checkpointing recomputes the forward). Under torch.compile the generator is used as it is: the
+    replay's bookkeeping reads values on the host, and the default generator (None) needs no
+    replay anywhere, since checkpointing restores it."""
+    if generator is not None and training and not torch.compiler.is_compiling():
+        generator = replay.generator(generator)
+    return route(logits, config, training=training, generator=generator, validate_args=validate_args)
+
+
 class ProbMoERouter(nn.Module):
     """Gate logits = hidden @ weight.T (no bias), then ProbMoE routing (``probmoe.route``).
 
@@ -46,8 +67,7 @@ class ProbMoERouter(nn.Module):
         self.config = RoutingConfig.resolve(num_experts, config, k=k, kmin=kmin, kmax=kmax, constraint=constraint,
                                             method=method, backend=backend, grad=grad, normalize=normalize,
                                             scores=scores)
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+        _validate.generator(generator)
         self.hidden_dim, self.num_experts, self.top_k = hidden_size, num_experts, self.config.kmax  # HF's names
         self.generator, self.validate_args = generator, validate_args
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, device=device, dtype=dtype))
@@ -69,12 +89,8 @@ class ProbMoERouter(nn.Module):
             raise ValueError(
                 f"hidden_states must have shape [..., {self.hidden_dim}], got {list(hidden_states.shape)}"
             )
-        h = hidden_states.reshape(-1, self.hidden_dim)
-        logits = F.linear(h, self.weight.to(h.dtype))  # [T, D] -> [T, N]
-        generator = self.generator
-        if generator is not None and self.training:
-            generator = self.replay.generator(generator)
-        routing = route(logits.float() if logits.dtype != torch.float64 else logits, self.config,
-                        training=self.training, generator=generator, validate_args=self.validate_args)
+        logits = router_logits(hidden_states, self.weight)  # [T, N]
+        routing = routed(logits, self.config, training=self.training, generator=self.generator, replay=self.replay,
+                         validate_args=self.validate_args)
         self.last_routing = routing
         return logits, routing.weights, routing.indices

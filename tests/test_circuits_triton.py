@@ -33,6 +33,7 @@ def _child_env(interpret: bool) -> dict:
     return {**env, "TRITON_INTERPRET": "1"} if interpret else env
 
 
+@pytest.mark.slow  # a nested pytest under the Triton interpreter: about 40 s alone, the longest default test
 def test_against_the_torch_passes_and_brute_force():
     """tests/circuits_triton_checks.py in a child process: interpreted on the CPU, compiled with CUDA.
     Everything runs but, on the CPU, the check of host synchronisations (CUDA only)."""

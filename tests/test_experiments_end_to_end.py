@@ -116,10 +116,11 @@ def test_deepseek_analysis_uses_its_sigmoid_scores(tmp_path):
     data = write(tmp_path, "train.jsonl", 4)
     train.main(["--model", "tiny-deepseek-v3", "--data", data, "--output-dir", str(tmp_path / "ds"), "--method",
                 "probmoe-grouped", "--max-steps", "1", "--batch-size", "4", "--no-progress"])
-    from probmoe.experiments import capture, checkpoints
+    from probmoe.experiments import capture, checkpoints, data
 
     model, tokenizer = checkpoints.load(str(tmp_path / "ds"))
-    (layer, *_) = capture.capture(model, tokenizer, [{"question": "1+1?", "answer": "2"}], 1, 64, lambda x, desc: x)
+    encoded = [data.encode(tokenizer, {"question": "1+1?", "answer": "2"}, 64)]
+    (layer, *_) = capture.capture(model, tokenizer, encoded, 1, lambda x, desc: x)
     with torch.no_grad():
         logits = model(layer.token_ids[None], output_router_logits=True).router_logits[0].float()  # [T, N]
     scores = torch.sigmoid(logits)

@@ -147,7 +147,7 @@ def test_bad_input_is_refused_before_training(tmp_path, capsys, data):
     (tmp_path / "noq.jsonl").write_text('{"question": "q", "answer": "a"}\n{"answer": "4"}\n')
     assert "noq.jsonl:2" in _bad(tmp_path, capsys, "--data", tmp_path / "noq.jsonl")
     (tmp_path / "empty.jsonl").write_text("\n\n")
-    assert "holds no question/answer records" in _bad(tmp_path, capsys, "--data", tmp_path / "empty.jsonl")
+    assert "holds no records" in _bad(tmp_path, capsys, "--data", tmp_path / "empty.jsonl")
     assert "invalid choice" in _bad(tmp_path, capsys, "--data", data, "--method", "top1")
     llama = tmp_path / "llama"
     llama.mkdir()

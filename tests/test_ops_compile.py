@@ -104,15 +104,44 @@ def test_route_has_no_graph_break(case, backend, training):
     assert explained.graph_count == 1
 
 
-def test_circuit_queries_have_no_graph_break():
+@pytest.mark.parametrize("validate", [False, True])
+def test_circuit_queries_have_no_graph_break(validate):
+    """A circuit's own checks (validate = True) are assertions in the graph, not host reads."""
     c = circuits.compile_circuit(circuits.RangeK(16, 2, 5))
-    c.validate = False
+    c.validate = validate
 
     def f(x):
+        c.check_satisfiable(x)
         return c.log_partition(x).sum() + c.marginals(x).sum() + c.sample(x).sum() + c.map(x).sum()
 
     explained = torch._dynamo.explain(f)(logits(8, 16))
     assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]
+    assert explained.graph_count == 1
+
+
+def test_compiled_circuit_checks_raise_inside_the_graph():
+    """The circuit's checks in a compiled graph stop NaN, +inf and rows that satisfy nothing, with
+    the eager messages (RuntimeError from the assertion; the row is not named)."""
+    torch._dynamo.reset()
+    c = circuits.compile_circuit(circuits.RangeK(16, 2, 5))
+    f = torch.compile(lambda x: c.marginals(x), fullgraph=True, backend="aot_eager")
+    g = torch.compile(lambda x: c.check_satisfiable(x), fullgraph=True, backend="aot_eager")
+    x = logits(8, 16)
+    torch.testing.assert_close(f(x), c.marginals(x))
+    for bad, match in [(float("nan"), "logits contain NaN"), (float("inf"), r"logits contain \+inf")]:
+        y = x.clone()
+        y[3, 5] = bad
+        with pytest.raises(ValueError, match=match):
+            c.marginals(y)
+        with pytest.raises(RuntimeError, match=match):
+            f(y)
+    y = x.clone()
+    y[6, 1:] = -torch.inf  # one expert left, at least 2 to choose
+    for call in (f, g):
+        with pytest.raises(RuntimeError, match=r"some row of the logits makes the constraint .* unsatisfiable"):
+            call(y)
+    with pytest.raises(ValueError, match="unsatisfiable at row 6: no subset of its 1 finite logits"):
+        c.check_satisfiable(y)
 
 
 # --- compiled equals eager ------------------------------------------------------------------------------

@@ -233,7 +233,7 @@ def test_bad_inputs_elsewhere(tmp_path):
         probmoe.route(r, constraint=GroupLimited(16, 4, 4, 2), training=True)
     r[3] = -torch.inf
     r[3, [0, 4, 8, 12]] = 0.0  # 4 experts, one per group: 4 of them need 4 groups, only 2 allowed
-    with pytest.raises(ValueError, match="row 3 have 4 experts above -inf, and no subset of them satisfies"):
+    with pytest.raises(ValueError, match="unsatisfiable at row 3: no subset of its 4 finite logits satisfies it"):
         probmoe.route(r, constraint=GroupLimited(16, 4, 4, 2), training=True)
     probmoe.route(r, constraint=GroupLimited(16, 4, 4, 4), training=True)  # feasible with 4 groups
     config = RoutingConfig(16, constraint=GroupLimited(16, 4, 4, 2))

@@ -190,3 +190,113 @@ def test_unsupported_models_are_value_errors():
         pt.unpatch_model(tiny_model("olmoe"))
     with pytest.raises(ValueError, match="model is not patched"):
         pt.router_stats(tiny_model("olmoe"))
+
+
+# ---------------------------------------------------------------------------------------------
+# What a transformers release could move: the version gate, the forward signature, the layout
+
+
+def test_version_gate_names_the_range_and_the_version():
+    from probmoe.integrations.transformers import version
+
+    for bad in ("5.22.0", "4.57.1", "6.0.0", "6.0.0.dev0", "7.1"):
+        with pytest.raises(ImportError) as info:
+            version.check(bad)
+        assert f"found {bad}" in str(info.value) and "transformers>=5.23,<6" in str(info.value)
+        assert "5.23.0 and 5.24.0" in str(info.value)
+    with pytest.raises(ImportError, match="cannot read the transformers version 'five'"):
+        version.check("five")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for good in version.TESTED + ("5.24.1", "5.23.0.dev0"):
+            version.check(good)
+    with pytest.warns(UserWarning, match="transformers 5.25.0 is newer than the releases .* tested with"):
+        version.check("5.25.0")
+
+
+def test_version_gate_matches_the_extra_and_runs_at_import():
+    import tomllib
+
+    from probmoe.integrations.transformers import version
+
+    root = Path(__file__).resolve().parents[1]
+    extra = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]["transformers"]
+    assert f"transformers{version.REQUIRES}" in extra
+    code = ("import transformers; transformers.__version__ = '5.22.0'\n"
+            "import probmoe.integrations.transformers")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
+    assert out.returncode != 0
+    assert "ImportError: probmoe.integrations.transformers needs transformers>=5.23,<6" in out.stderr
+    assert "found 5.22.0" in out.stderr
+
+
+@pytest.mark.parametrize("family", pt.ALL_FAMILIES)
+def test_patched_forward_has_the_stock_signature(family):
+    import inspect
+
+    stock = tiny_model(family)
+    model = pt.patch_model(tiny_model(family), "conventional")
+    assert inspect.signature(model.forward) == inspect.signature(stock.forward)
+    x = batch(5, (1, 6))
+    with pytest.raises(TypeError):
+        model(x, None, None, None, None, None, None, None, None, None, None)  # more than the stock positionals
+    torch.testing.assert_close(model.eval()(x, None).logits, stock.eval()(x).logits, rtol=0, atol=0)
+
+
+def test_a_forward_without_labels_is_a_layout_error():
+    from transformers.models.olmoe.modeling_olmoe import OlmoeForCausalLM
+
+    from probmoe.integrations.transformers import model as model_mod
+
+    class Renamed(OlmoeForCausalLM):
+        def forward(self, input_ids=None, attention_mask=None, target_ids=None, **kwargs):
+            return super().forward(input_ids, attention_mask, labels=target_ids, **kwargs)
+
+    with pytest.raises(pt.LayoutError, match="olmoe: Renamed.forward.* has no parameter 'labels' in transformers 5"):
+        model_mod.model_class(Renamed, True)
+
+
+def _drop_gate(block):
+    block.gate = torch.nn.Identity()
+
+
+def _drop_hidden_dim(block):
+    del block.gate.hidden_dim
+
+
+def _drop_experts(block):
+    del block.experts
+
+
+@pytest.mark.parametrize("damage,message", [
+    (_drop_gate, "olmoe: OlmoeSparseMoeBlock 'model.layers.0.mlp'.gate is a Identity, not a OlmoeTopKRouter"),
+    (_drop_hidden_dim, "olmoe: .*gate \\(OlmoeTopKRouter\\) has no attribute 'hidden_dim'"),
+    (_drop_experts, "olmoe: OlmoeSparseMoeBlock 'model.layers.0.mlp' has no submodule 'experts'"),
+])
+def test_a_moved_attribute_is_a_layout_error_before_any_change(damage, message):
+    model = tiny_model("olmoe")
+    damage(model.model.layers[0].mlp)
+    classes = [type(m) for m in model.modules()]
+    with pytest.raises(pt.LayoutError, match=message) as info:
+        pt.patch_model(model, "probmoe")
+    assert "transformers 5." in str(info.value) and "tested with transformers 5.23.0 and 5.24.0" in str(info.value)
+    assert not pt.is_patched(model) and [type(m) for m in model.modules()] == classes
+
+
+def test_a_renamed_class_or_config_field_is_a_layout_error(monkeypatch):
+    from transformers.models.olmoe import modeling_olmoe
+
+    import dataclasses
+
+    from probmoe.integrations.transformers import families
+
+    renamed = dataclasses.replace(families.FAMILIES["olmoe"], experts_attr="num_routed_experts")
+    monkeypatch.setitem(families.FAMILIES, "olmoe", renamed)  # as if a release renamed the config field
+    with pytest.raises(pt.LayoutError, match="olmoe: the config \\(OlmoeConfig\\) has no field 'num_routed_experts'"):
+        pt.patch_model(tiny_model("olmoe"), "probmoe")
+    monkeypatch.undo()
+    model = tiny_model("olmoe")
+    monkeypatch.delattr(modeling_olmoe, "OlmoeSparseMoeBlock")
+    with pytest.raises(pt.LayoutError, match="modeling_olmoe has no class 'OlmoeSparseMoeBlock'"):
+        pt.patch_model(model, "probmoe")

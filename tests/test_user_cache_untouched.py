@@ -18,6 +18,7 @@ def snapshot(root: Path) -> dict:
     return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
 
 
+@pytest.mark.slow  # a nested pytest that collects every module: 15-35 s
 @pytest.mark.skipif(os.environ.get(INNER) == "1", reason="this test runs the others")
 def test_collecting_and_running_leaves_the_user_cache_alone(tmp_path):
     user_cache, xdg = tmp_path / "probmoe-cache", tmp_path / "xdg"

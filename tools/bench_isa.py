@@ -1,7 +1,7 @@
 """bench_router.py's measure for each instruction set the CPU runs, in one interleaved run.
 
     python tools/bench_isa.py [--tokens 4096] [--sizes 64:8,64:4-8,128:8,256:16] [--isas avx512,avx2,portable]
-                              [--repeats 15] [--threads 2]
+                              [--repeats 15] [--threads 2] [--torch-isa matched|native]
 
 Builds the three C libraries (circuit passes, row operations, cardinality DP) for each ISA
 (``NativeLibrary.variant``: avx512 = -march=x86-64-v4, avx2 = -march=x86-64-v3, portable =
@@ -10,6 +10,13 @@ route(training=True) forward + backward for each backend and ISA against softmax
 backward, all round-robin in the same run, so the machine's load hits every column alike. The
 ratios are bench_router.py's; this script only swaps which build the libraries point to between
 calls. An AVX2 build on an AVX-512 CPU is a proxy for an AVX2-only CPU, not the same thing.
+
+``--torch-isa matched`` (the default) makes the proxy closer: torch's own kernels (the softmax +
+topk baseline, and the torch operations inside ``route``) run at the same instruction set, as on a
+CPU that lacks the others (``ATEN_CPU_CAPABILITY`` = avx512 / avx2 / default for the portable
+build). torch reads that once per process, so each ISA then runs in a child process of its own
+(the ratios stay within one run: baseline and routes interleaved in that child). ``native`` runs
+every ISA in one interleaved process with torch on the best kernels this CPU has.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import argparse
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,7 +39,7 @@ from timing import table  # noqa: E402
 import probmoe  # noqa: E402
 from circuits.native import build, rows  # noqa: E402
 from circuits.passes import CPasses, c_library  # noqa: E402
-from probmoe import backends, dp_native  # noqa: E402
+from probmoe import constraints, dp_native  # noqa: E402
 
 LIBS = (c_library.NATIVE, rows.ROWS, dp_native.NATIVE)
 
@@ -55,6 +63,17 @@ def use(isa: str, circuit) -> None:
 
 
 PASSES: dict = {}
+ATEN = {"avx512": "avx512", "avx2": "avx2", "portable": "default"}  # ATEN_CPU_CAPABILITY per build
+
+
+def run_matched(args: argparse.Namespace, isas: list[str]) -> None:
+    """This script once per ISA in a child process whose torch kernels use that ISA too."""
+    same = ["--tokens", str(args.tokens), "--sizes", args.sizes, "--backends", args.backends,
+            "--repeats", str(args.repeats), "--threads", str(args.threads)]
+    for isa in isas:
+        env = {**os.environ, "ATEN_CPU_CAPABILITY": ATEN[isa]}
+        print(f"--- {isa} build, torch kernels at ATEN_CPU_CAPABILITY={ATEN[isa]} ---", flush=True)
+        subprocess.run([sys.executable, __file__, *same, "--isas", isa, "--torch-isa", "native"], env=env, check=True)
 
 
 def main() -> None:
@@ -65,16 +84,20 @@ def main() -> None:
     ap.add_argument("--backends", default="circuit,dp")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--torch-isa", choices=("matched", "native"), default="matched")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     runnable = build.runnable_isas()
     isas = [i for i in args.isas.split(",") if i in runnable]
     skipped = [i for i in args.isas.split(",") if i not in runnable]
+    if args.torch_isa == "matched" and len(isas) > 1:
+        return run_matched(args, isas)
     for isa in isas:
         for lib in LIBS:
             lib.variant(isa)
     print(f"{cpu_name()}; ISAs: {', '.join(isas)}" + (f" (skipped, the CPU lacks them: {', '.join(skipped)})" if skipped else "")
-          + f"; torch {torch.__version__}, {args.threads} threads, T = {args.tokens}; "
+          + f"; torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()} kernels), {args.threads} threads, "
+          f"T = {args.tokens}; "
           f"load average {os.getloadavg()[0]:.2f} at start")
     gen = torch.Generator().manual_seed(0)
     out = []
@@ -83,7 +106,7 @@ def main() -> None:
         kmin, kmax = size.get("k", size.get("kmin")), size.get("kmax", size.get("k"))
         r = (torch.randn(args.tokens, N, generator=gen) * 2).requires_grad_()
         c = torch.randn(args.tokens, kmax, generator=gen)
-        circuit = backends.compiled(kmin, kmax, N, "cpu")
+        circuit = constraints.cardinality(N, kmin, kmax, "cpu")
         for isa in isas:
             use(isa, None)
             PASSES[(isa, id(circuit))] = CPasses(circuit.program)

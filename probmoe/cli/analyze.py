@@ -28,7 +28,9 @@ def parser() -> argparse.ArgumentParser:
                                 "paper's Figs. 3-6, load balance) of checkpoints, side by side: JSON, CSV, PNG.")
     p.add_argument("--checkpoint", action="append", required=True, metavar="[NAME=]DIR",
                    help="a checkpoint directory, optionally named (repeat for side-by-side)")
-    p.add_argument("--data", required=True, help="JSON lines with 'question' and 'answer'")
+    p.add_argument("--data", required=True, help="records in any format of probmoe-train (.jsonl, .json, .parquet); "
+                   "the routing of the whole texts is analysed")
+    common.add_data_format_flag(p)
     p.add_argument("--output", required=True, help="folder for analysis.json, analysis.csv and the figures")
     p.add_argument("--limit", type=common.positive_int, default=64, help="the first N records (default 64)")
     p.add_argument("--batch-size", type=common.positive_int, default=16)
@@ -66,24 +68,25 @@ def main(argv=None) -> int:
     p = parser()
     args = p.parse_args(argv)
     common.require_extras(p)
+    common.quiet_progress(args.no_progress)
 
     def body():
         import torch
 
-        from probmoe.experiments import data, models
+        from probmoe.experiments import checkpoints, formats
 
         runs = named(args.checkpoint)
         for path in runs.values():
-            models.check_checkpoint(path, "--checkpoint")
-        records = data.read_jsonl(args.data)[:args.limit]
-        common.output_folder(args.output, ("analysis.json", "analysis.csv"), args.overwrite)
+            checkpoints.check(path)
+        records = formats.read(args.data, args.data_format).head(args.limit)
+        common.check_output_folder(args.output, ("analysis.json", "analysis.csv"), args.overwrite)
         return runs, records, common.device(args.device), getattr(torch, args.dtype)
 
     runs, records, device, dtype = common.run_or_exit(p, body)
     from tqdm.auto import tqdm
 
     from probmoe.analysis import metrics, plots
-    from probmoe.experiments import capture, checkpoints
+    from probmoe.experiments import capture, checkpoints, data
 
     def progress(iterable, desc):
         return tqdm(iterable, desc=desc, disable=args.no_progress, dynamic_ncols=True)
@@ -94,11 +97,14 @@ def main(argv=None) -> int:
         model, tokenizer = common.run_or_exit(p, lambda: checkpoints.load(path, method=args.method, device=device,
                                                                            dtype=dtype, **routing))
         described[name] = checkpoints.describe(model)
-        layers = capture.capture(model, tokenizer, records, args.batch_size, args.max_length, progress)
+        encoded = common.run_or_exit(p, lambda: data.encode_all(tokenizer, records, args.max_length))
+        layers = capture.capture(model, tokenizer, encoded, args.batch_size, progress)
         results[name] = [dict(name=layer.name, **metrics.layer_summary(layer.probs, layer.selected, layer.token_ids))
                          for layer in layers]
+    os.makedirs(args.output, exist_ok=True)  # only once every model has loaded and routed
     with open(os.path.join(args.output, "analysis.json"), "w", encoding="utf-8") as f:
-        json.dump({"data": args.data, "records": len(records), "routing": described, "runs": results}, f, indent=1)
+        json.dump({"data": args.data, "format": records.format, "records": len(records), "routing": described,
+                   "runs": results}, f, indent=1)
         f.write("\n")
     with open(os.path.join(args.output, "analysis.csv"), "w", encoding="utf-8", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)

@@ -1,4 +1,4 @@
-"""What the three commands share: argument types, the method flags, and clean exits on bad input."""
+"""What the three commands share: argument types, the method and data flags, and clean exits on bad input."""
 
 from __future__ import annotations
 
@@ -45,6 +45,14 @@ def add_routing_flags(parser: argparse.ArgumentParser, *, required: bool) -> Non
                         help="gradient of the marginals: exact Cov(z), or the paper's Cov(z) diag(1 - p)")
 
 
+def add_data_format_flag(parser: argparse.ArgumentParser) -> None:
+    """--data-format (default: told by the data's fields)."""
+    from probmoe.experiments.formats import FORMATS
+
+    parser.add_argument("--data-format", choices=tuple(FORMATS), help="the records' format (default: told by their "
+                        "fields; see docs/experiments.md, Data)")
+
+
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -53,7 +61,7 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA when present")
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="the weights' dtype (default float32)")
     parser.add_argument("--overwrite", action="store_true", help="replace results already in the output folder")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars (ours, transformers', datasets')")
 
 
 def device(name: str | None) -> str:
@@ -64,9 +72,10 @@ def device(name: str | None) -> str:
     return name or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def output_folder(path: str, files: tuple[str, ...], overwrite: bool) -> str:
-    """Create ``path`` for ``files`` (checked before any model is loaded): ValueError if it is not a
-    folder, or already holds one of ``files`` and ``overwrite`` is off."""
+def check_output_folder(path: str, files: tuple[str, ...], overwrite: bool) -> str:
+    """``path``, checked as the folder for ``files`` before any model is loaded (the caller creates
+    it once loading has succeeded, so a failure leaves no empty folder): ValueError if it is not
+    a folder, or already holds one of ``files`` and ``overwrite`` is off."""
     import os
 
     if os.path.exists(path) and not os.path.isdir(path):
@@ -75,15 +84,28 @@ def output_folder(path: str, files: tuple[str, ...], overwrite: bool) -> str:
     if taken and not overwrite:
         raise ValueError(f"--output {path!r} already holds {', '.join(taken)}; pass --overwrite or choose another "
                          "folder")
-    os.makedirs(path, exist_ok=True)
     return path
+
+
+def quiet_progress(no_progress: bool) -> None:
+    """--no-progress: turn off the progress bars of transformers (loading, writing), the hub and
+    datasets in this process too, not only ours."""
+    if not no_progress:
+        return
+    import datasets
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    disable_progress_bars()
+    datasets.disable_progress_bars()
 
 
 def require_extras(parser: argparse.ArgumentParser) -> None:
     """Exit with status 2 and the install command when the ``transformers`` extra is missing."""
     import importlib.util
 
-    missing = [name for name in ("transformers", "tqdm") if importlib.util.find_spec(name) is None]
+    missing = [name for name in ("transformers", "tqdm", "datasets") if importlib.util.find_spec(name) is None]
     if missing:
         parser.error(f"needs {' and '.join(missing)}: pip install 'probmoe[transformers]'")
 

@@ -22,7 +22,8 @@ def parser() -> argparse.ArgumentParser:
                                 "the loss on the reference answers, of a checkpoint written by probmoe-train (or "
                                 "any local transformers MoE checkpoint).")
     p.add_argument("--checkpoint", required=True, help="a checkpoint directory")
-    p.add_argument("--data", required=True, help="JSON lines with 'question' and 'answer' (GSM8K test set)")
+    p.add_argument("--data", required=True, help="records with 'question' and 'answer' (GSM8K test set): "
+                   ".jsonl, .json or .parquet")
     p.add_argument("--limit", type=common.positive_int, help="the first N problems only")
     p.add_argument("--max-new-tokens", type=common.positive_int, default=256)
     p.add_argument("--batch-size", type=common.positive_int, default=16)
@@ -39,19 +40,21 @@ def main(argv=None) -> int:
     p = parser()
     args = p.parse_args(argv)
     common.require_extras(p)
+    common.quiet_progress(args.no_progress)
 
     def body():
         import torch
 
-        from probmoe.experiments import checkpoints, data, models
+        from probmoe.experiments import checkpoints, formats
 
-        records = data.read_jsonl(args.data)[:args.limit]
-        models.check_checkpoint(args.checkpoint, "--checkpoint")
-        out = common.output_folder(args.output or os.path.join(args.checkpoint, f"eval-{args.method or 'saved'}"),
-                                   ("results.jsonl", "summary.json"), args.overwrite)
+        records = formats.read(args.data, "question-answer").head(args.limit).rows
+        checkpoints.check(args.checkpoint)
+        out = args.output or os.path.join(args.checkpoint, f"eval-{args.method or 'saved'}")
+        common.check_output_folder(out, ("results.jsonl", "summary.json"), args.overwrite)
         routing = dict(k=args.k, kmin=args.kmin, kmax=args.kmax, backend=args.backend, grad=args.grad)
         model, tokenizer = checkpoints.load(args.checkpoint, method=args.method, device=common.device(args.device),
                                             dtype=getattr(torch, args.dtype), **routing)
+        os.makedirs(out, exist_ok=True)  # only once the model has loaded
         return records, out, model, tokenizer
 
     records, out, model, tokenizer = common.run_or_exit(p, body)

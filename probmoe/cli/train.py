@@ -19,13 +19,15 @@ from . import common
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="probmoe-train", description="Fine-tune a transformers MoE model "
-                                "(OLMoE, Qwen2-MoE, Qwen3-MoE, Mixtral) on question/answer JSON lines with "
-                                "ProbMoE or a baseline router. Runs alone or under torchrun (DDP, or FSDP2 "
-                                "with --fsdp).")
+                                "(OLMoE, Qwen2-MoE, Qwen3-MoE, Mixtral) on instruction data (question/answer, "
+                                "prompt/completion, chat messages or plain text) with ProbMoE or a baseline router. "
+                                "Runs alone or under torchrun (DDP, or FSDP2 with --fsdp).")
     p.add_argument("--model", required=True, help="tiny-olmoe, tiny-qwen2-moe, tiny-qwen3-moe, tiny-mixtral, "
                    "tiny-deepseek-v3 (randomly initialised, byte-level tokenizer), or a local checkpoint directory "
                    "of those families")
-    p.add_argument("--data", help="JSON lines with 'question' and 'answer' (GSM8K format)")
+    p.add_argument("--data", help=".jsonl, .json or .parquet records: question/answer (GSM8K), "
+                   "prompt/completion, messages (chat template) or text")
+    common.add_data_format_flag(p)
     p.add_argument("--output-dir", help="checkpoints, the final model and train_log.jsonl")
     common.add_routing_flags(p, required=False)
     p.add_argument("--aux-loss", type=common.nonnegative_float, default=None,
@@ -53,7 +55,7 @@ def parser() -> argparse.ArgumentParser:
                    help="write a resumable checkpoint every N steps (0: only at the end)")
     p.add_argument("--log-every", type=common.positive_int, default=1)
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA when present")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (ours, transformers', datasets')")
     big = p.add_argument_group("large models (docs/experiments.md, \"the paper's OLMoE run on 8 GPUs\")")
     big.add_argument("--fsdp", action="store_true", help="shard every decoder layer over the processes with FSDP2 "
                      "(under torchrun); with --bf16: bf16 compute, fp32 gradient reduction")
@@ -96,15 +98,21 @@ def main(argv=None) -> int:
     p = parser()
     args = p.parse_args(argv)
     common.require_extras(p)
+    common.quiet_progress(args.no_progress)
     if args.plan:
         return plan(p, args)
     if args.data is None or args.output_dir is None:
         p.error("the following arguments are required: --data, --output-dir (all but --plan)")
 
     def body():
-        from probmoe.experiments.trainer import TrainConfig, Trainer
+        import os
 
-        cfg = TrainConfig(model=args.model, data=args.data, output_dir=args.output_dir,
+        from probmoe.experiments.trainer import TrainConfig, Trainer
+        from probmoe.integrations.transformers.weights_file import check_weights_files
+
+        if os.path.isdir(args.model):
+            check_weights_files(args.model)
+        cfg = TrainConfig(model=args.model, data=args.data, output_dir=args.output_dir, data_format=args.data_format,
                           method=args.method or "probmoe", k=args.k, kmin=args.kmin, kmax=args.kmax,
                           backend=args.backend, grad=args.grad, aux_loss=args.aux_loss, z_loss=args.z_loss,
                           max_steps=args.max_steps,
@@ -120,13 +128,25 @@ def main(argv=None) -> int:
         return Trainer(cfg)
 
     trainer = common.run_or_exit(p, body)
+    from probmoe.experiments import distributed
+
+    if trainer.nothing_to_do is not None:
+        if trainer.world.main:
+            print(trainer.nothing_to_do, file=sys.stderr)
+        distributed.teardown()
+        return 0
+    if trainer.world.main:
+        if trainer.no_answer:
+            print(f"warning: --max-length {args.max_length} leaves no answer token in {trainer.no_answer} of "
+                  f"{len(trainer.encoded)} examples; they add nothing to the loss (raise --max-length to keep them)",
+                  file=sys.stderr)
+        if trainer.resume_dir is not None:
+            print(f"resumed from {trainer.resume_dir} at step {trainer.step} of {trainer.total_steps}", file=sys.stderr)
     last = trainer.run()
     if trainer.world.main and last:
         where = f"model in {args.output_dir}" if trainer.step == trainer.total_steps else \
             f"stopped at step {trainer.step} of {trainer.total_steps}: resume with --resume latest"
         print(f"step {last['step']}: loss {last['loss']:.4f}; {where}", file=sys.stderr)
-    from probmoe.experiments import distributed
-
     distributed.teardown()
     return 0
 

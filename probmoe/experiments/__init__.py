@@ -1,7 +1,9 @@
 """The experiment commands' machinery (transformers 5.x, the ``transformers`` extra).
 
-    data         question/answer JSON-lines files, checked; prompt + answer tokens, loss mask
-    tokenizer    the byte-level tokenizer of the built-in tiny models (built offline)
+    formats      SFT data files (question/answer, prompt/completion, messages, text; JSON lines,
+                 JSON, Parquet through datasets), every record checked
+    data         examples as tokens with the loss mask (the answer tokens; chat templates)
+    tokenizer    the byte-level tokenizer of the built-in tiny models (built offline), chat template
     models       built-in tiny models, published shapes and local checkpoints, checked before any weights load
     shapes       the published configurations (OLMoE-1B-7B, Qwen1.5-MoE-A2.7B, ...) for ``--model *-shape``
     distributed  torch.distributed set-up (torchrun: gloo on CPU, NCCL on GPU), rank helpers

@@ -1,6 +1,6 @@
 """The routing of a data set through a model, layer by layer, behind ``probmoe-analyze``.
 
-The model runs teacher-forced over question + answer texts (``data.encode``) in eval mode, so
+The model runs teacher-forced over whole examples (``data.encode_all``: prompt and answer) in eval mode, so
 each router routes as at inference (MAP for ProbMoE, top-k for the stock methods). For every
 MoE layer and every real (non-pad) token we keep the routing probabilities (softmax(r); for a
 family gating with sigmoid scores, DeepSeek-V3, the scores σ(r) normalised to sum to 1), the
@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from probmoe.scores import gate_scores
 
 from . import data
 
@@ -26,12 +28,11 @@ class LayerRouting:
     token_ids: torch.Tensor
 
 
-def capture(model, tokenizer, records: list[dict], batch_size: int, max_length: int, progress) -> list[LayerRouting]:
-    """Route ``records`` through the patched ``model``; one ``LayerRouting`` per MoE layer."""
+def capture(model, tokenizer, encoded: list[data.Encoded], batch_size: int, progress) -> list[LayerRouting]:
+    """Route the ``encoded`` examples through the patched ``model``; one ``LayerRouting`` per MoE layer."""
     from probmoe.integrations.transformers import router_stats
 
-    encoded = [data.encode(tokenizer, r, max_length) for r in records]
-    sigmoid = model.probmoe_family.scores == "sigmoid"
+    kind = model.probmoe_family.scores
     probs, selected, ids, names = None, None, [], None
     with torch.no_grad():
         for start in progress(range(0, len(encoded), batch_size), desc="route"):
@@ -44,8 +45,7 @@ def capture(model, tokenizer, records: list[dict], batch_size: int, max_length: 
                 names = [s["layer"] for s in stats]
                 probs, selected = [[] for _ in stats], [[] for _ in stats]
             for layer, (logits, s) in enumerate(zip(out.router_logits, stats)):
-                scores = torch.sigmoid(logits.float()) if sigmoid else torch.softmax(logits.float(), dim=-1)
-                scores = scores / scores.sum(dim=-1, keepdim=True) if sigmoid else scores  # [B·L, N]
+                scores = gate_scores(logits.float(), kind, normalized=True)  # [B·L, N]
                 probs[layer].append(scores[keep].cpu())  # [T_b, N]
                 selected[layer].append(s["selected"][keep].cpu())
             ids.append(batch["input_ids"].reshape(-1)[keep].cpu())

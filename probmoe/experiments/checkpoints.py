@@ -4,7 +4,9 @@ A directory saved by a patched model (``probmoe_routing.json`` beside it) comes 
 routing (``probmoe.integrations.transformers.from_pretrained``); a stock checkpoint is patched
 with ``"conventional"`` (stock routing, so the router statistics are there). ``method`` (and
 k/kmin/kmax) replaces the routing: the paper's training/inference-mismatch table evaluates every
-model with one inference rule, e.g. Dynamic-k MAP.
+model with one inference rule, e.g. Dynamic-k MAP. Every check (the config, the model type,
+the safetensors headers) runs before any weights are read; a file that fails while loading all
+the same is named in a ValueError.
 """
 
 from __future__ import annotations
@@ -16,6 +18,16 @@ import torch
 from . import models
 
 
+def check(path: str, flag: str = "--checkpoint") -> str:
+    """The model type of checkpoint directory ``path`` (``models.check_checkpoint``), its weight
+    files' headers checked too; ValueError naming the directory or the damaged file."""
+    from probmoe.integrations.transformers.weights_file import check_weights_files
+
+    model_type = models.check_checkpoint(path, flag)
+    check_weights_files(path)
+    return model_type
+
+
 def load(path: str, *, method: str | None = None, k=None, kmin=None, kmax=None, backend="circuit", grad="exact",
          device="cpu", dtype: torch.dtype = torch.float32):
     """(model in eval mode on ``device`` with weights in ``dtype``, tokenizer) from checkpoint
@@ -24,17 +36,23 @@ def load(path: str, *, method: str | None = None, k=None, kmin=None, kmax=None, 
 
     import probmoe.integrations.transformers as pt
 
-    models.check_checkpoint(path, "--checkpoint")
+    check(path)
     if method is None and ((k, kmin, kmax) != (None, None, None) or (backend, grad) != ("circuit", "exact")):
         raise ValueError("--k/--kmin/--kmax/--backend/--grad need --method")
     tokenizer = models.load_tokenizer(path, "--checkpoint")
-    if os.path.isfile(os.path.join(path, pt.SETTINGS_FILENAME)):
-        model = pt.from_pretrained(path, dtype=dtype)
-        if method is not None:
-            pt.unpatch_model(model)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-        method = method or "conventional"
+    from safetensors import SafetensorError
+
+    try:
+        if os.path.isfile(os.path.join(path, pt.SETTINGS_FILENAME)):
+            model = pt.from_pretrained(path, dtype=dtype)
+            if method is not None:
+                pt.unpatch_model(model)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            method = method or "conventional"
+    except (SafetensorError, OSError) as e:  # what the header check cannot see, e.g. no weights file at all
+        raise ValueError(f"--checkpoint {path!r}: the weights cannot be loaded ({str(e).strip().splitlines()[0]})") \
+            from None
     if method is not None:
         pt.patch_model(model, method, k=k, kmin=kmin, kmax=kmax, backend=backend, grad=grad)
     return model.to(device).eval(), tokenizer

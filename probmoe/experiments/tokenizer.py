@@ -4,12 +4,30 @@ Ids 0, 1, 2 are ``<pad>``, ``<s>``, ``</s>``; ids 3..258 are the 256 bytes, in b
 the GPT-2 byte-to-unicode map (``tokenizers``' ``ByteLevel``), with no merges: any UTF-8 text
 round-trips exactly. It is a ``PreTrainedTokenizerFast``, so ``save_pretrained`` writes it beside
 a checkpoint and ``AutoTokenizer.from_pretrained`` loads it back.
+
+It carries a plain chat template (``CHAT_TEMPLATE``), in the style of the question/answer prompt,
+for the ``messages`` data format:
+
+    System: {content}\n  User: {content}\n  Assistant: {content}</s>   (the generation prompt: "Assistant: ")
+
+Roles other than system, user and assistant are refused with a message naming the role.
 """
 
 from __future__ import annotations
 
 SPECIAL = ("<pad>", "<s>", "</s>")  # ids 0, 1, 2: the tiny configs' pad/bos/eos ids
 VOCAB_SIZE = len(SPECIAL) + 256
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'system' -%}{{ 'System: ' + message['content'] + '\\n' }}"
+    "{%- elif message['role'] == 'user' -%}{{ 'User: ' + message['content'] + '\\n' }}"
+    "{%- elif message['role'] == 'assistant' -%}{{ 'Assistant: ' + message['content'] + eos_token }}"
+    "{%- else -%}{{ raise_exception('the byte tokenizer\\'s chat template knows the roles system, user and "
+    "assistant; got ' + message['role']) }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ 'Assistant: ' }}{%- endif -%}"
+)
 
 
 def _bytes_to_unicode() -> list[str]:
@@ -28,7 +46,8 @@ def _bytes_to_unicode() -> list[str]:
 
 def byte_tokenizer():
     """A ``transformers.PreTrainedTokenizerFast`` over bytes (vocabulary ``VOCAB_SIZE``), padding
-    on the left (what batched generation needs; the trainer pads its own batches)."""
+    on the left (what batched generation needs; the trainer pads its own batches), with
+    ``CHAT_TEMPLATE``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -38,5 +57,7 @@ def byte_tokenizer():
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
     core.add_special_tokens(list(SPECIAL))
-    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                   padding_side="left")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                        padding_side="left")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import data, distributed, fsdp, memory_plan, models, state
+from . import data, distributed, formats, fsdp, memory_plan, models, state
 
 SCHEDULES = ("constant", "linear", "cosine")
 
@@ -38,6 +38,7 @@ class TrainConfig:
     model: str
     data: str
     output_dir: str
+    data_format: str | None = None  # None: told by the data's fields (formats.detect)
     method: str = "probmoe"
     k: int | None = None
     kmin: int | None = None
@@ -129,12 +130,15 @@ class Trainer:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
         self.world = distributed.setup(cfg.device)
+        self.nothing_to_do = None  # why, when the resumed checkpoint is already at the last step
         error = None
         try:
             self._check_and_build()
         except (ValueError, FileNotFoundError) as e:
             error = e
         distributed.agree(error)
+        if self.nothing_to_do is not None:
+            return
         self.model = self.net
         if self.world.size > 1 and not cfg.fsdp:
             ids = [self.world.local_rank] if self.world.device.type == "cuda" else None
@@ -149,14 +153,12 @@ class Trainer:
             fsdp.require_torchrun()
         if cfg.global_batch_size is not None:
             cfg.batch_size = memory_plan.per_process_batch(cfg.global_batch_size, world.size, cfg.grad_accum)
-        self.records = data.read_jsonl(cfg.data)
+        self.records = formats.read(cfg.data, cfg.data_format)
         self.resume_dir = self._resume_dir()
         self._check_output_dir()
         self.tokenizer = models.load_tokenizer(cfg.model)
-        self.encoded = [data.encode(self.tokenizer, r, cfg.max_length) for r in self.records]
-        self.no_answer = sum(all(label == data.IGNORE for label in e.labels[1:]) for e in self.encoded)
-        if self.no_answer == len(self.encoded):
-            raise ValueError(f"--max-length {cfg.max_length} leaves no answer token in any example of {cfg.data}")
+        self.encoded = data.encode_all(self.tokenizer, self.records, cfg.max_length)
+        self.no_answer = data.check_loss_tokens(self.encoded, cfg.max_length, cfg.data)
         self.global_batch = cfg.batch_size * world.size * cfg.grad_accum
         self.steps_per_epoch = len(self.encoded) // self.global_batch
         if self.steps_per_epoch == 0:
@@ -165,12 +167,20 @@ class Trainer:
                              f"{cfg.grad_accum} = {self.global_batch})")
         self.total_steps = cfg.max_steps if cfg.max_steps is not None else \
             max(1, math.floor(cfg.epochs * self.steps_per_epoch))
+        self.end = self.total_steps if cfg.stop_after is None else min(cfg.stop_after, self.total_steps)
         self.fingerprint = fingerprint(cfg, world, self.total_steps)
         manifest = None
         if self.resume_dir is not None:
             manifest = state.read_manifest(self.resume_dir)
             state.check_resume(manifest, self.fingerprint, self.resume_dir)
             state.verify(self.resume_dir, manifest, world.rank)
+            if manifest["step"] >= self.end:
+                self.step = manifest["step"]
+                where = f"already complete at step {self.step}" if self.step == self.total_steps else \
+                    f"at step {self.step}, past this run's last step {self.end}" if self.step > self.end else \
+                    f"at step {self.step}, where --stop-after {cfg.stop_after} ends this run"
+                self.nothing_to_do = f"{self.resume_dir}: {where}; nothing trained or written"
+                return
         memory_plan.check_fits(cfg, world)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
@@ -311,10 +321,13 @@ class Trainer:
 
     def run(self) -> dict:
         """Train from ``self.step`` to ``total_steps`` (or ``stop_after``), write a checkpoint there and,
-        at ``total_steps``, the final model into the output folder; returns the last step's log record."""
+        at ``total_steps``, the final model into the output folder; returns the last step's log record
+        ({} and nothing written when ``nothing_to_do``)."""
         from tqdm.auto import tqdm
 
         cfg, world = self.cfg, self.world
+        if self.nothing_to_do is not None:
+            return {}
         if world.main:
             os.makedirs(cfg.output_dir, exist_ok=True)
             self._log({"event": "resume" if self.resume_dir else "start", "step": self.step,
@@ -324,7 +337,7 @@ class Trainer:
         bar = tqdm(total=self.total_steps, initial=self.step, desc=f"train {cfg.method}", unit="step",
                    disable=not (world.main and cfg.progress), dynamic_ncols=True)
         record = {}
-        end = self.total_steps if cfg.stop_after is None else min(cfg.stop_after, self.total_steps)
+        end = self.end
         while self.step < end:
             start = time.perf_counter()
             epoch, batches = self._micro_batches(self.step)

@@ -8,35 +8,41 @@
 
 ``SUPPORTED`` families (olmoe, qwen2_moe, qwen3_moe, mixtral) take every method of ``METHODS``;
 ``GROUPED_FAMILIES`` (deepseek_v3) take those and ``GROUPED_METHODS`` ("probmoe-grouped").
-An optional extra (transformers 5.x); ``import probmoe`` does not import transformers, this
-package does. See docs/transformers.md and docs/constraints.md.
+An optional extra (transformers>=5.23,<6, checked at import: ``version``); ``import probmoe`` does
+not import transformers, this package does. For the Hugging Face trainers,
+``callback.RoutingStatsCallback`` puts routing statistics into their logs; ``weights_file``
+checks safetensors files before they are loaded. See docs/transformers.md and docs/constraints.md.
 """
 
 import transformers as _transformers
 
-if int(_transformers.__version__.split(".")[0]) != 5:
-    raise ImportError(f"probmoe.integrations.transformers needs transformers 5.x, found {_transformers.__version__}; "
-                      "install probmoe[transformers]")
+from . import version as _version
+
+_version.check(_transformers.__version__)
 
 from .families import ALL as ALL_FAMILIES  # noqa: E402
 from .families import GROUPED as GROUPED_FAMILIES  # noqa: E402
-from .families import SUPPORTED  # noqa: E402
+from .families import SUPPORTED, LayoutError  # noqa: E402
 from .gate import GateRecord, densemixer_weights  # noqa: E402
 from .losses import load_balancing_loss, router_z_loss  # noqa: E402
 from .methods import ALL_METHODS, GROUPED_METHODS, METHODS, Plan  # noqa: E402
 from .patch import from_pretrained, is_patched, patch_model, router_stats, unpatch_model  # noqa: E402
 from .settings import FILENAME as SETTINGS_FILENAME  # noqa: E402
+from .weights_file import DamagedWeightsError, check_weights_files  # noqa: E402
 
 __all__ = [
     "ALL_FAMILIES",
     "ALL_METHODS",
+    "DamagedWeightsError",
     "GROUPED_FAMILIES",
     "GROUPED_METHODS",
+    "GateRecord",
+    "LayoutError",
     "METHODS",
+    "Plan",
     "SETTINGS_FILENAME",
     "SUPPORTED",
-    "GateRecord",
-    "Plan",
+    "check_weights_files",
     "densemixer_weights",
     "from_pretrained",
     "is_patched",

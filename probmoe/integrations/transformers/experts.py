@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import pickling
+
 
 def active_slots(top_k_index: Tensor) -> Tensor:
     """The used slots of a ``probmoe.Routing``'s indices: [T, kmax] long -> [T, kmax] bool."""
@@ -42,6 +44,9 @@ class SkippingExperts:
         weight [A] -> [A, D], computed by the stock implementation as A tokens with one slot each.
         (The one place where the experts see their inputs: observe it to count the rows.)"""
         return super().forward(hidden_states[token], expert.unsqueeze(-1), weight.unsqueeze(-1))
+
+    def __reduce_ex__(self, protocol):  # pickle, torch.save, deepcopy: the patched class (see pickling)
+        return pickling.reduce(self, experts_class, (pickling.stock_class(self, SkippingExperts),), ())
 
 
 _CLASSES: dict[type, type] = {}

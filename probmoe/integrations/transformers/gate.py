@@ -17,12 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 import probmoe
 from probmoe.replay import GeneratorReplay
+from probmoe.router import router_logits, routed
+from probmoe.scores import dense_selection, gate_scores
 
+from . import pickling
 from .methods import STOCK, Plan
 
 
@@ -44,8 +46,7 @@ class GateRecord:
     @property
     def selected(self) -> Tensor:
         """The used experts per token: [T, N] bool."""
-        dense = torch.zeros(self.indices.shape[0], self.num_experts, dtype=torch.int32, device=self.indices.device)
-        return dense.scatter_add_(-1, self.indices, self.mask.int()) > 0  # [T, kmax] -> [T, N]
+        return dense_selection(self.indices, self.mask, self.num_experts)
 
     @property
     def counts(self) -> Tensor:
@@ -70,7 +71,7 @@ def densemixer_weights(logits: Tensor, k: int, normalize: bool, *, scores: str =
     π·mask/norm, norm = Σ_top-k π. ``top_idx`` [T, k]: the experts the stock router chose, when it
     chooses otherwise than by the top-k of π (DeepSeek-V3's groups and bias).
     """
-    probs = torch.softmax(logits, dim=-1, dtype=torch.float) if scores == "softmax" else torch.sigmoid(logits.float())
+    probs = gate_scores(logits.float(), scores)  # [T, N]
     if top_idx is None:
         top_idx = torch.topk(probs, k, dim=-1).indices  # [T, k], as the stock routers
     top = probs.gather(-1, top_idx)  # [T, k]
@@ -83,17 +84,6 @@ def densemixer_weights(logits: Tensor, k: int, normalize: bool, *, scores: str =
     weights = (mask * g).detach() + (g - g.detach())  # value: mask·g; gradient: dg at all N
     indices = torch.arange(probs.shape[-1], device=probs.device).expand_as(probs)  # [T, N]
     return weights, indices, top_idx
-
-
-def route(logits: Tensor, config: probmoe.RoutingConfig, training: bool, generator, replay: GeneratorReplay):
-    """``probmoe.route`` (logits [T, N] -> ``probmoe.Routing``), drawing from ``generator``
-    through ``replay`` (the same draws on checkpoint recomputation). Traced by torch.compile with
-    no graph break (routing runs on registered operators); there a router's own generator is used
-    as it is, since the replay's bookkeeping reads values on the host (the default generator needs
-    no replay anywhere: checkpointing restores it)."""
-    if generator is not None and training and not torch.compiler.is_compiling():
-        generator = replay.generator(generator)
-    return probmoe.route(logits, config, training=training, generator=generator)
 
 
 class PatchedGate:
@@ -119,18 +109,15 @@ class PatchedGate:
             if family.grouped:  # the stock choice (groups, bias) and the stock float32 logits
                 logits, _, stock_idx = super().forward(hidden_states)
             else:
-                logits = F.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
+                logits = router_logits(hidden_states, self.weight)
             weights, indices, top_idx = densemixer_weights(logits, plan.top_k, plan.normalize, scores=family.scores,
                                                            top_idx=stock_idx)
             self.probmoe_last = GateRecord(top_idx.detach(), torch.ones_like(top_idx, dtype=torch.bool),
                                            plan.num_experts)
         else:
-            h = hidden_states.reshape(-1, self.hidden_dim)  # [..., D] -> [T, D]
-            if family.fp32_logits:  # [T, N], as the stock router: in float32, or in the hidden states' dtype
-                logits = F.linear(h.float(), self.weight.float())
-            else:
-                logits = F.linear(h, self.weight)
-            routing = route(logits, plan.routing, self.training, self.probmoe_generator, self.probmoe_replay)
+            logits = router_logits(hidden_states, self.weight, float32=family.fp32_logits)  # [T, N], as the stock router
+            routing = routed(logits, plan.routing, training=self.training, generator=self.probmoe_generator,
+                             replay=self.probmoe_replay)
             weights, indices = routing.weights, routing.indices  # [T, kmax] each
             self.probmoe_last = GateRecord(indices.detach(), routing.mask, plan.num_experts, routing)
         if plan.scale != 1.0:
@@ -138,6 +125,9 @@ class PatchedGate:
         if not family.fp32_weights:
             weights = weights.to(logits.dtype)  # as the stock OLMoE/Qwen routers
         return logits, weights, indices
+
+    def __reduce_ex__(self, protocol):  # pickle, torch.save, deepcopy: the patched class (see pickling)
+        return pickling.reduce(self, gate_class, (pickling.stock_class(self, PatchedGate),), ("probmoe_last",))
 
 
 _CLASSES: dict[type, type] = {}

@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from probmoe.scores import gate_scores
+
 
 def _token_mask(attention_mask: Tensor | None, rows: int, device) -> Tensor | None:
     """[B, S] attention mask -> [T] float weights, or None (no mask, or one that does not cover
@@ -41,11 +43,7 @@ def load_balancing_loss(router_logits, selected, attention_mask: Tensor | None =
     probs = torch.zeros(n, dtype=torch.float32, device=device)
     rows = torch.zeros((), dtype=torch.float32, device=device)
     for logits, used in zip(router_logits, selected):
-        if scores == "softmax":
-            p = torch.softmax(logits.to(device).float(), dim=-1)  # [T, N]
-        else:
-            p = torch.sigmoid(logits.to(device).float())
-            p = p / p.sum(dim=-1, keepdim=True)
+        p = gate_scores(logits.to(device).float(), scores, normalized=True)  # [T, N]
         used = used.to(device=device, dtype=torch.float32)  # [T, N]
         mask = _token_mask(attention_mask, p.shape[0], device)
         if mask is None:

@@ -1,13 +1,25 @@
 """The patched top-level model: the aux losses in ``forward`` and the settings file in ``save_pretrained``.
 
 Like the routers, the model keeps its instance and gets a run-time subclass of its own class,
-named as the original, so ``save_pretrained`` writes the stock ``architectures`` to config.json.
+named as the original, so ``save_pretrained`` writes the stock ``architectures`` to config.json
+(pickling reduces it to ``model_class`` and the stock class: ``pickling``). A ``*ForCausalLM``'s
+patched ``forward`` carries the stock forward's signature, read from the installed release (so
+``Trainer``'s column filter and ``generate`` see the stock parameters, whatever a release
+renames), and binds its arguments by it; a stock forward without the parameters the aux losses
+need is a ``LayoutError`` at patch time.
 """
 
 from __future__ import annotations
 
-from . import losses, settings
+import functools
+import inspect
+
+from . import losses, pickling, settings
+from .families import layout_error
 from .gate import PatchedGate
+
+NEEDED = ("attention_mask", "labels")  # parameters of the stock forward used here (output_router_logits may be
+# a named parameter or, as for DeepSeek-V3, one of its **kwargs)
 
 
 def patched_gates(model) -> list:
@@ -19,6 +31,7 @@ class PatchedModel:
     """Mixin for any patched model: ``save_pretrained`` also writes ``probmoe_routing.json``."""
 
     ADDED = ("probmoe_plan", "probmoe_family", "probmoe_generator", "probmoe_requires_grad", "probmoe_last_z_loss")
+    TRANSIENT = ("probmoe_last_z_loss",)  # what the last forward left (with its graph): not pickled
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         result = super().save_pretrained(save_directory, *args, **kwargs)
@@ -26,25 +39,30 @@ class PatchedModel:
             settings.write(save_directory, self.probmoe_plan, self.probmoe_family.model_type)
         return result
 
+    def __reduce_ex__(self, protocol):
+        pickling.drop_capture_hooks(self)
+        stock = pickling.stock_class(self, PatchedModel)
+        return pickling.reduce(self, model_class, (stock, isinstance(self, PatchedCausalLM)), self.TRANSIENT)
+
 
 class PatchedCausalLM(PatchedModel):
     """Mixin for ``*ForCausalLM``: with ``output_router_logits`` (argument or config, as in
     transformers) the loss gets ``aux_loss · load_balancing_loss + z_loss · router_z_loss``, both
     computed from the experts the routers actually used (``losses``), in place of HF's own
     load-balancing term. ``aux_loss`` in the output holds the load-balancing loss (as HF's does);
-    the z-loss of the last forward is kept in ``probmoe_last_z_loss``."""
+    the z-loss of the last forward with router logits is kept in ``probmoe_last_z_loss``."""
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, inputs_embeds=None,
-                labels=None, use_cache=None, output_router_logits=None, logits_to_keep=0, **kwargs):
+    def probmoe_forward(self, arguments: dict, extra: dict):
+        """The forward, given the stock forward's named ``arguments`` and its ``**kwargs`` ``extra``."""
+        stock = super(PatchedCausalLM, self).forward
+        labels, attention_mask = arguments.pop("labels", None), arguments.get("attention_mask")
+        output_router_logits = arguments.pop("output_router_logits", extra.pop("output_router_logits", None))
         if output_router_logits is None:
             output_router_logits = self.config.output_router_logits
-        call = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                    past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                    logits_to_keep=logits_to_keep)
         if not output_router_logits:
-            return super().forward(**call, labels=labels, output_router_logits=False, **kwargs)
-        return_dict = kwargs.pop("return_dict", None)
-        out = super().forward(**call, labels=None, output_router_logits=True, return_dict=True, **kwargs)
+            return stock(**arguments, labels=labels, output_router_logits=False, **extra)
+        return_dict = extra.pop("return_dict", None)
+        out = stock(**arguments, labels=None, output_router_logits=True, return_dict=True, **extra)
         plan = self.probmoe_plan
         router_logits = tuple(out.router_logits)  # per layer [T, N], captured by HF's own hooks
         selected = [g.probmoe_last.selected for g in patched_gates(self)]  # per layer [T, N] bool
@@ -53,7 +71,7 @@ class PatchedCausalLM(PatchedModel):
         self.probmoe_last_z_loss = z
         loss = None
         if labels is not None:
-            loss = self.loss_function(out.logits, labels, self.vocab_size, **kwargs)
+            loss = self.loss_function(out.logits, labels, self.vocab_size, **extra)
             if plan.aux_loss:
                 loss = loss + plan.aux_loss * balance.to(loss.device)
             if z is not None:
@@ -66,6 +84,33 @@ class PatchedCausalLM(PatchedModel):
         return out
 
 
+def causal_lm_forward(cls: type):
+    """A ``forward`` for the patched subclass of ``cls``, with ``cls.forward``'s signature."""
+    signature = inspect.signature(cls.forward)
+    params = signature.parameters
+    kinds = [p.kind for p in params.values()]
+    problems = [f"has no parameter {name!r}" for name in NEEDED if name not in params]
+    if inspect.Parameter.VAR_KEYWORD not in kinds:
+        problems.append("takes no **kwargs")
+    if inspect.Parameter.VAR_POSITIONAL in kinds:
+        problems.append("takes *args")
+    if problems:
+        model_type = getattr(getattr(cls, "config_class", None), "model_type", cls.__name__)
+        raise layout_error(model_type, f"{cls.__name__}.forward{signature} {' and '.join(problems)}")
+    variadic = next(p.name for p in params.values() if p.kind is inspect.Parameter.VAR_KEYWORD)
+    instance = next(iter(params))  # "self"
+
+    @functools.wraps(cls.forward)
+    def forward(self, *args, **kwargs):
+        arguments = dict(signature.bind(self, *args, **kwargs).arguments)  # TypeError as the stock forward
+        del arguments[instance]
+        extra = arguments.pop(variadic, {})
+        return PatchedCausalLM.probmoe_forward(self, arguments, extra)
+
+    forward.__signature__ = signature
+    return forward
+
+
 _CLASSES: dict[tuple, type] = {}
 
 
@@ -75,9 +120,16 @@ def model_class(cls: type, causal_lm: bool) -> type:
         mixin = PatchedCausalLM if causal_lm else PatchedModel
         # same name and module as the original: config.json's "architectures" stay stock, and
         # transformers' source heuristics (set_experts_implementation) keep working
-        _CLASSES[key] = type(cls.__name__, (mixin, cls), {"__module__": cls.__module__,
-                                                           "__qualname__": cls.__qualname__})
+        namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+        if causal_lm:
+            namespace["forward"] = causal_lm_forward(cls)
+        _CLASSES[key] = type(cls.__name__, (mixin, cls), namespace)
     return _CLASSES[key]
+
+
+def is_patched_class(cls: type) -> bool:
+    """Whether ``cls`` is a class ``model_class`` made (not a later subclass of one)."""
+    return cls in _CLASSES.values()
 
 
 def is_causal_lm(model) -> bool:
@@ -89,6 +141,6 @@ def install(model) -> None:
 
 
 def uninstall(model) -> None:
-    model.__class__ = next(c for c in type(model).__mro__[1:] if not issubclass(c, PatchedModel))
+    model.__class__ = pickling.stock_class(model, PatchedModel)
     for name in PatchedCausalLM.ADDED:
         model.__dict__.pop(name, None)

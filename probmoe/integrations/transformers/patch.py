@@ -13,10 +13,13 @@ import os
 
 import torch
 
+from circuits import checks
+
 from . import experts as experts_mod
 from . import gate as gate_mod
 from . import model as model_mod
 from . import settings
+from .weights_file import check_weights_files
 from .families import family_of
 from .methods import make_plan
 
@@ -45,13 +48,14 @@ def patch_model(model, method: str, *, k=None, kmin=None, kmax=None, backend: st
     generator: a ``torch.Generator`` for the ProbMoE draws (default: the global RNG).
 
     Patching an already patched model with the same settings returns it unchanged; with other
-    settings it is a ValueError (``unpatch_model`` first).
+    settings it is a ValueError (``unpatch_model`` first). A transformers release whose model
+    layout lacks a class, attribute or config field patching uses is a ``families.LayoutError``
+    naming the family and what is missing, raised before the model is changed.
     """
     family = family_of(model)
     plan = make_plan(model.config, family, method, k=k, kmin=kmin, kmax=kmax, backend=backend, grad=grad,
                      aux_loss=aux_loss, z_loss=z_loss)
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    checks.generator(generator)
     if is_patched(model):
         if model.probmoe_plan == plan and model.probmoe_generator is generator:
             return model
@@ -60,6 +64,10 @@ def patch_model(model, method: str, *, k=None, kmin=None, kmax=None, backend: st
     blocks = family.blocks(model)
     if not blocks:
         raise ValueError(f"model has no {family.block_class.__name__} to patch")
+    names = {id(m): name for name, m in model.named_modules()}
+    for block in blocks:  # the layout patching relies on, checked before anything changes
+        family.check_block(block, names[id(block)])
+    model_mod.model_class(type(model), model_mod.is_causal_lm(model))  # LayoutError if its forward lacks what is used
     requires_grad = {}
     for block in blocks:
         gate_mod.install(block.gate, plan, family, generator)
@@ -80,6 +88,12 @@ def unpatch_model(model):
     if ``model`` is not patched."""
     if not is_patched(model):
         raise ValueError("model is not patched by probmoe.integrations.transformers.patch_model")
+    if not model_mod.is_patched_class(type(model)):
+        raise ValueError(f"model's class {type(model).__qualname__} was changed after patch_model (a wrapper such as "
+                         "FSDP's fully_shard subclasses it); unpatch the model before wrapping it")
+    if "forward" in vars(model):  # it would call the patched forward of a model no longer patched
+        raise ValueError("model.forward was replaced on the instance after patch_model (trl's SFTTrainer puts its "
+                         "fused LM head there); `del model.forward` before unpatch_model")
     family = model.probmoe_family
     requires_grad = model.probmoe_requires_grad
     for block in family.blocks(model):
@@ -115,7 +129,9 @@ def from_pretrained(path, *, generator: torch.Generator | None = None, **kwargs)
     """Load a checkpoint saved from a patched model with transformers'
     ``AutoModelForCausalLM.from_pretrained(path, **kwargs)`` and patch the routing its
     ``probmoe_routing.json`` records. FileNotFoundError if the settings file is missing,
-    ValueError if it is unreadable, tampered or does not match the checkpoint's config."""
+    ValueError if it is unreadable, tampered or does not match the checkpoint's config;
+    ``weights_file.DamagedWeightsError`` (a ValueError) naming a truncated or corrupted
+    ``*.safetensors`` file, before transformers reads it."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if not os.path.isdir(os.fspath(path)):
@@ -125,6 +141,7 @@ def from_pretrained(path, *, generator: torch.Generator | None = None, **kwargs)
     if config.model_type != data["model_type"]:
         raise ValueError(f"{data['path']} is for model type {data['model_type']!r} but config.json says "
                          f"{config.model_type!r}")
+    check_weights_files(path)
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     family = family_of(model)
     if (family.num_experts(model.config), family.top_k(model.config)) != (data["num_experts"], data["top_k"]):

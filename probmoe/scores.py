@@ -1,0 +1,34 @@
+"""Two decisions every router and statistic makes, each made here once.
+
+    gate_scores(r, kind)                 the gate scores π [T, N]: softmax(r), or sigmoid(r) for
+                                         sigmoid gates (DeepSeek-V3); ``normalized``: scaled to
+                                         sum to 1 per token, the routing distribution that
+                                         statistics and the load-balancing loss read
+    dense_selection(idx, mask, n)        the used experts [T, kmax] slots -> [T, N] bool
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+KINDS = ("softmax", "sigmoid")
+
+
+def gate_scores(r: Tensor, kind: str, *, normalized: bool = False) -> Tensor:
+    """Router logits r [..., N] -> gate scores [..., N] in r's dtype: softmax(r) ("softmax") or
+    sigmoid(r) ("sigmoid"); with ``normalized`` the sigmoid scores divided by their sum (softmax
+    scores already sum to 1)."""
+    if kind == "softmax":
+        return torch.softmax(r, dim=-1)
+    if kind != "sigmoid":
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    p = torch.sigmoid(r)
+    return p / p.sum(dim=-1, keepdim=True) if normalized else p
+
+
+def dense_selection(indices: Tensor, mask: Tensor, num_experts: int) -> Tensor:
+    """indices [T, kmax] long, mask [T, kmax] bool (the used slots; unused ones may repeat any
+    expert) -> [T, N] bool, True where some used slot holds the expert."""
+    dense = torch.zeros(indices.shape[0], num_experts, dtype=torch.int32, device=indices.device)
+    return dense.scatter_add_(-1, indices, mask.int()) > 0
