@@ -3,6 +3,8 @@
     probmoe-train --model tiny-olmoe --data ../shared/data/gsm8k/train.jsonl --output-dir runs/a \\
         --method probmoe --max-steps 200
     torchrun --nproc_per_node 2 -m probmoe.cli.train ...     (the same flags, DDP)
+    torchrun --nproc_per_node 8 -m probmoe.cli.train --model olmoe-1b-7b-shape ... --fsdp --bf16
+    probmoe-train --model olmoe-1b-7b-shape --plan --world-size 8 ...   (memory per GPU; loads nothing)
 
 See docs/experiments.md.
 """
@@ -19,14 +21,14 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="probmoe-train", description="Fine-tune a transformers MoE model "
                                 "(OLMoE, Qwen2-MoE, Qwen3-MoE, Mixtral) on instruction data (question/answer, "
                                 "prompt/completion, chat messages or plain text) with ProbMoE or a baseline router. "
-                                "Runs alone or under torchrun (DDP).")
+                                "Runs alone or under torchrun (DDP, or FSDP2 with --fsdp).")
     p.add_argument("--model", required=True, help="tiny-olmoe, tiny-qwen2-moe, tiny-qwen3-moe, tiny-mixtral, "
                    "tiny-deepseek-v3 (randomly initialised, byte-level tokenizer), or a local checkpoint directory "
                    "of those families")
-    p.add_argument("--data", required=True, help=".jsonl, .json or .parquet records: question/answer (GSM8K), "
+    p.add_argument("--data", help=".jsonl, .json or .parquet records: question/answer (GSM8K), "
                    "prompt/completion, messages (chat template) or text")
     common.add_data_format_flag(p)
-    p.add_argument("--output-dir", required=True, help="checkpoints, the final model and train_log.jsonl")
+    p.add_argument("--output-dir", help="checkpoints, the final model and train_log.jsonl")
     common.add_routing_flags(p, required=False)
     p.add_argument("--aux-loss", type=common.nonnegative_float, default=None,
                    help="load-balancing loss coefficient (default: the model config's router_aux_loss_coef)")
@@ -54,7 +56,42 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=common.positive_int, default=1)
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA when present")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (ours, transformers', datasets')")
+    big = p.add_argument_group("large models (docs/experiments.md, \"the paper's OLMoE run on 8 GPUs\")")
+    big.add_argument("--fsdp", action="store_true", help="shard every decoder layer over the processes with FSDP2 "
+                     "(under torchrun); with --bf16: bf16 compute, fp32 gradient reduction")
+    big.add_argument("--param-dtype", choices=("float32", "bfloat16"), default="float32",
+                     help="dtype the parameters and AdamW state are stored in (a checkpoint loads straight into it)")
+    big.add_argument("--layers", type=common.positive_int, help="decoder layers of a built-in model (default: "
+                     "its own); e.g. olmoe-1b-7b-shape at its real widths and reduced depth")
+    big.add_argument("--global-batch-size", type=common.positive_int,
+                     help="examples per optimizer step over all processes (replaces --batch-size: must divide by "
+                     "processes x --grad-accum)")
+    big.add_argument("--plan", action="store_true", help="print the per-GPU memory under DDP and FSDP and which "
+                     "GPU sizes fit, then exit (no weights, no data)")
+    big.add_argument("--world-size", type=common.positive_int, help="processes for --plan (default: WORLD_SIZE or 1)")
     return p
+
+
+def plan(p: argparse.ArgumentParser, args) -> int:
+    """``--plan``: the memory table for the flags given; nothing is loaded."""
+    import os
+
+    from probmoe.experiments import memory_plan
+    from probmoe.experiments.trainer import TrainConfig
+
+    def body():
+        world = args.world_size or int(os.environ.get("WORLD_SIZE", "1"))
+        batch = args.batch_size if args.global_batch_size is None else \
+            memory_plan.per_process_batch(args.global_batch_size, world, args.grad_accum)
+        cfg = TrainConfig(model=args.model, data="", output_dir="", method=args.method or "probmoe", k=args.k,
+                          kmax=args.kmax, batch_size=batch, max_length=args.max_length, bf16=args.bf16,
+                          gradient_checkpointing=args.gradient_checkpointing, param_dtype=args.param_dtype,
+                          layers=args.layers)
+        shape, kwargs = memory_plan.for_run(cfg, world, args.device or "cuda")
+        return memory_plan.report(args.model, shape, world_size=world, **kwargs)
+
+    print(common.run_or_exit(p, body))
+    return 0
 
 
 def main(argv=None) -> int:
@@ -62,6 +99,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     common.require_extras(p)
     common.quiet_progress(args.no_progress)
+    if args.plan:
+        return plan(p, args)
+    if args.data is None or args.output_dir is None:
+        p.error("the following arguments are required: --data, --output-dir (all but --plan)")
 
     def body():
         import os
@@ -82,7 +123,8 @@ def main(argv=None) -> int:
                           gradient_checkpointing=args.gradient_checkpointing, resume=args.resume,
                           stop_after=args.stop_after,
                           save_every=args.save_every, log_every=args.log_every, device=args.device,
-                          progress=not args.no_progress)
+                          progress=not args.no_progress, fsdp=args.fsdp, param_dtype=args.param_dtype,
+                          layers=args.layers, global_batch_size=args.global_batch_size)
         return Trainer(cfg)
 
     trainer = common.run_or_exit(p, body)

@@ -4,6 +4,11 @@
 
     config.json, model.safetensors, tokenizer files, probmoe_routing.json   (the stock checkpoint)
     training_state.pt      step, optimizer, LR scheduler (rank 0's; DDP keeps them equal on all ranks)
+
+(under ``--fsdp``: config.json, probmoe_routing.json, the tokenizer files, every rank's model and
+optimizer shards in ``.metadata`` and ``__<r>_0.distcp`` (torch.distributed.checkpoint,
+``fsdp.save_shards``), and training_state.pt without the optimizer), and in both cases
+
     rng_rank{r}.pt         rank r's RNG states: Python, NumPy, torch CPU, its GPU, the routing generator
     training_state.json    the run's fingerprint, the step, the world size, sha256 of every other file
 
@@ -34,7 +39,10 @@ CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 # fingerprint fields that must match for a resume to continue the same trajectory
 RESUME_KEYS = ("model", "method", "k", "kmin", "kmax", "backend", "grad", "aux_loss", "z_loss", "seed", "lr",
                "lr_schedule", "warmup_steps", "weight_decay", "max_grad_norm", "batch_size", "grad_accum",
-               "max_length", "bf16", "data_sha256", "world_size", "device_type", "schedule_steps")
+               "max_length", "bf16", "data_sha256", "world_size", "device_type", "schedule_steps", "fsdp",
+               "param_dtype", "layers")
+# what a checkpoint written before a setting existed ran with
+RESUME_DEFAULTS = {"fsdp": False, "param_dtype": "float32", "layers": None}
 
 
 def sha256_file(path: str) -> str:
@@ -98,10 +106,11 @@ def _sync_tree(directory: str) -> None:
 
 
 def save(directory: str, *, step: int, fingerprint: dict, world, model, tokenizer, optimizer, scheduler,
-         generator) -> None:
+         generator, sharded: bool = False) -> None:
     """Write the checkpoint of ``step`` to ``directory``, which must not exist (every rank calls
-    this; rank 0 writes the model, the optimizer and the manifest, each rank its own RNG file)."""
-    from . import distributed
+    this; rank 0 writes the model, the optimizer and the manifest, each rank its own RNG file;
+    ``sharded``: each rank its model and optimizer shards)."""
+    from . import distributed, fsdp
 
     if os.path.exists(directory):
         raise FileExistsError(f"{directory} exists already; a checkpoint is never overwritten")
@@ -109,11 +118,16 @@ def save(directory: str, *, step: int, fingerprint: dict, world, model, tokenize
     if world.main:
         shutil.rmtree(tmp, ignore_errors=True)  # what a crashed save of this step left
         os.makedirs(tmp)
-        model.save_pretrained(tmp)
+        if sharded:
+            fsdp.save_config(tmp, model)
+        else:
+            model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
-                   os.path.join(tmp, STATE))
+        optim = {} if sharded else {"optimizer": optimizer.state_dict()}
+        torch.save({"step": step, **optim, "scheduler": scheduler.state_dict()}, os.path.join(tmp, STATE))
     distributed.barrier()
+    if sharded:
+        fsdp.save_shards(tmp, model, optimizer)
     torch.save(rng_state(generator, world.device), os.path.join(tmp, f"rng_rank{world.rank}.pt"))
     distributed.barrier()
     if world.main:
@@ -169,7 +183,7 @@ def verify(directory: str, manifest: dict, rank: int) -> None:
 
 def check_resume(manifest: dict, fingerprint: dict, directory: str) -> None:
     """ValueError listing every trajectory setting in which the resuming run differs."""
-    saved = manifest["fingerprint"]
+    saved = {**RESUME_DEFAULTS, **manifest["fingerprint"]}
     diffs = [f"{key}: checkpoint {saved.get(key)!r}, now {fingerprint.get(key)!r}" for key in RESUME_KEYS
              if saved.get(key) != fingerprint.get(key)]
     if diffs:
@@ -177,16 +191,22 @@ def check_resume(manifest: dict, fingerprint: dict, directory: str) -> None:
                          f"the same ones ({'; '.join(diffs)})")
 
 
-def load(directory: str, manifest: dict, *, world, optimizer, scheduler, generator) -> int:
-    """Restore optimizer, scheduler and this rank's RNGs from ``directory`` (``verify`` first);
+def load(directory: str, manifest: dict, *, world, optimizer, scheduler, generator, sharded_model=None) -> int:
+    """Restore optimizer, scheduler and this rank's RNGs from ``directory`` (``verify`` first), and
+    the model and optimizer shards into ``sharded_model`` and ``optimizer`` when given (``--fsdp``);
     returns the step."""
+    from . import fsdp
+
     files = {name: torch.load(os.path.join(directory, name), map_location="cpu", weights_only=True)
              for name in (STATE, f"rng_rank{world.rank}.pt")}
     state = files[STATE]
     if state.get("step") != manifest["step"]:
         raise ValueError(f"--resume {directory!r}: {STATE} is for step {state.get('step')}, "
                          f"{MANIFEST} says {manifest['step']}")
-    optimizer.load_state_dict(state["optimizer"])
+    if sharded_model is not None:
+        fsdp.load_shards(directory, sharded_model, optimizer)
+    else:
+        optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     set_rng_state(files[f"rng_rank{world.rank}.pt"], generator, world.device)
     return manifest["step"]

@@ -6,7 +6,8 @@ takes rows [r·B, (r+1)·B) of each micro-batch. The loss of a step is the mean 
 every answer token of the global batch: each rank's micro-batch loss is its token sum divided by
 the global token count (summed over ranks before the step) times the world size, because DDP
 averages gradients over ranks. So N ranks with batch B take the same steps as one process with
-batch N·B, up to float summation order. Load-balancing and z-losses (coefficients from the
+batch N·B, up to float summation order; FSDP (``--fsdp``, ``fsdp``) averages gradients the same
+way, so the same holds sharded. Load-balancing and z-losses (coefficients from the
 routing plan) are added per micro-batch, averaged over micro-batches and ranks.
 """
 
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import data, distributed, formats, models, state
+from . import data, distributed, formats, fsdp, memory_plan, models, state
 
 SCHEDULES = ("constant", "linear", "cosine")
 
@@ -65,6 +66,10 @@ class TrainConfig:
     log_every: int = 1
     device: str | None = None
     progress: bool = True
+    fsdp: bool = False  # shard with FSDP2 (under torchrun)
+    param_dtype: str = "float32"  # the stored parameters' (and AdamW state's) dtype
+    layers: int | None = None  # decoder layers of a built-in model (None: its own)
+    global_batch_size: int | None = None  # sets batch_size to this / (world size × grad_accum)
 
 
 def lr_factor(schedule: str, warmup: int, total: int):
@@ -135,14 +140,19 @@ class Trainer:
         if self.nothing_to_do is not None:
             return
         self.model = self.net
-        if self.world.size > 1:
+        if self.world.size > 1 and not cfg.fsdp:
             ids = [self.world.local_rank] if self.world.device.type == "cuda" else None
-            self.model = torch.nn.parallel.DistributedDataParallel(self.net, device_ids=ids)
+            self.model = torch.nn.parallel.DistributedDataParallel(self.net, device_ids=ids,
+                                                                   gradient_as_bucket_view=True)
 
     def _check_and_build(self) -> None:
         from probmoe.integrations.transformers import patch_model
 
         cfg, world = self.cfg, self.world
+        if cfg.fsdp:
+            fsdp.require_torchrun()
+        if cfg.global_batch_size is not None:
+            cfg.batch_size = memory_plan.per_process_batch(cfg.global_batch_size, world.size, cfg.grad_accum)
         self.records = formats.read(cfg.data, cfg.data_format)
         self.resume_dir = self._resume_dir()
         self._check_output_dir()
@@ -171,18 +181,30 @@ class Trainer:
                     f"at step {self.step}, where --stop-after {cfg.stop_after} ends this run"
                 self.nothing_to_do = f"{self.resume_dir}: {where}; nothing trained or written"
                 return
+        memory_plan.check_fits(cfg, world)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        net = models.load_model(cfg.model, cfg.seed) if self.resume_dir is None else self._weights_from(self.resume_dir)
         self.generator = torch.Generator(world.device).manual_seed(cfg.seed * 1_000_003 + 7919 * (world.rank + 1))
         aux = {} if cfg.aux_loss is None else {"aux_loss": cfg.aux_loss}
         zl = {} if cfg.z_loss is None else {"z_loss": cfg.z_loss}
-        patch_model(net, cfg.method, k=cfg.k, kmin=cfg.kmin, kmax=cfg.kmax, backend=cfg.backend, grad=cfg.grad,
-                    generator=self.generator, **aux, **zl)
-        if cfg.gradient_checkpointing:
-            net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.net = net.to(world.device)
+
+        def patch(net):
+            patch_model(net, cfg.method, k=cfg.k, kmin=cfg.kmin, kmax=cfg.kmax, backend=cfg.backend, grad=cfg.grad,
+                        generator=self.generator, **aux, **zl)
+
+        dtype = getattr(torch, cfg.param_dtype)
+        if cfg.fsdp:
+            net = fsdp.build(cfg.model, seed=cfg.seed, dtype=dtype, layers=cfg.layers, world=world, patch=patch,
+                             checkpointing=cfg.gradient_checkpointing, bf16=cfg.bf16, fresh=self.resume_dir is None)
+        else:
+            net = models.load_model(cfg.model, cfg.seed, dtype, cfg.layers) if self.resume_dir is None else \
+                self._weights_from(self.resume_dir, dtype)
+            patch(net)
+            if cfg.gradient_checkpointing:
+                net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            net = net.to(world.device)
+        self.net = net
         self.plan = net.probmoe_plan
         params = [p for p in self.net.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -191,7 +213,8 @@ class Trainer:
         self.step = 0
         if self.resume_dir is not None:
             self.step = state.load(self.resume_dir, manifest, world=world, optimizer=self.optimizer,
-                                   scheduler=self.scheduler, generator=self.generator)
+                                   scheduler=self.scheduler, generator=self.generator,
+                                   sharded_model=self.net if cfg.fsdp else None)
         self.start_step = self.step
         self.log_path = os.path.join(cfg.output_dir, "train_log.jsonl")
 
@@ -224,10 +247,10 @@ class Trainer:
             raise ValueError(f"--output-dir {out!r} is not empty and --resume {self.cfg.resume!r} is not its newest "
                              f"checkpoint ({latest}); resume into an empty folder, or from the newest checkpoint")
 
-    def _weights_from(self, directory: str):
+    def _weights_from(self, directory: str, dtype: torch.dtype):
         from transformers import AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+        return AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
 
     def _micro_batches(self, step: int):
         """This rank's micro-batches of optimizer step ``step``: a list of collated dicts."""
@@ -250,10 +273,11 @@ class Trainer:
         total_tokens = max(1, int(tokens.item()))
         want_router = bool(self.plan.aux_loss or self.plan.z_loss)
         ce_sum, aux_sum = torch.zeros((), device=dev), torch.zeros((), device=dev)
-        autocast = torch.autocast(dev.type, dtype=torch.bfloat16) if cfg.bf16 else nullcontext()
+        # under FSDP, --bf16 is its MixedPrecisionPolicy (bf16 compute, fp32 reduction), not autocast
+        autocast = torch.autocast(dev.type, dtype=torch.bfloat16) if cfg.bf16 and not cfg.fsdp else nullcontext()
         for i, batch in enumerate(batches):
             batch = {key: value.to(dev) for key, value in batch.items()}
-            sync = nullcontext() if (world.size == 1 or i == len(batches) - 1) else self.model.no_sync()
+            sync = nullcontext() if (world.size == 1 or cfg.fsdp or i == len(batches) - 1) else self.model.no_sync()
             with sync:
                 with autocast:
                     out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -293,7 +317,7 @@ class Trainer:
     def save(self, directory: str) -> None:
         state.save(directory, step=self.step, fingerprint=self.fingerprint, world=self.world, model=self.net,
                    tokenizer=self.tokenizer, optimizer=self.optimizer, scheduler=self.scheduler,
-                   generator=self.generator)
+                   generator=self.generator, sharded=self.cfg.fsdp)
 
     def run(self) -> dict:
         """Train from ``self.step`` to ``total_steps`` (or ``stop_after``), write a checkpoint there and,
@@ -331,8 +355,11 @@ class Trainer:
         bar.close()
         if self.step > self.start_step or self.resume_dir is None:
             self.save(state.checkpoint_dir(cfg.output_dir, self.step))
-        if world.main and self.step == self.total_steps:
+        if self.step == self.total_steps and cfg.fsdp:
+            fsdp.save_final(cfg.output_dir, self.net, world)
+        elif world.main and self.step == self.total_steps:
             self.net.save_pretrained(cfg.output_dir)
+        if world.main and self.step == self.total_steps:
             self.tokenizer.save_pretrained(cfg.output_dir)
         distributed.barrier()
         return record
