@@ -1,17 +1,13 @@
 """probmoe-train under torchrun --nproc_per_node 2 (gloo, CPU): both ranks end with identical
 parameters, and with deterministic routing they equal one process on the same global batch."""
 
-import os
-import shutil
-import subprocess
-import sys
-
 import pytest
 import torch
 
 pytest.importorskip("transformers")
 
 from gsm8k_data import write  # noqa: E402
+from rank_runs import run_ranks  # noqa: E402
 
 # Runs probmoe-train's Trainer on each rank, then saves that rank's parameters for the test.
 RANK_SCRIPT = """
@@ -30,19 +26,8 @@ sys.exit(train.main(sys.argv[2:]))
 """
 
 
-def torchrun():
-    exe = shutil.which("torchrun")
-    return [exe] if exe else [sys.executable, "-m", "torch.distributed.run"]
-
-
 def launch(tmp_path, nproc, argv):
-    script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    cmd = [*torchrun(), "--standalone", "--nproc_per_node", str(nproc), str(script), str(tmp_path), *argv] \
-        if nproc > 1 else [sys.executable, str(script), str(tmp_path), *argv]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
+    run_ranks(tmp_path, nproc, RANK_SCRIPT, argv, torchrun_it=nproc > 1, timeout=300)
     return [torch.load(tmp_path / f"params_rank{r}.pt") for r in range(nproc)]
 
 

@@ -5,9 +5,6 @@ stock transformers checkpoint with its routing."""
 
 import json
 import os
-import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -15,6 +12,7 @@ import torch
 pytest.importorskip("transformers")
 
 from gsm8k_data import write  # noqa: E402
+from rank_runs import run_ranks  # noqa: E402
 
 # Runs probmoe-train on each rank, then saves what the test compares: the full parameters each
 # rank gathers (every rank gets all of them), and its routing generator's state.
@@ -40,21 +38,9 @@ sys.exit(train.main(sys.argv[2:]))
 """
 
 
-def torchrun():
-    exe = shutil.which("torchrun")
-    return [exe] if exe else [sys.executable, "-m", "torch.distributed.run"]
-
-
 def launch(where, nproc, argv, torchrun_it=True):
     """Run probmoe-train (2 ranks under torchrun, or 1 plain process); the per-rank dumps."""
-    where.mkdir(parents=True, exist_ok=True)
-    script = where / "rank.py"
-    script.write_text(RANK_SCRIPT)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    cmd = [*torchrun(), "--standalone", "--nproc_per_node", str(nproc), str(script), str(where), *argv] \
-        if torchrun_it else [sys.executable, str(script), str(where), *argv]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
+    run_ranks(where, nproc, RANK_SCRIPT, argv, torchrun_it=torchrun_it)
     return [torch.load(where / f"rank{r}.pt") for r in range(nproc)]
 
 
