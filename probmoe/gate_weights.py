@@ -45,12 +45,12 @@ class GateWeights(torch.autograd.Function):
         g = torch.where(mask, gw, 0.0)  # [T, kmax]; unused slots carry no gradient
         g_p = torch.zeros_like(p).scatter_add_(-1, idx, g)  # dL/dπ [T, N] (used slots are distinct experts)
         # d w / d t at a used slot is π there (t = 0): dL/dt = dL/dπ · π
-        g_t = g_p * p if ctx.needs_input_grad[1] else None
-        if ctx.kind == "softmax":
-            g_r = p * (g_p - (g_p * p).sum(dim=-1, keepdim=True))  # softmax backward
+        g_t = g_p.mul_(p)  # [T, N], in place: dL/dπ is not needed on its own below
+        if ctx.kind == "softmax":  # softmax backward, π (dL/dπ - Σ π dL/dπ), in one fused step
+            g_r = torch.addcmul(g_t, p, g_t.sum(dim=-1, keepdim=True), value=-1)
         else:
-            g_r = g_p * p * (1 - p)  # sigmoid backward
-        return g_r, g_t, None, None, None, None
+            g_r = g_t * (1 - p)  # sigmoid backward
+        return g_r, g_t if ctx.needs_input_grad[1] else None, None, None, None, None
 
 
 def gate_weights(r: Tensor, t: Tensor | None, idx: Tensor, mask: Tensor, kind: str,

@@ -125,7 +125,7 @@ def _select(dist: SubsetDistribution, r: Tensor, probs: Tensor, config: RoutingC
             tangent, z = dist.mean_tangent(True, generator) if marginal_st else (None, dist.sample(generator=generator))
         else:  # the circuit's MAP
             tangent, z = (dist.mean_tangent()[0] if marginal_st else None), dist.mode
-        key = torch.addcmul(z - 1, probs, z)  # chosen experts: their probability, others -1 (exact)
+        key = torch.where(z > 0, probs, -1.0)  # chosen experts: their probability, others -1
         top, idx = torch.ops.circuits.topk(key, kmax)  # [T, kmax]
         mask = top >= 0
     else:
