@@ -57,10 +57,6 @@ def _circuit(handle: int):
     return circuit
 
 
-def _shifted(r: Tensor, shift: Tensor | None) -> Tensor:
-    return r if shift is None else r - shift  # [T, n] - [T, 1]
-
-
 def _passes(r: Tensor, handle: int):
     circuit = _circuit(handle)
     return circuit, circuit.passes(r.dtype)
@@ -108,16 +104,15 @@ def marginals(r: Tensor, shift: Tensor | None, seed: Tensor | None, circuit: int
     At most one sampling pass and one upward-downward pass; with ``values`` False m is zeros that
     still carry the Jacobian Cov(z) (straight-through estimators need only that)."""
     c, chosen = _passes(r, circuit)
-    rs = _shifted(r, shift)
     z, log_z = r.new_empty(0), None
     if seed is not None:
-        z, log_z = chosen.sample(rs, *draw_uniforms(c.program, rs, seed))
+        z, log_z = chosen.sample(r, *draw_uniforms(c.program, r, seed), shift=shift)
     if values:
-        log_z, m = chosen.log_partition(rs, True)
+        log_z, m = chosen.log_partition(r, True, shift=shift)
     else:
         m = torch.zeros_like(r)
         if log_z is None and want_log_z:
-            log_z, _ = chosen.log_partition(rs, False)
+            log_z, _ = chosen.log_partition(r, False, shift=shift)
     return m.contiguous(), z.contiguous(), r.new_empty(0) if log_z is None else log_z  # the fake's strides
 
 
@@ -149,7 +144,7 @@ marginals.register_autograd(_marginals_backward, setup_context=_marginals_setup)
 @torch.library.custom_op("circuits::marginals_jvp", mutates_args=())
 def marginals_jvp(r: Tensor, shift: Tensor | None, v: Tensor, circuit: int) -> Tensor:
     """Cov(z) v = (d marginals / d r) v: r, v [T, n] -> [T, n] (not differentiable again)."""
-    return _passes(r, circuit)[1].marginals_jvp(_shifted(r, shift), v.contiguous()).contiguous()
+    return _passes(r, circuit)[1].marginals_jvp(r, v.contiguous(), shift=shift).contiguous()
 
 
 @marginals_jvp.register_fake
@@ -162,8 +157,7 @@ def _(r, shift, v, circuit):
 def sample(r: Tensor, shift: Tensor | None, seed: Tensor, circuit: int) -> tuple[Tensor, Tensor]:
     """(one exact draw z [T, n] in {0, 1}, log Z [T]) from the uniforms of ``seed``."""
     c, chosen = _passes(r, circuit)
-    rs = _shifted(r, shift)
-    z, log_z = chosen.sample(rs, *draw_uniforms(c.program, rs, seed))
+    z, log_z = chosen.sample(r, *draw_uniforms(c.program, r, seed), shift=shift)
     return z.contiguous(), log_z  # the torch passes build z transposed
 
 
@@ -175,7 +169,7 @@ def _(r, shift, seed, circuit):
 @torch.library.custom_op("circuits::map", mutates_args=())
 def map_assignment(r: Tensor, shift: Tensor | None, circuit: int) -> tuple[Tensor, Tensor]:
     """(the most probable satisfying assignment z [T, n] in {0, 1}, its log-value [T]; -inf where none)."""
-    z, best = _passes(r, circuit)[1].map(_shifted(r, shift))
+    z, best = _passes(r, circuit)[1].map(r, shift=shift)
     return z.contiguous(), best
 
 

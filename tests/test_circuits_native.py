@@ -100,6 +100,37 @@ def test_matches_the_torch_passes(spec, T):
 
 
 @needs_native
+@pytest.mark.parametrize("T", [1, 127, 300])
+def test_the_shift_is_subtracted_as_the_torch_passes_do(T):
+    """A shift [T, 1] given to a pass (the C passes subtract it while loading a tile) gives the
+    bits of the same pass on r - shift, for every pass, in the C and the torch passes; -inf and
+    ±1e4 logits included."""
+    c = circuits.compile_circuit(circuits.ExactlyK(64, 8))
+    prog = c.program
+    gen = torch.Generator().manual_seed(T)
+    r = torch.randn(T, 64, generator=gen) * 3
+    r[0, :20] = -torch.inf
+    r[-1, 3], r[-1, 9] = 1e4, -1e4
+    shift = c._shift(r)
+    assert shift is not None and shift.shape == (T, 1)
+    rs, v = r - shift, torch.randn(T, 64, generator=gen)
+    uniforms, fill = draw_uniforms(prog, r, gen)
+    for passes in (CPasses(prog), TorchPasses(prog)):
+        for got, want in [
+            (passes.sample(r, uniforms, fill, shift=shift), passes.sample(rs, uniforms, fill)),
+            (passes.log_partition(r, True, shift=shift), passes.log_partition(rs, True)),
+            (passes.map(r, shift=shift), passes.map(rs)),
+            ((passes.marginals_jvp(r, v, shift=shift),), (passes.marginals_jvp(rs, v),)),
+        ]:
+            for a, b in zip(got, want):
+                assert torch.equal(a, b), passes.name
+    strided = torch.cat([shift, shift], dim=1)[:, :1]  # [T, 1] with stride 2 (a copy would be freed too early)
+    if T > 1:
+        with pytest.raises(ValueError, match="shift must be a contiguous float32"):
+            CPasses(prog).map(r, shift=strided)
+
+
+@needs_native
 @pytest.mark.parametrize("spec,cards", [(circuits.ExactlyK(6, 3), [3]), (circuits.RangeK(6, 2, 4), range(2, 5)), ("cnf", None)])
 def test_brute_force_fp32(spec, cards, tmp_path):
     """Through the public API in fp32: log Z, the marginals, their Jacobian Cov(z) (the C backward)

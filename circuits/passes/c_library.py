@@ -26,10 +26,10 @@ class ProgStruct(ctypes.Structure):
 def _declare(lib: ctypes.CDLL) -> None:
     i64, ptr, prog = ctypes.c_int64, ctypes.c_void_p, ctypes.POINTER(ProgStruct)
     for fn, args in [
-        (lib.pm_sample, [prog, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64]),
-        (lib.pm_jvp, [prog, ptr, ptr, ptr, i64, i64]),
-        (lib.pm_marginals, [prog, ptr, ptr, ptr, i64, i64]),
-        (lib.pm_map, [prog, ptr, ptr, ptr, i64, i64]),
+        (lib.pm_sample, [prog, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64]),
+        (lib.pm_jvp, [prog, ptr, ptr, ptr, ptr, i64, i64]),
+        (lib.pm_marginals, [prog, ptr, ptr, ptr, ptr, i64, i64]),
+        (lib.pm_map, [prog, ptr, ptr, ptr, ptr, i64, i64]),
     ]:
         fn.restype, fn.argtypes = i64, args
 

@@ -51,27 +51,39 @@ class CPasses(Passes):
         if fn(ctypes.byref(self.struct), *args, torch.get_num_threads()):
             raise MemoryError("circuits: the C passes could not allocate their scratch")
 
-    def log_partition(self, r: Tensor, marginals: bool) -> tuple[Tensor, Tensor | None]:
+    def log_partition(self, r: Tensor, marginals: bool, shift: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         log_z, m = r.new_empty(r.shape[0]), torch.empty_like(r) if marginals else None
-        self._run(self.lib.pm_marginals, r.data_ptr(), None if m is None else m.data_ptr(), log_z.data_ptr(),
-                  r.shape[0])
+        self._run(self.lib.pm_marginals, r.data_ptr(), _pointer(shift), None if m is None else m.data_ptr(),
+                  log_z.data_ptr(), r.shape[0])
         return log_z, m
 
-    def sample(self, r: Tensor, uniforms: Tensor, fill: Tensor | None) -> tuple[Tensor, Tensor]:
+    def sample(self, r: Tensor, uniforms: Tensor, fill: Tensor | None,
+               shift: Tensor | None = None) -> tuple[Tensor, Tensor]:
         uniforms = uniforms.contiguous()
         fill = None if fill is None else fill.contiguous()
         z, log_z = torch.empty_like(r), r.new_empty(r.shape[0])
-        self._run(self.lib.pm_sample, r.data_ptr(), uniforms.data_ptr(), self.uid.data_ptr(),
+        self._run(self.lib.pm_sample, r.data_ptr(), _pointer(shift), uniforms.data_ptr(), self.uid.data_ptr(),
                   None if fill is None else fill.data_ptr(), z.data_ptr(), log_z.data_ptr(), r.shape[0])
         return z, log_z
 
-    def map(self, r: Tensor) -> tuple[Tensor, Tensor]:
+    def map(self, r: Tensor, shift: Tensor | None = None) -> tuple[Tensor, Tensor]:
         z, best = torch.empty_like(r), r.new_empty(r.shape[0])
-        self._run(self.lib.pm_map, r.data_ptr(), z.data_ptr(), best.data_ptr(), r.shape[0])
+        self._run(self.lib.pm_map, r.data_ptr(), _pointer(shift), z.data_ptr(), best.data_ptr(), r.shape[0])
         return z, best
 
-    def marginals_jvp(self, r: Tensor, v: Tensor) -> Tensor:
+    def marginals_jvp(self, r: Tensor, v: Tensor, shift: Tensor | None = None) -> Tensor:
         v = v.contiguous()
         out = torch.empty_like(r)
-        self._run(self.lib.pm_jvp, r.data_ptr(), v.data_ptr(), out.data_ptr(), r.shape[0])
+        self._run(self.lib.pm_jvp, r.data_ptr(), _pointer(shift), v.data_ptr(), out.data_ptr(), r.shape[0])
         return out
+
+
+def _pointer(shift: Tensor | None) -> int | None:
+    """The C view of a shift [T, 1] (one float32 per token), or NULL. The callers' shifts are
+    contiguous (``Circuit._shift``); a strided one is refused rather than copied to a temporary
+    that could be freed before the call."""
+    if shift is None:
+        return None
+    if not shift.is_contiguous() or shift.dtype != torch.float32 or shift.numel() != shift.shape[0]:
+        raise ValueError(f"shift must be a contiguous float32 [T, 1] tensor, got {shift.dtype} {list(shift.shape)}")
+    return shift.data_ptr()

@@ -4,6 +4,9 @@ A ``Passes`` object evaluates one ``Program`` (a layout on one device) for one d
 evaluator (``circuits.Circuit``) picks one per (circuit, dtype) with ``circuits.passes.select``
 and calls nothing else. Inputs are logits r [T, n] of that dtype on that device, contiguous,
 already checked by the caller (the input checks run once per public call, in ``Circuit``).
+Every pass evaluates r - shift, ``shift`` [T, 1] or None (the exactly-k shift of
+``Circuit._shift``): the fused implementations subtract it as they load a tile, the torch passes
+first (``shifted``); the same float subtraction either way, so the same bits.
 Implementations: ``TorchPasses`` (plain tensor operations: the stated meaning of every pass and
 the test oracle of the others), ``CPasses`` (fused C for fp32 on the CPU) and ``TritonPasses``
 (fused Triton kernels for fp32 on CUDA, ``circuits.passes.triton_passes``).
@@ -16,6 +19,11 @@ from torch import Tensor
 from .program import Program
 
 
+def shifted(r: Tensor, shift: Tensor | None) -> Tensor:
+    """r [T, n] less shift [T, 1] (None: r itself)."""
+    return r if shift is None else r - shift
+
+
 class Passes:
     """The passes over ``program``. Subclasses implement every method; none synchronises with the host."""
 
@@ -24,21 +32,22 @@ class Passes:
     def __init__(self, program: Program):
         self.program = program
 
-    def log_partition(self, r: Tensor, marginals: bool) -> tuple[Tensor, Tensor | None]:
+    def log_partition(self, r: Tensor, marginals: bool, shift: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """(log Z [T], P(x_i = 1 | C) [T, n] when ``marginals``, else None): upward, downward."""
         raise NotImplementedError
 
-    def sample(self, r: Tensor, uniforms: Tensor, fill: Tensor | None) -> tuple[Tensor, Tensor]:
+    def sample(self, r: Tensor, uniforms: Tensor, fill: Tensor | None,
+               shift: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(one exact draw z [T, n] in {0, 1}, log Z [T]) from the uniforms of
         ``program.draw_uniforms``: [count, T] and [T, n] (None for a smooth circuit)."""
         raise NotImplementedError
 
-    def map(self, r: Tensor) -> tuple[Tensor, Tensor]:
+    def map(self, r: Tensor, shift: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(the most probable satisfying assignment [T, n] in {0, 1}, its log-value [T]; -inf where
         nothing satisfies)."""
         raise NotImplementedError
 
-    def marginals_jvp(self, r: Tensor, v: Tensor) -> Tensor:
+    def marginals_jvp(self, r: Tensor, v: Tensor, shift: Tensor | None = None) -> Tensor:
         """Cov(z) v = (d marginals / d r) v: r, v [T, n] -> [T, n]."""
         raise NotImplementedError
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..layout import FALSE_SLOT, TRUE_SLOT
-from .interface import Passes
+from .interface import Passes, shifted
 from .program import Group, Program
 from .scratch import ScratchPool
 
@@ -288,18 +288,22 @@ class TorchPasses(Passes):
 
     name = "torch"
 
-    def log_partition(self, r: Tensor, marginals: bool) -> tuple[Tensor, Tensor | None]:
+    def log_partition(self, r: Tensor, marginals: bool, shift: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        r = shifted(r, shift)
         up = upward(self.program, r)
         m = marginals_from_flows(self.program, downward(self.program, up), torch.sigmoid(r)) if marginals else None
         return up.val[-1].clone(), m
 
-    def sample(self, r: Tensor, uniforms: Tensor, fill: Tensor | None) -> tuple[Tensor, Tensor]:
+    def sample(self, r: Tensor, uniforms: Tensor, fill: Tensor | None,
+               shift: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        r = shifted(r, shift)
         up = upward(self.program, r)
         return sample(self.program, r, up, uniforms, fill), up.val[-1].clone()
 
-    def map(self, r: Tensor) -> tuple[Tensor, Tensor]:
+    def map(self, r: Tensor, shift: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        r = shifted(r, shift)
         up = max_upward(self.program, r)
         return map_assignment(self.program, r, up), up.val[-1].clone()
 
-    def marginals_jvp(self, r: Tensor, v: Tensor) -> Tensor:
-        return marginals_jvp(self.program, r, v)
+    def marginals_jvp(self, r: Tensor, v: Tensor, shift: Tensor | None = None) -> Tensor:
+        return marginals_jvp(self.program, shifted(r, shift), v)

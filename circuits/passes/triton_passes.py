@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from . import triton_kernels as K
-from .interface import Passes
+from .interface import Passes, shifted
 from .program import Program
 
 
@@ -62,23 +62,28 @@ class TritonPasses(Passes):
                             prog.num_rows, len(self.nodes), B=self.block, SMOOTH=prog.smooth,
                             num_warps=self.block // 32, enable_fp_fusion=False, **flags)
 
-    def log_partition(self, r: Tensor, marginals: bool) -> tuple[Tensor, Tensor | None]:
+    def log_partition(self, r: Tensor, marginals: bool, shift: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        r = shifted(r, shift)
         log_z, m = r.new_empty(r.shape[0]), torch.empty_like(r) if marginals else None
         self._launch(K.marginals_kernel, r, (r, log_z if m is None else m, log_z), "srss", MARGINALS=marginals)
         return log_z, m
 
-    def sample(self, r: Tensor, uniforms: Tensor, fill: Tensor | None) -> tuple[Tensor, Tensor]:
+    def sample(self, r: Tensor, uniforms: Tensor, fill: Tensor | None,
+               shift: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        r = shifted(r, shift)
         z, log_z = torch.empty_like(r), r.new_empty(r.shape[0])
         fill = uniforms if fill is None else fill.contiguous()  # unread when the circuit is smooth
         self._launch(K.sample_kernel, r, (r, uniforms.contiguous(), fill, z, log_z), "srss")
         return z, log_z
 
-    def map(self, r: Tensor) -> tuple[Tensor, Tensor]:
+    def map(self, r: Tensor, shift: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        r = shifted(r, shift)
         z, best = torch.empty_like(r), r.new_empty(r.shape[0])
         self._launch(K.map_kernel, r, (r, z, best), "srs", (self.imp_off, self.imp_var))
         return z, best
 
-    def marginals_jvp(self, r: Tensor, v: Tensor) -> Tensor:
+    def marginals_jvp(self, r: Tensor, v: Tensor, shift: Tensor | None = None) -> Tensor:
+        r = shifted(r, shift)
         out = torch.empty_like(r)
         self._launch(K.jvp_kernel, r, (r, v.contiguous(), out), "srssrss")
         return out

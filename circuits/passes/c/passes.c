@@ -257,6 +257,14 @@ static void load_tile(const float *src, int64_t n, int64_t t0, int64_t nt, float
         for (int64_t t = nt16; t < TILE; t++) dst[i * TILE + t] = t < nt ? src[(t0 + t) * n + i] : pad;
 }
 
+/* dst [n][TILE] -= shift[t0 + t] on the tile's nt lanes (the exactly-k shift; shift NULL: none).
+ * The same float subtraction as r - shift in torch, so the passes see the same bits. */
+static void shift_tile(const float *shift, int64_t n, int64_t t0, int64_t nt, float *dst) {
+    if (!shift) return;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t t = 0; t < nt; t++) dst[i * TILE + t] -= shift[t0 + t];
+}
+
 /* src [n][TILE] -> dst [T, n] rows t0..t0+nt: 16 x 16 blocks, then the rest. */
 static void store_tile(const float *src, int64_t n, int64_t t0, int64_t nt, float *dst) {
     const int64_t n16 = n & ~(int64_t)15, nt16 = nt & ~(int64_t)15;
@@ -331,14 +339,15 @@ static void upward(const Prog *P, float *val, float *ex, float *norm, float *dva
  * fill [T, n]: uniforms for implicit variables (unused when the circuit is smooth).
  * logz [T]: the root's log-value, for the caller's checks. Returns 0, or -1 when scratch cannot
  * be allocated. */
-static int64_t sample_tile(const Prog *P, const float *r, const float *U, const int64_t *uid, const float *fill,
-                           float *z, float *logz, int64_t T, int64_t t0, int64_t nt) {
+static int64_t sample_tile(const Prog *P, const float *r, const float *shift, const float *U, const int64_t *uid,
+                           const float *fill, float *z, float *logz, int64_t T, int64_t t0, int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
     float *buf = pm_scratch((size_t)(3 * n + 3 * S + R + 1) * TILE);
     if (!buf) return -1;
     float *rt = buf, *p = rt + n * TILE, *fl = p + n * TILE, *val = fl + n * TILE, *norm = val + S * TILE;
     float *act = norm + S * TILE, *ex = act + S * TILE, *top = ex + R * TILE; /* fl: the fill's uniforms */
     load_tile(r, n, t0, nt, 0.0f, rt);
+    shift_tile(shift, n, t0, nt, rt);
     leaves(n, rt, val, P->smooth ? NULL : p);
     upward(P, val, ex, norm, NULL, top);
     memcpy(logz + t0, val + (S - 1) * TILE, nt * sizeof(float));
@@ -379,13 +388,15 @@ static int64_t sample_tile(const Prog *P, const float *r, const float *U, const 
 
 /* log Z and, when m != NULL, the marginals (torch_passes.upward, downward and marginals_from_flows)
  * for tokens t0..t0+nt (one tile): r, m [T, n], logz [T]. Returns 0, or -1. */
-static int64_t marginals_tile(const Prog *P, const float *r, float *m, float *logz, int64_t t0, int64_t nt) {
+static int64_t marginals_tile(const Prog *P, const float *r, const float *shift, float *m, float *logz, int64_t t0,
+                              int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
     float *buf = pm_scratch((size_t)(2 * n + 3 * S + R + 2) * TILE);
     if (!buf) return -1;
     float *rt = buf, *p = rt + n * TILE, *val = p + n * TILE, *norm = val + S * TILE, *g = norm + S * TILE;
     float *ex = g + S * TILE, *top = ex + R * TILE, *coef = top + TILE;
     load_tile(r, n, t0, nt, 0.0f, rt);
+    shift_tile(shift, n, t0, nt, rt);
     leaves(n, rt, val, P->smooth || !m ? NULL : p);
     upward(P, val, ex, norm, NULL, top);
     memcpy(logz + t0, val + (S - 1) * TILE, nt * sizeof(float));
@@ -415,13 +426,15 @@ static int64_t marginals_tile(const Prog *P, const float *r, float *m, float *lo
  * z [T, n]; best [T]: the root's max log-value (-inf exactly when no assignment satisfies). An implicit
  * variable adds log max(p, 1 - p) to its element on the way up and takes r > 0 in the end; each
  * node takes its first maximal element. Returns 0, or -1. */
-static int64_t map_tile(const Prog *P, const float *r, float *z, float *best, int64_t t0, int64_t nt) {
+static int64_t map_tile(const Prog *P, const float *r, const float *shift, float *z, float *best, int64_t t0,
+                        int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
     float *buf = pm_scratch((size_t)(2 * n + 2 * S + R + 2) * TILE);
     if (!buf) return -1;
     float *rt = buf, *h = rt + n * TILE, *val = h + n * TILE, *act = val + S * TILE, *ex = act + S * TILE;
     float *gap = ex + R * TILE, *found = gap + TILE;
     load_tile(r, n, t0, nt, 0.0f, rt);
+    shift_tile(shift, n, t0, nt, rt);
     leaves(n, rt, val, NULL);
     for (int64_t i = 0; i < n * TILE; i++) h[i] = max2(val[2 * TILE + i], val[(2 + n) * TILE + i]);
     for (int64_t d = 0; d < P->num_nodes; d++) { /* max-product upward */
@@ -459,7 +472,8 @@ static int64_t map_tile(const Prog *P, const float *r, float *z, float *best, in
 
 /* Cov(z) v (torch_passes.marginals_jvp) of one tile, tokens t0..t0+nt: r, v, out [T, n]. Forward-mode
  * tangents through the upward pass, then flows g and their tangents dg down. Returns 0, or -1. */
-static int64_t jvp_tile(const Prog *P, const float *r, const float *v, float *out, int64_t t0, int64_t nt) {
+static int64_t jvp_tile(const Prog *P, const float *r, const float *shift, const float *v, float *out, int64_t t0,
+                        int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
     float *buf = pm_scratch((size_t)(3 * n + 6 * S + R + 3) * TILE);
     if (!buf) return -1;
@@ -467,6 +481,7 @@ static int64_t jvp_tile(const Prog *P, const float *r, const float *v, float *ou
     float *norm = dval + S * TILE, *g = norm + S * TILE, *dg = g + S * TILE, *ex = dg + S * TILE;
     float *top = ex + R * TILE, *coef = top + TILE, *dcoef = coef + TILE;
     load_tile(r, n, t0, nt, 0.0f, rt);
+    shift_tile(shift, n, t0, nt, rt);
     load_tile(v, n, t0, nt, 0.0f, vt);
     leaves(n, rt, val, p);
     memset(dval, 0, 2 * TILE * sizeof(float));
@@ -521,19 +536,22 @@ static int64_t jvp_tile(const Prog *P, const float *r, const float *v, float *ou
     }                                                                                                          \
     return failed ? -1 : 0
 
-int64_t pm_sample(const Prog *P, const float *r, const float *U, const int64_t *uid, const float *fill,
-                  float *z, float *logz, int64_t T, int64_t threads) {
-    OVER_TILES(T, sample_tile(P, r, U, uid, fill, z, logz, T, t0, nt));
+int64_t pm_sample(const Prog *P, const float *r, const float *shift, const float *U, const int64_t *uid,
+                  const float *fill, float *z, float *logz, int64_t T, int64_t threads) {
+    OVER_TILES(T, sample_tile(P, r, shift, U, uid, fill, z, logz, T, t0, nt));
 }
 
-int64_t pm_jvp(const Prog *P, const float *r, const float *v, float *out, int64_t T, int64_t threads) {
-    OVER_TILES(T, jvp_tile(P, r, v, out, t0, nt));
+int64_t pm_jvp(const Prog *P, const float *r, const float *shift, const float *v, float *out, int64_t T,
+               int64_t threads) {
+    OVER_TILES(T, jvp_tile(P, r, shift, v, out, t0, nt));
 }
 
-int64_t pm_marginals(const Prog *P, const float *r, float *m, float *logz, int64_t T, int64_t threads) {
-    OVER_TILES(T, marginals_tile(P, r, m, logz, t0, nt));
+int64_t pm_marginals(const Prog *P, const float *r, const float *shift, float *m, float *logz, int64_t T,
+                     int64_t threads) {
+    OVER_TILES(T, marginals_tile(P, r, shift, m, logz, t0, nt));
 }
 
-int64_t pm_map(const Prog *P, const float *r, float *z, float *best, int64_t T, int64_t threads) {
-    OVER_TILES(T, map_tile(P, r, z, best, t0, nt));
+int64_t pm_map(const Prog *P, const float *r, const float *shift, float *z, float *best, int64_t T,
+               int64_t threads) {
+    OVER_TILES(T, map_tile(P, r, shift, z, best, t0, nt));
 }
