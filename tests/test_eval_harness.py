@@ -177,7 +177,9 @@ def test_bad_input_is_refused(setup, capsys):
     cases = [(["--tasks", "tiny_mcq"], "unknown task(s) 'tiny_mcq' (did you mean tiny_mc"),
              (["--tasks", "tiny_mc,"], "comma-separated list"),
              (["--tasks", "tiny_unsafe"], "unsafe"),
-             (["--tasks", "tiny_mc", "--data", "x.jsonl"], "either --data")]
+             (["--tasks", "tiny_mc", "--data", "x.jsonl"], "either --data"),
+             (["--tasks", "tiny_mc", "--max-new-tokens", "8", "--skip-generation"],
+              "--max-new-tokens, --skip-generation apply to --data (GSM8K) only")]
     for flags, message in cases:
         with pytest.raises(SystemExit) as e:
             _run(setup, setup / "bad", *flags)

@@ -26,12 +26,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="records with 'question' and 'answer' (GSM8K test set): .jsonl, .json or "
                    ".parquet; or --tasks")
     p.add_argument("--limit", type=common.positive_int, help="the first N problems (of each task) only")
-    p.add_argument("--max-new-tokens", type=common.positive_int, default=256)
+    p.add_argument("--max-new-tokens", type=common.positive_int, help="GSM8K: tokens generated per answer (default 256)")
     p.add_argument("--batch-size", type=common.positive_int, default=16)
-    p.add_argument("--max-length", type=common.positive_int, default=1024, help="tokens per example for the loss")
+    p.add_argument("--max-length", type=common.positive_int, help="GSM8K: tokens per example for the loss "
+                   "(default 1024)")
     p.add_argument("--output", help="results folder (default: <checkpoint>/eval-<method>, eval-saved for the "
                    "routing saved with the checkpoint)")
-    p.add_argument("--skip-generation", action="store_true", help="only the answer loss")
+    p.add_argument("--skip-generation", action="store_true", help="GSM8K: only the answer loss")
     common.add_routing_flags(p, required=False)
     common.add_model_flags(p)
     evaluate_tasks.add_flags(p)
@@ -46,7 +47,14 @@ def main(argv=None) -> int:
     if (args.data is None) == (args.tasks is None):
         p.error("give either --data (GSM8K exact match) or --tasks (LM Evaluation Harness tasks)")
     if args.tasks is not None:
+        given = [flag for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--max-length", args.max_length),
+                                          ("--skip-generation", args.skip_generation or None)) if value is not None]
+        if given:
+            p.error(f"{', '.join(given)} apply to --data (GSM8K) only; with --tasks the harness's task settings "
+                    "decide generation lengths")
         return evaluate_tasks.main(p, args)
+    args.max_new_tokens = args.max_new_tokens or 256
+    args.max_length = args.max_length or 1024
 
     def body():
         import torch
