@@ -103,6 +103,7 @@ def test_resume_refuses_other_settings_and_damaged_state(tmp_path, data, capsys)
     with pytest.raises(SystemExit):  # a linear schedule over 2 steps does not continue to 3
         run(*args, "--max-steps", 3, "--output-dir", tmp_path / "b", "--resume", ckpt)
     assert "schedule_steps: checkpoint 2, now 3" in capsys.readouterr().err
+
     before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "a").rglob("*")}
     with pytest.raises(SystemExit):  # the same folder again without --resume
         run(*args, "--max-steps", 2, "--output-dir", tmp_path / "a")
@@ -140,6 +141,20 @@ def _bad(tmp_path, capsys, *argv):
     assert e.value.code == 2
     assert not out.exists(), "the command wrote before it checked its input"
     return capsys.readouterr().err
+
+
+def test_resume_refuses_the_same_file_read_as_another_format(tmp_path, capsys):
+    """A file with the fields of two formats, trained as question/answer, resumed as plain text:
+    other examples, so refused with the difference named."""
+    path = tmp_path / "both.jsonl"
+    path.write_text("".join(json.dumps({"question": f"what is {i} + 1?", "answer": f"{i + 1}",
+                                        "text": f"{i} plus one is {i + 1}"}) + "\n" for i in range(16)))
+    args = ["--model", "tiny-olmoe", "--data", path, "--batch-size", 2, "--max-steps", 2, "--save-every", 1]
+    run(*args, "--output-dir", tmp_path / "a", "--data-format", "question-answer", "--stop-after", 1)
+    with pytest.raises(SystemExit) as e:
+        run(*args, "--output-dir", tmp_path / "a", "--resume", "latest", "--data-format", "text")
+    assert e.value.code == 2
+    assert "data_format: checkpoint 'question-answer', now 'text'" in capsys.readouterr().err
 
 
 def test_bad_input_is_refused_before_training(tmp_path, capsys, data):

@@ -112,9 +112,11 @@ def routing_summary(model, attention_mask: torch.Tensor) -> list[dict]:
     return out
 
 
-def fingerprint(cfg: TrainConfig, world, total_steps: int) -> dict:
-    """The settings an exact resume must share (``state.RESUME_KEYS``)."""
-    fields = asdict(cfg)
+def fingerprint(cfg: TrainConfig, world, total_steps: int, data_format: str) -> dict:
+    """The settings an exact resume must share (``state.RESUME_KEYS``); ``data_format`` is the format
+    the records were read in (given or detected: the same file read as another format is other
+    examples)."""
+    fields = {**asdict(cfg), "data_format": data_format}
     with open(cfg.data, "rb") as f:
         fields["data_sha256"] = hashlib.sha256(f.read()).hexdigest()
     fields.update(world_size=world.size, device_type=world.device.type,
@@ -168,7 +170,7 @@ class Trainer:
         self.total_steps = cfg.max_steps if cfg.max_steps is not None else \
             max(1, math.floor(cfg.epochs * self.steps_per_epoch))
         self.end = self.total_steps if cfg.stop_after is None else min(cfg.stop_after, self.total_steps)
-        self.fingerprint = fingerprint(cfg, world, self.total_steps)
+        self.fingerprint = fingerprint(cfg, world, self.total_steps, self.records.format)
         manifest = None
         if self.resume_dir is not None:
             manifest = state.read_manifest(self.resume_dir)
