@@ -127,12 +127,18 @@ class Circuit:
         if not self.validate or r.shape[0] == 0:
             return
         # a variable the circuit leaves implicit never reaches log Z, so look at r too
-        fine = torch.isfinite(log_z).all() & ~(torch.isnan(r) | torch.isposinf(r)).any()
+        if not torch.compiler.is_compiling() and bool(torch.isfinite(log_z).all() &
+                                                      ~(torch.isnan(r) | torch.isposinf(r)).any()):
+            return  # the one host sync of a call that passes
+        checks.no_nan_or_posinf(r)
+        self._require_satisfied(r, log_z)
+
+    def _require_satisfied(self, r: Tensor, log_z: Tensor) -> None:
+        """Raise ValueError naming the first row whose log Z [T] is not finite (r [T, n]: its
+        logits, for the message); an assertion in the graph under torch.compile."""
         if torch.compiler.is_compiling():
-            checks.no_nan_or_posinf(r)
             checks.require(torch.isfinite(log_z).all(), self._unsatisfiable())
-        elif not bool(fine):
-            checks.no_nan_or_posinf(r)
+        elif not bool(torch.isfinite(log_z).all()):
             raise ValueError(self._unsatisfiable(r, int((~torch.isfinite(log_z)).nonzero()[0, 0])))
 
     def _unsatisfiable(self, r: Tensor | None = None, row: int | None = None) -> str:
@@ -156,10 +162,7 @@ class Circuit:
         r, _ = self._inputs(logits)
         live = torch.where(r > -torch.inf, 0.0, -torch.inf).to(r.dtype)  # [T, n]
         log_z, _ = torch.ops.circuits.log_partition(live, self.handle, False)
-        if torch.compiler.is_compiling():
-            checks.require(torch.isfinite(log_z).all(), self._unsatisfiable())
-        elif r.shape[0] and not bool(torch.isfinite(log_z).all()):
-            raise ValueError(self._unsatisfiable(live, int((~torch.isfinite(log_z)).nonzero()[0, 0])))
+        self._require_satisfied(live, log_z)
 
     def _shift(self, r: Tensor) -> Tensor | None:
         """What the passes subtract from checked logits r [T, n]: each row's k-th largest logit,
