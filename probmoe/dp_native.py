@@ -22,9 +22,10 @@ from circuits.native.uniforms import uniforms
 
 def _declare(lib: ctypes.CDLL) -> None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.dp_forward.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64]
-    lib.dp_cov_vec.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i64]
-    lib.dp_forward.restype = lib.dp_cov_vec.restype = i64
+    lib.dp_forward.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64]
+    lib.dp_cov_vec.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i64, i64]
+    lib.dp_forward_lanes.argtypes = [i64, i64]
+    lib.dp_forward.restype = lib.dp_cov_vec.restype = lib.dp_forward_lanes.restype = i64
 
 
 NATIVE = NativeLibrary("cardinality", [Path(__file__).with_name("native") / "cardinality.c", SCRATCH, VMATH], _declare,
@@ -47,22 +48,29 @@ def _checked(r: Tensor, kmin: int, kmax: int) -> Tensor:
     return r.contiguous()
 
 
-def _run(fn, *args) -> None:
-    """Call a C entry point with torch's thread count (OpenMP threads inside; ctypes releases the GIL)."""
-    if fn(*args, torch.get_num_threads()):
+def _run(fn, *args) -> int:
+    """Call a C entry point with torch's thread count (OpenMP threads inside; ctypes releases the
+    GIL); returns how many tiles of tokens took the linear sweep."""
+    linear_tiles = fn(*args, torch.get_num_threads())
+    if linear_tiles < 0:
         raise MemoryError("probmoe.dp: the C DP could not allocate its scratch")
+    return linear_tiles
 
 
 def _ptr(x: Tensor | None):
     return None if x is None else x.data_ptr()
 
 
-def forward_marginals(r: Tensor, kmin: int, kmax: int, seed: Tensor | None, values: bool) -> tuple[Tensor, Tensor]:
+def forward_marginals(r: Tensor, kmin: int, kmax: int, seed: Tensor | None, values: bool, *,
+                      linear: bool = True) -> tuple[Tensor, Tensor]:
     """(m [T, N] or zeros, one draw z [T, N] or an empty tensor) for r [T, N] float32 on the CPU.
 
     m: the marginals P(i ∈ S | C) when ``values`` (else zeros). z: one exact draw in {0, 1} when
     a ``seed`` is given, from ``uniforms(seed, (N + 1) T)`` as ``dp.down`` with one sample (the
     sizes [T], then the experts [N, T]).
+    linear: let tiles of tokens whose logits allow it sweep the lattice as numbers instead of
+    logarithms (no exp or log per state; ``cardinality.c`` says when); False: the log sweep
+    everywhere (the two are tested against each other).
     """
     r = _checked(r, kmin, kmax)
     T, N = r.shape
@@ -71,16 +79,30 @@ def forward_marginals(r: Tensor, kmin: int, kmax: int, seed: Tensor | None, valu
     z = torch.empty_like(r) if want_sample else None
     rand = uniforms(seed, (N + 1) * T, r.device, r.dtype) if want_sample else None  # [(N + 1) T]
     if values or want_sample:
-        _run(library().dp_forward, r.data_ptr(), _ptr(rand), _ptr(m), _ptr(z), T, N, kmin, kmax)
+        _run(library().dp_forward, r.data_ptr(), _ptr(rand), _ptr(m), _ptr(z), T, N, kmin, kmax, int(linear))
     return (m if values else torch.zeros_like(r)), (z if want_sample else r.new_empty(0))
 
 
-def cov_vec(r: Tensor, v: Tensor, kmin: int, kmax: int) -> Tensor:
-    """Cov(z) v = (d m / d r) v from r alone (``dp.cov_vec``): r, v [T, N] -> [T, N] float32."""
+def cov_vec(r: Tensor, v: Tensor, kmin: int, kmax: int, *, linear: bool = True) -> Tensor:
+    """Cov(z) v = (d m / d r) v from r alone (``dp.cov_vec``): r, v [T, N] -> [T, N] float32;
+    ``linear`` as in ``forward_marginals``."""
     r = _checked(r, kmin, kmax)
     if v.shape != r.shape:
         raise ValueError(f"cov_vec: v {tuple(v.shape)} must have the shape of r {tuple(r.shape)}")
     v = v.to(torch.float32).contiguous()
     out = torch.empty_like(r)
-    _run(library().dp_cov_vec, r.data_ptr(), v.data_ptr(), out.data_ptr(), r.shape[0], r.shape[1], kmin, kmax)
+    _run(library().dp_cov_vec, r.data_ptr(), v.data_ptr(), out.data_ptr(), r.shape[0], r.shape[1], kmin, kmax,
+         int(linear))
     return out
+
+
+def linear_tiles(r: Tensor, kmin: int, kmax: int) -> tuple[int, int]:
+    """(tiles that take the linear sweep, tiles) for logits r [T, N] float32 on the CPU: how much
+    of a batch runs without an exp or log per lattice state (``cardinality.c``, "The linear
+    sweep"). A tile holds up to 128 tokens (fewer for large N * kmax); one token whose logits are
+    spread too far apart sends its whole tile to the log sweep. For diagnostics and tests."""
+    r = _checked(r, kmin, kmax)
+    T, N = r.shape
+    m = torch.empty_like(r)
+    done = _run(library().dp_forward, r.data_ptr(), None, m.data_ptr(), None, T, N, kmin, kmax, 1)
+    return done, -(-T // library().dp_forward_lanes(N, kmax))

@@ -35,7 +35,8 @@ def check_against_torch(r, kmin, kmax, seed=0, dtype=torch.float64):
     m, z = dp_native.forward_marginals(r, kmin, kmax, seed_tensor(torch.Generator().manual_seed(seed)), True)
     m_ref, z_ref = torch_reference(r, kmin, kmax, seed, dtype)
     torch.testing.assert_close(m.to(dtype), m_ref, atol=1e-5, rtol=0, equal_nan=True)
-    assert torch.equal(z.to(dtype), z_ref)
+    feasible = ~m_ref.isnan().any(-1)  # an infeasible row (NaN marginals) has no distribution to draw from
+    assert torch.equal(z.to(dtype)[feasible], z_ref[feasible])
     cov = dp_native.cov_vec(r, v, kmin, kmax)
     torch.testing.assert_close(cov.to(dtype), dp.cov_vec(r.to(dtype), v.to(dtype), kmin, kmax), atol=1e-5, rtol=0,
                                equal_nan=True)
@@ -89,6 +90,69 @@ def test_extreme_logits():
         assert (z[0:20, :5] == 0).all() and (m[0:20, :5] == 0).all()
         if kmin == 4:
             assert (z[80:100, 12:] == 1).all() and (z[80:100, :12] == 0).all()
+
+
+def log_sweep_reference(r, kmin, kmax, seed, v):
+    """(m, z, Cov(z) v) of the C DP with the linear sweep turned off."""
+    m, z = dp_native.forward_marginals(r, kmin, kmax, seed_tensor(torch.Generator().manual_seed(seed)), True,
+                                       linear=False)
+    return m, z, dp_native.cov_vec(r, v, kmin, kmax, linear=False)
+
+
+@needs_native
+@pytest.mark.parametrize("T,N,kmin,kmax,scale", [
+    (300, 64, 8, 8, 3.0),
+    (300, 64, 4, 8, 4.0),
+    (200, 256, 16, 16, 2.0),
+    (100, 256, 1, 16, 2.4),  # near the edge: some tiles sweep linearly, some do not
+    (130, 9, 0, 9, 5.0),
+    (64, 32, 3, 6, 0.0),  # ties everywhere
+])
+def test_the_linear_sweep_matches_the_log_sweep(T, N, kmin, kmax, scale):
+    """Tiles whose logits allow it sweep the lattice as numbers (no exp or log per state); the
+    marginals, Cov(z) v and draws equal those of the log sweep and of the float64 torch DP, -inf
+    logits included, and most tiles of these logits do take the linear sweep."""
+    g = torch.Generator().manual_seed(T + N)
+    r = torch.randn(T, N, generator=g) * scale
+    r[:7, : N - kmax] = -torch.inf  # fewer finite logits: w = 0 exactly, unreachable states
+    v = torch.randn(T, N, generator=g)
+    done, tiles = dp_native.linear_tiles(r, kmin, kmax)
+    assert done >= tiles // 2, (done, tiles)
+    m, z = check_against_torch(r, kmin, kmax, seed=T)
+    m_log, z_log, cov_log = log_sweep_reference(r, kmin, kmax, T, v)
+    torch.testing.assert_close(m, m_log, atol=2e-6, rtol=0)
+    assert (z != z_log).any(-1).sum() <= max(1, T // 1000)  # only rounding at a boundary may differ
+    torch.testing.assert_close(dp_native.cov_vec(r, v, kmin, kmax), cov_log, atol=1e-5, rtol=0)
+
+
+@needs_native
+def test_far_spread_tiles_take_the_log_sweep():
+    """One row of ±1e4 logits sends its tile to the log sweep and leaves the others linear; a
+    row spread just past what the linear sweep can hold (its states would fall below 2^-120)
+    does the same; every row matches the float64 torch DP either way."""
+    g = torch.Generator().manual_seed(4)
+    r = torch.randn(512, 64, generator=g)  # 4 tiles of 128 tokens
+    assert dp_native.linear_tiles(r, 8, 8) == (4, 4)
+    r[5, ::2], r[5, 1::2] = 1e4, -1e4  # tile 0
+    r[300] = torch.linspace(-60.0, 0.0, 64)  # tile 2: e_8 of the first experts ~ e^-470
+    assert dp_native.linear_tiles(r, 8, 8) == (2, 4)
+    check_against_torch(torch.cat([r[:5], r[6:]]), 8, 8, seed=1)
+    check_against_torch(r, 8, 8, seed=2, dtype=torch.float32)
+    check_against_torch(r, 2, 8, seed=3, dtype=torch.float32)
+
+
+@needs_native
+def test_the_linear_sweep_at_the_edge_of_its_range():
+    """Rows scaled from well inside to past the linear sweep's range: wherever a tile ends up,
+    the marginals and Cov(z) v match the float64 torch DP (a state that fell below the floor
+    unnoticed would show here as a wrong marginal)."""
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(16, 256, generator=g)
+    r = torch.cat([base * s for s in torch.linspace(1.5, 3.5, 16).tolist()])  # tiles of 32 tokens here
+    done, tiles = dp_native.linear_tiles(r, 16, 16)
+    assert 0 < done < tiles, (done, tiles)
+    check_against_torch(r, 16, 16, seed=6)
+    check_against_torch(r, 1, 16, seed=7)
 
 
 @needs_native

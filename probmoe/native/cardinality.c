@@ -23,6 +23,7 @@
 #include <string.h>
 
 void pm_exp(float *x, int64_t n);
+void pm_log(float *x, int64_t n);
 void pm_log1p(float *x, int64_t n);
 
 #define LOG_ZERO (-1e30f) /* dp.LOG_ZERO */
@@ -40,11 +41,13 @@ static inline float max2(float a, float b) { return a > b ? a : b; }
 
 typedef struct {
     int64_t T, N, kmin, K1, B; /* tokens, experts, smallest size, kmax + 1, lanes per tile */
+    int64_t linear;            /* whether tiles may take the linear sweep (0: always the log sweep) */
 } Dims;
 
 /* One tile's buffers, carved from its thread's scratch (NULL: not used by this entry point). */
 typedef struct {
     float *rt, *vt;        /* [N][B]: tilted logits; tangents */
+    float *wt;             /* [N][B]: the linear sweep's weights exp(r - tau) */
     float *W, *dW;         /* [N][K1][B] */
     float *L, *D;          /* [2][K1 + 1][B]: L[i] and L[i + 1] for j = -1..K, alternating; their tangents */
     float *take, *g;       /* [K1][B]: an up step's scratch */
@@ -63,6 +66,7 @@ static int64_t carve(Tile *w, const Dims *d, int tangents, int sampling, float *
     (w->field = (used) && base ? (type *)(base + at) : NULL, at += (used) ? (n) : 0)
     SLICE(rt, float, N * B, 1);
     SLICE(vt, float, N * B, tangents);
+    SLICE(wt, float, N * B, 1);
     SLICE(W, float, N * K1 * B, 1);
     SLICE(dW, float, N * K1 * B, tangents);
     SLICE(L, float, 2 * (K1 + 1) * B, 1);
@@ -180,27 +184,143 @@ static void tangent_step(int64_t K1, int64_t B, const float *restrict lo, float 
         }
 }
 
-/* The up sweep (dp.up) of tokens t0..t0+nt of r [T, N]: rt, tau, W, and with v [T, N] also vt, D
- * and dW. Returns L[N] [K1][B] (tilted); *dtop = D[N] [K1][B] with v. */
-static const float *up_sweep(const Dims *d, const Tile *w, const float *r, const float *v, int64_t t0, int64_t nt,
-                             const float **dtop) {
-    const int64_t N = d->N, K1 = d->K1, B = d->B, level = (K1 + 1) * B;
-    load_rows(d, r, t0, nt, w->rt);
-    tilt(d, w->rt, w->tau);
-    for (int64_t k = 0; k < 2 * level; k++) w->L[k] = LOG_ZERO;
-    for (int64_t t = 0; t < B; t++) w->L[B + t] = 0.0f; /* the empty set: L[0, 0] = 0 */
-    if (v) {
-        load_rows(d, v, t0, nt, w->vt);
-        memset(w->D, 0, 2 * level * sizeof(float));
+/* The linear sweep. Where a tile's logits allow it, the lattice holds numbers, not logarithms:
+ * L[i, j] = 2^-s e_j(w_0..w_{i-1}), the j-th elementary symmetric sum of w = exp(r - tau) with tau
+ * the row max, as the log sweep's tilt. A step is then one multiply-add per state, L[i + 1, j] =
+ * L[i, j] + w_i L[i, j-1], and W[i, j] = w_i L[i, j-1] / L[i + 1, j] one division: no exp or
+ * log1p per state as in the log sweep.
+ *
+ * The numbers stay within float32: no state exceeds e^U with U = max over j <= kmax of
+ * j log(sum w) - log j! (each j-subset is one of the j! orderings counted in (sum w)^j), so the
+ * scale 2^-s with s = ceil(U / ln 2) - 126 keeps every state below 2^127. Small states are checked
+ * as they are made: a reachable state (j no more than the finite logits so far) below 2^-120
+ * marks its lane. Above it a state is a normal float, and the rounding of a term that fell below
+ * 2^-126 (2^-150 at most) is 2^-30 of it. A tile with a marked lane is swept again on
+ * logarithms, whose tilt and LOG_ZERO take any logits; the marks are looked at every 16 experts,
+ * so such a tile stops early. That happens for logits spread far apart (measured, tiles of 4096
+ * tokens that sweep linearly: exactly 16 of 256 experts at logits N(0, s^2), 127 of 128 at s = 2,
+ * 111 at 2.5, 8 at 3; exactly 8 of 64, all 32 at s = 3, 22 at 5), and for ±1e4, NaN, +inf or rows
+ * without a finite logit (the last three refused before the sweep). -inf logits are w = 0 exactly; unreachable states
+ * are exactly 0, W = 0. */
+#define LINEAR_TOP 126 /* log2 of the largest state's bound after scaling */
+#define LINEAR_FLOOR 0x1p-120f /* the smallest reachable state the linear sweep accepts */
+
+/* The linear sweep's setup for a tile's logits rt [N][B] (not tilted): tau [B] (the row max), wt
+ * [N][B] = exp(rt - tau), and s [B], the scale's power of two. Returns 0 (the tile takes the log
+ * sweep) when a lane has no finite row max, a NaN or +inf, or a bound U too large for the range
+ * between 2^-120 and 2^126. sum, U: [B] scratch. */
+static int linear_setup(const Dims *d, const float *restrict rt, float *restrict wt, float *restrict tau,
+                        float *restrict s, float *restrict sum, float *restrict U) {
+    const int64_t N = d->N, K1 = d->K1, B = d->B;
+    for (int64_t t = 0; t < B; t++) tau[t] = -INFINITY;
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t t = 0; t < B; t++) tau[t] = max2(tau[t], rt[i * B + t]);
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t t = 0; t < B; t++) wt[i * B + t] = rt[i * B + t] - tau[t]; /* <= 0; -inf stays -inf */
+    pm_exp(wt, N * B);
+    memset(sum, 0, B * sizeof(float));
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t t = 0; t < B; t++) sum[t] += wt[i * B + t];
+    pm_log(sum, B); /* log sum w, in [0, log N] for finite logits; NaN for a NaN */
+    memset(U, 0, B * sizeof(float));
+    float log_fact = 0.0f; /* log j! */
+    for (int64_t j = 1; j < K1; j++) {
+        log_fact += logf((float)j);
+        for (int64_t t = 0; t < B; t++) U[t] = max2(U[t], (float)j * sum[t] - log_fact);
     }
+    int ok = 1;
+    for (int64_t t = 0; t < B; t++) {
+        const float bits = U[t] * 1.44269502f; /* log2 of the bound */
+        ok &= isfinite(tau[t]) && sum[t] == sum[t] && bits <= (float)(LINEAR_TOP + 100); /* NaN fails */
+        s[t] = ok ? ceilf(bits) - (float)LINEAR_TOP : 0.0f;
+    }
+    return ok;
+}
+
+/* One step of the linear sweep for expert i: lo = L[i], hi = L[i + 1] ([K1 + 1][B], row 0 is
+ * j = -1, always 0), wi = w_i [B], w = W[i] [K1][B]: L[i + 1, j] = L[i, j] + w_i L[i, j-1] and
+ * W[i, j] = w_i L[i, j-1] / L[i + 1, j] (0 for an unreachable state, and at j = 0). reach [B]: the
+ * finite logits among experts 0..i; a reachable state (j <= reach) below LINEAR_FLOOR sets
+ * low [B] to 1. */
+static void up_step_linear(int64_t K1, int64_t B, const float *restrict lo, float *restrict hi,
+                           const float *restrict wi, float *restrict w, const float *restrict reach,
+                           float *restrict low) {
+    const float *prev = lo, *cur = lo + B;
+    float *next = hi + B;
+    for (int64_t j = 0; j < K1; j++) {
+        const float jf = (float)j;
+        for (int64_t t = 0; t < B; t++) {
+            const int64_t k = j * B + t;
+            const float take = prev[k] * wi[t], nx = cur[k] + take;
+            next[k] = nx;
+            w[k] = nx > 0.0f ? take / nx : 0.0f;
+            low[t] = jf <= reach[t] && nx < LINEAR_FLOOR ? 1.0f : low[t];
+        }
+    }
+}
+
+/* The linear sweep's last row as the log sweep's: top [K1][B] = log L[N, j] + s ln 2, the log
+ * count tilted by tau (LOG_ZERO where the state is unreachable). */
+static void linear_to_log(int64_t K1, int64_t B, float *restrict top, const float *restrict s) {
+    for (int64_t k = 0; k < K1 * B; k++) top[k] = top[k] > 0.0f ? top[k] : -1.0f; /* -1: marks 0 */
+    pm_log(top, K1 * B); /* log of -1: NaN, replaced below */
+    for (int64_t j = 0; j < K1; j++)
+        for (int64_t t = 0; t < B; t++) {
+            const int64_t k = j * B + t;
+            top[k] = top[k] == top[k] ? top[k] + s[t] * 0.693147182f : LOG_ZERO;
+        }
+}
+
+/* The sweeps of up_sweep after its setup: linear (then L holds numbers; returns 0 when a lane
+ * went below LINEAR_FLOOR, 1 otherwise) or on logarithms (returns 1). */
+static int sweep(const Dims *d, const Tile *w, int linear) {
+    const int64_t N = d->N, K1 = d->K1, B = d->B, level = (K1 + 1) * B;
+    float *reach = w->take, *low = w->g; /* [B]: free in the linear sweep */
+    if (linear) {
+        memset(w->L, 0, 2 * level * sizeof(float));
+        for (int64_t t = 0; t < B; t++) w->L[B + t] = ldexpf(1.0f, -(int)w->A[t]); /* the empty set: 2^-s */
+        memset(reach, 0, B * sizeof(float));
+        memset(low, 0, B * sizeof(float));
+    } else {
+        for (int64_t k = 0; k < 2 * level; k++) w->L[k] = LOG_ZERO;
+        for (int64_t t = 0; t < B; t++) w->L[B + t] = 0.0f; /* the empty set: L[0, 0] = 0 */
+    }
+    if (w->vt) memset(w->D, 0, 2 * level * sizeof(float));
     for (int64_t i = 0; i < N; i++) {
         const int64_t a = (i % 2) * level, b = ((i + 1) % 2) * level;
         float *wi = w->W + i * K1 * B;
-        up_step(K1, B, w->L + a, w->L + b, w->rt + i * B, wi, w->take, w->g);
-        if (v) tangent_step(K1, B, w->D + a, w->D + b, w->vt + i * B, wi, w->dW + i * K1 * B);
+        if (linear) {
+            for (int64_t t = 0; t < B; t++) reach[t] += w->rt[i * B + t] > -INFINITY ? 1.0f : 0.0f;
+            up_step_linear(K1, B, w->L + a, w->L + b, w->wt + i * B, wi, reach, low);
+        } else {
+            up_step(K1, B, w->L + a, w->L + b, w->rt + i * B, wi, w->take, w->g);
+        }
+        if (w->vt) tangent_step(K1, B, w->D + a, w->D + b, w->vt + i * B, wi, w->dW + i * K1 * B);
+        if (linear && (i % 16 == 15 || i == N - 1))
+            for (int64_t t = 0; t < B; t++)
+                if (low[t] != 0.0f) return 0;
+    }
+    return 1;
+}
+
+/* The up sweep (dp.up) of tokens t0..t0+nt of r [T, N]: tau, W, and with v [T, N] also vt, D
+ * and dW; linear where the tile's logits allow (*linear = 1), else on logarithms (0). Returns
+ * L[N] [K1][B] as log counts tilted by tau; *dtop = D[N] [K1][B] with v. */
+static const float *up_sweep(const Dims *d, const Tile *w, const float *r, const float *v, int64_t t0, int64_t nt,
+                             const float **dtop, int *linear) {
+    const int64_t N = d->N, K1 = d->K1, B = d->B, level = (K1 + 1) * B;
+    load_rows(d, r, t0, nt, w->rt);
+    if (v) load_rows(d, v, t0, nt, w->vt);
+    float *s = w->A; /* [B]: the linear scale's power of two; A is free until the down sweep */
+    *linear = d->linear && linear_setup(d, w->rt, w->wt, w->tau, s, w->take, w->g) && sweep(d, w, 1);
+    if (!*linear) {
+        tilt(d, w->rt, w->tau);
+        sweep(d, w, 0);
     }
     if (v) *dtop = w->D + (N % 2) * level + B;
-    return w->L + (N % 2) * level + B;
+    float *top = w->L + (N % 2) * level + B;
+    if (*linear) linear_to_log(K1, B, top, s);
+    return top;
 }
 
 /* out = exp(x) over n floats, exactly 0 below EXP_MIN (NaN stays NaN). */
@@ -305,7 +425,8 @@ static void cov_step(int64_t K1, int64_t B, float *restrict A, float *restrict d
 
 /* Cardinality.forward_marginals for tokens t0..t0+nt: r [T, N]; m [T, N] (NULL: not wanted);
  * U [(N + 1) T]: the size uniforms [T], then the experts' [N][T]; z [T, N] (both NULL: no draw).
- * Returns 0, or -1 when scratch cannot be allocated. */
+ * Returns 1 when the tile took the linear sweep, 0 the log sweep, -1 when scratch cannot be
+ * allocated. */
 static int64_t forward_tile(const Dims *d, const float *r, const float *U, float *m, float *z, int64_t t0,
                             int64_t nt) {
     const int64_t T = d->T, N = d->N, K1 = d->K1, B = d->B;
@@ -313,7 +434,8 @@ static int64_t forward_tile(const Dims *d, const float *r, const float *U, float
     float *buf = pm_scratch(carve(&w, d, 0, z != NULL, NULL));
     if (!buf) return -1;
     carve(&w, d, 0, z != NULL, buf);
-    const float *top = up_sweep(d, &w, r, NULL, t0, nt, NULL);
+    int linear;
+    const float *top = up_sweep(d, &w, r, NULL, t0, nt, NULL, &linear);
     band_probs(d, top, w.tau, w.A, w.take, w.g);
     if (z) {
         load_uniforms(U + t0, nt, B, w.u);
@@ -329,19 +451,20 @@ static int64_t forward_tile(const Dims *d, const float *r, const float *U, float
     }
     if (m) store_rows(d, w.out, t0, nt, m);
     if (z) store_rows(d, w.z, t0, nt, z);
-    return 0;
+    return linear;
 }
 
 /* Cardinality.cov_vec for tokens t0..t0+nt: Cov(z) v from r alone (dp.cov_vec); r, v, out [T, N].
  * The adjoints start at A = q (the band probabilities) and dA = q (D[N] - Σ_j q_j D[N, j]).
- * Returns 0, or -1. */
+ * Returns 1 (the linear sweep), 0 (the log sweep) or -1, as forward_tile. */
 static int64_t cov_tile(const Dims *d, const float *r, const float *v, float *out, int64_t t0, int64_t nt) {
     const int64_t N = d->N, K1 = d->K1, B = d->B, kmin = d->kmin;
     Tile w;
     float *buf = pm_scratch(carve(&w, d, 1, 0, NULL));
     if (!buf) return -1;
     carve(&w, d, 1, 0, buf);
-    const float *dtop = NULL, *top = up_sweep(d, &w, r, v, t0, nt, &dtop);
+    int linear;
+    const float *dtop = NULL, *top = up_sweep(d, &w, r, v, t0, nt, &dtop, &linear);
     band_probs(d, top, w.tau, w.A, w.take, w.g);
     float *mean = w.take; /* [B]: Σ_j q_j D[N, j] */
     memset(mean, 0, B * sizeof(float));
@@ -353,33 +476,40 @@ static int64_t cov_tile(const Dims *d, const float *r, const float *v, float *ou
     for (int64_t i = N - 1; i >= 0; i--)
         cov_step(K1, B, w.A, w.dA, w.W + i * K1 * B, w.dW + i * K1 * B, w.f, w.df, w.out + i * B);
     store_rows(d, w.out, t0, nt, out);
-    return 0;
+    return linear;
 }
 
 /* The entry points: tiles of B tokens split statically over `threads` OpenMP threads (the runtime
- * torch itself uses). Each returns 0, or -1 when some thread's scratch cannot be allocated.
- * OVER_TILES runs CALL, an expression of the tile's tokens t0..t0+nt, on every tile. */
+ * torch itself uses). Each returns how many tiles took the linear sweep (>= 0), or -1 when some
+ * thread's scratch cannot be allocated. OVER_TILES runs CALL, an expression of the tile's tokens
+ * t0..t0+nt, on every tile. */
 #define OVER_TILES(d, CALL)                                                                                    \
-    int64_t failed = 0;                                                                                        \
+    int64_t failed = 0, linear_tiles = 0;                                                                        \
     const int64_t tiles = ((d).T + (d).B - 1) / (d).B;                                                         \
-    _Pragma("omp parallel for num_threads(threads) schedule(static) reduction(| : failed) if (tiles > 1)")   \
+    _Pragma("omp parallel for num_threads(threads) schedule(static) reduction(| : failed) reduction(+ : linear_tiles) if (tiles > 1)") \
     for (int64_t k = 0; k < tiles; k++) {                                                                      \
         const int64_t t0 = k * (d).B, nt = (d).T - t0 < (d).B ? (d).T - t0 : (d).B;                            \
-        failed |= (CALL);                                                                                      \
+        const int64_t got = (CALL);                                                                            \
+        failed |= got < 0;                                                                                     \
+        linear_tiles += got > 0;                                                                               \
     }                                                                                                          \
-    return failed ? -1 : 0
+    return failed ? -1 : linear_tiles
 
 /* Cardinality.forward_marginals: r [T, N] -> m [T, N] (NULL: not wanted) and one draw z [T, N]
- * from the uniforms U [(N + 1) T] (both NULL: no draw), for kmin <= |S| <= kmax. */
+ * from the uniforms U [(N + 1) T] (both NULL: no draw), for kmin <= |S| <= kmax. linear: 1 lets
+ * tiles take the linear sweep where their logits allow (0: the log sweep everywhere, for tests). */
 int64_t dp_forward(const float *r, const float *U, float *m, float *z, int64_t T, int64_t N, int64_t kmin,
-                   int64_t kmax, int64_t threads) {
-    const Dims d = {T, N, kmin, kmax + 1, lanes(N, kmax + 1, 1)};
+                   int64_t kmax, int64_t linear, int64_t threads) {
+    const Dims d = {T, N, kmin, kmax + 1, lanes(N, kmax + 1, 1), linear};
     OVER_TILES(d, forward_tile(&d, r, U, m, z, t0, nt));
 }
 
-/* Cardinality.cov_vec: Cov(z) v, r, v, out [T, N], for kmin <= |S| <= kmax. */
+/* Cardinality.cov_vec: Cov(z) v, r, v, out [T, N], for kmin <= |S| <= kmax; linear as dp_forward. */
 int64_t dp_cov_vec(const float *r, const float *v, float *out, int64_t T, int64_t N, int64_t kmin, int64_t kmax,
-                   int64_t threads) {
-    const Dims d = {T, N, kmin, kmax + 1, lanes(N, kmax + 1, 2)};
+                   int64_t linear, int64_t threads) {
+    const Dims d = {T, N, kmin, kmax + 1, lanes(N, kmax + 1, 2), linear};
     OVER_TILES(d, cov_tile(&d, r, v, out, t0, nt));
 }
+
+/* The tokens per tile of dp_forward for N experts and kmax: its tiles are ceil(T / this). */
+int64_t dp_forward_lanes(int64_t N, int64_t kmax) { return lanes(N, kmax + 1, 1); }
