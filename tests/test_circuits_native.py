@@ -157,6 +157,85 @@ def test_brute_force_fp32(spec, cards, tmp_path):
     assert chi2_pvalue(counts, torch.softmax(torch.randn(len(allowed), dtype=torch.float64), 0)) < 1e-6
 
 
+def _all_passes(passes, r, v, uniforms, fill):
+    """(log Z, m, one draw, Cov(z) v) of one implementation of the passes."""
+    log_z, m = passes.log_partition(r, True)
+    return log_z, m, passes.sample(r, uniforms, fill)[0], passes.marginals_jvp(r, v)
+
+
+@needs_native
+@pytest.mark.parametrize("spec,scale,T", [
+    (circuits.ExactlyK(64, 8), 3.0, 300),
+    (circuits.RangeK(60, 4, 8), 2.0, 300),
+    (circuits.ExactlyK(256, 16), 2.5, 260),
+    (circuits.GroupLimited(16, 4, [4, 4, 4, 4], 2), 2.0, 200),
+    ("cnf", 1.0, 200),  # not smooth: implicit variables
+])
+def test_the_linear_upward_matches_the_log_upward(spec, scale, T, tmp_path):
+    """Tiles whose values allow it run the upward pass on numbers scaled by constants of the
+    circuit (no exp or log per element): log Z, the marginals, Cov(z) v and the draws equal those of
+    the upward pass on logarithms and of the float64 torch passes, and most tiles of these logits do
+    take it."""
+    c = _cnf(tmp_path) if spec == "cnf" else circuits.compile_circuit(spec)
+    prog, n = c.program, c.n
+    gen = torch.Generator().manual_seed(T + n)
+    r = shifted(c, torch.randn(T, n, generator=gen) * scale)
+    v = torch.randn(T, n, generator=gen)
+    uniforms, fill = draw_uniforms(prog, r, gen)
+    linear, logs = CPasses(prog), CPasses(prog, linear=False)
+    done, tiles = linear.linear_tiles(r)
+    assert done >= (tiles + 1) // 2, (done, tiles)
+    assert logs.linear_tiles(r) == (0, tiles)
+    got, want = _all_passes(linear, r, v, uniforms, fill), _all_passes(logs, r, v, uniforms, fill)
+    torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(got[1], want[1], atol=2e-6, rtol=0)
+    assert (got[2] != want[2]).any(-1).sum() <= max(1, T // 1000)  # only rounding at a boundary may differ
+    torch.testing.assert_close(got[3], want[3], atol=1e-5, rtol=0)
+    up64 = kernels.upward(prog, r.double())
+    torch.testing.assert_close(got[0].double(), up64.val[-1], atol=1e-5, rtol=1e-6)
+    m64 = kernels.marginals_from_flows(prog, kernels.downward(prog, up64), torch.sigmoid(r.double()))
+    torch.testing.assert_close(got[1].double(), m64, atol=2e-6, rtol=0)
+    torch.testing.assert_close(got[3].double(), kernels.marginals_jvp(prog, r.double(), v.double()), atol=2e-5, rtol=0)
+
+
+@needs_native
+def test_tiles_out_of_the_linear_range_take_the_logarithms():
+    """A row of ±1e4 logits, a row with -inf logits and a row spread far apart each send their tile
+    to the upward pass on logarithms and leave the others linear; logits scaled from well inside to
+    past the linear range match the float64 torch passes wherever their tiles end up (a node that
+    fell below the range unnoticed would show as a wrong marginal)."""
+    c = circuits.compile_circuit(circuits.ExactlyK(64, 8))
+    prog, passes = c.program, CPasses(c.program)
+    gen = torch.Generator().manual_seed(9)
+    r = torch.randn(640, 64, generator=gen)  # 5 tiles of 128 tokens
+    assert passes.linear_tiles(shifted(c, r)) == (5, 5)
+    r[5, ::2], r[5, 1::2] = 1e4, -1e4  # tile 0
+    r[200, :30] = -torch.inf  # tile 1
+    r[300] = torch.linspace(-150.0, 0.0, 64)  # tile 2
+    rs = shifted(c, r)
+    assert passes.linear_tiles(rs) == (2, 5)
+    v = torch.randn(640, 64, generator=gen)
+    up32, up64 = kernels.upward(prog, rs), kernels.upward(prog, rs.double())
+    log_z, m = passes.log_partition(rs, True)
+    torch.testing.assert_close(log_z, up32.val[-1], atol=1e-4, rtol=1e-6)  # float32 at |logits| ~ 1e4
+    ok = torch.ones(640, dtype=torch.bool)
+    ok[5] = False  # ±1e4: the float64 reference differs from any float32 pass there
+    m64 = kernels.marginals_from_flows(prog, kernels.downward(prog, up64), torch.sigmoid(rs.double()))
+    torch.testing.assert_close(m.double()[ok], m64[ok], atol=2e-6, rtol=0)
+    jvp64 = kernels.marginals_jvp(prog, rs.double(), v.double())
+    torch.testing.assert_close(passes.marginals_jvp(rs, v).double()[ok], jvp64[ok], atol=2e-5, rtol=0)
+    big = circuits.compile_circuit(circuits.ExactlyK(256, 16))
+    base = torch.randn(32, 256, generator=gen)
+    r = shifted(big, torch.cat([base * s for s in torch.linspace(2.0, 6.0, 8).tolist()]))  # 2 tiles
+    r = torch.cat([r, shifted(big, torch.randn(128, 256, generator=gen))])  # and one inside
+    fast = CPasses(big.program)
+    done, tiles = fast.linear_tiles(r)
+    assert 0 < done < tiles, (done, tiles)
+    up64 = kernels.upward(big.program, r.double())
+    m64 = kernels.marginals_from_flows(big.program, kernels.downward(big.program, up64), torch.sigmoid(r.double()))
+    torch.testing.assert_close(fast.log_partition(r, True)[1].double(), m64, atol=2e-6, rtol=0)
+
+
 @needs_native
 def test_threads_split_tokens_without_changing_results():
     c = circuits.compile_circuit(circuits.ExactlyK(64, 8))

@@ -20,7 +20,9 @@ class ProgStruct(ctypes.Structure):
     _fields_ = [("n", ctypes.c_int64), ("num_slots", ctypes.c_int64), ("num_rows", ctypes.c_int64),
                 ("num_nodes", ctypes.c_int64), ("smooth", ctypes.c_int64), ("nodes", ctypes.c_void_p),
                 ("prime", ctypes.c_void_p), ("sub", ctypes.c_void_p), ("imp_off", ctypes.c_void_p),
-                ("imp_var", ctypes.c_void_p)]
+                ("imp_var", ctypes.c_void_p), ("lin_coef", ctypes.c_void_p), ("lin_pos", ctypes.c_float),
+                ("lin_neg", ctypes.c_float), ("lin_true", ctypes.c_float), ("lin_down", ctypes.c_float),
+                ("lin_root", ctypes.c_float)]
 
 
 def _declare(lib: ctypes.CDLL) -> None:

@@ -10,6 +10,7 @@ GIL). The library comes from ``circuits.passes.c_library``.
 from __future__ import annotations
 
 import ctypes
+import math
 
 import torch
 from torch import Tensor
@@ -25,7 +26,9 @@ class CPasses(Passes):
 
     name = "fused C"
 
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, *, linear: bool = True):
+        """linear: let tiles take the linear upward pass where their values allow it (False: the
+        upward pass on logarithms everywhere; the two are tested against each other)."""
         super().__init__(program)
         self.lib = c_library.library()
         if self.lib is None:
@@ -41,15 +44,30 @@ class CPasses(Passes):
         imp_var = prog.implicit_var[order].contiguous()
         imp_off = torch.zeros(prog.num_rows + 1, dtype=torch.int64)
         imp_off[1:] = torch.bincount(prog.implicit_row, minlength=prog.num_rows).cumsum(0)
-        self._keep = (nodes, prog.prime, prog.sub, imp_off, imp_var)  # what the struct points into
+        lin = linear_constants(prog) if linear else None
+        coef = None if lin is None else lin[0]
+        self._keep = (nodes, prog.prime, prog.sub, imp_off, imp_var, coef)  # what the struct points into
         self.struct = c_library.ProgStruct(
             prog.n, prog.num_slots, prog.num_rows, len(nodes), int(prog.smooth), nodes.data_ptr(),
-            prog.prime.data_ptr(), prog.sub.data_ptr(), imp_off.data_ptr(), imp_var.data_ptr())
+            prog.prime.data_ptr(), prog.sub.data_ptr(), imp_off.data_ptr(), imp_var.data_ptr(),
+            None if coef is None else coef.data_ptr(), *((0.0,) * 5 if lin is None else lin[1:]))
 
-    def _run(self, fn, *args) -> None:
-        """Call a pass with torch's thread count (OpenMP threads inside)."""
-        if fn(ctypes.byref(self.struct), *args, torch.get_num_threads()):
+    def _run(self, fn, *args) -> int:
+        """Call a pass with torch's thread count (OpenMP threads inside); returns how many tiles of
+        tokens took the linear upward pass."""
+        linear_tiles = fn(ctypes.byref(self.struct), *args, torch.get_num_threads())
+        if linear_tiles < 0:
             raise MemoryError("circuits: the C passes could not allocate their scratch")
+        return linear_tiles
+
+    def linear_tiles(self, r: Tensor, shift: Tensor | None = None) -> tuple[int, int]:
+        """(tiles that take the linear upward pass, tiles) for logits r [T, n] float32: how much of
+        a batch runs without an exp or log per element (``c/passes.c``, ``upward``). A tile holds
+        128 tokens; one whose values leave the linear range sends its whole tile to the pass on
+        logarithms. For diagnostics and tests."""
+        log_z = r.new_empty(r.shape[0])
+        done = self._run(self.lib.pm_marginals, r.data_ptr(), _pointer(shift), None, log_z.data_ptr(), r.shape[0])
+        return done, -(-r.shape[0] // TILE)
 
     def log_partition(self, r: Tensor, marginals: bool, shift: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         log_z, m = r.new_empty(r.shape[0]), torch.empty_like(r) if marginals else None
@@ -76,6 +94,52 @@ class CPasses(Passes):
         out = torch.empty_like(r)
         self._run(self.lib.pm_jvp, r.data_ptr(), _pointer(shift), v.data_ptr(), out.data_ptr(), r.shape[0])
         return out
+
+
+TILE = 128  # tokens per tile of c/passes.c
+
+#: How far above its nominal value (in nats) the linear upward stores each slot: the stored values of a
+#: routing tile then lie in about [e^-75, e^40], inside [2^-120, 2^126] with room for a product of two.
+LINEAR_OFFSET = 20.0
+
+
+def linear_constants(prog: Program) -> tuple[Tensor, float, float, float, float, float] | None:
+    """What the linear upward of ``c/passes.c`` needs (its comment says how it works), or None when
+    the program cannot take it: (c [R] float32, what sigma(r) and sigma(-r) are multiplied by for
+    the stored x_i and not x_i, TRUE's stored value, e^-LINEAR_OFFSET, the root's b).
+
+    Each slot is stored as exp(value - b + LINEAR_OFFSET), b its log-value at one nominal logit r0
+    for every variable: r0 = logit(k / n) with k the mean size of the circuit's models (its
+    marginals at logit 0), which is where the (shifted) logits of a routing tile mostly lie, so
+    the stored values stay near e^LINEAR_OFFSET. Element row e of node n has the constant
+    c_e = exp(b_prime + b_sub - b_n - LINEAR_OFFSET) <= e^-LINEAR_OFFSET (0 for padding rows). None
+    when a constant would fall below 2^-100 (a circuit too deep or too uneven for float32) or the
+    circuit has no model.
+    """
+    from . import torch_passes  # the float64 reference computes the nominal values
+
+    n = prog.n
+    zero = torch.zeros(1, n, dtype=torch.float64, device=prog.device)
+    up = torch_passes.upward(prog, zero)
+    if not torch.isfinite(up.val[-1]).all():
+        return None
+    marginals = torch_passes.marginals_from_flows(prog, torch_passes.downward(prog, up), torch.sigmoid(zero))
+    k = float(marginals.sum()) if n else 0.0
+    frac = min(max(k / n, 0.5 / n), 1 - 0.5 / n) if n else 0.5
+    r0 = math.log(frac / (1 - frac))
+    b = torch_passes.upward(prog, torch.full((1, n), r0, dtype=torch.float64, device=prog.device)).val[:, 0].clone()
+    node = torch.empty(prog.num_rows, dtype=torch.long, device=prog.device)  # element row -> its node's slot
+    for g in prog.groups:
+        node[g.rows] = torch.arange(g.start, g.start + g.nodes, device=prog.device).repeat_interleave(g.fanin)
+    log_c = b[prog.prime] + b[prog.sub] - b[node] - LINEAR_OFFSET  # [R]; -inf on padding rows
+    real = torch.isfinite(log_c)
+    if bool((log_c[real] < -100 * math.log(2)).any()):
+        return None
+    coef = log_c.exp().to(torch.float32).cpu().contiguous()
+    soft = math.log1p(math.exp(-abs(r0)))  # log sigma(+-r0) = min(+-r0, 0) - soft
+    pos, neg = min(r0, 0.0) - soft, min(-r0, 0.0) - soft
+    return (coef, math.exp(LINEAR_OFFSET - pos), math.exp(LINEAR_OFFSET - neg), math.exp(LINEAR_OFFSET),
+            math.exp(-LINEAR_OFFSET), float(b[prog.num_slots - 1]))
 
 
 def _pointer(shift: Tensor | None) -> int | None:

@@ -153,13 +153,14 @@ static inline void flow_row(float *restrict p, float *restrict q, const float *r
     }
 }
 
-/* One element of the paired downward pass: flow = w coef, d flow = w (dcoef + coef (de - d node)) with
- * de = da + db, both to the prime (gp, dgp) and the sub (gq, dgq). */
+/* One element of the paired downward pass: flow = w coef, d flow = w (dcoef + coef (de - d node)) =
+ * w (de coef + dc) with de = da + db and dc = dcoef - d node coef (the node's part, once per node),
+ * both to the prime (gp, dgp) and the sub (gq, dgq). */
 static inline void flow_rows(float *restrict gp, float *restrict gq, float *restrict dgp, float *restrict dgq,
                              const float *restrict w, const float *restrict da, const float *restrict db,
-                             const float *restrict dnode, const float *restrict coef, const float *restrict dcoef) {
+                             const float *restrict coef, const float *restrict dc) {
     for (int64_t t = 0; t < TILE; t++) {
-        const float f = w[t] * coef[t], df = w[t] * (((da[t] + db[t]) - dnode[t]) * coef[t] + dcoef[t]);
+        const float f = w[t] * coef[t], df = w[t] * ((da[t] + db[t]) * coef[t] + dc[t]);
         gp[t] += f;
         gq[t] += f;
         dgp[t] += df;
@@ -174,6 +175,11 @@ typedef struct {
     const int64_t *sub;    /* [R] */
     const int64_t *imp_off; /* [R + 1]: element row e's implicit variables are imp_var[imp_off[e]:imp_off[e + 1]] */
     const int64_t *imp_var; /* [P] */
+    /* The linear upward (see upward): the element constants c_e [R] (NULL: the log upward only);
+     * what sigma(r) and sigma(-r) are multiplied by to give the stored x_i and not x_i, and TRUE's
+     * stored value; log Z = log(root's stored value * lin_down) + lin_root. */
+    const float *lin_coef;
+    float lin_pos, lin_neg, lin_true, lin_down, lin_root;
 } Prog;
 
 float *pm_scratch(size_t floats); /* scratch.c: this thread's buffer of at least `floats` floats */
@@ -301,24 +307,66 @@ static void leaves(int64_t n, const float *rt, float *val, float *p) {
     }
 }
 
-/* The "sum" upward pass (torch_passes.upward): node log-values val, element weights ex = exp(e - top)
- * (fan-in > 1 only), norm = sum of ex clamped to FLT_MIN. With dval != NULL also the tangents
- * d node = E_w[de], de = d prime + d sub per element (not kept: the downward pass adds them again).
- * top: [TILE] scratch. */
-static void upward(const Prog *P, float *val, float *ex, float *norm, float *dval, float *top) {
+/* The linear upward's range: a tile keeps it only when every node's stored value lies in
+ * [LIN_FLOOR, LIN_TOP] on every lane (see upward). */
+#define LIN_FLOOR 0x1p-120f
+#define LIN_TOP 0x1p126f
+
+/* x = (a b) c for a row: an element's stored value in the linear upward (c: its constant). The
+ * product of the children first: it underflows only where the element is negligible (below 2^-126
+ * of a node that is at least 2^-120), and it overflows only to inf, which the range check sees. */
+static inline void product_row(float *restrict x, const float *restrict a, const float *restrict b, float c) {
+    for (int64_t t = 0; t < TILE; t++) x[t] = (a[t] * b[t]) * c;
+}
+
+/* low = 1 where v is outside [LIN_FLOOR, LIN_TOP] (NaN included). */
+static inline void range_row(float *restrict low, const float *restrict v) {
+    for (int64_t t = 0; t < TILE; t++) low[t] = v[t] >= LIN_FLOOR && v[t] <= LIN_TOP ? low[t] : 1.0f;
+}
+
+/* The "sum" upward pass (torch_passes.upward) over leaves already in val. With dval != NULL also
+ * the tangents d node = E_w[de], de = d prime + d sub per element (not kept: the downward pass
+ * adds them again). top: [TILE] scratch.
+ *
+ * On logarithms (linear = 0): node log-values val, element weights ex = exp(e - top) (fan-in > 1
+ * only), norm = sum of ex clamped to FLT_MIN.
+ *
+ * Linear (linear = 1): with no exp or log per element. Each slot holds its value divided by a
+ * constant of its own, exp(b_slot - delta), b the log-values of the same pass at a nominal logit
+ * for every variable (c_passes.py: where the values of a routing tile lie): an element is then
+ * (prime sub) c_e with c_e = exp(b_prime + b_sub - b_node - delta), ex its stored value and val =
+ * norm = their sum, the node's. The flows ex / norm are the same ratios as on logarithms. Values
+ * near b are near e^delta; the pass returns 0 (the caller takes the logarithms) when a node left
+ * [LIN_FLOOR, LIN_TOP] on some lane: logits far from the nominal one, a NaN, +inf, or a node that
+ * -inf logits make impossible. Above LIN_FLOOR a node is a normal float with its 24 bits, and
+ * an element's rounding below 2^-126 is 2^-30 of it. Returns 1 otherwise (and always on logs). */
+static int upward(const Prog *P, float *val, float *ex, float *norm, float *dval, float *top, int linear) {
+    float *low = top;
+    if (linear) memset(low, 0, TILE * sizeof(float));
     for (int64_t d = 0; d < P->num_nodes; d++) {
         const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
         float *v = val + slot * TILE;
         if (F == 1) { /* a product: weight 1 */
-            add_rows(v, val + P->prime[r0] * TILE, val + P->sub[r0] * TILE);
+            if (linear) {
+                product_row(v, val + P->prime[r0] * TILE, val + P->sub[r0] * TILE, P->lin_coef[r0]);
+                range_row(low, v);
+            } else {
+                add_rows(v, val + P->prime[r0] * TILE, val + P->sub[r0] * TILE);
+            }
             if (dval) add_rows(dval + slot * TILE, dval + P->prime[r0] * TILE, dval + P->sub[r0] * TILE);
             continue;
         }
-        for (int64_t t = 0; t < TILE; t++) top[t] = -FLT_MAX; /* a dead node keeps exp(e - top) = 0 */
-        for (int64_t e = 0; e < F; e++)
-            add_rows_max(ex + (r0 + e) * TILE, top, val + P->prime[r0 + e] * TILE, val + P->sub[r0 + e] * TILE);
         float *x = ex + r0 * TILE, *s = norm + slot * TILE;
-        pm_exp_shift(x, top, F, TILE); /* x = exp(x - top) */
+        if (linear) {
+            for (int64_t e = 0; e < F; e++)
+                product_row(x + e * TILE, val + P->prime[r0 + e] * TILE, val + P->sub[r0 + e] * TILE,
+                            P->lin_coef[r0 + e]);
+        } else {
+            for (int64_t t = 0; t < TILE; t++) top[t] = -FLT_MAX; /* a dead node keeps exp(e - top) = 0 */
+            for (int64_t e = 0; e < F; e++)
+                add_rows_max(x + e * TILE, top, val + P->prime[r0 + e] * TILE, val + P->sub[r0 + e] * TILE);
+            pm_exp_shift(x, top, F, TILE); /* x = exp(x - top) */
+        }
         if (!dval) {
             memcpy(s, x, TILE * sizeof(float));
             for (int64_t e = 1; e < F; e++) acc_row(s, x + e * TILE); /* in element order, as the descent */
@@ -329,9 +377,76 @@ static void upward(const Prog *P, float *val, float *ex, float *norm, float *dva
                 tangent_row(dv, s, x + e * TILE, dval + P->prime[r0 + e] * TILE, dval + P->sub[r0 + e] * TILE);
             for (int64_t t = 0; t < TILE; t++) dv[t] /= max2(s[t], FLT_MIN);
         }
-        pm_log_add(v, s, top, TILE);
-        for (int64_t t = 0; t < TILE; t++) s[t] = max2(s[t], FLT_MIN); /* a dead node's zero flow / FLT_MIN = 0 */
+        if (linear) {
+            memcpy(v, s, TILE * sizeof(float));
+            range_row(low, v);
+        } else {
+            pm_log_add(v, s, top, TILE);
+            for (int64_t t = 0; t < TILE; t++) s[t] = max2(s[t], FLT_MIN); /* a dead node's zero flow / FLT_MIN = 0 */
+        }
     }
+    if (linear)
+        for (int64_t t = 0; t < TILE; t++)
+            if (low[t] != 0.0f) return 0;
+    return 1;
+}
+
+/* The leaves of the linear upward: FALSE 0, TRUE lin_true, x_i = sigma(r) lin_pos, not x_i =
+ * sigma(-r) lin_neg, from one exp per variable: with e = exp(-|r|), sigma(|r|) = 1 / (1 + e) and
+ * sigma(-|r|) = e / (1 + e). rt [n][TILE]; p [n][TILE] gets sigma(r) unless NULL. */
+static void linear_leaves(const Prog *P, const float *rt, float *val, float *p) {
+    const int64_t m = P->n * TILE;
+    float *pos = val + 2 * TILE, *neg = pos + m;
+    for (int64_t t = 0; t < TILE; t++) {
+        val[t] = 0.0f;
+        val[TILE + t] = P->lin_true;
+    }
+    for (int64_t i = 0; i < m; i++) neg[i] = -fabsf(rt[i]);
+    pm_exp(neg, m);
+    for (int64_t i = 0; i < m; i++) {
+        const float e = neg[i], big = 1.0f / (1.0f + e), small = e * big;
+        const float sp = rt[i] >= 0.0f ? big : small, sn = rt[i] >= 0.0f ? small : big; /* NaN: NaN either way */
+        if (p) p[i] = sp;
+        pos[i] = sp * P->lin_pos;
+        neg[i] = sn * P->lin_neg;
+    }
+}
+
+/* The leaves' tangents along vt [n][TILE]: d log sigma(r) = (1 - p) vt, d log sigma(-r) = -p vt
+ * (both kinds of upward carry tangents of log-values); FALSE and TRUE 0. p [n][TILE]: sigma(r). */
+static void leaf_tangents(int64_t n, const float *p, const float *vt, float *dval) {
+    memset(dval, 0, 2 * TILE * sizeof(float));
+    float *dpos = dval + 2 * TILE, *dneg = dval + (2 + n) * TILE;
+    for (int64_t i = 0; i < n * TILE; i++) {
+        const float pv = p[i] * vt[i];
+        dpos[i] = vt[i] - pv;
+        dneg[i] = -pv;
+    }
+}
+
+/* The leaves and the upward pass of one tile, linear when the program has the constants for it
+ * and the tile stays in range, else on logarithms. rt [n][TILE]: the (shifted) logits; p [n][TILE]
+ * gets sigma(r) unless NULL (the tangents need it). With dval != NULL also the leaves' tangents
+ * d log sigma(r) = (1 - p) vt, d log sigma(-r) = -p vt, and the nodes'. logz [nt]: log Z of the
+ * tile's tokens. top: [TILE] scratch. Returns 1 when the pass was linear, 0 on logarithms. */
+static int up_tile(const Prog *P, const float *rt, const float *vt, float *p, float *val, float *ex, float *norm,
+                    float *dval, float *top, float *logz, int64_t nt) {
+    const int64_t n = P->n, S = P->num_slots;
+    if (P->lin_coef) {
+        linear_leaves(P, rt, val, p);
+        if (dval) leaf_tangents(n, p, vt, dval);
+        if (upward(P, val, ex, norm, dval, top, 1)) {
+            for (int64_t t = 0; t < TILE; t++) top[t] = val[(S - 1) * TILE + t] * P->lin_down;
+            pm_log(top, TILE);
+            for (int64_t t = 0; t < nt; t++) logz[t] = top[t] + P->lin_root;
+            return 1;
+        }
+    }
+    leaves(n, rt, val, p);
+    if (dval) leaf_tangents(n, p, vt, dval);
+    upward(P, val, ex, norm, dval, top, 0);
+    memcpy(logz, val + (S - 1) * TILE, nt * sizeof(float));
+    return 0;
 }
 
 /* Exact ancestral sampling (torch_passes.sample) of one tile, tokens t0..t0+nt of r [T, n], into
@@ -348,9 +463,7 @@ static int64_t sample_tile(const Prog *P, const float *r, const float *shift, co
     float *act = norm + S * TILE, *ex = act + S * TILE, *top = ex + R * TILE; /* fl: the fill's uniforms */
     load_tile(r, n, t0, nt, 0.0f, rt);
     shift_tile(shift, n, t0, nt, rt);
-    leaves(n, rt, val, P->smooth ? NULL : p);
-    upward(P, val, ex, norm, NULL, top);
-    memcpy(logz + t0, val + (S - 1) * TILE, nt * sizeof(float));
+    const int linear = up_tile(P, rt, NULL, P->smooth ? NULL : p, val, ex, norm, NULL, top, logz + t0, nt);
     root_flow(act, S, S);
     for (int64_t d = P->num_nodes - 1; d >= 0; d--) {
         const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
@@ -383,7 +496,7 @@ static int64_t sample_tile(const Prog *P, const float *r, const float *shift, co
             on[k] = pos[k] > 0.0f ? 1.0f : neg[k] > 0.0f ? 0.0f : fl[k] < p[k] ? 1.0f : 0.0f;
     }
     store_tile(on, n, t0, nt, z);
-    return 0;
+    return linear;
 }
 
 /* log Z and, when m != NULL, the marginals (torch_passes.upward, downward and marginals_from_flows)
@@ -397,10 +510,8 @@ static int64_t marginals_tile(const Prog *P, const float *r, const float *shift,
     float *ex = g + S * TILE, *top = ex + R * TILE, *coef = top + TILE;
     load_tile(r, n, t0, nt, 0.0f, rt);
     shift_tile(shift, n, t0, nt, rt);
-    leaves(n, rt, val, P->smooth || !m ? NULL : p);
-    upward(P, val, ex, norm, NULL, top);
-    memcpy(logz + t0, val + (S - 1) * TILE, nt * sizeof(float));
-    if (!m) return 0;
+    const int linear = up_tile(P, rt, NULL, P->smooth || !m ? NULL : p, val, ex, norm, NULL, top, logz + t0, nt);
+    if (!m) return linear;
     root_flow(g, S, S);
     for (int64_t d = P->num_nodes - 1; d >= 0; d--) {
         const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
@@ -419,7 +530,7 @@ static int64_t marginals_tile(const Prog *P, const float *r, const float *shift,
     if (!P->smooth) /* an implicit x_i is 1 with probability p_i */
         for (int64_t k = 0; k < n * TILE; k++) gpos[k] = gpos[k] + p[k] * (1.0f - gpos[k] - gneg[k]);
     store_tile(gpos, n, t0, nt, m);
-    return 0;
+    return linear;
 }
 
 /* MAP (torch_passes.max_upward and map_assignment) of one tile, tokens t0..t0+nt of r [T, n], into
@@ -483,15 +594,7 @@ static int64_t jvp_tile(const Prog *P, const float *r, const float *shift, const
     load_tile(r, n, t0, nt, 0.0f, rt);
     shift_tile(shift, n, t0, nt, rt);
     load_tile(v, n, t0, nt, 0.0f, vt);
-    leaves(n, rt, val, p);
-    memset(dval, 0, 2 * TILE * sizeof(float));
-    float *dpos = dval + 2 * TILE, *dneg = dval + (2 + n) * TILE;
-    for (int64_t i = 0; i < n * TILE; i++) { /* d log sigma(r) = (1 - p) v, d log sigma(-r) = -p v */
-        const float pv = p[i] * vt[i];
-        dpos[i] = vt[i] - pv;
-        dneg[i] = -pv;
-    }
-    upward(P, val, ex, norm, dval, top);
+    const int linear = up_tile(P, rt, vt, p, val, ex, norm, dval, top, coef, TILE); /* log Z into coef: unused */
     root_flow(g, S, 2 * S); /* g, and dg = 0 after it */
     for (int64_t d = P->num_nodes - 1; d >= 0; d--) {
         const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
@@ -504,11 +607,11 @@ static int64_t jvp_tile(const Prog *P, const float *r, const float *shift, const
         const float *nm = norm + slot * TILE, *dv = dval + slot * TILE;
         for (int64_t t = 0; t < TILE; t++) {
             coef[t] = gs[t] / nm[t];
-            dcoef[t] = dgs[t] / nm[t];
+            dcoef[t] = dgs[t] / nm[t] - dv[t] * coef[t];
         }
         for (int64_t e = 0; e < F; e++) {
             const int64_t pr = P->prime[r0 + e] * TILE, sb = P->sub[r0 + e] * TILE;
-            flow_rows(g + pr, g + sb, dg + pr, dg + sb, ex + (r0 + e) * TILE, dval + pr, dval + sb, dv, coef, dcoef);
+            flow_rows(g + pr, g + sb, dg + pr, dg + sb, ex + (r0 + e) * TILE, dval + pr, dval + sb, coef, dcoef);
         }
     }
     const float *gpos = g + 2 * TILE, *gneg = g + (2 + n) * TILE, *dgneg = dg + (2 + n) * TILE;
@@ -519,22 +622,25 @@ static int64_t jvp_tile(const Prog *P, const float *r, const float *shift, const
             dgpos[k] = dgpos[k] + pi * (1.0f - pi) * vt[k] * (1.0f - gpos[k] - gneg[k]) - pi * (dgpos[k] + dgneg[k]);
         }
     store_tile(dgpos, n, t0, nt, out);
-    return 0;
+    return linear;
 }
 
 /* The entry points: tiles split statically over `threads` OpenMP threads (the runtime torch
  * itself uses, so its idle workers take the tiles). Tiles are independent, so the results do not
- * depend on the thread count. Each returns 0, or -1 when some thread's scratch cannot be
- * allocated. OVER_TILES runs CALL, an expression of the tile's tokens t0..t0+nt, on every tile. */
+ * depend on the thread count. Each returns how many tiles took the linear upward pass (>= 0; MAP:
+ * 0), or -1 when some thread's scratch cannot be allocated. OVER_TILES runs CALL, an expression of
+ * the tile's tokens t0..t0+nt returning -1, 0 or 1 (linear), on every tile. */
 #define OVER_TILES(T, CALL)                                                                                    \
-    int64_t failed = 0;                                                                                        \
+    int64_t failed = 0, linear_tiles = 0;                                                                      \
     const int64_t tiles = ((T) + TILE - 1) / TILE;                                                             \
-    _Pragma("omp parallel for num_threads(threads) schedule(static) reduction(| : failed) if (tiles > 1)")   \
+    _Pragma("omp parallel for num_threads(threads) schedule(static) reduction(| : failed) reduction(+ : linear_tiles) if (tiles > 1)") \
     for (int64_t k = 0; k < tiles; k++) {                                                                      \
         const int64_t t0 = k * TILE, nt = (T) - t0 < TILE ? (T) - t0 : TILE;                                   \
-        failed |= (CALL);                                                                                      \
+        const int64_t got = (CALL);                                                                            \
+        failed |= got < 0;                                                                                     \
+        linear_tiles += got > 0;                                                                               \
     }                                                                                                          \
-    return failed ? -1 : 0
+    return failed ? -1 : linear_tiles
 
 int64_t pm_sample(const Prog *P, const float *r, const float *shift, const float *U, const int64_t *uid,
                   const float *fill, float *z, float *logz, int64_t T, int64_t threads) {
