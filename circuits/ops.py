@@ -14,6 +14,7 @@ differentiable ones have their autograd registered here.
     map(r, shift, circuit)                      -> (z [T, n], best [T])
     kth_largest(x, k)                           -> [T]            (``circuits.native.select``)
     topk(x, k)                                  -> ([T, k], [T, k] long)
+    topk_chosen(z, x, k)                        -> ([T, k], [T, k] long): topk of (z - 1) + x z
     draw_seed(r)                                -> 0-dim int64, from torch's default generator
 
 r: logits [T, n], float32 or float64, contiguous, checked by the caller (``Circuit``). shift:
@@ -200,6 +201,19 @@ def topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
 @topk.register_fake
 def _(x, k):
+    return x.new_empty(x.shape[0], k), x.new_empty(x.shape[0], k, dtype=torch.int64)
+
+
+@torch.library.custom_op("circuits::topk_chosen", mutates_args=())
+def topk_chosen(z: Tensor, x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """``topk`` of the keys (z - 1) + x z for a 0/1 choice z and x >= 0, z, x [T, n]: the chosen entries
+    by x descending, then the others (value -1) by index (``circuits.native.select``)."""
+    values, indices = select.topk_chosen(z, x, k)
+    return values.contiguous(), indices.contiguous()
+
+
+@topk_chosen.register_fake
+def _(z, x, k):
     return x.new_empty(x.shape[0], k), x.new_empty(x.shape[0], k, dtype=torch.int64)
 
 

@@ -1,5 +1,5 @@
 """The row operations shared by the passes and probmoe: ``circuits.native.select.topk`` (the k largest
-of each row, ties to the lower index) and ``circuits.native.uniforms`` (counter-based uniforms), each in C
+of each row, ties to the lower index), ``topk_chosen`` (the same over the keys of a 0/1 choice) and ``circuits.native.uniforms`` (counter-based uniforms), each in C
 against its plain-torch reference, bit for bit, and the uniforms against the uniform law."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 
 import circuits
 from circuits.native import rows, uniforms as counter_uniforms
-from circuits.native.select import topk, topk_reference
+from circuits.native.select import topk, topk_chosen, topk_chosen_reference, topk_reference
 from circuits.passes import draw_uniforms
 from stats import chi2_pvalue
 
@@ -39,6 +39,29 @@ def test_topk_in_c_equals_a_stable_sort(T, n, k):
     assert indices.dtype == torch.int64 and values.shape == indices.shape == (T, k)
     assert torch.equal(indices, want_indices)
     assert torch.equal(values, want_values)  # NaN reported as -inf, as the reference
+
+
+@needs_native
+@pytest.mark.parametrize("T,n,k,p", [(0, 4, 2, 0.5), (5, 3, 0, 0.5), (300, 64, 8, 0.125), (300, 64, 8, 0.3),
+                                     (200, 256, 16, 0.0625), (50, 10, 10, 0.5), (50, 7, 3, 1.0), (50, 7, 3, 0.0)])
+def test_topk_chosen_in_c_equals_the_topk_of_its_keys(T, n, k, p):
+    """The chosen entries by value (ties to the lower index, zeros included), then the unchosen by
+    index, bit for bit as a stable sort of (z - 1) + x z; more chosen than k keeps the k largest,
+    fewer pads with the first unchosen; float64 takes the reference."""
+    gen = torch.Generator().manual_seed(T + n)
+    z = (torch.rand(T, n, generator=gen) < p).float()
+    x = torch.softmax(torch.randn(T, n, generator=gen), -1).round(decimals=3)  # ties, and some exact zeros
+    values, indices = topk_chosen(z, x, k)
+    want_values, want_indices = topk_chosen_reference(z, x, k)
+    assert torch.equal(values, want_values) and torch.equal(indices, want_indices)
+    assert torch.equal(topk_chosen(z.double(), x.double(), k)[1], want_indices)
+
+
+def test_topk_chosen_bad_arguments():
+    with pytest.raises(ValueError, match="topk_chosen takes z, x"):
+        topk_chosen(torch.zeros(3, 4), torch.zeros(3, 5), 2)
+    with pytest.raises(ValueError, match="topk_chosen takes z, x"):
+        topk_chosen(torch.zeros(3, 4), torch.zeros(3, 4), 5)
 
 
 def test_topk_breaks_ties_toward_the_lower_index(c_passes_off):

@@ -55,6 +55,8 @@ def circuit_samples(dtype):
         ]
     x = logits(9, 10, dtype=dtype).round(decimals=1)  # ties
     out += [(torch.ops.circuits.kth_largest.default, (x, 3)), (torch.ops.circuits.topk.default, (x, 4))]
+    z = (torch.rand(9, 10, generator=torch.Generator().manual_seed(2)) < 0.4).to(dtype)
+    out += [(torch.ops.circuits.topk_chosen.default, (z, torch.softmax(x, -1), 4))]
     r = logits(7, 10, dtype=dtype).requires_grad_()
     out += [
         (torch.ops.probmoe.dp_marginals.default, (r, circuits.ops.seed(None, r), 2, 4, True)),

@@ -1,4 +1,4 @@
-"""``ROWS``: the row-operations library (``c/select.c``: row top-k and k-th largest;
+"""``ROWS``: the row-operations library (``c/select.c``: row top-k, top-k of chosen entries and k-th largest;
 ``c/uniforms.c``: counter-based uniforms), a ``NativeLibrary`` built on first use into
 ``<cache dir>/native/<key>/librows.so``. ``library()`` is the loaded library or None."""
 
@@ -17,6 +17,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     for fn, args in [
         (lib.pm_kth_largest, [ptr, i64, i64, i64, ptr, i64]),
         (lib.pm_topk, [ptr, i64, i64, i64, ptr, ptr, i64]),
+        (lib.pm_topk_chosen, [ptr, ptr, i64, i64, i64, ptr, ptr, i64]),
         (lib.pm_uniforms, [i64, i64, i64, ptr, i64]),
     ]:
         fn.restype, fn.argtypes = i64, args

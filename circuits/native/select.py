@@ -1,5 +1,6 @@
-"""Per-row selection: ``topk`` (the k largest entries, descending, ties to the lower index) and
-``kth_largest`` (each row's k-th largest entry, the shift of exactly-k circuits).
+"""Per-row selection: ``topk`` (the k largest entries, descending, ties to the lower index),
+``topk_chosen`` (the same order over the keys (z - 1) + x z of a 0/1 choice z, read once per row)
+and ``kth_largest`` (each row's k-th largest entry, the shift of exactly-k circuits).
 
 ``torch.topk`` leaves the order of ties unspecified (and on the CPU costs about as much as a whole
 fused circuit pass at n = 64); these give one order on every device: fused C for contiguous
@@ -39,6 +40,30 @@ def topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     if lib.pm_topk(x.data_ptr(), x.shape[0], x.shape[1], k, values.data_ptr(), indices.data_ptr(),
                    torch.get_num_threads()):
         raise MemoryError("circuits: topk could not allocate its scratch")
+    return values, indices
+
+
+def topk_chosen_reference(z: Tensor, x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The k largest keys (z - 1) + x z of each row, as ``topk_reference``: z [T, n] in {0, 1}, x [T, n] >= 0
+    -> (values [T, k], indices [T, k] long): the chosen entries (z = 1) by x descending, then the
+    others (value -1) by index."""
+    return topk_reference((z - 1).addcmul_(x, z), k)
+
+
+def topk_chosen(z: Tensor, x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """``topk_chosen_reference`` for z in {0, 1} and x >= 0 (not NaN), [T, n] float, 0 <= k <= n; in C
+    for float32 CPU rows without building the keys or sorting every entry (O(n + c k) per row with
+    c chosen, where ``topk`` takes O(n k))."""
+    if z.dim() != 2 or z.shape != x.shape or not 0 <= k <= z.shape[1]:
+        raise ValueError(f"topk_chosen takes z, x [T, n] of one shape and 0 <= k <= n, got shapes "
+                         f"{list(z.shape)}, {list(x.shape)} and k = {k}")
+    lib = rows.ROWS.takes(x.device, x.dtype)
+    if lib is None or z.dtype != x.dtype or k == 0 or x.shape[0] == 0:
+        return topk_chosen_reference(z, x, k)
+    z, x = z.detach().contiguous(), x.detach().contiguous()
+    values, indices = x.new_empty(x.shape[0], k), torch.empty(x.shape[0], k, dtype=torch.int64)
+    lib.pm_topk_chosen(z.data_ptr(), x.data_ptr(), x.shape[0], x.shape[1], k, values.data_ptr(),
+                       indices.data_ptr(), torch.get_num_threads())
     return values, indices
 
 

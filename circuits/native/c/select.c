@@ -118,3 +118,40 @@ int64_t pm_topk(const float *r, int64_t T, int64_t n, int64_t k, float *values, 
     }
     return failed;
 }
+
+/* topk of the keys (z - 1) + x z for z in {0, 1} and x >= 0 (pm_topk's order: descending, ties
+ * to the lower index), without sorting every entry: the chosen entries (z > 0, key x) come first,
+ * by x descending, then the others (key -1) by index. Each row is read once, its chosen entries
+ * kept in a list of at most k sorted by insertion: O(n + c k) for c chosen, where pm_topk takes
+ * O(n k). values [T, k], indices [T, k] int64. Returns 0. */
+int64_t pm_topk_chosen(const float *z, const float *x, int64_t T, int64_t n, int64_t k, float *values,
+                       int64_t *indices, int64_t threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (T > 256)
+    for (int64_t t = 0; t < T; t++) {
+        const float *zt = z + t * n, *xt = x + t * n;
+        float *v = values + t * k;
+        int64_t *ix = indices + t * k, c = 0;
+        for (int64_t i = 0; i < n; i++) {
+            if (!(zt[i] > 0.0f)) continue;
+            const float xi = xt[i];
+            int64_t at = c < k ? c : k; /* sink from the end of the list: later indices lose ties */
+            if (at == k && !(xi > v[k - 1])) continue;
+            while (at > 0 && xi > v[at - 1]) {
+                if (at < k) {
+                    v[at] = v[at - 1];
+                    ix[at] = ix[at - 1];
+                }
+                at--;
+            }
+            v[at] = xi;
+            ix[at] = i;
+            c += c < k;
+        }
+        for (int64_t i = 0; c < k && i < n; i++) /* the first unchosen entries, key -1 */
+            if (!(zt[i] > 0.0f)) {
+                v[c] = -1.0f;
+                ix[c++] = i;
+            }
+    }
+    return 0;
+}
