@@ -52,7 +52,7 @@ def topk_chosen_reference(z: Tensor, x: Tensor, k: int) -> tuple[Tensor, Tensor]
 
 def topk_chosen(z: Tensor, x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """``topk_chosen_reference`` for z in {0, 1} and x >= 0 (not NaN), [T, n] float, 0 <= k <= n; in C
-    for float32 CPU rows without building the keys or sorting every entry (O(n + c k) per row with
+    for float32 CPU rows without building the keys or sorting every entry (O(n + c^2) per row with
     c chosen, where ``topk`` takes O(n k))."""
     if z.dim() != 2 or z.shape != x.shape or not 0 <= k <= z.shape[1]:
         raise ValueError(f"topk_chosen takes z, x [T, n] of one shape and 0 <= k <= n, got shapes "
@@ -62,8 +62,9 @@ def topk_chosen(z: Tensor, x: Tensor, k: int) -> tuple[Tensor, Tensor]:
         return topk_chosen_reference(z, x, k)
     z, x = z.detach().contiguous(), x.detach().contiguous()
     values, indices = x.new_empty(x.shape[0], k), torch.empty(x.shape[0], k, dtype=torch.int64)
-    lib.pm_topk_chosen(z.data_ptr(), x.data_ptr(), x.shape[0], x.shape[1], k, values.data_ptr(),
-                       indices.data_ptr(), torch.get_num_threads())
+    if lib.pm_topk_chosen(z.data_ptr(), x.data_ptr(), x.shape[0], x.shape[1], k, values.data_ptr(),
+                          indices.data_ptr(), torch.get_num_threads()):
+        raise MemoryError("circuits: topk_chosen could not allocate its scratch")
     return values, indices
 
 

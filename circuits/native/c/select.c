@@ -121,37 +121,50 @@ int64_t pm_topk(const float *r, int64_t T, int64_t n, int64_t k, float *values, 
 
 /* topk of the keys (z - 1) + x z for z in {0, 1} and x >= 0 (pm_topk's order: descending, ties
  * to the lower index), without sorting every entry: the chosen entries (z > 0, key x) come first,
- * by x descending, then the others (key -1) by index. Each row is read once, its chosen entries
- * kept in a list of at most k sorted by insertion: O(n + c k) for c chosen, where pm_topk takes
- * O(n k). values [T, k], indices [T, k] int64. Returns 0. */
+ * by x descending, then the others (key -1) by index. Each row's chosen indices are gathered
+ * from bit masks of 64 entries (one branch per chosen entry, not per entry), then each is put at
+ * its rank (the chosen with a larger value, or an equal one and a lower index), counted without
+ * branches: O(n + c^2) for c chosen, where pm_topk takes O(n k). values [T, k],
+ * indices [T, k] int64. Returns 0, or 1 when the scratch could not be allocated. */
 int64_t pm_topk_chosen(const float *z, const float *x, int64_t T, int64_t n, int64_t k, float *values,
                        int64_t *indices, int64_t threads) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (T > 256)
-    for (int64_t t = 0; t < T; t++) {
-        const float *zt = z + t * n, *xt = x + t * n;
-        float *v = values + t * k;
-        int64_t *ix = indices + t * k, c = 0;
-        for (int64_t i = 0; i < n; i++) {
-            if (!(zt[i] > 0.0f)) continue;
-            const float xi = xt[i];
-            int64_t at = c < k ? c : k; /* sink from the end of the list: later indices lose ties */
-            if (at == k && !(xi > v[k - 1])) continue;
-            while (at > 0 && xi > v[at - 1]) {
-                if (at < k) {
-                    v[at] = v[at - 1];
-                    ix[at] = ix[at - 1];
+    int64_t failed = 0;
+#pragma omp parallel num_threads(threads) if (T > 256) reduction(| : failed)
+    {
+        int64_t *at = malloc(sizeof(int64_t) * (size_t)n); /* a row's chosen indices */
+        float *xs = malloc(sizeof(float) * (size_t)n);   /* and their values */
+        if (at == NULL || xs == NULL) failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < T; t++) {
+            if (at == NULL || xs == NULL) continue;
+            const float *zt = z + t * n, *xt = x + t * n;
+            float *v = values + t * k;
+            int64_t *ix = indices + t * k, c = 0;
+            for (int64_t i0 = 0; i0 < n; i0 += 64) { /* 64 entries as one bit mask, then its set bits */
+                const int64_t w = n - i0 < 64 ? n - i0 : 64;
+                uint64_t bits = 0;
+                for (int64_t i = 0; i < w; i++) bits |= (uint64_t)(zt[i0 + i] > 0.0f) << i;
+                for (; bits; bits &= bits - 1) at[c++] = i0 + __builtin_ctzll(bits);
+            }
+            for (int64_t q = 0; q < c; q++) xs[q] = xt[at[q]];
+            for (int64_t q = 0; q < c; q++) { /* its place: the chosen above it, and the equal ones before it */
+                const float xq = xs[q];
+                int64_t rank = 0;
+                for (int64_t q2 = 0; q2 < c; q2++) rank += (xs[q2] > xq) | ((xs[q2] == xq) & (q2 < q));
+                if (rank < k) {
+                    v[rank] = xq;
+                    ix[rank] = at[q];
                 }
-                at--;
             }
-            v[at] = xi;
-            ix[at] = i;
-            c += c < k;
+            int64_t kept = c < k ? c : k;
+            for (int64_t i = 0; kept < k && i < n; i++) /* then the first unchosen entries, key -1 */
+                if (!(zt[i] > 0.0f)) {
+                    v[kept] = -1.0f;
+                    ix[kept++] = i;
+                }
         }
-        for (int64_t i = 0; c < k && i < n; i++) /* the first unchosen entries, key -1 */
-            if (!(zt[i] > 0.0f)) {
-                v[c] = -1.0f;
-                ix[c++] = i;
-            }
+        free(at);
+        free(xs);
     }
-    return 0;
+    return failed;
 }
