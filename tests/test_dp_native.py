@@ -142,13 +142,26 @@ def test_far_spread_tiles_take_the_log_sweep():
 
 
 @needs_native
+def test_a_state_below_the_floor_sends_its_tile_to_the_log_sweep():
+    """Exactly 5 of 6 with two or three logits 60-90 below the rest: the bound on the largest state
+    lets the linear sweep start, but the states that must take a low expert fall below 2^-120 (they
+    would underflow to 0 and give marginals off by 0.5-1, found by a search); the floor check sends
+    the tile to the log sweep, which matches the float64 torch DP."""
+    r = torch.tensor([[-90.0, -90.0, 0.0, 0.0, 0.0, 0.0], [-90.0, 0.0, -90.0, 0.0, 0.0, 0.0],
+                      [-60.0, -60.0, -60.0, 0.0, 0.0, 0.0]])
+    for row in r:
+        assert dp_native.linear_tiles(row[None], 5, 5) == (0, 1)
+    check_against_torch(r, 5, 5, seed=8)
+
+
+@needs_native
 def test_the_linear_sweep_at_the_edge_of_its_range():
     """Rows scaled from well inside to past the linear sweep's range: wherever a tile ends up,
     the marginals and Cov(z) v match the float64 torch DP (a state that fell below the floor
     unnoticed would show here as a wrong marginal)."""
     g = torch.Generator().manual_seed(5)
     base = torch.randn(16, 256, generator=g)
-    r = torch.cat([base * s for s in torch.linspace(1.5, 3.5, 16).tolist()])  # tiles of 32 tokens here
+    r = torch.cat([base * s for s in torch.linspace(1.5, 6.0, 16).tolist()])  # tiles of 32 tokens here
     done, tiles = dp_native.linear_tiles(r, 16, 16)
     assert 0 < done < tiles, (done, tiles)
     check_against_torch(r, 16, 16, seed=6)

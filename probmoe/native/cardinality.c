@@ -185,73 +185,98 @@ static void tangent_step(int64_t K1, int64_t B, const float *restrict lo, float 
 }
 
 /* The linear sweep. Where a tile's logits allow it, the lattice holds numbers, not logarithms:
- * L[i, j] = 2^-s e_j(w_0..w_{i-1}), the j-th elementary symmetric sum of w = exp(r - tau) with tau
- * the row max, as the log sweep's tilt. A step is then one multiply-add per state, L[i + 1, j] =
- * L[i, j] + w_i L[i, j-1], and W[i, j] = w_i L[i, j-1] / L[i + 1, j] one division: no exp or
- * log1p per state as in the log sweep.
+ * L[i, j] = 2^-s e_j(w_0..w_{i-1}) / C(i, j), the j-th elementary symmetric sum of w = exp(r - tau)
+ * over the first i experts divided by its number of terms, with tau the mean of the row's finite
+ * logits. As C(i + 1, j) = C(i, j) + C(i, j-1), a step is a weighted mean of two states,
+ * L[i + 1, j] = a L[i, j] + b w_i L[i, j-1] with a = (i + 1 - j) / (i + 1) and b = j / (i + 1),
+ * and W[i, j] = b w_i L[i, j-1] / L[i + 1, j]: two products and a division per state, where the
+ * log sweep takes an exp, a log1p and a division.
  *
- * The numbers stay within float32: no state exceeds e^U with U = max over j <= kmax of
- * j log(sum w) - log j! (each j-subset is one of the j! orderings counted in (sum w)^j), so the
- * scale 2^-s with s = ceil(U / ln 2) - 126 keeps every state below 2^127. Small states are checked
- * as they are made: a reachable state (j no more than the finite logits so far) below 2^-120
- * marks its lane. Above it a state is a normal float, and the rounding of a term that fell below
- * 2^-126 (2^-150 at most) is 2^-30 of it. A tile with a marked lane is swept again on
- * logarithms, whose tilt and LOG_ZERO take any logits; the marks are looked at every 16 experts,
- * so such a tile stops early. That happens for logits spread far apart (measured, tiles of 4096
- * tokens that sweep linearly: exactly 16 of 256 experts at logits N(0, s^2), 127 of 128 at s = 2,
- * 111 at 2.5, 8 at 3; exactly 8 of 64, all 32 at s = 3, 22 at 5), and for ±1e4, NaN, +inf or rows
- * without a finite logit (the last three refused before the sweep). -inf logits are w = 0 exactly; unreachable states
- * are exactly 0, W = 0. */
+ * The numbers stay within float32. Divided by C(i, j), a state is the mean over the j-subsets of
+ * their products, at most (the prefix's mean of w)^j (Maclaurin's inequality), so with U = the
+ * largest min(i, kmax) log(mean of w_0..w_{i-1}), the scale 2^-s with s = ceil(U / ln 2) - 126
+ * keeps every state below 2^127. Small states are checked as they are made: a reachable state (j
+ * no more than the finite logits so far) below 2^-120 marks its lane. Above it a state is a normal
+ * float, and the rounding of a term that fell below 2^-126 (2^-150 at most) is 2^-30 of it. A tile
+ * with a marked lane is swept again on logarithms, whose tilt and LOG_ZERO take any logits; the
+ * marks are looked at every 16 experts, so such a tile stops early. That happens for logits spread
+ * far apart (dp_native.linear_tiles counts the tiles; docs/performance.md has the shares for
+ * N(0, s^2) logits), and for ±1e4, NaN, +inf or rows without a finite logit (the last three
+ * refused before the sweep). -inf logits are w = 0 exactly; unreachable states are exactly 0, W = 0. */
 #define LINEAR_TOP 126 /* log2 of the largest state's bound after scaling */
 #define LINEAR_FLOOR 0x1p-120f /* the smallest reachable state the linear sweep accepts */
 
-/* The linear sweep's setup for a tile's logits rt [N][B] (not tilted): tau [B] (the row max), wt
- * [N][B] = exp(rt - tau), and s [B], the scale's power of two. Returns 0 (the tile takes the log
- * sweep) when a lane has no finite row max, a NaN or +inf, or a bound U too large for the range
- * between 2^-120 and 2^126. sum, U: [B] scratch. */
+/* The linear sweep's setup for a tile's logits rt [N][B] (not tilted): tau [B] (the mean of the
+ * finite logits), wt [N][B] = exp(rt - tau), and s [B], the scale's power of two. Returns 0 (the
+ * tile takes the log sweep) when a lane has no finite logit, a NaN or +inf, a weight that
+ * overflows, or a bound U too large for the range between 2^-120 and 2^126. mean [N][B], cnt and
+ * big [B]: scratch. */
 static int linear_setup(const Dims *d, const float *restrict rt, float *restrict wt, float *restrict tau,
-                        float *restrict s, float *restrict sum, float *restrict U) {
-    const int64_t N = d->N, K1 = d->K1, B = d->B;
-    for (int64_t t = 0; t < B; t++) tau[t] = -INFINITY;
+                        float *restrict s, float *restrict mean, float *restrict cnt, float *restrict big) {
+    const int64_t N = d->N, K = d->K1 - 1, B = d->B;
+    memset(tau, 0, B * sizeof(float));
+    memset(cnt, 0, B * sizeof(float));
     for (int64_t i = 0; i < N; i++)
-        for (int64_t t = 0; t < B; t++) tau[t] = max2(tau[t], rt[i * B + t]);
+        for (int64_t t = 0; t < B; t++) {
+            const float x = rt[i * B + t], live = x > -INFINITY; /* NaN counts: it fails the checks below */
+            tau[t] += live ? x : 0.0f;
+            cnt[t] += live;
+        }
+    for (int64_t t = 0; t < B; t++) tau[t] = cnt[t] > 0.0f ? tau[t] / cnt[t] : NAN;
     for (int64_t i = 0; i < N; i++)
-        for (int64_t t = 0; t < B; t++) wt[i * B + t] = rt[i * B + t] - tau[t]; /* <= 0; -inf stays -inf */
-    pm_exp(wt, N * B);
+        for (int64_t t = 0; t < B; t++) wt[i * B + t] = rt[i * B + t] - tau[t]; /* -inf stays -inf */
+    pm_exp(wt, N * B); /* inf where r - tau > 88 */
+    /* U: min(i + 1, K) log(the mean of w_0..w_i), largest over i: K log of the largest prefix mean
+     * from i = K - 1 on, and the first K - 1 prefixes one by one (K logs per lane, not N). */
+    float *sum = cnt; /* [B]: the running sum of w */
     memset(sum, 0, B * sizeof(float));
-    for (int64_t i = 0; i < N; i++)
-        for (int64_t t = 0; t < B; t++) sum[t] += wt[i * B + t];
-    pm_log(sum, B); /* log sum w, in [0, log N] for finite logits; NaN for a NaN */
-    memset(U, 0, B * sizeof(float));
-    float log_fact = 0.0f; /* log j! */
-    for (int64_t j = 1; j < K1; j++) {
-        log_fact += logf((float)j);
-        for (int64_t t = 0; t < B; t++) U[t] = max2(U[t], (float)j * sum[t] - log_fact);
+    for (int64_t t = 0; t < B; t++) big[t] = 0.0f;
+    for (int64_t i = 0; i < N; i++) {
+        const float inv = 1.0f / (float)(i + 1);
+        for (int64_t t = 0; t < B; t++) {
+            sum[t] += wt[i * B + t];
+            const float m = sum[t] * inv;
+            if (i + 1 < K) mean[i * B + t] = m;
+            else big[t] = m > big[t] || m != m ? m : big[t]; /* NaN stays */
+        }
+    }
+    const int64_t small = N < K - 1 ? N : K - 1; /* the prefixes shorter than K */
+    const int64_t rows = small < N ? small + 1 : small; /* and the largest mean of the others, if any */
+    if (small < N) memcpy(mean + small * B, big, B * sizeof(float));
+    pm_log(mean, rows * B);
+    memset(s, 0, B * sizeof(float)); /* U, for now */
+    for (int64_t i = 0; i < rows; i++) {
+        const float m = (float)(i < small ? i + 1 : K);
+        for (int64_t t = 0; t < B; t++) {
+            const float u = m * mean[i * B + t];
+            s[t] = u > s[t] || u != u ? u : s[t]; /* NaN stays; log 0 = -inf adds nothing */
+        }
     }
     int ok = 1;
     for (int64_t t = 0; t < B; t++) {
-        const float bits = U[t] * 1.44269502f; /* log2 of the bound */
-        ok &= isfinite(tau[t]) && sum[t] == sum[t] && bits <= (float)(LINEAR_TOP + 100); /* NaN fails */
+        const float bits = s[t] * 1.44269502f; /* log2 of the bound */
+        ok &= tau[t] == tau[t] && bits <= (float)(LINEAR_TOP + 100); /* NaN and inf fail */
         s[t] = ok ? ceilf(bits) - (float)LINEAR_TOP : 0.0f;
     }
     return ok;
 }
 
 /* One step of the linear sweep for expert i: lo = L[i], hi = L[i + 1] ([K1 + 1][B], row 0 is
- * j = -1, always 0), wi = w_i [B], w = W[i] [K1][B]: L[i + 1, j] = L[i, j] + w_i L[i, j-1] and
- * W[i, j] = w_i L[i, j-1] / L[i + 1, j] (0 for an unreachable state, and at j = 0). reach [B]: the
- * finite logits among experts 0..i; a reachable state (j <= reach) below LINEAR_FLOOR sets
- * low [B] to 1. */
-static void up_step_linear(int64_t K1, int64_t B, const float *restrict lo, float *restrict hi,
+ * j = -1, always 0), wi = w_i [B], w = W[i] [K1][B]: L[i + 1, j] = a L[i, j] + b w_i L[i, j-1] and
+ * W[i, j] = b w_i L[i, j-1] / L[i + 1, j] (0 for an unreachable state, and at j = 0), a = (i + 1 -
+ * j) / (i + 1), b = j / (i + 1) (states past j = i + 1 are 0 whatever a is). reach [B]: the finite
+ * logits among experts 0..i; a reachable state (j <= reach) below LINEAR_FLOOR sets low [B] to 1. */
+static void up_step_linear(int64_t i, int64_t K1, int64_t B, const float *restrict lo, float *restrict hi,
                            const float *restrict wi, float *restrict w, const float *restrict reach,
                            float *restrict low) {
     const float *prev = lo, *cur = lo + B;
     float *next = hi + B;
+    const float inv = 1.0f / (float)(i + 1);
     for (int64_t j = 0; j < K1; j++) {
-        const float jf = (float)j;
+        const float jf = (float)j, a = (float)(i + 1 - j) * inv, b = jf * inv;
         for (int64_t t = 0; t < B; t++) {
             const int64_t k = j * B + t;
-            const float take = prev[k] * wi[t], nx = cur[k] + take;
+            const float take = (b * prev[k]) * wi[t], nx = a * cur[k] + take; /* (b prev) w: at most nx */
             next[k] = nx;
             w[k] = nx > 0.0f ? take / nx : 0.0f;
             low[t] = jf <= reach[t] && nx < LINEAR_FLOOR ? 1.0f : low[t];
@@ -259,16 +284,19 @@ static void up_step_linear(int64_t K1, int64_t B, const float *restrict lo, floa
     }
 }
 
-/* The linear sweep's last row as the log sweep's: top [K1][B] = log L[N, j] + s ln 2, the log
- * count tilted by tau (LOG_ZERO where the state is unreachable). */
-static void linear_to_log(int64_t K1, int64_t B, float *restrict top, const float *restrict s) {
+/* The linear sweep's last row as the log sweep's: top [K1][B] = log L[N, j] + s ln 2 + log C(N, j),
+ * the log count tilted by tau (LOG_ZERO where the state is unreachable). */
+static void linear_to_log(int64_t N, int64_t K1, int64_t B, float *restrict top, const float *restrict s) {
     for (int64_t k = 0; k < K1 * B; k++) top[k] = top[k] > 0.0f ? top[k] : -1.0f; /* -1: marks 0 */
     pm_log(top, K1 * B); /* log of -1: NaN, replaced below */
-    for (int64_t j = 0; j < K1; j++)
+    for (int64_t j = 0; j < K1; j++) {
+        const float log_c = j <= N ? (float)(lgamma((double)N + 1) - lgamma((double)j + 1) - lgamma((double)(N - j) + 1))
+                                   : 0.0f; /* past N the state is unreachable */
         for (int64_t t = 0; t < B; t++) {
             const int64_t k = j * B + t;
-            top[k] = top[k] == top[k] ? top[k] + s[t] * 0.693147182f : LOG_ZERO;
+            top[k] = top[k] == top[k] ? (top[k] + s[t] * 0.693147182f) + log_c : LOG_ZERO;
         }
+    }
 }
 
 /* The sweeps of up_sweep after its setup: linear (then L holds numbers; returns 0 when a lane
@@ -291,7 +319,7 @@ static int sweep(const Dims *d, const Tile *w, int linear) {
         float *wi = w->W + i * K1 * B;
         if (linear) {
             for (int64_t t = 0; t < B; t++) reach[t] += w->rt[i * B + t] > -INFINITY ? 1.0f : 0.0f;
-            up_step_linear(K1, B, w->L + a, w->L + b, w->wt + i * B, wi, reach, low);
+            up_step_linear(i, K1, B, w->L + a, w->L + b, w->wt + i * B, wi, reach, low);
         } else {
             up_step(K1, B, w->L + a, w->L + b, w->rt + i * B, wi, w->take, w->g);
         }
@@ -303,6 +331,15 @@ static int sweep(const Dims *d, const Tile *w, int linear) {
     return 1;
 }
 
+/* Whether x [n] holds no inf or NaN. After a linear sweep, on its last row: the bound on the states
+ * says that no state overflows; this guards it (an inf or NaN state leaves inf or NaN in every
+ * state of its column below it, as a > 0 there or 0 inf = NaN). */
+static int all_finite(const float *x, int64_t n) {
+    int ok = 1;
+    for (int64_t k = 0; k < n; k++) ok &= x[k] <= FLT_MAX; /* false for inf and NaN */
+    return ok;
+}
+
 /* The up sweep (dp.up) of tokens t0..t0+nt of r [T, N]: tau, W, and with v [T, N] also vt, D
  * and dW; linear where the tile's logits allow (*linear = 1), else on logarithms (0). Returns
  * L[N] [K1][B] as log counts tilted by tau; *dtop = D[N] [K1][B] with v. */
@@ -312,14 +349,15 @@ static const float *up_sweep(const Dims *d, const Tile *w, const float *r, const
     load_rows(d, r, t0, nt, w->rt);
     if (v) load_rows(d, v, t0, nt, w->vt);
     float *s = w->A; /* [B]: the linear scale's power of two; A is free until the down sweep */
-    *linear = d->linear && linear_setup(d, w->rt, w->wt, w->tau, s, w->take, w->g) && sweep(d, w, 1);
+    *linear = d->linear && linear_setup(d, w->rt, w->wt, w->tau, s, w->out, w->take, w->g) && sweep(d, w, 1) &&
+              all_finite(w->L + (N % 2) * level + B, K1 * B);
     if (!*linear) {
         tilt(d, w->rt, w->tau);
         sweep(d, w, 0);
     }
     if (v) *dtop = w->D + (N % 2) * level + B;
     float *top = w->L + (N % 2) * level + B;
-    if (*linear) linear_to_log(K1, B, top, s);
+    if (*linear) linear_to_log(N, K1, B, top, s);
     return top;
 }
 
