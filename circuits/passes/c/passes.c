@@ -319,6 +319,13 @@ static inline void product_row(float *restrict x, const float *restrict a, const
     for (int64_t t = 0; t < TILE; t++) x[t] = (a[t] * b[t]) * c;
 }
 
+/* Whether some lane of low [TILE] is set. */
+static inline int any_set(const float *low) {
+    float any = 0.0f;
+    for (int64_t t = 0; t < TILE; t++) any = low[t] != 0.0f ? 1.0f : any;
+    return any != 0.0f;
+}
+
 /* low = 1 where v is outside [LIN_FLOOR, LIN_TOP] (NaN included). */
 static inline void range_row(float *restrict low, const float *restrict v) {
     for (int64_t t = 0; t < TILE; t++) low[t] = v[t] >= LIN_FLOOR && v[t] <= LIN_TOP ? low[t] : 1.0f;
@@ -380,15 +387,13 @@ static int upward(const Prog *P, float *val, float *ex, float *norm, float *dval
         if (linear) {
             memcpy(v, s, TILE * sizeof(float));
             range_row(low, v);
+            if ((d & 63) == 63 && any_set(low)) return 0; /* out of range: stop early, the caller redoes it */
         } else {
             pm_log_add(v, s, top, TILE);
             for (int64_t t = 0; t < TILE; t++) s[t] = max2(s[t], FLT_MIN); /* a dead node's zero flow / FLT_MIN = 0 */
         }
     }
-    if (linear)
-        for (int64_t t = 0; t < TILE; t++)
-            if (low[t] != 0.0f) return 0;
-    return 1;
+    return linear ? !any_set(low) : 1;
 }
 
 /* The leaves of the linear upward: FALSE 0, TRUE lin_true, x_i = sigma(r) lin_pos, not x_i =
