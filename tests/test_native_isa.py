@@ -81,6 +81,9 @@ def test_circuit_passes(isa, spec):
     v = torch.randn(T, n, generator=torch.Generator().manual_seed(1))
     native = CPasses(prog)
     assert native.lib is c_library.NATIVE.state["lib"]
+    done, tiles = native.linear_tiles(r)
+    assert 0 < done and (done < tiles or n == 1)  # the awkward rows' tiles on logarithms (n = 1: no awkward
+    # value survives the shift), the last tile's linear upward
     log_z, m = native.log_partition(r, True)
     up = kernels.upward(prog, r)
     torch.testing.assert_close(log_z, up.val[-1], atol=1e-5, rtol=1e-5)
@@ -116,6 +119,8 @@ def test_circuit_passes(isa, spec):
 def test_cardinality_dp(isa, T, N, kmin, kmax):
     r = awkward_logits(T, N, seed=N + kmin)
     v = torch.randn(T, N, generator=torch.Generator().manual_seed(3))
+    done, tiles = dp_native.linear_tiles(r, kmin, kmax)
+    assert 0 < done < tiles or tiles == 1  # the awkward rows' tiles on logarithms, the last one linear
     seed = torch.Generator().manual_seed(4)
     m, z = dp_native.forward_marginals(r, kmin, kmax, seed_tensor(seed), True)
     u = dp.up(r, kmin, kmax)  # the float32 torch DP: the same rounding of the tilted ±1e4 logits
@@ -144,6 +149,10 @@ def test_row_operations(isa, T, n, k):
     values, indices = select.topk(r, k)
     want_values, want_indices = select.topk_reference(r, k)
     assert torch.equal(values, want_values) and torch.equal(indices, want_indices)
+    z = (r > 0.5).float()  # some rows choose more than k, some fewer
+    x = torch.softmax(r.nan_to_num(0.0, 0.0, 0.0), -1) if T else r
+    got, want = select.topk_chosen(z, x, k), select.topk_chosen_reference(z, x, k)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     seed = torch.tensor(12345, dtype=torch.int64)
     got = native_uniforms.uniforms(seed, 3 * T * n + 5, torch.device("cpu"), torch.float32)
     assert torch.equal(got, native_uniforms.reference(seed, 0, 3 * T * n + 5))

@@ -5,8 +5,9 @@
  * in memory; here one tile's whole circuit (values, element weights, flows: a few hundred kB)
  * stays in cache while all groups are evaluated, and each element is touched once per pass.
  *
- * Buffers are [rows][TILE] floats. A partial last tile is padded with logit 0 (and uniform 0.5),
- * so every lane holds ordinary numbers; only the first nt lanes are written out. Inputs [T, n] and
+ * Buffers are [rows][TILE] floats. A partial last tile's lanes past nt hold copies of its first
+ * token's logits (pad_lanes; uniform 0.5, tangent 0), so every lane holds ordinary numbers; only
+ * the first nt lanes are written out. Inputs [T, n] and
  * outputs move between the two layouts in 16 x 16 blocks (load_tile, store_tile). The entry
  * points at the end (pm_marginals, pm_sample, pm_map, pm_jvp) split the tiles between OpenMP
  * threads; each thread has its own scratch.
@@ -271,6 +272,16 @@ static void shift_tile(const float *shift, int64_t n, int64_t t0, int64_t nt, fl
         for (int64_t t = 0; t < nt; t++) dst[i * TILE + t] -= shift[t0 + t];
 }
 
+/* The lanes past nt of a partial tile's logits rt [n][TILE] take lane 0's (a token of the tile):
+ * a pad of logit 0 everywhere is a token whose values can leave the linear upward's range (all n
+ * logits at the shift: exactly 16 of 256 has P = C(256, 16) / 2^256 ~ e^-120), which would send
+ * the whole tile to the pass on logarithms. Padding lanes are never written out. */
+static void pad_lanes(int64_t n, int64_t nt, float *rt) {
+    if (nt == TILE) return;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t t = nt; t < TILE; t++) rt[i * TILE + t] = rt[i * TILE];
+}
+
 /* src [n][TILE] -> dst [T, n] rows t0..t0+nt: 16 x 16 blocks, then the rest. */
 static void store_tile(const float *src, int64_t n, int64_t t0, int64_t nt, float *dst) {
     const int64_t n16 = n & ~(int64_t)15, nt16 = nt & ~(int64_t)15;
@@ -468,6 +479,7 @@ static int64_t sample_tile(const Prog *P, const float *r, const float *shift, co
     float *act = norm + S * TILE, *ex = act + S * TILE, *top = ex + R * TILE; /* fl: the fill's uniforms */
     load_tile(r, n, t0, nt, 0.0f, rt);
     shift_tile(shift, n, t0, nt, rt);
+    pad_lanes(n, nt, rt);
     const int linear = up_tile(P, rt, NULL, P->smooth ? NULL : p, val, ex, norm, NULL, top, logz + t0, nt);
     root_flow(act, S, S);
     for (int64_t d = P->num_nodes - 1; d >= 0; d--) {
@@ -515,6 +527,7 @@ static int64_t marginals_tile(const Prog *P, const float *r, const float *shift,
     float *ex = g + S * TILE, *top = ex + R * TILE, *coef = top + TILE;
     load_tile(r, n, t0, nt, 0.0f, rt);
     shift_tile(shift, n, t0, nt, rt);
+    pad_lanes(n, nt, rt);
     const int linear = up_tile(P, rt, NULL, P->smooth || !m ? NULL : p, val, ex, norm, NULL, top, logz + t0, nt);
     if (!m) return linear;
     root_flow(g, S, S);
@@ -551,6 +564,7 @@ static int64_t map_tile(const Prog *P, const float *r, const float *shift, float
     float *gap = ex + R * TILE, *found = gap + TILE;
     load_tile(r, n, t0, nt, 0.0f, rt);
     shift_tile(shift, n, t0, nt, rt);
+    pad_lanes(n, nt, rt);
     leaves(n, rt, val, NULL);
     for (int64_t i = 0; i < n * TILE; i++) h[i] = max2(val[2 * TILE + i], val[(2 + n) * TILE + i]);
     for (int64_t d = 0; d < P->num_nodes; d++) { /* max-product upward */
@@ -598,6 +612,7 @@ static int64_t jvp_tile(const Prog *P, const float *r, const float *shift, const
     float *top = ex + R * TILE, *coef = top + TILE, *dcoef = coef + TILE;
     load_tile(r, n, t0, nt, 0.0f, rt);
     shift_tile(shift, n, t0, nt, rt);
+    pad_lanes(n, nt, rt);
     load_tile(v, n, t0, nt, 0.0f, vt);
     const int linear = up_tile(P, rt, vt, p, val, ex, norm, dval, top, coef, TILE); /* log Z into coef: unused */
     root_flow(g, S, 2 * S); /* g, and dg = 0 after it */
