@@ -56,6 +56,7 @@ def test_built_wherever_a_compiler_is():
     (40, 256, 16, 16),  # smaller tiles: 32 tokens for the draw, 16 for Cov(z) v
     (33, 7, 0, 7),  # kmin = 0, kmax = N
     (17, 9, 9, 9),  # all experts
+    (20, 5, 0, 0),  # kmax = 0: the empty set only
     (20, 1, 0, 1),  # N = 1
     (20, 1, 1, 1),
     (10, 3, 2, 5),  # kmax > N: the sizes past N are unreachable

@@ -240,7 +240,7 @@ static int linear_setup(const Dims *d, const float *restrict rt, float *restrict
             else big[t] = m > big[t] || m != m ? m : big[t]; /* NaN stays */
         }
     }
-    const int64_t small = N < K - 1 ? N : K - 1; /* the prefixes shorter than K */
+    const int64_t small = K < 1 ? 0 : N < K - 1 ? N : K - 1; /* the prefixes shorter than K */
     const int64_t rows = small < N ? small + 1 : small; /* and the largest mean of the others, if any */
     if (small < N) memcpy(mean + small * B, big, B * sizeof(float));
     pm_log(mean, rows * B);
