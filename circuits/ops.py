@@ -100,27 +100,29 @@ log_partition.register_autograd(_log_partition_backward, setup_context=_log_part
 def marginals(r: Tensor, shift: Tensor | None, seed: Tensor | None, circuit: int, values: bool,
               want_log_z: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(m [T, n] (zeros unless ``values``), one draw z [T, n] when a seed is given else [0],
-    log Z [T] when computed (a draw, ``values`` or ``want_log_z``) else [0]).
+    log Z [T] when ``values`` or ``want_log_z`` else [0]).
 
     At most one sampling pass and one upward-downward pass; with ``values`` False m is zeros that
     still carry the Jacobian Cov(z) (straight-through estimators need only that)."""
     c, chosen = _passes(r, circuit)
     z, log_z = r.new_empty(0), None
     if seed is not None:
-        z, log_z = chosen.sample(r, *draw_uniforms(c.program, r, seed), shift=shift)
+        z, log_z = chosen.sample(r, *draw_uniforms(c.program, r, seed), shift=shift, log_z=want_log_z and not values)
     if values:
         log_z, m = chosen.log_partition(r, True, shift=shift)
     else:
         m = torch.zeros_like(r)
         if log_z is None and want_log_z:
             log_z, _ = chosen.log_partition(r, False, shift=shift)
+        elif not want_log_z:
+            log_z = None  # a sampling pass may have made it anyway: the fake says [0]
     return m.contiguous(), z.contiguous(), r.new_empty(0) if log_z is None else log_z  # the fake's strides
 
 
 @marginals.register_fake
 def _(r, shift, seed, circuit, values, want_log_z):
     T = r.shape[0]
-    has_log_z = seed is not None or values or want_log_z
+    has_log_z = values or want_log_z
     return torch.empty_like(r), r.new_empty(r.shape if seed is not None else (0,)), r.new_empty(T if has_log_z else 0)
 
 

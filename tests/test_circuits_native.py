@@ -16,7 +16,7 @@ from circuits.native import build as native
 from brute import exact, masks
 import circuits.passes
 from circuits.native import select
-from circuits.passes import CPasses, TorchPasses, c_library, draw_uniforms
+from circuits.passes import CPasses, TorchPasses, c_library, c_passes, draw_uniforms
 from circuits.passes import torch_passes as kernels
 from stats import chi2_pvalue, mask_counts
 
@@ -196,6 +196,35 @@ def test_the_linear_upward_matches_the_log_upward(spec, scale, T, tmp_path):
     m64 = kernels.marginals_from_flows(prog, kernels.downward(prog, up64), torch.sigmoid(r.double()))
     torch.testing.assert_close(got[1].double(), m64, atol=2e-6, rtol=0)
     torch.testing.assert_close(got[3].double(), kernels.marginals_jvp(prog, r.double(), v.double()), atol=2e-5, rtol=0)
+
+
+@needs_native
+def test_the_linear_upward_centres_logits_of_a_fixed_cardinality():
+    """Exactly-k circuits: the linear pass moves each token's logits to the circuit's nominal
+    logit (the distribution does not change) and corrects log Z back. Nearly equal logits at
+    exactly 16 of 256 (shifted to their k-th largest they lie far from it), logits 50 above or
+    below 0 that no shift moved, and a row whose log Z is about -100 (the root's stored value
+    times e^-20 was a subnormal float there: log Z off by 3e-3) all take the linear pass and
+    match the float64 torch passes; a range circuit is not centred."""
+    cases = [(circuits.ExactlyK(256, 16), torch.randn(130, 256, generator=torch.Generator().manual_seed(3)) * 0.05),
+             (circuits.ExactlyK(64, 8), torch.randn(130, 64, generator=torch.Generator().manual_seed(4)) * 0.5 + 50),
+             (circuits.ExactlyK(64, 8), torch.randn(130, 64, generator=torch.Generator().manual_seed(5)) * 0.5 - 50),
+             (circuits.ExactlyK(24, 1), torch.tensor([[-30.0] * 8 + [0.0] * 16]).expand(130, 24).contiguous())]
+    for spec, r in cases:
+        c = circuits.compile_circuit(spec)
+        prog, passes = c.program, CPasses(c.program)
+        for rows in (r, shifted(c, r)):  # called with raw logits, and as a route calls them
+            assert passes.linear_tiles(rows) == (2, 2), spec
+            v = torch.randn(rows.shape, generator=torch.Generator().manual_seed(6))
+            log_z, m = passes.log_partition(rows, True)
+            up64 = kernels.upward(prog, rows.double())
+            torch.testing.assert_close(log_z.double(), up64.val[-1], atol=1e-5, rtol=1e-6, msg=str(spec))
+            m64 = kernels.marginals_from_flows(prog, kernels.downward(prog, up64), torch.sigmoid(rows.double()))
+            torch.testing.assert_close(m.double(), m64, atol=2e-6, rtol=0, msg=str(spec))
+            jvp64 = kernels.marginals_jvp(prog, rows.double(), v.double())
+            torch.testing.assert_close(passes.marginals_jvp(rows, v).double(), jvp64, atol=2e-5, rtol=0, msg=str(spec))
+    assert c_passes.linear_constants(circuits.compile_circuit(circuits.RangeK(64, 4, 8)).program)[-1] == -1.0
+    assert c_passes.linear_constants(circuits.compile_circuit(circuits.ExactlyK(64, 8)).program)[-1] == 8.0
 
 
 @needs_native

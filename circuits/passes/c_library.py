@@ -21,8 +21,8 @@ class ProgStruct(ctypes.Structure):
                 ("num_nodes", ctypes.c_int64), ("smooth", ctypes.c_int64), ("nodes", ctypes.c_void_p),
                 ("prime", ctypes.c_void_p), ("sub", ctypes.c_void_p), ("imp_off", ctypes.c_void_p),
                 ("imp_var", ctypes.c_void_p), ("lin_coef", ctypes.c_void_p), ("lin_pos", ctypes.c_float),
-                ("lin_neg", ctypes.c_float), ("lin_true", ctypes.c_float), ("lin_down", ctypes.c_float),
-                ("lin_root", ctypes.c_float)]
+                ("lin_neg", ctypes.c_float), ("lin_true", ctypes.c_float), ("lin_root", ctypes.c_float),
+                ("lin_r0", ctypes.c_float), ("lin_k", ctypes.c_float)]
 
 
 def _declare(lib: ctypes.CDLL) -> None:

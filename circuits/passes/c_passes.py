@@ -50,7 +50,7 @@ class CPasses(Passes):
         self.struct = c_library.ProgStruct(
             prog.n, prog.num_slots, prog.num_rows, len(nodes), int(prog.smooth), nodes.data_ptr(),
             prog.prime.data_ptr(), prog.sub.data_ptr(), imp_off.data_ptr(), imp_var.data_ptr(),
-            None if coef is None else coef.data_ptr(), *((0.0,) * 5 if lin is None else lin[1:]))
+            None if coef is None else coef.data_ptr(), *((0.0,) * 5 + (-1.0,) if lin is None else lin[1:]))
 
     def _run(self, fn, *args) -> int:
         """Call a pass with torch's thread count (OpenMP threads inside); returns how many tiles of
@@ -76,13 +76,14 @@ class CPasses(Passes):
         return log_z, m
 
     def sample(self, r: Tensor, uniforms: Tensor, fill: Tensor | None,
-               shift: Tensor | None = None) -> tuple[Tensor, Tensor]:
+               shift: Tensor | None = None, log_z: bool = True) -> tuple[Tensor, Tensor | None]:
         uniforms = uniforms.contiguous()
         fill = None if fill is None else fill.contiguous()
-        z, log_z = torch.empty_like(r), r.new_empty(r.shape[0])
+        z, lz = torch.empty_like(r), r.new_empty(r.shape[0]) if log_z else None
         self._run(self.lib.pm_sample, r.data_ptr(), _pointer(shift), uniforms.data_ptr(), self.uid.data_ptr(),
-                  None if fill is None else fill.data_ptr(), z.data_ptr(), log_z.data_ptr(), r.shape[0])
-        return z, log_z
+                  None if fill is None else fill.data_ptr(), z.data_ptr(), None if lz is None else lz.data_ptr(),
+                  r.shape[0])
+        return z, lz
 
     def map(self, r: Tensor, shift: Tensor | None = None) -> tuple[Tensor, Tensor]:
         z, best = torch.empty_like(r), r.new_empty(r.shape[0])
@@ -103,10 +104,12 @@ TILE = 128  # tokens per tile of c/passes.c
 LINEAR_OFFSET = 20.0
 
 
-def linear_constants(prog: Program) -> tuple[Tensor, float, float, float, float, float] | None:
+def linear_constants(prog: Program) -> tuple[Tensor, float, float, float, float, float, float] | None:
     """What the linear upward of ``c/passes.c`` needs (its comment says how it works), or None when
     the program cannot take it: (c [R] float32, what sigma(r) and sigma(-r) are multiplied by for
-    the stored x_i and not x_i, TRUE's stored value, e^-LINEAR_OFFSET, the root's b).
+    the stored x_i and not x_i, TRUE's stored value, what log Z adds to the log of the root's stored
+    value (its b less LINEAR_OFFSET), the nominal logit r0, and k when every model has k true variables and the circuit is smooth, else -1: then
+    the C code centres each token's logits on r0, which leaves such a distribution unchanged).
 
     Each slot is stored as exp(value - b + LINEAR_OFFSET), b its log-value at one nominal logit r0
     for every variable: r0 = logit(k / n) with k the mean size of the circuit's models (its
@@ -139,7 +142,26 @@ def linear_constants(prog: Program) -> tuple[Tensor, float, float, float, float,
     soft = math.log1p(math.exp(-abs(r0)))  # log sigma(+-r0) = min(+-r0, 0) - soft
     pos, neg = min(r0, 0.0) - soft, min(-r0, 0.0) - soft
     return (coef, math.exp(LINEAR_OFFSET - pos), math.exp(LINEAR_OFFSET - neg), math.exp(LINEAR_OFFSET),
-            math.exp(-LINEAR_OFFSET), float(b[prog.num_slots - 1]))
+            float(b[prog.num_slots - 1]) - LINEAR_OFFSET, r0, _fixed_cardinality(prog, k))
+
+
+def _fixed_cardinality(prog: Program, k: float) -> float:
+    """k when every model of the (smooth) circuit has k true variables, else -1. With one k,
+    log Z at logits a for every variable is log #models + k log sigma(a) + (n - k) log sigma(-a):
+    checked at a = -1, 0 and 1 in float64."""
+    from . import torch_passes
+
+    n, j = prog.n, round(k)
+    if not prog.smooth or abs(k - j) > 1e-6:
+        return -1.0
+    for a in (-1.0, 1.0):
+        ends = torch.tensor([[0.0] * n, [a] * n], dtype=torch.float64, device=prog.device)
+        log_z = torch_passes.upward(prog, ends).val[-1].clone()
+        want = j * (math.log(torch.sigmoid(torch.tensor(a, dtype=torch.float64)).item()) - math.log(0.5)) + \
+            (n - j) * (math.log(torch.sigmoid(torch.tensor(-a, dtype=torch.float64)).item()) - math.log(0.5))
+        if abs(float(log_z[1] - log_z[0]) - want) > 1e-9 * (1 + abs(want)):
+            return -1.0
+    return float(j)
 
 
 def _pointer(shift: Tensor | None) -> int | None:

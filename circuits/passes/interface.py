@@ -37,9 +37,10 @@ class Passes:
         raise NotImplementedError
 
     def sample(self, r: Tensor, uniforms: Tensor, fill: Tensor | None,
-               shift: Tensor | None = None) -> tuple[Tensor, Tensor]:
+               shift: Tensor | None = None, log_z: bool = True) -> tuple[Tensor, Tensor | None]:
         """(one exact draw z [T, n] in {0, 1}, log Z [T]) from the uniforms of
-        ``program.draw_uniforms``: [count, T] and [T, n] (None for a smooth circuit)."""
+        ``program.draw_uniforms``: [count, T] and [T, n] (None for a smooth circuit). ``log_z``
+        False: log Z is not wanted (None, or computed anyway where it costs nothing more)."""
         raise NotImplementedError
 
     def map(self, r: Tensor, shift: Tensor | None = None) -> tuple[Tensor, Tensor]:

@@ -295,7 +295,7 @@ class TorchPasses(Passes):
         return up.val[-1].clone(), m
 
     def sample(self, r: Tensor, uniforms: Tensor, fill: Tensor | None,
-               shift: Tensor | None = None) -> tuple[Tensor, Tensor]:
+               shift: Tensor | None = None, log_z: bool = True) -> tuple[Tensor, Tensor]:
         r = shifted(r, shift)
         up = upward(self.program, r)
         return sample(self.program, r, up, uniforms, fill), up.val[-1].clone()

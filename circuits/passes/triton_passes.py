@@ -69,7 +69,7 @@ class TritonPasses(Passes):
         return log_z, m
 
     def sample(self, r: Tensor, uniforms: Tensor, fill: Tensor | None,
-               shift: Tensor | None = None) -> tuple[Tensor, Tensor]:
+               shift: Tensor | None = None, log_z: bool = True) -> tuple[Tensor, Tensor]:
         r = shifted(r, shift)
         z, log_z = torch.empty_like(r), r.new_empty(r.shape[0])
         fill = uniforms if fill is None else fill.contiguous()  # unread when the circuit is smooth

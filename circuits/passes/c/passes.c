@@ -178,9 +178,10 @@ typedef struct {
     const int64_t *imp_var; /* [P] */
     /* The linear upward (see upward): the element constants c_e [R] (NULL: the log upward only);
      * what sigma(r) and sigma(-r) are multiplied by to give the stored x_i and not x_i, and TRUE's
-     * stored value; log Z = log(root's stored value * lin_down) + lin_root. */
+     * stored value; log Z = log(root's stored value) + lin_root; the nominal logit;
+     * the cardinality k of every model (-1: not one k, or not smooth: no centring, see up_tile). */
     const float *lin_coef;
-    float lin_pos, lin_neg, lin_true, lin_down, lin_root;
+    float lin_pos, lin_neg, lin_true, lin_root, lin_r0, lin_k;
 } Prog;
 
 float *pm_scratch(size_t floats); /* scratch.c: this thread's buffer of at least `floats` floats */
@@ -409,23 +410,30 @@ static int upward(const Prog *P, float *val, float *ex, float *norm, float *dval
 
 /* The leaves of the linear upward: FALSE 0, TRUE lin_true, x_i = sigma(r) lin_pos, not x_i =
  * sigma(-r) lin_neg, from one exp per variable: with e = exp(-|r|), sigma(|r|) = 1 / (1 + e) and
- * sigma(-|r|) = e / (1 + e). rt [n][TILE]; p [n][TILE] gets sigma(r) unless NULL. */
-static void linear_leaves(const Prog *P, const float *rt, float *val, float *p) {
+ * sigma(-|r|) = e / (1 + e). rt [n][TILE]; p [n][TILE] gets sigma(r) unless NULL. Returns 0 when
+ * a logit is neither -inf nor within 80 of 0 (NaN and +inf included): e would be below the
+ * smallest normal float, with fewer than 24 bits, and the tile takes the logarithms. */
+static int linear_leaves(const Prog *P, const float *rt, float *val, float *p) {
     const int64_t m = P->n * TILE;
-    float *pos = val + 2 * TILE, *neg = pos + m;
+    float *pos = val + 2 * TILE, *neg = pos + m, bad = 0.0f;
     for (int64_t t = 0; t < TILE; t++) {
         val[t] = 0.0f;
         val[TILE + t] = P->lin_true;
     }
-    for (int64_t i = 0; i < m; i++) neg[i] = -fabsf(rt[i]);
+    for (int64_t i = 0; i < m; i++) {
+        neg[i] = -fabsf(rt[i]);
+        bad = neg[i] >= -80.0f || rt[i] == -INFINITY ? bad : 1.0f;
+    }
+    if (bad != 0.0f) return 0;
     pm_exp(neg, m);
     for (int64_t i = 0; i < m; i++) {
         const float e = neg[i], big = 1.0f / (1.0f + e), small = e * big;
-        const float sp = rt[i] >= 0.0f ? big : small, sn = rt[i] >= 0.0f ? small : big; /* NaN: NaN either way */
+        const float sp = rt[i] >= 0.0f ? big : small, sn = rt[i] >= 0.0f ? small : big;
         if (p) p[i] = sp;
         pos[i] = sp * P->lin_pos;
         neg[i] = sn * P->lin_neg;
     }
+    return 1;
 }
 
 /* The leaves' tangents along vt [n][TILE]: d log sigma(r) = (1 - p) vt, d log sigma(-r) = -p vt
@@ -440,36 +448,104 @@ static void leaf_tangents(int64_t n, const float *p, const float *vt, float *dva
     }
 }
 
+/* The logits of tile t0..t0+nt of r [T, n], less the shift, as [n][TILE] into rt (padding lanes:
+ * pad_lanes). */
+static void tile_logits(const float *r, const float *shift, int64_t n, int64_t t0, int64_t nt, float *rt) {
+    load_tile(r, n, t0, nt, 0.0f, rt);
+    shift_tile(shift, n, t0, nt, rt);
+    pad_lanes(n, nt, rt);
+}
+
+/* The centring of the linear upward when every model has k true variables (lin_k >= 0): such a
+ * circuit's distribution does not change when a token's logits all move by one amount, so the
+ * linear pass moves them to where the circuit's constants assume them, their mean at the nominal
+ * logit lin_r0. (Shifted to their k-th largest, logits that are nearly equal sit far from it at
+ * exactly 16 of 256: P(exactly 16 | p = 1/2) ~ e^-120.) c [TILE]: the amount, the mean of a lane's
+ * finite logits less lin_r0 (0 without one), subtracted from rt [n][TILE] in place. */
+static void centre(const Prog *P, float *rt, float *c) {
+    const int64_t n = P->n;
+    float cnt[TILE];
+    for (int64_t t = 0; t < TILE; t++) c[t] = cnt[t] = 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t t = 0; t < TILE; t++) {
+            const float x = rt[i * TILE + t], live = x > -INFINITY;
+            c[t] += live ? x : 0.0f;
+            cnt[t] += live;
+        }
+    for (int64_t t = 0; t < TILE; t++) c[t] = cnt[t] > 0.0f ? c[t] / cnt[t] - P->lin_r0 : 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t t = 0; t < TILE; t++) rt[i * TILE + t] -= c[t];
+}
+
+/* log Z of the logits before the centring, from the centred pass's (logz [TILE], in place): with
+ * Z(r) = e_k(e^r) / prod(1 + e^r_i), log Z(r) = log Z(r - c) + k c - sum_i log((1 + e^r_i) /
+ * (1 + e^(r_i - c))), and with x = r_i - c that ratio is sigma(-x) + sigma(x) e^c, a sum of two
+ * positive terms (written e^c (sigma(x) + sigma(-x) e^-c) for c > 0, so nothing overflows).
+ * sigma(+-x) from the stored leaves (val's rows: lin_pos and lin_neg times them); the sum in
+ * double. */
+static void uncentre_log_z(const Prog *P, const float *val, const float *c, float *logz) {
+    const int64_t n = P->n;
+    const float *pos = val + 2 * TILE, *neg = pos + n * TILE;
+    double acc[TILE];
+    float ec[TILE], x[TILE];
+    const float up = 1.0f / P->lin_pos, un = 1.0f / P->lin_neg;
+    for (int64_t t = 0; t < TILE; t++) {
+        acc[t] = (double)P->lin_k * c[t] - (c[t] > 0.0f ? (double)n * c[t] : 0.0);
+        ec[t] = expf(-fabsf(c[t]));
+    }
+    for (int64_t i = 0; i < n; i++) {
+        for (int64_t t = 0; t < TILE; t++) {
+            const float sp = pos[i * TILE + t] * up, sn = neg[i * TILE + t] * un;
+            x[t] = c[t] > 0.0f ? sp + sn * ec[t] : sn + sp * ec[t];
+        }
+        pm_log(x, TILE);
+        for (int64_t t = 0; t < TILE; t++) acc[t] -= x[t];
+    }
+    for (int64_t t = 0; t < TILE; t++) logz[t] = (float)(logz[t] + acc[t]);
+}
+
 /* The leaves and the upward pass of one tile, linear when the program has the constants for it
- * and the tile stays in range, else on logarithms. rt [n][TILE]: the (shifted) logits; p [n][TILE]
- * gets sigma(r) unless NULL (the tangents need it). With dval != NULL also the leaves' tangents
- * d log sigma(r) = (1 - p) vt, d log sigma(-r) = -p vt, and the nodes'. logz [nt]: log Z of the
- * tile's tokens. top: [TILE] scratch. Returns 1 when the pass was linear, 0 on logarithms. */
-static int up_tile(const Prog *P, const float *rt, const float *vt, float *p, float *val, float *ex, float *norm,
-                    float *dval, float *top, float *logz, int64_t nt) {
+ * and the tile stays in range, else on logarithms. rt [n][TILE]: tile t0..t0+nt of r less the
+ * shift (tile_logits), centred in place by a linear try (see centre) and restored after a failed
+ * one; p [n][TILE] gets sigma(r) (of the centred logits after a linear pass) unless NULL (the
+ * tangents need it). With dval != NULL also the leaves' tangents d log sigma(r) = (1 - p) vt,
+ * d log sigma(-r) = -p vt, and the nodes'. logz [nt]: log Z of the tile's tokens (NULL: not
+ * wanted). top: [TILE] scratch. Returns 1 when the pass was linear, 0 on logarithms. */
+static int up_tile(const Prog *P, float *rt, const float *r, const float *shift, int64_t t0, const float *vt,
+                   float *p, float *val, float *ex, float *norm, float *dval, float *top, float *logz, int64_t nt) {
     const int64_t n = P->n, S = P->num_slots;
     if (P->lin_coef) {
-        linear_leaves(P, rt, val, p);
-        if (dval) leaf_tangents(n, p, vt, dval);
-        if (upward(P, val, ex, norm, dval, top, 1)) {
-            for (int64_t t = 0; t < TILE; t++) top[t] = val[(S - 1) * TILE + t] * P->lin_down;
-            pm_log(top, TILE);
-            for (int64_t t = 0; t < nt; t++) logz[t] = top[t] + P->lin_root;
+        float c[TILE];
+        const int centred = P->lin_k >= 0.0f;
+        if (centred) centre(P, rt, c);
+        const int leaves_ok = linear_leaves(P, rt, val, p);
+        if (leaves_ok && dval) leaf_tangents(n, p, vt, dval);
+        if (leaves_ok && upward(P, val, ex, norm, dval, top, 1)) {
+            if (logz) {
+                /* log(root) + lin_root, not log(root e^-20): that product can fall below the
+                 * smallest normal float (exactly 1 of 24, log Z = -100: off by 3e-3) */
+                memcpy(top, val + (S - 1) * TILE, TILE * sizeof(float));
+                pm_log(top, TILE);
+                for (int64_t t = 0; t < TILE; t++) top[t] = (float)((double)top[t] + (double)P->lin_root);
+                if (centred) uncentre_log_z(P, val, c, top);
+                memcpy(logz, top, nt * sizeof(float));
+            }
             return 1;
         }
+        if (centred) tile_logits(r, shift, n, t0, nt, rt); /* the same bits as before the centring */
     }
     leaves(n, rt, val, p);
     if (dval) leaf_tangents(n, p, vt, dval);
     upward(P, val, ex, norm, dval, top, 0);
-    memcpy(logz, val + (S - 1) * TILE, nt * sizeof(float));
+    if (logz) memcpy(logz, val + (S - 1) * TILE, nt * sizeof(float));
     return 0;
 }
 
 /* Exact ancestral sampling (torch_passes.sample) of one tile, tokens t0..t0+nt of r [T, n], into
  * z [T, n]. U [count, T]: the uniforms, one row per vtree id; uid [S]: each decision slot's row of U.
  * fill [T, n]: uniforms for implicit variables (unused when the circuit is smooth).
- * logz [T]: the root's log-value, for the caller's checks. Returns 0, or -1 when scratch cannot
- * be allocated. */
+ * logz [T]: the root's log-value, for the caller's checks (NULL: not wanted). Returns 1 when the
+ * upward pass was linear, 0 on logarithms, -1 when scratch cannot be allocated. */
 static int64_t sample_tile(const Prog *P, const float *r, const float *shift, const float *U, const int64_t *uid,
                            const float *fill, float *z, float *logz, int64_t T, int64_t t0, int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
@@ -477,10 +553,9 @@ static int64_t sample_tile(const Prog *P, const float *r, const float *shift, co
     if (!buf) return -1;
     float *rt = buf, *p = rt + n * TILE, *fl = p + n * TILE, *val = fl + n * TILE, *norm = val + S * TILE;
     float *act = norm + S * TILE, *ex = act + S * TILE, *top = ex + R * TILE; /* fl: the fill's uniforms */
-    load_tile(r, n, t0, nt, 0.0f, rt);
-    shift_tile(shift, n, t0, nt, rt);
-    pad_lanes(n, nt, rt);
-    const int linear = up_tile(P, rt, NULL, P->smooth ? NULL : p, val, ex, norm, NULL, top, logz + t0, nt);
+    tile_logits(r, shift, n, t0, nt, rt);
+    const int linear = up_tile(P, rt, r, shift, t0, NULL, P->smooth ? NULL : p, val, ex, norm, NULL, top,
+                               logz ? logz + t0 : NULL, nt);
     root_flow(act, S, S);
     for (int64_t d = P->num_nodes - 1; d >= 0; d--) {
         const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
@@ -517,7 +592,7 @@ static int64_t sample_tile(const Prog *P, const float *r, const float *shift, co
 }
 
 /* log Z and, when m != NULL, the marginals (torch_passes.upward, downward and marginals_from_flows)
- * for tokens t0..t0+nt (one tile): r, m [T, n], logz [T]. Returns 0, or -1. */
+ * for tokens t0..t0+nt (one tile): r, m [T, n], logz [T]. Returns 1 (linear upward), 0 or -1. */
 static int64_t marginals_tile(const Prog *P, const float *r, const float *shift, float *m, float *logz, int64_t t0,
                               int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
@@ -525,10 +600,9 @@ static int64_t marginals_tile(const Prog *P, const float *r, const float *shift,
     if (!buf) return -1;
     float *rt = buf, *p = rt + n * TILE, *val = p + n * TILE, *norm = val + S * TILE, *g = norm + S * TILE;
     float *ex = g + S * TILE, *top = ex + R * TILE, *coef = top + TILE;
-    load_tile(r, n, t0, nt, 0.0f, rt);
-    shift_tile(shift, n, t0, nt, rt);
-    pad_lanes(n, nt, rt);
-    const int linear = up_tile(P, rt, NULL, P->smooth || !m ? NULL : p, val, ex, norm, NULL, top, logz + t0, nt);
+    tile_logits(r, shift, n, t0, nt, rt);
+    const int linear =
+        up_tile(P, rt, r, shift, t0, NULL, P->smooth || !m ? NULL : p, val, ex, norm, NULL, top, logz + t0, nt);
     if (!m) return linear;
     root_flow(g, S, S);
     for (int64_t d = P->num_nodes - 1; d >= 0; d--) {
@@ -562,9 +636,7 @@ static int64_t map_tile(const Prog *P, const float *r, const float *shift, float
     if (!buf) return -1;
     float *rt = buf, *h = rt + n * TILE, *val = h + n * TILE, *act = val + S * TILE, *ex = act + S * TILE;
     float *gap = ex + R * TILE, *found = gap + TILE;
-    load_tile(r, n, t0, nt, 0.0f, rt);
-    shift_tile(shift, n, t0, nt, rt);
-    pad_lanes(n, nt, rt);
+    tile_logits(r, shift, n, t0, nt, rt);
     leaves(n, rt, val, NULL);
     for (int64_t i = 0; i < n * TILE; i++) h[i] = max2(val[2 * TILE + i], val[(2 + n) * TILE + i]);
     for (int64_t d = 0; d < P->num_nodes; d++) { /* max-product upward */
@@ -601,7 +673,8 @@ static int64_t map_tile(const Prog *P, const float *r, const float *shift, float
 }
 
 /* Cov(z) v (torch_passes.marginals_jvp) of one tile, tokens t0..t0+nt: r, v, out [T, n]. Forward-mode
- * tangents through the upward pass, then flows g and their tangents dg down. Returns 0, or -1. */
+ * tangents through the upward pass, then flows g and their tangents dg down. Returns 1 (linear
+ * upward), 0 or -1. */
 static int64_t jvp_tile(const Prog *P, const float *r, const float *shift, const float *v, float *out, int64_t t0,
                         int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
@@ -610,11 +683,9 @@ static int64_t jvp_tile(const Prog *P, const float *r, const float *shift, const
     float *rt = buf, *vt = rt + n * TILE, *p = vt + n * TILE, *val = p + n * TILE, *dval = val + S * TILE;
     float *norm = dval + S * TILE, *g = norm + S * TILE, *dg = g + S * TILE, *ex = dg + S * TILE;
     float *top = ex + R * TILE, *coef = top + TILE, *dcoef = coef + TILE;
-    load_tile(r, n, t0, nt, 0.0f, rt);
-    shift_tile(shift, n, t0, nt, rt);
-    pad_lanes(n, nt, rt);
+    tile_logits(r, shift, n, t0, nt, rt);
     load_tile(v, n, t0, nt, 0.0f, vt);
-    const int linear = up_tile(P, rt, vt, p, val, ex, norm, dval, top, coef, TILE); /* log Z into coef: unused */
+    const int linear = up_tile(P, rt, r, shift, t0, vt, p, val, ex, norm, dval, top, NULL, nt);
     root_flow(g, S, 2 * S); /* g, and dg = 0 after it */
     for (int64_t d = P->num_nodes - 1; d >= 0; d--) {
         const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
