@@ -32,6 +32,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         (lib.pm_jvp, [prog, ptr, ptr, ptr, ptr, i64, i64]),
         (lib.pm_marginals, [prog, ptr, ptr, ptr, ptr, i64, i64]),
         (lib.pm_map, [prog, ptr, ptr, ptr, ptr, i64, i64]),
+        (lib.pm_tile_tokens, []),
     ]:
         fn.restype, fn.argtypes = i64, args
 

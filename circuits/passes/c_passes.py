@@ -67,7 +67,7 @@ class CPasses(Passes):
         logarithms. For diagnostics and tests."""
         log_z = r.new_empty(r.shape[0])
         done = self._run(self.lib.pm_marginals, r.data_ptr(), _pointer(shift), None, log_z.data_ptr(), r.shape[0])
-        return done, -(-r.shape[0] // TILE)
+        return done, -(-r.shape[0] // self.lib.pm_tile_tokens())
 
     def log_partition(self, r: Tensor, marginals: bool, shift: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         log_z, m = r.new_empty(r.shape[0]), torch.empty_like(r) if marginals else None
@@ -97,8 +97,6 @@ class CPasses(Passes):
         return out
 
 
-TILE = 128  # tokens per tile of c/passes.c
-
 #: How far above its nominal value (in nats) the linear upward stores each slot: the stored values of a
 #: routing tile then lie in about [e^-75, e^40], inside [2^-120, 2^126] with room for a product of two.
 LINEAR_OFFSET = 20.0
@@ -108,8 +106,9 @@ def linear_constants(prog: Program) -> tuple[Tensor, float, float, float, float,
     """What the linear upward of ``c/passes.c`` needs (its comment says how it works), or None when
     the program cannot take it: (c [R] float32, what sigma(r) and sigma(-r) are multiplied by for
     the stored x_i and not x_i, TRUE's stored value, what log Z adds to the log of the root's stored
-    value (its b less LINEAR_OFFSET), the nominal logit r0, and k when every model has k true variables and the circuit is smooth, else -1: then
-    the C code centres each token's logits on r0, which leaves such a distribution unchanged).
+    value (its b less LINEAR_OFFSET), the nominal logit r0, and k when every model has k true
+    variables and the circuit is smooth, else -1: then the C code centres each token's logits on
+    r0, which leaves such a distribution unchanged).
 
     Each slot is stored as exp(value - b + LINEAR_OFFSET), b its log-value at one nominal logit r0
     for every variable: r0 = logit(k / n) with k the mean size of the circuit's models (its

@@ -748,6 +748,9 @@ int64_t pm_marginals(const Prog *P, const float *r, const float *shift, float *m
     OVER_TILES(T, marginals_tile(P, r, shift, m, logz, t0, nt));
 }
 
+/* The tokens per tile (the entry points' tiles are ceil(T / this)). */
+int64_t pm_tile_tokens(void) { return TILE; }
+
 int64_t pm_map(const Prog *P, const float *r, const float *shift, float *z, float *best, int64_t T,
                int64_t threads) {
     OVER_TILES(T, map_tile(P, r, shift, z, best, t0, nt));
