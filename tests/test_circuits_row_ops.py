@@ -1,6 +1,7 @@
 """The row operations shared by the passes and probmoe: ``circuits.native.select.topk`` (the k largest
-of each row, ties to the lower index), ``topk_chosen`` (the same over the keys of a 0/1 choice) and ``circuits.native.uniforms`` (counter-based uniforms), each in C
-against its plain-torch reference, bit for bit, and the uniforms against the uniform law."""
+of each row, ties to the lower index), ``topk_chosen`` (the same over the keys of a 0/1 choice) and
+``circuits.native.uniforms`` (counter-based uniforms), each in C against its plain-torch reference,
+bit for bit, and the uniforms against the uniform law."""
 
 from __future__ import annotations
 

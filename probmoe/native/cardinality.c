@@ -290,7 +290,8 @@ static void linear_to_log(int64_t N, int64_t K1, int64_t B, float *restrict top,
     for (int64_t k = 0; k < K1 * B; k++) top[k] = top[k] > 0.0f ? top[k] : -1.0f; /* -1: marks 0 */
     pm_log(top, K1 * B); /* log of -1: NaN, replaced below */
     for (int64_t j = 0; j < K1; j++) {
-        const float log_c = j <= N ? (float)(lgamma((double)N + 1) - lgamma((double)j + 1) - lgamma((double)(N - j) + 1))
+        const double n1 = (double)N + 1.0;
+        const float log_c = j <= N ? (float)(lgamma(n1) - lgamma((double)j + 1.0) - lgamma(n1 - (double)j))
                                    : 0.0f; /* past N the state is unreachable */
         for (int64_t t = 0; t < B; t++) {
             const int64_t k = j * B + t;

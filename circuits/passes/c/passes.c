@@ -357,8 +357,9 @@ static inline void range_row(float *restrict low, const float *restrict v) {
  * norm = their sum, the node's. The flows ex / norm are the same ratios as on logarithms. Values
  * near b are near e^delta; the pass returns 0 (the caller takes the logarithms) when a node left
  * [LIN_FLOOR, LIN_TOP] on some lane: logits far from the nominal one, a NaN, +inf, or a node that
- * -inf logits make impossible (looked at every 64 nodes, so such a tile stops early). Above LIN_FLOOR a node is a normal float with its 24 bits, and
- * an element's rounding below 2^-126 is 2^-30 of it. Returns 1 otherwise (and always on logs). */
+ * -inf logits make impossible (looked at every 64 nodes, so such a tile stops early). Above
+ * LIN_FLOOR a node is a normal float with its 24 bits, and an element's rounding below 2^-126 is
+ * 2^-30 of it. Returns 1 otherwise (and always on logs). */
 static int upward(const Prog *P, float *val, float *ex, float *norm, float *dval, float *top, int linear) {
     float *low = top;
     if (linear) memset(low, 0, TILE * sizeof(float));
