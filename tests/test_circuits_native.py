@@ -224,6 +224,10 @@ def test_the_linear_upward_centres_logits_of_a_fixed_cardinality():
             jvp64 = kernels.marginals_jvp(prog, rows.double(), v.double())
             torch.testing.assert_close(passes.marginals_jvp(rows, v).double(), jvp64, atol=2e-5, rtol=0, msg=str(spec))
     assert c_passes.linear_constants(circuits.compile_circuit(circuits.RangeK(64, 4, 8)).program)[-1] == -1.0
+    with pytest.raises(ValueError, match=r"linear_tiles takes float32 CPU logits \[T, 24\]"):
+        passes.linear_tiles(torch.zeros(3, 23))
+    with pytest.raises(ValueError, match="shift must have one row per token"):
+        passes.linear_tiles(torch.zeros(3, 24), torch.zeros(2, 1))
     assert c_passes.linear_constants(circuits.compile_circuit(circuits.ExactlyK(64, 8)).program)[-1] == 8.0
 
 

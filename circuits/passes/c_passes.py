@@ -65,6 +65,13 @@ class CPasses(Passes):
         a batch runs without an exp or log per element (``c/passes.c``, ``upward``). A tile holds
         128 tokens; one whose values leave the linear range sends its whole tile to the pass on
         logarithms. For diagnostics and tests."""
+        n = self.program.n
+        if r.dim() != 2 or r.shape[1] != n or r.dtype != torch.float32 or r.device.type != "cpu":
+            raise ValueError(f"linear_tiles takes float32 CPU logits [T, {n}], got {r.dtype} {list(r.shape)} on "
+                             f"{r.device}")
+        r = r.contiguous()
+        if shift is not None and shift.shape[0] != r.shape[0]:
+            raise ValueError(f"shift must have one row per token ({r.shape[0]}), got {list(shift.shape)}")
         log_z = r.new_empty(r.shape[0])
         done = self._run(self.lib.pm_marginals, r.data_ptr(), _pointer(shift), None, log_z.data_ptr(), r.shape[0])
         return done, -(-r.shape[0] // self.lib.pm_tile_tokens())
