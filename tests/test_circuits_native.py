@@ -223,6 +223,16 @@ def test_the_linear_upward_centres_logits_of_a_fixed_cardinality():
             torch.testing.assert_close(m.double(), m64, atol=2e-6, rtol=0, msg=str(spec))
             jvp64 = kernels.marginals_jvp(prog, rows.double(), v.double())
             torch.testing.assert_close(passes.marginals_jvp(rows, v).double(), jvp64, atol=2e-5, rtol=0, msg=str(spec))
+    none = circuits.compile_circuit(circuits.ExactlyK(8, 0))
+    far = CPasses(none.program)
+    for offset in (200.0, 100.0, -200.0):
+        # centred far (|c| beyond 87) with a -inf logit, which no node of exactly 0 needs: its term of the
+        # log Z correction is exactly 0 (it was log(e^-c) = -inf: log Z +inf, or off by 0.3 near c = 100)
+        rows = torch.randn(130, 8, generator=torch.Generator().manual_seed(7)) + offset
+        rows[:, 3] = -torch.inf
+        assert far.linear_tiles(rows) == (2, 2), offset
+        up64 = kernels.upward(none.program, rows.double())
+        torch.testing.assert_close(far.log_partition(rows, False)[0].double(), up64.val[-1], atol=1e-5, rtol=1e-6)
     assert c_passes.linear_constants(circuits.compile_circuit(circuits.RangeK(64, 4, 8)).program)[-1] == -1.0
     with pytest.raises(ValueError, match=r"linear_tiles takes float32 CPU logits \[T, 24\]"):
         passes.linear_tiles(torch.zeros(3, 23))

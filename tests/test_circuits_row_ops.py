@@ -56,6 +56,11 @@ def test_topk_chosen_in_c_equals_the_topk_of_its_keys(T, n, k, p):
     want_values, want_indices = topk_chosen_reference(z, x, k)
     assert torch.equal(values, want_values) and torch.equal(indices, want_indices)
     assert torch.equal(topk_chosen(z.double(), x.double(), k)[1], want_indices)
+    if T > 2:  # a NaN among the chosen (routing with validation off): last, as -inf, and every slot written
+        x[1, :3] = x[2, :] = float("nan")
+        values, indices = topk_chosen(z, x, k)
+        want_values, want_indices = topk_chosen_reference(z, x, k)
+        assert torch.equal(values, want_values) and torch.equal(indices, want_indices)
 
 
 def test_topk_chosen_bad_arguments():

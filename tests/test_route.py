@@ -267,3 +267,16 @@ def test_bad_input(logits, kwargs, match):
         probmoe.route(logits, training=True, **kwargs)
     with pytest.raises(ValueError, match="training must be True or False"):
         probmoe.route(torch.randn(4, 6), k=2, training=None)
+
+
+@pytest.mark.parametrize("backend", ["circuit", "dp"])
+def test_nan_logits_without_validation_still_route_to_real_experts(backend):
+    """validate_args=False skips the NaN check (garbage in, garbage out), but a NaN row must not
+    reach past the experts: its drawn experts' probabilities are NaN, which the chosen top-k once
+    left as unwritten slots (indices like 1.4e14 and an index error in the gate weights)."""
+    r = torch.randn(300, 64, generator=torch.Generator().manual_seed(0))
+    r[::3, 5] = float("nan")
+    out = probmoe.route(r, k=8, training=True, backend=backend, validate_args=False,
+                        generator=torch.Generator().manual_seed(1))
+    assert out.indices.min() >= 0 and out.indices.max() < 64
+    assert (out.counts[1::3] == 8).all()  # rows without a NaN are routed as usual

@@ -51,7 +51,7 @@ def topk_chosen_reference(z: Tensor, x: Tensor, k: int) -> tuple[Tensor, Tensor]
 
 
 def topk_chosen(z: Tensor, x: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """``topk_chosen_reference`` for z in {0, 1} and x >= 0 (not NaN), [T, n] float, 0 <= k <= n; in C
+    """``topk_chosen_reference`` for z in {0, 1} and x >= 0 (or NaN), [T, n] float, 0 <= k <= n; in C
     for float32 CPU rows without building the keys or sorting every entry (O(n + c^2) per row with
     c chosen, where ``topk`` takes O(n k))."""
     if z.dim() != 2 or z.shape != x.shape or not 0 <= k <= z.shape[1]:

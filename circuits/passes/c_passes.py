@@ -154,17 +154,19 @@ def linear_constants(prog: Program) -> tuple[Tensor, float, float, float, float,
 def _fixed_cardinality(prog: Program, k: float) -> float:
     """k when every model of the (smooth) circuit has k true variables, else -1. With one k,
     log Z at logits a for every variable is log #models + k log sigma(a) + (n - k) log sigma(-a):
-    checked at a = -1, 0 and 1 in float64."""
+    checked in float64 at a = 0 and a = +-(2n + 30), where a model of another size would weigh
+    e^(2n + 30) times more or less than one of size k, more than the 2^n models can hide."""
     from . import torch_passes
 
     n, j = prog.n, round(k)
     if not prog.smooth or abs(k - j) > 1e-6:
         return -1.0
-    for a in (-1.0, 1.0):
+    big = 2.0 * n + 30.0
+    for a in (-big, big):
         ends = torch.tensor([[0.0] * n, [a] * n], dtype=torch.float64, device=prog.device)
         log_z = torch_passes.upward(prog, ends).val[-1].clone()
-        want = j * (math.log(torch.sigmoid(torch.tensor(a, dtype=torch.float64)).item()) - math.log(0.5)) + \
-            (n - j) * (math.log(torch.sigmoid(torch.tensor(-a, dtype=torch.float64)).item()) - math.log(0.5))
+        log_sig = torch.nn.functional.logsigmoid(torch.tensor([a, -a], dtype=torch.float64)).tolist()
+        want = j * (log_sig[0] - math.log(0.5)) + (n - j) * (log_sig[1] - math.log(0.5))
         if abs(float(log_z[1] - log_z[0]) - want) > 1e-9 * (1 + abs(want)):
             return -1.0
     return float(j)

@@ -218,7 +218,7 @@ static int linear_setup(const Dims *d, const float *restrict rt, float *restrict
     memset(cnt, 0, B * sizeof(float));
     for (int64_t i = 0; i < N; i++)
         for (int64_t t = 0; t < B; t++) {
-            const float x = rt[i * B + t], live = x > -INFINITY; /* NaN counts: it fails the checks below */
+            const float x = rt[i * B + t], live = x > -INFINITY; /* NaN is not counted: its w fails below */
             tau[t] += live ? x : 0.0f;
             cnt[t] += live;
         }
@@ -289,13 +289,12 @@ static void up_step_linear(int64_t i, int64_t K1, int64_t B, const float *restri
 static void linear_to_log(int64_t N, int64_t K1, int64_t B, float *restrict top, const float *restrict s) {
     for (int64_t k = 0; k < K1 * B; k++) top[k] = top[k] > 0.0f ? top[k] : -1.0f; /* -1: marks 0 */
     pm_log(top, K1 * B); /* log of -1: NaN, replaced below */
+    double log_c = 0.0; /* log C(N, j), by C(N, j) = C(N, j - 1) (N - j + 1) / j (lgamma writes a global) */
     for (int64_t j = 0; j < K1; j++) {
-        const double n1 = (double)N + 1.0;
-        const float log_c = j <= N ? (float)(lgamma(n1) - lgamma((double)j + 1.0) - lgamma(n1 - (double)j))
-                                   : 0.0f; /* past N the state is unreachable */
+        if (j > 0 && j <= N) log_c += log((double)(N - j + 1) / (double)j); /* past N: unreachable, unused */
         for (int64_t t = 0; t < B; t++) {
             const int64_t k = j * B + t;
-            top[k] = top[k] == top[k] ? (top[k] + s[t] * 0.693147182f) + log_c : LOG_ZERO;
+            top[k] = top[k] == top[k] ? (top[k] + s[t] * 0.693147182f) + (float)log_c : LOG_ZERO;
         }
     }
 }

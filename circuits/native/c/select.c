@@ -124,8 +124,15 @@ int64_t pm_topk(const float *r, int64_t T, int64_t n, int64_t k, float *values, 
  * by x descending, then the others (key -1) by index. Each row's chosen indices are gathered
  * from bit masks of 64 entries (one branch per chosen entry, not per entry), then each is put at
  * its rank (the chosen with a larger value, or an equal one and a lower index), counted without
- * branches: O(n + c^2) for c chosen, where pm_topk takes O(n k). values [T, k],
- * indices [T, k] int64. Returns 0, or 1 when the scratch could not be allocated. */
+ * branches: O(n + c^2) for c chosen, where pm_topk takes O(n k). An entry whose key is NaN (x
+ * NaN, or z = 0 with x infinite, as in the key's formula) counts as -inf in pm_topk's order: such
+ * entries come last, by index, with the value -inf (so every slot is written, whatever x holds).
+ * values [T, k], indices [T, k] int64. Returns 0, or 1 when the scratch could not be allocated. */
+static inline int nan_key(float z, float x) {
+    const float key = (z - 1.0f) + x * z;
+    return key != key;
+}
+
 int64_t pm_topk_chosen(const float *z, const float *x, int64_t T, int64_t n, int64_t k, float *values,
                        int64_t *indices, int64_t threads) {
     int64_t failed = 0;
@@ -143,7 +150,8 @@ int64_t pm_topk_chosen(const float *z, const float *x, int64_t T, int64_t n, int
             for (int64_t i0 = 0; i0 < n; i0 += 64) { /* 64 entries as one bit mask, then its set bits */
                 const int64_t w = n - i0 < 64 ? n - i0 : 64;
                 uint64_t bits = 0;
-                for (int64_t i = 0; i < w; i++) bits |= (uint64_t)(zt[i0 + i] > 0.0f) << i;
+                for (int64_t i = 0; i < w; i++)
+                    bits |= (uint64_t)(zt[i0 + i] > 0.0f && !nan_key(zt[i0 + i], xt[i0 + i])) << i;
                 for (; bits; bits &= bits - 1) at[c++] = i0 + __builtin_ctzll(bits);
             }
             for (int64_t q = 0; q < c; q++) xs[q] = xt[at[q]];
@@ -158,8 +166,13 @@ int64_t pm_topk_chosen(const float *z, const float *x, int64_t T, int64_t n, int
             }
             int64_t kept = c < k ? c : k;
             for (int64_t i = 0; kept < k && i < n; i++) /* then the first unchosen entries, key -1 */
-                if (!(zt[i] > 0.0f)) {
-                    v[kept] = -1.0f;
+                if (!(zt[i] > 0.0f) && !nan_key(zt[i], xt[i])) {
+                    v[kept] = (zt[i] - 1.0f) + xt[i] * zt[i];
+                    ix[kept++] = i;
+                }
+            for (int64_t i = 0; kept < k && i < n; i++) /* then the NaN keys, as -inf */
+                if (nan_key(zt[i], xt[i])) {
+                    v[kept] = -INFINITY;
                     ix[kept++] = i;
                 }
         }

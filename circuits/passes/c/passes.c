@@ -462,7 +462,8 @@ static void tile_logits(const float *r, const float *shift, int64_t n, int64_t t
  * linear pass moves them to where the circuit's constants assume them, their mean at the nominal
  * logit lin_r0. (Shifted to their k-th largest, logits that are nearly equal sit far from it at
  * exactly 16 of 256: P(exactly 16 | p = 1/2) ~ e^-120.) c [TILE]: the amount, the mean of a lane's
- * finite logits less lin_r0 (0 without one), subtracted from rt [n][TILE] in place. */
+ * logits above -inf less lin_r0 (0 without one; +inf or NaN make it inf or NaN, and the leaves'
+ * check then sends the tile to the logarithms), subtracted from rt [n][TILE] in place. */
 static void centre(const Prog *P, float *rt, float *c) {
     const int64_t n = P->n;
     float cnt[TILE];
@@ -482,8 +483,9 @@ static void centre(const Prog *P, float *rt, float *c) {
  * Z(r) = e_k(e^r) / prod(1 + e^r_i), log Z(r) = log Z(r - c) + k c - sum_i log((1 + e^r_i) /
  * (1 + e^(r_i - c))), and with x = r_i - c that ratio is sigma(-x) + sigma(x) e^c, a sum of two
  * positive terms (written e^c (sigma(x) + sigma(-x) e^-c) for c > 0, so nothing overflows).
- * sigma(+-x) from the stored leaves (val's rows: lin_pos and lin_neg times them); the sum in
- * double. */
+ * A -inf logit's ratio is 1 exactly: its term is skipped (for c > 87, e^-c would underflow and its
+ * log be -inf). sigma(+-x) from the stored leaves (val's rows: lin_pos and lin_neg times them);
+ * the sum in double. */
 static void uncentre_log_z(const Prog *P, const float *val, const float *c, float *logz) {
     const int64_t n = P->n;
     const float *pos = val + 2 * TILE, *neg = pos + n * TILE;
@@ -491,16 +493,19 @@ static void uncentre_log_z(const Prog *P, const float *val, const float *c, floa
     float ec[TILE], x[TILE];
     const float up = 1.0f / P->lin_pos, un = 1.0f / P->lin_neg;
     for (int64_t t = 0; t < TILE; t++) {
-        acc[t] = (double)P->lin_k * c[t] - (c[t] > 0.0f ? (double)n * c[t] : 0.0);
+        acc[t] = (double)P->lin_k * c[t];
         ec[t] = expf(-fabsf(c[t]));
     }
     for (int64_t i = 0; i < n; i++) {
         for (int64_t t = 0; t < TILE; t++) {
             const float sp = pos[i * TILE + t] * up, sn = neg[i * TILE + t] * un;
-            x[t] = c[t] > 0.0f ? sp + sn * ec[t] : sn + sp * ec[t];
+            x[t] = sp == 0.0f ? 1.0f : c[t] > 0.0f ? sp + sn * ec[t] : sn + sp * ec[t]; /* sp = 0: -inf */
         }
         pm_log(x, TILE);
-        for (int64_t t = 0; t < TILE; t++) acc[t] -= x[t];
+        for (int64_t t = 0; t < TILE; t++) {
+            const float sp = pos[i * TILE + t];
+            acc[t] -= sp == 0.0f ? 0.0 : (double)x[t] + (c[t] > 0.0f ? (double)c[t] : 0.0);
+        }
     }
     for (int64_t t = 0; t < TILE; t++) logz[t] = (float)(logz[t] + acc[t]);
 }
@@ -561,8 +566,9 @@ static int64_t sample_tile(const Prog *P, const float *r, const float *shift, co
     for (int64_t d = P->num_nodes - 1; d >= 0; d--) {
         const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
         const float *a = act + slot * TILE, *urow = U + uid[slot] * T + t0, *tot = norm + slot * TILE;
-        /* VL lanes at a time, skipping those no token reaches (their flows are all 0). A live node's
-         * largest weight is 1, so u * total < total: some element passes. */
+        /* VL lanes at a time, skipping those no token reaches (their flows are all 0). total is the
+         * sum of the weights c accumulates, in the same order, and u < 1, so u * total < total:
+         * some element passes. */
         for (int64_t b = 0; b < TILE; b += VL) {
             if (!any_lane(a + b)) continue;
             if (F == 1) {
