@@ -1,5 +1,7 @@
-"""Checks on logits and generators: the one home of each check and its message, for ``Circuit``
-and every caller above it (``probmoe``'s distribution, ``route``, the routers and the patch).
+"""Checks on logits, generators, integer arguments and cardinality ranges: the one home of each
+check and its message, for the specs, ``Circuit``, ``CardinalityDP`` and every caller above them
+(``probmoe``'s configs, distribution, ``route``, the routers and the patch). A public module of
+``circuits``.
 
 Every failure is a ``ValueError`` that names the argument and what is allowed. Type, rank and
 device checks are free; a check on tensor values costs one host synchronisation, and under
@@ -8,11 +10,43 @@ torch.compile becomes an assertion in the graph with the same message (``require
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 from torch import Tensor
 
 NAN = "logits contain NaN"
 POSINF = "logits contain +inf; use finite logits, or -inf for 'never chosen'"
+
+
+def integer(name: str, value, lo: int, hi: int | None = None, note: str = "", *, hi_name: str | None = None) -> int:
+    """``value`` as an int in [lo, hi] (hi None: no upper bound), else ValueError naming ``name`` and
+    the range: "k must be in [0, n = 64], got 65" (``hi_name`` names the bound; ``note`` follows it)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    value = int(value)
+    upper = f"{hi_name} = {hi}" if hi_name else (str(hi) if hi is not None else "inf")
+    if value < lo or (hi is not None and value > hi):
+        raise ValueError(f"{name} must be in [{lo}, {upper}]{note}, got {value}")
+    return value
+
+
+def cardinality(n: int, k=None, kmin=None, kmax=None, *, lowest: int = 0, note: str = "") -> tuple[int, int]:
+    """Resolve ``k`` (exactly k) or ``kmin``/``kmax`` (a range) of ``n`` into (kmin, kmax) with
+    lowest <= kmin <= kmax <= n, else ValueError naming the argument (``note`` follows each range). A
+    missing ``kmin`` defaults to ``lowest``, a missing ``kmax`` to n."""
+    if k is not None:
+        if kmin is not None or kmax is not None:
+            raise ValueError("pass either k (exactly k) or kmin/kmax (a range), not both")
+        k = integer("k", k, lowest, n, note)
+        return k, k
+    if kmin is None and kmax is None:
+        raise ValueError("pass k (exactly k) or kmin and kmax (a range of sizes)")
+    kmin = integer("kmin", lowest if kmin is None else kmin, lowest, n, note)
+    kmax = integer("kmax", n if kmax is None else kmax, lowest, n, note)
+    if kmin > kmax:
+        raise ValueError(f"kmin must be <= kmax, got kmin = {kmin}, kmax = {kmax}")
+    return kmin, kmax
 
 
 def generator(value, device: torch.device | None = None) -> None:

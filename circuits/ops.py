@@ -12,6 +12,10 @@ differentiable ones have their autograd registered here.
     marginals_jvp(r, shift, v, circuit)         -> Cov(z) v [T, n]
     sample(r, shift, seed, circuit)             -> (z [T, n], log Z [T])
     map(r, shift, circuit)                      -> (z [T, n], best [T])
+    dp_marginals(r, seed, kmin, kmax, values)   -> (m [T, n] (zeros unless ``values``), one draw
+                                                   z [T, n] when a seed is given, else [0])
+                                                   d/dr of m: Cov(z) v (``dp_cov_vec``)
+    dp_cov_vec(r, v, kmin, kmax)                -> Cov(z) v [T, n]
     kth_largest(x, k)                           -> [T]            (``circuits.native.select``)
     topk(x, k)                                  -> ([T, k], [T, k] long)
     topk_chosen(z, x, k)                        -> ([T, k], [T, k] long): topk of (z - 1) + x z
@@ -22,7 +26,9 @@ None, or [T, 1] subtracted from r before the pass (the exactly-k shift; the circ
 not change, only their rounding). seed: a 0-dim int64 tensor (``circuits.native.uniforms``).
 circuit: the handle of a ``Circuit`` (``register``), which picks the implementation for the
 logits' dtype and device (``circuits.passes.select``): the operators carry no Python object, so
-a handle is valid in the process that registered it.
+a handle is valid in the process that registered it. The ``dp_`` operators are the cardinality
+DP's (``circuits.CardinalityDP``, kmin <= |z| <= kmax, checked by the caller): their kernels come
+from the same ``select``, for a ``circuits.dp.Lattice`` instead of a circuit's program.
 """
 
 from __future__ import annotations
@@ -34,8 +40,10 @@ import weakref
 import torch
 from torch import Tensor
 
+from .dp.cardinality import Lattice
 from .native import select, uniforms
 from .passes import draw_uniforms
+from .passes import select as select_passes
 
 _CIRCUITS: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
 _HANDLES = itertools.count(1)
@@ -179,6 +187,52 @@ def map_assignment(r: Tensor, shift: Tensor | None, circuit: int) -> tuple[Tenso
 @map_assignment.register_fake
 def _(r, shift, circuit):
     return torch.empty_like(r), r.new_empty(r.shape[0])
+
+
+# --- the cardinality DP: the marginals (and one draw), differentiable with Jacobian Cov(z) -------------
+def _dp(r: Tensor, kmin: int, kmax: int):
+    """The DP's kernels for r [T, n] (``TorchDP`` or ``CDP``), as ``select`` picks them."""
+    return select_passes(Lattice(r.shape[-1], kmin, kmax, r.device), r.dtype)
+
+
+@torch.library.custom_op("circuits::dp_marginals", mutates_args=())
+def dp_marginals(r: Tensor, seed: Tensor | None, kmin: int, kmax: int, values: bool) -> tuple[Tensor, Tensor]:
+    """(m [T, n] (zeros unless ``values``), one draw z [T, n] when a seed is given, else [0]): one
+    up and one down sweep."""
+    m, z = _dp(r, kmin, kmax).forward_marginals(r, seed, values)
+    return m.contiguous(), z.contiguous()  # the torch sweeps build them transposed
+
+
+@dp_marginals.register_fake
+def _(r, seed, kmin, kmax, values):
+    return torch.empty_like(r), r.new_empty(r.shape if seed is not None else (0,))
+
+
+def _dp_marginals_setup(ctx, inputs, output):
+    r, _, kmin, kmax, _ = inputs
+    ctx.sizes = (kmin, kmax)
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(r)  # the caller's logits: no copy
+
+
+def _dp_marginals_backward(ctx, v, _z):
+    """The marginals' Jacobian is Cov(z), symmetric: the backward is one product Cov(z) v."""
+    (r,) = ctx.saved_tensors
+    return torch.ops.circuits.dp_cov_vec(r, v.contiguous(), *ctx.sizes), None, None, None, None
+
+
+dp_marginals.register_autograd(_dp_marginals_backward, setup_context=_dp_marginals_setup)
+
+
+@torch.library.custom_op("circuits::dp_cov_vec", mutates_args=())
+def dp_cov_vec(r: Tensor, v: Tensor, kmin: int, kmax: int) -> Tensor:
+    """Cov(z) v = (d m / d r) v: r, v [T, n] -> [T, n] (not differentiable again)."""
+    return _dp(r, kmin, kmax).cov_vec(r, v).contiguous()
+
+
+@dp_cov_vec.register_fake
+def _(r, v, kmin, kmax):
+    return torch.empty_like(r)
 
 
 # --- row operations ------------------------------------------------------------------------------------

@@ -24,16 +24,12 @@ import numbers
 import os
 from dataclasses import dataclass, field
 
+from . import checks
+
 
 def _check_int(name: str, value, lo: int, hi: int | None, hi_name: str | None = None) -> int:
     """``value`` as an int in [lo, hi], else ValueError naming ``name`` and the allowed range."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    value = int(value)
-    upper = f"{hi_name} = {hi}" if hi_name else (str(hi) if hi is not None else "inf")
-    if value < lo or (hi is not None and value > hi):
-        raise ValueError(f"{name} must be in [{lo}, {upper}], got {value}")
-    return value
+    return checks.integer(name, value, lo, hi, hi_name=hi_name)
 
 
 @dataclass(frozen=True)
@@ -355,6 +351,8 @@ class GroupCapacity(_Grouped):
 
 
 GROUP_SPECS = (GroupLimited, GroupCapacity)
+CARDINALITY_SPECS = (ExactlyK, RangeK)  # what the cardinality DP (circuits.CardinalityDP) also evaluates
+SPECS = (*CARDINALITY_SPECS, *GROUP_SPECS, SddFile, CnfFile)  # every kind of spec
 Spec = ExactlyK | RangeK | SddFile | CnfFile | GroupLimited | GroupCapacity
 
 

@@ -7,9 +7,10 @@
         -> route (straight-through training weights, MAP at eval) -> ProbMoERouter (nn.Module)
 """
 
+from circuits import map_mask, map_size  # the MAP of a size range, in closed form
+
 from .config import BACKENDS, GRADS, METHODS, SCORES, RoutingConfig
 from .distribution import SubsetDistribution, Subsets
-from .map_rule import map_mask, map_size
 from .route import Routing, route
 from .router import ProbMoERouter
 

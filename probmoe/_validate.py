@@ -2,31 +2,26 @@
 
 Every failure is a ``ValueError`` that names the argument and the allowed range. Shape and
 integer checks are free; the checks on logit values (NaN, +inf, a cardinality range that -inf
-logits make infeasible) cost one host synchronisation and can be skipped. The checks on logits
-and generators that circuits make too live in ``circuits.checks`` (one home, one message).
+logits make infeasible) cost one host synchronisation and can be skipped. The checks circuits
+makes too (logits, generators, integer ranges, k / kmin / kmax) live in ``circuits.checks`` (one
+home, one message); this module names them in routing's terms.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 from torch import Tensor
 
 from circuits import checks
-from circuits.checks import generator, logits as logits_tensor  # noqa: F401 (probmoe's entry points use these)
+
+generator, logits_tensor = checks.generator, checks.logits  # probmoe's entry points use these
 
 MAX_ABS_LOGIT = 1e20  # the DP's tilted sums of up to 2**31 logits stay far above its log-zero, -1e30
 
 
-def int_in(name: str, value, lo: int, hi: int, note: str = "") -> int:
-    """``value`` as an int in [lo, hi], else ValueError naming ``name`` (``note`` follows the range)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if not lo <= int(value) <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}]{note}, got {int(value)}")
-    return int(value)
+int_in = checks.integer  # int_in(name, value, lo, hi, note): an int in [lo, hi], else ValueError naming it
 
 
 def choice(name: str, value, options) -> str:
@@ -37,22 +32,8 @@ def choice(name: str, value, options) -> str:
 
 
 def cardinality(n: int, k=None, kmin=None, kmax=None, *, lowest: int = 0) -> tuple[int, int]:
-    """Resolve ``k`` (exactly k) or ``kmin``/``kmax`` (a range) into (kmin, kmax) with lowest <= kmin <= kmax <= n.
-
-    A missing ``kmin`` defaults to ``lowest``, a missing ``kmax`` to n.
-    """
-    if k is not None:
-        if kmin is not None or kmax is not None:
-            raise ValueError("pass either k (exactly k) or kmin/kmax (a range), not both")
-        k = int_in("k", k, lowest, n, f" (N = {n} experts)")
-        return k, k
-    if kmin is None and kmax is None:
-        raise ValueError("pass k (exactly k experts) or kmin and kmax (a range of sizes)")
-    kmin = int_in("kmin", lowest if kmin is None else kmin, lowest, n, f" (N = {n} experts)")
-    kmax = int_in("kmax", n if kmax is None else kmax, lowest, n, f" (N = {n} experts)")
-    if kmin > kmax:
-        raise ValueError(f"kmin must be <= kmax, got kmin = {kmin}, kmax = {kmax}")
-    return kmin, kmax
+    """``circuits.checks.cardinality`` over N = ``n`` experts: (kmin, kmax), lowest <= kmin <= kmax <= n."""
+    return checks.cardinality(n, k, kmin, kmax, lowest=lowest, note=f" (N = {n} experts)")
 
 
 @torch.no_grad()

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+import circuits
+
 from . import _validate, constraints
 
 METHODS = ("probmoe", "topk-marginal", "sample-dense-ste")
-BACKENDS = ("circuit", "dp")
+BACKENDS = circuits.ALGORITHMS  # ("circuit", "dp"): the compiled circuit or the cardinality DP
 GRADS = ("exact", "paper")
 SCORES = ("softmax", "sigmoid")
 

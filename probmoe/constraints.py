@@ -10,6 +10,8 @@ circuit (log Z, marginals, exact draws, the MAP).
     settle(...)                 -> resolve, plus the checks a config or distribution makes
     to_dict / from_dict         -> the JSON form of a spec constraint (settings files)
     compiled(constraint, device) -> the circuit on a device, input checks off (cached)
+    cardinality(n, kmin, kmax, device, algorithm)
+                                -> the evaluator of kmin..kmax of n (a circuit or the DP; cached)
     Allowed(circuit)            -> the support, a torch.distributions constraint
 """
 
@@ -23,10 +25,9 @@ from torch import Tensor
 from torch.distributions import constraints as dist_constraints
 
 import circuits
-from circuits.spec import GROUP_SPECS
+from circuits import CARDINALITY_SPECS as CARDINALITY
+from circuits import GROUP_SPECS, SPECS
 
-CARDINALITY = (circuits.ExactlyK, circuits.RangeK)
-SPECS = (*CARDINALITY, *GROUP_SPECS, circuits.SddFile, circuits.CnfFile)
 KINDS = "a circuits.Circuit or a spec (GroupLimited, GroupCapacity, ExactlyK, RangeK, SddFile, CnfFile)"
 
 
@@ -79,7 +80,7 @@ def settle(constraint, n: int, backend: str, k=None, kmin=None, kmax=None, lowes
     if lo < lowest:
         raise ValueError(f"constraint {name} allows subsets of {lo} experts; routing needs at least {lowest} expert "
                          f"per token (kmin >= {lowest})")
-    if constraint is not None and backend == "dp":
+    if constraint is not None and backend == "dp":  # circuits.check_algorithm's rule, in routing's words
         raise ValueError(f"backend 'dp' handles only k or kmin/kmax; constraint {name} needs backend 'circuit'")
     return constraint, lo, hi
 
@@ -128,34 +129,36 @@ def compiled(constraint, device) -> circuits.Circuit:
     return _CIRCUITS[_ensure(constraint, str(device))][1]
 
 
-def cardinality(n: int, kmin: int, kmax: int, device) -> circuits.Circuit:
-    """``compiled`` for kmin <= |S| <= kmax over n experts (``ExactlyK`` when kmin = kmax).
+def cardinality(n: int, kmin: int, kmax: int, device, algorithm: str = "circuit"):
+    """The evaluator of kmin <= |S| <= kmax over n experts (``ExactlyK`` when kmin = kmax) by
+    ``algorithm`` (``circuits.engine``): ``compiled``'s circuit, or the ``circuits.CardinalityDP``;
+    input checks off, kept like the circuits.
 
     Under torch.compile the sizes are made static here (``operator.index`` makes dynamo guard on
     their values): dynamo turns a size that changed between calls into a symbol, but each size is
     another circuit."""
     n, kmin, kmax = operator.index(n), operator.index(kmin), operator.index(kmax)
-    return _CIRCUITS[_ensure_cardinality(n, kmin, kmax, str(device))][1]
+    return _CIRCUITS[_ensure_cardinality(n, kmin, kmax, str(device), algorithm)][1]
 
 
 @torch.compiler.assume_constant_result
-def _ensure_cardinality(n: int, kmin: int, kmax: int, device: str) -> tuple:
+def _ensure_cardinality(n: int, kmin: int, kmax: int, device: str, algorithm: str) -> tuple:
     spec = circuits.ExactlyK(n, kmin) if kmin == kmax else circuits.RangeK(n, kmin, kmax)
-    return _ensure(spec, device, (n, kmin, kmax, device))
+    return _ensure(spec, device, (n, kmin, kmax, device, algorithm), algorithm)
 
 
 @torch.compiler.assume_constant_result
-def _ensure(constraint, device: str, key: tuple | None = None) -> tuple:
-    """The key of ``constraint``'s circuit on ``device`` in ``_CIRCUITS`` (a spec compares by value, a
-    circuit by identity), compiling (or copying) it there first if needed: (constraint, circuit)."""
+def _ensure(constraint, device: str, key: tuple | None = None, algorithm: str = "circuit") -> tuple:
+    """The key of ``constraint``'s evaluator on ``device`` in ``_CIRCUITS`` (a spec compares by value, a
+    circuit by identity), compiling (or copying) it there first if needed: (constraint, evaluator)."""
     key = (constraint, device) if key is None else key
     if key not in _CIRCUITS:
         with _CIRCUITS_LOCK:
             if key not in _CIRCUITS:
                 if isinstance(constraint, circuits.Circuit):
                     c = circuits.Circuit(constraint.layout, constraint.spec, constraint.info, device)
-                else:
-                    c = circuits.compile_circuit(constraint, device=device)
+                else:  # compiled (from the disk cache), or the DP
+                    c = circuits.engine(constraint, device, algorithm)
                 c.validate = False
                 _CIRCUITS[key] = (constraint, c)
     return key

@@ -12,10 +12,13 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.distributions import Distribution, constraints
 
-from . import _validate, backends
+import circuits
+
+from . import _validate
 from . import constraints as subset_constraints
 from .config import BACKENDS, GRADS, RoutingConfig
 
@@ -37,6 +40,27 @@ class Subsets(constraints.Constraint):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(kmin={self.kmin}, kmax={self.kmax})"
+
+
+class PaperGrad(torch.autograd.Function):
+    """Identity forward; backward multiplies by 1 - sigmoid(r). Placed in front of an exact-Jacobian
+    marginals function it yields the paper / SIMPLE Jacobian Cov(z) diag(1 - p). Saves only r, and
+    returns a view of it, so a marginals function that saves its input keeps no second copy."""
+
+    @staticmethod
+    def forward(ctx, r: Tensor) -> Tensor:
+        ctx.save_for_backward(r)
+        return r.view_as(r)
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> Tensor:
+        (r,) = ctx.saved_tensors
+        return g * torch.sigmoid(-r)
+
+
+def softplus_sum(r: Tensor) -> Tensor:
+    """Σ_i log(1 + e^{r_i}), the gap between the natural and the paper log-partition: [T, N] -> [T]."""
+    return F.softplus(r).sum(dim=-1)
 
 
 def _sample_shape(sample_shape) -> torch.Size:
@@ -61,8 +85,9 @@ class SubsetDistribution(Distribution):
             N experts (``circuits.Circuit``) or a spec (``circuits.GroupLimited``,
             ``GroupCapacity``, ...; see ``probmoe.constraints``). ``kmin``/``kmax`` are then its
             smallest and largest subsets; the mode is the circuit's MAP. Backend "circuit" only.
-        backend: "circuit" (the compiled circuit from ``circuits``) or "dp" (a dynamic program
-            over experts, no compilation). Both are exact.
+        backend: "circuit" (the compiled circuit from ``circuits``) or "dp" (the cardinality
+            dynamic program, ``circuits.CardinalityDP``, no compilation): the two algorithms of
+            ``circuits.engine`` (``circuits.ALGORITHMS``). Both are exact.
         grad: the Jacobian of ``.mean`` w.r.t. the logits. "exact": Cov(z). "paper": Cov(z)
             diag(1 - p), the convention of the official ProbMoE code and SIMPLE. Everything else
             (log_partition, log_prob, entropy, cardinality_probs) is differentiated exactly.
@@ -112,19 +137,23 @@ class SubsetDistribution(Distribution):
         logit values are checked here (``validate_args``)."""
         n = logits.shape[-1]
         self.logits, self.kmin, self.kmax, self.grad, self.constraint = logits, kmin, kmax, grad, constraint
-        self._impl = backends.make(backend, n, kmin, kmax, logits.device, constraint)
+        self._backend = backend
+        if constraint is None:  # a circuit or the DP, the same queries either way
+            self._engine = subset_constraints.cardinality(n, kmin, kmax, logits.device, backend)
+        else:
+            self._engine = subset_constraints.compiled(constraint, logits.device)
         super().__init__(logits.shape[:-1], logits.shape[-1:], validate_args=False)
         self._validate_args = Distribution._validate_args if validate_args is None else bool(validate_args)
         dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
         self._r = logits.reshape(-1, n).to(dtype)  # [T, N], T = prod(batch_shape)
         if self._validate_args and _validate.logits_values(logits, kmin) and constraint is not None:
-            self._impl.circuit.check_satisfiable(self._r)  # only when some logit is -inf
+            self._engine.check_satisfiable(self._r)  # only when some logit is -inf
         self._cache: dict[str, Tensor] = {}
 
     # --- helpers ------------------------------------------------------------------------------
     @property
     def backend(self) -> str:
-        return self._impl.name
+        return self._backend
 
     @property
     def k(self) -> int | None:
@@ -142,13 +171,43 @@ class SubsetDistribution(Distribution):
 
     def _marginals(self, paper: bool) -> Tensor:
         """[T, N], differentiable with the chosen convention; cached."""
-        return self._cached(f"m{paper}", lambda: self._impl.marginals(self._r, paper)[0])
+        return self._cached(f"m{paper}", lambda: self._engine_marginals(paper)[0])
+
+    def _engine_marginals(self, paper: bool, sample: bool = False, generator=None, values: bool = True):
+        """(m [T, N], one draw [T, N] or None) from the engine, with the Jacobian Cov(z) (exact) or
+        Cov(z) diag(1 - sigmoid(r)) (``paper``); the backward keeps only O(T N) tensors. With
+        ``values=False`` m is zeros that carry that Jacobian."""
+        r = PaperGrad.apply(self._r) if paper else self._r
+        if sample:
+            return self._engine.marginals_and_sample(r, generator, values=values)
+        return self._engine.marginals(r, values=values), None
+
+    def _log_counts(self) -> Tensor:
+        """log Σ_{|S| = j, S ∈ C} exp(r·z_S), j = kmin..kmax: [T, J] (natural form). The DP has all sizes
+        from one sweep; a circuit takes one circuit per size, its paper form plus Σ softplus(r)."""
+        if isinstance(self._engine, circuits.CardinalityDP):
+            return self._engine.log_counts(self._r)
+        sizes = [self._size(j) for j in range(self.kmin, self.kmax + 1)]
+        paper = torch.stack([c.log_partition(self._r) for c in sizes], dim=-1)  # [T, J]
+        return paper + softplus_sum(self._r).unsqueeze(-1)
+
+    def _size(self, j: int):
+        """The circuit of the subsets of exactly j experts (that the constraint allows)."""
+        if self.constraint is None:
+            return subset_constraints.cardinality(self.event_shape[0], j, j, self.logits.device)
+        if self.kmin == self.kmax:
+            return self._engine
+        if not hasattr(self.constraint, "with_cardinality"):
+            raise ValueError(f"cardinality_probs needs a constraint spec with a size range (GroupLimited, "
+                             f"GroupCapacity); {subset_constraints.describe(self.constraint)} allows "
+                             f"{self.kmin}..{self.kmax} experts and cannot be split by size")
+        return subset_constraints.compiled(self.constraint.with_cardinality(j, j), self.logits.device)
 
     # --- torch.distributions interface ---------------------------------------------------------
     @property
     def support(self) -> constraints.Constraint:
         if self.constraint is not None:
-            return subset_constraints.Allowed(self._impl.circuit, subset_constraints.describe(self.constraint))
+            return subset_constraints.Allowed(self._engine, subset_constraints.describe(self.constraint))
         return Subsets(self.kmin, self.kmax)
 
     @property
@@ -164,9 +223,10 @@ class SubsetDistribution(Distribution):
 
     @property
     def mode(self) -> Tensor:
-        """The most probable subset (see ``probmoe.map_rule``): [..., N] in {0, 1}."""
+        """The most probable subset (``circuits.map_mask`` for sizes, the circuit's MAP for a
+        structured constraint): [..., N] in {0, 1}."""
         with torch.no_grad():
-            return self._out(self._impl.mode(self._r), self.event_shape[0])
+            return self._out(self._engine.map(self._r), self.event_shape[0])
 
     def sample(self, sample_shape=torch.Size(), generator: torch.Generator | None = None) -> Tensor:
         """Exact draws: [*sample_shape, *batch_shape, N] in {0, 1}, not differentiable.
@@ -175,8 +235,8 @@ class SubsetDistribution(Distribution):
         """
         shape = _sample_shape(sample_shape)
         _validate.generator(generator, self.logits.device)
-        with torch.no_grad():
-            z = self._impl.sample(self._r, math.prod(shape), generator)  # [S, T, N]
+        with torch.no_grad():  # S draws per token: the rows repeated S times, [S, T, N]
+            z = self._engine.sample(self._r.expand(math.prod(shape), *self._r.shape), generator)
         return z.reshape(shape + self.batch_shape + self.event_shape).to(self.logits.dtype)
 
     def mean_and_sample(self, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
@@ -185,7 +245,7 @@ class SubsetDistribution(Distribution):
         paper = self.grad == "paper"
         if f"m{paper}" in self._cache:
             return self.mean, self.sample(generator=generator)
-        m, z = self._impl.marginals(self._r, paper, sample=True, generator=generator)
+        m, z = self._engine_marginals(paper, sample=True, generator=generator)
         self._cache[f"m{paper}"] = m
         return self.mean, self._out(z.detach(), self.event_shape[0])
 
@@ -197,23 +257,25 @@ class SubsetDistribution(Distribution):
         values. With ``sample`` the draw comes from the same pass, like ``mean_and_sample``.
         """
         _validate.generator(generator, self.logits.device)
-        t, z = self._impl.marginals(self._r, self.grad == "paper", sample=sample, generator=generator, values=False)
+        t, z = self._engine_marginals(self.grad == "paper", sample=sample, generator=generator, values=False)
         n = self.event_shape[0]
         return self._out(t, n), None if z is None else self._out(z.detach(), n)
 
     @property
     def log_partition(self) -> Tensor:
         """log P_indep(|S| ∈ C) = log Σ_{S∈C} Π_{i∈S} p_i Π_{i∉S} (1 - p_i): [...] (paper form)."""
-        return self._out(self._cached("logz", lambda: self._impl.log_partition(self._r)))
+        return self._out(self._cached("logz", lambda: self._engine.log_partition(self._r)))
 
     def _log_normalizer(self) -> Tensor:
         """log Σ_{S∈C} exp(r·z_S): [T] (natural form)."""
-        return self._cached("lognorm", lambda: self._impl.log_normalizer(self._r))
+        if isinstance(self._engine, circuits.CardinalityDP):  # from the DP's natural counts: no cancellation
+            return self._cached("lognorm", lambda: torch.logsumexp(self._log_counts(), dim=-1))
+        return self._cached("lognorm", lambda: self._engine.log_partition(self._r) + softplus_sum(self._r))
 
     @property
     def cardinality_probs(self) -> Tensor:
         """P(|S| = j | C) for j = kmin..kmax: [..., kmax - kmin + 1]."""
-        probs = self._cached("sizes", lambda: torch.softmax(self._impl.log_counts(self._r), dim=-1))
+        probs = self._cached("sizes", lambda: torch.softmax(self._log_counts(), dim=-1))
         return self._out(probs, self.kmax - self.kmin + 1)
 
     def log_prob(self, value: Tensor) -> Tensor:

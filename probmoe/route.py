@@ -5,7 +5,7 @@ Training draws S ~ P(S | C) and weights the drawn experts with the straight-thro
 the paper's Eq. 7, w = (stopgrad(z - m) + m) ⊙ π, gathered at the drawn experts, π the gate
 scores (softmax(r), or sigmoid(r) for sigmoid gates): the forward value is exactly π there, the
 backward goes through the marginals m (Jacobian Cov(z), Eq. 8) and through π. Eval takes the MAP
-subset (``probmoe.map_rule``; for a structured constraint, the circuit's MAP).
+subset (``circuits.map_size`` / ``map_mask``; for a structured constraint, the circuit's MAP).
 """
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-import circuits  # noqa: F401 (registers torch.ops.circuits)
+from circuits import map_size  # importing circuits registers torch.ops.circuits
 
 from . import _validate
 from .config import RoutingConfig
 from .distribution import SubsetDistribution
 from .gate_weights import gate_weights
-from .map_rule import map_size
 from .scores import dense_selection, gate_scores
 
 @dataclass

@@ -63,10 +63,10 @@ def c_passes_built():
 
 @pytest.fixture
 def c_dp_built():
-    """Skip unless the C cardinality DP (probmoe.dp_native) loads."""
-    from probmoe import dp_native
+    """Skip unless the C cardinality DP (circuits.dp.c_dp) loads."""
+    from circuits.dp import c_dp
 
-    _skip_unless_built(dp_native.NATIVE)
+    _skip_unless_built(c_dp.NATIVE)
 
 
 @pytest.fixture
@@ -81,6 +81,6 @@ def c_passes_off(monkeypatch):
 
 @pytest.fixture
 def c_dp_off(monkeypatch):
-    from probmoe import dp_native
+    from circuits.dp import c_dp
 
-    _turn_off(monkeypatch, dp_native.NATIVE)
+    _turn_off(monkeypatch, c_dp.NATIVE)

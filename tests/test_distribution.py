@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 import probmoe
 from brute import exact, masks
-from probmoe import dp
+from circuits.dp import torch_dp as dp
 
 BACKENDS = ["dp", "circuit"]
 # (n, kmin, kmax): exactly-k, ranges, the empty set, the full range

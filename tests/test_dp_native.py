@@ -1,6 +1,8 @@
-"""The fused C cardinality DP (probmoe/dp_native.py, probmoe/native/cardinality.c) against the torch DP.
+"""The fused C cardinality DP (circuits/dp/c_dp.py, circuits/native/c/cardinality.c) against the torch DP
+(circuits/dp/torch_dp.py).
 
-float32 CPU calls of ``dp.Cardinality`` take the C sweeps; these tests call both implementations on
+float32 CPU calls of ``circuits::dp_marginals`` take the C sweeps (``circuits.passes.select``); these
+tests call both implementations on
 the same inputs: the marginals and Cov(z) v against the float64 torch DP, the draws bit for bit from
 the same generator seed, the draws' frequencies against the exact marginals, the edge cases, the
 fallback to the torch code, and ``probmoe.route`` with and without the C library.
@@ -12,10 +14,13 @@ import shutil
 import pytest
 import torch
 
+import circuits
+from circuits.dp import CDP, Lattice, TorchDP
+from circuits.dp import c_dp as dp_native
+from circuits.dp import torch_dp as dp
 from circuits.native.uniforms import seed_tensor
 
 import probmoe
-from probmoe import dp, dp_native
 
 
 needs_native = pytest.mark.usefixtures("c_dp_built")
@@ -281,24 +286,31 @@ def test_bad_arguments():
 
 @needs_native
 def test_cardinality_dispatch(monkeypatch):
-    """float32 CPU takes the C sweeps (not dp.up); float64 takes the torch sweeps (not the C ones)."""
-    model = dp.Cardinality(2, 4)
+    """``circuits.passes.select`` gives float32 CPU logits the C sweeps (not dp.up) and float64 the torch
+    sweeps (not the C ones), through the operators."""
     r = torch.randn(30, 8)
+    assert isinstance(circuits.passes.select(Lattice(8, 2, 4, r.device), torch.float32), CDP)
+    assert isinstance(circuits.passes.select(Lattice(8, 2, 4, r.device), torch.float64), TorchDP)
+    assert isinstance(circuits.passes.select(Lattice(8, 2, 4, r.device), torch.float32, prefer="torch"), TorchDP)
+    with pytest.raises(ValueError, match="no Triton sweeps"):
+        circuits.passes.select(Lattice(8, 2, 4, r.device), torch.float32, prefer="triton")
 
     def refuse(*args, **kwargs):
         raise AssertionError("the wrong implementation ran")
 
+    ones = torch.ones_like(r)
     with monkeypatch.context() as patch:
         patch.setattr(dp, "up", refuse)
         patch.setattr(dp, "cov_vec", refuse)
-        m, z = model.forward_marginals(r, seed_tensor(torch.Generator().manual_seed(2)), True)
-        model.cov_vec(r, torch.ones_like(r))
+        m, z = torch.ops.circuits.dp_marginals(r, seed_tensor(torch.Generator().manual_seed(2)), 2, 4, True)
+        torch.ops.circuits.dp_cov_vec(r, ones, 2, 4)
     assert torch.equal(z.double(), torch_reference(r, 2, 4, 2)[1])
     with monkeypatch.context() as patch:
         patch.setattr(dp_native, "forward_marginals", refuse)
         patch.setattr(dp_native, "cov_vec", refuse)
-        m64, z64 = model.forward_marginals(r.double(), seed_tensor(torch.Generator().manual_seed(2)), True)
-        model.cov_vec(r.double(), torch.ones_like(r.double()))
+        m64, z64 = torch.ops.circuits.dp_marginals(r.double(), seed_tensor(torch.Generator().manual_seed(2)), 2, 4,
+                                                   True)
+        torch.ops.circuits.dp_cov_vec(r.double(), ones.double(), 2, 4)
     torch.testing.assert_close(m.double(), m64, atol=1e-5, rtol=0)
     assert torch.equal(z.double(), z64)
 
@@ -308,10 +320,12 @@ def test_fallback_when_the_library_is_off(c_dp_off, monkeypatch):
     monkeypatch.setattr(dp_native, "forward_marginals", None)  # a call would fail
     monkeypatch.setattr(dp_native, "cov_vec", None)
     r = torch.randn(20, 8)
-    assert not dp_native.available(r) and "off" in dp_native.describe()
-    model = dp.Cardinality(1, 3)
-    m, z = model.forward_marginals(r, seed_tensor(torch.Generator().manual_seed(0)), True)
-    out = model.cov_vec(r, torch.randn(20, 8))
+    assert isinstance(circuits.passes.select(Lattice(8, 1, 3, r.device), r.dtype), TorchDP)
+    assert "off" in dp_native.describe()
+    with pytest.raises(RuntimeError, match="not available"):
+        circuits.passes.select(Lattice(8, 1, 3, r.device), r.dtype, prefer="c")
+    m, z = torch.ops.circuits.dp_marginals(r, seed_tensor(torch.Generator().manual_seed(0)), 1, 3, True)
+    out = torch.ops.circuits.dp_cov_vec(r, torch.randn(20, 8), 1, 3)
     assert m.dtype == z.dtype == out.dtype == torch.float32 and ((z.sum(-1) >= 1) & (z.sum(-1) <= 3)).all()
 
 

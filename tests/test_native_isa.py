@@ -28,9 +28,10 @@ from circuits.native import uniforms as native_uniforms
 from circuits.native.uniforms import seed_tensor
 from circuits.passes import CPasses, TorchPasses, c_library, draw_uniforms
 from circuits.passes import torch_passes as kernels
-from probmoe import dp, dp_native
+from circuits.dp import Lattice, TorchDP, c_dp
+from circuits.dp import torch_dp as dp
 
-LIBS = {"passes": c_library.NATIVE, "rows": rows.ROWS, "dp": dp_native.NATIVE}
+LIBS = {"passes": c_library.NATIVE, "rows": rows.ROWS, "dp": c_dp.NATIVE}
 
 
 @pytest.fixture(scope="module", params=build.ISAS)
@@ -119,10 +120,10 @@ def test_circuit_passes(isa, spec):
 def test_cardinality_dp(isa, T, N, kmin, kmax):
     r = awkward_logits(T, N, seed=N + kmin)
     v = torch.randn(T, N, generator=torch.Generator().manual_seed(3))
-    done, tiles = dp_native.linear_tiles(r, kmin, kmax)
+    done, tiles = c_dp.linear_tiles(r, kmin, kmax)
     assert 0 < done < tiles or tiles == 1  # the awkward rows' tiles on logarithms, the last one linear
     seed = torch.Generator().manual_seed(4)
-    m, z = dp_native.forward_marginals(r, kmin, kmax, seed_tensor(seed), True)
+    m, z = c_dp.forward_marginals(r, kmin, kmax, seed_tensor(seed), True)
     u = dp.up(r, kmin, kmax)  # the float32 torch DP: the same rounding of the tilted ±1e4 logits
     m_ref, z_ref = dp.down(u, u.band_probs(), 1, torch.Generator().manual_seed(4))
     torch.testing.assert_close(m, m_ref, atol=1e-5, rtol=0, equal_nan=True)
@@ -133,7 +134,7 @@ def test_cardinality_dp(isa, T, N, kmin, kmax):
     u64 = dp.up(r.double(), kmin, kmax)
     m64, _ = dp.down(u64, u64.band_probs(), 1, torch.Generator().manual_seed(4))
     torch.testing.assert_close(m.double()[finite], m64[finite], atol=2e-5, rtol=0)  # the fp32 DP's own error
-    cov = dp_native.cov_vec(r, v, kmin, kmax)
+    cov = c_dp.cov_vec(r, v, kmin, kmax)
     torch.testing.assert_close(cov, dp.cov_vec(r, v, kmin, kmax), atol=1e-5, rtol=0, equal_nan=True)
     cov64 = dp.cov_vec(r.double(), v.double(), kmin, kmax)
     torch.testing.assert_close(cov.double()[finite], cov64[finite], atol=2e-5, rtol=0)
@@ -204,7 +205,7 @@ def falls_back_with_one_warning(match: str) -> None:
     c = circuits.compile_circuit(circuits.RangeK(6, 2, 4))
     assert isinstance(circuits.passes.select(c.program, torch.float32), TorchPasses)
     r = torch.randn(5, 6)
-    assert not dp_native.available(r)
+    assert isinstance(circuits.passes.select(Lattice(6, 2, 4, r.device), r.dtype), TorchDP)
     assert torch.isfinite(c.marginals(r)).all()
     assert torch.equal(select.kth_largest(r, 2), select.kth_largest_reference(r, 2))
 

@@ -39,9 +39,10 @@ from timing import table  # noqa: E402
 import probmoe  # noqa: E402
 from circuits.native import build, rows  # noqa: E402
 from circuits.passes import CPasses, c_library  # noqa: E402
-from probmoe import constraints, dp_native  # noqa: E402
+from circuits.dp import c_dp  # noqa: E402
+from probmoe import constraints  # noqa: E402
 
-LIBS = (c_library.NATIVE, rows.ROWS, dp_native.NATIVE)
+LIBS = (c_library.NATIVE, rows.ROWS, c_dp.NATIVE)
 
 
 def cpu_name() -> str:

@@ -113,9 +113,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     import circuits.passes
 
-    from probmoe import dp_native
+    from circuits.dp import c_dp
 
-    dp_where = f"the fused C DP ({dp_native.describe()})" if dp_native.library() else f"the torch DP ({dp_native.describe()})"
+    dp_where = f"the fused C DP ({c_dp.describe()})" if c_dp.library() else f"the torch DP ({c_dp.describe()})"
     print(f"fp32, torch {torch.__version__}; fp32 CPU calls take the "
           f"{circuits.passes.describe()} and {dp_where}; load average {os.getloadavg()[0]:.2f} at start")
     for name in args.devices.split(","):

@@ -1,4 +1,5 @@
-"""The circuit passes: one computation, several implementations, one place that picks.
+"""The circuit passes: one computation, several implementations, and ``select``, the one place that
+picks an implementation, for the circuit passes and for the cardinality DP (``circuits.dp``).
 
     program.py       Program: a level layout as device tensors; draw_uniforms (shared by all)
     interface.py     Passes: log Z + marginals, sample, MAP, Cov(z) v, the k-th largest logit
@@ -14,7 +15,9 @@ The row operations the passes share with ``probmoe`` (top-k, the k-th largest, c
 uniforms) and the C build machinery live in ``circuits.native``; ``circuits.ops`` registers the
 passes as torch operators.
 
-``select(program, dtype)`` is the only place that decides which implementation runs.
+``select(program, dtype)`` is the only place that decides which implementation runs: of the
+circuit passes for a circuit's ``Program``, of the DP's sweeps for a ``circuits.dp.Lattice`` (the
+algorithm is the engine's: ``circuits.engine``).
 """
 
 from __future__ import annotations
@@ -27,27 +30,39 @@ from .interface import Passes
 from .program import Program, draw_uniforms
 from .torch_passes import TorchPasses
 
-__all__ = ["CPasses", "Passes", "Program", "TorchPasses", "describe", "draw_uniforms", "select"]
+__all__ = ["CPasses", "IMPLEMENTATIONS", "Passes", "Program", "TorchPasses", "describe", "draw_uniforms", "select"]
+
+IMPLEMENTATIONS = ("torch", "c", "triton")
 
 
-def select(program: Program, dtype: torch.dtype, prefer: str | None = None) -> Passes:
-    """The passes for ``program`` (on its device) with logits of ``dtype``: float32 on CUDA takes the
-    Triton passes when triton imports, float32 on the CPU the fused C passes when their library is
-    available, everything else the torch passes.
+def select(program, dtype: torch.dtype, prefer: str | None = None):
+    """The implementation that evaluates ``program`` (on its device) for logits of ``dtype``.
+
+    program: a circuit's ``Program``, which gets ``Passes``: float32 on CUDA takes the Triton passes
+    when triton imports, float32 on the CPU the fused C passes when their library is available,
+    everything else the torch passes. Or a ``circuits.dp.Lattice``, which gets the DP's sweeps: the
+    fused C sweeps (``CDP``) for float32 on the CPU when their library is available, else the torch
+    sweeps (``TorchDP``; there is no Triton DP).
 
     ``prefer`` ("torch", "c" or "triton") takes that implementation instead, whatever the device (the
     tests run the Triton passes on CPU tensors under TRITON_INTERPRET=1): ValueError for other than
     float32 logits (but "torch") and for "c" off the CPU, ImportError or RuntimeError when the
     implementation is unavailable.
     """
+    from ..dp import Lattice, c_dp, torch_dp  # the DP imports the passes' scratch pool: imported here
+
+    dp = isinstance(program, Lattice)
     if prefer is None:
-        prefer = _default(program, dtype)
-    elif prefer not in ("torch", "c", "triton"):
-        raise ValueError(f"prefer must be None, 'torch', 'c' or 'triton', got {prefer!r}")
+        prefer = _default(program, dtype, c_dp.NATIVE if dp else c_library.NATIVE)
+    elif prefer not in IMPLEMENTATIONS or (dp and prefer == "triton"):
+        raise ValueError(f"prefer must be None, {', '.join(map(repr, IMPLEMENTATIONS[:2 if dp else 3]))}, got "
+                         f"{prefer!r}{' (the DP has no Triton sweeps)' if dp and prefer == 'triton' else ''}")
     elif prefer != "torch" and dtype != torch.float32:
         raise ValueError(f"the {prefer} passes take float32 logits, got {dtype}")
     elif prefer == "c" and program.device.type != "cpu":
         raise ValueError(f"the C passes run on the CPU, the program is on {program.device}")
+    if dp:
+        return (c_dp.CDP if prefer == "c" else torch_dp.TorchDP)(program.kmin, program.kmax)
     if prefer == "triton":
         from .triton_passes import TritonPasses
 
@@ -55,15 +70,16 @@ def select(program: Program, dtype: torch.dtype, prefer: str | None = None) -> P
     return CPasses(program) if prefer == "c" else TorchPasses(program)
 
 
-def _default(program: Program, dtype: torch.dtype) -> str:
-    """The implementation ``select`` takes on its own: "triton", "c" or "torch"."""
-    if dtype == torch.float32 and program.device.type == "cuda":
+def _default(program, dtype: torch.dtype, library) -> str:
+    """The implementation ``select`` takes on its own: "triton" (circuits only), "c" (where the C
+    ``library`` takes the dtype and device) or "torch"."""
+    if dtype == torch.float32 and program.device.type == "cuda" and isinstance(program, Program):
         try:
             from . import triton_passes  # noqa: F401 (triton is an optional extra)
         except ImportError:
             return "torch"
         return "triton"
-    if c_library.NATIVE.takes(program.device, dtype) is not None:
+    if library.takes(program.device, dtype) is not None:
         return "c"
     return "torch"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-METHODS = ("conventional", "frozen", "densemixer", "probmoe", "probmoe-dynamic", "sample-dense-ste",
-           "topk-marginal", "probmoe-grouped")  # probmoe.integrations.transformers.ALL_METHODS (checked in the tests)
+from probmoe.config import BACKENDS, GRADS
+from probmoe.integrations.method_names import ALL_METHODS as METHODS
 
 
 def _bounded(convert, what: str, low: float, inclusive: bool):
@@ -39,9 +39,9 @@ def add_routing_flags(parser: argparse.ArgumentParser, *, required: bool) -> Non
     parser.add_argument("--kmin", type=positive_int, help="fewest experts per token (probmoe-dynamic; default 1)")
     parser.add_argument("--kmax", type=positive_int, help="most experts per token (probmoe-dynamic; default: the "
                         "model's top-k)")
-    parser.add_argument("--backend", choices=("circuit", "dp"), default="circuit",
+    parser.add_argument("--backend", choices=BACKENDS, default=BACKENDS[0],
                         help="exact backend of the ProbMoE methods")
-    parser.add_argument("--grad", choices=("exact", "paper"), default="exact",
+    parser.add_argument("--grad", choices=GRADS, default=GRADS[0],
                         help="gradient of the marginals: exact Cov(z), or the paper's Cov(z) diag(1 - p)")
 
 

@@ -18,12 +18,9 @@ from dataclasses import dataclass
 import circuits
 import probmoe
 
+from ..method_names import ALL_METHODS, GROUPED_METHODS, METHODS  # noqa: F401 (their home; exported here)
 from .families import GROUPED
 
-METHODS = ("conventional", "frozen", "densemixer", "probmoe", "probmoe-dynamic", "sample-dense-ste",
-           "topk-marginal")
-GROUPED_METHODS = ("probmoe-grouped",)  # for the grouped families only
-ALL_METHODS = METHODS + GROUPED_METHODS
 STOCK = ("conventional", "frozen", "densemixer")  # routed by the family's own top-k (DenseMixer: in eval)
 _PROBMOE_METHOD = {"probmoe": "probmoe", "probmoe-dynamic": "probmoe", "sample-dense-ste": "sample-dense-ste",
                    "topk-marginal": "topk-marginal", "probmoe-grouped": "probmoe"}  # -> RoutingConfig.method

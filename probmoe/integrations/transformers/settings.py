@@ -20,7 +20,8 @@ import os
 
 import probmoe
 
-from .methods import ALL_METHODS, Plan
+from ..method_names import ALL_METHODS
+from .methods import STOCK, Plan
 
 FILENAME = "probmoe_routing.json"
 FORMAT = "probmoe-transformers-routing"
@@ -84,7 +85,7 @@ def read(directory) -> dict:
         routing = None if data["routing"] is None else probmoe.RoutingConfig.from_dict(data["routing"])
     except (ValueError, TypeError) as e:
         raise ValueError(f"{path}: bad routing config ({e})") from e
-    if (routing is None) != (data["method"] in ("conventional", "frozen", "densemixer")):
+    if (routing is None) != (data["method"] in STOCK):
         raise ValueError(f"{path}: routing must be null exactly for the stock methods; method {data['method']!r}")
     return dict(data, routing=routing, path=path)
 

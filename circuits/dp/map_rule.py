@@ -1,4 +1,4 @@
-"""The MAP subset of P(S | C) ∝ exp(Σ_{i∈S} r_i), |S| in [kmin, kmax], in closed form.
+"""The MAP subset of P(S | C) ∝ exp(Σ_{i∈S} r_i), |S| in [kmin, kmax] (S a subset of the variables), in closed form.
 
 The best subset of size j is the top-j logits; its score is the prefix sum of the logits sorted
 in descending order, which grows exactly while the next logit is positive. So the MAP size is
@@ -14,7 +14,7 @@ from torch import Tensor
 
 
 def map_size(logits: Tensor, kmin: int, kmax: int) -> Tensor:
-    """The number of experts in the MAP subset: [..., N] -> [...] long."""
+    """The number of true variables in the MAP subset: [..., N] -> [...] long."""
     return (logits > 0).sum(dim=-1).clamp(kmin, kmax)
 
 

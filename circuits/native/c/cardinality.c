@@ -1,7 +1,7 @@
 /* The cardinality DP (the paper's Alg. 2) fused in C for fp32 on the CPU:
- * P(S | C) ∝ exp(Σ_{i∈S} r_i) for kmin <= |S| <= kmax over N experts, one tile of B tokens at a time.
+ * P(S | C) ∝ exp(Σ_{i∈S} r_i) for kmin <= |S| <= kmax over N variables, one tile of B tokens at a time.
  *
- * probmoe/dp.py is the reference and the oracle (read its module docstring first): the same two
+ * circuits/dp/torch_dp.py is the reference and the oracle (read its module docstring first): the same two
  * sweeps (dp.up, dp.down, dp.cov_vec) with the same numerics: the row-max tilt tau, the finite
  * LOG_ZERO for -inf logits and unreachable states, logaddexp = max + log1p(exp(-|a - b|)),
  * W = sigmoid(take - L[i, j]), the band probabilities as a softmax of the log counts, and the
@@ -40,7 +40,7 @@ void pm_log1p(float *x, int64_t n);
 static inline float max2(float a, float b) { return a > b ? a : b; }
 
 typedef struct {
-    int64_t T, N, kmin, K1, B; /* tokens, experts, smallest size, kmax + 1, lanes per tile */
+    int64_t T, N, kmin, K1, B; /* tokens, variables, smallest size, kmax + 1, lanes per tile */
     int64_t linear;            /* whether tiles may take the linear sweep (0: always the log sweep) */
 } Dims;
 
@@ -53,7 +53,7 @@ typedef struct {
     float *take, *g;       /* [K1][B]: an up step's scratch */
     float *A, *dA, *f, *df; /* [K1][B]: adjoints, flows and their tangents */
     float *out, *z;        /* [N][B]: m or Cov(z) v; the draw */
-    float *tau, *u;        /* [B]: the tilt; an expert's uniforms */
+    float *tau, *u;        /* [B]: the tilt; a variable's uniforms */
     int32_t *c;            /* [B]: how many of the draw's members are still to come */
 } Tile;
 
@@ -138,11 +138,11 @@ static void tilt(const Dims *d, float *restrict rt, float *restrict tau) {
         }
 }
 
-/* One step of Alg. 2 for expert i: lo = L[i], hi = L[i + 1] ([K1 + 1][B], row 0 is j = -1),
+/* One step of Alg. 2 for variable i: lo = L[i], hi = L[i + 1] ([K1 + 1][B], row 0 is j = -1),
  * ri = r_i - tau [B], w = W[i] [K1][B]; take, g: [K1][B] scratch. With take = L[i, j-1] + r_i,
  * d = take - L[i, j] and e = exp(-|d|) (0 below EXP_MIN): L[i + 1, j] = logaddexp(L[i, j], take)
  * = max + log1p(e) and W[i, j] = sigmoid(d) = (d >= 0 ? 1 : e) / (1 + e), exactly 0 at j = 0 (so
- * a draw never takes more experts than its size). */
+ * a draw never takes more variables than its size). */
 static void up_step(int64_t K1, int64_t B, const float *restrict lo, float *restrict hi, const float *restrict ri,
                     float *restrict w, float *restrict take, float *restrict g) {
     const int64_t n = K1 * B;
@@ -186,7 +186,7 @@ static void tangent_step(int64_t K1, int64_t B, const float *restrict lo, float 
 
 /* The linear sweep. Where a tile's logits allow it, the lattice holds numbers, not logarithms:
  * L[i, j] = 2^-s e_j(w_0..w_{i-1}) / C(i, j), the j-th elementary symmetric sum of w = exp(r - tau)
- * over the first i experts divided by its number of terms, with tau the mean of the row's finite
+ * over the first i variables divided by its number of terms, with tau the mean of the row's finite
  * logits. As C(i + 1, j) = C(i, j) + C(i, j-1), a step is a weighted mean of two states,
  * L[i + 1, j] = a L[i, j] + b w_i L[i, j-1] with a = (i + 1 - j) / (i + 1) and b = j / (i + 1),
  * and W[i, j] = b w_i L[i, j-1] / L[i + 1, j]: two products and a division per state, where the
@@ -199,8 +199,8 @@ static void tangent_step(int64_t K1, int64_t B, const float *restrict lo, float 
  * no more than the finite logits so far) below 2^-120 marks its lane. Above it a state is a normal
  * float, and the rounding of a term that fell below 2^-126 (2^-150 at most) is 2^-30 of it. A tile
  * with a marked lane is swept again on logarithms, whose tilt and LOG_ZERO take any logits; the
- * marks are looked at every 16 experts, so such a tile stops early. That happens for logits spread
- * far apart (dp_native.linear_tiles counts the tiles; docs/performance.md has the shares for
+ * marks are looked at every 16 variables, so such a tile stops early. That happens for logits spread
+ * far apart (c_dp.linear_tiles counts the tiles; docs/performance.md has the shares for
  * N(0, s^2) logits), and for ±1e4, NaN, +inf or rows without a finite logit (the last three
  * refused before the sweep). -inf logits are w = 0 exactly; unreachable states are exactly 0, W = 0. */
 #define LINEAR_TOP 126 /* log2 of the largest state's bound after scaling */
@@ -261,11 +261,11 @@ static int linear_setup(const Dims *d, const float *restrict rt, float *restrict
     return ok;
 }
 
-/* One step of the linear sweep for expert i: lo = L[i], hi = L[i + 1] ([K1 + 1][B], row 0 is
+/* One step of the linear sweep for variable i: lo = L[i], hi = L[i + 1] ([K1 + 1][B], row 0 is
  * j = -1, always 0), wi = w_i [B], w = W[i] [K1][B]: L[i + 1, j] = a L[i, j] + b w_i L[i, j-1] and
  * W[i, j] = b w_i L[i, j-1] / L[i + 1, j] (0 for an unreachable state, and at j = 0), a = (i + 1 -
  * j) / (i + 1), b = j / (i + 1) (states past j = i + 1 are 0 whatever a is). reach [B]: the finite
- * logits among experts 0..i; a reachable state (j <= reach) below LINEAR_FLOOR sets low [B] to 1. */
+ * logits among variables 0..i; a reachable state (j <= reach) below LINEAR_FLOOR sets low [B] to 1. */
 static void up_step_linear(int64_t i, int64_t K1, int64_t B, const float *restrict lo, float *restrict hi,
                            const float *restrict wi, float *restrict w, const float *restrict reach,
                            float *restrict low) {
@@ -432,14 +432,14 @@ static void sum_level(int64_t K1, int64_t B, const float *restrict x, float *res
         for (int64_t t = 0; t < B; t++) out[t] += x[j * B + t];
 }
 
-/* A = A - f + f shifted down one size (the path through (i, j-1) took expert i into (i + 1, j)). */
+/* A = A - f + f shifted down one size (the path through (i, j-1) took variable i into (i + 1, j)). */
 static void pass_down(int64_t K1, int64_t B, float *restrict A, const float *restrict f) {
     const int64_t n = K1 * B;
     for (int64_t k = 0; k < n - B; k++) A[k] = (A[k] - f[k]) + f[k + B];
     for (int64_t k = n - B; k < n; k++) A[k] -= f[k];
 }
 
-/* One step of the down sweep (dp.down) for expert i: F = A W[i], m_i = Σ_j F[j], then A = A[i].
+/* One step of the down sweep (dp.down) for variable i: F = A W[i], m_i = Σ_j F[j], then A = A[i].
  * A, f: [K1][B]; w = W[i]; m [B]. */
 static void down_step(int64_t K1, int64_t B, float *restrict A, const float *restrict w, float *restrict f,
                       float *restrict m) {
@@ -462,7 +462,7 @@ static void cov_step(int64_t K1, int64_t B, float *restrict A, float *restrict d
 }
 
 /* Cardinality.forward_marginals for tokens t0..t0+nt: r [T, N]; m [T, N] (NULL: not wanted);
- * U [(N + 1) T]: the size uniforms [T], then the experts' [N][T]; z [T, N] (both NULL: no draw).
+ * U [(N + 1) T]: the size uniforms [T], then the variables' [N][T]; z [T, N] (both NULL: no draw).
  * Returns 1 when the tile took the linear sweep, 0 the log sweep, -1 when scratch cannot be
  * allocated. */
 static int64_t forward_tile(const Dims *d, const float *r, const float *U, float *m, float *z, int64_t t0,
@@ -549,5 +549,5 @@ int64_t dp_cov_vec(const float *r, const float *v, float *out, int64_t T, int64_
     OVER_TILES(d, cov_tile(&d, r, v, out, t0, nt));
 }
 
-/* The tokens per tile of dp_forward for N experts and kmax: its tiles are ceil(T / this). */
+/* The tokens per tile of dp_forward for N variables and kmax: its tiles are ceil(T / this). */
 int64_t dp_forward_lanes(int64_t N, int64_t kmax) { return lanes(N, kmax + 1, 1); }

@@ -1,6 +1,7 @@
-"""Backend "dp": the cardinality dynamic program over experts (the paper's Alg. 2), batched over tokens.
+"""The cardinality dynamic program in plain torch (the paper's Alg. 2), batched over tokens: the
+meaning of the DP and the test oracle of its C sweeps (``circuits.dp.c_dp``).
 
-P(S | C) ∝ exp(Σ_{i∈S} r_i) for |S| in [kmin, kmax]. With K = kmax, the prefix table
+P(S | C) ∝ exp(Σ_{i∈S} r_i) for |S| in [kmin, kmax], S a subset of the n variables. With K = kmax, the prefix table
 
     L[i, j] = log Σ_{S ⊆ {0..i-1}, |S| = j} exp(Σ_{l∈S} r_l)        i = 0..N, j = 0..K
 
@@ -8,7 +9,7 @@ obeys L[i+1, j] = logaddexp(L[i, j], L[i, j-1] + r_i) (Alg. 2). Everything else 
 algebra on the lattice it defines, with no further logarithms:
 
 - ``W[i, j] = exp(L[i, j-1] + r_i - L[i+1, j]) = sigmoid(L[i, j-1] + r_i - L[i, j])``:
-  P(i ∈ S | the first i+1 experts hold j members).
+  P(i ∈ S | the first i+1 variables hold j members).
 - adjoints ``A[i, j] = P(|S ∩ {0..i-1}| = j)``, swept down from ``A[N] = P(|S| = j)``:
   ``F[i, j] = A[i+1, j] W[i, j]``, ``A[i, j] = A[i+1, j] - F[i, j] + F[i, j+1]``, and the marginals
   are ``m_i = Σ_j F[i, j]`` (inside-outside: the gradient of log Σ_band exp L[N, j]).
@@ -37,10 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from circuits import ScratchPool
-from circuits.native.uniforms import as_seed, uniforms
-
-from . import dp_native
+from ..native.uniforms import as_seed, uniforms
+from ..passes.scratch import ScratchPool
 
 LOG_ZERO = -1e30  # a finite log 0: a few of them add up without overflow in float32
 
@@ -110,7 +109,7 @@ def up(r: Tensor, kmin: int, kmax: int, *, keep_w: bool = True, v: Tensor | None
     take = torch.empty_like(rows[0, 1:])  # [K + 1, T]
     for i in range(N):
         a, b = i % 2, (i + 1) % 2
-        torch.add(shifted[a], rts[i], out=take)  # log weight of taking expert i
+        torch.add(shifted[a], rts[i], out=take)  # log weight of taking variable i
         torch.logaddexp(whole[a], take, out=whole[b])  # Alg. 2: L[i+1, j]
         if not keep_w:
             continue
@@ -155,7 +154,7 @@ def down(u: Up, band: Tensor, num_samples: int = 0, seed: Tensor | torch.Generat
     the first output is the marginals; with any other seed g it is Σ_j g_j m^(j), the gradient of
     Σ_j g_j log Z_j. Draws: |S| ~ ``band`` (which must then be the band probabilities), then
     z_i ~ Bernoulli(W[i, c]) along the path; one uniform per (draw, token) for the size, then one
-    per (expert, draw, token), all from one call of ``circuits.native.uniforms``.
+    per (variable, draw, token), all from one call of ``circuits.native.uniforms``.
     """
     W = u.W
     N, _, T = W.shape
@@ -165,7 +164,7 @@ def down(u: Up, band: Tensor, num_samples: int = 0, seed: Tensor | torch.Generat
     cols, zs = [], []
     if num_samples:
         cum = band.cumsum(dim=0)  # [J, T]
-        rand = uniforms(as_seed(seed, band.device), (N + 1) * num_samples * T, band.device, band.dtype)  # sizes, then experts
+        rand = uniforms(as_seed(seed, band.device), (N + 1) * num_samples * T, band.device, band.dtype)  # sizes, then variables
         x = rand[: num_samples * T].view(num_samples, T) * cum[-1]
         x = torch.minimum(x, cum[-1] * (1 - torch.finfo(x.dtype).eps))  # u * total may round up to the total
         c = (cum.unsqueeze(1) <= x).sum(dim=0) + u.kmin  # [S, T]: the first size whose cumulative mass passes x
@@ -173,7 +172,7 @@ def down(u: Up, band: Tensor, num_samples: int = 0, seed: Tensor | torch.Generat
     for i in reversed(range(N)):
         torch.mul(A, Wrows[i], out=f)  # F[i]
         A.sub_(f)
-        A[:-1].add_(f[1:])  # the path through (i, j-1) took expert i into (i+1, j)
+        A[:-1].add_(f[1:])  # the path through (i, j-1) took variable i into (i+1, j)
         cols.append(f.sum(dim=0))  # [T]
         if num_samples:
             zs.append(draws[i] < Wrows[i].gather(0, c))  # [S, T]
@@ -209,29 +208,24 @@ def marginals(r: Tensor, kmin: int, kmax: int) -> Tensor:
     return down(u, u.band_probs())[0]
 
 
-class Cardinality:
-    """The DP's two kernels behind the operators of ``probmoe.ops`` (P(S | C) for kmin <= |S| <= kmax):
-    the forward sweeps give the marginals and a draw, the backward is ``cov_vec`` from r alone.
+class TorchDP:
+    """The DP's two kernels in torch, any device and dtype (``circuits.passes.select`` picks it where
+    the C sweeps do not apply: float64, CUDA, no compiler, ``PROBMOE_NATIVE=0``). ``CDP`` offers the
+    same two with the same results and, from the same seed, the same draws."""
 
-    float32 CPU tensors take the fused C sweeps of ``probmoe.dp_native`` when its library is built
-    (the same results and, from the same generator, the same draws); everything else (float64,
-    CUDA, no compiler, ``PROBMOE_NATIVE=0``) takes the torch sweeps of this module."""
+    name = "torch"
 
     def __init__(self, kmin: int, kmax: int):
         self.kmin, self.kmax = kmin, kmax
 
     def forward_marginals(self, r: Tensor, seed: Tensor | None, values: bool) -> tuple[Tensor, Tensor]:
         """(m [T, N] or zeros, one draw [T, N] from ``seed`` or an empty tensor): one up and one down sweep."""
-        if dp_native.available(r):
-            return dp_native.forward_marginals(r, self.kmin, self.kmax, seed, values)
         u = up(r, self.kmin, self.kmax)
         m, z = down(u, u.band_probs(), int(seed is not None), seed)
         return m if values else torch.zeros_like(m), z[0] if seed is not None else r.new_empty(0)
 
     def cov_vec(self, r: Tensor, v: Tensor) -> Tensor:
         """Cov(z) v: r, v [T, N] -> [T, N]."""
-        if dp_native.available(r):
-            return dp_native.cov_vec(r, v, self.kmin, self.kmax)
         return cov_vec(r, v, self.kmin, self.kmax)
 
 

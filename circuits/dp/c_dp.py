@@ -1,23 +1,22 @@
-"""The cardinality DP fused in C (``native/cardinality.c``) for float32 CPU tensors.
+"""The cardinality DP fused in C (``circuits/native/c/cardinality.c``) for float32 CPU tensors.
 
-The same results as ``probmoe.dp``'s torch sweeps, the reference and oracle: ``forward_marginals``
-is ``Cardinality.forward_marginals`` (one up and one down sweep per tile of tokens, the draw from
-the same uniforms as ``dp.down``, so a seeded generator gives the same draws either way) and
-``cov_vec`` is ``dp.cov_vec``. The library is a ``circuits.native.NativeLibrary``, built on first use
-into ``<cache dir>/native/<key>/libcardinality.so``; off with ``PROBMOE_NATIVE=0``. ``available(r)``
-says whether a tensor takes the C path; ``probmoe.dp.Cardinality`` dispatches on it.
+The same results as the torch sweeps of ``circuits.dp.torch_dp``, the reference and oracle:
+``forward_marginals`` is ``TorchDP.forward_marginals`` (one up and one down sweep per tile of
+tokens, the draw from the same uniforms as ``torch_dp.down``, so a seeded generator gives the same
+draws either way) and ``cov_vec`` is ``torch_dp.cov_vec``. The library is a
+``circuits.native.NativeLibrary``, built on first use into
+``<cache dir>/native/<key>/libcardinality.so``; off with ``PROBMOE_NATIVE=0``.
+``circuits.passes.select`` takes ``CDP`` where ``NATIVE.takes`` says the library applies.
 """
 
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
-
 import torch
 from torch import Tensor
 
-from circuits.native import SCRATCH, VMATH, NativeLibrary
-from circuits.native.uniforms import uniforms
+from ..native import SCRATCH, VMATH, NativeLibrary
+from ..native.uniforms import uniforms
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -28,22 +27,16 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.dp_forward.restype = lib.dp_cov_vec.restype = lib.dp_forward_lanes.restype = i64
 
 
-NATIVE = NativeLibrary("cardinality", [Path(__file__).with_name("native") / "cardinality.c", SCRATCH, VMATH], _declare,
-                       label="C DP")
+NATIVE = NativeLibrary("cardinality", [SCRATCH.with_name("cardinality.c"), SCRATCH, VMATH], _declare, label="C DP")
 library = NATIVE.library
 describe = NATIVE.describe
-
-
-def available(r: Tensor) -> bool:
-    """Whether ``r`` takes the C DP: float32 on the CPU, with the library built (built here on first use)."""
-    return NATIVE.takes(r.device, r.dtype) is not None
 
 
 def _checked(r: Tensor, kmin: int, kmax: int) -> Tensor:
     """r [T, N] as a contiguous float32 CPU tensor; ValueError for anything the C code cannot take."""
     if r.dim() != 2 or r.dtype != torch.float32 or r.device.type != "cpu":
         raise ValueError(f"the C DP takes float32 CPU logits [T, N], got {r.dtype} {tuple(r.shape)} on {r.device}")
-    if not 0 <= kmin <= kmax:
+    if not 0 <= kmin <= kmax:  # the rule's home is circuits.spec.RangeK; the C code must not see it broken
         raise ValueError(f"the C DP needs 0 <= kmin <= kmax, got kmin={kmin}, kmax={kmax}")
     return r.contiguous()
 
@@ -53,7 +46,7 @@ def _run(fn, *args) -> int:
     GIL); returns how many tiles of tokens took the linear sweep."""
     linear_tiles = fn(*args, torch.get_num_threads())
     if linear_tiles < 0:
-        raise MemoryError("probmoe.dp: the C DP could not allocate its scratch")
+        raise MemoryError("circuits.dp: the C DP could not allocate its scratch")
     return linear_tiles
 
 
@@ -67,7 +60,7 @@ def forward_marginals(r: Tensor, kmin: int, kmax: int, seed: Tensor | None, valu
 
     m: the marginals P(i ∈ S | C) when ``values`` (else zeros). z: one exact draw in {0, 1} when
     a ``seed`` is given, from ``uniforms(seed, (N + 1) T)`` as ``dp.down`` with one sample (the
-    sizes [T], then the experts [N, T]).
+    sizes [T], then the variables [N, T]).
     linear: let tiles of tokens whose logits allow it sweep the lattice as numbers instead of
     logarithms (no exp or log per state; ``cardinality.c`` says when); False: the log sweep
     everywhere (the two are tested against each other).
@@ -106,3 +99,22 @@ def linear_tiles(r: Tensor, kmin: int, kmax: int) -> tuple[int, int]:
     m = torch.empty_like(r)
     done = _run(library().dp_forward, r.data_ptr(), None, m.data_ptr(), None, T, N, kmin, kmax, 1)
     return done, -(-T // library().dp_forward_lanes(N, kmax))
+
+
+class CDP:
+    """The DP's two kernels in C, for float32 CPU tensors (``TorchDP``'s interface and results)."""
+
+    name = "fused C"
+
+    def __init__(self, kmin: int, kmax: int):
+        if library() is None:
+            raise RuntimeError(f"the C DP is not available ({describe()})")
+        self.kmin, self.kmax = kmin, kmax
+
+    def forward_marginals(self, r: Tensor, seed: Tensor | None, values: bool) -> tuple[Tensor, Tensor]:
+        """(m [T, N] or zeros, one draw [T, N] from ``seed`` or an empty tensor)."""
+        return forward_marginals(r, self.kmin, self.kmax, seed, values)
+
+    def cov_vec(self, r: Tensor, v: Tensor) -> Tensor:
+        """Cov(z) v: r, v [T, N] -> [T, N]."""
+        return cov_vec(r, v, self.kmin, self.kmax)

@@ -1,0 +1,121 @@
+"""``CardinalityDP``: a cardinality constraint (``ExactlyK`` / ``RangeK``) evaluated by the dynamic
+program over the variables, with the queries of ``circuits.Circuit`` and no compilation.
+
+The same queries, shapes and gradients as a compiled circuit of the same spec (log Z, the
+marginals with their Cov(z) v backward, exact draws, the MAP), reached through registered
+operators (``circuits::dp_marginals``, ``circuits::dp_cov_vec``) whose kernels
+``circuits.passes.select`` picks for the logits' device and dtype (the fused C sweeps for float32
+on the CPU, the torch sweeps elsewhere). Beyond the circuit's queries it gives the log-count of
+every size, ``log_counts`` (one sweep where a circuit needs one compiled circuit per size).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .. import checks, ops
+from ..spec import CARDINALITY_SPECS as SPECS  # the constraints the DP evaluates
+from ..spec import ExactlyK, RangeK
+from .map_rule import map_mask
+from .torch_dp import LogCounts
+
+
+@dataclass(frozen=True)
+class Lattice:
+    """What the DP sweeps over: kmin..kmax true of n variables, for logits on ``device``
+    (``circuits.passes.select`` picks the implementation of the sweeps from it and the dtype)."""
+
+    n: int
+    kmin: int
+    kmax: int
+    device: torch.device
+
+
+class CardinalityDP:
+    """P(x) ∝ Π p^x (1 - p)^(1 - x) on kmin <= Σ x <= kmax, evaluated by the DP. ``spec``: an
+    ``ExactlyK`` or ``RangeK`` (ValueError for anything else: other constraints need a compiled
+    circuit). Set ``validate = False`` to skip the checks on logit values (one host
+    synchronisation per call), as for a ``Circuit``."""
+
+    def __init__(self, spec: ExactlyK | RangeK):
+        if not isinstance(spec, SPECS):
+            raise ValueError(f"the DP evaluates ExactlyK and RangeK specs, got {type(spec).__name__}; other "
+                             "constraints need a compiled circuit (circuits.compile_circuit)")
+        self.spec = spec
+        self.n = spec.n
+        self.kmin, self.kmax = spec.cardinalities[0], spec.cardinalities[-1]
+        self.validate = True
+
+    def __repr__(self) -> str:
+        return f"CardinalityDP({self.spec.describe()})"
+
+    def lattice(self, device) -> Lattice:
+        return Lattice(self.n, self.kmin, self.kmax, torch.device(device))
+
+    # --- inputs and checks --------------------------------------------------------------------
+    def _inputs(self, logits: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, torch.Size]:
+        """Checked logits as [T, n] float32/float64, contiguous, and the leading shape."""
+        checks.logits(logits, n=self.n)
+        checks.generator(generator, logits.device)
+        dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        r = logits.reshape(-1, self.n).to(dtype).contiguous()
+        if self.validate and r.shape[0]:
+            self._check(r)
+        return r, logits.shape[:-1]
+
+    def _check(self, r: Tensor) -> None:
+        """ValueError for NaN or +inf logits r [T, n], or a row with fewer than kmin logits above -inf
+        (one host synchronisation; assertions in the graph under torch.compile)."""
+        checks.no_nan_or_posinf(r)
+        if self.kmin:
+            live = (r > -torch.inf).sum(-1)  # [T]
+            checks.require(live.amin() >= self.kmin, f"some row of the logits has fewer than kmin = {self.kmin} "
+                                                     f"logits above -inf: {self.spec.describe()} is unsatisfiable")
+
+    def _marginals(self, r: Tensor, seed: Tensor | None, values: bool) -> tuple[Tensor, Tensor]:
+        return torch.ops.circuits.dp_marginals(r, seed, self.kmin, self.kmax, values)
+
+    # --- the queries of a Circuit ----------------------------------------------------------------
+    def log_partition(self, logits: Tensor) -> Tensor:
+        """log P(constraint) under independent Bernoulli(sigmoid(logits)): [..., n] -> [...], from the
+        DP on log-probabilities (no cancellation). d/d logits = marginals - sigmoid(logits)."""
+        r, lead = self._inputs(logits)
+        log_z = torch.logsumexp(LogCounts.apply(r, self.kmin, self.kmax, True), dim=-1)  # [T, J] -> [T]
+        return log_z.reshape(lead).to(logits.dtype)
+
+    def log_counts(self, logits: Tensor) -> Tensor:
+        """log Σ_{|S| = j} exp(Σ_{i∈S} r_i) for j = kmin..kmax: [..., n] -> [..., J] (-inf where no
+        subset has j variables); differentiable (its gradient: one downward sweep)."""
+        r, lead = self._inputs(logits)
+        counts = LogCounts.apply(r, self.kmin, self.kmax)  # [T, J]
+        return counts.reshape(*lead, counts.shape[-1]).to(logits.dtype)
+
+    def marginals(self, logits: Tensor, *, values: bool = True) -> Tensor:
+        """P(x_i = 1 | constraint): [..., n] -> [..., n], Jacobian Cov(x) (``Circuit.marginals``)."""
+        r, lead = self._inputs(logits)
+        m, _ = self._marginals(r, None, values)
+        return m.reshape(*lead, self.n).to(logits.dtype)
+
+    def sample(self, logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """Exact draws: [..., n] -> [..., n] in {0, 1}, the logits' dtype (``Circuit.sample``)."""
+        r, lead = self._inputs(logits, generator)
+        with torch.no_grad():
+            _, z = self._marginals(r, ops.seed(generator, r), False)
+        return z.reshape(*lead, self.n).to(logits.dtype)
+
+    def map(self, logits: Tensor) -> Tensor:
+        """The most probable satisfying assignment (``circuits.dp.map_rule``): [..., n] -> [..., n]."""
+        r, lead = self._inputs(logits)
+        with torch.no_grad():
+            return map_mask(r, self.kmin, self.kmax).reshape(*lead, self.n).to(logits.dtype)
+
+    def marginals_and_sample(self, logits: Tensor, generator: torch.Generator | None = None, *,
+                             values: bool = True):
+        """(marginals, sample) from one up and one down sweep (``Circuit.marginals_and_sample``)."""
+        r, lead = self._inputs(logits, generator)
+        m, z = self._marginals(r, ops.seed(generator, r), values)
+        shape = (*lead, self.n)
+        return m.reshape(shape).to(logits.dtype), z.reshape(shape).to(logits.dtype)

@@ -1,0 +1,46 @@
+"""``engine``: the evaluator of a constraint by one of the two algorithms, behind one set of queries
+(log_partition, marginals with their Cov(z) v backward, sample, map, marginals_and_sample).
+
+    "circuit"  the compiled circuit (``compile_circuit``: any spec, from the disk cache)
+    "dp"       the cardinality DP (``CardinalityDP``: ExactlyK and RangeK only, nothing compiled)
+
+Each then runs the implementation ``circuits.passes.select`` picks for the logits' device and
+dtype (torch, fused C, Triton). ``ALGORITHMS`` is the one list of the algorithms' names.
+"""
+
+from __future__ import annotations
+
+from .circuit import Circuit
+from .compile import compile_circuit
+from .dp import SPECS as DP_SPECS
+from .dp import CardinalityDP
+from .spec import Spec
+
+ALGORITHMS = ("circuit", "dp")
+
+
+def check_algorithm(algorithm, constraint=None) -> str:
+    """``algorithm`` if it is one of ``ALGORITHMS`` and evaluates ``constraint`` (a spec or a
+    ``Circuit``; None: a cardinality constraint), else ValueError naming it."""
+    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    if algorithm == "dp" and constraint is not None and not isinstance(constraint, DP_SPECS):
+        raise ValueError(f"the DP evaluates only ExactlyK and RangeK; {_name(constraint)} needs algorithm 'circuit'")
+    return algorithm
+
+
+def engine(constraint: Spec | Circuit, device="cpu", algorithm: str = "circuit", **compile_args
+           ) -> Circuit | CardinalityDP:
+    """The evaluator of ``constraint`` (a spec, or a compiled ``Circuit``, then moved to ``device``)
+    by ``algorithm``; ``compile_args`` go to ``compile_circuit`` (cache_dir, size_limit, ...)."""
+    check_algorithm(algorithm, constraint.spec if isinstance(constraint, Circuit) else constraint)
+    if algorithm == "dp":
+        return CardinalityDP(constraint.spec if isinstance(constraint, Circuit) else constraint)
+    if isinstance(constraint, Circuit):
+        return constraint if str(constraint.device) == str(device) else constraint.to(device)
+    return compile_circuit(constraint, device=device, **compile_args)
+
+
+def _name(constraint) -> str:
+    describe = getattr(constraint, "describe", None)
+    return describe() if describe is not None else type(constraint).__name__
