@@ -22,7 +22,7 @@ from .cache_dir import default_cache_dir
 from .circuit import Circuit
 from .compile import compile_circuit, compile_sdd
 from .dp import CardinalityDP, map_mask, map_size
-from .engine import ALGORITHMS, check_algorithm, engine
+from .algorithm import ALGORITHMS, check_algorithm, engine
 from .layout import Layout, build_layout
 from .passes.scratch import ScratchPool
 from .spec import (

@@ -16,6 +16,10 @@ differentiable ones have their autograd registered here.
                                                    z [T, n] when a seed is given, else [0])
                                                    d/dr of m: Cov(z) v (``dp_cov_vec``)
     dp_cov_vec(r, v, kmin, kmax)                -> Cov(z) v [T, n]
+    dp_log_counts(r, kmin, kmax, paper)         -> log Z_j [T, J], j = kmin..kmax (natural form, or
+                                                   log P_indep(|z| = j) with ``paper``)
+                                                   d/dr: ``dp_log_counts_backward``
+    dp_log_counts_backward(r, g, kmin, kmax, paper) -> Σ_j g_j d log Z_j / dr [T, n]
     kth_largest(x, k)                           -> [T]            (``circuits.native.select``)
     topk(x, k)                                  -> ([T, k], [T, k] long)
     topk_chosen(z, x, k)                        -> ([T, k], [T, k] long): topk of (z - 1) + x z
@@ -232,6 +236,43 @@ def dp_cov_vec(r: Tensor, v: Tensor, kmin: int, kmax: int) -> Tensor:
 
 @dp_cov_vec.register_fake
 def _(r, v, kmin, kmax):
+    return torch.empty_like(r)
+
+
+@torch.library.custom_op("circuits::dp_log_counts", mutates_args=())
+def dp_log_counts(r: Tensor, kmin: int, kmax: int, paper: bool) -> Tensor:
+    """log Σ_{|z| = j} exp(r·z) for j = kmin..kmax: r [T, n] -> [T, J] (-inf where no z has j ones);
+    ``paper``: log P_indep(|z| = j) instead. One upward sweep."""
+    return _dp(r, kmin, kmax).log_counts(r, paper)
+
+
+@dp_log_counts.register_fake
+def _(r, kmin, kmax, paper):
+    return r.new_empty(r.shape[0], kmax - kmin + 1)
+
+
+def _dp_log_counts_setup(ctx, inputs, output):
+    r, kmin, kmax, paper = inputs
+    ctx.args = (kmin, kmax, paper)
+    ctx.save_for_backward(r)
+
+
+def _dp_log_counts_backward(ctx, g):
+    (r,) = ctx.saved_tensors
+    return torch.ops.circuits.dp_log_counts_backward(r, g.contiguous(), *ctx.args), None, None, None
+
+
+dp_log_counts.register_autograd(_dp_log_counts_backward, setup_context=_dp_log_counts_setup)
+
+
+@torch.library.custom_op("circuits::dp_log_counts_backward", mutates_args=())
+def dp_log_counts_backward(r: Tensor, g: Tensor, kmin: int, kmax: int, paper: bool) -> Tensor:
+    """Σ_j g_j d log Z_j / d r for g [T, J]: [T, n] (one up and one down sweep; not differentiable again)."""
+    return _dp(r, kmin, kmax).log_counts_backward(r, g, paper).contiguous()
+
+
+@dp_log_counts_backward.register_fake
+def _(r, g, kmin, kmax, paper):
     return torch.empty_like(r)
 
 

@@ -62,6 +62,9 @@ def circuit_samples(dtype):
         (torch.ops.circuits.dp_marginals.default, (r, circuits.ops.seed(None, r), 2, 4, True)),
         (torch.ops.circuits.dp_marginals.default, (r, None, 3, 3, False)),
         (torch.ops.circuits.dp_cov_vec.default, (r.detach(), torch.randn(7, 10, dtype=dtype), 2, 4)),
+        (torch.ops.circuits.dp_log_counts.default, (r, 2, 4, False)),
+        (torch.ops.circuits.dp_log_counts.default, (r, 3, 3, True)),
+        (torch.ops.circuits.dp_log_counts_backward.default, (r.detach(), torch.randn(7, 3, dtype=dtype), 2, 4, True)),
     ]
     return out
 

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from ..native import SCRATCH, VMATH, NativeLibrary
 from ..native.uniforms import uniforms
+from .torch_dp import TorchDP
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -101,15 +102,17 @@ def linear_tiles(r: Tensor, kmin: int, kmax: int) -> tuple[int, int]:
     return done, -(-T // library().dp_forward_lanes(N, kmax))
 
 
-class CDP:
-    """The DP's two kernels in C, for float32 CPU tensors (``TorchDP``'s interface and results)."""
+class CDP(TorchDP):
+    """The DP's kernels for float32 CPU tensors, with ``TorchDP``'s interface and results: the
+    marginals, the draw and Cov(z) v in C; the log counts by size (``log_counts``, its backward)
+    stay ``TorchDP``'s."""
 
     name = "fused C"
 
     def __init__(self, kmin: int, kmax: int):
         if library() is None:
             raise RuntimeError(f"the C DP is not available ({describe()})")
-        self.kmin, self.kmax = kmin, kmax
+        super().__init__(kmin, kmax)
 
     def forward_marginals(self, r: Tensor, seed: Tensor | None, values: bool) -> tuple[Tensor, Tensor]:
         """(m [T, N] or zeros, one draw [T, N] from ``seed`` or an empty tensor)."""

@@ -3,7 +3,7 @@ program over the variables, with the queries of ``circuits.Circuit`` and no comp
 
 The same queries, shapes and gradients as a compiled circuit of the same spec (log Z, the
 marginals with their Cov(z) v backward, exact draws, the MAP), reached through registered
-operators (``circuits::dp_marginals``, ``circuits::dp_cov_vec``) whose kernels
+operators (``circuits::dp_marginals``, ``circuits::dp_cov_vec``, ``circuits::dp_log_counts``) whose kernels
 ``circuits.passes.select`` picks for the logits' device and dtype (the fused C sweeps for float32
 on the CPU, the torch sweeps elsewhere). Beyond the circuit's queries it gives the log-count of
 every size, ``log_counts`` (one sweep where a circuit needs one compiled circuit per size).
@@ -20,7 +20,6 @@ from .. import checks, ops
 from ..spec import CARDINALITY_SPECS as SPECS  # the constraints the DP evaluates
 from ..spec import ExactlyK, RangeK
 from .map_rule import map_mask
-from .torch_dp import LogCounts
 
 
 @dataclass(frozen=True)
@@ -83,14 +82,15 @@ class CardinalityDP:
         """log P(constraint) under independent Bernoulli(sigmoid(logits)): [..., n] -> [...], from the
         DP on log-probabilities (no cancellation). d/d logits = marginals - sigmoid(logits)."""
         r, lead = self._inputs(logits)
-        log_z = torch.logsumexp(LogCounts.apply(r, self.kmin, self.kmax, True), dim=-1)  # [T, J] -> [T]
+        counts = torch.ops.circuits.dp_log_counts(r, self.kmin, self.kmax, True)  # [T, J]
+        log_z = torch.logsumexp(counts, dim=-1)  # [T, J] -> [T]
         return log_z.reshape(lead).to(logits.dtype)
 
     def log_counts(self, logits: Tensor) -> Tensor:
         """log Σ_{|S| = j} exp(Σ_{i∈S} r_i) for j = kmin..kmax: [..., n] -> [..., J] (-inf where no
         subset has j variables); differentiable (its gradient: one downward sweep)."""
         r, lead = self._inputs(logits)
-        counts = LogCounts.apply(r, self.kmin, self.kmax)  # [T, J]
+        counts = torch.ops.circuits.dp_log_counts(r, self.kmin, self.kmax, False)  # [T, J]
         return counts.reshape(*lead, counts.shape[-1]).to(logits.dtype)
 
     def marginals(self, logits: Tensor, *, values: bool = True) -> Tensor:

@@ -209,9 +209,10 @@ def marginals(r: Tensor, kmin: int, kmax: int) -> Tensor:
 
 
 class TorchDP:
-    """The DP's two kernels in torch, any device and dtype (``circuits.passes.select`` picks it where
-    the C sweeps do not apply: float64, CUDA, no compiler, ``PROBMOE_NATIVE=0``). ``CDP`` offers the
-    same two with the same results and, from the same seed, the same draws."""
+    """The DP's kernels in torch, any device and dtype (``circuits.passes.select`` picks it where the
+    C sweeps do not apply: float64, CUDA, no compiler, ``PROBMOE_NATIVE=0``). ``CDP`` offers the same
+    with the same results and, from the same seed, the same draws. Inputs: logits r [T, N] of one
+    dtype, contiguous, checked by the caller."""
 
     name = "torch"
 
@@ -228,29 +229,19 @@ class TorchDP:
         """Cov(z) v: r, v [T, N] -> [T, N]."""
         return cov_vec(r, v, self.kmin, self.kmax)
 
+    def log_counts(self, r: Tensor, paper: bool) -> Tensor:
+        """log Z_j = log Σ_{|S| = j} exp(r·z_S) for j = kmin..kmax: r [T, N] -> [T, J] (-inf: no S of
+        size j); ``paper``: log P_indep(|S| = j) = log Z_j - Σ_i softplus(r_i), from its own sweep on
+        log-probabilities (``paper_log_counts``: nothing cancels)."""
+        counts = paper_log_counts(r, self.kmin, self.kmax) if paper else up(r, self.kmin, self.kmax,
+                                                                              keep_w=False).log_counts
+        return counts.T.contiguous()  # [J, T] -> [T, J]
 
-class LogCounts(torch.autograd.Function):
-    """log Z_j = log Σ_{|S| = j} exp(r·z_S) for j = kmin..kmax: r [T, N] -> [T, J]; saves only r.
-    With ``paper=True`` the paper form log P_indep(|S| = j) = log Z_j - Σ_i softplus(r_i).
-
-    Backward: Σ_j g_j m^(j) (minus Σ_j g_j sigmoid(r) in paper form), one downward sweep seeded
-    with the incoming g.
-    """
-
-    @staticmethod
-    def forward(ctx, r: Tensor, kmin: int, kmax: int, paper: bool = False):
-        ctx.save_for_backward(r)
-        ctx.args = (kmin, kmax, paper)
-        counts = paper_log_counts(r, kmin, kmax) if paper else up(r, kmin, kmax, keep_w=False).log_counts
-        return counts.T.contiguous()
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, g: Tensor):
-        (r,) = ctx.saved_tensors
-        kmin, kmax, paper = ctx.args
-        u = up(r, kmin, kmax)
-        grad = down(u, g.T.to(r.dtype))[0]
+    def log_counts_backward(self, r: Tensor, g: Tensor, paper: bool) -> Tensor:
+        """The gradient of Σ_j g_j log Z_j, g [T, J]: Σ_j g_j m^(j) [T, N], one downward sweep seeded
+        with g (minus Σ_j g_j sigmoid(r) in paper form)."""
+        u = up(r, self.kmin, self.kmax)
+        grad = down(u, g.T.to(r.dtype))[0]  # [T, N]
         if paper:
             grad = grad - g.sum(dim=-1, keepdim=True).to(r.dtype) * torch.sigmoid(r)
-        return grad, None, None, None
+        return grad

@@ -1,11 +1,15 @@
 """``ROWS``: the row-operations library (``c/select.c``: row top-k, top-k of chosen entries and k-th largest;
 ``c/uniforms.c``: counter-based uniforms), a ``NativeLibrary`` built on first use into
-``<cache dir>/native/<key>/librows.so``. ``library()`` is the loaded library or None."""
+``<cache dir>/native/<key>/librows.so``. ``library()`` is the loaded library or None. ``Rows``: what
+``circuits.passes.select`` picks the row operations' implementation from (C or torch)."""
 
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from .build import NativeLibrary
 
@@ -27,3 +31,11 @@ ROWS = NativeLibrary("rows", [SOURCES / "select.c", SOURCES / "uniforms.c"], _de
                      label="C row operations")
 library = ROWS.library
 describe = ROWS.describe
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Row operations on tensors on ``device``: ``circuits.passes.select(Rows(device), dtype)`` is the
+    C library where it takes them, else None (the plain-torch references)."""
+
+    device: torch.device

@@ -5,7 +5,7 @@ and ``kth_largest`` (each row's k-th largest entry, the shift of exactly-k circu
 ``torch.topk`` leaves the order of ties unspecified (and on the CPU costs about as much as a whole
 fused circuit pass at n = 64); these give one order on every device: fused C for contiguous
 float32 CPU rows (``pm_topk`` and ``pm_kth_largest`` in ``c/select.c``), else the ``reference``
-functions, the plain-torch meaning and the C code's oracle. Both are plain functions, no
+functions, the plain-torch meaning and the C code's oracle; ``circuits.passes.select`` picks. Both are plain functions, no
 autograd; ``circuits.ops`` registers them as torch operators.
 """
 
@@ -15,6 +15,13 @@ import torch
 from torch import Tensor
 
 from . import rows
+
+
+def _library(x: Tensor):
+    """The C row-operations library for rows like ``x``, or None (the references): ``select`` picks."""
+    from ..passes import select  # the passes import this package: imported here
+
+    return select(rows.Rows(x.device), x.dtype)
 
 
 def topk_reference(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -32,7 +39,7 @@ def topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """x [T, n] float, 0 <= k <= n -> (values [T, k], indices [T, k] long)."""
     if x.dim() != 2 or not 0 <= k <= x.shape[1]:
         raise ValueError(f"topk takes x [T, n] and 0 <= k <= n, got shape {list(x.shape)} and k = {k}")
-    lib = rows.ROWS.takes(x.device, x.dtype)
+    lib = _library(x)
     if lib is None or k == 0 or x.shape[0] == 0:
         return topk_reference(x, k)
     x = x.detach().contiguous()
@@ -57,7 +64,7 @@ def topk_chosen(z: Tensor, x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     if z.dim() != 2 or z.shape != x.shape or not 0 <= k <= z.shape[1]:
         raise ValueError(f"topk_chosen takes z, x [T, n] of one shape and 0 <= k <= n, got shapes "
                          f"{list(z.shape)}, {list(x.shape)} and k = {k}")
-    lib = rows.ROWS.takes(x.device, x.dtype)
+    lib = _library(x)
     if lib is None or z.dtype != x.dtype or k == 0 or x.shape[0] == 0:
         return topk_chosen_reference(z, x, k)
     z, x = z.detach().contiguous(), x.detach().contiguous()
@@ -73,7 +80,7 @@ def kth_largest(x: Tensor, k: int) -> Tensor:
     if x.dim() != 2 or not 1 <= k <= x.shape[1]:
         raise ValueError(f"kth_largest takes x [T, n] and k in [1, n = {x.shape[-1]}], got shape "
                          f"{list(x.shape)} and k = {k}")
-    lib = rows.ROWS.takes(x.device, x.dtype)
+    lib = _library(x)
     if lib is None or x.shape[0] == 0:
         return kth_largest_reference(x, k)
     x = x.detach().contiguous()

@@ -2,8 +2,8 @@
 
 Each uniform is a pure function of a seed and its index (the splitmix64 finaliser of
 seed + (index + 1) * golden, top 24 bits, in [0, 1) like ``torch.rand``'s float32), so they are
-made in any order by any thread, by C (``c/uniforms.c``, float32 on the CPU when the library is
-built) or by ``reference``, the plain-torch meaning and the C code's oracle (and the CUDA path):
+made in any order by any thread, by C (``c/uniforms.c``, on the CPU when the library is built,
+as ``circuits.passes.select`` says) or by ``reference``, the plain-torch meaning and the C code's oracle (and the CUDA path):
 the same bits either way, on every device. A call takes one seed, a 0-dim int64 tensor drawn from
 the caller's generator by ``seed_tensor``: drawing it is a tensor operation, so neither drawing
 nor using it reads a value on the host outside an operator (torch.compile traces through it).
@@ -67,7 +67,9 @@ def uniforms(seed: Tensor, count: int, device: torch.device, dtype: torch.dtype)
     device = torch.device(device)
     if device.type != "cpu":
         return reference(seed.to(device), 0, count).to(dtype)
-    value, lib = int(seed), rows.library()
+    from ..passes import select  # the passes import this module: imported here
+
+    value, lib = int(seed), select(rows.Rows(device), torch.float32)  # made in float32, then cast
     if lib is None:
         return reference(value, 0, count).to(dtype)
     out = torch.empty(count, dtype=torch.float32)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from ..native import rows
 from . import c_library
 from .c_passes import CPasses
 from .interface import Passes
@@ -42,7 +43,9 @@ def select(program, dtype: torch.dtype, prefer: str | None = None):
     when triton imports, float32 on the CPU the fused C passes when their library is available,
     everything else the torch passes. Or a ``circuits.dp.Lattice``, which gets the DP's sweeps: the
     fused C sweeps (``CDP``) for float32 on the CPU when their library is available, else the torch
-    sweeps (``TorchDP``; there is no Triton DP).
+    sweeps (``TorchDP``; there is no Triton DP). Or ``circuits.native.rows.Rows``, for the row
+    operations (top-k, k-th largest, uniforms): their C library under the same rule, or None for
+    their torch references.
 
     ``prefer`` ("torch", "c" or "triton") takes that implementation instead, whatever the device (the
     tests run the Triton passes on CPU tensors under TRITON_INTERPRET=1): ValueError for other than
@@ -51,6 +54,8 @@ def select(program, dtype: torch.dtype, prefer: str | None = None):
     """
     from ..dp import Lattice, c_dp, torch_dp  # the DP imports the passes' scratch pool: imported here
 
+    if isinstance(program, rows.Rows):  # plain functions: the library itself, or None
+        return rows.ROWS.takes(program.device, dtype) if prefer in (None, "c") else None
     dp = isinstance(program, Lattice)
     if prefer is None:
         prefer = _default(program, dtype, c_dp.NATIVE if dp else c_library.NATIVE)
