@@ -44,10 +44,10 @@ import weakref
 import torch
 from torch import Tensor
 
-from .dp.cardinality import Lattice
 from .native import select, uniforms
-from .passes import draw_uniforms
+from .passes import draw_uniforms  # before the DP: see circuits/passes/__init__.py
 from .passes import select as select_passes
+from .dp.cardinality import Lattice  # noqa: I001
 
 _CIRCUITS: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
 _HANDLES = itertools.count(1)

@@ -143,6 +143,8 @@ def cardinality(n: int, kmin: int, kmax: int, device, algorithm: str = "circuit"
 
 @torch.compiler.assume_constant_result
 def _ensure_cardinality(n: int, kmin: int, kmax: int, device: str, algorithm: str) -> tuple:
+    if (n, kmin, kmax, device, algorithm) in _CIRCUITS:  # the common case: no spec to build and check
+        return n, kmin, kmax, device, algorithm
     spec = circuits.ExactlyK(n, kmin) if kmin == kmax else circuits.RangeK(n, kmin, kmax)
     return _ensure(spec, device, (n, kmin, kmax, device, algorithm), algorithm)
 

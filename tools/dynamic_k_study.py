@@ -44,7 +44,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--limit", type=common.positive_int, help="the first N problems (of each task)")
     p.add_argument("--max-new-tokens", type=common.positive_int, default=256)
     p.add_argument("--batch-size", type=common.positive_int, default=16)
-    p.add_argument("--backend", choices=("circuit", "dp"), default="circuit")
+    p.add_argument("--backend", choices=common.BACKENDS, default=common.BACKENDS[0])
     p.add_argument("--device", choices=("cpu", "cuda"))
     p.add_argument("--dtype", choices=common.DTYPES, default="float32")
     p.add_argument("--overwrite", action="store_true")

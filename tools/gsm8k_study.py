@@ -22,9 +22,9 @@ import sys
 import time
 from pathlib import Path
 
+from probmoe.integrations.method_names import METHODS  # the grouped method needs a grouped family: not here
+
 GSM8K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
-METHODS = ("conventional", "frozen", "densemixer", "probmoe", "probmoe-dynamic", "sample-dense-ste",
-           "topk-marginal")
 
 
 def sh(cmd: list[str], log) -> None:

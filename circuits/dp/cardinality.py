@@ -56,9 +56,11 @@ class CardinalityDP:
 
     # --- inputs and checks --------------------------------------------------------------------
     def _inputs(self, logits: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, torch.Size]:
-        """Checked logits as [T, n] float32/float64, contiguous, and the leading shape."""
-        checks.logits(logits, n=self.n)
-        checks.generator(generator, logits.device)
+        """Logits as [T, n] float32/float64, contiguous, and the leading shape; checked (arguments and
+        values) unless ``validate`` is False (a caller that checked them: probmoe does)."""
+        if self.validate:
+            checks.logits(logits, n=self.n)
+            checks.generator(generator, logits.device)
         dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
         r = logits.reshape(-1, self.n).to(dtype).contiguous()
         if self.validate and r.shape[0]:

@@ -1,4 +1,5 @@
-"""The MAP subset of P(S | C) ∝ exp(Σ_{i∈S} r_i), |S| in [kmin, kmax] (S a subset of the variables), in closed form.
+"""The MAP subset of P(S | C) ∝ exp(Σ_{i∈S} r_i), |S| in [kmin, kmax] (S a subset of the
+variables), in closed form.
 
 The best subset of size j is the top-j logits; its score is the prefix sum of the logits sorted
 in descending order, which grows exactly while the next logit is positive. So the MAP size is

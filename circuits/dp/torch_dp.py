@@ -164,7 +164,8 @@ def down(u: Up, band: Tensor, num_samples: int = 0, seed: Tensor | torch.Generat
     cols, zs = [], []
     if num_samples:
         cum = band.cumsum(dim=0)  # [J, T]
-        rand = uniforms(as_seed(seed, band.device), (N + 1) * num_samples * T, band.device, band.dtype)  # sizes, then variables
+        # the sizes, then the variables
+        rand = uniforms(as_seed(seed, band.device), (N + 1) * num_samples * T, band.device, band.dtype)
         x = rand[: num_samples * T].view(num_samples, T) * cum[-1]
         x = torch.minimum(x, cum[-1] * (1 - torch.finfo(x.dtype).eps))  # u * total may round up to the total
         c = (cum.unsqueeze(1) <= x).sum(dim=0) + u.kmin  # [S, T]: the first size whose cumulative mass passes x

@@ -5,8 +5,8 @@ and ``kth_largest`` (each row's k-th largest entry, the shift of exactly-k circu
 ``torch.topk`` leaves the order of ties unspecified (and on the CPU costs about as much as a whole
 fused circuit pass at n = 64); these give one order on every device: fused C for contiguous
 float32 CPU rows (``pm_topk`` and ``pm_kth_largest`` in ``c/select.c``), else the ``reference``
-functions, the plain-torch meaning and the C code's oracle; ``circuits.passes.select`` picks. Both are plain functions, no
-autograd; ``circuits.ops`` registers them as torch operators.
+functions, the plain-torch meaning and the C code's oracle; ``circuits.passes.select`` picks.
+Both are plain functions, no autograd; ``circuits.ops`` registers them as torch operators.
 """
 
 from __future__ import annotations
@@ -14,14 +14,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .. import passes  # circuits.passes (it imports this package: read at call time)
 from . import rows
 
 
 def _library(x: Tensor):
     """The C row-operations library for rows like ``x``, or None (the references): ``select`` picks."""
-    from ..passes import select  # the passes import this package: imported here
-
-    return select(rows.Rows(x.device), x.dtype)
+    return passes.select(rows.Rows(x.device), x.dtype)
 
 
 def topk_reference(x: Tensor, k: int) -> tuple[Tensor, Tensor]:

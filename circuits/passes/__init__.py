@@ -22,6 +22,8 @@ algorithm is the engine's: ``circuits.engine``).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..native import rows
@@ -30,6 +32,10 @@ from .c_passes import CPasses
 from .interface import Passes
 from .program import Program, draw_uniforms
 from .torch_passes import TorchPasses
+
+# The DP imports this package's scratch pool: this import runs while circuits.ops imports this
+# package (before the DP), so circuits.dp finds circuits.passes.scratch and needs nothing else here.
+from ..dp import Lattice, c_dp, torch_dp  # noqa: E402
 
 __all__ = ["CPasses", "IMPLEMENTATIONS", "Passes", "Program", "TorchPasses", "describe", "draw_uniforms", "select"]
 
@@ -52,8 +58,6 @@ def select(program, dtype: torch.dtype, prefer: str | None = None):
     float32 logits (but "torch") and for "c" off the CPU, ImportError or RuntimeError when the
     implementation is unavailable.
     """
-    from ..dp import Lattice, c_dp, torch_dp  # the DP imports the passes' scratch pool: imported here
-
     if isinstance(program, rows.Rows):  # plain functions: the library itself, or None
         return rows.ROWS.takes(program.device, dtype) if prefer in (None, "c") else None
     dp = isinstance(program, Lattice)
@@ -67,12 +71,21 @@ def select(program, dtype: torch.dtype, prefer: str | None = None):
     elif prefer == "c" and program.device.type != "cpu":
         raise ValueError(f"the C passes run on the CPU, the program is on {program.device}")
     if dp:
-        return (c_dp.CDP if prefer == "c" else torch_dp.TorchDP)(program.kmin, program.kmax)
+        if prefer == "c" and c_dp.library() is None:  # checked here: the sweeps are kept (_dp_sweeps)
+            raise RuntimeError(f"the C DP is not available ({c_dp.describe()})")
+        return _dp_sweeps(c_dp.CDP if prefer == "c" else torch_dp.TorchDP, program.kmin, program.kmax)
     if prefer == "triton":
         from .triton_passes import TritonPasses
 
         return TritonPasses(program)
     return CPasses(program) if prefer == "c" else TorchPasses(program)
+
+
+@functools.lru_cache(maxsize=256)
+def _dp_sweeps(kind, kmin: int, kmax: int):
+    """One ``TorchDP`` / ``CDP`` per kind and sizes (they hold nothing but the sizes): kept, as a
+    circuit keeps its passes, so that the DP's per-call ``select`` stays cheap."""
+    return kind(kmin, kmax)
 
 
 def _default(program, dtype: torch.dtype, library) -> str:
