@@ -26,22 +26,27 @@ block sizes per depth, so every sum below is O(log n) closed-form terms.
   nodes; the SDD of a CNF depends on the formula (exponential in the worst case) and cannot be told
   by arithmetic.
 
-``steps`` is the compile cost: OR-ing f terms into a state rebuilds it once per term (~f^2 element
-operations), and the layout, its checks and the cache files cost ~30 per built element; so
-steps = sum over the built states of f^2 + 30 * built elements. Measured on an AMD EPYC (2 cores,
-shared): about 1 us per step, up to 2x more for k in the hundreds (docs/circuits.md lists the runs).
+``steps`` is the compile cost, per compiler (``circuits.compile``), in units of about 1 us on an
+AMD EPYC (2 cores, shared; docs/circuits.md lists the runs):
+
+- "direct" (the default, ``circuits.count_tree``): every live element is built once, straight into
+  the layout, then checked and written: steps = ``DIRECT_STEPS_PER_ELEMENT`` * elements.
+- "pysdd": OR-ing f terms into a state rebuilds it once per term (~f^2 element operations), and
+  the layout, its checks and the cache files cost ~30 per built element; so steps = sum over the
+  built states of f^2 + 30 * built elements.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .spec import GROUP_SPECS, CnfFile, ExactlyK, RangeK, SddFile
 
 MAX_STEPS = 20_000_000  # compile_circuit refuses more (about 20 s on the reference machine)
 PROGRESS_STEPS = 1_000_000  # compile_circuit shows progress bars above this (about a second)
 SECONDS_PER_STEP = 1e-6  # reference machine: AMD EPYC, 2 cores (docs/circuits.md)
-LAYOUT_STEPS_PER_ELEMENT = 30  # build_layout, the checks and the cache files, per built element
+LAYOUT_STEPS_PER_ELEMENT = 30  # pysdd: build_layout, the checks and the cache files, per built element
+DIRECT_STEPS_PER_ELEMENT = 4  # direct: building, placing, checking and writing one element
 
 
 @dataclass(frozen=True)
@@ -53,8 +58,8 @@ class Estimate:
     elements: live elements of the layout (counting the synthetic root's one).
     levels: heights of the layout (the synthetic root's included).
     built_elements: conjunctions the compiler builds (every capped state, reachable or not).
-    state_steps: sum over the built states of (terms OR-ed)^2: the pysdd part of ``steps``.
-    steps: state_steps + LAYOUT_STEPS_PER_ELEMENT * built_elements.
+    state_steps: sum over the built states of (terms OR-ed)^2: the pysdd part of its ``steps``.
+    steps: the compile cost of the compiler asked for (module docstring).
     exact: nodes, elements and levels are exact (ExactlyK) rather than bounds.
     """
 
@@ -165,6 +170,7 @@ def _depth(n: int) -> int:
 
 def _estimate(nodes: int, elements: int, levels: int, built_elements: int, state_steps: int,
               exact: bool) -> Estimate:
+    """The estimate with the pysdd compiler's steps (``estimate`` swaps in the direct one's)."""
     steps = state_steps + LAYOUT_STEPS_PER_ELEMENT * built_elements
     return Estimate(nodes, elements, levels, built_elements, state_steps, steps, exact)
 
@@ -201,9 +207,27 @@ def _grouped(spec) -> Estimate:
     return _estimate(nodes + 1, elements + 1, levels, elements, steps, exact=False)
 
 
-def estimate(spec) -> Estimate | None:
-    """The estimated layout and compile cost of ``spec``; None for ``SddFile`` / ``CnfFile`` (their
-    size cannot be told by arithmetic, see the module docstring)."""
+COMPILERS = ("direct", "pysdd")
+
+
+def estimate(spec, compiler: str | None = None) -> Estimate | None:
+    """The estimated layout and cost of compiling ``spec`` with ``compiler`` (None: "direct");
+    None for ``SddFile`` / ``CnfFile`` (their size cannot be told by arithmetic, see the module
+    docstring)."""
+    if isinstance(spec, (SddFile, CnfFile)):
+        return None
+    compiler = "direct" if compiler is None else compiler
+    if compiler not in COMPILERS:
+        raise ValueError(f"compiler must be one of {', '.join(map(repr, COMPILERS))} for a counting spec, "
+                         f"got {compiler!r}")
+    est = _pysdd(spec)
+    if compiler == "direct":
+        est = replace(est, steps=DIRECT_STEPS_PER_ELEMENT * est.elements)
+    return est
+
+
+def _pysdd(spec) -> Estimate:
+    """The estimate of a counting spec with the pysdd compiler's steps."""
     if isinstance(spec, ExactlyK):
         t = _count_tree(spec.n, spec.k, spec.k)
         return _estimate(t.nodes + 1, t.elements + 1, _depth(spec.n) + 1, t.built_elements, t.state_steps,
@@ -214,8 +238,6 @@ def estimate(spec) -> Estimate | None:
                          t.state_steps, exact=False)
     if isinstance(spec, GROUP_SPECS):
         return _grouped(spec)
-    if isinstance(spec, (SddFile, CnfFile)):
-        return None
     raise TypeError(f"spec must be ExactlyK, RangeK, GroupLimited, GroupCapacity, SddFile or CnfFile, "
                     f"got {type(spec).__name__}")
 
@@ -232,11 +254,12 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds >= 1 else "under a second"
 
 
-def check(spec, insist: str) -> Estimate | None:
-    """The estimate of ``spec``; raises ``CircuitTooLarge`` (a ValueError) if its steps pass
-    ``MAX_STEPS`` (read at call time). ``insist`` ends the message: how to compile anyway."""
+def check(spec, insist: str, compiler: str | None = None) -> Estimate | None:
+    """The estimate of ``spec`` (``compiler`` as in ``estimate``; "d4" for a file spec); raises
+    ``CircuitTooLarge`` (a ValueError) if its steps pass ``MAX_STEPS`` (read at call time).
+    ``insist`` ends the message: how to compile anyway."""
     limit = MAX_STEPS
-    est = estimate(spec)
+    est = estimate(spec, None if isinstance(spec, (SddFile, CnfFile)) else compiler)
     if est is None or est.steps <= limit:
         return est
     layout = f"{_number(est.elements)} live elements" + ("" if est.exact else " at most")
