@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib.metadata
+import io
 import os
 import sys
 import threading
@@ -34,14 +35,16 @@ class MissingExtra(ImportError):
 @contextlib.contextmanager
 def quiet_stdout():
     """File descriptor 1 goes to /dev/null while the block runs (C code's printf / std::cout
-    included); C's stdio buffers are flushed before it is restored."""
+    included), and so does ``sys.stdout`` (pysdd prints "Read CNF: ..." from Cython); C's stdio
+    buffers are flushed before the descriptor is restored."""
     with _FD_LOCK:
         sys.stdout.flush()
         saved = os.dup(1)
         null = os.open(os.devnull, os.O_WRONLY)
         try:
             os.dup2(null, 1)
-            yield
+            with contextlib.redirect_stdout(io.StringIO()):
+                yield
         finally:
             ctypes.CDLL(None).fflush(None)
             os.dup2(saved, 1)
