@@ -90,10 +90,22 @@ def _parser(prog: str, description: str) -> _Parser:
     return p
 
 
-def _use_cache_dir(args) -> None:
-    """--cache-dir: the whole cache moves, native libraries included (they read PROBMOE_CACHE)."""
-    if args.cache_dir is not None:
-        os.environ["PROBMOE_CACHE"] = os.path.abspath(os.path.expanduser(args.cache_dir))
+@contextlib.contextmanager
+def _cache_root(args):
+    """--cache-dir moves the whole cache while the command runs, native libraries included (they
+    read PROBMOE_CACHE); the environment is restored afterwards (for callers in the same process)."""
+    if args.cache_dir is None:
+        yield
+        return
+    old = os.environ.get("PROBMOE_CACHE")
+    os.environ["PROBMOE_CACHE"] = os.path.abspath(os.path.expanduser(args.cache_dir))
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["PROBMOE_CACHE"]
+        else:
+            os.environ["PROBMOE_CACHE"] = old
 
 
 def _groups(text: str):
@@ -215,13 +227,13 @@ def compile_main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help=_FORCE_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = p.parse_args(argv)
-    _use_cache_dir(args)
-    spec = _spec(p, args)
-    circuit, notes = _compile(p, spec, args.cache_dir, args.force, args.compiler)
-    try:
-        facts = compile_facts(circuit, notes)
-    except RuntimeError as exc:
-        p.exit(1, f"{p.prog}: error: {_one_line(exc)}\n")
+    with _cache_root(args):
+        spec = _spec(p, args)
+        circuit, notes = _compile(p, spec, args.cache_dir, args.force, args.compiler)
+        try:
+            facts = compile_facts(circuit, notes)
+        except RuntimeError as exc:
+            p.exit(1, f"{p.prog}: error: {_one_line(exc)}\n")
     sys.stdout.write(json.dumps(facts, indent=2) + "\n" if args.json else render_compile(facts))
     return 0
 
@@ -239,7 +251,12 @@ def inspect_main(argv: list[str] | None = None) -> int:
     size.add_argument("--summary", action="store_true", help="only the per-level summary, however small")
     p.add_argument("--force", action="store_true", help=_FORCE_HELP)
     args = p.parse_args(argv)
-    _use_cache_dir(args)
+    with _cache_root(args):
+        return _inspect(p, args)
+
+
+def _inspect(p: _Parser, args) -> int:
+    """The body of ``inspect_main`` once the arguments are parsed."""
     fmt = args.format or (_FORMATS.get(Path(args.output).suffix.lower(), "text") if args.output else "text")
     if fmt in ("png", "svg") and not args.output:
         p.error(f"--format {fmt} needs --output FILE")
