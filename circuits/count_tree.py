@@ -25,6 +25,7 @@ The layouts equal pysdd's up to the order of nodes within a height and of elemen
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 
 from .dag import Dag, Ref
@@ -71,25 +72,43 @@ def exactly_layout(n: int, k: int, progress: Progress | None = None) -> Layout:
     return dag.layout(root)
 
 
-def interval_layout(n: int, lo: int, hi: int, progress: Progress | None = None) -> Layout:
-    """The layout of "between lo and hi of the n variables are true" (0 <= lo <= hi <= n)."""
-    dag = Dag(n)
-    memo: dict[tuple[int, int, int, int], Ref] = {}
-    span: dict[Ref, tuple[int, int]] = {}  # a node's variables first..last-1 (its vtree node's)
+class _Spans:
+    """A ``Dag`` whose every node covers a contiguous block of variables (its vtree node's), so that
+    an element's implicit variables are the parts of the two halves its children miss."""
 
-    def span_of(ref: Ref) -> tuple[int, int] | None:
+    def __init__(self, n: int):
+        self.dag, self.n = Dag(n), n
+        self.span: dict[Ref, tuple[int, int]] = {}
+
+    def span_of(self, ref: Ref) -> tuple[int, int] | None:
         if ref == TRUE_SLOT:
             return None
-        if ref < dag.leaves:
-            v = (ref - 2) % n
+        if ref < self.dag.leaves:
+            v = (ref - 2) % self.n
             return (v, v + 1)
-        return span[ref]
+        return self.span[ref]
 
-    def missing(first: int, last: int, sp: tuple[int, int] | None) -> list[int]:
-        """The variables first..last-1 outside ``sp``."""
-        if sp is None:
-            return list(range(first, last))
-        return [*range(first, sp[0]), *range(sp[1], last)]
+    def add(self, elems: list[tuple[Ref, Ref]], first: int, mid: int, last: int) -> Ref:
+        """A node over variables first..last-1 split at mid (primes left of it, subs right)."""
+        implicit, height, base, heights = [], 0, self.dag.leaves, self.dag.height
+        for e, (p, q) in enumerate(elems):
+            for child, lo, hi in ((p, first, mid), (q, mid, last)):
+                if child >= base:
+                    height = max(height, heights[child - base])
+                sp = self.span_of(child)
+                if sp is None:
+                    implicit.extend((e, v) for v in range(lo, hi))
+                elif sp != (lo, hi):
+                    implicit.extend((e, v) for v in (*range(lo, sp[0]), *range(sp[1], hi)))
+        ref = self.dag.add(elems, _span(first, last), implicit=implicit, height=height + 1)
+        self.span[ref] = (first, last)
+        return ref
+
+
+def interval_layout(n: int, lo: int, hi: int, progress: Progress | None = None) -> Layout:
+    """The layout of "between lo and hi of the n variables are true" (0 <= lo <= hi <= n)."""
+    spans = _Spans(n)
+    memo: dict[tuple[int, int, int, int], Ref] = {}
 
     def node(first: int, last: int, a: int, b: int) -> Ref:
         """count(x[first:last]) in [a, b]."""
@@ -100,7 +119,7 @@ def interval_layout(n: int, lo: int, hi: int, progress: Progress | None = None) 
         if a == 0 and b == m:
             return TRUE_SLOT
         if m == 1:
-            return dag.literal(first, a == 1)
+            return spans.dag.literal(first, a == 1)
         key = (first, last, a, b)
         ref = memo.get(key)
         if ref is not None:
@@ -119,25 +138,13 @@ def interval_layout(n: int, lo: int, hi: int, progress: Progress | None = None) 
         if len(elems) == 1 and elems[0][1] == TRUE_SLOT:  # trimmed: the node is its prime
             ref = elems[0][0]
         else:
-            implicit, height = [], 0
-            heights = dag.height
-            for e, (p, q) in enumerate(elems):
-                for child, at in ((p, (first, mid)), (q, (mid, last))):
-                    if child >= dag.leaves:
-                        height = max(height, heights[child - dag.leaves])
-                        if span[child] == at:
-                            continue
-                    sp = span_of(child)
-                    if sp != at:
-                        implicit.extend((e, v) for v in missing(*at, sp))
-            ref = dag.add(elems, _span(first, last), implicit=implicit, height=height + 1)
-            span[ref] = (first, last)
+            ref = spans.add(elems, first, mid, last)
             if progress is not None:
                 progress(len(elems))
         memo[key] = ref
         return ref
 
-    return dag.layout(node(0, n, lo, hi))
+    return spans.dag.layout(node(0, n, lo, hi))
 
 
 OVER = None  # the state past a limit (too many true variables, in a group or in all, or groups)
@@ -151,7 +158,9 @@ class _Vnode:
                  right: "_Vnode | None" = None):
         self.first, self.last, self.kind, self.left, self.right = first, last, kind, left, right
         self.states: frozenset = frozenset()  # reachable states other than OVER
+        self.ordered: tuple = ()  # the same, sorted
         self.over = False  # OVER is reachable
+        self.shape: tuple = ()  # (kind, sizes of the groups below, or the block size inside one)
 
 
 def _group_tree(sizes: tuple[int, ...]) -> _Vnode:
@@ -160,16 +169,21 @@ def _group_tree(sizes: tuple[int, ...]) -> _Vnode:
     def inside(first: int, last: int, top: bool) -> _Vnode:
         kind = "group" if top else "in"
         if last - first == 1:
-            return _Vnode(first, last, kind)
-        mid = first + (last - first) // 2
-        return _Vnode(first, last, kind, inside(first, mid, False), inside(mid, last, False))
+            v = _Vnode(first, last, kind)
+        else:
+            mid = first + (last - first) // 2
+            v = _Vnode(first, last, kind, inside(first, mid, False), inside(mid, last, False))
+        v.shape = (kind, last - first)
+        return v
 
     def over(groups: list[tuple[int, int]]) -> _Vnode:
         if len(groups) == 1:
             return inside(*groups[0], True)
         mid = len(groups) // 2
         left, right = over(groups[:mid]), over(groups[mid:])
-        return _Vnode(left.first, right.last, "above", left, right)
+        v = _Vnode(left.first, right.last, "above", left, right)
+        v.shape = ("above", tuple(b - a for a, b in groups))
+        return v
 
     bounds, start = [], 0
     for s in sizes:
@@ -194,20 +208,25 @@ def grouped_layout(spec: GroupLimited | GroupCapacity, progress: Progress | None
             return (c, g) if c <= cap and g <= M else OVER
         return (c, g) if c <= K and g <= M else OVER
 
+    reached: dict[tuple, tuple] = {}  # shape -> (states, ordered, over): equal subtrees reach the same
+
     def reach(v: _Vnode) -> None:
-        if v.left is None:
-            states = [clip(v, 0, 0), clip(v, 1, 0)]
-        else:
+        if v.left is not None:
             reach(v.left)
             reach(v.right)
-            states = [clip(v, cl + cr, gl + gr) for cl, gl in v.left.states for cr, gr in v.right.states]
-            v.over = v.left.over or v.right.over
-        v.over = v.over or OVER in states
-        v.states = frozenset(s for s in states if s is not OVER)
+        if v.shape not in reached:
+            if v.left is None:
+                states, over = [clip(v, 0, 0), clip(v, 1, 0)], False
+            else:
+                states = [clip(v, cl + cr, gl + gr) for cl, gl in v.left.states for cr, gr in v.right.states]
+                over = v.left.over or v.right.over
+            kept = frozenset(s for s in states if s is not OVER)
+            reached[v.shape] = (kept, tuple(sorted(kept)), over or OVER in states)
+        v.states, v.ordered, v.over = reached[v.shape]
 
     root = _group_tree(spec.groups)
     reach(root)
-    dag = Dag(spec.n)
+    spans = _Spans(spec.n)
     memo: dict[tuple[int, frozenset], Ref] = {}
 
     def node(v: _Vnode, S: frozenset) -> Ref:
@@ -217,13 +236,13 @@ def grouped_layout(spec: GroupLimited | GroupCapacity, progress: Progress | None
         if S == v.states and not v.over:
             return TRUE_SLOT
         if v.left is None:
-            return dag.literal(v.first, next(iter(S))[0] == 1)
+            return spans.dag.literal(v.first, next(iter(S))[0] == 1)
         key = (id(v), S)
         if key in memo:
             return memo[key]
         l, r = v.left, v.right
         by_sub: dict[frozenset, list] = {}
-        for cl, gl in sorted(l.states):
+        for cl, gl in l.ordered:
             if v.kind == "above":
                 T = frozenset(t for t in ((c - cl, g - gl) for c, g in S) if t in r.states)
             else:  # inside a group (g is the group's own nonempty flag, from c)
@@ -237,22 +256,33 @@ def grouped_layout(spec: GroupLimited | GroupCapacity, progress: Progress | None
             ref = node(l, items[0][0])
         else:
             elems = [(node(l, A), node(r, T)) for A, T in items]
-            ref = dag.add(elems, _span(v.first, v.last))
+            ref = spans.add(elems, v.first, l.last, v.last)
             if progress is not None:
                 progress(len(elems))
         memo[key] = ref
         return ref
 
     band = frozenset(s for s in root.states if spec.kmin <= s[0] <= spec.kmax)
-    return dag.layout(node(root, band))
+    return spans.dag.layout(node(root, band))
 
 
 def counting_layout(spec, progress: Progress | None = None) -> Layout:
-    """The layout of an ``ExactlyK``, ``RangeK``, ``GroupLimited`` or ``GroupCapacity`` spec."""
+    """The layout of an ``ExactlyK``, ``RangeK``, ``GroupLimited`` or ``GroupCapacity`` spec.
+
+    Python's cyclic garbage collector is paused meanwhile: the builders allocate ~10^5 small
+    acyclic objects, and its full passes over them cost up to half the time."""
     if isinstance(spec, ExactlyK):
-        return exactly_layout(spec.n, spec.k, progress)
-    if isinstance(spec, RangeK):
-        return interval_layout(spec.n, spec.kmin, spec.kmax, progress)
-    if isinstance(spec, (GroupLimited, GroupCapacity)):
-        return grouped_layout(spec, progress)
-    raise TypeError(f"spec must be ExactlyK, RangeK, GroupLimited or GroupCapacity, got {type(spec).__name__}")
+        build = lambda: exactly_layout(spec.n, spec.k, progress)  # noqa: E731
+    elif isinstance(spec, RangeK):
+        build = lambda: interval_layout(spec.n, spec.kmin, spec.kmax, progress)  # noqa: E731
+    elif isinstance(spec, (GroupLimited, GroupCapacity)):
+        build = lambda: grouped_layout(spec, progress)  # noqa: E731
+    else:
+        raise TypeError(f"spec must be ExactlyK, RangeK, GroupLimited or GroupCapacity, got {type(spec).__name__}")
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return build()
+    finally:
+        if paused:
+            gc.enable()

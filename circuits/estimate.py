@@ -30,7 +30,9 @@ block sizes per depth, so every sum below is O(log n) closed-form terms.
 AMD EPYC (2 cores, shared; docs/circuits.md lists the runs):
 
 - "direct" (the default, ``circuits.count_tree``): every live element is built once, straight into
-  the layout, then checked and written: steps = ``DIRECT_STEPS_PER_ELEMENT`` * elements.
+  the layout, then checked and written: steps = ``DIRECT_STEPS_PER_ELEMENT`` * elements; for the
+  group specs plus ``SCAN_STEPS`` per (state, state of its left child) pair the builder looks at
+  (``scan``: a state's elements are found by trying every left state).
 - "pysdd": OR-ing f terms into a state rebuilds it once per term (~f^2 element operations), and
   the layout, its checks and the cache files cost ~30 per built element; so steps = sum over the
   built states of f^2 + 30 * built elements.
@@ -47,6 +49,7 @@ PROGRESS_STEPS = 1_000_000  # compile_circuit shows progress bars above this (ab
 SECONDS_PER_STEP = 1e-6  # reference machine: AMD EPYC, 2 cores (docs/circuits.md)
 LAYOUT_STEPS_PER_ELEMENT = 30  # pysdd: build_layout, the checks and the cache files, per built element
 DIRECT_STEPS_PER_ELEMENT = 4  # direct: building, placing, checking and writing one element
+SCAN_STEPS = 1  # direct, group specs: per (state, left state) pair looked at
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class Estimate:
     state_steps: int
     steps: int
     exact: bool
+    scan: int = 0  # group specs: (state, left state) pairs the direct builder looks at
 
     @property
     def seconds(self) -> float:
@@ -143,12 +147,13 @@ class _Tree:
     built_nodes: int = 0
     built_elements: int = 0
     state_steps: int = 0
+    scan: int = 0  # sum over built states of the left child's states (the direct group builder's loop)
 
 
 def _count_tree(n: int, cap: int, k: int | None = None) -> _Tree:
     """The "exactly j" count tree over a balanced vtree of n variables, counts capped at ``cap``; with
     ``k`` also the states an ExactlyK(n, k) layout keeps (j in [k - (n - m), min(m, k)])."""
-    t = dict(nodes=0, elements=0, built_nodes=0, built_elements=0, state_steps=0)
+    t = dict(nodes=0, elements=0, built_nodes=0, built_elements=0, state_steps=0, scan=0)
     for m, count in _block_sizes(n):
         if m == 1:
             continue  # leaves are literals, not decision nodes
@@ -156,6 +161,7 @@ def _count_tree(n: int, cap: int, k: int | None = None) -> _Tree:
         t["built_nodes"] += count * (J + 1)
         t["built_elements"] += count * _pairs(A, B, 0, J)
         t["state_steps"] += count * _terms_squared(A, B, J)
+        t["scan"] += count * (J + 1) * (A + 1)
         if k is not None:
             lo, hi = max(0, k - (n - m)), min(m, k)
             t["nodes"] += count * (hi - lo + 1)
@@ -183,13 +189,13 @@ def _grouped(spec) -> Estimate:
     memo: dict[tuple, tuple] = {}
 
     def above(sizes: tuple) -> tuple:
-        """(most true variables, groups, built nodes, built elements, state steps) under the vtree
-        node over these groups; memoised on the sizes, so equal groups cost O(log groups)."""
+        """(most true variables, groups, built nodes, built elements, state steps, scan) under the
+        vtree node over these groups; memoised on the sizes, so equal groups cost O(log groups)."""
         if sizes in memo:
             return memo[sizes]
         if len(sizes) == 1:
             t = inside[sizes[0]]
-            out = (min(sizes[0], cap), 1, t.built_nodes, t.built_elements, t.state_steps)
+            out = (min(sizes[0], cap), 1, t.built_nodes, t.built_elements, t.state_steps, t.scan)
         else:
             mid = len(sizes) // 2  # circuits.groups._halves
             cl, gl, *left = above(sizes[:mid])
@@ -197,14 +203,14 @@ def _grouped(spec) -> Estimate:
             A, B, C = min(cl, K), min(cr, K), min(cl + cr, K)
             Ag, Bg, Gm = min(gl, M), min(gr, M), min(gl + gr, M)
             here = ((C + 1) * (Gm + 1), _pairs(A, B, 0, C) * _pairs(Ag, Bg, 0, Gm),
-                    _terms_squared(A, B, C) * _terms_squared(Ag, Bg, Gm))
+                    _terms_squared(A, B, C) * _terms_squared(Ag, Bg, Gm), (C + 1) * (Gm + 1) * (A + 1) * (Ag + 1))
             out = (cl + cr, gl + gr, *(x + y + z for x, y, z in zip(left, right, here)))
         memo[sizes] = out
         return out
 
-    _, _, nodes, elements, steps = above(tuple(spec.groups))
+    _, _, nodes, elements, steps, scan = above(tuple(spec.groups))
     levels = _depth(len(spec.groups)) + _depth(max(spec.groups)) + 1
-    return _estimate(nodes + 1, elements + 1, levels, elements, steps, exact=False)
+    return replace(_estimate(nodes + 1, elements + 1, levels, elements, steps, exact=False), scan=scan)
 
 
 COMPILERS = ("direct", "pysdd")
@@ -222,7 +228,7 @@ def estimate(spec, compiler: str | None = None) -> Estimate | None:
                          f"got {compiler!r}")
     est = _pysdd(spec)
     if compiler == "direct":
-        est = replace(est, steps=DIRECT_STEPS_PER_ELEMENT * est.elements)
+        est = replace(est, steps=DIRECT_STEPS_PER_ELEMENT * est.elements + SCAN_STEPS * est.scan)
     return est
 
 

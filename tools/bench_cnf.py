@@ -72,7 +72,8 @@ def ganak(n: int, clauses) -> tuple[int, float] | None:
     counter.new_vars(n)
     counter.add_clauses(clauses)
     t = time.perf_counter()
-    count = int(counter.count())
+    with cnf.quiet_stdout():  # Ganak prints "c o ..." lines from C
+        count = int(counter.count())
     return count, time.perf_counter() - t
 
 
