@@ -5,8 +5,9 @@ circuits itself (``circuits.count_tree``) and needs no CNF compiler; d4 is a com
 fewer platforms than torch. Without it ``compile_circuit`` on a CNF raises ``MissingExtra`` naming
 the extra (``compiler="pysdd"`` still compiles small CNFs with pysdd).
 
-d4 and libsdd print statistics on file descriptor 1 from C; ``quiet_stdout`` sends that
-descriptor to /dev/null meanwhile, so neither reaches the user's stdout.
+d4 and libsdd print statistics on file descriptor 1 from C, pysdd its "Read CNF" line on
+``sys.stdout``; ``quiet_stdout`` sends both to /dev/null meanwhile, so none reaches the user's
+stdout.
 """
 
 from __future__ import annotations
