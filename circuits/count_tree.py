@@ -58,18 +58,18 @@ def exactly_layout(n: int, k: int, progress: Progress | None = None) -> Layout:
         ylo, yhi = max(0, jlo - L), min(R, jhi)  # right counts used
         left, hl = build(first, mid, xlo, xhi)
         right, hr = build(mid, last, ylo, yhi)
-        height, scope, out = 1 + max(hl, hr), _span(first, last), []
+        height, out = 1 + max(hl, hr), []
         for j in range(jlo, jhi + 1):
             a, b = max(0, j - R), min(L, j)  # x = a..b, sub j - x = j - a down to j - b
             subs = right[j - b - ylo : j - a - ylo + 1][::-1]
             elems = list(zip(left[a - xlo : b - xlo + 1], subs))
-            out.append(dag.add(elems, scope, implicit=[], height=height))
+            out.append(dag.add(elems, None, implicit=[], height=height))
             if progress is not None:
                 progress(len(elems))
         return out, height
 
     (root,), _ = build(0, n, k, k)
-    return dag.layout(root)
+    return dag.layout(root, _span(0, n))
 
 
 class _Spans:
@@ -100,9 +100,13 @@ class _Spans:
                     implicit.extend((e, v) for v in range(lo, hi))
                 elif sp != (lo, hi):
                     implicit.extend((e, v) for v in (*range(lo, sp[0]), *range(sp[1], hi)))
-        ref = self.dag.add(elems, _span(first, last), implicit=implicit, height=height + 1)
+        ref = self.dag.add(elems, None, implicit=implicit, height=height + 1)
         self.span[ref] = (first, last)
         return ref
+
+    def layout(self, root: Ref) -> Layout:
+        sp = self.span_of(root) if root != FALSE_SLOT else None
+        return self.dag.layout(root, 0 if sp is None else _span(*sp))
 
 
 def interval_layout(n: int, lo: int, hi: int, progress: Progress | None = None) -> Layout:
@@ -144,7 +148,7 @@ def interval_layout(n: int, lo: int, hi: int, progress: Progress | None = None) 
         memo[key] = ref
         return ref
 
-    return spans.dag.layout(node(0, n, lo, hi))
+    return spans.layout(node(0, n, lo, hi))
 
 
 OVER = None  # the state past a limit (too many true variables, in a group or in all, or groups)
@@ -263,7 +267,7 @@ def grouped_layout(spec: GroupLimited | GroupCapacity, progress: Progress | None
         return ref
 
     band = frozenset(s for s in root.states if spec.kmin <= s[0] <= spec.kmax)
-    return spans.dag.layout(node(root, band))
+    return spans.layout(node(root, band))
 
 
 def counting_layout(spec, progress: Progress | None = None) -> Layout:

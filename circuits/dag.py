@@ -74,7 +74,8 @@ class Dag:
         """A new node OR over ``elems`` (AND of each pair). ``scope`` defaults to the union of the
         children's (a smooth node); a wider scope records the missing variables as implicit
         (element index, variable) pairs. A compiler that knows them passes ``implicit`` (and the
-        ``height``, 1 + the highest child's), which skips the per-element work."""
+        ``height``, 1 + the highest child's), which skips the per-element work; its nodes may then
+        have no scope (None), and ``layout`` is told the root's."""
         if not elems:
             raise ValueError("a node needs at least one element")
         if implicit is None:
@@ -95,9 +96,10 @@ class Dag:
     def __len__(self) -> int:
         return len(self.elems)
 
-    def layout(self, root: Ref) -> Layout:
+    def layout(self, root: Ref, root_scope: int | None = None) -> Layout:
         """The Layout of the circuit under ``root`` (nodes not reachable from it are left out);
-        raises ValueError for a FALSE root."""
+        raises ValueError for a FALSE root. ``root_scope``: the root's variables, for a compiler
+        that added its nodes without scopes (given ``implicit``)."""
         if root == FALSE_SLOT:
             raise ValueError("the constraint is unsatisfiable: its circuit is FALSE")
         n, base = self.n, self.leaves
@@ -129,18 +131,22 @@ class Dag:
         groups, blocks, implicit, row = [], [], [], 0
         start = base
         for members, h in zip(order, heights):
-            fanin = max(len(self.elems[j]) for j in members)
-            block = np.empty((len(members), fanin, 2), dtype=np.int64)
-            block[:, :, 0], block[:, :, 1] = FALSE_SLOT, TRUE_SLOT
+            lengths = np.array([len(self.elems[j]) for j in members], dtype=np.int64)
+            fanin, total = int(lengths.max()), int(lengths.sum())
+            block = np.empty((len(members) * fanin, 2), dtype=np.int64)
+            block[:, 0], block[:, 1] = FALSE_SLOT, TRUE_SLOT
+            starts = np.cumsum(lengths) - lengths  # each member's first element in the flat list
+            within = np.arange(total) - np.repeat(starts, lengths)  # [total] element index in its node
+            rows = np.repeat(np.arange(len(members)) * fanin, lengths) + within
+            block[rows] = np.array([e for j in members for e in self.elems[j]], dtype=np.int64).reshape(-1, 2)
             for i, j in enumerate(members):
-                e = self.elems[j]
-                block[i, : len(e)] = e
-                implicit.extend((row + i * fanin + k, v) for k, v in self.implicit[j])
+                if self.implicit[j]:
+                    implicit.extend((row + i * fanin + k, v) for k, v in self.implicit[j])
             groups.append((start, len(members), fanin, row, h))
-            blocks.append(block.reshape(-1, 2))
+            blocks.append(block)
             start += len(members)
             row += len(members) * fanin
-        missing = ((1 << n) - 1) & ~self.scope_of(root)
+        missing = ((1 << n) - 1) & ~(self.scope_of(root) if root_scope is None else root_scope)
         groups.append((start, 1, 1, row, max(heights, default=0) + 1))
         blocks.append(np.array([[root, TRUE_SLOT]], dtype=np.int64))
         implicit.extend((row, v) for v in _members(missing))
