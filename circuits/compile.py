@@ -86,7 +86,7 @@ def compile_sdd(spec: Spec, progress: Progress | None = None) -> tuple[SddManage
         return mgr, root
     if isinstance(spec, CnfFile):
         file_checks.check_dimacs(spec.path)
-        with cnf.quiet_stdout():  # libsdd prints "Read CNF: ..." from C
+        with cnf.quiet_stdout():  # pysdd prints "Read CNF: ..."
             mgr, root = SddManager.from_cnf_file(spec.path.encode(), b"balanced")
         return mgr, root
     if isinstance(spec, GROUP_SPECS):
