@@ -3,8 +3,8 @@
     python tools/bench_cnf.py FOLDER_OR_FILES... [--pysdd-timeout 60] [--cardinality]
 
 For each .cnf file (a folder is searched for *.cnf): ``compile_circuit`` with d4 on an empty cache
-(compile time as ``circuit.info["compile_seconds"]``: d4, flattening, checks; d4's own share
-beside it), the layout's size, the exact model count against Ganak's (``pyganak``), and log Z at
+(compile time as ``circuit.info["compile_seconds"]``: d4, flattening, checks; the call's CPU time
+and d4's own share beside it), the layout's size, the exact model count against Ganak's (``pyganak``), and log Z at
 zero logits against log(#models) - n log 2; then pysdd's ``SddManager.from_cnf_file`` on a
 balanced vtree in a child process killed after ``--pysdd-timeout`` seconds (its SDD size and
 time, or "> T s"). ``--cardinality`` adds the cold compile of ExactlyK(1024, 128) and
@@ -79,8 +79,11 @@ def ganak(n: int, clauses) -> tuple[int, float] | None:
     return count, time.perf_counter() - t
 
 
-def pysdd_run(path: Path, timeout: float) -> str:
-    """pysdd's compile time and SDD size, in a child process killed after ``timeout`` seconds."""
+def pysdd_run(path: Path, timeout: float) -> tuple[str, str]:
+    """pysdd's compile time and SDD size, in a child process killed after ``timeout`` seconds
+    (0: not run)."""
+    if timeout <= 0:
+        return "not run", "-"
     try:
         res = subprocess.run([sys.executable, "-c", PYSDD, str(path)], capture_output=True, text=True,
                              timeout=timeout, cwd=Path(__file__).parent.parent)
@@ -94,9 +97,9 @@ def pysdd_run(path: Path, timeout: float) -> str:
 
 def d4_run(path: Path) -> dict:
     n, clauses = cnf.read_clauses(path)
-    row = {"file": path.name, "n": n, "clauses": len(clauses)}
+    row = {"file": path.name, "n": n, "clauses": len(clauses), "cpu": None}
     with tempfile.TemporaryDirectory() as d:
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         try:
             c = circuits.compile_circuit(path, cache_dir=d)
         except ValueError as exc:
@@ -104,6 +107,7 @@ def d4_run(path: Path) -> dict:
                 raise
             row.update(compile=time.perf_counter() - t, d4=None, nodes="unsat", elements="-", count=0)
         else:
+            row["cpu"] = time.process_time() - cpu
             s = c.sizes()
             count = c.layout.model_count()
             logz = c.log_partition(torch.zeros(1, n, dtype=torch.float64))[0].item()
@@ -143,7 +147,8 @@ def cardinality(repeats: int) -> list[tuple]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("paths", nargs="*", help="DIMACS files or folders of *.cnf")
-    ap.add_argument("--pysdd-timeout", type=float, default=60.0, help="seconds before pysdd is stopped (default 60)")
+    ap.add_argument("--pysdd-timeout", type=float, default=60.0,
+                    help="seconds before pysdd is stopped (default 60; 0: do not run pysdd)")
     ap.add_argument("--cardinality", action="store_true", help="also time ExactlyK(1024, 128) and (4096, 64)")
     ap.add_argument("--repeats", type=int, default=3, help="fresh processes per cardinality row (default 3)")
     args = ap.parse_args()
@@ -156,11 +161,12 @@ def main() -> None:
         r = d4_run(path)
         pysdd_time, pysdd_size = pysdd_run(path, args.pysdd_timeout)
         rows.append((r["file"], r["n"], r["clauses"], f"{r['compile']:.2f} s",
+                     "-" if r["cpu"] is None else f"{r['cpu']:.2f} s",
                      "-" if r["d4"] is None else f"{r['d4']:.2f} s", r["nodes"], r["elements"], f"{r['count']:,}",
                      r["ganak"], "-" if r["ganak_seconds"] is None else f"{r['ganak_seconds']:.2f} s",
                      pysdd_time, pysdd_size))
     if rows:
-        print(table(rows, ("file", "vars", "clauses", "d4 compile", "of it d4", "layout nodes", "elements",
+        print(table(rows, ("file", "vars", "clauses", "d4 compile", "its CPU", "of it d4", "layout nodes", "elements",
                            "models", "= Ganak", "Ganak time", "pysdd compile", "SDD size")))
     if args.cardinality:
         print()
