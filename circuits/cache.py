@@ -1,17 +1,24 @@
 """The on-disk cache of compiled circuits.
 
-One directory per spec, ``<cache root>/<spec key>/``, holding
+One directory per spec and compiler, ``<cache root>/<spec key>/`` for the spec's default
+compiler and ``<spec key>-<compiler>/`` for another (``circuits.compile``), holding
 
-    manifest.json   format version, spec, vtree, pysdd version, sizes, model count, sha256 of each file
+    manifest.json   format version, spec, compiler, sizes, model count, sha256 of each file, ...
     layout.npz      the level layout as plain integer arrays (loaded with allow_pickle=False)
-    circuit.sdd     the SDD in libsdd's own format (pysdd: SddManager.read_sdd_file)
-    circuit.vtree   its vtree (pysdd: Vtree.from_file)
-    circuit.dot     the SDD as Graphviz DOT
+
+and, by compiler (``FILES``):
+
+    direct          nothing more (the layout is the pruned SDD of the count tree)
+    d4              circuit.nnf: d4's d-DNNF in its NNF text format (``circuits.nnf``)
+    pysdd           circuit.sdd, circuit.vtree (libsdd's formats: SddManager.read_sdd_file,
+                    Vtree.from_file) and circuit.dot (the SDD as Graphviz DOT)
 
 Nothing is trusted blindly: on every read the format version, the spec, each file's checksum,
 the layout's structure, its exact model count and its log-partition at fixed logits (against an
-independent computation, ``circuits.self_check``) are checked, and any failure warns
-(``CacheWarning``) and recompiles. Writes go to a private temporary directory that is renamed
+independent computation: the Poisson-binomial DP for ExactlyK / RangeK, the group DP for the
+group specs, the stored d-DNNF evaluated directly for d4, pysdd's WMC of the stored SDD otherwise)
+are checked, and any failure warns (``CacheWarning``) and recompiles. Entries of format 2 (one
+compiler, pysdd) are old: they warn once and are rebuilt. Writes go to a private temporary directory that is renamed
 into place, so readers never see half an entry and concurrent writers all succeed.
 """
 
@@ -28,13 +35,20 @@ from pathlib import Path
 
 import numpy as np
 
-from . import self_check
-from .cache_dir import default_cache_dir
-from .layout import Layout
-from .spec import Spec, spec_to_dict
+import torch
 
-FORMAT_VERSION = 2
-FILES = ("layout.npz", "circuit.sdd", "circuit.vtree", "circuit.dot")
+from . import nnf, self_check
+from .cache_dir import default_cache_dir
+from .groups import self_check as group_self_check
+from .layout import Layout
+from .spec import GROUP_SPECS, CnfFile, Spec, spec_to_dict
+
+FORMAT_VERSION = 3
+FILES = {
+    "direct": ("layout.npz",),
+    "d4": ("layout.npz", "circuit.nnf"),
+    "pysdd": ("layout.npz", "circuit.sdd", "circuit.vtree", "circuit.dot"),
+}
 
 
 class CacheWarning(UserWarning):
@@ -45,8 +59,24 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def entry_dir(spec: Spec, root: Path | str | None = None) -> Path:
-    return (Path(root).expanduser() if root is not None else default_cache_dir()) / spec.key
+def entry_dir(spec: Spec, root: Path | str | None = None, variant: str | None = None) -> Path:
+    """The entry of ``spec`` compiled by its default compiler, or by ``variant`` (another one)."""
+    base = Path(root).expanduser() if root is not None else default_cache_dir()
+    return base / (spec.key if variant is None else f"{spec.key}-{variant}")
+
+
+def _semantic_check(layout: Layout, spec: Spec, path: Path, compiler: str) -> None:
+    """The layout's log Z at the probe logits against an independent computation; ValueError."""
+    if isinstance(spec, GROUP_SPECS):
+        group_self_check(layout, spec)
+    elif isinstance(spec, CnfFile) and compiler == "d4":
+        parsed = nnf.parse((path / "circuit.nnf").read_text(), layout.n)
+        r = self_check.probe_logits(layout.n)
+        got, want = self_check.layout_log_partition(layout, r), nnf.log_partition(parsed, r)
+        if not torch.allclose(got, want, rtol=1e-9, atol=1e-9):
+            raise ValueError(f"the layout computes the wrong function (log Z {got.tolist()} != {want.tolist()})")
+    else:
+        self_check.check(layout, spec, path)
 
 
 def read_entry(path: Path, spec: Spec | None = None) -> tuple[Layout, dict]:
@@ -62,8 +92,13 @@ def read_entry(path: Path, spec: Spec | None = None) -> tuple[Layout, dict]:
         raise ValueError(f"format version {got!r}, this probmoe reads {FORMAT_VERSION}")
     if spec is not None and manifest.get("spec") != spec_to_dict(spec):
         raise ValueError(f"it holds {manifest.get('spec')}, not {spec_to_dict(spec)}")
+    compiler = manifest.get("compiler")
+    if compiler not in FILES:
+        raise ValueError(f"unknown compiler {compiler!r}")
     sums = manifest.get("sha256", {})
-    for name in FILES:
+    if not isinstance(sums, dict):
+        raise ValueError("the manifest's checksums are unreadable")
+    for name in FILES[compiler]:
         f = path / name
         if not f.is_file():
             raise ValueError(f"{name} is missing")
@@ -86,13 +121,17 @@ def read_entry(path: Path, spec: Spec | None = None) -> tuple[Layout, dict]:
     if str(count) != manifest.get("model_count") or (spec is not None and spec.model_count() not in (None, count)):
         raise ValueError("the layout's model count is wrong")
     if spec is not None:
-        self_check.check(layout, spec, path)
+        try:
+            _semantic_check(layout, spec, path, compiler)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"a file is unreadable ({exc.__class__.__name__})") from None
     return layout, manifest
 
 
-def load(spec: Spec, root: Path | str | None = None) -> tuple[Layout, dict] | None:
-    """The verified entry for ``spec``, or None (with a CacheWarning if one existed but was bad)."""
-    path = entry_dir(spec, root)
+def load(spec: Spec, root: Path | str | None = None, variant: str | None = None) -> tuple[Layout, dict] | None:
+    """The verified entry for ``spec`` (``variant`` as in ``entry_dir``), or None (with a
+    CacheWarning if one existed but was bad)."""
+    path = entry_dir(spec, root, variant)
     if not path.exists():
         return None
     try:
@@ -108,7 +147,7 @@ def make_manifest(spec: Spec, layout: Layout, info: dict) -> dict:
         "format_version": FORMAT_VERSION,
         "spec": spec_to_dict(spec),
         "describe": spec.describe(),
-        "vtree": "balanced",
+        "vtree": "balanced",  # info may say otherwise (grouped; None for a d-DNNF)
         "sizes": layout.sizes(),
         "model_count": str(count),
         "log_model_count": math.log(count),
@@ -117,15 +156,16 @@ def make_manifest(spec: Spec, layout: Layout, info: dict) -> dict:
 
 
 def store(spec: Spec, layout: Layout, files: dict[str, bytes], manifest: dict, root: Path | str | None = None,
-          replace: bool = False):
+          replace: bool = False, variant: str | None = None):
     """Write an entry atomically; returns its path, or None (with a CacheWarning) if unwritable.
 
-    ``manifest`` comes from ``make_manifest``; the files' checksums are added to the written copy.
-    ``files`` maps "circuit.sdd", "circuit.vtree", "circuit.dot" to their contents. ``replace``
-    overwrites a valid entry (``compile_circuit(force=True)``); otherwise a valid entry that
-    appeared meanwhile is kept.
+    ``manifest`` comes from ``make_manifest`` (its "compiler" names the ``FILES``); the files'
+    checksums are added to the written copy. ``files`` maps the compiler's files other than
+    layout.npz to their contents. ``replace`` overwrites a valid entry
+    (``compile_circuit(force=True)``); otherwise a valid entry that appeared meanwhile is kept.
+    ``variant`` as in ``entry_dir``.
     """
-    final = entry_dir(spec, root)
+    final = entry_dir(spec, root, variant)
     tmp = final.parent / f".tmp-{spec.key}-{uuid.uuid4().hex}"
     try:
         tmp.mkdir(parents=True)
@@ -135,7 +175,7 @@ def store(spec: Spec, layout: Layout, files: dict[str, bytes], manifest: dict, r
         )
         for name, data in files.items():
             (tmp / name).write_bytes(data)
-        sums = {name: _sha256(tmp / name) for name in FILES}
+        sums = {name: _sha256(tmp / name) for name in FILES[manifest["compiler"]]}
         (tmp / "manifest.json").write_text(json.dumps({**manifest, "sha256": sums}, indent=1))
         _install(tmp, final, spec, replace)
         return final

@@ -1,14 +1,21 @@
-"""Compile a constraint spec into a pysdd SDD.
+"""Compile a constraint spec into the level layout the evaluators take, with one of three compilers.
 
-Cardinality constraints are built bottom-up over a balanced vtree as "exactly j of this block"
-(Eq(block, j) = OR_a Eq(left, a) AND Eq(right, j - a)), counts capped at kmax; a range is the
-OR over the band. Group constraints are built the same way on a vtree that follows the groups,
-with (count, nonempty groups) states above them (``circuits.groups``). This takes milliseconds
-where compiling the equivalent CNF takes seconds.
+- ``"direct"`` (the default for ``ExactlyK``, ``RangeK``, ``GroupLimited``, ``GroupCapacity``):
+  the count tree built from its known structure (``circuits.count_tree``), the pruned canonical SDD
+  on the vtrees below, without pysdd; exactly 128 of 1,024 in well under a second.
+- ``"d4"`` (the default for ``CnfFile``): the d-DNNF compiler d4 (``circuits.cnf``, the ``cnf``
+  extra), flattened and smoothed into the layout (``circuits.nnf``).
+- ``"pysdd"``: an SDD built with pysdd, then flattened (``circuits.layout.build_layout``). For
+  counting specs it ORs "exactly j of this block" bottom-up over a balanced vtree (Eq(block, j) =
+  OR_a Eq(left, a) AND Eq(right, j - a), counts capped at kmax; a range is the OR over the band;
+  the group specs on ``circuits.groups.group_vtree``); a CNF goes through
+  ``SddManager.from_cnf_file`` on a balanced vtree; an ``SddFile`` is read as it is (its only
+  compiler). The cache entry then holds the SDD too (``circuit.sdd``, ``circuit.vtree``, DOT).
 
-Before any pysdd work ``compile_circuit`` estimates the size (``circuits.estimate``): it refuses a
-spec past ``estimate.MAX_STEPS`` unless told ``size_limit=False``, and shows tqdm progress bars on
-stderr for one past ``estimate.PROGRESS_STEPS`` (about a second; tqdm is optional).
+Before compiling a counting spec ``compile_circuit`` estimates the cost (``circuits.estimate``,
+per compiler): it refuses a spec past ``estimate.MAX_STEPS`` unless told ``size_limit=False``, and
+shows tqdm progress bars on stderr for one past ``estimate.PROGRESS_STEPS`` (about a second; tqdm
+is optional).
 """
 
 from __future__ import annotations
@@ -21,9 +28,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
 from pysdd.sdd import SddManager, SddNode, Vtree
 
-from . import cache, estimate, file_checks, groups, self_check
+from . import cache, cnf, count_tree, estimate, file_checks, groups, nnf, self_check
 from .circuit import Circuit
 from .groups import Progress
 from .layout import build_layout
@@ -31,6 +39,27 @@ from .spec import GROUP_SPECS, CnfFile, ExactlyK, RangeK, SddFile, Spec
 
 SPECS = (ExactlyK, RangeK, SddFile, CnfFile, *GROUP_SPECS)
 SPEC_NAMES = "ExactlyK, RangeK, SddFile, CnfFile, GroupLimited, GroupCapacity"
+COMPILERS = ("direct", "d4", "pysdd")
+COUNTING = (ExactlyK, RangeK, *GROUP_SPECS)
+
+
+def default_compiler(spec: Spec) -> str:
+    """"direct" for the counting specs, "d4" for a CNF, "pysdd" for an SDD file."""
+    if isinstance(spec, COUNTING):
+        return "direct"
+    return "d4" if isinstance(spec, CnfFile) else "pysdd"
+
+
+def check_compiler(spec: Spec, compiler) -> str:
+    """``compiler`` (None: the spec's default) if it can compile ``spec``, else ValueError."""
+    if compiler is None:
+        return default_compiler(spec)
+    allowed = ("direct", "pysdd") if isinstance(spec, COUNTING) else ("d4", "pysdd") if isinstance(
+        spec, CnfFile) else ("pysdd",)
+    if compiler not in allowed:
+        raise ValueError(f"compiler must be one of {', '.join(map(repr, allowed))} for {type(spec).__name__} "
+                         f"(or None for {default_compiler(spec)!r}), got {compiler!r}")
+    return compiler
 
 
 def balanced_vtree(n: int) -> Vtree:
@@ -57,8 +86,8 @@ def compile_sdd(spec: Spec, progress: Progress | None = None) -> tuple[SddManage
         return mgr, root
     if isinstance(spec, CnfFile):
         file_checks.check_dimacs(spec.path)
-        vtree_type = b"balanced"
-        mgr, root = SddManager.from_cnf_file(spec.path.encode(), vtree_type)
+        with cnf.quiet_stdout():  # pysdd prints "Read CNF: ..."
+            mgr, root = SddManager.from_cnf_file(spec.path.encode(), b"balanced")
         return mgr, root
     if isinstance(spec, GROUP_SPECS):
         return groups.build_grouped(spec, progress)
@@ -104,46 +133,75 @@ def _progress(show: bool, total: int, desc: str, unit: str):
         yield bar.update
 
 
-def compile_circuit(spec, *, cache_dir=None, force: bool = False, device="cpu", size_limit: bool = True) -> Circuit:
-    """Compile ``spec`` on first use with pysdd; from then on load it from the disk cache.
+def compile_circuit(spec, *, cache_dir=None, force: bool = False, device="cpu", size_limit: bool = True,
+                    compiler: str | None = None) -> Circuit:
+    """Compile ``spec`` on first use; from then on load it from the disk cache.
 
     spec: ``ExactlyK``, ``RangeK``, ``GroupLimited``, ``GroupCapacity``, ``SddFile``, ``CnfFile``, a
         DIMACS path, or (sdd, vtree) paths.
     cache_dir: cache root (default: ``circuits.cache.default_cache_dir()``).
     force: recompile and overwrite the cache entry.
-    size_limit: refuse, before any pysdd work, a spec whose estimated compile cost passes
+    size_limit: refuse, before compiling, a counting spec whose estimated compile cost passes
         ``circuits.estimate.MAX_STEPS`` (about 20 s on a 2-core AMD EPYC), with a
         ``circuits.estimate.CircuitTooLarge`` (a ValueError) naming the estimate; False compiles
         anyway. A spec already in the cache loads whatever its size. File specs are never refused.
+    compiler: None (the default: "direct" for counting specs, "d4" for a CNF, "pysdd" for an SDD
+        file), "direct", "d4" or "pysdd" (see the module docstring). An entry compiled by a
+        non-default compiler is cached beside the default one's. A CNF without d4 installed raises
+        ``circuits.cnf.MissingExtra`` (an ImportError) naming the ``cnf`` extra; an unsatisfiable
+        CNF raises ValueError.
 
     ``circuit.info`` says what happened: ``cache_hit``, ``cache_path`` (None if compiled in
-    memory), ``compile_seconds``, ``sdd_size``, ``sdd_count``, ``model_count``, ``pysdd_version``.
+    memory), ``compile_seconds`` (this compile; on a hit the stored one), ``load_seconds`` (a hit's
+    load and verification), ``compiler``, ``model_count``, and per compiler ``sdd_size`` /
+    ``sdd_count`` / ``pysdd_version`` (pysdd) or ``d4_version`` / ``nnf_nodes`` (d4).
     """
     if not isinstance(size_limit, bool):
         raise ValueError(f"size_limit must be True or False, got {size_limit!r}")
     spec = _as_spec(spec)
+    compiler = check_compiler(spec, compiler)
+    variant = None if compiler == default_compiler(spec) else compiler
     t0 = time.perf_counter()
     if not force:
-        hit = cache.load(spec, cache_dir)
+        hit = cache.load(spec, cache_dir, variant)
         if hit is not None:
             layout, manifest = hit
-            info = {**manifest, "cache_hit": True, "cache_path": str(cache.entry_dir(spec, cache_dir)),
+            info = {**manifest, "cache_hit": True, "cache_path": str(cache.entry_dir(spec, cache_dir, variant)),
                     "load_seconds": time.perf_counter() - t0}
             return Circuit(layout, spec, info, device)
     insist = "pass size_limit=False to compile_circuit to compile it anyway"
-    est = estimate.check(spec, insist) if size_limit else estimate.estimate(spec)
+    est = estimate.check(spec, insist, compiler) if size_limit else estimate.estimate(spec, compiler)
     long = est is not None and est.steps > estimate.PROGRESS_STEPS
-    with _progress(long, est.state_steps if long else 0, f"compiling {spec.describe()}", "step") as tick:
-        mgr, root = compile_sdd(spec, tick)
-    with _progress(long, est.nodes if long else 0, "layout", "node") as tick:
-        layout = build_layout(mgr, root, tick)
+    if compiler == "direct":
+        with _progress(long, est.elements if long else 0, f"compiling {spec.describe()}", "element") as tick:
+            layout = count_tree.counting_layout(spec, tick)
+        files, extra = {}, {}
+    elif compiler == "d4":
+        d4 = cnf.compile_d4(spec.path)
+        parsed = nnf.parse(d4.nnf, d4.n)
+        if parsed.unsatisfiable:
+            raise ValueError(f"{spec.path} is unsatisfiable (d4 proved it in {d4.seconds:.2f} s): "
+                             "there is no distribution over its models")
+        layout = nnf.to_layout(parsed)
+        if layout.model_count() != d4.count:
+            raise RuntimeError(f"the layout counts {layout.model_count()} models, d4 {d4.count}, for {spec.describe()}")
+        _check_log_partition(layout, nnf.log_partition(parsed, self_check.probe_logits(layout.n)))
+        files = {"circuit.nnf": d4.nnf.encode()}
+        extra = {"d4_version": cnf.d4_version(), "nnf_nodes": d4.nodes, "d4_seconds": d4.seconds}
+    else:
+        with _progress(long, est.state_steps if long else 0, f"compiling {spec.describe()}", "step") as tick:
+            mgr, root = compile_sdd(spec, tick)
+        with _progress(long, est.nodes if long else 0, "layout", "node") as tick:
+            layout = build_layout(mgr, root, tick)
+        files = _sdd_files(mgr, root)
+        extra = {"sdd_size": root.size(), "sdd_count": root.count(), "pysdd_version": _pysdd_version()}
     seconds = time.perf_counter() - t0
     manifest = cache.make_manifest(spec, layout, {
+        "compiler": compiler,
         "compile_seconds": seconds,
-        "sdd_size": root.size(),
-        "sdd_count": root.count(),
-        "pysdd_version": _pysdd_version(),
+        **extra,
         **({"vtree": "grouped"} if isinstance(spec, GROUP_SPECS) else {}),
+        **({"vtree": None} if compiler == "d4" else {}),
     })
     expected = spec.model_count()
     if expected is not None and int(manifest["model_count"]) != expected:
@@ -151,9 +209,16 @@ def compile_circuit(spec, *, cache_dir=None, force: bool = False, device="cpu", 
     self_check.check(layout, spec)  # a self-check against an independent computation
     if isinstance(spec, GROUP_SPECS):
         groups.self_check(layout, spec)
-    path = cache.store(spec, layout, _sdd_files(mgr, root), manifest, cache_dir, replace=force)
+    path = cache.store(spec, layout, files, manifest, cache_dir, replace=force, variant=variant)
     info = {**manifest, "cache_hit": False, "cache_path": None if path is None else str(path)}
     return Circuit(layout, spec, info, device)
+
+
+def _check_log_partition(layout, want) -> None:
+    """Raise RuntimeError if the layout's log Z at the probe logits differs from ``want``."""
+    got = self_check.layout_log_partition(layout, self_check.probe_logits(layout.n))
+    if not torch.allclose(got, want, rtol=1e-9, atol=1e-9):
+        raise RuntimeError(f"the layout computes the wrong function (log Z {got.tolist()} != {want.tolist()})")
 
 
 def _pysdd_version() -> str:

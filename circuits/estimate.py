@@ -26,22 +26,30 @@ block sizes per depth, so every sum below is O(log n) closed-form terms.
   nodes; the SDD of a CNF depends on the formula (exponential in the worst case) and cannot be told
   by arithmetic.
 
-``steps`` is the compile cost: OR-ing f terms into a state rebuilds it once per term (~f^2 element
-operations), and the layout, its checks and the cache files cost ~30 per built element; so
-steps = sum over the built states of f^2 + 30 * built elements. Measured on an AMD EPYC (2 cores,
-shared): about 1 us per step, up to 2x more for k in the hundreds (docs/circuits.md lists the runs).
+``steps`` is the compile cost, per compiler (``circuits.compile``), in units of about 1 us on an
+AMD EPYC (2 cores, shared; docs/circuits.md lists the runs):
+
+- "direct" (the default, ``circuits.count_tree``): every live element is built once, straight into
+  the layout, then checked and written: steps = ``DIRECT_STEPS_PER_ELEMENT`` * elements; for the
+  group specs plus ``SCAN_STEPS`` per (state, state of its left child) pair the builder looks at
+  (``scan``: a state's elements are found by trying every left state).
+- "pysdd": OR-ing f terms into a state rebuilds it once per term (~f^2 element operations), and
+  the layout, its checks and the cache files cost ~30 per built element; so steps = sum over the
+  built states of f^2 + 30 * built elements.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .spec import GROUP_SPECS, CnfFile, ExactlyK, RangeK, SddFile
 
 MAX_STEPS = 20_000_000  # compile_circuit refuses more (about 20 s on the reference machine)
 PROGRESS_STEPS = 1_000_000  # compile_circuit shows progress bars above this (about a second)
 SECONDS_PER_STEP = 1e-6  # reference machine: AMD EPYC, 2 cores (docs/circuits.md)
-LAYOUT_STEPS_PER_ELEMENT = 30  # build_layout, the checks and the cache files, per built element
+LAYOUT_STEPS_PER_ELEMENT = 30  # pysdd: build_layout, the checks and the cache files, per built element
+DIRECT_STEPS_PER_ELEMENT = 4  # direct: building, placing, checking and writing one element
+SCAN_STEPS = 1  # direct, group specs: per (state, left state) pair looked at
 
 
 @dataclass(frozen=True)
@@ -53,8 +61,8 @@ class Estimate:
     elements: live elements of the layout (counting the synthetic root's one).
     levels: heights of the layout (the synthetic root's included).
     built_elements: conjunctions the compiler builds (every capped state, reachable or not).
-    state_steps: sum over the built states of (terms OR-ed)^2: the pysdd part of ``steps``.
-    steps: state_steps + LAYOUT_STEPS_PER_ELEMENT * built_elements.
+    state_steps: sum over the built states of (terms OR-ed)^2: the pysdd part of its ``steps``.
+    steps: the compile cost of the compiler asked for (module docstring).
     exact: nodes, elements and levels are exact (ExactlyK) rather than bounds.
     """
 
@@ -65,6 +73,7 @@ class Estimate:
     state_steps: int
     steps: int
     exact: bool
+    scan: int = 0  # group specs: (state, left state) pairs the direct builder looks at
 
     @property
     def seconds(self) -> float:
@@ -138,12 +147,13 @@ class _Tree:
     built_nodes: int = 0
     built_elements: int = 0
     state_steps: int = 0
+    scan: int = 0  # sum over built states of the left child's states (the direct group builder's loop)
 
 
 def _count_tree(n: int, cap: int, k: int | None = None) -> _Tree:
     """The "exactly j" count tree over a balanced vtree of n variables, counts capped at ``cap``; with
     ``k`` also the states an ExactlyK(n, k) layout keeps (j in [k - (n - m), min(m, k)])."""
-    t = dict(nodes=0, elements=0, built_nodes=0, built_elements=0, state_steps=0)
+    t = dict(nodes=0, elements=0, built_nodes=0, built_elements=0, state_steps=0, scan=0)
     for m, count in _block_sizes(n):
         if m == 1:
             continue  # leaves are literals, not decision nodes
@@ -151,6 +161,7 @@ def _count_tree(n: int, cap: int, k: int | None = None) -> _Tree:
         t["built_nodes"] += count * (J + 1)
         t["built_elements"] += count * _pairs(A, B, 0, J)
         t["state_steps"] += count * _terms_squared(A, B, J)
+        t["scan"] += count * (J + 1) * (A + 1)
         if k is not None:
             lo, hi = max(0, k - (n - m)), min(m, k)
             t["nodes"] += count * (hi - lo + 1)
@@ -165,6 +176,7 @@ def _depth(n: int) -> int:
 
 def _estimate(nodes: int, elements: int, levels: int, built_elements: int, state_steps: int,
               exact: bool) -> Estimate:
+    """The estimate with the pysdd compiler's steps (``estimate`` swaps in the direct one's)."""
     steps = state_steps + LAYOUT_STEPS_PER_ELEMENT * built_elements
     return Estimate(nodes, elements, levels, built_elements, state_steps, steps, exact)
 
@@ -177,13 +189,13 @@ def _grouped(spec) -> Estimate:
     memo: dict[tuple, tuple] = {}
 
     def above(sizes: tuple) -> tuple:
-        """(most true variables, groups, built nodes, built elements, state steps) under the vtree
-        node over these groups; memoised on the sizes, so equal groups cost O(log groups)."""
+        """(most true variables, groups, built nodes, built elements, state steps, scan) under the
+        vtree node over these groups; memoised on the sizes, so equal groups cost O(log groups)."""
         if sizes in memo:
             return memo[sizes]
         if len(sizes) == 1:
             t = inside[sizes[0]]
-            out = (min(sizes[0], cap), 1, t.built_nodes, t.built_elements, t.state_steps)
+            out = (min(sizes[0], cap), 1, t.built_nodes, t.built_elements, t.state_steps, t.scan)
         else:
             mid = len(sizes) // 2  # circuits.groups._halves
             cl, gl, *left = above(sizes[:mid])
@@ -191,19 +203,37 @@ def _grouped(spec) -> Estimate:
             A, B, C = min(cl, K), min(cr, K), min(cl + cr, K)
             Ag, Bg, Gm = min(gl, M), min(gr, M), min(gl + gr, M)
             here = ((C + 1) * (Gm + 1), _pairs(A, B, 0, C) * _pairs(Ag, Bg, 0, Gm),
-                    _terms_squared(A, B, C) * _terms_squared(Ag, Bg, Gm))
+                    _terms_squared(A, B, C) * _terms_squared(Ag, Bg, Gm), (C + 1) * (Gm + 1) * (A + 1) * (Ag + 1))
             out = (cl + cr, gl + gr, *(x + y + z for x, y, z in zip(left, right, here)))
         memo[sizes] = out
         return out
 
-    _, _, nodes, elements, steps = above(tuple(spec.groups))
+    _, _, nodes, elements, steps, scan = above(tuple(spec.groups))
     levels = _depth(len(spec.groups)) + _depth(max(spec.groups)) + 1
-    return _estimate(nodes + 1, elements + 1, levels, elements, steps, exact=False)
+    return replace(_estimate(nodes + 1, elements + 1, levels, elements, steps, exact=False), scan=scan)
 
 
-def estimate(spec) -> Estimate | None:
-    """The estimated layout and compile cost of ``spec``; None for ``SddFile`` / ``CnfFile`` (their
-    size cannot be told by arithmetic, see the module docstring)."""
+COMPILERS = ("direct", "pysdd")
+
+
+def estimate(spec, compiler: str | None = None) -> Estimate | None:
+    """The estimated layout and cost of compiling ``spec`` with ``compiler`` (None: "direct");
+    None for ``SddFile`` / ``CnfFile`` (their size cannot be told by arithmetic, see the module
+    docstring)."""
+    if isinstance(spec, (SddFile, CnfFile)):
+        return None
+    compiler = "direct" if compiler is None else compiler
+    if compiler not in COMPILERS:
+        raise ValueError(f"compiler must be one of {', '.join(map(repr, COMPILERS))} for a counting spec, "
+                         f"got {compiler!r}")
+    est = _pysdd(spec)
+    if compiler == "direct":
+        est = replace(est, steps=DIRECT_STEPS_PER_ELEMENT * est.elements + SCAN_STEPS * est.scan)
+    return est
+
+
+def _pysdd(spec) -> Estimate:
+    """The estimate of a counting spec with the pysdd compiler's steps."""
     if isinstance(spec, ExactlyK):
         t = _count_tree(spec.n, spec.k, spec.k)
         return _estimate(t.nodes + 1, t.elements + 1, _depth(spec.n) + 1, t.built_elements, t.state_steps,
@@ -214,8 +244,6 @@ def estimate(spec) -> Estimate | None:
                          t.state_steps, exact=False)
     if isinstance(spec, GROUP_SPECS):
         return _grouped(spec)
-    if isinstance(spec, (SddFile, CnfFile)):
-        return None
     raise TypeError(f"spec must be ExactlyK, RangeK, GroupLimited, GroupCapacity, SddFile or CnfFile, "
                     f"got {type(spec).__name__}")
 
@@ -232,11 +260,12 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds >= 1 else "under a second"
 
 
-def check(spec, insist: str) -> Estimate | None:
-    """The estimate of ``spec``; raises ``CircuitTooLarge`` (a ValueError) if its steps pass
-    ``MAX_STEPS`` (read at call time). ``insist`` ends the message: how to compile anyway."""
+def check(spec, insist: str, compiler: str | None = None) -> Estimate | None:
+    """The estimate of ``spec`` (``compiler`` as in ``estimate``; "d4" for a file spec); raises
+    ``CircuitTooLarge`` (a ValueError) if its steps pass ``MAX_STEPS`` (read at call time).
+    ``insist`` ends the message: how to compile anyway."""
     limit = MAX_STEPS
-    est = estimate(spec)
+    est = estimate(spec, None if isinstance(spec, (SddFile, CnfFile)) else compiler)
     if est is None or est.steps <= limit:
         return est
     layout = f"{_number(est.elements)} live elements" + ("" if est.exact else " at most")

@@ -14,8 +14,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .passes import torch_passes
-from .passes.program import Program
 from .layout import Layout
 from .spec import ExactlyK, RangeK, Spec
 
@@ -28,8 +26,23 @@ def probe_logits(n: int) -> torch.Tensor:
 
 
 def layout_log_partition(layout: Layout, r: torch.Tensor) -> torch.Tensor:
-    """log Z of the layout at r [T, n] -> [T], with the torch passes on the CPU."""
-    return torch_passes.upward(Program.from_layout(layout), r).val[-1].clone()
+    """log Z of the layout at r [T, n] -> [T] (float64), a plain numpy upward pass: per group
+    val[node] = logsumexp over its elements of val[prime] + val[sub]. (Numpy rather than the torch
+    passes: torch's float64 exp takes a slow path for results that underflow, 0.7 s for the 10^5
+    elements of exactly 128 of 1,024.)"""
+    r = r.to(torch.float64)
+    val = np.empty((layout.num_slots, r.shape[0]))
+    val[0], val[1] = -np.inf, 0.0
+    val[2 : 2 + layout.n] = F.logsigmoid(r).numpy().T
+    val[2 + layout.n : 2 + 2 * layout.n] = F.logsigmoid(-r).numpy().T
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for s, nodes, fanin, off, _ in layout.groups.tolist():
+            kids = layout.children[off : off + nodes * fanin]
+            e = (val[kids[:, 0]] + val[kids[:, 1]]).reshape(nodes, fanin, -1)  # [nodes, fanin, T]
+            top = e.max(axis=1)  # [nodes, T]
+            top[~np.isfinite(top)] = 0.0
+            val[s : s + nodes] = top + np.log(np.exp(e - top[:, None]).sum(axis=1))
+    return torch.from_numpy(val[-1].copy())
 
 
 def cardinality_log_partition(r: torch.Tensor, lo: int, hi: int) -> torch.Tensor:

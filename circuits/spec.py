@@ -1,12 +1,12 @@
 """Constraint specs: what a circuit encodes.
 
-A spec is an immutable, hashable value. Its ``key`` names its cache entry; ``build`` (in
-``circuits.compile``) turns it into a pysdd SDD.
+A spec is an immutable, hashable value. Its ``key`` names its cache entry; ``circuits.compile``
+turns it into a level layout.
 
 - ``ExactlyK(n, k)``: exactly k of the n variables are true.
 - ``RangeK(n, kmin, kmax)``: between kmin and kmax (inclusive) are true.
 - ``SddFile(sdd, vtree)``: any SDD saved by pysdd / libsdd (``.sdd`` + ``.vtree``).
-- ``CnfFile(path)``: any CNF in DIMACS format, compiled by pysdd on a balanced vtree.
+- ``CnfFile(path)``: any CNF in DIMACS format, compiled by d4 (or pysdd on a balanced vtree).
 - ``GroupLimited(n, k, groups, max_groups)``: exactly k (or kmin..kmax) true, all of them in at
   most ``max_groups`` of the contiguous groups (optionally also at most ``capacity`` per group).
 - ``GroupCapacity(n, k, groups, capacity)``: exactly k (or kmin..kmax) true, at most ``capacity``
@@ -140,7 +140,8 @@ class SddFile:
 
 @dataclass(frozen=True)
 class CnfFile:
-    """A CNF formula in DIMACS format, compiled by pysdd on a balanced vtree."""
+    """A CNF formula in DIMACS format, compiled by d4 (``circuits.cnf``; or by pysdd on a balanced
+    vtree, ``compile_circuit(..., compiler="pysdd")``)."""
 
     path: str
     digest: str = field(default="", compare=True)

@@ -38,11 +38,11 @@ def test_cold_then_hit(tmp_path):
     assert hot.sizes() == cold.sizes()
     manifest = cache.entry_dir(circuits.ExactlyK(64, 8), tmp_path) / "manifest.json"
     stale = json.loads(manifest.read_text())
-    stale["pysdd_version"] = "0.0-stale"  # still a valid entry
+    stale["compile_seconds"] = -1.0  # still a valid entry
     manifest.write_text(json.dumps(stale))
     forced = circuits.compile_circuit(circuits.ExactlyK(64, 8), cache_dir=tmp_path, force=True)
     assert not forced.info["cache_hit"]
-    assert json.loads(manifest.read_text())["pysdd_version"] != "0.0-stale"  # force overwrites
+    assert json.loads(manifest.read_text())["compile_seconds"] >= 0  # force overwrites
 
 
 def test_default_location_honours_environment(tmp_path, monkeypatch):
@@ -99,7 +99,7 @@ def _wrong_spec(entry):
 
 
 def _missing_file(entry):
-    (entry / "circuit.vtree").unlink()
+    (entry / "layout.npz").unlink()
 
 
 @pytest.mark.parametrize("damage", [_truncate, _flip, _garbage, _old_format, _forged, _wrong_spec, _missing_file])
@@ -164,10 +164,20 @@ def test_read_only_entry_still_loads(tmp_path):
         entry.chmod(0o755)
 
 
-def test_entry_holds_pysdd_files_and_dot(tmp_path):
+def test_direct_entry_holds_the_layout_only(tmp_path):
     spec = circuits.ExactlyK(12, 4)
     circuits.compile_circuit(spec, cache_dir=tmp_path)
     entry = cache.entry_dir(spec, tmp_path)
+    assert sorted(f.name for f in entry.iterdir()) == ["layout.npz", "manifest.json"]
+    manifest = json.loads((entry / "manifest.json").read_text())
+    assert manifest["compiler"] == "direct" and manifest["format_version"] == cache.FORMAT_VERSION
+
+
+def test_pysdd_entry_holds_pysdd_files_and_dot(tmp_path):
+    spec = circuits.ExactlyK(12, 4)
+    c = circuits.compile_circuit(spec, cache_dir=tmp_path, compiler="pysdd")
+    entry = cache.entry_dir(spec, tmp_path, "pysdd")
+    assert c.info["cache_path"] == str(entry) and entry.name == "exactly-n12-k4-pysdd"
     mgr = SddManager.from_vtree(Vtree.from_file(str(entry / "circuit.vtree").encode()))
     root = mgr.read_sdd_file(str(entry / "circuit.sdd").encode())
     assert root.global_model_count() == math.comb(12, 4)
@@ -178,6 +188,44 @@ def test_entry_holds_pysdd_files_and_dot(tmp_path):
     assert manifest["log_model_count"] == pytest.approx(math.log(math.comb(12, 4)))
     with np.load(entry / "layout.npz", allow_pickle=False) as z:  # plain arrays, no pickle
         assert set(z.files) == {"n", "groups", "children", "implicit"}
+
+
+def _as_written_by_format_2(entry):
+    """Rewrite a pysdd entry as the previous release wrote it: format 2, no compiler field, at the
+    spec's own key (that release had one compiler)."""
+    m = json.loads((entry / "manifest.json").read_text())
+    m["format_version"] = 2
+    del m["compiler"]
+    (entry / "manifest.json").write_text(json.dumps(m))
+    target = entry.parent / entry.name.removesuffix("-pysdd")
+    entry.rename(target)
+    return target
+
+
+def test_format_2_entry_is_rebuilt_with_one_warning(tmp_path):
+    spec = circuits.RangeK(12, 3, 6)
+    circuits.compile_circuit(spec, cache_dir=tmp_path, compiler="pysdd")
+    old = _as_written_by_format_2(cache.entry_dir(spec, tmp_path, "pysdd"))
+    assert old == cache.entry_dir(spec, tmp_path)
+    with pytest.warns(circuits.CacheWarning) as caught:
+        c = circuits.compile_circuit(spec, cache_dir=tmp_path)
+    assert len(caught) == 1 and "format version 2, this probmoe reads 3" in str(caught[0].message)
+    assert not c.info["cache_hit"] and c.info["compiler"] == "direct"
+    again = circuits.compile_circuit(spec, cache_dir=tmp_path)
+    assert again.info["cache_hit"]
+    assert sorted(f.name for f in old.iterdir()) == ["layout.npz", "manifest.json"]
+
+
+def test_compilers_have_their_own_entries(tmp_path):
+    spec = circuits.ExactlyK(10, 3)
+    direct = circuits.compile_circuit(spec, cache_dir=tmp_path)
+    by_pysdd = circuits.compile_circuit(spec, cache_dir=tmp_path, compiler="pysdd")
+    assert direct.info["cache_path"] != by_pysdd.info["cache_path"]
+    assert circuits.compile_circuit(spec, cache_dir=tmp_path, compiler="pysdd").info["cache_hit"]
+    assert circuits.compile_circuit(spec, cache_dir=tmp_path, compiler="direct").info["cache_hit"]
+    torch.testing.assert_close(direct.marginals(R), by_pysdd.marginals(R))
+    with pytest.raises(ValueError, match="compiler must be one of 'direct', 'pysdd' for ExactlyK"):
+        circuits.compile_circuit(spec, cache_dir=tmp_path, compiler="d4")
 
 
 WORKER = textwrap.dedent(

@@ -235,3 +235,48 @@ def test_inspect_summary_picture(inspected):
     for name, file in (("summary n64", "e648.png"), ("forced summary", "e63-summary.png")):
         assert "per-level summary" in _ok(res[name])
         assert (out / file).read_bytes().startswith(PNG_MAGIC)
+
+
+def test_json_cache_hit_reports_the_load(tmp_path, capsys):
+    args = ["--n", "16", "--k", "3", "--json", "--cache-dir", str(tmp_path)]
+    assert compile_main(args) == 0
+    cold = json.loads(capsys.readouterr().out)
+    assert compile_main(args) == 0
+    hit = json.loads(capsys.readouterr().out)
+    assert not cold["cache_hit"] and cold["seconds"] == cold["compile_seconds"] and cold["load_seconds"] is None
+    assert hit["cache_hit"] and hit["status"] == "cache hit"
+    assert hit["seconds"] == hit["load_seconds"] and hit["compile_seconds"] is None
+    assert hit["stored_compile_seconds"] == cold["compile_seconds"]
+    assert hit["compiler"] == "direct" and hit["sdd_size"] is None
+
+
+def test_cache_dir_moves_the_native_libraries_too(tmp_path):
+    """In a fresh process (a process builds its C library once): --cache-dir wins over
+    PROBMOE_CACHE for the circuits and the native libraries alike."""
+    env = {**ENV, "PROBMOE_CACHE": str(tmp_path / "elsewhere")}
+    res = subprocess.run([*COMPILE, "--n", "16", "--k", "3", "--json", "--cache-dir", str(tmp_path / "mine")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    facts = json.loads(_ok(res))
+    if facts["evaluator"].startswith("fused C passes ("):
+        assert str(tmp_path / "mine" / "native") in facts["evaluator"]
+        assert (tmp_path / "mine" / "native").is_dir()
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_cache_dir_leaves_the_environment_as_it_was(tmp_path, capsys):
+    before = os.environ.get("PROBMOE_CACHE")
+    assert compile_main(["--n", "8", "--k", "3", "--cache-dir", str(tmp_path)]) == 0
+    with pytest.raises(SystemExit):
+        compile_main(["--n", "8", "--k", "9", "--cache-dir", str(tmp_path)])
+    assert os.environ.get("PROBMOE_CACHE") == before
+
+
+def test_compiler_flag(tmp_path, capsys):
+    assert compile_main(["--n", "64", "--k", "8", "--compiler", "pysdd", "--cache-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "(pysdd " in out and "SDD          size 1,639, 504 decision nodes (balanced vtree)" in out
+    assert "752 elements" in out and str(tmp_path / "exactly-n64-k8-pysdd") in out
+    with pytest.raises(SystemExit) as info:
+        compile_main(["--n", "64", "--k", "8", "--compiler", "d4", "--cache-dir", str(tmp_path)])
+    assert info.value.code == 2
+    assert "--compiler must be one of 'direct', 'pysdd' for ExactlyK" in capsys.readouterr().err

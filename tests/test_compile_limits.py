@@ -171,13 +171,15 @@ def test_readme_command_is_silent_and_unchanged(tmp_path, capsys):
 
 @pytest.mark.parametrize("spec", [circuits.ExactlyK(32, 4), circuits.GroupLimited(32, 4, 4, 2)],
                          ids=lambda s: s.describe())
-def test_progress_bars_for_a_long_compile_only(spec, tmp_path, capsys, monkeypatch):
-    circuits.compile_circuit(spec, cache_dir=tmp_path / "a")
+@pytest.mark.parametrize("compiler", ["direct", "pysdd"])
+def test_progress_bars_for_a_long_compile_only(spec, compiler, tmp_path, capsys, monkeypatch):
+    circuits.compile_circuit(spec, cache_dir=tmp_path / "a", compiler=compiler)
     assert capsys.readouterr().err == ""  # small: silent
     monkeypatch.setattr(est_module, "PROGRESS_STEPS", 0)  # every compile counts as long
-    circuits.compile_circuit(spec, cache_dir=tmp_path / "b")
+    circuits.compile_circuit(spec, cache_dir=tmp_path / "b", compiler=compiler)
     err = capsys.readouterr().err
-    assert f"compiling {spec.describe()}" in err and "layout" in err
+    assert f"compiling {spec.describe()}" in err
+    assert ("layout" in err) == (compiler == "pysdd")  # the direct compiler builds the layout as it goes
 
 
 def test_progress_keeps_json_on_stdout(tmp_path, capsys, monkeypatch):

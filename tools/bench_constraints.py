@@ -60,7 +60,7 @@ def compile_rows(specs, repeats: int) -> list[tuple]:
         s = c.sizes()
         shapes = " ".join(f"{lv['nodes']}x{lv['max_fanin']}" for lv in c.layout.levels())
         rows.append((spec.describe(), f"{statistics.median(cold) * 1e3:.0f}", f"{statistics.median(hit) * 1e3:.1f}",
-                     c.info["sdd_size"], s["levels"], s["nodes"], s["elements"], f"{s['padding']:.2f}", shapes))
+                     c.info.get("sdd_size", "-"), s["levels"], s["nodes"], s["elements"], f"{s['padding']:.2f}", shapes))
     return rows
 
 

@@ -8,12 +8,17 @@ Both take one circuit:
     ... --groups G --capacity C     GroupCapacity: at most C per group (both limits together:
                                     GroupLimited with a capacity); --groups takes a count of
                                     equal groups or a comma-separated list of sizes
-    --cnf FILE                  a DIMACS CNF
+    --cnf FILE                  a DIMACS CNF (compiled by d4, the ``cnf`` extra)
     --sdd FILE --vtree FILE     an SDD saved by pysdd / libsdd
     --entry DIR                 (inspect only) a cache entry directory, read as it is
 
+``--compiler`` picks another compiler than the spec's default (``circuits.compile``): ``pysdd``
+for a counting spec or a CNF (its cache entry holds the SDD files too). ``--cache-dir`` moves the
+whole cache, the compiled circuits and the native libraries built for the evaluator alike (it sets
+``PROBMOE_CACHE`` for the process).
+
 A counting circuit whose estimated compile cost passes the size limit (``circuits.estimate``:
-``MAX_STEPS``, about 20 s on a 2-core AMD EPYC) is refused before any pysdd work, naming the
+``MAX_STEPS``, about 20 s on a 2-core AMD EPYC) is refused before any compiling, naming the
 estimate; ``--force`` compiles it anyway (and recompiles it if cached). A long compile shows
 progress bars on stderr.
 
@@ -35,7 +40,8 @@ from pathlib import Path
 from .. import file_checks
 from ..cache import CacheWarning, read_entry
 from ..circuit import Circuit
-from ..compile import compile_circuit
+from ..cnf import MissingExtra
+from ..compile import COMPILERS, check_compiler, compile_circuit
 from ..estimate import MAX_STEPS, CircuitTooLarge
 from ..spec import CnfFile, ExactlyK, GroupCapacity, GroupLimited, RangeK, SddFile
 from .report import compile_facts, render_compile
@@ -43,7 +49,7 @@ from .text import render_text, to_dot
 
 # The spec constructors name their fields in ValueError messages; the user typed flags.
 _FLAG = {"n": "--n", "k": "--k", "kmin": "--kmin", "kmax": "--kmax", "sdd": "--sdd", "vtree": "--vtree",
-         "path": "--cnf", "groups": "--groups", "max_groups": "--max-groups", "capacity": "--capacity"}
+         "path": "--cnf", "compiler": "--compiler", "groups": "--groups", "max_groups": "--max-groups", "capacity": "--capacity"}
 _FORMATS = {".png": "png", ".svg": "svg", ".dot": "dot", ".gv": "dot", ".txt": "text"}
 
 
@@ -75,9 +81,31 @@ def _parser(prog: str, description: str) -> _Parser:
     g.add_argument("--cnf", metavar="FILE", help="a DIMACS CNF file (compiled on a balanced vtree)")
     g.add_argument("--sdd", metavar="FILE", help="an SDD file saved by pysdd/libsdd (needs --vtree)")
     g.add_argument("--vtree", metavar="FILE", help="the vtree file the --sdd was saved with")
+    p.add_argument("--compiler", choices=COMPILERS,
+                   help="direct (default for --n ...: the count tree built directly), d4 (default for --cnf: the "
+                        "d-DNNF compiler, the 'cnf' extra) or pysdd (an SDD; slow on large CNFs)")
     p.add_argument("--cache-dir", metavar="DIR",
-                   help="cache root (default: $PROBMOE_CACHE, else $XDG_CACHE_HOME/probmoe, else ~/.cache/probmoe)")
+                   help="cache root for compiled circuits and native libraries (default: $PROBMOE_CACHE, else "
+                        "$XDG_CACHE_HOME/probmoe, else ~/.cache/probmoe)")
     return p
+
+
+@contextlib.contextmanager
+def _cache_root(args):
+    """--cache-dir moves the whole cache while the command runs, native libraries included (they
+    read PROBMOE_CACHE); the environment is restored afterwards (for callers in the same process)."""
+    if args.cache_dir is None:
+        yield
+        return
+    old = os.environ.get("PROBMOE_CACHE")
+    os.environ["PROBMOE_CACHE"] = os.path.abspath(os.path.expanduser(args.cache_dir))
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["PROBMOE_CACHE"]
+        else:
+            os.environ["PROBMOE_CACHE"] = old
 
 
 def _groups(text: str):
@@ -121,21 +149,29 @@ def _spec(p: _Parser, args, entry: bool = False):
         except ValueError as exc:
             p.error(f"{'--cnf' if args.cnf is not None else '--sdd/--vtree'}: {exc}")
     try:
-        if args.groups is not None:
-            sizes = {"kmin": args.kmin, "kmax": args.kmax}
-            if args.max_groups is not None:
-                return GroupLimited(args.n, args.k, args.groups, args.max_groups, capacity=args.capacity, **sizes)
-            return GroupCapacity(args.n, args.k, args.groups, args.capacity, **sizes)
-        if args.k is not None:
-            return ExactlyK(args.n, args.k)
-        if counting:
-            return RangeK(args.n, 0 if args.kmin is None else args.kmin, args.n if args.kmax is None else args.kmax)
-        if args.cnf is not None:
-            return CnfFile(args.cnf)
-        return SddFile(args.sdd, args.vtree)
+        spec = _build_spec(args, counting)
+        if args.compiler is not None:
+            check_compiler(spec, args.compiler)
+        return spec
     except ValueError as exc:
         name, _, rest = str(exc).partition(" ")
         p.error(f"{_FLAG.get(name, name)} {rest}")
+
+
+def _build_spec(args, counting: bool):
+    """The spec of the (checked) flags; the spec constructors raise ValueError for bad values."""
+    if args.groups is not None:
+        sizes = {"kmin": args.kmin, "kmax": args.kmax}
+        if args.max_groups is not None:
+            return GroupLimited(args.n, args.k, args.groups, args.max_groups, capacity=args.capacity, **sizes)
+        return GroupCapacity(args.n, args.k, args.groups, args.capacity, **sizes)
+    if args.k is not None:
+        return ExactlyK(args.n, args.k)
+    if counting:
+        return RangeK(args.n, 0 if args.kmin is None else args.kmin, args.n if args.kmax is None else args.kmax)
+    if args.cnf is not None:
+        return CnfFile(args.cnf)
+    return SddFile(args.sdd, args.vtree)
 
 
 @contextlib.contextmanager
@@ -160,13 +196,16 @@ _FORCE_HELP = (f"recompile, overwriting the cache entry, even past the size limi
                f"refused otherwise)")
 
 
-def _compile(p: _Parser, spec, cache_dir, force: bool = False):
+def _compile(p: _Parser, spec, cache_dir, force: bool = False, compiler: str | None = None):
     """compile_circuit with cache warnings printed as one line each; returns (circuit, warnings).
     ``force``: recompile and lift the size limit; a circuit past it ends in exit status 2."""
     with warnings.catch_warnings(record=True) as caught, _stdout_to_stderr():
         warnings.simplefilter("always", CacheWarning)
         try:
-            circuit = compile_circuit(spec, cache_dir=cache_dir, force=force, size_limit=not force)
+            circuit = compile_circuit(spec, cache_dir=cache_dir, force=force, size_limit=not force,
+                                      compiler=compiler)
+        except MissingExtra as exc:
+            p.exit(1, f"{p.prog}: error: {_one_line(exc)}\n")
         except CircuitTooLarge as exc:
             p.exit(2, f"{p.prog}: error: {_one_line(exc.summary)}; pass --force to compile it anyway\n")
         except (ValueError, RuntimeError, OSError) as exc:
@@ -188,12 +227,13 @@ def compile_main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help=_FORCE_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = p.parse_args(argv)
-    spec = _spec(p, args)
-    circuit, notes = _compile(p, spec, args.cache_dir, args.force)
-    try:
-        facts = compile_facts(circuit, notes)
-    except RuntimeError as exc:
-        p.exit(1, f"{p.prog}: error: {_one_line(exc)}\n")
+    with _cache_root(args):
+        spec = _spec(p, args)
+        circuit, notes = _compile(p, spec, args.cache_dir, args.force, args.compiler)
+        try:
+            facts = compile_facts(circuit, notes)
+        except RuntimeError as exc:
+            p.exit(1, f"{p.prog}: error: {_one_line(exc)}\n")
     sys.stdout.write(json.dumps(facts, indent=2) + "\n" if args.json else render_compile(facts))
     return 0
 
@@ -211,6 +251,12 @@ def inspect_main(argv: list[str] | None = None) -> int:
     size.add_argument("--summary", action="store_true", help="only the per-level summary, however small")
     p.add_argument("--force", action="store_true", help=_FORCE_HELP)
     args = p.parse_args(argv)
+    with _cache_root(args):
+        return _inspect(p, args)
+
+
+def _inspect(p: _Parser, args) -> int:
+    """The body of ``inspect_main`` once the arguments are parsed."""
     fmt = args.format or (_FORMATS.get(Path(args.output).suffix.lower(), "text") if args.output else "text")
     if fmt in ("png", "svg") and not args.output:
         p.error(f"--format {fmt} needs --output FILE")
@@ -224,7 +270,7 @@ def inspect_main(argv: list[str] | None = None) -> int:
             p.error(f"--entry must be a valid cache entry directory: {args.entry!r}: {_one_line(exc)}")
         circuit = Circuit(layout, None, {**manifest, "cache_hit": True, "cache_path": str(Path(args.entry))})
     else:
-        circuit, _ = _compile(p, spec, args.cache_dir, args.force)
+        circuit, _ = _compile(p, spec, args.cache_dir, args.force, args.compiler)
     whole = True if args.whole else False if args.summary else None
     try:
         if fmt in ("png", "svg"):

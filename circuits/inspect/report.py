@@ -31,8 +31,10 @@ def compile_facts(circuit, warnings: list[str] = ()) -> dict:
 
     ``model_count`` is a decimal string (exact; JSON readers may not hold big integers);
     ``model_count_checked`` says whether it was compared with ``math.comb`` (and matched:
-    a mismatch raises RuntimeError). Timings are in seconds; ``load_seconds`` is None unless
-    the circuit came from the cache.
+    a mismatch raises RuntimeError). Timings are in seconds and say what this run did:
+    ``seconds`` is this run's (the load on a cache hit, the compile otherwise); ``compile_seconds``
+    is this run's compile (None on a hit), ``load_seconds`` its load (None unless a hit), and
+    ``stored_compile_seconds`` the compile time the entry recorded (None unless a hit).
     """
     info, spec = circuit.info, circuit.spec
     count = int(info["model_count"])
@@ -44,10 +46,14 @@ def compile_facts(circuit, warnings: list[str] = ()) -> dict:
         "status": "cache hit" if info["cache_hit"] else "compiled",
         "cache_hit": bool(info["cache_hit"]),
         "cache_path": info.get("cache_path"),
-        "compile_seconds": info["compile_seconds"],
-        "load_seconds": info.get("load_seconds"),
-        "sdd_size": info["sdd_size"],
-        "sdd_count": info["sdd_count"],
+        "seconds": info["load_seconds"] if info["cache_hit"] else info["compile_seconds"],
+        "compile_seconds": None if info["cache_hit"] else info["compile_seconds"],
+        "load_seconds": info.get("load_seconds") if info["cache_hit"] else None,
+        "stored_compile_seconds": info["compile_seconds"] if info["cache_hit"] else None,
+        "compiler": info.get("compiler", "pysdd"),
+        "sdd_size": info.get("sdd_size"),
+        "sdd_count": info.get("sdd_count"),
+        "nnf_nodes": info.get("nnf_nodes"),
         "vtree": info.get("vtree", "balanced"),
         "sizes": circuit.sizes(),
         "levels": circuit.layout.levels(),
@@ -56,6 +62,7 @@ def compile_facts(circuit, warnings: list[str] = ()) -> dict:
         "model_count_checked": expected is not None,
         "model_count_formula": count_formula(spec),
         "pysdd_version": info.get("pysdd_version"),
+        "d4_version": info.get("d4_version"),
         "evaluator": passes.describe(),  # fp32 on the CPU; fp64 and CUDA use the torch passes
         "warnings": list(warnings),
     }
@@ -65,14 +72,32 @@ def _seconds(t: float) -> str:
     return f"{t * 1e3:.1f} ms" if t < 1 else f"{t:.2f} s"
 
 
+def _compiler_name(f: dict) -> str:
+    if f["compiler"] == "pysdd":
+        return f"pysdd {f['pysdd_version']}"
+    if f["compiler"] == "d4":
+        return f"d4 {f['d4_version']}"
+    return "count tree, built directly"
+
+
+def _compiler_line(f: dict) -> str:
+    """What the compiler built: the SDD (pysdd), the d-DNNF (d4) or the count tree (direct)."""
+    if f["compiler"] == "pysdd":
+        return f"  SDD          size {f['sdd_size']:,}, {f['sdd_count']:,} decision nodes ({f['vtree']} vtree)"
+    if f["compiler"] == "d4":
+        return f"  d-DNNF       {f['nnf_nodes']:,} nodes from d4, smoothed into the layout"
+    return (f"  SDD          the pruned SDD of the count tree ({f['vtree']} vtree), built directly "
+            "(--compiler pysdd keeps the whole SDD)")
+
+
 def render_compile(facts: dict) -> str:
     """The text ``probmoe-compile`` prints: what was built, its sizes, count, timings, cache path."""
     f, s = facts, facts["sizes"]
     if f["cache_hit"]:
         head = (f"cache hit: loaded {f['spec']['describe']} in {_seconds(f['load_seconds'])} "
-                f"(compiling it took {_seconds(f['compile_seconds'])})")
+                f"(compiling it took {_seconds(f['stored_compile_seconds'])})")
     else:
-        head = f"compiled {f['spec']['describe']} in {_seconds(f['compile_seconds'])} (pysdd {f['pysdd_version']})"
+        head = f"compiled {f['spec']['describe']} in {_seconds(f['compile_seconds'])} ({_compiler_name(f)})"
     if f["model_count_checked"]:
         count = f"{f['model_count']} = {f['model_count_formula']}, checked against math.comb"
     else:
@@ -80,7 +105,7 @@ def render_compile(facts: dict) -> str:
     cache = f["cache_path"] or "not written (see the warning above)"
     lines = [
         head,
-        f"  SDD          size {f['sdd_size']:,}, {f['sdd_count']:,} decision nodes ({f['vtree']} vtree)",
+        _compiler_line(f),
         f"  layout       {s['levels']} levels ({s['groups']} groups), {s['nodes']:,} nodes, "
         f"{s['elements']:,} elements, {s['padded_elements']:,} padded: padding {s['padding']:.2f}x",
         f"  model count  {count}",

@@ -1,0 +1,174 @@
+"""d-DNNF circuits in d4's NNF text format: parsing, flattening into a ``Layout``, and an
+independent log-partition.
+
+The format (d4, also c2d's successors): one line per node, ``o ID 0`` (OR), ``a ID 0`` (AND),
+``t ID 0`` (TRUE), ``f ID 0`` (FALSE), then one line per edge, ``PARENT CHILD LIT... 0``: the child
+conjoined with the literals. The first node is the root. d4 emits a decision-DNNF: an OR's edges
+carry complementary decision literals (deterministic), an AND's children share no variable
+(decomposable).
+
+``to_layout`` maps it onto the layout's OR-of-pairs nodes (``circuits.dag``): an OR node keeps
+one element per live edge; an edge's or an AND's factors (literals and child nodes) are multiplied
+two at a time, lowest first, through single-element nodes (memoised, so a product shared by two
+parents is built once). The OR's variables a child does not mention become implicit pairs (the
+layout's smoothing), and so do the variables the root does not mention (free variables).
+
+``log_partition`` evaluates the parsed circuit directly (numpy, float64): with the normalised
+leaves log sigmoid(r), log sigmoid(-r) a missing variable contributes log 1, so no smoothing is
+needed; it shares nothing with the layout and checks it (``circuits.compile``, ``circuits.cache``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .dag import Dag, Ref
+from .layout import FALSE_SLOT, TRUE_SLOT, Layout
+
+KINDS = ("o", "a", "t", "f")
+
+
+@dataclass(frozen=True)
+class Nnf:
+    """A parsed NNF: ``kind[i]`` in "oatf", ``edges[i]`` the (child index, literals) of node i,
+    ``order`` the node indices children first, node 0 the root; ``n`` variables."""
+
+    n: int
+    kind: list[str]
+    edges: list[list[tuple[int, tuple[int, ...]]]]
+    order: list[int]
+
+    @property
+    def unsatisfiable(self) -> bool:
+        return self.kind[0] == "f"
+
+
+def parse(text: str, n: int) -> Nnf:
+    """Parse and check d4's NNF text over variables 1..n; ValueError naming the line otherwise."""
+    ids: dict[int, int] = {}
+    kind: list[str] = []
+    edges: list[list[tuple[int, tuple[int, ...]]]] = []
+    for no, line in enumerate(text.splitlines(), start=1):
+        words = line.split()
+        if not words or words[0] == "c":
+            continue
+        if words[0] in KINDS:
+            if len(words) != 3 or words[2] != "0" or not words[1].isdigit() or int(words[1]) in ids:
+                raise ValueError(f"NNF line {no}: expected a new node 'KIND ID 0', got {line!r}")
+            ids[int(words[1])] = len(kind)
+            kind.append(words[0])
+            edges.append([])
+            continue
+        try:
+            nums = [int(w) for w in words]
+        except ValueError:
+            raise ValueError(f"NNF line {no}: expected 'PARENT CHILD LITERALS... 0', got {line!r}") from None
+        if len(nums) < 3 or nums[-1] != 0 or nums[0] not in ids or nums[1] not in ids:
+            raise ValueError(f"NNF line {no}: an edge must join two nodes defined above and end in 0, got {line!r}")
+        lits = tuple(nums[2:-1])
+        if any(lit == 0 or abs(lit) > n for lit in lits):
+            raise ValueError(f"NNF line {no}: literals must be in [-{n}, {n}] without 0, got {list(lits)}")
+        parent = ids[nums[0]]
+        if kind[parent] not in "oa":
+            raise ValueError(f"NNF line {no}: only OR and AND nodes have children")
+        edges[parent].append((ids[nums[1]], lits))
+    if not kind:
+        raise ValueError("the NNF has no nodes")
+    return Nnf(n, kind, edges, _children_first(edges))
+
+
+def _children_first(edges: list[list[tuple[int, tuple]]]) -> list[int]:
+    """The nodes reachable from node 0, children before parents; ValueError on a cycle."""
+    state = [0] * len(edges)  # 0 new, 1 on the stack, 2 done
+    order: list[int] = []
+    stack = [(0, 0)]
+    state[0] = 1
+    while stack:
+        node, i = stack.pop()
+        if i < len(edges[node]):
+            stack.append((node, i + 1))
+            child = edges[node][i][0]
+            if state[child] == 1:
+                raise ValueError("the NNF has a cycle")
+            if state[child] == 0:
+                state[child] = 1
+                stack.append((child, 0))
+        else:
+            state[node] = 2
+            order.append(node)
+    return order
+
+
+def to_layout(nnf: Nnf) -> Layout:
+    """The level layout of the circuit (see the module docstring); ValueError if it is FALSE."""
+    dag = Dag(nnf.n)
+    products: dict[tuple[Ref, Ref], Ref] = {}
+
+    def pair(factors: list[Ref]) -> tuple[Ref, Ref] | None:
+        """The factors as one element (a, b), lowest first into single-element nodes; None if FALSE."""
+        if FALSE_SLOT in factors:
+            return None
+        heap = [(dag.height_of(f), f) for f in dict.fromkeys(f for f in factors if f != TRUE_SLOT)]
+        heapq.heapify(heap)
+        while len(heap) > 2:
+            (_, a), (_, b) = heapq.heappop(heap), heapq.heappop(heap)
+            key = (min(a, b), max(a, b))
+            if key not in products:
+                products[key] = dag.add([key])
+            heapq.heappush(heap, (dag.height_of(products[key]), products[key]))
+        refs = [f for _, f in sorted(heap)] + [TRUE_SLOT] * (2 - len(heap))
+        return refs[0], refs[1]
+
+    def literal(lit: int) -> Ref:
+        return dag.literal(abs(lit) - 1, lit > 0)
+
+    ref: dict[int, Ref] = {}
+    for i in nnf.order:
+        k = nnf.kind[i]
+        if k in "tf":
+            ref[i] = TRUE_SLOT if k == "t" else FALSE_SLOT
+            continue
+        terms = [[*map(literal, lits), ref[c]] for c, lits in nnf.edges[i]]
+        if k == "a":
+            both = pair([f for t in terms for f in t])
+            if both is None:
+                ref[i] = FALSE_SLOT
+            elif both[1] == TRUE_SLOT:
+                ref[i] = both[0]
+            else:
+                key = (min(both), max(both))
+                if key not in products:
+                    products[key] = dag.add([key])
+                ref[i] = products[key]
+            continue
+        elems = [e for e in map(pair, terms) if e is not None]
+        ref[i] = dag.add(elems) if elems else FALSE_SLOT
+    return dag.layout(ref[0])
+
+
+def log_partition(nnf: Nnf, r: torch.Tensor) -> torch.Tensor:
+    """log Z of the circuit at logits r [T, n] with leaves log sigmoid(+-r): [T] (float64)."""
+    r = r.to(torch.float64)
+    pos, neg = torch.nn.functional.logsigmoid(r).numpy(), torch.nn.functional.logsigmoid(-r).numpy()
+    T = r.shape[0]
+    val: dict[int, np.ndarray] = {}
+    for i in nnf.order:
+        k = nnf.kind[i]
+        if k in "tf":
+            val[i] = np.full(T, 0.0 if k == "t" else -np.inf)
+            continue
+        terms = []
+        for c, lits in nnf.edges[i]:
+            t = val[c].copy()
+            for lit in lits:
+                t += pos[:, lit - 1] if lit > 0 else neg[:, -lit - 1]
+            terms.append(t)
+        if k == "a":
+            val[i] = np.sum(terms, axis=0) if terms else np.zeros(T)
+        else:
+            val[i] = np.logaddexp.reduce(np.stack(terms), axis=0) if terms else np.full(T, -np.inf)
+    return torch.from_numpy(val[0])

@@ -1,0 +1,178 @@
+"""CNF compilation benchmark: d4 against pysdd on DIMACS files, counts checked against Ganak.
+
+    python tools/bench_cnf.py FOLDER_OR_FILES... [--pysdd-timeout 60] [--cardinality]
+
+For each .cnf file (a folder is searched for *.cnf): ``compile_circuit`` with d4 on an empty cache
+(compile time as ``circuit.info["compile_seconds"]``: d4, flattening, checks; the call's CPU time
+and d4's own share beside it), the layout's size, the exact model count against Ganak's (``pyganak``), and log Z at
+zero logits against log(#models) - n log 2; then pysdd's ``SddManager.from_cnf_file`` on a
+balanced vtree in a child process killed after ``--pysdd-timeout`` seconds (its SDD size and
+time, or "> T s"). ``--cardinality`` adds the cold compile of ExactlyK(1024, 128) and
+ExactlyK(4096, 64) in fresh processes (compile time, process wall time, cache entry size), beside
+the pysdd compiler on ExactlyK(1024, 128) and a process that only imports circuits (the start-up
+part of the wall time). Prints markdown tables for docs/circuits.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+import circuits  # noqa: E402
+from circuits import cnf  # noqa: E402
+from timing import table  # noqa: E402
+
+PYSDD = """
+import sys, time
+from pysdd.sdd import SddManager
+from circuits.cnf import quiet_stdout
+t = time.perf_counter()
+with quiet_stdout():
+    mgr, root = SddManager.from_cnf_file(sys.argv[1].encode(), b"balanced")
+print(time.perf_counter() - t, root.size(), root.count(), int(root.is_false()))
+"""
+
+FRESH = """
+import json, os, sys, time
+import circuits
+spec = circuits.ExactlyK(int(sys.argv[2]), int(sys.argv[3]))
+cpu = time.process_time()
+c = circuits.compile_circuit(spec, cache_dir=sys.argv[1], compiler=sys.argv[4], size_limit=False)
+cpu = time.process_time() - cpu
+entry = c.info["cache_path"]
+size = sum(os.path.getsize(os.path.join(entry, f)) for f in os.listdir(entry))
+print(json.dumps({"compile": c.info["compile_seconds"], "call_cpu": cpu, "cpu": time.process_time(), "bytes": size}))
+"""
+IMPORT = "import time, circuits; print(time.process_time())"
+
+
+def cnf_files(paths: list[str]) -> list[Path]:
+    out = []
+    for p in map(Path, paths):
+        out += sorted(p.glob("*.cnf")) if p.is_dir() else [p]
+    if not out:
+        raise SystemExit("bench_cnf.py: error: no .cnf files in " + " ".join(paths))
+    return out
+
+
+def ganak(n: int, clauses) -> tuple[int, float] | None:
+    try:
+        import pyganak
+    except ImportError:
+        return None
+    counter = pyganak.Counter()
+    counter.new_vars(n)
+    counter.add_clauses(clauses)
+    t = time.perf_counter()
+    with cnf.quiet_stdout():  # Ganak prints "c o ..." lines from C
+        count = int(counter.count())
+    return count, time.perf_counter() - t
+
+
+def pysdd_run(path: Path, timeout: float) -> tuple[str, str]:
+    """pysdd's compile time and SDD size, in a child process killed after ``timeout`` seconds
+    (0: not run)."""
+    if timeout <= 0:
+        return "not run", "-"
+    try:
+        res = subprocess.run([sys.executable, "-c", PYSDD, str(path)], capture_output=True, text=True,
+                             timeout=timeout, cwd=Path(__file__).parent.parent)
+    except subprocess.TimeoutExpired:
+        return f"> {timeout:.0f} s", "-"
+    if res.returncode != 0:
+        return "failed", "-"
+    seconds, size, count, false = res.stdout.split()
+    return f"{float(seconds):.2f} s", "FALSE" if int(false) else f"{int(size):,}"
+
+
+def d4_run(path: Path) -> dict:
+    n, clauses = cnf.read_clauses(path)
+    row = {"file": path.name, "n": n, "clauses": len(clauses), "cpu": None}
+    with tempfile.TemporaryDirectory() as d:
+        t, cpu = time.perf_counter(), time.process_time()
+        try:
+            c = circuits.compile_circuit(path, cache_dir=d)
+        except ValueError as exc:
+            if "unsatisfiable" not in str(exc):
+                raise
+            row.update(compile=time.perf_counter() - t, d4=None, nodes="unsat", elements="-", count=0)
+        else:
+            row["cpu"] = time.process_time() - cpu
+            s = c.sizes()
+            count = c.layout.model_count()
+            logz = c.log_partition(torch.zeros(1, n, dtype=torch.float64))[0].item()
+            assert abs(logz - (math.log(count) - n * math.log(2))) < 1e-9, (path, logz)
+            row.update(compile=c.info["compile_seconds"], d4=c.info["d4_seconds"], nnf=c.info["nnf_nodes"],
+                       nodes=f"{s['nodes']:,}", elements=f"{s['elements']:,}", levels=s["levels"], count=count)
+    g = ganak(n, clauses)
+    row["ganak"] = "-" if g is None else ("ok" if g[0] == row["count"] else f"MISMATCH {g[0]}")
+    row["ganak_seconds"] = None if g is None else g[1]
+    return row
+
+
+def cardinality(repeats: int) -> list[tuple]:
+    """Fresh-process cold compiles, after the baseline: a process that only imports circuits."""
+    rows = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        res = subprocess.run([sys.executable, "-c", IMPORT], check=True, capture_output=True, text=True,
+                             cwd=Path(__file__).parent.parent)
+        rows.append(("(baseline: import circuits)", "-", "-", "-", f"{time.perf_counter() - t:.2f}",
+                     f"{float(res.stdout):.2f}", "-"))
+    for n, k, compiler in ((1024, 128, "direct"), (4096, 64, "direct"), (1024, 128, "pysdd")):
+        for _ in range(1 if compiler == "pysdd" else repeats):
+            with tempfile.TemporaryDirectory() as d:
+                t = time.perf_counter()
+                res = subprocess.run([sys.executable, "-c", FRESH, d, str(n), str(k), compiler], capture_output=True,
+                                     text=True, cwd=Path(__file__).parent.parent, timeout=900)
+                wall = time.perf_counter() - t
+                if res.returncode:
+                    raise SystemExit(res.stderr)
+                out = json.loads(res.stdout)
+                rows.append((f"ExactlyK({n}, {k})", compiler, f"{out['compile']:.2f}", f"{out['call_cpu']:.2f}",
+                             f"{wall:.2f}", f"{out['cpu']:.2f}", f"{out['bytes'] / 2**20:.1f}"))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("paths", nargs="*", help="DIMACS files or folders of *.cnf")
+    ap.add_argument("--pysdd-timeout", type=float, default=60.0,
+                    help="seconds before pysdd is stopped (default 60; 0: do not run pysdd)")
+    ap.add_argument("--cardinality", action="store_true", help="also time ExactlyK(1024, 128) and (4096, 64)")
+    ap.add_argument("--repeats", type=int, default=3, help="fresh processes per cardinality row (default 3)")
+    args = ap.parse_args()
+    if not args.paths and not args.cardinality:
+        ap.error("give DIMACS files or folders, or --cardinality")
+    rows = []
+    files = cnf_files(args.paths) if args.paths else []
+    for i, path in enumerate(files, start=1):
+        print(f"[{i}/{len(files)}] {path.name}", file=sys.stderr, flush=True)
+        r = d4_run(path)
+        pysdd_time, pysdd_size = pysdd_run(path, args.pysdd_timeout)
+        rows.append((r["file"], r["n"], r["clauses"], f"{r['compile']:.2f} s",
+                     "-" if r["cpu"] is None else f"{r['cpu']:.2f} s",
+                     "-" if r["d4"] is None else f"{r['d4']:.2f} s", r["nodes"], r["elements"], f"{r['count']:,}",
+                     r["ganak"], "-" if r["ganak_seconds"] is None else f"{r['ganak_seconds']:.2f} s",
+                     pysdd_time, pysdd_size))
+    if rows:
+        print(table(rows, ("file", "vars", "clauses", "d4 compile", "its CPU", "of it d4", "layout nodes", "elements",
+                           "models", "= Ganak", "Ganak time", "pysdd compile", "SDD size")))
+    if args.cardinality:
+        print()
+        print(table(cardinality(args.repeats), ("spec", "compiler", "compile s", "compile_circuit CPU s",
+                                                "process wall s", "process CPU s", "entry MB")))
+
+
+if __name__ == "__main__":
+    main()
