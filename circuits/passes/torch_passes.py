@@ -95,7 +95,7 @@ def _refine(r: Tensor, c: Tensor, kmin: int, kmax: int) -> Tensor:
     cancel (ties at c: all-equal rows). Rows whose mean size is already in the band keep c = 0."""
     if kmax == 0:
         return c
-    want = torch.sigmoid(r).sum(1).clamp(kmin, kmax).clamp(min=0.5)  # [T]
+    want = torch.sigmoid(r).sum(1).clamp(kmin, kmax)  # [T]; 0 (no step) only where c is 0 and fine
     log_want = torch.log(want)
     for _ in range(TILT_STEPS):
         p = torch.sigmoid(r - c.unsqueeze(1))  # [T, n]
