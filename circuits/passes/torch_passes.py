@@ -106,7 +106,7 @@ def _refine(r: Tensor, c: Tensor, kmin: int, kmax: int) -> Tensor:
     return c
 
 
-def tilt(prog: Program, r: Tensor) -> Tilted:
+def tilt(prog: Program, r: Tensor, elements: bool = True) -> Tilted:
     """The tilt that keeps fp32 exact at every logit scale: the leaves take x = r - c, c [T] per row,
     and each element adds back what that takes from its models, so every pass computes the same
     distribution as on r, with log-values near 0 where the likely models are.
@@ -119,6 +119,7 @@ def tilt(prog: Program, r: Tensor) -> Tilted:
     (the k-th largest for exactly-k; 0 where the logits already sit in the band, or a row has no
     model): past it, more (fewer) true variables win by e^|c| at every node, so the likely models of
     each slot have its stored size and stored values stay near 0. Rounding of r - c aside, exact.
+    ``elements`` False: no ``gap`` (the fused passes add the element addends themselves).
     """
     T, n = r.shape
     t = prog.tilt
@@ -137,7 +138,7 @@ def tilt(prog: Program, r: Tensor) -> Tilted:
     # sum_i sp(x_i) - sp(r_i) in float64: equal logits round alike, and n alike roundings add up
     offset = t.kmax * cp + t.kmin * cn + (F.softplus(x.double(), threshold=40.0) - F.softplus(r.double(), threshold=40.0)).sum(1)  # [T]
     gap = None
-    if not t.uniform:
+    if elements and not t.uniform:
         gap = SCRATCH.get("tgap", (prog.num_rows, T), r)
         torch.mul(t.up.to(r.dtype).unsqueeze(1), c.clamp(min=0.0), out=gap)  # [R, T]
         gap.add_(t.down.to(r.dtype).unsqueeze(1) * c.clamp(max=0.0))
