@@ -199,8 +199,10 @@ def errors(run, log_norm, r: Tensor) -> tuple[float, float]:
     return m_err, z_err
 
 
-def measure(impls: list[str], count: int, triton_count: int, quick: bool, progress: bool = True) -> list[tuple]:
-    """One row per (constraint, implementation, scale): the worst errors over the kinds of rows."""
+def measure(impls: list[str], count: int, triton_count: int, quick: bool, progress: bool = True,
+            only: str = "") -> list[tuple]:
+    """One row per (constraint, implementation, scale): the worst errors over the kinds of rows
+    (``only``: the constraints whose name contains it)."""
     import circuits
 
     try:
@@ -208,7 +210,7 @@ def measure(impls: list[str], count: int, triton_count: int, quick: bool, progre
     except ImportError:  # pragma: no cover
         tqdm = None
     out = []
-    cons = constraints(quick)
+    cons = [c for c in constraints(quick) if only in c["name"]]
     jobs = [(c, impl) for c in cons for impl in impls if impl != "dp" or c["dp"] is not None]
     bar = tqdm(total=len(jobs) * len(SCALES), desc="accuracy", disable=not progress) if tqdm else None
     for c, impl in jobs:
@@ -259,6 +261,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=256, help="rows per (scale, kind)")
     ap.add_argument("--triton-rows", type=int, default=32, help="rows per (scale, kind) for Triton (interpreted)")
     ap.add_argument("--quick", action="store_true", help="skip the n = 256 constraints")
+    ap.add_argument("--only", default="", help="only the constraints whose name contains this, e.g. 'range 0..8'")
     args = ap.parse_args(argv)
     impls = [x for x in args.impl.split(",") if x]
     bad = [x for x in impls if x not in ("torch", "c", "triton", "dp")]
@@ -266,7 +269,7 @@ def main(argv=None) -> int:
         ap.error(f"--impl takes torch, c, triton, dp; got {bad}")
     if "triton" in impls and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         os.environ["TRITON_INTERPRET"] = "1"  # before triton_passes is imported: kernels on the CPU
-    results = measure(impls, args.rows, args.triton_rows, args.quick)
+    results = measure(impls, args.rows, args.triton_rows, args.quick, only=args.only)
     print(f"worst marginal error (absolute) / log Z error (relative) over the rows {', '.join(KINDS)}; "
           f"bounds {MARGINAL_BOUND:g} / {LOG_Z_BOUND:g} (**!**: above)")
     print(markdown(results))
