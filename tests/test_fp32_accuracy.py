@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import circuits
 import circuits.passes
@@ -136,3 +137,27 @@ def test_jacobian_at_large_shifts(impl):
             (want,) = torch.autograd.grad((m * v.double()).sum(), rr)
         got = passes.marginals_jvp(r, v)
         assert float((got.double() - want).abs().max()) <= 1e-5 * float(v.abs().max()), kind
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("sizes", [(256, 0, 1), (64, 4, 8), (64, 8, 8)], ids=lambda s: f"{s[1]}..{s[2]}-of-{s[0]}")
+def test_map_at_large_shifts(impl, sizes):
+    """MAP at every kind of row scores as the exact rule (sort the logits, take clamp(#{r > 0}, kmin,
+    kmax) of them; ties may pick either): before the tilt, 41 of 256 rows of range 0..1 of 256 at
+    1e4 + N(0, 1) got a worse model."""
+    n, kmin, kmax = sizes
+    c = circuits.compile_circuit(cardinality_spec(n, kmin, kmax))
+    passes = circuits.passes.select(c.program, torch.float32, prefer=impl)
+    for j, kind in enumerate(A.KINDS):
+        r = A.rows(n, 1.0, kind, 32, seed=7 + j)
+        z, best = passes.map(r, c._shift(r))
+        k = (r > 0).sum(1).clamp(kmin, kmax)
+        order = torch.sort(r, dim=1, descending=True, stable=True).indices
+        want = (torch.arange(n).expand(len(r), n) < k.unsqueeze(1)).float()
+        want = torch.zeros_like(r).scatter(1, order, want)
+        score = lambda x: torch.where(x > 0, r.double(), 0.0).sum(1)  # noqa: E731
+        assert torch.equal(score(z), score(want)), kind
+        assert ((z.sum(1) >= kmin) & (z.sum(1) <= kmax)).all(), kind
+        rs = c.shifted(r).double()  # best is the log-value of the logits the passes took
+        want_best = torch.where(want > 0, F.logsigmoid(rs), F.logsigmoid(-rs)).sum(1)
+        torch.testing.assert_close(best.double(), want_best, rtol=1e-6, atol=1e-5)

@@ -350,17 +350,34 @@ def sample(prog: Program, r: Tensor, up: Upward, uniforms: Tensor, fill: Tensor 
     return _assignment(prog, act, None if fill is None else (fill < torch.sigmoid(r)).to(r.dtype))
 
 
-def max_upward(prog: Program, r: Tensor) -> Upward:
-    """The max-product upward pass: r [T, n] -> node log-values of the best completions.
+def max_terms(x: Tensor, c: Tensor) -> Tensor:
+    """What an implicit variable adds to its element in the tilted max-product pass: max(r, 0) less
+    sp(x) and (c > 0) c, = max(x, -c) - sp(x) + min(c, 0), written without cancellation
+    (log sigma(|x|) at c = 0: log max(p, 1 - p)). x [T, n], c [T] -> [T, n]."""
+    cc = c.unsqueeze(1)
+    a = torch.maximum(x, -cc)
+    pos = (a - x) - F.softplus(-x)  # x >= 0: sp(x) = x + sp(-x)
+    return torch.where(x >= 0, pos, a - F.softplus(x)) + cc.clamp(max=0.0)
 
-    An implicit variable contributes max(p, 1 - p) (log: logsigmoid(|r|)) to its element.
+
+def max_upward(prog: Program, r: Tensor) -> Upward:
+    """The max-product upward pass, tilted (``tilt``): r [T, n] -> node log-values of the best
+    completions in x, but the root's: the best log-value for r (the tilt's offset added).
+
+    An implicit variable contributes its best value (``max_terms``) to its element.
     """
+    tl = tilt(prog, r, elements=False)
     gap = None
-    if not prog.smooth:
-        h = F.logsigmoid(r.abs()).T  # [n, T]
-        gap = SCRATCH.get("gap", (prog.num_rows, r.shape[0]), r).zero_()
-        gap.index_add_(0, prog.implicit_row, h.index_select(0, prog.implicit_var))
-    return upward(prog, r, mode="max", gap=gap)
+    if not prog.tilt.uniform:
+        T = r.shape[0]
+        c = tl.c
+        gap = SCRATCH.get("gap", (prog.num_rows, T), r)
+        torch.mul(prog.tilt.up.to(r.dtype).unsqueeze(1), c.clamp(min=0.0), out=gap)  # [R, T]
+        gap.add_(prog.tilt.down.to(r.dtype).unsqueeze(1) * c.clamp(max=0.0))
+        gap.index_add_(0, prog.implicit_row, max_terms(tl.x, c).T.index_select(0, prog.implicit_var))
+    up = upward(prog, tl.x, mode="max", gap=gap)
+    up.val[-1] = _log_z(up, tl)
+    return up
 
 
 def map_assignment(prog: Program, r: Tensor, up: Upward) -> Tensor:

@@ -235,16 +235,19 @@ def sample_kernel(r, pr, c, tg, uniforms, fill, z, logz, val, ex, norm, act, nod
 
 
 @triton.jit
-def map_kernel(r, z, best, val, ex, act, nodes, prime, sub, imp_off, imp_var, T, n, S, R, D,
-               B: tl.constexpr, SMOOTH: tl.constexpr):
-    """The most probable assignment z [T, n] and its log-value best [T] (``torch_passes.max_upward``,
-    ``map_assignment``): max-product upward, an implicit variable adding log max(p, 1 - p) to its
-    element and taking r > 0; each node takes its first maximal element. Scratch: val, act
-    [programs, S, B], ex [programs, R, B] (element log-values)."""
+def map_kernel(r, pr, c, hm, z, best, val, ex, act, nodes, prime, sub, up, down, imp_off, imp_var, T, n, S, R, D,
+               B: tl.constexpr, SMOOTH: tl.constexpr, TILT: tl.constexpr):
+    """The most probable assignment z [T, n] and its log-value best [T] (of the tilted pass: the caller
+    adds the tilt's offset) (``torch_passes.max_upward``, ``map_assignment``): max-product upward, an
+    implicit variable adding its best value hm [T, n] (``torch_passes.max_terms``) to its element
+    (``_tilt_addend``) and taking pr > 0; each node takes its first maximal element. r, pr, c as
+    ``marginals_kernel``. Scratch: val, act [programs, S, B], ex [programs, R, B] (element log-values)."""
     val, act, ex = _scratch(val, S, B), _scratch(act, S, B), _scratch(ex, R, B)
     for blk in range(tl.program_id(0), tl.cdiv(T, B), tl.num_programs(0)):  # blocks of B tokens
         tok, live = _tokens(blk, T, B)
         _leaves(r, val, val, r, tok, live, n, B, False)
+        ct = tl.load(c + tok, mask=live, other=0.0)
+        cp, cn = tl.maximum(ct, 0.0), tl.minimum(ct, 0.0)
         for d in range(D):
             slot = tl.load(nodes + 4 * d)
             r0 = tl.load(nodes + 4 * d + 1)
@@ -252,12 +255,8 @@ def map_kernel(r, z, best, val, ex, act, nodes, prime, sub, imp_off, imp_var, T,
             top = tl.full([B], NEG_INF, tl.float32)
             for e in range(r0, r0 + fanin):
                 x = tl.load(val + tl.load(prime + e) * B) + tl.load(val + tl.load(sub + e) * B)
-                if not SMOOTH:  # as torch: (prime + sub) + (0 + h_a + h_b ...), h = log max(p, 1 - p)
-                    gap = tl.zeros([B], tl.float32)
-                    for j in range(tl.load(imp_off + e), tl.load(imp_off + e + 1)):
-                        var = tl.load(imp_var + j)
-                        gap += tl.maximum(tl.load(val + (2 + var) * B), tl.load(val + (2 + n + var) * B))
-                    x = x + gap
+                if TILT:  # as torch: (prime + sub) + gap
+                    x = x + _tilt_addend(e, tok, live, n, cp, cn, hm, up, down, imp_off, imp_var, B)
                 tl.store(ex + e * B, x)
                 top = tl.maximum(top, x)
             tl.store(val + slot * B, top)
@@ -280,7 +279,7 @@ def map_kernel(r, z, best, val, ex, act, nodes, prime, sub, imp_off, imp_var, T,
         for i in range(n):
             on = tl.load(act + (2 + i) * B) > 0.0
             if not SMOOTH:  # neither literal reached: the variable's own argmax
-                x = tl.load(r + tok * n + i, mask=live, other=0.0)
+                x = tl.load(pr + tok * n + i, mask=live, other=0.0)
                 on = on | (~(tl.load(act + (2 + n + i) * B) > 0.0) & (x > 0.0))
             tl.store(z + tok * n + i, tl.where(on, 1.0, 0.0), mask=live)
 

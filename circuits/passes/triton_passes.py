@@ -94,9 +94,11 @@ class TritonPasses(Passes):
 
     def map(self, r: Tensor, shift: Tensor | None = None) -> tuple[Tensor, Tensor]:
         r = shifted(r, shift)
+        tl, _ = self._tilt(r)
+        hm = torch_passes.max_terms(tl.x, tl.c).contiguous()  # [T, n]
         z, best = torch.empty_like(r), r.new_empty(r.shape[0])
-        self._launch(K.map_kernel, r, (r, z, best), "srs", (self.imp_off, self.imp_var))
-        return z, best
+        self._launch(K.map_kernel, r, (tl.x, r, tl.c, hm, z, best), "srs", self.tilt_tables, TILT=self.tilt_moves)
+        return z, (best.double() + tl.offset).to(r.dtype)
 
     def marginals_jvp(self, r: Tensor, v: Tensor, shift: Tensor | None = None) -> Tensor:
         r = shifted(r, shift)

@@ -824,31 +824,41 @@ static int64_t marginals_tile(const Prog *P, const float *r, const float *shift,
 static int64_t map_tile(const Prog *P, const float *r, const float *shift, float *z, float *best, int64_t t0,
                         int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
-    float *buf = pm_scratch((size_t)(2 * n + 2 * S + R + 2) * TILE);
+    float *buf = pm_scratch((size_t)(2 * n + 2 * S + R + 2) * TILE + TILT_FLOATS(n));
     if (!buf) return -1;
     float *rt = buf, *h = rt + n * TILE, *val = h + n * TILE, *act = val + S * TILE, *ex = act + S * TILE;
-    float *gap = ex + R * TILE, *found = gap + TILE;
+    float *gap = ex + R * TILE, *found = gap + TILE, *tw = found + TILE;
+    float *c = tw, *cp = c + TILE, *cn = cp + TILE, *w = cn + 2 * TILE + 2 * n * TILE, *col = w + n * TILE;
     tile_logits(r, shift, n, t0, nt, rt);
+    tilt_tile(P, rt, NULL, c, cp, cn, h, NULL, col, w); /* rt = x; h: scratch here */
     leaves(n, rt, val, NULL);
-    for (int64_t i = 0; i < n * TILE; i++) h[i] = max2(val[2 * TILE + i], val[(2 + n) * TILE + i]);
-    for (int64_t d = 0; d < P->num_nodes; d++) { /* max-product upward */
+    for (int64_t i = 0; i < n; i++) /* an implicit variable's best value (torch_passes.max_terms) */
+        for (int64_t t = 0; t < TILE; t++) {
+            const float x = rt[i * TILE + t], a = max2(x, -c[t]), sm = log1pf(expf(-fabsf(x)));
+            h[i * TILE + t] = (x >= 0.0f ? (a - x) - sm : a - (sm + max2(x, 0.0f))) + cn[t];
+        }
+    const Tilt tl = {c, cp, cn, h, NULL};
+    for (int64_t d = 0; d < P->num_nodes; d++) { /* max-product upward, tilted as torch: (prime + sub) + gap */
         const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
         float *v = val + slot * TILE;
         for (int64_t t = 0; t < TILE; t++) v[t] = -INFINITY;
         for (int64_t e = r0; e < r0 + F; e++) {
             float *x = ex + e * TILE;
-            if (P->imp_off[e] == P->imp_off[e + 1]) {
+            if (!tilted(P, P->tilt_moves ? &tl : NULL, e)) {
                 add_rows_max(x, v, val + P->prime[e] * TILE, val + P->sub[e] * TILE);
                 continue;
             }
-            memset(gap, 0, TILE * sizeof(float)); /* as torch: (prime + sub) + (0 + h_a + h_b ...) */
-            for (int64_t k = P->imp_off[e]; k < P->imp_off[e + 1]; k++) acc_row(gap, h + P->imp_var[k] * TILE);
+            tilt_addend(P, &tl, e, gap);
             add_rows(x, val + P->prime[e] * TILE, val + P->sub[e] * TILE);
             acc_row(x, gap);
             max_row(v, x);
         }
     }
-    memcpy(best + t0, val + (S - 1) * TILE, nt * sizeof(float));
+    memcpy(w, rt, n * TILE * sizeof(float)); /* x; rt takes r back (implicit variables take r > 0) */
+    tile_logits(r, shift, n, t0, nt, rt);
+    memcpy(gap, val + (S - 1) * TILE, TILE * sizeof(float));
+    untilt_log_z(P, w, rt, cp, cn, gap); /* the best log-value for r */
+    memcpy(best + t0, gap, nt * sizeof(float));
     root_flow(act, S, S);
     for (int64_t d = P->num_nodes - 1; d >= 0; d--) { /* argmax descent */
         const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
