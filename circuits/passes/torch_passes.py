@@ -2,8 +2,9 @@
 
 Buffers are [slots, T] (one row per slot, tokens contiguous), so gathering children is a row
 ``index_select``; element buffers are [rows, T], one row per (padded) element. Leaves hold the
-normalised log-weights log sigma(r) (x_i) and log sigma(-r) (not x_i); with these an SDD needs no
-smoothing for sums (see ``circuits.layout``). Big intermediates are written into buffers
+normalised log-weights log sigma(x) (x_i) and log sigma(-x) (not x_i) of the tilted logits x = r - c
+(``tilt``: what keeps fp32 exact at every logit scale); with these an SDD needs no smoothing for
+sums (see ``circuits.layout``). Big intermediates are written into buffers
 allocated once per call: fresh allocations of this size cost as much as the arithmetic.
 
 These passes are the stated meaning of the computation: the fused C passes
@@ -136,7 +137,8 @@ def tilt(prog: Program, r: Tensor, elements: bool = True) -> Tilted:
     g = torch.where(cc == 0, torch.zeros_like(g), g)  # [T, n]
     cp, cn = c.clamp(min=0.0).double(), c.clamp(max=0.0).double()
     # sum_i sp(x_i) - sp(r_i) in float64: equal logits round alike, and n alike roundings add up
-    offset = t.kmax * cp + t.kmin * cn + (F.softplus(x.double(), threshold=40.0) - F.softplus(r.double(), threshold=40.0)).sum(1)  # [T]
+    sp = lambda z: F.softplus(z.double(), threshold=40.0)  # noqa: E731 (exact in float64 past 40)
+    offset = t.kmax * cp + t.kmin * cn + (sp(x) - sp(r)).sum(1)  # [T]
     gap = None
     if elements and not t.uniform:
         gap = SCRATCH.get("tgap", (prog.num_rows, T), r)

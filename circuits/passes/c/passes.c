@@ -588,7 +588,8 @@ static inline double softplus(double z) { return (z > 0.0 ? z : 0.0) + log1p(exp
 
 /* log(sigma(y) + sigma(-y) e^-d) for d >= 0, without cancellation (torch_passes._tilt_term). */
 static inline float tilt_term(float y, float d) {
-    const float sy = (y > 0.0f ? y : 0.0f) + log1pf(expf(-fabsf(y))), smy = sy - y; /* sp(y), sp(-y) */
+    const float soft = log1pf(expf(-fabsf(y))); /* sp(y), sp(-y) (not sp(y) - y: inf - inf at y = inf) */
+    const float sy = (y > 0.0f ? y : 0.0f) + soft, smy = (y < 0.0f ? -y : 0.0f) + soft;
     if (y >= 0.0f) {
         const float z = -d - y;
         return ((z > 0.0f ? z : 0.0f) + log1pf(expf(-fabsf(z)))) - smy;
