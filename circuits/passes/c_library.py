@@ -22,7 +22,9 @@ class ProgStruct(ctypes.Structure):
                 ("prime", ctypes.c_void_p), ("sub", ctypes.c_void_p), ("imp_off", ctypes.c_void_p),
                 ("imp_var", ctypes.c_void_p), ("lin_coef", ctypes.c_void_p), ("lin_pos", ctypes.c_float),
                 ("lin_neg", ctypes.c_float), ("lin_true", ctypes.c_float), ("lin_root", ctypes.c_float),
-                ("lin_r0", ctypes.c_float), ("lin_k", ctypes.c_float)]
+                ("lin_r0", ctypes.c_float), ("lin_k", ctypes.c_float), ("tilt_up", ctypes.c_void_p),
+                ("tilt_down", ctypes.c_void_p), ("tilt_kmin", ctypes.c_int64), ("tilt_kmax", ctypes.c_int64),
+                ("tilt_moves", ctypes.c_int64)]
 
 
 def _declare(lib: ctypes.CDLL) -> None:

@@ -46,11 +46,14 @@ class CPasses(Passes):
         imp_off[1:] = torch.bincount(prog.implicit_row, minlength=prog.num_rows).cumsum(0)
         lin = linear_constants(prog) if linear else None
         coef = None if lin is None else lin[0]
-        self._keep = (nodes, prog.prime, prog.sub, imp_off, imp_var, coef)  # what the struct points into
+        tilt = prog.tilt  # the tilt of the pass on logarithms (torch_passes.tilt)
+        up, down = tilt.up.float().cpu().contiguous(), tilt.down.float().cpu().contiguous()
+        self._keep = (nodes, prog.prime, prog.sub, imp_off, imp_var, coef, up, down)  # what the struct points into
         self.struct = c_library.ProgStruct(
             prog.n, prog.num_slots, prog.num_rows, len(nodes), int(prog.smooth), nodes.data_ptr(),
             prog.prime.data_ptr(), prog.sub.data_ptr(), imp_off.data_ptr(), imp_var.data_ptr(),
-            None if coef is None else coef.data_ptr(), *((0.0,) * 5 + (-1.0,) if lin is None else lin[1:]))
+            None if coef is None else coef.data_ptr(), *((0.0,) * 5 + (-1.0,) if lin is None else lin[1:]),
+            up.data_ptr(), down.data_ptr(), tilt.kmin, tilt.kmax, int(not tilt.uniform))
 
     def _run(self, fn, *args) -> int:
         """Call a pass with torch's thread count (OpenMP threads inside); returns how many tiles of

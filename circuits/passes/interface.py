@@ -6,7 +6,9 @@ and calls nothing else. Inputs are logits r [T, n] of that dtype on that device,
 already checked by the caller (the input checks run once per public call, in ``Circuit``).
 Every pass evaluates r - shift, ``shift`` [T, 1] or None (the exactly-k shift of
 ``Circuit._shift``): the fused implementations subtract it as they load a tile, the torch passes
-first (``shifted``); the same float subtraction either way, so the same bits.
+first (``shifted``); the same float subtraction either way, so the same bits. Every pass is also
+tilted inside (``torch_passes.tilt``: a per-row c the passes pick themselves, exact for any c), which
+keeps fp32 answers exact at every logit scale; log Z and MAP's log-value are those of r - shift.
 Implementations: ``TorchPasses`` (plain tensor operations: the stated meaning of every pass and
 the test oracle of the others), ``CPasses`` (fused C for fp32 on the CPU) and ``TritonPasses``
 (fused Triton kernels for fp32 on CUDA, ``circuits.passes.triton_passes``).

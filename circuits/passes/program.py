@@ -7,10 +7,11 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from ..layout import Layout
+from ..layout import FALSE_SLOT, Layout
 from ..native.uniforms import as_seed, uniforms
 
 
@@ -28,6 +29,22 @@ class Group:
     @property
     def slots(self) -> slice:
         return slice(self.start, self.start + self.nodes)
+
+
+@dataclass(frozen=True)
+class Tilt:
+    """Model sizes for the tilted passes (``torch_passes.tilt``): ``kmin``, ``kmax`` the fewest and most
+    true variables of a model; per element row, ``up`` = (most true variables of the element's models,
+    its implicit variables counted true) less the most of its node's (<= 0), ``down`` = (fewest of the
+    element's, implicit counted false) less the fewest of its node's (>= 0), both float64 [R] (0 on
+    padding rows); ``uniform``: every element row has 0 in both and the circuit is smooth (every node's
+    models have one size: exactly-k), so the tilt moves no element."""
+
+    kmin: int
+    kmax: int
+    up: Tensor
+    down: Tensor
+    uniform: bool
 
 
 @dataclass
@@ -81,6 +98,32 @@ class Program:
                 mine.append(ids.setdefault(scope[g.start + j], len(ids)))
             out[g.start] = torch.tensor(mine, dtype=torch.long, device=self.prime.device)
         return out, len(ids)
+
+    @functools.cached_property
+    def tilt(self) -> "Tilt":
+        """The model sizes the tilted passes need (``Tilt``). Computed on first use: one walk over
+        the elements, bottom-up."""
+        prime, sub = self.prime.cpu().numpy(), self.sub.cpu().numpy()
+        extra = np.bincount(self.implicit_row.cpu().numpy(), minlength=self.num_rows)  # [R]
+        lo = np.zeros(self.num_slots, dtype=np.int64)  # [S]: fewest / most true variables of a slot's models
+        hi = np.zeros(self.num_slots, dtype=np.int64)
+        lo[2 : 2 + self.n] = hi[2 : 2 + self.n] = 1
+        up = np.zeros(self.num_rows, dtype=np.int64)
+        down = np.zeros(self.num_rows, dtype=np.int64)
+        for g in self.groups:
+            rows = np.arange(g.rows.start, g.rows.stop)
+            live = (prime[rows] != FALSE_SLOT).reshape(g.nodes, g.fanin)
+            e_lo = (lo[prime[rows]] + lo[sub[rows]]).reshape(g.nodes, g.fanin)
+            e_hi = (hi[prime[rows]] + hi[sub[rows]] + extra[rows]).reshape(g.nodes, g.fanin)
+            n_lo = np.where(live, e_lo, np.iinfo(np.int64).max).min(axis=1)  # [nodes]
+            n_hi = np.where(live, e_hi, -1).max(axis=1)
+            lo[g.slots], hi[g.slots] = n_lo, n_hi
+            up[rows] = np.where(live, e_hi - n_hi[:, None], 0).ravel()
+            down[rows] = np.where(live, e_lo - n_lo[:, None], 0).ravel()
+        dev = self.prime.device
+        return Tilt(int(lo[-1]), int(hi[-1]), torch.as_tensor(up, dtype=torch.float64, device=dev),
+                    torch.as_tensor(down, dtype=torch.float64, device=dev),
+                    bool(not up.any() and not down.any() and self.smooth))
 
     @staticmethod
     def from_layout(layout: Layout, device: torch.device | str = "cpu") -> "Program":

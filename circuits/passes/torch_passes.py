@@ -2,8 +2,9 @@
 
 Buffers are [slots, T] (one row per slot, tokens contiguous), so gathering children is a row
 ``index_select``; element buffers are [rows, T], one row per (padded) element. Leaves hold the
-normalised log-weights log sigma(r) (x_i) and log sigma(-r) (not x_i); with these an SDD needs no
-smoothing for sums (see ``circuits.layout``). Big intermediates are written into buffers
+normalised log-weights log sigma(x) (x_i) and log sigma(-x) (not x_i) of the tilted logits x = r - c
+(``tilt``: what keeps fp32 exact at every logit scale); with these an SDD needs no smoothing for
+sums (see ``circuits.layout``). Big intermediates are written into buffers
 allocated once per call: fresh allocations of this size cost as much as the arithmetic.
 
 These passes are the stated meaning of the computation: the fused C passes
@@ -66,6 +67,102 @@ def log_sigmoid_leaves(prog: Program, r: Tensor) -> Tensor:
     return buf
 
 
+@dataclass
+class Tilted:
+    """The logits of a tilted pass (``tilt``): x = r - c [T, n]; the element addends gap [R, T] (None
+    when the tilt moves no element); what log Z adds to the root's value, offset [T] (float64);
+    c [T] and g [T, n] (each variable's sp(r) - sp(x) less c when c > 0)."""
+
+    x: Tensor
+    gap: Tensor | None
+    offset: Tensor
+    c: Tensor
+    g: Tensor
+
+
+def _tilt_term(y: Tensor, d: Tensor) -> Tensor:
+    """log(sigma(y) + sigma(-y) e^-d) for y [T, n] in [-inf, inf), d [T, 1] >= 0, without cancellation:
+    sp(-d - y) - sp(-y) for y >= 0 (both at most log 2), else logaddexp(y, -d) - sp(y)."""
+    return torch.where(y >= 0, F.softplus(-d - y) - F.softplus(-y), torch.logaddexp(y, -d) - F.softplus(y))
+
+
+TILT_STEPS = 4  # Newton steps of ``_refine``: from the start of ``tilt`` 3 reach the target to ~1e-2
+
+
+def _refine(r: Tensor, c: Tensor, kmin: int, kmax: int) -> Tensor:
+    """c [T] moved so that the expected size under Bernoulli(sigma(r - c)), r [T, n], is
+    clamp(its size at c = 0, kmin, kmax): Newton steps on log sum sigma(r - c), each at most 20.
+    There the circuit's event is likely, so the root's value (log P_x(C)) and log Z's offset do not
+    cancel (ties at c: all-equal rows). Rows whose mean size is already in the band keep c = 0."""
+    if kmax == 0:
+        return c
+    want = torch.sigmoid(r).sum(1).clamp(kmin, kmax)  # [T]; 0 (no step) only where c is 0 and fine
+    log_want = torch.log(want)
+    for _ in range(TILT_STEPS):
+        p = torch.sigmoid(r - c.unsqueeze(1))  # [T, n]
+        total, slope = p.sum(1), (p * (1.0 - p)).sum(1)
+        step = (torch.log(total) - log_want) * total / slope
+        ok = torch.isfinite(step) & (total > 0) & (slope > 0)
+        c = c + torch.where(ok, step.clamp(-20.0, 20.0), torch.zeros_like(step))
+    return c
+
+
+def tilt(prog: Program, r: Tensor, elements: bool = True) -> Tilted:
+    """The tilt that keeps fp32 exact at every logit scale: the leaves take x = r - c, c [T] per row,
+    and each element adds back what that takes from its models, so every pass computes the same
+    distribution as on r, with log-values near 0 where the likely models are.
+
+    A model S of r weighs exp(r . z_S), of x exp(r . z_S - |S| c): models of one size move together,
+    so a slot of the circuit stores its models' log-weight in x less (its largest size) c when c > 0
+    ((its smallest size) c when c < 0). An element adds ``Tilt.up`` c (``down`` c) for the sizes its
+    node and children store, and sp(r_i) - sp(x_i) - c (c > 0; c < 0: sp(r_i) - sp(x_i)) for each
+    implicit variable (r: [T, n] -> ``Tilted``). c = clamp(0, kmax-th largest, kmin-th largest logit)
+    (the k-th largest for exactly-k; 0 where the logits already sit in the band, or a row has no
+    model): past it, more (fewer) true variables win by e^|c| at every node, so the likely models of
+    each slot have its stored size and stored values stay near 0. Rounding of r - c aside, exact.
+    ``elements`` False: no ``gap`` (the fused passes add the element addends themselves).
+    """
+    T, n = r.shape
+    t = prog.tilt
+    inf = torch.full((T,), torch.inf, dtype=r.dtype, device=r.device)
+    top = torch.topk(r, t.kmax, dim=1).values if t.kmax > 0 else None  # [T, kmax]
+    r_max = top[:, t.kmax - 1] if top is not None else inf
+    r_min = top[:, t.kmin - 1] if t.kmin > 0 else inf
+    c = torch.minimum(r_min, r_max.clamp(min=0.0))
+    c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))  # [T]
+    c = _refine(r, c, t.kmin, t.kmax)
+    x = r - c.unsqueeze(1)
+    cc = c.unsqueeze(1)
+    g = torch.where(cc > 0, _tilt_term(x, cc.clamp(min=0.0)), _tilt_term(-x, (-cc).clamp(min=0.0)))
+    g = torch.where(cc == 0, torch.zeros_like(g), g)  # [T, n]
+    cp, cn = c.clamp(min=0.0).double(), c.clamp(max=0.0).double()
+    # sum_i sp(x_i) - sp(r_i) in float64: equal logits round alike, and n alike roundings add up
+    sp = lambda z: F.softplus(z.double(), threshold=40.0)  # noqa: E731 (exact in float64 past 40)
+    offset = t.kmax * cp + t.kmin * cn + (sp(x) - sp(r)).sum(1)  # [T]
+    gap = None
+    if elements and not t.uniform:
+        gap = SCRATCH.get("tgap", (prog.num_rows, T), r)
+        torch.mul(t.up.to(r.dtype).unsqueeze(1), c.clamp(min=0.0), out=gap)  # [R, T]
+        gap.add_(t.down.to(r.dtype).unsqueeze(1) * c.clamp(max=0.0))
+        gap.index_add_(0, prog.implicit_row, g.T.index_select(0, prog.implicit_var))
+    return Tilted(x, gap, offset, c, g)
+
+
+def _tilt_tangent(prog: Program, r: Tensor, tl: Tilted, v: Tensor) -> Tensor | None:
+    """The tangent of ``tl.gap`` along v [T, n]: d g_i = (sigma(r_i) - sigma(x_i)) v_i per implicit
+    variable -> [R, T] (None when the circuit is smooth)."""
+    if prog.smooth:
+        return None
+    dg = ((torch.sigmoid(r) - torch.sigmoid(tl.x)) * v).T  # [n, T]
+    out = SCRATCH.get("tdgap", (prog.num_rows, r.shape[0]), r).zero_()
+    return out.index_add_(0, prog.implicit_row, dg.index_select(0, prog.implicit_var))
+
+
+def _log_z(up: Upward, tl: Tilted) -> Tensor:
+    """log Z [T] of r from the root's value in x: the two added in float64."""
+    return (up.val[-1].double() + tl.offset).to(up.val.dtype)
+
+
 def _gather_elements(val: Tensor, g: Group, out: Tensor, tmp: Tensor) -> Tensor:
     """out[rows] = val[prime] + val[sub]: [S, T] -> [nodes, fanin, T] (a view of ``out``)."""
     e = out[g.rows]
@@ -77,12 +174,13 @@ def _gather_elements(val: Tensor, g: Group, out: Tensor, tmp: Tensor) -> Tensor:
 
 
 def upward(prog: Program, r: Tensor, *, mode: str = "sum", gap: Tensor | None = None,
-           v: Tensor | None = None) -> Upward:
+           v: Tensor | None = None, dgap: Tensor | None = None) -> Upward:
     """Every node's log-value: logsumexp ("sum") or max ("max") over its elements.
 
-    r: [T, n] logits. gap: optional [R, T] addend per element row (MAP's implicit variables).
-    v: optional [T, n] direction ("sum" mode): also carry the tangents d val = (d val / d r) v,
-    group by group while the group's weights are in cache (d node = E_w[d e]).
+    r: [T, n] the leaves' logits (the tilted ones x of ``tilt`` in the sum passes). gap: optional
+    [R, T] addend per element row (the tilt's, or MAP's implicit variables). v: optional [T, n]
+    direction ("sum" mode): also carry the tangents d val = (d val / d r) v, group by group while
+    the group's weights are in cache (d node = E_w[d e]); dgap [R, T]: the tangent of ``gap``.
     """
     val = log_sigmoid_leaves(prog, r)
     T = r.shape[0]
@@ -104,6 +202,8 @@ def upward(prog: Program, r: Tensor, *, mode: str = "sum", gap: Tensor | None = 
         if gap is not None:
             e.add_(gap[g.rows].view(g.nodes, g.fanin, T))
         de = None if v is None else _gather_elements(dval, g, de_all, tmp)
+        if de is not None and dgap is not None:
+            de.add_(dgap[g.rows].view(g.nodes, g.fanin, T))
         if g.fanin == 1:  # a product: value e, element weight 1 (a dead node gets no flow from its parents)
             val[g.slots] = e.view(g.nodes, T)
             if de is not None:
@@ -160,7 +260,8 @@ def marginals_jvp(prog: Program, r: Tensor, v: Tensor) -> Tensor:
     and their tangents dg travel together as G [S, 2, T], so each group moves both in one op.
     """
     n, T = prog.n, r.shape[0]
-    up = upward(prog, r, v=v)
+    tl = tilt(prog, r)
+    up = upward(prog, tl.x, v=v, gap=tl.gap, dgap=None if tl.gap is None else _tilt_tangent(prog, r, tl, v))
     G = SCRATCH.get("G", (prog.num_slots, 2, T), r).zero_()
     G[prog.num_slots - 1, 0] = 1.0
     pair = SCRATCH.get("pair", (prog.max_rows, 2, T), r)
@@ -251,17 +352,34 @@ def sample(prog: Program, r: Tensor, up: Upward, uniforms: Tensor, fill: Tensor 
     return _assignment(prog, act, None if fill is None else (fill < torch.sigmoid(r)).to(r.dtype))
 
 
-def max_upward(prog: Program, r: Tensor) -> Upward:
-    """The max-product upward pass: r [T, n] -> node log-values of the best completions.
+def max_terms(x: Tensor, c: Tensor) -> Tensor:
+    """What an implicit variable adds to its element in the tilted max-product pass: max(r, 0) less
+    sp(x) and (c > 0) c, = max(x, -c) - sp(x) + min(c, 0), written without cancellation
+    (log sigma(|x|) at c = 0: log max(p, 1 - p)). x [T, n], c [T] -> [T, n]."""
+    cc = c.unsqueeze(1)
+    a = torch.maximum(x, -cc)
+    pos = (a - x) - F.softplus(-x)  # x >= 0: sp(x) = x + sp(-x)
+    return torch.where(x >= 0, pos, a - F.softplus(x)) + cc.clamp(max=0.0)
 
-    An implicit variable contributes max(p, 1 - p) (log: logsigmoid(|r|)) to its element.
+
+def max_upward(prog: Program, r: Tensor) -> Upward:
+    """The max-product upward pass, tilted (``tilt``): r [T, n] -> node log-values of the best
+    completions in x, but the root's: the best log-value for r (the tilt's offset added).
+
+    An implicit variable contributes its best value (``max_terms``) to its element.
     """
+    tl = tilt(prog, r, elements=False)
     gap = None
-    if not prog.smooth:
-        h = F.logsigmoid(r.abs()).T  # [n, T]
-        gap = SCRATCH.get("gap", (prog.num_rows, r.shape[0]), r).zero_()
-        gap.index_add_(0, prog.implicit_row, h.index_select(0, prog.implicit_var))
-    return upward(prog, r, mode="max", gap=gap)
+    if not prog.tilt.uniform:
+        T = r.shape[0]
+        c = tl.c
+        gap = SCRATCH.get("gap", (prog.num_rows, T), r)
+        torch.mul(prog.tilt.up.to(r.dtype).unsqueeze(1), c.clamp(min=0.0), out=gap)  # [R, T]
+        gap.add_(prog.tilt.down.to(r.dtype).unsqueeze(1) * c.clamp(max=0.0))
+        gap.index_add_(0, prog.implicit_row, max_terms(tl.x, c).T.index_select(0, prog.implicit_var))
+    up = upward(prog, tl.x, mode="max", gap=gap)
+    up.val[-1] = _log_z(up, tl)
+    return up
 
 
 def map_assignment(prog: Program, r: Tensor, up: Upward) -> Tensor:
@@ -290,15 +408,17 @@ class TorchPasses(Passes):
 
     def log_partition(self, r: Tensor, marginals: bool, shift: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         r = shifted(r, shift)
-        up = upward(self.program, r)
+        tl = tilt(self.program, r)
+        up = upward(self.program, tl.x, gap=tl.gap)
         m = marginals_from_flows(self.program, downward(self.program, up), torch.sigmoid(r)) if marginals else None
-        return up.val[-1].clone(), m
+        return _log_z(up, tl), m
 
     def sample(self, r: Tensor, uniforms: Tensor, fill: Tensor | None,
                shift: Tensor | None = None, log_z: bool = True) -> tuple[Tensor, Tensor]:
         r = shifted(r, shift)
-        up = upward(self.program, r)
-        return sample(self.program, r, up, uniforms, fill), up.val[-1].clone()
+        tl = tilt(self.program, r)
+        up = upward(self.program, tl.x, gap=tl.gap)
+        return sample(self.program, r, up, uniforms, fill), _log_z(up, tl)
 
     def map(self, r: Tensor, shift: Tensor | None = None) -> tuple[Tensor, Tensor]:
         r = shifted(r, shift)

@@ -75,28 +75,56 @@ def _leaves(r, val, dval, v, tok, live, n, B: tl.constexpr, TANGENTS: tl.constex
 
 
 @triton.jit
-def _upward(val, ex, norm, dval, de, nodes, prime, sub, D, B: tl.constexpr, TANGENTS: tl.constexpr):
+def _tilt_addend(e, tok, live, n, cp, cn, g, up, down, imp_off, imp_var, B: tl.constexpr):
+    """Element row e's addend of the tilt (``torch_passes.tilt``: gap): up[e] c+ + down[e] c- plus g
+    [T, n] of its implicit variables -> [B]."""
+    add = tl.load(up + e) * cp + tl.load(down + e) * cn
+    for j in range(tl.load(imp_off + e), tl.load(imp_off + e + 1)):
+        add += tl.load(g + tok * n + tl.load(imp_var + j), mask=live, other=0.0)
+    return add
+
+
+@triton.jit
+def _tilt_tangent(e, tok, live, n, dg, imp_off, imp_var, B: tl.constexpr):
+    """The tangent of element row e's tilt addend: dg [T, n] summed over its implicit variables -> [B]."""
+    add = tl.zeros([B], tl.float32)
+    for j in range(tl.load(imp_off + e), tl.load(imp_off + e + 1)):
+        add += tl.load(dg + tok * n + tl.load(imp_var + j), mask=live, other=0.0)
+    return add
+
+
+@triton.jit
+def _upward(val, ex, norm, dval, de, nodes, prime, sub, D, B: tl.constexpr, TANGENTS: tl.constexpr,
+            tok, live, n, cp, cn, g, dg, up, down, imp_off, imp_var, TILT: tl.constexpr, SMOOTH: tl.constexpr):
     """The "sum" upward pass (``torch_passes.upward``): node log-values into val; for fan-in > 1 the
     element weights exp(e - node max) into ex and their sum (at least TINY) into norm. TANGENTS: also
     dval (d node = E_w[d e]) and the element tangents de. A product (fan-in 1) is its element's value,
-    with weight 1 and norm 1 (written, so the passes down need no case for it)."""
+    with weight 1 and norm 1 (written, so the passes down need no case for it). TILT: each element
+    adds its tilt addend (``_tilt_addend``; c+ and c- [B]) and, with TANGENTS, its tangent."""
     for d in range(D):
         slot = tl.load(nodes + 4 * d)
         r0 = tl.load(nodes + 4 * d + 1)
         fanin = tl.load(nodes + 4 * d + 2)
         if fanin == 1:
             p, s = tl.load(prime + r0) * B, tl.load(sub + r0) * B
-            tl.store(val + slot * B, tl.load(val + p) + tl.load(val + s))
+            x = tl.load(val + p) + tl.load(val + s)
+            if TILT:
+                x = x + _tilt_addend(r0, tok, live, n, cp, cn, g, up, down, imp_off, imp_var, B)
+            tl.store(val + slot * B, x)
             tl.store(ex + r0 * B, tl.full([B], 1.0, tl.float32))
             tl.store(norm + slot * B, tl.full([B], 1.0, tl.float32))
             if TANGENTS:
                 de_e = tl.load(dval + p) + tl.load(dval + s)
+                if TILT and not SMOOTH:
+                    de_e = de_e + _tilt_tangent(r0, tok, live, n, dg, imp_off, imp_var, B)
                 tl.store(de + r0 * B, de_e)
                 tl.store(dval + slot * B, de_e)
         else:
             top = tl.full([B], LOWEST, tl.float32)
             for e in range(r0, r0 + fanin):
                 x = tl.load(val + tl.load(prime + e) * B) + tl.load(val + tl.load(sub + e) * B)
+                if TILT:
+                    x = x + _tilt_addend(e, tok, live, n, cp, cn, g, up, down, imp_off, imp_var, B)
                 tl.store(ex + e * B, x)
                 top = tl.maximum(top, x)
             total = tl.zeros([B], tl.float32)
@@ -107,6 +135,8 @@ def _upward(val, ex, norm, dval, de, nodes, prime, sub, D, B: tl.constexpr, TANG
                 total += w
                 if TANGENTS:
                     de_e = tl.load(dval + tl.load(prime + e) * B) + tl.load(dval + tl.load(sub + e) * B)
+                    if TILT and not SMOOTH:
+                        de_e = de_e + _tilt_tangent(e, tok, live, n, dg, imp_off, imp_var, B)
                     tl.store(de + e * B, de_e)
                     acc += w * de_e
             nm = tl.maximum(total, TINY)  # a live node's total is >= 1; a dead node's is 0
@@ -125,15 +155,20 @@ def _root_rows(buf, S, root: tl.constexpr, B: tl.constexpr):
 
 
 @triton.jit
-def marginals_kernel(r, m, logz, val, ex, norm, g, nodes, prime, sub, T, n, S, R, D,
-                     B: tl.constexpr, SMOOTH: tl.constexpr, MARGINALS: tl.constexpr):
-    """log Z [T] and, when MARGINALS, m [T, n] = P(x_i = 1 | C) (``torch_passes.upward``, ``downward``,
-    ``marginals_from_flows``). Scratch: val, norm, g [programs, S, B], ex [programs, R, B]."""
+def marginals_kernel(r, pr, c, tg, m, logz, val, ex, norm, g, nodes, prime, sub, up, down, imp_off, imp_var,
+                     T, n, S, R, D, B: tl.constexpr, SMOOTH: tl.constexpr, MARGINALS: tl.constexpr,
+                     TILT: tl.constexpr):
+    """log Z [T] (of the tilted pass: the caller adds the tilt's offset) and, when MARGINALS, m [T, n] =
+    P(x_i = 1 | C) (``torch_passes.upward``, ``downward``, ``marginals_from_flows``). r: the tilted
+    logits x [T, n], pr: the logits [T, n], c [T] the tilt, tg [T, n] its implicit terms (see
+    ``_upward``). Scratch: val, norm, g [programs, S, B], ex [programs, R, B]."""
     val, norm, g, ex = _scratch(val, S, B), _scratch(norm, S, B), _scratch(g, S, B), _scratch(ex, R, B)
     for blk in range(tl.program_id(0), tl.cdiv(T, B), tl.num_programs(0)):  # blocks of B tokens
         tok, live = _tokens(blk, T, B)
         _leaves(r, val, val, r, tok, live, n, B, False)
-        _upward(val, ex, norm, val, ex, nodes, prime, sub, D, B, False)
+        ct = tl.load(c + tok, mask=live, other=0.0)
+        _upward(val, ex, norm, val, ex, nodes, prime, sub, D, B, False, tok, live, n, tl.maximum(ct, 0.0),
+                tl.minimum(ct, 0.0), tg, tg, up, down, imp_off, imp_var, TILT, SMOOTH)
         tl.store(logz + tok, tl.load(val + (S - 1) * B), mask=live)
         if MARGINALS:
             _root_rows(g, S, 1.0, B)
@@ -151,22 +186,25 @@ def marginals_kernel(r, m, logz, val, ex, norm, g, nodes, prime, sub, T, n, S, R
             for i in range(n):  # an implicit x_i is 1 with probability p_i
                 gp = tl.load(g + (2 + i) * B)
                 if not SMOOTH:
-                    _, p = _soft(tl.load(r + tok * n + i, mask=live, other=0.0))
+                    _, p = _soft(tl.load(pr + tok * n + i, mask=live, other=0.0))
                     gp = gp + p * (1.0 - gp - tl.load(g + (2 + n + i) * B))
                 tl.store(m + tok * n + i, gp, mask=live)
 
 
 @triton.jit
-def sample_kernel(r, uniforms, fill, z, logz, val, ex, norm, act, nodes, prime, sub, T, n, S, R, D,
-                  B: tl.constexpr, SMOOTH: tl.constexpr):
-    """One exact draw z [T, n] and log Z [T] (``torch_passes.sample``): each active node picks its element
-    by inverse CDF with the uniform of its row of uniforms [count, T]; an implicit variable is 1 when
-    its fill [T, n] < sigmoid(r). Scratch: val, norm, act [programs, S, B], ex [programs, R, B]."""
+def sample_kernel(r, pr, c, tg, uniforms, fill, z, logz, val, ex, norm, act, nodes, prime, sub, up, down, imp_off,
+                  imp_var, T, n, S, R, D, B: tl.constexpr, SMOOTH: tl.constexpr, TILT: tl.constexpr):
+    """One exact draw z [T, n] and log Z [T] (tilted, as ``marginals_kernel``) (``torch_passes.sample``):
+    each active node picks its element by inverse CDF with the uniform of its row of uniforms [count, T];
+    an implicit variable is 1 when its fill [T, n] < sigmoid(pr). r, pr, c, tg as ``marginals_kernel``.
+    Scratch: val, norm, act [programs, S, B], ex [programs, R, B]."""
     val, norm, act, ex = _scratch(val, S, B), _scratch(norm, S, B), _scratch(act, S, B), _scratch(ex, R, B)
     for blk in range(tl.program_id(0), tl.cdiv(T, B), tl.num_programs(0)):  # blocks of B tokens
         tok, live = _tokens(blk, T, B)
         _leaves(r, val, val, r, tok, live, n, B, False)
-        _upward(val, ex, norm, val, ex, nodes, prime, sub, D, B, False)
+        ct = tl.load(c + tok, mask=live, other=0.0)
+        _upward(val, ex, norm, val, ex, nodes, prime, sub, D, B, False, tok, live, n, tl.maximum(ct, 0.0),
+                tl.minimum(ct, 0.0), tg, tg, up, down, imp_off, imp_var, TILT, SMOOTH)
         tl.store(logz + tok, tl.load(val + (S - 1) * B), mask=live)
         _root_rows(act, S, 1.0, B)
         for k in range(D):  # top-down: an active node (activity 1) passes 1 to its chosen element's prime and sub
@@ -190,23 +228,26 @@ def sample_kernel(r, uniforms, fill, z, logz, val, ex, norm, act, nodes, prime, 
         for i in range(n):
             on = tl.load(act + (2 + i) * B) > 0.0
             if not SMOOTH:  # neither literal reached: an implicit variable, its own coin
-                _, p = _soft(tl.load(r + tok * n + i, mask=live, other=0.0))
+                _, p = _soft(tl.load(pr + tok * n + i, mask=live, other=0.0))
                 coin = tl.load(fill + tok * n + i, mask=live, other=1.0) < p
                 on = on | (~(tl.load(act + (2 + n + i) * B) > 0.0) & coin)
             tl.store(z + tok * n + i, tl.where(on, 1.0, 0.0), mask=live)
 
 
 @triton.jit
-def map_kernel(r, z, best, val, ex, act, nodes, prime, sub, imp_off, imp_var, T, n, S, R, D,
-               B: tl.constexpr, SMOOTH: tl.constexpr):
-    """The most probable assignment z [T, n] and its log-value best [T] (``torch_passes.max_upward``,
-    ``map_assignment``): max-product upward, an implicit variable adding log max(p, 1 - p) to its
-    element and taking r > 0; each node takes its first maximal element. Scratch: val, act
-    [programs, S, B], ex [programs, R, B] (element log-values)."""
+def map_kernel(r, pr, c, hm, z, best, val, ex, act, nodes, prime, sub, up, down, imp_off, imp_var, T, n, S, R, D,
+               B: tl.constexpr, SMOOTH: tl.constexpr, TILT: tl.constexpr):
+    """The most probable assignment z [T, n] and its log-value best [T] (of the tilted pass: the caller
+    adds the tilt's offset) (``torch_passes.max_upward``, ``map_assignment``): max-product upward, an
+    implicit variable adding its best value hm [T, n] (``torch_passes.max_terms``) to its element
+    (``_tilt_addend``) and taking pr > 0; each node takes its first maximal element. r, pr, c as
+    ``marginals_kernel``. Scratch: val, act [programs, S, B], ex [programs, R, B] (element log-values)."""
     val, act, ex = _scratch(val, S, B), _scratch(act, S, B), _scratch(ex, R, B)
     for blk in range(tl.program_id(0), tl.cdiv(T, B), tl.num_programs(0)):  # blocks of B tokens
         tok, live = _tokens(blk, T, B)
         _leaves(r, val, val, r, tok, live, n, B, False)
+        ct = tl.load(c + tok, mask=live, other=0.0)
+        cp, cn = tl.maximum(ct, 0.0), tl.minimum(ct, 0.0)
         for d in range(D):
             slot = tl.load(nodes + 4 * d)
             r0 = tl.load(nodes + 4 * d + 1)
@@ -214,12 +255,8 @@ def map_kernel(r, z, best, val, ex, act, nodes, prime, sub, imp_off, imp_var, T,
             top = tl.full([B], NEG_INF, tl.float32)
             for e in range(r0, r0 + fanin):
                 x = tl.load(val + tl.load(prime + e) * B) + tl.load(val + tl.load(sub + e) * B)
-                if not SMOOTH:  # as torch: (prime + sub) + (0 + h_a + h_b ...), h = log max(p, 1 - p)
-                    gap = tl.zeros([B], tl.float32)
-                    for j in range(tl.load(imp_off + e), tl.load(imp_off + e + 1)):
-                        var = tl.load(imp_var + j)
-                        gap += tl.maximum(tl.load(val + (2 + var) * B), tl.load(val + (2 + n + var) * B))
-                    x = x + gap
+                if TILT:  # as torch: (prime + sub) + gap
+                    x = x + _tilt_addend(e, tok, live, n, cp, cn, hm, up, down, imp_off, imp_var, B)
                 tl.store(ex + e * B, x)
                 top = tl.maximum(top, x)
             tl.store(val + slot * B, top)
@@ -242,24 +279,26 @@ def map_kernel(r, z, best, val, ex, act, nodes, prime, sub, imp_off, imp_var, T,
         for i in range(n):
             on = tl.load(act + (2 + i) * B) > 0.0
             if not SMOOTH:  # neither literal reached: the variable's own argmax
-                x = tl.load(r + tok * n + i, mask=live, other=0.0)
+                x = tl.load(pr + tok * n + i, mask=live, other=0.0)
                 on = on | (~(tl.load(act + (2 + n + i) * B) > 0.0) & (x > 0.0))
             tl.store(z + tok * n + i, tl.where(on, 1.0, 0.0), mask=live)
 
 
 @triton.jit
-def jvp_kernel(r, v, out, val, ex, norm, dval, de, g, dg, nodes, prime, sub, T, n, S, R, D,
-               B: tl.constexpr, SMOOTH: tl.constexpr):
-    """out [T, n] = Cov(z) v for r, v [T, n] (``torch_passes.marginals_jvp``): tangents up, then the
-    flows g and their tangents dg down. Scratch: val, norm, dval, g, dg [programs, S, B]; ex, de
-    [programs, R, B]."""
+def jvp_kernel(r, pr, c, tg, tdg, v, out, val, ex, norm, dval, de, g, dg, nodes, prime, sub, up, down, imp_off,
+               imp_var, T, n, S, R, D, B: tl.constexpr, SMOOTH: tl.constexpr, TILT: tl.constexpr):
+    """out [T, n] = Cov(z) v for pr, v [T, n] (``torch_passes.marginals_jvp``): tangents up, then the
+    flows g and their tangents dg down. r, c, tg as ``marginals_kernel``; tdg [T, n] the tangents of
+    the tilt's implicit terms. Scratch: val, norm, dval, g, dg [programs, S, B]; ex, de [programs, R, B]."""
     val, norm, dval, g, dg = _scratch(val, S, B), _scratch(norm, S, B), _scratch(dval, S, B), _scratch(g, S, B), \
         _scratch(dg, S, B)
     ex, de = _scratch(ex, R, B), _scratch(de, R, B)
     for blk in range(tl.program_id(0), tl.cdiv(T, B), tl.num_programs(0)):  # blocks of B tokens
         tok, live = _tokens(blk, T, B)
         _leaves(r, val, dval, v, tok, live, n, B, True)
-        _upward(val, ex, norm, dval, de, nodes, prime, sub, D, B, True)
+        ct = tl.load(c + tok, mask=live, other=0.0)
+        _upward(val, ex, norm, dval, de, nodes, prime, sub, D, B, True, tok, live, n, tl.maximum(ct, 0.0),
+                tl.minimum(ct, 0.0), tg, tdg, up, down, imp_off, imp_var, TILT, SMOOTH)
         _root_rows(g, S, 1.0, B)
         _root_rows(dg, S, 0.0, B)
         for k in range(D):  # flow = w coef, d flow = w ((de - d node) coef + d coef), to prime and sub
@@ -283,7 +322,7 @@ def jvp_kernel(r, v, out, val, ex, norm, dval, de, g, dg, nodes, prime, sub, T, 
         for i in range(n):
             dgp = tl.load(dg + (2 + i) * B)
             if not SMOOTH:  # an implicit x_i is 1 with probability p_i wherever neither literal is reached
-                _, p = _soft(tl.load(r + tok * n + i, mask=live, other=0.0))
+                _, p = _soft(tl.load(pr + tok * n + i, mask=live, other=0.0))
                 vi = tl.load(v + tok * n + i, mask=live, other=0.0)
                 gp, gn = tl.load(g + (2 + i) * B), tl.load(g + (2 + n + i) * B)
                 dgp = dgp + p * (1.0 - p) * vi * (1.0 - gp - gn) - p * (dgp + tl.load(dg + (2 + n + i) * B))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import torch_passes
 from . import triton_kernels as K
 from .interface import Passes, shifted
 from .program import Program
@@ -45,6 +46,17 @@ class TritonPasses(Passes):
         self.imp_var = torch.cat([prog.implicit_var[order], prog.implicit_var.new_zeros(1)]).to(torch.int32)  # [P + 1]
         counts = torch.bincount(prog.implicit_row, minlength=prog.num_rows)  # [R]
         self.imp_off = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)  # [R + 1]
+        tilt = prog.tilt  # the tilt (``torch_passes.tilt``): its sizes per element row [R]
+        self.tilt_tables = (tilt.up.to(torch.float32), tilt.down.to(torch.float32), self.imp_off, self.imp_var)
+        self.tilt_moves = not tilt.uniform
+
+    def _tilt(self, r: Tensor, v: Tensor | None = None) -> tuple[torch_passes.Tilted, Tensor]:
+        """The tilt of r [T, n] (``torch_passes.tilt``, without its [R, T] addends: the kernels add them)
+        and the tangents of its implicit terms along v, (sigma(r) - sigma(x)) v [T, n] (r itself when v
+        is None: unread)."""
+        tl = torch_passes.tilt(self.program, r, elements=False)
+        dg = r if v is None else ((torch.sigmoid(r) - torch.sigmoid(tl.x)) * v).contiguous()
+        return tl, dg
 
     def _launch(self, kernel, r: Tensor, args: tuple, scratch: str, tables: tuple = (), **flags) -> None:
         """kernel over the tokens of r [T, n]: ``args``, one fresh scratch buffer [programs, rows, block] per
@@ -64,26 +76,35 @@ class TritonPasses(Passes):
 
     def log_partition(self, r: Tensor, marginals: bool, shift: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         r = shifted(r, shift)
+        tl, _ = self._tilt(r)
         log_z, m = r.new_empty(r.shape[0]), torch.empty_like(r) if marginals else None
-        self._launch(K.marginals_kernel, r, (r, log_z if m is None else m, log_z), "srss", MARGINALS=marginals)
-        return log_z, m
+        self._launch(K.marginals_kernel, r, (tl.x, r, tl.c, tl.g, log_z if m is None else m, log_z), "srss",
+                     self.tilt_tables, MARGINALS=marginals, TILT=self.tilt_moves)
+        return (log_z.double() + tl.offset).to(r.dtype), m
 
     def sample(self, r: Tensor, uniforms: Tensor, fill: Tensor | None,
                shift: Tensor | None = None, log_z: bool = True) -> tuple[Tensor, Tensor]:
         r = shifted(r, shift)
+        tl, _ = self._tilt(r)
         z, log_z = torch.empty_like(r), r.new_empty(r.shape[0])
         fill = uniforms if fill is None else fill.contiguous()  # unread when the circuit is smooth
-        self._launch(K.sample_kernel, r, (r, uniforms.contiguous(), fill, z, log_z), "srss")
-        return z, log_z
+        self._launch(K.sample_kernel, r, (tl.x, r, tl.c, tl.g, uniforms.contiguous(), fill, z, log_z), "srss",
+                     self.tilt_tables, TILT=self.tilt_moves)
+        return z, (log_z.double() + tl.offset).to(r.dtype)
 
     def map(self, r: Tensor, shift: Tensor | None = None) -> tuple[Tensor, Tensor]:
         r = shifted(r, shift)
+        tl, _ = self._tilt(r)
+        hm = torch_passes.max_terms(tl.x, tl.c).contiguous()  # [T, n]
         z, best = torch.empty_like(r), r.new_empty(r.shape[0])
-        self._launch(K.map_kernel, r, (r, z, best), "srs", (self.imp_off, self.imp_var))
-        return z, best
+        self._launch(K.map_kernel, r, (tl.x, r, tl.c, hm, z, best), "srs", self.tilt_tables, TILT=self.tilt_moves)
+        return z, (best.double() + tl.offset).to(r.dtype)
 
     def marginals_jvp(self, r: Tensor, v: Tensor, shift: Tensor | None = None) -> Tensor:
         r = shifted(r, shift)
+        v = v.contiguous()
+        tl, dg = self._tilt(r, None if self.program.smooth else v)
         out = torch.empty_like(r)
-        self._launch(K.jvp_kernel, r, (r, v.contiguous(), out), "srssrss")
+        self._launch(K.jvp_kernel, r, (tl.x, r, tl.c, tl.g, dg, v, out), "srssrss", self.tilt_tables,
+                     TILT=self.tilt_moves)
         return out

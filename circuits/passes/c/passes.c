@@ -182,7 +182,46 @@ typedef struct {
      * the cardinality k of every model (-1: not one k, or not smooth: no centring, see up_tile). */
     const float *lin_coef;
     float lin_pos, lin_neg, lin_true, lin_root, lin_r0, lin_k;
+    /* The tilt of the pass on logarithms (torch_passes.tilt): per element row, tilt_up and tilt_down
+     * [R] (the sizes its node and children store); the fewest and most true variables of a model;
+     * tilt_moves: some row has a nonzero one or the circuit is not smooth (else only the leaves move). */
+    const float *tilt_up, *tilt_down;
+    int64_t tilt_kmin, tilt_kmax, tilt_moves;
 } Prog;
+
+/* One tile's tilt (see tilt_tile): c, c+ = max(c, 0), c- = min(c, 0) [TILE]; g [n][TILE] the implicit
+ * variables' addends and dg [n][TILE] their tangents (NULL: none). */
+typedef struct {
+    const float *c, *cp, *cn, *g, *dg;
+} Tilt;
+
+/* tmp = sum of rows[v] over element row e's implicit variables v, plus up[e] c+ + down[e] c-: the
+ * element's tilt addend (torch_passes.tilt: gap). */
+static inline void tilt_addend(const Prog *P, const Tilt *tl, int64_t e, float *restrict tmp) {
+    const float u = P->tilt_up[e], d = P->tilt_down[e];
+    for (int64_t t = 0; t < TILE; t++) tmp[t] = u * tl->cp[t];
+    for (int64_t t = 0; t < TILE; t++) tmp[t] += d * tl->cn[t];
+    for (int64_t k = P->imp_off[e]; k < P->imp_off[e + 1]; k++) {
+        const float *row = tl->g + P->imp_var[k] * TILE;
+        for (int64_t t = 0; t < TILE; t++) tmp[t] += row[t];
+    }
+}
+
+/* Whether element row e moves under the tilt. */
+static inline int tilted(const Prog *P, const Tilt *tl, int64_t e) {
+    return tl && (P->tilt_up[e] != 0.0f || P->tilt_down[e] != 0.0f || P->imp_off[e] != P->imp_off[e + 1]);
+}
+
+/* out = a + (sum of dg over element row e's implicit variables): a prime's tangent with the tangent
+ * of the element's tilt addend, so that (out + d sub) is the element's d e. */
+static inline void tilt_tangent(const Prog *P, const Tilt *tl, int64_t e, const float *restrict a,
+                                float *restrict out) {
+    memcpy(out, a, TILE * sizeof(float));
+    for (int64_t k = P->imp_off[e]; k < P->imp_off[e + 1]; k++) {
+        const float *row = tl->dg + P->imp_var[k] * TILE;
+        for (int64_t t = 0; t < TILE; t++) out[t] += row[t];
+    }
+}
 
 float *pm_scratch(size_t floats); /* scratch.c: this thread's buffer of at least `floats` floats */
 
@@ -360,7 +399,8 @@ static inline void range_row(float *restrict low, const float *restrict v) {
  * -inf logits make impossible (looked at every 64 nodes, so such a tile stops early). Above
  * LIN_FLOOR a node is a normal float with its 24 bits, and an element's rounding below 2^-126 is
  * 2^-30 of it. Returns 1 otherwise (and always on logs). */
-static int upward(const Prog *P, float *val, float *ex, float *norm, float *dval, float *top, int linear) {
+static int upward(const Prog *P, float *val, float *ex, float *norm, float *dval, float *top, int linear,
+                  const Tilt *tl, float *tmp) {
     float *low = top;
     if (linear) memset(low, 0, TILE * sizeof(float));
     for (int64_t d = 0; d < P->num_nodes; d++) {
@@ -372,8 +412,19 @@ static int upward(const Prog *P, float *val, float *ex, float *norm, float *dval
                 range_row(low, v);
             } else {
                 add_rows(v, val + P->prime[r0] * TILE, val + P->sub[r0] * TILE);
+                if (tilted(P, tl, r0)) {
+                    tilt_addend(P, tl, r0, tmp);
+                    acc_row(v, tmp);
+                }
             }
-            if (dval) add_rows(dval + slot * TILE, dval + P->prime[r0] * TILE, dval + P->sub[r0] * TILE);
+            if (dval) {
+                const float *da = dval + P->prime[r0] * TILE;
+                if (tilted(P, tl, r0) && tl->dg) {
+                    tilt_tangent(P, tl, r0, da, tmp);
+                    da = tmp;
+                }
+                add_rows(dval + slot * TILE, da, dval + P->sub[r0] * TILE);
+            }
             continue;
         }
         float *x = ex + r0 * TILE, *s = norm + slot * TILE;
@@ -383,18 +434,35 @@ static int upward(const Prog *P, float *val, float *ex, float *norm, float *dval
                             P->lin_coef[r0 + e]);
         } else {
             for (int64_t t = 0; t < TILE; t++) top[t] = -FLT_MAX; /* a dead node keeps exp(e - top) = 0 */
-            for (int64_t e = 0; e < F; e++)
-                add_rows_max(x + e * TILE, top, val + P->prime[r0 + e] * TILE, val + P->sub[r0 + e] * TILE);
+            for (int64_t e = 0; e < F; e++) {
+                float *xe = x + e * TILE;
+                if (!tilted(P, tl, r0 + e)) {
+                    add_rows_max(xe, top, val + P->prime[r0 + e] * TILE, val + P->sub[r0 + e] * TILE);
+                    continue;
+                }
+                add_rows(xe, val + P->prime[r0 + e] * TILE, val + P->sub[r0 + e] * TILE); /* as torch: then + gap */
+                tilt_addend(P, tl, r0 + e, tmp);
+                acc_row(xe, tmp);
+                max_row(top, xe);
+            }
             pm_exp_shift(x, top, F, TILE); /* x = exp(x - top) */
         }
         if (!dval) {
             memcpy(s, x, TILE * sizeof(float));
             for (int64_t e = 1; e < F; e++) acc_row(s, x + e * TILE); /* in element order, as the descent */
-        } else { /* and the tangents: de = d prime + d sub, d node = sum w de / norm */
+        } else { /* and the tangents: de = d prime + d sub (+ the tilt's), d node = sum w de / norm */
             float *dv = dval + slot * TILE;
-            first_tangent_row(dv, s, x, dval + P->prime[r0] * TILE, dval + P->sub[r0] * TILE);
-            for (int64_t e = 1; e < F; e++)
-                tangent_row(dv, s, x + e * TILE, dval + P->prime[r0 + e] * TILE, dval + P->sub[r0 + e] * TILE);
+            for (int64_t e = 0; e < F; e++) {
+                const float *da = dval + P->prime[r0 + e] * TILE;
+                if (tilted(P, tl, r0 + e) && tl->dg) {
+                    tilt_tangent(P, tl, r0 + e, da, tmp);
+                    da = tmp;
+                }
+                if (e == 0)
+                    first_tangent_row(dv, s, x, da, dval + P->sub[r0] * TILE);
+                else
+                    tangent_row(dv, s, x + e * TILE, da, dval + P->sub[r0 + e] * TILE);
+            }
             for (int64_t t = 0; t < TILE; t++) dv[t] /= max2(s[t], FLT_MIN);
         }
         if (linear) {
@@ -510,6 +578,108 @@ static void uncentre_log_z(const Prog *P, const float *val, const float *c, floa
     for (int64_t t = 0; t < TILE; t++) logz[t] = (float)(logz[t] + acc[t]);
 }
 
+static int desc(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+/* softplus in double: log(1 + e^z) for z in [-inf, inf) */
+static inline double softplus(double z) { return (z > 0.0 ? z : 0.0) + log1p(exp(-fabs(z))); }
+
+/* log(sigma(y) + sigma(-y) e^-d) for d >= 0, without cancellation (torch_passes._tilt_term). */
+static inline float tilt_term(float y, float d) {
+    const float soft = log1pf(expf(-fabsf(y))); /* sp(y), sp(-y) (not sp(y) - y: inf - inf at y = inf) */
+    const float sy = (y > 0.0f ? y : 0.0f) + soft, smy = (y < 0.0f ? -y : 0.0f) + soft;
+    if (y >= 0.0f) {
+        const float z = -d - y;
+        return ((z > 0.0f ? z : 0.0f) + log1pf(expf(-fabsf(z)))) - smy;
+    }
+    const float hi = max2(y, -d), lo = min2(y, -d);
+    return (hi + log1pf(expf(lo - hi))) - sy;
+}
+
+#define TILT_STEPS 4 /* as torch_passes.TILT_STEPS */
+
+/* The tilt of the pass on logarithms (torch_passes.tilt and _refine) for one tile: per lane c from the
+ * kmin-th and kmax-th largest logits, then Newton steps on log sum sigma(r - c) towards the expected
+ * size clamp(sum sigma(r), kmin, kmax); rt [n][TILE] becomes x = r - c in place. g [n][TILE] gets the
+ * implicit variables' addends (not smooth), dg [n][TILE] (unless NULL) their tangents
+ * (sigma(r) - sigma(x)) vt. c, cp, cn [TILE]; col [n], w [n][TILE]: scratch. */
+static void tilt_tile(const Prog *P, float *rt, const float *vt, float *c, float *cp, float *cn, float *g,
+                      float *dg, float *col, float *w) {
+    const int64_t n = P->n, m = n * TILE, kmin = P->tilt_kmin, kmax = P->tilt_kmax;
+    for (int64_t t = 0; t < TILE; t++) {
+        for (int64_t i = 0; i < n; i++) col[i] = rt[i * TILE + t];
+        qsort(col, n, sizeof(float), desc);
+        const float hi = kmax > 0 ? col[kmax - 1] : INFINITY, lo = kmin > 0 ? col[kmin - 1] : INFINITY;
+        const float cc = min2(lo, max2(hi, 0.0f));
+        c[t] = isfinite(cc) ? cc : 0.0f;
+    }
+    if (kmax > 0) {
+        float want[TILE], total[TILE], slope[TILE];
+        for (int64_t s = 0; s <= TILT_STEPS; s++) { /* s = 0: sum sigma(r), the target */
+            for (int64_t i = 0; i < m; i++) w[i] = -fabsf(rt[i] - (s ? c[i % TILE] : 0.0f));
+            pm_exp(w, m);
+            for (int64_t t = 0; t < TILE; t++) total[t] = slope[t] = 0.0f;
+            for (int64_t i = 0; i < n; i++)
+                for (int64_t t = 0; t < TILE; t++) {
+                    const float x = rt[i * TILE + t] - (s ? c[t] : 0.0f), e = w[i * TILE + t], big = 1.0f / (1.0f + e);
+                    const float q = x >= 0.0f ? big : e * big;
+                    total[t] += q;
+                    slope[t] += q * (1.0f - q);
+                }
+            for (int64_t t = 0; t < TILE; t++) {
+                if (s == 0) {
+                    want[t] = logf(min2(max2(total[t], (float)kmin), (float)kmax));
+                    continue;
+                }
+                const float step = (logf(total[t]) - want[t]) * total[t] / slope[t];
+                c[t] += total[t] > 0.0f && slope[t] > 0.0f && isfinite(step) ? min2(max2(step, -20.0f), 20.0f) : 0.0f;
+            }
+        }
+    }
+    for (int64_t t = 0; t < TILE; t++) {
+        cp[t] = max2(c[t], 0.0f);
+        cn[t] = min2(c[t], 0.0f);
+    }
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t t = 0; t < TILE; t++) {
+            const float r = rt[i * TILE + t], x = r - c[t];
+            rt[i * TILE + t] = x;
+            if (P->smooth) continue;
+            g[i * TILE + t] = c[t] > 0.0f ? tilt_term(x, c[t]) : c[t] < 0.0f ? tilt_term(-x, -c[t]) : 0.0f;
+            if (dg) {
+                const float sr = 1.0f / (1.0f + expf(-r)), sx = 1.0f / (1.0f + expf(-x));
+                dg[i * TILE + t] = (sr - sx) * vt[i * TILE + t];
+            }
+        }
+}
+
+/* log Z of r from the tilted root's log-values logz [TILE] (in place): + kmax c+ + kmin c- + sum_i
+ * sp(x_i) - sp(r_i), in double (equal logits would round alike n times). xt, rt [n][TILE]. */
+static void untilt_log_z(const Prog *P, const float *xt, const float *rt, const float *cp, const float *cn,
+                         float *logz) {
+    double acc[TILE];
+    for (int64_t t = 0; t < TILE; t++) acc[t] = (double)P->tilt_kmax * cp[t] + (double)P->tilt_kmin * cn[t];
+    for (int64_t i = 0; i < P->n; i++)
+        for (int64_t t = 0; t < TILE; t++) acc[t] += softplus(xt[i * TILE + t]) - softplus(rt[i * TILE + t]);
+    for (int64_t t = 0; t < TILE; t++) logz[t] = (float)((double)logz[t] + acc[t]);
+}
+
+/* p [n][TILE] = sigma(rt) */
+static void sigmoid_rows(int64_t n, const float *rt, float *p) {
+    const int64_t m = n * TILE;
+    for (int64_t i = 0; i < m; i++) p[i] = -fabsf(rt[i]);
+    pm_exp(p, m);
+    for (int64_t i = 0; i < m; i++) {
+        const float e = p[i], big = 1.0f / (1.0f + e);
+        p[i] = rt[i] >= 0.0f ? big : e * big;
+    }
+}
+
+/* The scratch floats the pass on logarithms takes for its tilt (up_tile's tw). */
+#define TILT_FLOATS(n) ((size_t)(4 * (n) + 5) * TILE)
+
 /* The leaves and the upward pass of one tile, linear when the program has the constants for it
  * and the tile stays in range, else on logarithms. rt [n][TILE]: tile t0..t0+nt of r less the
  * shift (tile_logits), centred in place by a linear try (see centre) and restored after a failed
@@ -518,7 +688,8 @@ static void uncentre_log_z(const Prog *P, const float *val, const float *c, floa
  * d log sigma(-r) = -p vt, and the nodes'. logz [nt]: log Z of the tile's tokens (NULL: not
  * wanted). top: [TILE] scratch. Returns 1 when the pass was linear, 0 on logarithms. */
 static int up_tile(const Prog *P, float *rt, const float *r, const float *shift, int64_t t0, const float *vt,
-                   float *p, float *val, float *ex, float *norm, float *dval, float *top, float *logz, int64_t nt) {
+                   float *p, float *val, float *ex, float *norm, float *dval, float *top, float *logz, int64_t nt,
+                   float *tw) {
     const int64_t n = P->n, S = P->num_slots;
     if (P->lin_coef) {
         float c[TILE];
@@ -526,7 +697,7 @@ static int up_tile(const Prog *P, float *rt, const float *r, const float *shift,
         if (centred) centre(P, rt, c);
         const int leaves_ok = linear_leaves(P, rt, val, p);
         if (leaves_ok && dval) leaf_tangents(n, p, vt, dval);
-        if (leaves_ok && upward(P, val, ex, norm, dval, top, 1)) {
+        if (leaves_ok && upward(P, val, ex, norm, dval, top, 1, NULL, NULL)) {
             if (logz) {
                 /* log(root) + lin_root, not log(root e^-20): that product can fall below the
                  * smallest normal float (exactly 1 of 24, log Z = -100: off by 3e-3) */
@@ -540,10 +711,25 @@ static int up_tile(const Prog *P, float *rt, const float *r, const float *shift,
         }
         if (centred) tile_logits(r, shift, n, t0, nt, rt); /* the same bits as before the centring */
     }
-    leaves(n, rt, val, p);
-    if (dval) leaf_tangents(n, p, vt, dval);
-    upward(P, val, ex, norm, dval, top, 0);
-    if (logz) memcpy(logz, val + (S - 1) * TILE, nt * sizeof(float));
+    /* on logarithms, tilted: tw holds c, c+, c-, a row of scratch, g, dg, and [n] + [n][TILE] scratch */
+    float *c = tw, *cp = c + TILE, *cn = cp + TILE, *tmp = cn + TILE, *g = tmp + TILE, *dg = g + n * TILE;
+    float *w = dg + n * TILE, *col = w + n * TILE;
+    const int need_dg = dval && !P->smooth;
+    tilt_tile(P, rt, vt, c, cp, cn, g, need_dg ? dg : NULL, col, w);
+    const Tilt tl = {c, cp, cn, g, need_dg ? dg : NULL};
+    float *px = p ? p : w; /* sigma(x) for the leaves' tangents */
+    leaves(n, rt, val, dval ? px : NULL);
+    if (dval) leaf_tangents(n, px, vt, dval);
+    upward(P, val, ex, norm, dval, top, 0, P->tilt_moves ? &tl : NULL, tmp);
+    float *x = w; /* keep x: rt takes r back (sigma(r) for the implicit variables, log Z's offset) */
+    memcpy(x, rt, n * TILE * sizeof(float));
+    tile_logits(r, shift, n, t0, nt, rt);
+    if (p) sigmoid_rows(n, rt, p);
+    if (logz) {
+        memcpy(top, val + (S - 1) * TILE, TILE * sizeof(float));
+        untilt_log_z(P, x, rt, cp, cn, top);
+        memcpy(logz, top, nt * sizeof(float));
+    }
     return 0;
 }
 
@@ -555,13 +741,13 @@ static int up_tile(const Prog *P, float *rt, const float *r, const float *shift,
 static int64_t sample_tile(const Prog *P, const float *r, const float *shift, const float *U, const int64_t *uid,
                            const float *fill, float *z, float *logz, int64_t T, int64_t t0, int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
-    float *buf = pm_scratch((size_t)(3 * n + 3 * S + R + 1) * TILE);
+    float *buf = pm_scratch((size_t)(3 * n + 3 * S + R + 1) * TILE + TILT_FLOATS(n));
     if (!buf) return -1;
     float *rt = buf, *p = rt + n * TILE, *fl = p + n * TILE, *val = fl + n * TILE, *norm = val + S * TILE;
     float *act = norm + S * TILE, *ex = act + S * TILE, *top = ex + R * TILE; /* fl: the fill's uniforms */
     tile_logits(r, shift, n, t0, nt, rt);
     const int linear = up_tile(P, rt, r, shift, t0, NULL, P->smooth ? NULL : p, val, ex, norm, NULL, top,
-                               logz ? logz + t0 : NULL, nt);
+                               logz ? logz + t0 : NULL, nt, top + TILE);
     root_flow(act, S, S);
     for (int64_t d = P->num_nodes - 1; d >= 0; d--) {
         const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
@@ -603,13 +789,13 @@ static int64_t sample_tile(const Prog *P, const float *r, const float *shift, co
 static int64_t marginals_tile(const Prog *P, const float *r, const float *shift, float *m, float *logz, int64_t t0,
                               int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
-    float *buf = pm_scratch((size_t)(2 * n + 3 * S + R + 2) * TILE);
+    float *buf = pm_scratch((size_t)(2 * n + 3 * S + R + 2) * TILE + TILT_FLOATS(n));
     if (!buf) return -1;
     float *rt = buf, *p = rt + n * TILE, *val = p + n * TILE, *norm = val + S * TILE, *g = norm + S * TILE;
     float *ex = g + S * TILE, *top = ex + R * TILE, *coef = top + TILE;
     tile_logits(r, shift, n, t0, nt, rt);
-    const int linear =
-        up_tile(P, rt, r, shift, t0, NULL, P->smooth || !m ? NULL : p, val, ex, norm, NULL, top, logz + t0, nt);
+    const int linear = up_tile(P, rt, r, shift, t0, NULL, P->smooth || !m ? NULL : p, val, ex, norm, NULL, top,
+                               logz + t0, nt, coef + TILE);
     if (!m) return linear;
     root_flow(g, S, S);
     for (int64_t d = P->num_nodes - 1; d >= 0; d--) {
@@ -639,31 +825,41 @@ static int64_t marginals_tile(const Prog *P, const float *r, const float *shift,
 static int64_t map_tile(const Prog *P, const float *r, const float *shift, float *z, float *best, int64_t t0,
                         int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
-    float *buf = pm_scratch((size_t)(2 * n + 2 * S + R + 2) * TILE);
+    float *buf = pm_scratch((size_t)(2 * n + 2 * S + R + 2) * TILE + TILT_FLOATS(n));
     if (!buf) return -1;
     float *rt = buf, *h = rt + n * TILE, *val = h + n * TILE, *act = val + S * TILE, *ex = act + S * TILE;
-    float *gap = ex + R * TILE, *found = gap + TILE;
+    float *gap = ex + R * TILE, *found = gap + TILE, *tw = found + TILE;
+    float *c = tw, *cp = c + TILE, *cn = cp + TILE, *w = cn + 2 * TILE + 2 * n * TILE, *col = w + n * TILE;
     tile_logits(r, shift, n, t0, nt, rt);
+    tilt_tile(P, rt, NULL, c, cp, cn, h, NULL, col, w); /* rt = x; h: scratch here */
     leaves(n, rt, val, NULL);
-    for (int64_t i = 0; i < n * TILE; i++) h[i] = max2(val[2 * TILE + i], val[(2 + n) * TILE + i]);
-    for (int64_t d = 0; d < P->num_nodes; d++) { /* max-product upward */
+    for (int64_t i = 0; i < n; i++) /* an implicit variable's best value (torch_passes.max_terms) */
+        for (int64_t t = 0; t < TILE; t++) {
+            const float x = rt[i * TILE + t], a = max2(x, -c[t]), sm = log1pf(expf(-fabsf(x)));
+            h[i * TILE + t] = (x >= 0.0f ? (a - x) - sm : a - (sm + max2(x, 0.0f))) + cn[t];
+        }
+    const Tilt tl = {c, cp, cn, h, NULL};
+    for (int64_t d = 0; d < P->num_nodes; d++) { /* max-product upward, tilted as torch: (prime + sub) + gap */
         const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
         float *v = val + slot * TILE;
         for (int64_t t = 0; t < TILE; t++) v[t] = -INFINITY;
         for (int64_t e = r0; e < r0 + F; e++) {
             float *x = ex + e * TILE;
-            if (P->imp_off[e] == P->imp_off[e + 1]) {
+            if (!tilted(P, P->tilt_moves ? &tl : NULL, e)) {
                 add_rows_max(x, v, val + P->prime[e] * TILE, val + P->sub[e] * TILE);
                 continue;
             }
-            memset(gap, 0, TILE * sizeof(float)); /* as torch: (prime + sub) + (0 + h_a + h_b ...) */
-            for (int64_t k = P->imp_off[e]; k < P->imp_off[e + 1]; k++) acc_row(gap, h + P->imp_var[k] * TILE);
+            tilt_addend(P, &tl, e, gap);
             add_rows(x, val + P->prime[e] * TILE, val + P->sub[e] * TILE);
             acc_row(x, gap);
             max_row(v, x);
         }
     }
-    memcpy(best + t0, val + (S - 1) * TILE, nt * sizeof(float));
+    memcpy(w, rt, n * TILE * sizeof(float)); /* x; rt takes r back (implicit variables take r > 0) */
+    tile_logits(r, shift, n, t0, nt, rt);
+    memcpy(gap, val + (S - 1) * TILE, TILE * sizeof(float));
+    untilt_log_z(P, w, rt, cp, cn, gap); /* the best log-value for r */
+    memcpy(best + t0, gap, nt * sizeof(float));
     root_flow(act, S, S);
     for (int64_t d = P->num_nodes - 1; d >= 0; d--) { /* argmax descent */
         const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
@@ -685,14 +881,17 @@ static int64_t map_tile(const Prog *P, const float *r, const float *shift, float
 static int64_t jvp_tile(const Prog *P, const float *r, const float *shift, const float *v, float *out, int64_t t0,
                         int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
-    float *buf = pm_scratch((size_t)(3 * n + 6 * S + R + 3) * TILE);
+    float *buf = pm_scratch((size_t)(3 * n + 6 * S + R + 3) * TILE + TILT_FLOATS(n));
     if (!buf) return -1;
     float *rt = buf, *vt = rt + n * TILE, *p = vt + n * TILE, *val = p + n * TILE, *dval = val + S * TILE;
     float *norm = dval + S * TILE, *g = norm + S * TILE, *dg = g + S * TILE, *ex = dg + S * TILE;
-    float *top = ex + R * TILE, *coef = top + TILE, *dcoef = coef + TILE;
+    float *top = ex + R * TILE, *coef = top + TILE, *dcoef = coef + TILE, *tw = dcoef + TILE;
     tile_logits(r, shift, n, t0, nt, rt);
     load_tile(v, n, t0, nt, 0.0f, vt);
-    const int linear = up_tile(P, rt, r, shift, t0, vt, p, val, ex, norm, dval, top, NULL, nt);
+    const int linear = up_tile(P, rt, r, shift, t0, vt, p, val, ex, norm, dval, top, NULL, nt, tw);
+    const float *gsum = tw + 4 * TILE + P->n * TILE; /* the tilt's dg (pass on logarithms, not smooth) */
+    const Tilt tl = {NULL, NULL, NULL, NULL, gsum};
+    float *tmp = tw + 3 * TILE;
     root_flow(g, S, 2 * S); /* g, and dg = 0 after it */
     for (int64_t d = P->num_nodes - 1; d >= 0; d--) {
         const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
@@ -709,7 +908,12 @@ static int64_t jvp_tile(const Prog *P, const float *r, const float *shift, const
         }
         for (int64_t e = 0; e < F; e++) {
             const int64_t pr = P->prime[r0 + e] * TILE, sb = P->sub[r0 + e] * TILE;
-            flow_rows(g + pr, g + sb, dg + pr, dg + sb, ex + (r0 + e) * TILE, dval + pr, dval + sb, coef, dcoef);
+            const float *da = dval + pr;
+            if (!linear && !P->smooth && P->imp_off[r0 + e] != P->imp_off[r0 + e + 1]) {
+                tilt_tangent(P, &tl, r0 + e, da, tmp); /* d e with the tilt addend's tangent */
+                da = tmp;
+            }
+            flow_rows(g + pr, g + sb, dg + pr, dg + sb, ex + (r0 + e) * TILE, da, dval + sb, coef, dcoef);
         }
     }
     const float *gpos = g + 2 * TILE, *gneg = g + (2 + n) * TILE, *dgneg = dg + (2 + n) * TILE;

@@ -1,0 +1,163 @@
+"""fp32 exact at every logit scale (issue 28): the marginals within 1e-5 and log Z within 1e-6
+(relative, |a - b| / max(1, |b|)) of independent float64 references on the same fp32 logits, for
+the torch and fused C passes of the compiled circuit and for the DP, on a small grid of
+tools/accuracy_fp32.py (which prints the full table of docs/circuits.md). The Triton passes take
+the same grid, interpreted, in tests/circuits_triton_checks.py."""
+
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import circuits
+import circuits.passes
+from circuits.passes import torch_passes
+
+TOOL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "accuracy_fp32.py")
+_spec = importlib.util.spec_from_file_location("accuracy_fp32", TOOL)
+A = importlib.util.module_from_spec(_spec)
+sys.modules["accuracy_fp32"] = A
+_spec.loader.exec_module(A)
+
+CARDINALITY = [(64, 8, 8), (64, 0, 1), (64, 4, 8), (64, 0, 8)]
+GROUPS = [circuits.GroupLimited(64, 8, 8, 2), circuits.GroupCapacity(64, None, 8, 2, kmin=0, kmax=8),
+          circuits.GroupLimited(32, None, 4, 2, kmin=1, kmax=6)]
+SCALES = (1.0, 100.0)
+IMPLS = ["torch"] + (["c"] if circuits.passes.c_library.library() is not None else [])
+
+
+def cardinality_spec(n, kmin, kmax):
+    return circuits.ExactlyK(n, kmin) if kmin == kmax else circuits.RangeK(n, kmin, kmax)
+
+
+def check(run, log_norm, n):
+    for s in SCALES:
+        for j, kind in enumerate(A.KINDS):
+            m_err, z_err = A.errors(run, log_norm, A.rows(n, s, kind, 16, seed=100 * j + int(s)))
+            assert m_err <= A.MARGINAL_BOUND, (s, kind, m_err)
+            assert z_err <= A.LOG_Z_BOUND, (s, kind, z_err)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("sizes", CARDINALITY, ids=lambda s: f"{s[1]}..{s[2]}-of-{s[0]}")
+def test_cardinality_circuits(impl, sizes):
+    n, kmin, kmax = sizes
+    c = circuits.compile_circuit(cardinality_spec(n, kmin, kmax))
+    check(A.circuit_runner(c, impl), lambda r: A.cardinality_log_norm(r, kmin, kmax), n)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("spec", GROUPS, ids=lambda s: s.key)
+def test_group_circuits(impl, spec):
+    c = circuits.compile_circuit(spec)
+    check(A.circuit_runner(c, impl), lambda r: A.group_log_norm(r, spec), spec.n)
+
+
+@pytest.fixture(scope="module")
+def cnf(tmp_path_factory):
+    n, clauses = 14, A.random_cnf(14, 40, seed=3)
+    path = tmp_path_factory.mktemp("cnf") / "random.cnf"
+    path.write_text(f"p cnf {n} {len(clauses)}\n" + "".join(" ".join(map(str, c)) + " 0\n" for c in clauses))
+    return circuits.compile_circuit(circuits.CnfFile(str(path))), A.cnf_models(n, clauses)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_cnf_circuit(impl, cnf):
+    c, models = cnf
+    assert len(models) > 10  # a formula with choices to make
+    check(A.circuit_runner(c, impl), lambda r: A.models_log_norm(r, models), c.n)
+
+
+def _dp_known_failure(sizes, s):
+    """The cells where the DP misses the bound today (tools/accuracy_fp32.py): its marginals at s = 100
+    (up to 1.6e-5 for 8 of 64) and log Z on all-equal rows (up to 1.4e-6 relative for 4..8 of 64 at s = 3)."""
+    return s == 100.0 and sizes[2] >= 8
+
+
+@pytest.mark.parametrize("s", SCALES)
+@pytest.mark.parametrize("sizes", CARDINALITY, ids=lambda s: f"{s[1]}..{s[2]}-of-{s[0]}")
+def test_dp(sizes, s, request):
+    if _dp_known_failure(sizes, s):
+        request.applymarker(pytest.mark.xfail(strict=True, reason="issue 28: the DP's fp32 marginals at scale 100 "
+                                                                 "are off by 1e-5..5e-5 (the DP is being moved)"))
+    n, kmin, kmax = sizes
+    run = A.dp_runner(kmin, kmax)
+    for j, kind in enumerate(A.KINDS):
+        m_err, z_err = A.errors(run, lambda r: A.cardinality_log_norm(r, kmin, kmax),
+                                A.rows(n, s, kind, 16, seed=100 * j + int(s)))
+        assert m_err <= A.MARGINAL_BOUND and z_err <= A.LOG_Z_BOUND, (kind, m_err, z_err)
+
+
+def test_references_agree_with_brute_force():
+    """The float64 references of the tool against enumeration (n = 8)."""
+    from brute import exact, group_models, masks
+
+    r = A.rows(8, 3.0, "normal", 5, seed=1)
+    for kmin, kmax in ((2, 2), (0, 3)):
+        want = exact(r.double(), masks(8, range(kmin, kmax + 1)))
+        z, m = A.reference(lambda x: A.cardinality_log_norm(x, kmin, kmax), r)
+        torch.testing.assert_close(z, want.log_partition, atol=1e-12, rtol=0)
+        torch.testing.assert_close(m, want.marginals, atol=1e-12, rtol=0)
+    spec = circuits.GroupCapacity(8, None, [3, 5], 2, kmin=1, kmax=4)
+    want = exact(r.double(), group_models(spec))
+    z, m = A.reference(lambda x: A.group_log_norm(x, spec), r)
+    torch.testing.assert_close(z, want.log_partition, atol=1e-12, rtol=0)
+    torch.testing.assert_close(m, want.marginals, atol=1e-12, rtol=0)
+
+
+def test_the_tilt_is_exact_in_float64():
+    """Any tilt c gives the same log Z and marginals (float64, against the untilted definition):
+    the element addends and the offset undo what moving the leaves takes."""
+    c = circuits.compile_circuit(circuits.RangeK(12, 2, 5))
+    prog, r = c.program, torch.randn(6, 12, dtype=torch.float64) * 3
+    up = torch_passes.upward(prog, r)  # untilted: log sigma(r) leaves, no addends
+    want_m = torch_passes.marginals_from_flows(prog, torch_passes.downward(prog, up), torch.sigmoid(r))
+    got_z, got_m = torch_passes.TorchPasses(prog).log_partition(r, True)
+    torch.testing.assert_close(got_z, up.val[-1], atol=1e-12, rtol=0)
+    torch.testing.assert_close(got_m, want_m, atol=1e-12, rtol=0)
+    assert torch_passes.tilt(prog, r).c.abs().min() > 0  # the rows were tilted
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_jacobian_at_large_shifts(impl):
+    """Cov(z) v (the marginals' backward) at logits shifted by +-1e4, against float64 autograd of the
+    reference: within 1e-5 per unit of |v|."""
+    n, kmin, kmax = 64, 4, 8
+    c = circuits.compile_circuit(circuits.RangeK(n, kmin, kmax))
+    passes = circuits.passes.select(c.program, torch.float32, prefer=impl)
+    for kind in ("+1e4", "-1e4", "normal"):
+        r = A.rows(n, 3.0, kind, 8, seed=5)
+        v = torch.randn(8, n, generator=torch.Generator().manual_seed(6))
+        rr = r.double().requires_grad_()
+        with torch.enable_grad():
+            (m,) = torch.autograd.grad(A.cardinality_log_norm(rr, kmin, kmax).sum(), rr, create_graph=True)
+            (want,) = torch.autograd.grad((m * v.double()).sum(), rr)
+        got = passes.marginals_jvp(r, v)
+        assert float((got.double() - want).abs().max()) <= 1e-5 * float(v.abs().max()), kind
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("sizes", [(256, 0, 1), (64, 4, 8), (64, 8, 8)], ids=lambda s: f"{s[1]}..{s[2]}-of-{s[0]}")
+def test_map_at_large_shifts(impl, sizes):
+    """MAP at every kind of row scores as the exact rule (sort the logits, take clamp(#{r > 0}, kmin,
+    kmax) of them; ties may pick either): before the tilt, 41 of 256 rows of range 0..1 of 256 at
+    1e4 + N(0, 1) got a worse model."""
+    n, kmin, kmax = sizes
+    c = circuits.compile_circuit(cardinality_spec(n, kmin, kmax))
+    passes = circuits.passes.select(c.program, torch.float32, prefer=impl)
+    for j, kind in enumerate(A.KINDS):
+        r = A.rows(n, 1.0, kind, 32, seed=7 + j)
+        z, best = passes.map(r, c._shift(r))
+        k = (r > 0).sum(1).clamp(kmin, kmax)
+        order = torch.sort(r, dim=1, descending=True, stable=True).indices
+        want = (torch.arange(n).expand(len(r), n) < k.unsqueeze(1)).float()
+        want = torch.zeros_like(r).scatter(1, order, want)
+        score = lambda x: torch.where(x > 0, r.double(), 0.0).sum(1)  # noqa: E731
+        assert torch.equal(score(z), score(want)), kind
+        assert ((z.sum(1) >= kmin) & (z.sum(1) <= kmax)).all(), kind
+        rs = c.shifted(r).double()  # best is the log-value of the logits the passes took
+        want_best = torch.where(want > 0, F.logsigmoid(rs), F.logsigmoid(-rs)).sum(1)
+        torch.testing.assert_close(best.double(), want_best, rtol=1e-6, atol=1e-5)
