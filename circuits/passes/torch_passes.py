@@ -107,7 +107,7 @@ def _refine(r: Tensor, c: Tensor, kmin: int, kmax: int) -> Tensor:
     return c
 
 
-def tilt(prog: Program, r: Tensor, elements: bool = True) -> Tilted:
+def tilt(prog: Program, r: Tensor, elements: bool = True, refine: bool = True) -> Tilted:
     """The tilt that keeps fp32 exact at every logit scale: the leaves take x = r - c, c [T] per row,
     and each element adds back what that takes from its models, so every pass computes the same
     distribution as on r, with log-values near 0 where the likely models are.
@@ -120,7 +120,8 @@ def tilt(prog: Program, r: Tensor, elements: bool = True) -> Tilted:
     (the k-th largest for exactly-k; 0 where the logits already sit in the band, or a row has no
     model): past it, more (fewer) true variables win by e^|c| at every node, so the likely models of
     each slot have its stored size and stored values stay near 0. Rounding of r - c aside, exact.
-    ``elements`` False: no ``gap`` (the fused passes add the element addends themselves).
+    ``elements`` False: no ``gap`` (the fused passes add the element addends themselves). ``refine``
+    False: no Newton steps (MAP compares values and needs no cancellation-free log Z).
     """
     T, n = r.shape
     t = prog.tilt
@@ -130,7 +131,8 @@ def tilt(prog: Program, r: Tensor, elements: bool = True) -> Tilted:
     r_min = top[:, t.kmin - 1] if t.kmin > 0 else inf
     c = torch.minimum(r_min, r_max.clamp(min=0.0))
     c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))  # [T]
-    c = _refine(r, c, t.kmin, t.kmax)
+    if refine:
+        c = _refine(r, c, t.kmin, t.kmax)
     x = r - c.unsqueeze(1)
     cc = c.unsqueeze(1)
     g = torch.where(cc > 0, _tilt_term(x, cc.clamp(min=0.0)), _tilt_term(-x, (-cc).clamp(min=0.0)))
@@ -363,20 +365,21 @@ def max_terms(x: Tensor, c: Tensor) -> Tensor:
 
 
 def max_upward(prog: Program, r: Tensor) -> Upward:
-    """The max-product upward pass, tilted (``tilt``): r [T, n] -> node log-values of the best
-    completions in x, but the root's: the best log-value for r (the tilt's offset added).
+    """The max-product upward pass, tilted (``tilt``, without its Newton steps) where the tilt moves
+    elements: r [T, n] -> node log-values of the best completions in x, but the root's: the best
+    log-value for r (the tilt's offset added). Exactly-k (the tilt moves no element) is not tilted:
+    its caller's shift already centres it, and the MAP pass has no other work to hide a tilt in.
 
     An implicit variable contributes its best value (``max_terms``) to its element.
     """
-    tl = tilt(prog, r, elements=False)
-    gap = None
-    if not prog.tilt.uniform:
-        T = r.shape[0]
-        c = tl.c
-        gap = SCRATCH.get("gap", (prog.num_rows, T), r)
-        torch.mul(prog.tilt.up.to(r.dtype).unsqueeze(1), c.clamp(min=0.0), out=gap)  # [R, T]
-        gap.add_(prog.tilt.down.to(r.dtype).unsqueeze(1) * c.clamp(max=0.0))
-        gap.index_add_(0, prog.implicit_row, max_terms(tl.x, c).T.index_select(0, prog.implicit_var))
+    if prog.tilt.uniform:
+        return upward(prog, r, mode="max")
+    tl = tilt(prog, r, elements=False, refine=False)
+    c = tl.c
+    gap = SCRATCH.get("gap", (prog.num_rows, r.shape[0]), r)
+    torch.mul(prog.tilt.up.to(r.dtype).unsqueeze(1), c.clamp(min=0.0), out=gap)  # [R, T]
+    gap.add_(prog.tilt.down.to(r.dtype).unsqueeze(1) * c.clamp(max=0.0))
+    gap.index_add_(0, prog.implicit_row, max_terms(tl.x, c).T.index_select(0, prog.implicit_var))
     up = upward(prog, tl.x, mode="max", gap=gap)
     up.val[-1] = _log_z(up, tl)
     return up

@@ -94,10 +94,14 @@ class TritonPasses(Passes):
 
     def map(self, r: Tensor, shift: Tensor | None = None) -> tuple[Tensor, Tensor]:
         r = shifted(r, shift)
-        tl, _ = self._tilt(r)
-        hm = torch_passes.max_terms(tl.x, tl.c).contiguous()  # [T, n]
         z, best = torch.empty_like(r), r.new_empty(r.shape[0])
-        self._launch(K.map_kernel, r, (tl.x, r, tl.c, hm, z, best), "srs", self.tilt_tables, TILT=self.tilt_moves)
+        if not self.tilt_moves:  # exactly-k: not tilted (``torch_passes.max_upward``)
+            self._launch(K.map_kernel, r, (r, r, r.new_zeros(r.shape[0]), r, z, best), "srs", self.tilt_tables,
+                         TILT=False)
+            return z, best
+        tl = torch_passes.tilt(self.program, r, elements=False, refine=False)
+        hm = torch_passes.max_terms(tl.x, tl.c).contiguous()  # [T, n]
+        self._launch(K.map_kernel, r, (tl.x, r, tl.c, hm, z, best), "srs", self.tilt_tables, TILT=True)
         return z, (best.double() + tl.offset).to(r.dtype)
 
     def marginals_jvp(self, r: Tensor, v: Tensor, shift: Tensor | None = None) -> Tensor:

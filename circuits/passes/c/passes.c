@@ -606,7 +606,7 @@ static inline float tilt_term(float y, float d) {
  * implicit variables' addends (not smooth), dg [n][TILE] (unless NULL) their tangents
  * (sigma(r) - sigma(x)) vt. c, cp, cn [TILE]; col [n], w [n][TILE]: scratch. */
 static void tilt_tile(const Prog *P, float *rt, const float *vt, float *c, float *cp, float *cn, float *g,
-                      float *dg, float *col, float *w) {
+                      float *dg, float *col, float *w, int refine) {
     const int64_t n = P->n, m = n * TILE, kmin = P->tilt_kmin, kmax = P->tilt_kmax;
     for (int64_t t = 0; t < TILE; t++) {
         for (int64_t i = 0; i < n; i++) col[i] = rt[i * TILE + t];
@@ -615,7 +615,7 @@ static void tilt_tile(const Prog *P, float *rt, const float *vt, float *c, float
         const float cc = min2(lo, max2(hi, 0.0f));
         c[t] = isfinite(cc) ? cc : 0.0f;
     }
-    if (kmax > 0) {
+    if (kmax > 0 && refine) {
         float want[TILE], total[TILE], slope[TILE];
         for (int64_t s = 0; s <= TILT_STEPS; s++) { /* s = 0: sum sigma(r), the target */
             for (int64_t i = 0; i < m; i++) w[i] = -fabsf(rt[i] - (s ? c[i % TILE] : 0.0f));
@@ -646,7 +646,7 @@ static void tilt_tile(const Prog *P, float *rt, const float *vt, float *c, float
         for (int64_t t = 0; t < TILE; t++) {
             const float r = rt[i * TILE + t], x = r - c[t];
             rt[i * TILE + t] = x;
-            if (P->smooth) continue;
+            if (P->smooth || !g) continue;
             g[i * TILE + t] = c[t] > 0.0f ? tilt_term(x, c[t]) : c[t] < 0.0f ? tilt_term(-x, -c[t]) : 0.0f;
             if (dg) {
                 const float sr = 1.0f / (1.0f + expf(-r)), sx = 1.0f / (1.0f + expf(-x));
@@ -715,7 +715,7 @@ static int up_tile(const Prog *P, float *rt, const float *r, const float *shift,
     float *c = tw, *cp = c + TILE, *cn = cp + TILE, *tmp = cn + TILE, *g = tmp + TILE, *dg = g + n * TILE;
     float *w = dg + n * TILE, *col = w + n * TILE;
     const int need_dg = dval && !P->smooth;
-    tilt_tile(P, rt, vt, c, cp, cn, g, need_dg ? dg : NULL, col, w);
+    tilt_tile(P, rt, vt, c, cp, cn, g, need_dg ? dg : NULL, col, w, 1);
     const Tilt tl = {c, cp, cn, g, need_dg ? dg : NULL};
     float *px = p ? p : w; /* sigma(x) for the leaves' tangents */
     leaves(n, rt, val, dval ? px : NULL);
@@ -831,7 +831,8 @@ static int64_t map_tile(const Prog *P, const float *r, const float *shift, float
     float *gap = ex + R * TILE, *found = gap + TILE, *tw = found + TILE;
     float *c = tw, *cp = c + TILE, *cn = cp + TILE, *w = cn + 2 * TILE + 2 * n * TILE, *col = w + n * TILE;
     tile_logits(r, shift, n, t0, nt, rt);
-    tilt_tile(P, rt, NULL, c, cp, cn, h, NULL, col, w); /* rt = x; h: scratch here */
+    const int tilt = (int)P->tilt_moves; /* exactly-k: not tilted (torch_passes.max_upward) */
+    if (tilt) tilt_tile(P, rt, NULL, c, cp, cn, NULL, NULL, col, w, 0); /* rt = x */
     leaves(n, rt, val, NULL);
     for (int64_t i = 0; i < n; i++) /* an implicit variable's best value (torch_passes.max_terms) */
         for (int64_t t = 0; t < TILE; t++) {
@@ -855,10 +856,12 @@ static int64_t map_tile(const Prog *P, const float *r, const float *shift, float
             max_row(v, x);
         }
     }
-    memcpy(w, rt, n * TILE * sizeof(float)); /* x; rt takes r back (implicit variables take r > 0) */
-    tile_logits(r, shift, n, t0, nt, rt);
     memcpy(gap, val + (S - 1) * TILE, TILE * sizeof(float));
-    untilt_log_z(P, w, rt, cp, cn, gap); /* the best log-value for r */
+    if (tilt) {
+        memcpy(w, rt, n * TILE * sizeof(float)); /* x; rt takes r back (implicit variables take r > 0) */
+        tile_logits(r, shift, n, t0, nt, rt);
+        untilt_log_z(P, w, rt, cp, cn, gap); /* the best log-value for r */
+    }
     memcpy(best + t0, gap, nt * sizeof(float));
     root_flow(act, S, S);
     for (int64_t d = P->num_nodes - 1; d >= 0; d--) { /* argmax descent */
