@@ -25,8 +25,8 @@ def integer(name: str, value, lo: int, hi: int | None = None, note: str = "", *,
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     value = int(value)
-    upper = f"{hi_name} = {hi}" if hi_name else (str(hi) if hi is not None else "inf")
-    if value < lo or (hi is not None and value > hi):
+    if value < lo or (hi is not None and value > hi):  # the message only now: under torch.compile hi may be symbolic
+        upper = f"{hi_name} = {hi}" if hi_name else (str(hi) if hi is not None else "inf")
         raise ValueError(f"{name} must be in [{lo}, {upper}]{note}, got {value}")
     return value
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass, fields
 import circuits
 
 from . import _validate, constraints
+from .scores import KINDS as SCORES  # ("softmax", "sigmoid")
 
 METHODS = ("probmoe", "topk-marginal", "sample-dense-ste")
 BACKENDS = circuits.ALGORITHMS  # ("circuit", "dp"): the compiled circuit or the cardinality DP
 GRADS = ("exact", "paper")
-SCORES = ("softmax", "sigmoid")
 
 
 @dataclass(frozen=True)
