@@ -119,7 +119,7 @@ def test_the_tilt_is_exact_in_float64():
     got_z, got_m = torch_passes.TorchPasses(prog).log_partition(r, True)
     torch.testing.assert_close(got_z, want_z, atol=1e-12, rtol=0)
     torch.testing.assert_close(got_m, want_m, atol=1e-12, rtol=0)
-    assert torch_passes.tilt(prog, r).c.abs().min() > 0  # the rows were tilted
+    assert (torch_passes.tilt(prog, r).c != 0).sum() >= 3  # most rows were tilted
 
 
 @pytest.mark.parametrize("impl", IMPLS)
