@@ -138,9 +138,11 @@ def tilt(prog: Program, r: Tensor, elements: bool = True, refine: bool = True) -
     g = torch.where(cc > 0, _tilt_term(x, cc.clamp(min=0.0)), _tilt_term(-x, (-cc).clamp(min=0.0)))
     g = torch.where(cc == 0, torch.zeros_like(g), g)  # [T, n]
     cp, cn = c.clamp(min=0.0).double(), c.clamp(max=0.0).double()
-    # sum_i sp(x_i) - sp(r_i) in float64: equal logits round alike, and n alike roundings add up
+    # sum_i sp(x_i) - sp(r_i) in float64: equal logits round alike, and n alike roundings add up;
     sp = lambda z: F.softplus(z.double(), threshold=40.0)  # noqa: E731 (exact in float64 past 40)
-    offset = t.kmax * cp + t.kmin * cn + (sp(x) - sp(r)).sum(1)  # [T]
+    # x in float64, not the rounded fp32 x: a leaf far from c hardly feels that rounding (log sigma is
+    # flat there), the offset would take all of it (2e-3 at logits 2e4 from c)
+    offset = t.kmax * cp + t.kmin * cn + (sp(r.double() - c.double().unsqueeze(1)) - sp(r)).sum(1)  # [T]
     gap = None
     if elements and not t.uniform:
         gap = SCRATCH.get("tgap", (prog.num_rows, T), r)

@@ -656,13 +656,16 @@ static void tilt_tile(const Prog *P, float *rt, const float *vt, float *c, float
 }
 
 /* log Z of r from the tilted root's log-values logz [TILE] (in place): + kmax c+ + kmin c- + sum_i
- * sp(x_i) - sp(r_i), in double (equal logits would round alike n times). xt, rt [n][TILE]. */
-static void untilt_log_z(const Prog *P, const float *xt, const float *rt, const float *cp, const float *cn,
+ * sp(r_i - c) - sp(r_i), in double (equal logits would round alike n times). rt [n][TILE]. */
+static void untilt_log_z(const Prog *P, const float *rt, const float *c, const float *cp, const float *cn,
                          float *logz) {
     double acc[TILE];
     for (int64_t t = 0; t < TILE; t++) acc[t] = (double)P->tilt_kmax * cp[t] + (double)P->tilt_kmin * cn[t];
-    for (int64_t i = 0; i < P->n; i++)
-        for (int64_t t = 0; t < TILE; t++) acc[t] += softplus(xt[i * TILE + t]) - softplus(rt[i * TILE + t]);
+    for (int64_t i = 0; i < P->n; i++) /* x = r - c in double (see torch_passes.tilt) */
+        for (int64_t t = 0; t < TILE; t++) {
+            const double r = rt[i * TILE + t];
+            acc[t] += softplus(r - (double)c[t]) - softplus(r);
+        }
     for (int64_t t = 0; t < TILE; t++) logz[t] = (float)((double)logz[t] + acc[t]);
 }
 
@@ -721,13 +724,11 @@ static int up_tile(const Prog *P, float *rt, const float *r, const float *shift,
     leaves(n, rt, val, dval ? px : NULL);
     if (dval) leaf_tangents(n, px, vt, dval);
     upward(P, val, ex, norm, dval, top, 0, P->tilt_moves ? &tl : NULL, tmp);
-    float *x = w; /* keep x: rt takes r back (sigma(r) for the implicit variables, log Z's offset) */
-    memcpy(x, rt, n * TILE * sizeof(float));
-    tile_logits(r, shift, n, t0, nt, rt);
+    tile_logits(r, shift, n, t0, nt, rt); /* r back: sigma(r) for the implicit variables, log Z's offset */
     if (p) sigmoid_rows(n, rt, p);
     if (logz) {
         memcpy(top, val + (S - 1) * TILE, TILE * sizeof(float));
-        untilt_log_z(P, x, rt, cp, cn, top);
+        untilt_log_z(P, rt, c, cp, cn, top);
         memcpy(logz, top, nt * sizeof(float));
     }
     return 0;
@@ -858,9 +859,8 @@ static int64_t map_tile(const Prog *P, const float *r, const float *shift, float
     }
     memcpy(gap, val + (S - 1) * TILE, TILE * sizeof(float));
     if (tilt) {
-        memcpy(w, rt, n * TILE * sizeof(float)); /* x; rt takes r back (implicit variables take r > 0) */
-        tile_logits(r, shift, n, t0, nt, rt);
-        untilt_log_z(P, w, rt, cp, cn, gap); /* the best log-value for r */
+        tile_logits(r, shift, n, t0, nt, rt); /* r back (implicit variables take r > 0) */
+        untilt_log_z(P, rt, c, cp, cn, gap); /* the best log-value for r */
     }
     memcpy(best + t0, gap, nt * sizeof(float));
     root_flow(act, S, S);
