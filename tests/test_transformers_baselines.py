@@ -242,24 +242,27 @@ def test_remoe_coefficient_update_follows_the_sign_rule():
     assert after_step(model) == {}  # no forward since: λ unchanged
 
 
+@pytest.mark.slow
 def test_remoe_sparsity_control_reaches_k():
-    """From a dense start (ReLU of random logits: about half the experts), 50 SGD steps with the
-    adaptive L1 penalty bring the mean number of active experts per token within 10 % of k."""
+    """From a dense start (ReLU of random logits: about half the experts), 50 steps with the
+    adaptive L1 penalty (λ0 = 1e-2, α = 1.2; Adam without momentum at lr 3e-4, on one batch the
+    model can learn, so the language-model loss pushes back against the penalty) bring the mean
+    number of active experts per token within 10 % of k (the mean over the last 5 steps and the
+    50th step itself)."""
     torch.manual_seed(0)
-    model = pt.patch_model(tiny_model("olmoe"), "remoe", l1_coef=1e-2, l1_rate=1.1).train()
-    opt = torch.optim.SGD(model.parameters(), lr=0.3)
-    data = torch.Generator().manual_seed(0)
+    model = pt.patch_model(tiny_model("olmoe"), "remoe", l1_coef=1e-2, l1_rate=1.2).train()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-4, betas=(0.0, 0.99))
+    ids = torch.randint(3, 256, (8, 32), generator=torch.Generator().manual_seed(0))
     history = []
     for _ in range(50):
-        ids = torch.randint(3, 256, (8, 32), generator=data)
         model(ids, labels=ids).loss.backward()
         opt.step()
         opt.zero_grad()
         after_step(model)
         stats = pt.router_stats(model)
         history.append(sum(float(s["experts_per_token"].float().mean()) for s in stats) / len(stats))
-    assert history[0] > 3  # dense start
-    assert abs(history[-1] - K) <= 0.1 * K, history
+    assert history[0] > 3.5  # dense start
+    assert abs(sum(history[-5:]) / 5 - K) <= 0.1 * K and abs(history[-1] - K) <= 0.1 * K, history
 
 
 @pytest.mark.parametrize("method", ["defaultmoe", "sparsemixer", "remoe"])

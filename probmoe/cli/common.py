@@ -6,7 +6,7 @@ import argparse
 import sys
 
 METHODS = ("conventional", "frozen", "densemixer", "probmoe", "probmoe-dynamic", "sample-dense-ste",
-           "topk-marginal", "probmoe-grouped")  # probmoe.integrations.transformers.ALL_METHODS (checked in the tests)
+           "topk-marginal", "defaultmoe", "sparsemixer", "remoe", "probmoe-grouped")  # probmoe.integrations.transformers.ALL_METHODS (checked in the tests)
 
 
 def _bounded(convert, what: str, low: float, inclusive: bool):

@@ -18,7 +18,7 @@ from circuits import checks
 from . import experts as experts_mod
 from . import gate as gate_mod
 from . import model as model_mod
-from . import settings
+from . import runtime_state, settings
 from .weights_file import check_weights_files
 from .families import family_of
 from .methods import make_plan
@@ -136,7 +136,8 @@ def from_pretrained(path, *, generator: torch.Generator | None = None, **kwargs)
     ``probmoe_routing.json`` records. FileNotFoundError if the settings file is missing,
     ValueError if it is unreadable, tampered or does not match the checkpoint's config;
     ``weights_file.DamagedWeightsError`` (a ValueError) naming a truncated or corrupted
-    ``*.safetensors`` file, before transformers reads it."""
+    ``*.safetensors`` file, before transformers reads it. The routing state a method trains with
+    (ReMoE's λ, DefaultMoE's default outputs) comes back from ``probmoe_state.safetensors``."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if not os.path.isdir(os.fspath(path)):
@@ -153,6 +154,7 @@ def from_pretrained(path, *, generator: torch.Generator | None = None, **kwargs)
         raise ValueError(f"{data['path']} records {data['num_experts']} experts, top-{data['top_k']}, but the model "
                          f"has {family.num_experts(model.config)}, top-{family.top_k(model.config)}")
     patch_model(model, **settings.patch_arguments(data), generator=generator)
+    runtime_state.load(model, path)
     if model.probmoe_plan.routing != data["routing"]:
         raise ValueError(f"{data['path']}: its routing config {data['routing']} does not match the model's "
                          f"({model.probmoe_plan.routing})")

@@ -62,11 +62,15 @@ def remoe_gates(logits: Tensor, k: int, state: Tensor, layers: int, *, training:
 def update_coefficient(states: list[Tensor], target: float, rate: float) -> float | None:
     """After an optimizer step: λ ← λ · rate^sign(target − S) in every router's ``state``, S the
     mean sparsity over the routers and forwards since the last update (then reset); ``target``:
-    Q = 1 − k/N. Returns S, or None if no training forward ran (λ unchanged)."""
-    forwards = sum(float(s[2]) for s in states)
+    Q = 1 − k/N. Under torch.distributed the sums are taken over all processes, so every process
+    keeps the same λ. Returns S, or None if no training forward ran (λ unchanged)."""
+    sums = torch.stack([s[1:] for s in states]).sum(dim=0)  # [Σ sparsity, forwards]
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(sums)
+    forwards = float(sums[1])
     if forwards == 0:
         return None
-    sparsity = sum(float(s[1]) for s in states) / forwards
+    sparsity = float(sums[0]) / forwards
     factor = rate if sparsity < target else 1.0 / rate if sparsity > target else 1.0
     with torch.no_grad():
         for s in states:
