@@ -6,8 +6,10 @@ each routing method and several seeds, for the same budget of optimizer steps, t
 
 Runs ``probmoe-train``, ``probmoe-eval`` and ``probmoe-analyze`` as a user would (one process each;
 every command line is written to ``study/commands.txt``), then writes ``study/summary.json``,
-``study/summary.md`` (the table for docs/results.md) and ``study/loss.png``. Finished runs are
-skipped when the study is started again.
+``study/summary.md`` (the table for docs/results.md), ``study/loss.png`` and, when the four
+ablation methods (probmoe, densemixer, sample-dense-ste, topk-marginal) are in the study,
+``study/ablation.png`` (the paper's fig:ablation_study box plot). Finished runs are skipped when the
+study is started again; ``--replot`` only redraws the figures from ``study/summary.json``.
 """
 
 from __future__ import annotations
@@ -68,26 +70,79 @@ def table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _smooth(values: list[float], window: int) -> list[float]:
+    """The trailing mean over ``window`` steps (fewer at the start)."""
+    return [statistics.mean(values[max(0, i + 1 - window):i + 1]) for i in range(len(values))]
+
+
 def plot(results: dict, path: Path) -> None:
+    """Training loss (mean over seeds per method, smoothed, with the seeds' range shaded) and the
+    test answer loss (every seed a dot, the mean ± sd a bar): one line per method, not per run."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(11, 4), layout="constrained")
-    curves, bars = fig.subplots(1, 2)
+    fig = Figure(figsize=(12, 4.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    curves, points = fig.subplots(1, 2, width_ratios=[1.4, 1])
+    styles = ("-", "--", "-.", ":")
     for i, (method, runs) in enumerate(results.items()):
-        color = f"C{i}"
-        for j, r in enumerate(runs):
-            curves.plot(range(1, len(r["train_loss"]) + 1), r["train_loss"], color=color, alpha=0.6, lw=1,
-                        label=method if j == 0 else None)
+        steps = min(len(r["train_loss"]) for r in runs)
+        window = max(1, steps // 10)
+        smoothed = [_smooth(r["train_loss"][:steps], window) for r in runs]  # [seeds][steps]
+        mean = [statistics.mean(column) for column in zip(*smoothed)]
+        xs = range(1, steps + 1)
+        curves.plot(xs, mean, color=f"C{i}", linestyle=styles[i % len(styles)], lw=1.5, label=method)
+        curves.fill_between(xs, [min(c) for c in zip(*smoothed)], [max(c) for c in zip(*smoothed)], color=f"C{i}",
+                            alpha=0.12, lw=0)
         loss = [r["answer_loss"] for r in runs]
-        bars.bar(i, statistics.mean(loss), color=color, alpha=0.7)
-        bars.scatter([i] * len(loss), loss, color="black", s=10, zorder=3)
-    curves.set(xlabel="optimizer step", ylabel="training loss (answer tokens)", title="Training loss, every seed")
-    curves.legend(fontsize=8)
-    bars.set_xticks(range(len(results)), list(results), rotation=30, ha="right")
-    lows = [r["answer_loss"] for runs in results.values() for r in runs]
-    bars.set_ylim(min(lows) - 0.05, max(lows) + 0.05)
-    bars.set(ylabel="test answer loss", title="GSM8K test answer loss (mean; dots: seeds)")
+        sd = statistics.stdev(loss) if len(loss) > 1 else 0.0
+        points.errorbar(i, statistics.mean(loss), yerr=sd, fmt="_", color=f"C{i}", markersize=18, capsize=5, lw=1.5)
+        points.scatter([i] * len(loss), loss, color=f"C{i}", edgecolor="black", s=22, zorder=3)
+    curves.set(xlabel="optimizer step", ylabel="training loss (answer tokens; trailing mean)",
+               title=f"Training loss: mean over {len(next(iter(results.values())))} seeds, range shaded")
+    curves.legend(fontsize=8, ncols=2)
+    curves.grid(alpha=0.3)
+    points.set_xticks(range(len(results)), list(results), rotation=30, ha="right")
+    points.set(ylabel="test answer loss (nats per token)",
+               title="GSM8K test answer loss: seeds (dots), mean ± sd\n(y axis zoomed to the data, not from 0)")
+    points.grid(alpha=0.3, axis="y")
     fig.savefig(path, dpi=150)
+
+
+ABLATION = {"probmoe": "Sample + Marginal\n(ProbMoE)", "densemixer": "Top-k + Dense STE\n(DenseMixer)",
+            "sample-dense-ste": "Sample +\nDense STE", "topk-marginal": "Top-k +\nMarginal"}
+
+
+def plot_ablation(results: dict, path: Path) -> bool:
+    """The paper's fig:ablation_study: box plots over seeds of exact match (flexible) and of the
+    test answer loss for the four forward x backward combinations; False (nothing drawn) unless the
+    study has all four."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if not all(m in results for m in ABLATION):
+        return False
+    fig = Figure(figsize=(11, 4.4), layout="constrained")
+    FigureCanvasAgg(fig)
+    em_ax, loss_ax = fig.subplots(1, 2)
+    seeds = len(results["probmoe"])
+    for ax, key, scale, label in ((em_ax, "exact_match_flexible", 100, "exact match, flexible (%)"),
+                                  (loss_ax, "answer_loss", 1, "test answer loss (nats per token)")):
+        data = [[scale * r.get(key, 0.0) for r in results[m]] for m in ABLATION]  # [4 methods][seeds]
+        if max(max(values) for values in data) == 0:
+            ax.set_ylim(-1, 5)  # all zero: a visible flat line at 0, not a squashed axis
+        ax.boxplot(data, tick_labels=list(ABLATION.values()), widths=0.5, showmeans=True,
+                   meanprops=dict(marker="D", markerfacecolor="white", markeredgecolor="black", markersize=5))
+        for i, values in enumerate(data):
+            ax.scatter([i + 1] * len(values), values, color=f"C{i}", s=18, zorder=3)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, axis="y")
+    em_ax.set_title(f"Exact match ({seeds} seeds; higher is better)")
+    loss_ax.set_title(f"Test answer loss ({seeds} seeds; lower is better)")
+    fig.suptitle("Ablation: forward routing x backward estimator, exact-k (box: quartiles; line: median; "
+                 "diamond: mean; dots: seeds)", fontsize="medium")
+    fig.savefig(path, dpi=150)
+    return True
 
 
 def main(argv=None) -> int:
@@ -104,7 +159,16 @@ def main(argv=None) -> int:
     p.add_argument("--max-length", type=int, default=512)
     p.add_argument("--eval-problems", type=int, default=200)
     p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--replot", action="store_true", help="redraw loss.png and ablation.png from summary.json only")
     args = p.parse_args(argv)
+    if args.replot:
+        summary = args.output / "summary.json"
+        if not summary.is_file():
+            p.error(f"--replot needs {summary} (from a finished study)")
+        results = json.loads(summary.read_text())
+        plot(results, args.output / "loss.png")
+        plot_ablation(results, args.output / "ablation.png")
+        return 0
     for path in (args.train, args.test):
         if not path.is_file():
             p.error(f"data file {path} does not exist")
@@ -122,6 +186,7 @@ def main(argv=None) -> int:
     (args.output / "summary.json").write_text(json.dumps(results, indent=1) + "\n")
     (args.output / "summary.md").write_text(table(results))
     plot(results, args.output / "loss.png")
+    plot_ablation(results, args.output / "ablation.png")
     print(table(results))
     return 0
 
