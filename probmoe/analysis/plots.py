@@ -130,12 +130,16 @@ def plot_coverage(summaries: Mapping[str, Sequence[dict]], path) -> Path:
 def plot_concentration(summaries: Mapping[str, Sequence[dict]], path) -> Path:
     """The paper's Fig. 4 per layer: the fraction of the layer's expert assignments taken by its
     m most used experts, and the normalised entropy of its assignment distribution."""
-    runs = _check(summaries, ["top_m", "assignment_top_mass", "assignment_entropy"])
+    runs = _check(summaries, ["top_m", "experts", "assignment_top_mass", "assignment_entropy"])
     fig, axes = _figure(2, "Concentration of the expert assignments", len(runs))
     top_ms = sorted({layer["top_m"] for layers in runs.values() for layer in layers})
     m = top_ms[0] if len(top_ms) == 1 else "m"
+    experts = sorted({layer["experts"] for layers in runs.values() for layer in layers})
+    balanced = f"; dotted: balanced, {m}/{experts[0]}" if len(top_ms) == 1 and len(experts) == 1 else ""
     _per_layer(axes[0], runs, lambda layer: layer["assignment_top_mass"], "share of assignments",
-               f"Top-{m} assignment mass")
+               f"Top-{m} assignment mass{balanced}")
+    if balanced:
+        axes[0].axhline(m / experts[0], color="0.5", linestyle=":", linewidth=1.2)
     _per_layer(axes[1], runs, lambda layer: layer["assignment_entropy"], "H(load share) / log N",
                "Normalised assignment entropy")
     for ax in axes:
@@ -199,7 +203,7 @@ def plot_frequency(summaries: Mapping[str, Sequence[dict]], path) -> Path:
         groups = [layer["frequency"] for layer in layers]
         ranks = [(a + b) / 2 for a, b in zip(groups[0]["rank_low"], groups[0]["rank_high"])]
         ys = [sum(g["mean_active"][j] for g in groups) / len(groups) for j in range(len(ranks))]
-        style = _style(i, len(runs))
+        style = dict(_style(i, len(runs)), linestyle="-")  # solid: dashed is the uniform expectation
         ax.plot([x + _offset(i, len(runs)) for x in ranks], ys, label=run, **style)
         uniform = sum(layer["cardinality_mean"] for layer in layers) / len(layers)
         ax.axhline(uniform, color=style["color"], linestyle="--", linewidth=1.0,
