@@ -66,9 +66,25 @@ def test_loss_figure_one_line_per_method_and_points_not_bars(tmp_path, figures):
     assert len(points.collections) >= len(results)
 
 
-def test_replot_redraws_from_the_summary(tmp_path, figures):
-    (tmp_path / "summary.json").write_text(json.dumps(_results()))
-    assert study.main(["--output", str(tmp_path), "--replot"]) == 0
-    assert (tmp_path / "loss.png").is_file() and (tmp_path / "ablation.png").is_file()
+def test_finished_summarises_the_runs_on_disk(tmp_path, figures, capsys):
+    """--finished: the runs with an evaluation are summarised and drawn, the others left out."""
+    for (method, seed), runs in {("probmoe", 0): 1, ("probmoe", 2): 1, ("densemixer", 1): 1}.items():
+        out = tmp_path / "runs" / f"{method}-seed{seed}"
+        (out / "eval-saved").mkdir(parents=True)
+        (out / "eval-saved" / "summary.json").write_text(json.dumps(
+            {"answer_loss": 2 + seed / 10, "exact_match_flexible": 0.0, "experts_per_token": 2.0, "train_s": 3.0}))
+        (out / "train_log.jsonl").write_text("".join(json.dumps({"step": i, "loss": 3 - i / 10}) + "\n"
+                                                     for i in range(5)) + '{"final": true}\n')
+    (tmp_path / "runs" / "topk-marginal-seed0").mkdir()  # started, never evaluated: left out
+    args = ["--output", str(tmp_path), "--finished", "--methods", "probmoe", "densemixer", "topk-marginal",
+            "--seeds", "0", "1", "2"]
+    assert study.main(args) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert list(summary) == ["probmoe", "densemixer"]
+    assert [r["seed"] for r in summary["probmoe"]] == [0, 2] and summary["densemixer"][0]["seed"] == 1
+    assert summary["probmoe"][1]["train_loss"] == [3 - i / 10 for i in range(5)]
+    assert "| probmoe | 0, 2 | 2.1000 ± 0.1414 |" in (tmp_path / "summary.md").read_text()
+    assert (tmp_path / "loss.png").is_file() and not (tmp_path / "ablation.png").exists()  # two of the four
     with pytest.raises(SystemExit):
-        study.main(["--output", str(tmp_path / "none"), "--replot"])
+        study.main(["--output", str(tmp_path / "none"), "--finished"])
+    assert "no finished run" in capsys.readouterr().err

@@ -9,7 +9,9 @@ every command line is written to ``study/commands.txt``), then writes ``study/su
 ``study/summary.md`` (the table for docs/results.md), ``study/loss.png`` and, when the four
 ablation methods (probmoe, densemixer, sample-dense-ste, topk-marginal) are in the study,
 ``study/ablation.png`` (the paper's fig:ablation_study box plot). Finished runs are skipped when the
-study is started again; ``--replot`` only redraws the figures from ``study/summary.json``.
+study is started again; ``--finished`` trains and evaluates nothing: it summarises and draws the
+runs of ``--methods`` x ``--seeds`` already finished under ``--output`` (a study cut short, or
+still running), leaving out the others.
 """
 
 from __future__ import annotations
@@ -50,20 +52,48 @@ def run_one(args, method: str, seed: int, log) -> dict:
         data = json.loads(summary.read_text())
         data["train_s"] = train_s
         summary.write_text(json.dumps(data, indent=2) + "\n")
-    result = json.loads(summary.read_text())
+    return load_run(out, seed)
+
+
+def load_run(out: Path, seed: int) -> dict:
+    """A finished run's evaluation summary, with its seed and its training losses."""
+    result = json.loads((out / "eval-saved" / "summary.json").read_text())
     train_log = [json.loads(line) for line in open(out / "train_log.jsonl") if '"loss"' in line]
+    result["seed"] = seed
     result["train_loss"] = [r["loss"] for r in train_log]
     return result
 
 
+def finished(args) -> dict:
+    """{method: [load_run of each seed finished]} for the runs under ``args.output`` with an
+    evaluation; methods without one are left out."""
+    results = {}
+    for method in args.methods:
+        for seed in args.seeds:
+            out = args.output / "runs" / f"{method}-seed{seed}"
+            if (out / "eval-saved" / "summary.json").is_file() and (out / "train_log.jsonl").is_file():
+                results.setdefault(method, []).append(load_run(out, seed))
+    return results
+
+
+def write_summary(results: dict, output: Path) -> None:
+    """summary.json, summary.md, loss.png and (with the four ablation methods) ablation.png."""
+    (output / "summary.json").write_text(json.dumps(results, indent=1) + "\n")
+    (output / "summary.md").write_text(table(results))
+    plot(results, output / "loss.png")
+    plot_ablation(results, output / "ablation.png")
+    print(table(results))
+
+
 def table(results: dict) -> str:
-    lines = ["| method | test answer loss (mean ± sd over seeds) | exact match (flexible) | experts/token | "
-             "final train loss | train time / run |", "|---|---|---|---|---|---|"]
+    lines = ["| method | seeds | test answer loss (mean ± sd over seeds) | exact match (flexible) | experts/token | "
+             "final train loss | train time / run |", "|---|---|---|---|---|---|---|"]
     for method, runs in results.items():
         loss = [r["answer_loss"] for r in runs]
         em = [r.get("exact_match_flexible", 0.0) for r in runs]
         sd = statistics.stdev(loss) if len(loss) > 1 else 0.0
-        lines.append(f"| {method} | {statistics.mean(loss):.4f} ± {sd:.4f} | {statistics.mean(em):.2%} | "
+        seeds = ", ".join(str(r.get("seed", "?")) for r in runs)
+        lines.append(f"| {method} | {seeds} | {statistics.mean(loss):.4f} ± {sd:.4f} | {statistics.mean(em):.2%} | "
                      f"{statistics.mean(r['experts_per_token'] for r in runs):.2f} | "
                      f"{statistics.mean(r['train_loss'][-1] for r in runs):.4f} | "
                      f"{statistics.mean(r['train_s'] for r in runs):.0f} s |")
@@ -159,15 +189,15 @@ def main(argv=None) -> int:
     p.add_argument("--max-length", type=int, default=512)
     p.add_argument("--eval-problems", type=int, default=200)
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--replot", action="store_true", help="redraw loss.png and ablation.png from summary.json only")
+    p.add_argument("--finished", action="store_true", help="train and evaluate nothing: summarise and draw the "
+                   "runs already finished under --output")
     args = p.parse_args(argv)
-    if args.replot:
-        summary = args.output / "summary.json"
-        if not summary.is_file():
-            p.error(f"--replot needs {summary} (from a finished study)")
-        results = json.loads(summary.read_text())
-        plot(results, args.output / "loss.png")
-        plot_ablation(results, args.output / "ablation.png")
+    if args.finished:
+        results = finished(args)
+        if not results:
+            p.error(f"--finished: no finished run of {', '.join(args.methods)} with seeds "
+                    f"{', '.join(map(str, args.seeds))} under {args.output / 'runs'}")
+        write_summary(results, args.output)
         return 0
     for path in (args.train, args.test):
         if not path.is_file():
@@ -183,11 +213,7 @@ def main(argv=None) -> int:
         runs = [f"{m}={args.output / 'runs' / f'{m}-seed{args.seeds[0]}'}" for m in args.methods]
         sh(["probmoe-analyze", *[a for r in runs for a in ("--checkpoint", r)], "--data", str(args.test),
             "--limit", "64", "--output", str(args.output / "analysis"), "--no-progress"], log)
-    (args.output / "summary.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.output / "summary.md").write_text(table(results))
-    plot(results, args.output / "loss.png")
-    plot_ablation(results, args.output / "ablation.png")
-    print(table(results))
+    write_summary(results, args.output)
     return 0
 
 
