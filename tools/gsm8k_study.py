@@ -85,6 +85,13 @@ def write_summary(results: dict, output: Path) -> None:
     print(table(results))
 
 
+def train_time(runs: list[dict]) -> str:
+    """The mean training time of ``runs``, or "n/a" when a run's time was not recorded (the
+    process that trained it was stopped before writing it)."""
+    times = [r.get("train_s") for r in runs]
+    return "n/a" if None in times else f"{statistics.mean(times):.0f} s"
+
+
 def table(results: dict) -> str:
     lines = ["| method | seeds | test answer loss (mean ± sd over seeds) | exact match (flexible) | experts/token | "
              "final train loss | train time / run |", "|---|---|---|---|---|---|---|"]
@@ -96,7 +103,7 @@ def table(results: dict) -> str:
         lines.append(f"| {method} | {seeds} | {statistics.mean(loss):.4f} ± {sd:.4f} | {statistics.mean(em):.2%} | "
                      f"{statistics.mean(r['experts_per_token'] for r in runs):.2f} | "
                      f"{statistics.mean(r['train_loss'][-1] for r in runs):.4f} | "
-                     f"{statistics.mean(r['train_s'] for r in runs):.0f} s |")
+                     f"{train_time(runs)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -128,8 +135,9 @@ def plot(results: dict, path: Path) -> None:
         sd = statistics.stdev(loss) if len(loss) > 1 else 0.0
         points.errorbar(i, statistics.mean(loss), yerr=sd, fmt="_", color=f"C{i}", markersize=18, capsize=5, lw=1.5)
         points.scatter([i] * len(loss), loss, color=f"C{i}", edgecolor="black", s=22, zorder=3)
-    curves.set(xlabel="optimizer step", ylabel="training loss (answer tokens; trailing mean)",
-               title=f"Training loss: mean over {len(next(iter(results.values())))} seeds, range shaded")
+    seeds = ", ".join(f"{m} {len(runs)}" for m, runs in results.items())
+    curves.set(xlabel="optimizer step", ylabel="training loss (answer tokens; trailing mean)")
+    curves.set_title(f"Training loss: mean over seeds, range shaded\n(seeds: {seeds})", fontsize="medium")
     curves.legend(fontsize=8, ncols=2)
     curves.grid(alpha=0.3)
     points.set_xticks(range(len(results)), list(results), rotation=30, ha="right")
@@ -139,7 +147,7 @@ def plot(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=150)
 
 
-ABLATION = {"probmoe": "Sample + Marginal\n(ProbMoE)", "densemixer": "Top-k + Dense STE\n(DenseMixer)",
+ABLATION = {"probmoe": "Sample +\nMarginal\n(ProbMoE)", "densemixer": "Top-k +\nDense STE\n(DenseMixer)",
             "sample-dense-ste": "Sample +\nDense STE", "topk-marginal": "Top-k +\nMarginal"}
 
 
@@ -152,10 +160,10 @@ def plot_ablation(results: dict, path: Path) -> bool:
 
     if not all(m in results for m in ABLATION):
         return False
-    fig = Figure(figsize=(11, 4.4), layout="constrained")
+    fig = Figure(figsize=(11, 4.8), layout="constrained")
     FigureCanvasAgg(fig)
     em_ax, loss_ax = fig.subplots(1, 2)
-    seeds = len(results["probmoe"])
+    seeds = "/".join(str(len(results[m])) for m in ABLATION)  # runs per box
     for ax, key, scale, label in ((em_ax, "exact_match_flexible", 100, "exact match, flexible (%)"),
                                   (loss_ax, "answer_loss", 1, "test answer loss (nats per token)")):
         data = [[scale * r.get(key, 0.0) for r in results[m]] for m in ABLATION]  # [4 methods][seeds]
@@ -167,8 +175,8 @@ def plot_ablation(results: dict, path: Path) -> bool:
             ax.scatter([i + 1] * len(values), values, color=f"C{i}", s=18, zorder=3)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3, axis="y")
-    em_ax.set_title(f"Exact match ({seeds} seeds; higher is better)")
-    loss_ax.set_title(f"Test answer loss ({seeds} seeds; lower is better)")
+    em_ax.set_title(f"Exact match ({seeds} seeds; higher is better)", fontsize="medium")
+    loss_ax.set_title(f"Test answer loss ({seeds} seeds; lower is better)", fontsize="medium")
     fig.suptitle("Ablation: forward routing x backward estimator, exact-k (box: quartiles; line: median; "
                  "diamond: mean; dots: seeds)", fontsize="medium")
     fig.savefig(path, dpi=150)
