@@ -192,8 +192,9 @@ def plot_frequency(summaries: Mapping[str, Sequence[dict]], path) -> Path:
     counts = ax.twinx()
     first = next(iter(runs.values()))[0]["frequency"]
     low, high = first["rank_low"], first["rank_high"]
-    counts.bar([(a + b) / 2 for a, b in zip(low, high)], first["frequency"], width=[b - a + 1 for a, b in zip(low, high)],
-               color="0.6", alpha=0.35, linewidth=0, label="_token frequency")
+    counts.bar([(a + b) / 2 for a, b in zip(low, high)], first["frequency"],
+               width=[b - a + 1 for a, b in zip(low, high)], color="0.6", alpha=0.35, linewidth=0,
+               label="_token frequency")
     counts.set_yscale("log")
     counts.set_ylabel("token frequency (occurrences; shaded)")
     ax.set_zorder(counts.get_zorder() + 1)  # the curves over the histogram
