@@ -39,6 +39,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--l1-rate", type=common.positive_float, default=None,
                    help="remoe: factor (> 1) λ is multiplied or divided by after each step to steer the mean "
                    "number of active experts to the model's top-k (default 1.2)")
+    p.add_argument("--balance", choices=("none", "aux-free"), default="none",
+                   help="aux-free: DeepSeek-V3's auxiliary-loss-free balancing, a per-expert bias on the selection "
+                   "scores updated after each step (not for sparsemixer, remoe)")
+    p.add_argument("--balance-rate", type=common.positive_float, default=None,
+                   help="aux-free: the bias step γ (default 1e-3)")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--max-steps", type=common.positive_int, help="optimizer steps in all")
     length.add_argument("--epochs", type=common.positive_float, help="passes over the data (default 1)")
@@ -120,7 +125,9 @@ def main(argv=None) -> int:
         cfg = TrainConfig(model=args.model, data=args.data, output_dir=args.output_dir, data_format=args.data_format,
                           method=args.method or "probmoe", k=args.k, kmin=args.kmin, kmax=args.kmax,
                           backend=args.backend, grad=args.grad, aux_loss=args.aux_loss, z_loss=args.z_loss,
-                          l1_coef=args.l1_coef, l1_rate=args.l1_rate, max_steps=args.max_steps,
+                          l1_coef=args.l1_coef, l1_rate=args.l1_rate,
+                          balance=None if args.balance == "none" else args.balance, balance_rate=args.balance_rate,
+                          max_steps=args.max_steps,
                           epochs=None if args.max_steps else (args.epochs or 1.0), lr=args.lr, lr_schedule=args.lr_schedule,
                           warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
                           max_grad_norm=args.max_grad_norm, batch_size=args.batch_size, grad_accum=args.grad_accum,

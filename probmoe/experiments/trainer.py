@@ -49,6 +49,8 @@ class TrainConfig:
     z_loss: float | None = None
     l1_coef: float | None = None  # remoe: λ0 (None: the default)
     l1_rate: float | None = None  # remoe: α
+    balance: str | None = None  # "aux-free": DeepSeek-V3's auxiliary-loss-free balancing
+    balance_rate: float | None = None  # its γ (None: the default)
     max_steps: int | None = None
     epochs: float | None = None
     lr: float = 1e-3
@@ -195,7 +197,8 @@ class Trainer:
 
         def patch(net):
             patch_model(net, cfg.method, k=cfg.k, kmin=cfg.kmin, kmax=cfg.kmax, backend=cfg.backend, grad=cfg.grad,
-                        l1_coef=cfg.l1_coef, l1_rate=cfg.l1_rate, generator=self.generator, **aux, **zl)
+                        l1_coef=cfg.l1_coef, l1_rate=cfg.l1_rate, balance=cfg.balance, balance_rate=cfg.balance_rate,
+                        generator=self.generator, **aux, **zl)
 
         dtype = getattr(torch, cfg.param_dtype)
         if cfg.fsdp:
@@ -205,7 +208,7 @@ class Trainer:
             net = models.load_model(cfg.model, cfg.seed, dtype, cfg.layers) if self.resume_dir is None else \
                 self._weights_from(self.resume_dir, dtype)
             patch(net)
-            if self.resume_dir is not None:  # the routing state (ReMoE's λ, DefaultMoE's defaults, ...)
+            if self.resume_dir is not None:  # the routing state (ReMoE's λ, DefaultMoE's defaults, the bias)
                 runtime_state.load(net, self.resume_dir)
             if cfg.gradient_checkpointing:
                 net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -308,7 +311,7 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        control = after_step(self.net)  # per-step routing updates (ReMoE's λ, ...)
+        control = after_step(self.net)  # per-step routing updates (ReMoE's λ, the aux-free bias)
         real = distributed.all_sum(torch.stack([b["attention_mask"].sum() for b in batches]).sum().to(dev))
         stats = {"loss": distributed.all_sum(ce_sum).item() / total_tokens,
                  "aux_loss": distributed.all_sum(aux_sum).item() / world.size, "lr": lr,

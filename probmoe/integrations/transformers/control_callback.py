@@ -6,8 +6,9 @@ in a ``transformers.Trainer``.
     trainer.train()
 
 Needed for "remoe" (its L1 coefficient adapts after every step; without the callback it stays
-λ₀); the values it sets are put into the next log as ``routing/remoe_sparsity`` and
-``routing/remoe_l1_coef``.
+λ₀) and for ``balance="aux-free"`` (the selection bias moves after every step; without the
+callback it stays where it is); the values it sets are put into the next log as
+``routing/remoe_sparsity``, ``routing/remoe_l1_coef`` and ``routing/balance_load_cv``.
 """
 
 from __future__ import annotations

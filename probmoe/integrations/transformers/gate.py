@@ -17,6 +17,7 @@ then routes by the plan:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,7 @@ from probmoe.replay import GeneratorReplay
 from probmoe.router import router_logits, routed
 from probmoe.scores import dense_selection, gate_scores
 
+from . import balance as balance_mod
 from . import pickling
 from .defaultmoe import defaultmoe_weights
 from .densemixer import densemixer_weights
@@ -77,13 +79,30 @@ class PatchedGate:
     """
 
     ADDED = ("probmoe_plan", "probmoe_family", "probmoe_generator", "probmoe_replay", "probmoe_last", "probmoe_layers")
-    BUFFERS = ("probmoe_remoe",)  # ReMoE's [λ, Σ sparsity, forwards] (float32, not in the state dict)
+    BUFFERS = ("probmoe_remoe", "probmoe_bias", "probmoe_load")  # ReMoE's [λ, Σ sparsity, forwards]; the
+    # aux-free selection bias [N] (families without e_score_correction_bias) and loads [N]; float32, not in the
+    # state dict
 
     def forward(self, hidden_states: Tensor):
+        logits, weights, indices = self.probmoe_route(hidden_states)
+        if self.probmoe_plan.balance is not None and self.training and torch.is_grad_enabled():
+            with torch.no_grad():
+                self.probmoe_load.add_(self.probmoe_last.counts.float())  # tokens per expert, for after_step
+        return logits, weights, indices
+
+    def probmoe_route(self, hidden_states: Tensor):
         plan: Plan = self.probmoe_plan
         family = self.probmoe_family
+        bias = balance_mod.selection_bias(self) if plan.balance is not None else None
+        own_bias = bias is not None and not family.grouped  # DeepSeek-V3's stock router adds its own
         if plan.method in STOCK + ("defaultmoe",) and not (plan.method in ("densemixer", "defaultmoe") and self.training):
-            logits, weights, indices = super().forward(hidden_states)  # the stock router, untouched
+            if own_bias:
+                logits = router_logits(hidden_states, self.weight)
+                weights, indices = balance_mod.biased_topk(logits, plan.top_k, plan.normalize, family.scores, bias)
+                if not family.fp32_weights:
+                    weights = weights.to(logits.dtype)
+            else:
+                logits, weights, indices = super().forward(hidden_states)  # the stock router, untouched
             self.probmoe_last = GateRecord(indices.detach(), torch.ones_like(indices, dtype=torch.bool),
                                            plan.num_experts)
             return logits, weights, indices
@@ -93,6 +112,8 @@ class PatchedGate:
                 logits, _, stock_idx = super().forward(hidden_states)
             else:
                 logits = router_logits(hidden_states, self.weight)
+                if own_bias:
+                    stock_idx = balance_mod.biased_topk(logits, plan.top_k, plan.normalize, family.scores, bias)[1]
             make = densemixer_weights if plan.method == "densemixer" else defaultmoe_weights
             weights, indices, top_idx = make(logits, plan.top_k, plan.normalize, scores=family.scores, top_idx=stock_idx)
             self.probmoe_last = GateRecord(top_idx.detach(), torch.ones_like(top_idx, dtype=torch.bool),
@@ -110,9 +131,16 @@ class PatchedGate:
             self.probmoe_last = GateRecord(indices, weights.detach() > 0, plan.num_experts)
         else:
             logits = router_logits(hidden_states, self.weight, float32=family.fp32_logits)  # [T, N], as the stock router
-            routing = routed(logits, plan.routing, training=self.training, generator=self.probmoe_generator,
-                             replay=self.probmoe_replay)
-            weights, indices = routing.weights, routing.indices  # [T, kmax] each
+            if bias is None:
+                routing = routed(logits, plan.routing, training=self.training, generator=self.probmoe_generator,
+                                 replay=self.probmoe_replay)
+                weights = routing.weights  # [T, kmax]
+            else:  # the subsets of the shifted logits, the weights of the unbiased scores (balance)
+                shifted = logits.float() + bias
+                routing = routed(shifted, dataclasses.replace(plan.routing, normalize=False), training=self.training,
+                                 generator=self.probmoe_generator, replay=self.probmoe_replay)
+                weights = balance_mod.probmoe_weights(routing, logits, shifted, family.scores, plan.normalize)
+            indices = routing.indices  # [T, kmax]
             self.probmoe_last = GateRecord(indices.detach(), routing.mask, plan.num_experts, routing)
         if plan.scale != 1.0:
             weights = weights * plan.scale  # DeepSeek-V3's routed_scaling_factor
@@ -141,6 +169,11 @@ def install(gate, plan: Plan, family, generator, layers: int) -> None:
     gate.probmoe_plan, gate.probmoe_family = plan, family
     gate.probmoe_generator, gate.probmoe_replay = generator, GeneratorReplay()
     gate.probmoe_last = None
+    if plan.balance is not None:
+        n, device = plan.num_experts, gate.weight.device
+        if not family.grouped:
+            gate.register_buffer("probmoe_bias", torch.zeros(n, dtype=torch.float32, device=device), persistent=False)
+        gate.register_buffer("probmoe_load", torch.zeros(n, dtype=torch.float32, device=device), persistent=False)
     if plan.method == "remoe":
         gate.probmoe_layers = layers
         state = torch.tensor([plan.l1_coef, 0.0, 0.0], dtype=torch.float32, device=gate.weight.device)

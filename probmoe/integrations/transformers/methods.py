@@ -35,6 +35,8 @@ STOCK = ("conventional", "frozen", "densemixer")  # routed by the family's own t
 BASELINES = ("defaultmoe", "sparsemixer", "remoe")  # the other baselines of the paper's Table 1
 TOP_K = STOCK + BASELINES  # methods that take the model's own top-k (no k, kmin, kmax, backend, grad)
 UNGROUPED = ("sparsemixer", "remoe")  # defined for softmax gates without group limits only
+BALANCES = ("aux-free",)  # DeepSeek-V3's auxiliary-loss-free balancing (``balance``)
+BALANCE_RATE = 1e-3  # γ, DeepSeek-V3's bias update speed
 _PROBMOE_METHOD = {"probmoe": "probmoe", "probmoe-dynamic": "probmoe", "sample-dense-ste": "sample-dense-ste",
                    "topk-marginal": "topk-marginal", "probmoe-grouped": "probmoe"}  # -> RoutingConfig.method
 
@@ -49,6 +51,8 @@ class Plan:
     aux_loss, z_loss: coefficients of the load-balancing loss and the router z-loss.
     scale: the factor the used weights are multiplied by (DeepSeek-V3's ``routed_scaling_factor``).
     l1_coef, l1_rate: ReMoE's initial L1 coefficient λ₀ and its factor α per step (0 otherwise).
+    balance, balance_rate: "aux-free" (a per-expert selection bias updated after each step by
+        ``balance_rate`` γ: ``balance``) or None.
     """
 
     method: str
@@ -61,6 +65,8 @@ class Plan:
     scale: float = 1.0
     l1_coef: float = 0.0
     l1_rate: float = 0.0
+    balance: str | None = None
+    balance_rate: float = 0.0
 
     @property
     def kmax(self) -> int:
@@ -75,7 +81,10 @@ class Plan:
     @property
     def options(self) -> dict:
         """The method-specific ``patch_model`` keywords this plan was made with (settings file)."""
-        return {"l1_coef": self.l1_coef, "l1_rate": self.l1_rate} if self.method == "remoe" else {}
+        out = {"l1_coef": self.l1_coef, "l1_rate": self.l1_rate} if self.method == "remoe" else {}
+        if self.balance is not None:
+            out.update(balance=self.balance, balance_rate=self.balance_rate)
+        return out
 
     @property
     def experts_kind(self) -> str | None:
@@ -117,7 +126,7 @@ def _positive(name: str, value, default: float, lo_open: float) -> float:
 
 
 def make_plan(config, family, method, *, k=None, kmin=None, kmax=None, backend="circuit", grad="exact",
-              aux_loss=..., z_loss=..., l1_coef=None, l1_rate=None) -> Plan:
+              aux_loss=..., z_loss=..., l1_coef=None, l1_rate=None, balance=None, balance_rate=None) -> Plan:
     """Check ``patch_model``'s arguments against the model's ``config``; ValueError naming the
     argument and the allowed values."""
     if method not in ALL_METHODS:
@@ -131,6 +140,13 @@ def make_plan(config, family, method, *, k=None, kmin=None, kmax=None, backend="
                          "(n_group, topk_group), which it has no form for")
     if method != "remoe" and (l1_coef is not None or l1_rate is not None):
         raise ValueError(f"l1_coef and l1_rate apply only to method 'remoe', not to {method!r}")
+    if balance is not None and balance not in BALANCES:
+        raise ValueError(f"balance must be one of {BALANCES} or None, got {balance!r}")
+    if balance is None and balance_rate is not None:
+        raise ValueError("balance_rate applies only with balance='aux-free'")
+    if balance is not None and method in UNGROUPED:
+        raise ValueError(f"balance: method {method!r} has no top-k selection to bias (ReMoE balances by its L1 "
+                         "penalty); it applies to the other methods")
     n, top_k = family.num_experts(config), family.top_k(config)
     k = _int_or_none("k", k, 1, n)
     kmin = _int_or_none("kmin", kmin, 1, n)
@@ -176,4 +192,5 @@ def make_plan(config, family, method, *, k=None, kmin=None, kmax=None, backend="
                 _coefficient("z_loss", z_loss, getattr(config, "router_z_loss_coef", 0.0) or 0.0),
                 family.scale(config),
                 _positive("l1_coef", l1_coef, remoe_mod.L1_COEF, 0.0) if remoe else 0.0,
-                _positive("l1_rate", l1_rate, remoe_mod.L1_RATE, 1.0) if remoe else 0.0)
+                _positive("l1_rate", l1_rate, remoe_mod.L1_RATE, 1.0) if remoe else 0.0,
+                balance, _positive("balance_rate", balance_rate, BALANCE_RATE, 0.0) if balance else 0.0)

@@ -6,6 +6,9 @@ back by ``from_pretrained`` and by ``probmoe-train --resume``:
 
     <router>.probmoe_remoe      [3] float32   ReMoE: λ, Σ sparsity, forwards since the last step
     <experts>.probmoe_defaults  [N, D] float32  DefaultMoE: the default outputs Ê
+    <router>.probmoe_bias       [N] float32   aux-free balancing: the selection bias (DeepSeek-V3
+                                              keeps its own e_score_correction_bias, a stock key)
+    <router>.probmoe_load       [N] float32   aux-free balancing: tokens per expert since the last step
 
 (names are the modules' names in the model). A model without such state writes no file. Reading
 checks that the file holds exactly the model's state names, each of the buffer's shape and
@@ -19,7 +22,7 @@ import os
 import torch
 
 FILENAME = "probmoe_state.safetensors"
-NAMES = ("probmoe_remoe", "probmoe_defaults")
+NAMES = ("probmoe_remoe", "probmoe_defaults", "probmoe_bias", "probmoe_load")
 
 
 def state_buffers(model) -> dict[str, torch.Tensor]:

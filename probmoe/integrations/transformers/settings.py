@@ -5,8 +5,8 @@ plus ``probmoe_routing.json``:
 
     {"format": "probmoe-transformers-routing", "version": 2, "model_type": ..., "num_experts": N,
      "top_k": k, "method": ..., "routing": RoutingConfig.to_dict() or null, "aux_loss": ...,
-     "z_loss": ..., "options": {the other patch_model keywords given, e.g. ReMoE's l1_coef and
-     l1_rate}, "sha256": sha256 of the canonical JSON of every other field}
+     "z_loss": ..., "options": {the other patch_model keywords given: ReMoE's l1_coef and
+     l1_rate, balance and balance_rate}, "sha256": sha256 of the canonical JSON of every other field}
 
 (Version 1 files, written before "options" existed, are read as options {}.)
 
@@ -31,7 +31,7 @@ VERSION = 2
 FIELDS_V1 = ("format", "version", "model_type", "num_experts", "top_k", "method", "routing", "aux_loss", "z_loss",
              "sha256")
 FIELDS = FIELDS_V1 + ("options",)
-OPTIONS = ("l1_coef", "l1_rate")  # patch_model keywords an "options" object may carry
+OPTIONS = ("l1_coef", "l1_rate", "balance", "balance_rate")  # patch_model keywords an "options" object may carry
 
 
 def digest(content: dict) -> str:
