@@ -16,7 +16,6 @@ from gsm8k_data import write  # noqa: E402
 TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
 sys.path.insert(0, TOOLS)  # the tool imports dynamic_k_study from beside it, as when run as a script
 dynamic_diff = importlib.import_module("dynamic_diff")
-dynamic_k_study = importlib.import_module("dynamic_k_study")
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +44,8 @@ def test_the_table_from_one_command(checkpoints, monkeypatch, capsys):
     """Exact matches fixed by a stand-in scorer (tiny random models answer nothing), the experts per
     token measured: the cell is 100 * (dynamic - exact) and dynamic / exact experts per token."""
     data = write(checkpoints, "test.jsonl", 2)
-    scored, generate = [], dynamic_k_study.gsm8k_scores
+    k_study = importlib.import_module("dynamic_k_study")  # what the tool imports (maybe loaded by another test)
+    scored, generate = [], k_study.gsm8k_scores
 
     def scores(model, tokenizer, records, args):
         scored.append(model.probmoe_plan.method)
@@ -53,7 +53,7 @@ def test_the_table_from_one_command(checkpoints, monkeypatch, capsys):
         em = {"probmoe": 0.5, "probmoe-dynamic": 0.25}[model.probmoe_plan.method]
         return {"exact_match_flexible": em, "exact_match_strict": em / 2}
 
-    monkeypatch.setattr(dynamic_k_study, "gsm8k_scores", scores)
+    monkeypatch.setattr(k_study, "gsm8k_scores", scores)
     out = checkpoints / "table"
     assert dynamic_diff.main(_args(checkpoints, data, out, "--limit", "2")) == 0
     assert scored == ["probmoe", "probmoe-dynamic"]  # each with the routing it was saved with
