@@ -26,7 +26,7 @@ from torch import Tensor
 import probmoe
 from probmoe.replay import GeneratorReplay
 from probmoe.router import router_logits, routed
-from probmoe.scores import dense_selection, gate_scores
+from probmoe.scores import dense_selection
 
 from . import balance as balance_mod
 from . import pickling
@@ -95,7 +95,8 @@ class PatchedGate:
         family = self.probmoe_family
         bias = balance_mod.selection_bias(self) if plan.balance is not None else None
         own_bias = bias is not None and not family.grouped  # DeepSeek-V3's stock router adds its own
-        if plan.method in STOCK + ("defaultmoe",) and not (plan.method in ("densemixer", "defaultmoe") and self.training):
+        dense_in_training = plan.method in ("densemixer", "defaultmoe")
+        if plan.method in STOCK + ("defaultmoe",) and not (dense_in_training and self.training):
             if own_bias:
                 logits = router_logits(hidden_states, self.weight)
                 weights, indices = balance_mod.biased_topk(logits, plan.top_k, plan.normalize, family.scores, bias)
@@ -115,7 +116,8 @@ class PatchedGate:
                 if own_bias:
                     stock_idx = balance_mod.biased_topk(logits, plan.top_k, plan.normalize, family.scores, bias)[1]
             make = densemixer_weights if plan.method == "densemixer" else defaultmoe_weights
-            weights, indices, top_idx = make(logits, plan.top_k, plan.normalize, scores=family.scores, top_idx=stock_idx)
+            weights, indices, top_idx = make(logits, plan.top_k, plan.normalize, scores=family.scores,
+                                             top_idx=stock_idx)
             self.probmoe_last = GateRecord(top_idx.detach(), torch.ones_like(top_idx, dtype=torch.bool),
                                            plan.num_experts)
         elif plan.method == "sparsemixer":
