@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from probmoe.analysis import (
+    assignment_entropy,
+    assignment_top_mass,
     cardinality,
     expert_load,
     experts_to_cover,
-    frequency_bins,
+    frequency_ranked,
     frequency_vs_active,
     layer_summary,
     load_cv,
@@ -23,7 +25,7 @@ from probmoe.analysis import (
     plot_all,
     plot_coverage,
     token_ranking,
-    top_mass,
+    token_top_mass,
 )
 
 ALPHAS = (0.25, 0.3, 0.5, 0.7, 0.9, 0.99, 1.0)
@@ -37,7 +39,7 @@ def test_uniform_routing(n, dtype):
     for probs in uniform:
         expected = torch.tensor([[math.ceil(Fraction(str(a)) * n)] * 5 for a in ALPHAS])
         assert torch.equal(experts_to_cover(probs, ALPHAS), expected)
-        assert torch.allclose(top_mass(probs, min(4, n)), torch.full((5,), min(4, n) / n, dtype=torch.float64))
+        assert torch.allclose(token_top_mass(probs, min(4, n)), torch.full((5,), min(4, n) / n, dtype=torch.float64))
         if n > 1:
             assert torch.allclose(normalized_entropy(probs), torch.ones(5, dtype=torch.float64))
 
@@ -46,8 +48,8 @@ def test_one_hot_routing():
     probs = torch.eye(8)[torch.tensor([3, 0, 7])]  # [3, 8]
     assert torch.equal(experts_to_cover(probs, ALPHAS), torch.ones(len(ALPHAS), 3, dtype=torch.long))
     assert torch.equal(normalized_entropy(probs), torch.zeros(3, dtype=torch.float64))  # 0 log 0 = 0, no NaN
-    assert torch.equal(top_mass(probs), torch.ones(3, dtype=torch.float64))
-    assert torch.equal(top_mass(probs, 1), torch.ones(3, dtype=torch.float64))
+    assert torch.equal(token_top_mass(probs), torch.ones(3, dtype=torch.float64))
+    assert torch.equal(token_top_mass(probs, 1), torch.ones(3, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -58,8 +60,8 @@ def test_known_distribution(dtype):
     cover = experts_to_cover(probs, alphas)  # [A, T]
     assert cover[:, 0].tolist() == [1, 2, 2, 3, 3, 4, 4]  # 0.95 is reached by 0.5 + 0.3 + 0.15 despite rounding
     assert cover[:, 1].tolist() == [1, 2, 2, 2, 2, 2, 2]  # α = 1: the experts with non-zero probability
-    assert torch.allclose(top_mass(probs, 2), torch.tensor([0.8, 1.0], dtype=torch.float64))
-    assert torch.allclose(top_mass(probs, 3), torch.tensor([0.95, 1.0], dtype=torch.float64))
+    assert torch.allclose(token_top_mass(probs, 2), torch.tensor([0.8, 1.0], dtype=torch.float64))
+    assert torch.allclose(token_top_mass(probs, 3), torch.tensor([0.95, 1.0], dtype=torch.float64))
     h = -(0.05 * math.log(0.05) + 0.3 * math.log(0.3) + 0.5 * math.log(0.5) + 0.15 * math.log(0.15))
     assert torch.allclose(normalized_entropy(probs), torch.tensor([h / math.log(4), 0.5], dtype=torch.float64))
 
@@ -115,17 +117,22 @@ def test_token_ranking():
     assert token_ranking(ids, experts, min_count=4)[0].numel() == 0
 
 
-def test_frequency_bins():
-    counts, active = torch.tensor([1, 2, 30, 100]), torch.tensor([1.0, 3.0, 2.0, 5.0])
-    frequency, mean, ids = frequency_bins(counts, active, num_bins=2)  # bins [1, 10) and [10, 100]
-    assert torch.allclose(frequency, torch.tensor([math.sqrt(2), math.sqrt(3000)], dtype=torch.float64))
-    assert torch.allclose(mean, torch.tensor([7 / 3, 56 / 13], dtype=torch.float64))  # weighted by occurrences
-    assert ids.tolist() == [2, 2]
-    frequency, mean, ids = frequency_bins(torch.tensor([1, 100]), torch.tensor([1.0, 2.0]), num_bins=4)
-    assert torch.allclose(frequency, torch.tensor([1.0, 100.0], dtype=torch.float64))  # two empty bins left out
-    assert mean.tolist() == [1.0, 2.0]
-    frequency, mean, ids = frequency_bins(torch.tensor([1, 1, 1]), torch.tensor([1.0, 2.0, 6.0]))
-    assert frequency.tolist() == [1.0] and mean.tolist() == [3.0] and ids.tolist() == [3]
+def test_frequency_ranked():
+    """Ranks by increasing count (ties by id), groups of consecutive ranks, occurrence-weighted means."""
+    counts, active = torch.tensor([30, 1, 100, 2]), torch.tensor([2.0, 1.0, 5.0, 3.0])  # ranks: 1, 2, 30, 100
+    ranked = frequency_ranked(counts, active, num_bins=2)
+    assert ranked["rank_low"].tolist() == [1, 3] and ranked["rank_high"].tolist() == [2, 4]
+    assert torch.allclose(ranked["frequency"], torch.tensor([1.5, 65.0], dtype=torch.float64))
+    assert ranked["occurrences"].tolist() == [3, 130]
+    assert torch.allclose(ranked["mean_active"], torch.tensor([7 / 3, 560 / 130], dtype=torch.float64))
+    ranked = frequency_ranked(counts, active)  # U = 4 <= 40 groups: each token its own
+    assert ranked["rank_low"].tolist() == ranked["rank_high"].tolist() == [1, 2, 3, 4]
+    assert ranked["frequency"].tolist() == [1.0, 2.0, 30.0, 100.0]
+    assert ranked["mean_active"].tolist() == [1.0, 3.0, 2.0, 5.0]
+    ranked = frequency_ranked(torch.tensor([4, 1, 4, 1, 4]), torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]), num_bins=3)
+    assert ranked["rank_high"].tolist() == [2, 4, 5]  # 5 ranks in 3 groups: floor(r * 3 / 5), sizes 2, 2, 1
+    assert ranked["mean_active"].tolist() == [3.0, 2.0, 5.0]  # ties by id: (ids 1, 3), (ids 0, 2), (id 4)
+    assert sum(ranked["occurrences"].tolist()) == 14
 
 
 def test_layer_summary():
@@ -139,14 +146,18 @@ def test_layer_summary():
     json.dumps(summary, allow_nan=False)
     assert summary["tokens"] == 3 and summary["experts"] == 4 and summary["top_m"] == 2
     assert summary["coverage"] == {"0.5": pytest.approx(4 / 3), "0.9": pytest.approx(3.0)}  # (1, 2, 1), (3, 4, 2)
-    assert summary["top_mass"] == pytest.approx((0.8 + 0.5 + 1.0) / 3)
-    assert summary["entropy"] == pytest.approx(float(normalized_entropy(probs).mean()))
+    assert summary["token_top_mass"] == pytest.approx((0.8 + 0.5 + 1.0) / 3)
+    assert summary["token_entropy"] == pytest.approx(float(normalized_entropy(probs).mean()))
+    assert summary["assignment_top_mass"] == pytest.approx(3 / 5)  # loads 2, 1, 1, 1: the top 2 take 3 of 5
+    h = -(0.4 * math.log(0.4) + 3 * 0.2 * math.log(0.2))
+    assert summary["assignment_entropy"] == pytest.approx(h / math.log(4))
     assert summary["load"] == [2, 1, 1, 1]
     assert summary["load_cv"] == pytest.approx(load_cv(torch.tensor([2, 1, 1, 1])))
     assert summary["max_vio"] == pytest.approx(0.6)  # (2 - 1.25) / 1.25
     assert summary["cardinality_mean"] == pytest.approx(5 / 3)
     assert summary["cardinality_hist"] == [0, 1, 2, 0, 0]
-    assert summary["frequency"] == {"frequency": pytest.approx([1.0, 2.0]), "mean_active": [2.0, 1.5], "ids": [1, 1]}
+    assert summary["frequency"] == {"rank_low": [1, 2], "rank_high": [1, 2], "frequency": [1.0, 2.0],
+                                    "occurrences": [1, 2], "mean_active": [2.0, 1.5]}  # id 4 once, id 9 twice
     assert "frequency" not in layer_summary(probs, selected)
 
 
@@ -174,9 +185,9 @@ S = torch.ones(2, 4, dtype=torch.bool)
     (lambda: experts_to_cover(P, (1.5,)), r"alphas must be numbers in \(0, 1\]"),
     (lambda: experts_to_cover(P, 0.5), "alphas must be a non-empty sequence"),
     (lambda: experts_to_cover(P, (True,)), "alphas must be numbers"),
-    (lambda: top_mass(P, 0), r"m must be in \[1, 4\] \(N = 4 experts\)"),
-    (lambda: top_mass(P, 5), r"m must be in \[1, 4\]"),
-    (lambda: top_mass(P, 2.0), "m must be an integer"),
+    (lambda: token_top_mass(P, 0), r"m must be in \[1, 4\] \(N = 4 experts\)"),
+    (lambda: token_top_mass(P, 5), r"m must be in \[1, 4\]"),
+    (lambda: token_top_mass(P, 2.0), "m must be an integer"),
     (lambda: normalized_entropy(torch.ones(3, 1)), "N >= 2 experts"),
     (lambda: expert_load(torch.ones(2, 4)), "selected must be a bool torch.Tensor"),
     (lambda: cardinality(torch.ones(4, dtype=torch.bool)), r"selected must have shape \[T, N\]"),
@@ -190,9 +201,14 @@ S = torch.ones(2, 4, dtype=torch.bool)
     (lambda: frequency_vs_active(torch.tensor([1, 2]), torch.tensor([1, 2, 3])), "experts_per_token must match"),
     (lambda: frequency_vs_active(torch.tensor([1, 2]), torch.tensor([1, -2])), "experts_per_token must be finite"),
     (lambda: frequency_vs_active(torch.tensor([], dtype=torch.long), torch.tensor([])), "token_ids must have shape"),
-    (lambda: frequency_bins(torch.tensor([0, 2]), torch.tensor([1.0, 1.0])), "counts must be >= 1"),
-    (lambda: frequency_bins(torch.tensor([1, 2]), torch.tensor([1.0])), "mean_active must have the shape of counts"),
-    (lambda: frequency_bins(torch.tensor([1, 2]), torch.tensor([1.0, 1.0]), 0), r"num_bins must be in \[1, 1000\]"),
+    (lambda: frequency_ranked(torch.tensor([0, 2]), torch.tensor([1.0, 1.0])), "counts must be whole numbers >= 1"),
+    (lambda: frequency_ranked(torch.tensor([1.5, 2]), torch.tensor([1.0, 1.0])), "counts must be whole numbers"),
+    (lambda: frequency_ranked(torch.tensor([1, 2]), torch.tensor([1.0])), "mean_active must have the shape of counts"),
+    (lambda: frequency_ranked(torch.tensor([1, 2]), torch.tensor([1.0, 1.0]), 0), r"num_bins must be in \[1, 1000\]"),
+    (lambda: assignment_top_mass(torch.tensor([1, 2]), 3), r"m must be in \[1, 2\] \(N = 2 experts\)"),
+    (lambda: assignment_top_mass(torch.zeros(3)), "load must have a positive total"),
+    (lambda: assignment_entropy(torch.tensor([4])), "N >= 2 experts"),
+    (lambda: assignment_entropy(torch.tensor([1.0, -1.0])), "load must be finite and >= 0"),
     (lambda: token_ranking(torch.tensor([1, 2]), torch.tensor([1, 2])), r"experts_per_token must be a tensor \[L, T\]"),
     (lambda: token_ranking(torch.tensor([1, 2]), torch.ones(2, 3)), "experts_per_token must match"),
     (lambda: token_ranking(torch.tensor([1, 2]), torch.ones(1, 2), 0), "min_count must be in"),

@@ -98,3 +98,26 @@ def test_analyze_ranks_tokens_by_experts(checkpoints):
     experts = sum(layer["cardinality_mean"] for layer in layers) / len(layers) * tokens
     assert sum(int(r["count"]) * float(r["mean_experts"]) for r in rows) == pytest.approx(experts, rel=1e-5)
     assert any(r["token"] == "\\n" for r in rows)  # the newline of "Question: ...\nAnswer:", escaped
+
+
+@pytest.mark.slow  # about 15 s: two data sets routed, figures drawn
+def test_analyze_compares_data_sets(checkpoints, capsys):
+    """Repeated --data (Fig. 5 per data set): one run per checkpoint and data set, each routing only
+    its own texts; the same file under two names routes the same tokens the same way."""
+    test, train = write(checkpoints, "test.jsonl", 2), write(checkpoints, "train.jsonl", 3)
+    out = checkpoints / "analysis-sets"
+    assert analyze.main(["--checkpoint", f"pm={checkpoints / 'probmoe'}", "--data", f"gsm={test}", "--data",
+                         f"train={train}", "--data", f"again={test}", "--output", str(out), "--method",
+                         "probmoe-dynamic", "--kmin", "4", "--kmax", "8", "--no-progress"]) == 0
+    result = json.loads((out / "analysis.json").read_text())
+    assert list(result["runs"]) == ["pm on gsm", "pm on train", "pm on again"]
+    assert result["records"] == {"gsm": 2, "train": 3, "again": 2}
+    runs = result["runs"]
+    assert runs["pm on gsm"] == runs["pm on again"] and runs["pm on gsm"] != runs["pm on train"]
+    for layers in runs.values():
+        assert all(4 <= layer["cardinality_mean"] <= 8 for layer in layers)
+    assert {r["run"] for r in _rows(out / "analysis.csv")} == set(runs)
+    with pytest.raises(SystemExit) as e:
+        analyze.main(["--checkpoint", str(checkpoints / "probmoe"), "--data", f"a={test}", "--data", f"a={train}",
+                      "--output", str(checkpoints / "x")])
+    assert e.value.code == 2 and "two data sets are named 'a'" in capsys.readouterr().err

@@ -64,7 +64,7 @@ def test_analyze_writes_json_csv_and_figures_side_by_side(trained):
     assert analyze.main(["--checkpoint", f"conv={runs['conventional']}", "--checkpoint",
                          str(runs["probmoe-dynamic"]), "--data", data, "--output", str(out), "--no-progress"]) == 0
     result = json.loads((out / "analysis.json").read_text())
-    assert set(result["runs"]) == {"conv", "probmoe-dynamic"} and result["records"] == 4
+    assert set(result["runs"]) == {"conv", "probmoe-dynamic"} and result["records"] == {"test-4": 4}
     assert result["routing"]["probmoe-dynamic"] == "probmoe-dynamic (kmin=1, kmax=2)"
     for name, layers in result["runs"].items():
         assert len(layers) == 2

@@ -73,7 +73,7 @@ def test_estimator_forward_values_and_draws():
     logits = torch.randn(1, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64).repeat(40_000, 1)
     pi = torch.softmax(logits, dim=-1)
     weights = {name: est(logits, 2, torch.Generator().manual_seed(7)).detach()
-               for name, est in gv.estimators(0.5).items()}
+               for name, est in gv.estimators(0.5).items() if name not in ("defaultmoe", "sparsemixer")}
     for name, w in weights.items():
         z = (w > 0).double()
         assert bool((z.sum(-1) == 2).all()), name
@@ -84,6 +84,30 @@ def test_estimator_forward_values_and_draws():
     counts = ((weights["gumbel-st"] > 0).double() @ masks.T == 2).double().sum(0)  # draws of each subset
     expected = gv.gumbel_topk_probs(logits[:1], masks)[0] * len(logits)
     assert float(((counts - expected).abs() / expected.sqrt()).max()) < 5  # within 5 standard deviations
+
+
+def test_defaultmoe_and_sparsemixer_rows():
+    """DefaultMoE: DenseMixer's forward value; its gradient adds <∂L/∂y, Ê_i> at the unselected
+    experts, Ê_i the mean output of i over the tokens that selected it. SparseMixer: k distinct
+    experts, each weight at most the expert's softmax over all scores' band (so at most 1)."""
+    problem = gv.make_problem(seed=3, n=5, tokens=4, dim=3)
+    logits = problem.logits.clone().requires_grad_()
+    weights, extra = gv.defaultmoe_weights(logits, 2, None, problem.experts)
+    dense = gv.densemixer_weights(problem.logits, 2, None)
+    assert torch.equal(weights.detach(), dense) and torch.equal(extra.detach(), torch.zeros(4, 3, dtype=torch.float64))
+    grads = gv.draws(problem, gv.defaultmoe_weights, 2, 1, None)[0]  # [T, n]
+    pi = torch.softmax(problem.logits, -1)
+    chosen = pi.topk(2, -1).indices
+    mask = torch.zeros_like(pi).scatter(1, chosen, 1.0)
+    defaults = torch.stack([problem.experts[mask[:, i] > 0, i].mean(0) if mask[:, i].any() else torch.zeros(3,
+                            dtype=torch.float64) for i in range(5)])
+    y = torch.einsum("tn,tnd->td", mask * pi, problem.experts)
+    dy = 2 * (y - problem.targets)  # [T, d]
+    g_pi = torch.where(mask > 0, torch.einsum("td,tnd->tn", dy, problem.experts), dy @ defaults.T)  # dL/dπ
+    want = pi * (g_pi - (pi * g_pi).sum(-1, keepdim=True))  # through the softmax
+    torch.testing.assert_close(grads, want)
+    w = gv.sparsemixer_weights(problem.logits.repeat(50, 1), 2, torch.Generator().manual_seed(0))
+    assert bool(((w > 0).sum(-1) == 2).all()) and bool((w <= 1).all())
 
 
 def test_reinforce_converges_where_probmoe_stays_biased():
@@ -115,12 +139,13 @@ def test_metrics_by_hand():
 
 def test_command_writes_the_json(tmp_path):
     path = tmp_path / "out.json"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(TOOL)))  # this checkout's probmoe, not an installed one
     run = subprocess.run([sys.executable, TOOL, "--samples", "200", "--seeds", "2", "--json", str(path)],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": root})
     assert run.returncode == 0, run.stderr
     assert "| gumbel-st (own objective) |" in run.stdout
     data = json.loads(path.read_text())
-    assert list(data) == ["probmoe", "probmoe-exact", "densemixer", "gumbel-st"]
+    assert list(data) == ["probmoe", "probmoe-exact", "densemixer", "defaultmoe", "sparsemixer", "gumbel-st"]
     for row in data.values():
         assert list(row) == ["bias", "variance", "error"]
         assert all(type(v) is float and math.isfinite(v) for v in row.values())

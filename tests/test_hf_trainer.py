@@ -131,7 +131,7 @@ def test_callback_statistics_equal_the_analysis_metrics_on_real_tokens():
         assert logs[f"routing/layer{layer}/experts_per_token"] == pytest.approx(want["cardinality_mean"])
         assert logs[f"routing/layer{layer}/load_cv"] == pytest.approx(want["load_cv"])
         assert logs[f"routing/layer{layer}/max_vio"] == pytest.approx(want["max_vio"])
-        assert logs[f"routing/layer{layer}/entropy"] == pytest.approx(want["entropy"])
+        assert logs[f"routing/layer{layer}/entropy"] == pytest.approx(want["token_entropy"])
     assert logs["routing/aux_loss"] == pytest.approx(sum(r[0][2] for r in records) / 2)
     layers = [logs[f"routing/layer{i}/entropy"] for i in range(2)]
     assert logs["routing/entropy"] == pytest.approx(sum(layers) / 2)

@@ -43,7 +43,9 @@ def test_save_loads_in_stock_transformers_and_restores_routing(family, tmp_path)
 
 
 @pytest.mark.parametrize("method,kwargs", [("probmoe-dynamic", dict(kmin=1, kmax=3)), ("densemixer", {}),
-                                           ("frozen", {}), ("topk-marginal", dict(k=3, grad="paper", backend="dp"))])
+                                           ("frozen", {}), ("topk-marginal", dict(k=3, grad="paper", backend="dp")),
+                                           ("defaultmoe", {}), ("sparsemixer", {}),
+                                           ("remoe", dict(l1_coef=1e-3, l1_rate=1.5))])
 def test_every_method_round_trips(method, kwargs, tmp_path):
     model = pt.patch_model(tiny_model("qwen2_moe"), method, **kwargs)
     model.save_pretrained(tmp_path)
@@ -94,7 +96,8 @@ def test_settings_with_valid_checksum_but_bad_content(tmp_path):
                             (dict(method="nope"), "method must be one of"),
                             (dict(model_type="mixtral"), "is for model type 'mixtral'"),
                             (dict(top_k=3), "records 8 experts, top-3"),
-                            (dict(version=2), "is not 'probmoe-transformers-routing' version 1")]:
+                            (dict(version=3), "is not 'probmoe-transformers-routing' version 1 or 2"),
+                            (dict(options={"nope": 1}), "options must be an object with keys among")]:
         data = settings.content(pt.patch_model(tiny_model("olmoe"), "probmoe").probmoe_plan, "olmoe")
         data.update(change)
         data["sha256"] = settings.digest(data)  # a consistent file with bad content
@@ -117,7 +120,7 @@ def test_settings_file_content_and_loader_kwargs(tmp_path):
     model = pt.patch_model(tiny_model("mixtral"), "probmoe-dynamic", kmin=1, kmax=2, backend="dp")
     model.save_pretrained(tmp_path)
     data = json.loads((tmp_path / pt.SETTINGS_FILENAME).read_text())
-    assert data["format"] == "probmoe-transformers-routing" and data["version"] == 1
+    assert data["format"] == "probmoe-transformers-routing" and data["version"] == 2 and data["options"] == {}
     assert (data["model_type"], data["num_experts"], data["top_k"], data["method"]) == ("mixtral", 8, 2,
                                                                                        "probmoe-dynamic")
     assert probmoe.RoutingConfig.from_dict(data["routing"]) == model.probmoe_plan.routing
@@ -128,3 +131,44 @@ def test_settings_file_content_and_loader_kwargs(tmp_path):
     x = batch()
     with torch.no_grad():
         torch.testing.assert_close(reloaded.eval()(x).logits, model.eval()(x).logits, atol=1e-5, rtol=0)
+
+
+def test_version_1_settings_file_still_loads(tmp_path):
+    """A file written before "options" existed (version 1) is read as options {}."""
+    from probmoe.integrations.transformers import settings
+
+    path = saved(tmp_path)
+    data = json.loads(path.read_text())
+    del data["options"]
+    data["version"] = 1
+    data["sha256"] = settings.digest(data)
+    path.write_text(json.dumps(data))
+    assert pt.from_pretrained(tmp_path).probmoe_plan.method == "probmoe"
+
+
+@pytest.mark.parametrize("method", ["remoe", "defaultmoe"])
+def test_routing_state_round_trips(method, tmp_path):
+    """ReMoE's λ and DefaultMoE's default outputs, changed by training, come back with the model;
+    a missing or damaged state file is a ValueError naming it."""
+    from probmoe.integrations.transformers.controls import after_step
+
+    model = pt.patch_model(tiny_model("olmoe"), method).train()
+    x = batch()
+    model(x, labels=x).loss.backward()
+    after_step(model)
+    model.save_pretrained(tmp_path)
+    reloaded = pt.from_pretrained(tmp_path)
+    name = "probmoe_remoe" if method == "remoe" else "probmoe_defaults"
+    want = [m._buffers[name] for m in model.modules() if name in m._buffers]
+    got = [m._buffers[name] for m in reloaded.modules() if name in m._buffers]
+    assert len(got) == len(want) == 2 and all(torch.equal(a, b) for a, b in zip(got, want))
+    assert want[0].abs().sum() > 0 and (method != "remoe" or float(want[0][0]) != 1e-8)
+    assert set(reloaded.state_dict()) == set(tiny_model("olmoe").state_dict())  # checkpoint keys stay stock
+    state = tmp_path / "probmoe_state.safetensors"
+    state.write_bytes(state.read_bytes()[:40])
+    with pytest.raises(ValueError, match="probmoe_state.safetensors"):
+        pt.from_pretrained(tmp_path)
+    state.unlink()
+    with pytest.raises(ValueError, match="probmoe_state.safetensors is missing"):
+        pt.from_pretrained(tmp_path)
+

@@ -67,3 +67,29 @@ def test_inductor_training_step_equals_eager(method):
     for got, ref in zip(model.model.layers, twin.model.layers):
         assert got.mlp.gate.weight.grad.abs().sum() > 0
         torch.testing.assert_close(got.mlp.gate.weight.grad, ref.mlp.gate.weight.grad, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["defaultmoe", "sparsemixer", "remoe"])
+def test_baselines_compile_with_fullgraph(method):
+    """The paper's other baselines trace into one graph (``fullgraph=True``: any graph break is an
+    error): training loss and router gradients, with the global RNG's draws, and eval logits equal
+    the eager model's."""
+    torch._dynamo.reset()
+    model = pt.patch_model(tiny_model("qwen3_moe"), method)
+    twin = pt.patch_model(tiny_model("qwen3_moe"), method)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    x = batch()
+    model.train(), twin.train()
+    torch.manual_seed(0)
+    out = compiled(x, labels=x)
+    torch.manual_seed(0)
+    want = twin(x, labels=x)
+    torch.testing.assert_close(out.loss, want.loss, atol=1e-6, rtol=0)
+    out.loss.backward()
+    want.loss.backward()
+    for got, ref in zip(model.model.layers, twin.model.layers):
+        assert got.mlp.gate.weight.grad.abs().sum() > 0 or method == "sparsemixer"
+        torch.testing.assert_close(got.mlp.gate.weight.grad, ref.mlp.gate.weight.grad, atol=1e-6, rtol=1e-5)
+    model.eval(), twin.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x).logits, twin(x).logits, atol=1e-6, rtol=0)

@@ -47,7 +47,7 @@ def test_families_and_methods():
     assert len(gates(model)) == 2  # the dense first layer has no router
 
 
-@pytest.mark.parametrize("method", pt.ALL_METHODS)
+@pytest.mark.parametrize("method", [m for m in pt.ALL_METHODS if m not in ("sparsemixer", "remoe")])
 def test_training_reduces_loss_and_reaches_routers(method):
     model = pt.patch_model(tiny_model("deepseek_v3"), method, generator=torch.Generator().manual_seed(1))
     losses, before, after = train_steps(model, gates(model), batch(), method == "frozen")

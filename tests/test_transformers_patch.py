@@ -36,7 +36,7 @@ def routers(model):
 def test_supported_and_methods():
     assert FAMILIES == ("olmoe", "qwen2_moe", "qwen3_moe", "mixtral")
     assert pt.METHODS == ("conventional", "frozen", "densemixer", "probmoe", "probmoe-dynamic", "sample-dense-ste",
-                          "topk-marginal")
+                          "topk-marginal", "defaultmoe", "sparsemixer", "remoe")
 
 
 def test_import_probmoe_does_not_import_transformers():

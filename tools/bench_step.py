@@ -2,17 +2,21 @@
 
     python tools/bench_step.py [--tokens 2048] [--seq 256] [--hidden 128] [--experts 64] [--top-k 8]
                                [--layers 2] [--repeats 15] [--threads 2] [--devices cpu,cuda]
+                               [--methods LABEL ...]
 
 An OLMoE-proportioned model scaled down for the CPU (64 experts, top-8; OLMoE-1B-7B has hidden
 2048, 16 layers), randomly initialised, one copy per method from the same weights. A step is
 forward with labels, backward and an AdamW update on ``--tokens`` tokens. For conventional
-top-k, DenseMixer, ProbMoE Exact-k (the "dp" and the "circuit" backend) and ProbMoE Dynamic-k
-(1..top-k, circuit): the median step time (interleaved repeats, so drift hits all alike), tokens
+top-k, DenseMixer, ProbMoE Exact-k (the "dp" and the "circuit" backend), ProbMoE Dynamic-k
+(1..top-k, circuit), DefaultMoE, SparseMixer and ReMoE (``--methods`` picks some): the median step time (interleaved repeats, so drift hits all alike), tokens
 per second and peak memory, each as a ratio to conventional measured in the same run, and the
 experts a token used on average. ``--router-offset c`` adds c to every router logit (through a
 constant input feature of the router; the experts see the hidden states unchanged): softmax,
 top-k, Exact-k and DenseMixer are shift invariant, so only Dynamic-k changes, and a negative c
-makes its tokens use fewer experts, as a trained router can (c = -3 gives about 3 of 1..8). Peak memory is the peak resident set of a fresh process that
+makes its tokens use fewer experts, as a trained router can (c = -3 gives about 3 of 1..8).
+ReMoE runs the experts whose ReLU gate is positive: about half of them with an untrained router
+(its L1 penalty brings that to top-k only over training), so its row is read together with its
+experts-per-token column, or with a negative offset that puts it near top-k. Peak memory is the peak resident set of a fresh process that
 runs two steps (CPU; the whole process: torch, transformers and the model included) or
 ``torch.cuda.max_memory_allocated`` over one step (CUDA).
 """
@@ -38,6 +42,9 @@ METHODS = {  # label -> patch_model arguments (None: the stock model)
     "ProbMoE (dp)": dict(method="probmoe", backend="dp"),
     "ProbMoE (circuit)": dict(method="probmoe", backend="circuit"),
     "ProbMoE Dynamic-k (circuit)": dict(method="probmoe-dynamic", backend="circuit"),
+    "DefaultMoE": dict(method="defaultmoe"),
+    "SparseMixer": dict(method="sparsemixer"),
+    "ReMoE": dict(method="remoe"),
 }
 
 
@@ -97,7 +104,8 @@ def experts_per_token(model, top_k: int) -> float:
 def peak_rss_mib(args, label: str) -> float:
     """Peak resident set (MiB) of a fresh process that builds the ``label`` model and runs two steps."""
     code = ("import sys, json; sys.argv = json.loads(sys.argv[1]); import bench_step; bench_step.rss_child()")
-    argv = [sys.argv[0], *[f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()], f"--child={label}"]
+    argv = [sys.argv[0], *[f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+                           if k not in ("methods", "child")], f"--child={label}"]
     run = subprocess.run([sys.executable, "-c", code, json.dumps(argv)], capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(os.path.abspath(__file__)))
     return float(run.stdout.strip().splitlines()[-1])
@@ -123,7 +131,7 @@ def peak_resident_mib() -> float:
 
 
 def bench(args, device: torch.device) -> None:
-    models = build(args, device)
+    models = build(args, device, ["conventional", *[m for m in args.methods if m != "conventional"]])
     ids = torch.randint(3, 512, (args.tokens // args.seq, args.seq), device=device)
 
     def run(label):
@@ -167,6 +175,8 @@ def parse():
     ap.add_argument("--router-offset", type=float, default=0.0,
                     help="add this to every router logit (negative: Dynamic-k tokens use fewer experts)")
     ap.add_argument("--devices", default="cpu,cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--methods", nargs="+", choices=tuple(METHODS), default=list(METHODS),
+                    help="the rows to measure (conventional, the baseline of the ratios, always)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     return ap.parse_args()
 

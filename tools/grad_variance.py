@@ -20,6 +20,14 @@ they backpropagate:
   (Jacobian Cov(z)). Both draw S from P(S | r) with the same generator state, so the same subsets.
 - "densemixer": the top-k experts of π (deterministic, so its variance is 0); weights
   (mask ⊙ π).detach() + π - π.detach() over all n experts, every expert computed.
+- "defaultmoe": DefaultMoE (Panda et al.): the forward of "densemixer" (top-k of π, value
+  mask ⊙ π) with its dense router gradient from default outputs: the unselected expert i stands in
+  with Ê_i, the mean of f_i(x_t) over the tokens whose top-k holds i (the value the running
+  average settles at when this batch is seen again and again; 0 for an expert no token selects),
+  y_t + Σ_{i∉S} (π_i − stopgrad(π_i)) Ê_i. Deterministic, variance 0.
+- "sparsemixer": SparseMixer v2 (``integrations.transformers.sparsemixer``), k stages of Gumbel
+  sampling within a jitter band (ε = 0.01, GRIN-MoE's) with the midpoint gradient; its forward is
+  its own (each stage's weight is the softmax over its band, times 1 or 0.3333).
 - "gumbel-st": the top-k of r + g, g ~ Gumbel(0, 1) (S drawn from the Gumbel-top-k / Plackett-Luce
   distribution, not from P(S | r)); z ≈ softmax((r + g) / τ) in the backward:
   w = (z + s - stopgrad(s)) ⊙ π with s = softmax((r + g) / τ).
@@ -74,11 +82,12 @@ import probmoe  # noqa: E402
 DTYPE = torch.float64
 MAX_N = 16  # the Gumbel-top-k objective sums C(n, k) · 2^k terms per token: 3.3 million at n = 16, k = 8
 DRAW_SEED = 1_000_000  # the draws of seed s start from a generator seeded with DRAW_SEED + s
-ROWS = ("probmoe", "probmoe-exact", "densemixer", "gumbel-st")  # the estimators, in the table's order
+ROWS = ("probmoe", "probmoe-exact", "densemixer", "defaultmoe", "sparsemixer", "gumbel-st")  # the estimators, in the table's order
 READINGS = ("ours", "per-token", "token-axis", "sampled-densemixer", "logits-per-sample")
 EXACT_CHUNK = 4096  # tokens per enumeration batch of the per-sample exact gradients
 METRICS = ("bias", "variance", "error", "mse")
-Estimator = Callable[[Tensor, int, torch.Generator], Tensor]  # (logits [B, n] leaf, k, generator) -> weights [B, n]
+Estimator = Callable[..., Tensor | tuple[Tensor, Tensor]]  # (logits [B, n] leaf, k, generator, experts [T, n, d])
+# -> weights [B, n], or (weights [B, n], an output added to Σ_i w_i f_i [B, d])
 
 
 @dataclass(frozen=True)
@@ -97,9 +106,12 @@ def make_problem(seed: int, n: int, tokens: int, dim: int) -> Problem:
                                                                                   (tokens, dim))))
 
 
-def token_losses(weights: Tensor, experts: Tensor, targets: Tensor) -> Tensor:
-    """||Σ_i w_i f_i(x_t) - y*_t||²: weights [..., T, n], experts [T, n, d], targets [T, d] -> [..., T]."""
+def token_losses(weights: Tensor, experts: Tensor, targets: Tensor, extra: Tensor | None = None) -> Tensor:
+    """||Σ_i w_i f_i(x_t) (+ extra_t) - y*_t||²: weights [..., T, n], experts [T, n, d], targets [T, d],
+    extra [..., T, d] -> [..., T]."""
     y = torch.einsum("...tn,tnd->...td", weights, experts)
+    if extra is not None:
+        y = y + extra
     return (y - targets).square().sum(dim=-1)
 
 
@@ -178,6 +190,30 @@ def densemixer_weights(logits: Tensor, k: int, generator: torch.Generator) -> Te
     return (mask * pi).detach() + (pi - pi.detach())
 
 
+def defaultmoe_weights(logits: Tensor, k: int, generator: torch.Generator, experts: Tensor) -> tuple[Tensor, Tensor]:
+    """DefaultMoE: DenseMixer's value (top-k mask ⊙ π, gradient through π at the selected experts)
+    and the default outputs' term Σ_{i∉S} (π_i − stopgrad π_i) Ê_i [B, d], Ê_i the mean of
+    f_i(x_t) over the tokens (rows t = b mod T) whose top-k holds i. Draws nothing."""
+    pi = torch.softmax(logits, dim=-1)  # [B, n]
+    mask = torch.zeros_like(pi).scatter(1, pi.detach().topk(k, dim=-1).indices, 1.0)  # [B, n]
+    tokens = experts.shape[0]
+    rows = experts[torch.arange(len(logits)) % tokens]  # [B, n, d]: f_i(x_t) of each row's token
+    seen = mask.sum(dim=0).unsqueeze(-1)  # [n, 1]
+    defaults = (mask.unsqueeze(-1) * rows).sum(dim=0) / seen.clamp(min=1)  # [n, d]
+    weights = (mask * pi).detach() + (mask * (pi - pi.detach()))
+    extra = ((1 - mask) * (pi - pi.detach())) @ defaults  # value 0
+    return weights, extra
+
+
+def sparsemixer_weights(logits: Tensor, k: int, generator: torch.Generator) -> Tensor:
+    """SparseMixer v2 (float32 inside, as the transformers integration routes), scattered onto
+    the experts: [B, n]."""
+    from probmoe.integrations.transformers.sparsemixer import sparsemixer_weights as route
+
+    weights, indices = route(logits, k, training=True, generator=generator)
+    return torch.zeros_like(logits).scatter(1, indices, weights.to(logits.dtype))
+
+
 def sampled_densemixer_weights(logits: Tensor, k: int, generator: torch.Generator) -> Tensor:
     """DenseMixer's backward (through π of every expert) on a subset drawn from P(S | r): [B, n]."""
     pi = torch.softmax(logits, dim=-1)
@@ -197,7 +233,7 @@ def estimators(tau: float, reading: str = "ours") -> dict[str, Estimator]:
     """Row label -> estimator, in the order of ``ROWS`` (DenseMixer on drawn subsets for "sampled-densemixer")."""
     densemixer = sampled_densemixer_weights if reading == "sampled-densemixer" else densemixer_weights
     return dict(zip(ROWS, (partial(probmoe_weights, grad="paper"), partial(probmoe_weights, grad="exact"),
-                           densemixer, partial(gumbel_st_weights, tau=tau))))
+                           densemixer, defaultmoe_weights, sparsemixer_weights, partial(gumbel_st_weights, tau=tau))))
 
 
 def draws(problem: Problem, estimator: Estimator, k: int, samples: int, generator: torch.Generator,
@@ -210,8 +246,12 @@ def draws(problem: Problem, estimator: Estimator, k: int, samples: int, generato
     """
     tokens, n = problem.logits.shape
     logits = (problem.logits.repeat(samples, 1) if logits is None else logits.reshape(-1, n)).clone().requires_grad_()
-    weights = estimator(logits, k, generator).view(samples, tokens, n)
-    loss = token_losses(weights, problem.experts, problem.targets).sum()
+    if estimator is defaultmoe_weights:
+        weights, extra = estimator(logits, k, generator, problem.experts)
+        extra = extra.view(samples, tokens, -1)
+    else:
+        weights, extra = estimator(logits, k, generator), None
+    loss = token_losses(weights.view(samples, tokens, n), problem.experts, problem.targets, extra).sum()
     return torch.autograd.grad(loss, logits)[0].view(samples, tokens, n)
 
 

@@ -6,8 +6,12 @@ each routing method and several seeds, for the same budget of optimizer steps, t
 
 Runs ``probmoe-train``, ``probmoe-eval`` and ``probmoe-analyze`` as a user would (one process each;
 every command line is written to ``study/commands.txt``), then writes ``study/summary.json``,
-``study/summary.md`` (the table for docs/results.md) and ``study/loss.png``. Finished runs are
-skipped when the study is started again.
+``study/summary.md`` (the table for docs/results.md), ``study/loss.png`` and, when the four
+ablation methods (probmoe, densemixer, sample-dense-ste, topk-marginal) are in the study,
+``study/ablation.png`` (the paper's fig:ablation_study box plot). Finished runs are skipped when the
+study is started again; ``--finished`` trains and evaluates nothing: it summarises and draws the
+runs of ``--methods`` x ``--seeds`` already finished under ``--output`` (a study cut short, or
+still running), leaving out the others.
 """
 
 from __future__ import annotations
@@ -48,46 +52,135 @@ def run_one(args, method: str, seed: int, log) -> dict:
         data = json.loads(summary.read_text())
         data["train_s"] = train_s
         summary.write_text(json.dumps(data, indent=2) + "\n")
-    result = json.loads(summary.read_text())
+    return load_run(out, seed)
+
+
+def load_run(out: Path, seed: int) -> dict:
+    """A finished run's evaluation summary, with its seed and its training losses."""
+    result = json.loads((out / "eval-saved" / "summary.json").read_text())
     train_log = [json.loads(line) for line in open(out / "train_log.jsonl") if '"loss"' in line]
+    result["seed"] = seed
     result["train_loss"] = [r["loss"] for r in train_log]
     return result
 
 
+def finished(args) -> dict:
+    """{method: [load_run of each seed finished]} for the runs under ``args.output`` with an
+    evaluation; methods without one are left out."""
+    results = {}
+    for method in args.methods:
+        for seed in args.seeds:
+            out = args.output / "runs" / f"{method}-seed{seed}"
+            if (out / "eval-saved" / "summary.json").is_file() and (out / "train_log.jsonl").is_file():
+                results.setdefault(method, []).append(load_run(out, seed))
+    return results
+
+
+def write_summary(results: dict, output: Path) -> None:
+    """summary.json, summary.md, loss.png and (with the four ablation methods) ablation.png."""
+    (output / "summary.json").write_text(json.dumps(results, indent=1) + "\n")
+    (output / "summary.md").write_text(table(results))
+    plot(results, output / "loss.png")
+    plot_ablation(results, output / "ablation.png")
+    print(table(results))
+
+
+def train_time(runs: list[dict]) -> str:
+    """The mean training time of ``runs``, or "n/a" when a run's time was not recorded (the
+    process that trained it was stopped before writing it)."""
+    times = [r.get("train_s") for r in runs]
+    return "n/a" if None in times else f"{statistics.mean(times):.0f} s"
+
+
 def table(results: dict) -> str:
-    lines = ["| method | test answer loss (mean ± sd over seeds) | exact match (flexible) | experts/token | "
-             "final train loss | train time / run |", "|---|---|---|---|---|---|"]
+    lines = ["| method | seeds | test answer loss (mean ± sd over seeds) | exact match (flexible) | experts/token | "
+             "final train loss | train time / run |", "|---|---|---|---|---|---|---|"]
     for method, runs in results.items():
         loss = [r["answer_loss"] for r in runs]
         em = [r.get("exact_match_flexible", 0.0) for r in runs]
         sd = statistics.stdev(loss) if len(loss) > 1 else 0.0
-        lines.append(f"| {method} | {statistics.mean(loss):.4f} ± {sd:.4f} | {statistics.mean(em):.2%} | "
+        seeds = ", ".join(str(r.get("seed", "?")) for r in runs)
+        lines.append(f"| {method} | {seeds} | {statistics.mean(loss):.4f} ± {sd:.4f} | {statistics.mean(em):.2%} | "
                      f"{statistics.mean(r['experts_per_token'] for r in runs):.2f} | "
                      f"{statistics.mean(r['train_loss'][-1] for r in runs):.4f} | "
-                     f"{statistics.mean(r['train_s'] for r in runs):.0f} s |")
+                     f"{train_time(runs)} |")
     return "\n".join(lines) + "\n"
 
 
+def _smooth(values: list[float], window: int) -> list[float]:
+    """The trailing mean over ``window`` steps (fewer at the start)."""
+    return [statistics.mean(values[max(0, i + 1 - window):i + 1]) for i in range(len(values))]
+
+
 def plot(results: dict, path: Path) -> None:
+    """Training loss (mean over seeds per method, smoothed, with the seeds' range shaded) and the
+    test answer loss (every seed a dot, the mean ± sd a bar): one line per method, not per run."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(11, 4), layout="constrained")
-    curves, bars = fig.subplots(1, 2)
+    fig = Figure(figsize=(12, 4.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    curves, points = fig.subplots(1, 2, width_ratios=[1.4, 1])
+    styles = ("-", "--", "-.", ":")
     for i, (method, runs) in enumerate(results.items()):
-        color = f"C{i}"
-        for j, r in enumerate(runs):
-            curves.plot(range(1, len(r["train_loss"]) + 1), r["train_loss"], color=color, alpha=0.6, lw=1,
-                        label=method if j == 0 else None)
+        steps = min(len(r["train_loss"]) for r in runs)
+        window = max(1, steps // 10)
+        smoothed = [_smooth(r["train_loss"][:steps], window) for r in runs]  # [seeds][steps]
+        mean = [statistics.mean(column) for column in zip(*smoothed)]
+        xs = range(1, steps + 1)
+        curves.plot(xs, mean, color=f"C{i}", linestyle=styles[i % len(styles)], lw=1.5, label=method)
+        curves.fill_between(xs, [min(c) for c in zip(*smoothed)], [max(c) for c in zip(*smoothed)], color=f"C{i}",
+                            alpha=0.12, lw=0)
         loss = [r["answer_loss"] for r in runs]
-        bars.bar(i, statistics.mean(loss), color=color, alpha=0.7)
-        bars.scatter([i] * len(loss), loss, color="black", s=10, zorder=3)
-    curves.set(xlabel="optimizer step", ylabel="training loss (answer tokens)", title="Training loss, every seed")
-    curves.legend(fontsize=8)
-    bars.set_xticks(range(len(results)), list(results), rotation=30, ha="right")
-    lows = [r["answer_loss"] for runs in results.values() for r in runs]
-    bars.set_ylim(min(lows) - 0.05, max(lows) + 0.05)
-    bars.set(ylabel="test answer loss", title="GSM8K test answer loss (mean; dots: seeds)")
+        sd = statistics.stdev(loss) if len(loss) > 1 else 0.0
+        points.errorbar(i, statistics.mean(loss), yerr=sd, fmt="_", color=f"C{i}", markersize=18, capsize=5, lw=1.5)
+        points.scatter([i] * len(loss), loss, color=f"C{i}", edgecolor="black", s=22, zorder=3)
+    seeds = ", ".join(f"{m} {len(runs)}" for m, runs in results.items())
+    curves.set(xlabel="optimizer step", ylabel="training loss (answer tokens; trailing mean)")
+    curves.set_title(f"Training loss: mean over seeds, range shaded\n(seeds: {seeds})", fontsize="medium")
+    curves.legend(fontsize=8, ncols=2)
+    curves.grid(alpha=0.3)
+    points.set_xticks(range(len(results)), list(results), rotation=30, ha="right")
+    points.set(ylabel="test answer loss (nats per token)",
+               title="GSM8K test answer loss: seeds (dots), mean ± sd\n(y axis zoomed to the data, not from 0)")
+    points.grid(alpha=0.3, axis="y")
     fig.savefig(path, dpi=150)
+
+
+ABLATION = {"probmoe": "Sample +\nMarginal\n(ProbMoE)", "densemixer": "Top-k +\nDense STE\n(DenseMixer)",
+            "sample-dense-ste": "Sample +\nDense STE", "topk-marginal": "Top-k +\nMarginal"}
+
+
+def plot_ablation(results: dict, path: Path) -> bool:
+    """The paper's fig:ablation_study: box plots over seeds of exact match (flexible) and of the
+    test answer loss for the four forward x backward combinations; False (nothing drawn) unless the
+    study has all four."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if not all(m in results for m in ABLATION):
+        return False
+    fig = Figure(figsize=(11, 4.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    em_ax, loss_ax = fig.subplots(1, 2)
+    seeds = "/".join(str(len(results[m])) for m in ABLATION)  # runs per box
+    for ax, key, scale, label in ((em_ax, "exact_match_flexible", 100, "exact match, flexible (%)"),
+                                  (loss_ax, "answer_loss", 1, "test answer loss (nats per token)")):
+        data = [[scale * r.get(key, 0.0) for r in results[m]] for m in ABLATION]  # [4 methods][seeds]
+        if max(max(values) for values in data) == 0:
+            ax.set_ylim(-1, 5)  # all zero: a visible flat line at 0, not a squashed axis
+        ax.boxplot(data, tick_labels=list(ABLATION.values()), widths=0.5, showmeans=True,
+                   meanprops=dict(marker="D", markerfacecolor="white", markeredgecolor="black", markersize=5))
+        for i, values in enumerate(data):
+            ax.scatter([i + 1] * len(values), values, color=f"C{i}", s=18, zorder=3)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, axis="y")
+    em_ax.set_title(f"Exact match ({seeds} seeds; higher is better)", fontsize="medium")
+    loss_ax.set_title(f"Test answer loss ({seeds} seeds; lower is better)", fontsize="medium")
+    fig.suptitle("Ablation: forward routing x backward estimator, exact-k (box: quartiles; line: median; "
+                 "diamond: mean; dots: seeds)", fontsize="medium")
+    fig.savefig(path, dpi=150)
+    return True
 
 
 def main(argv=None) -> int:
@@ -104,7 +197,16 @@ def main(argv=None) -> int:
     p.add_argument("--max-length", type=int, default=512)
     p.add_argument("--eval-problems", type=int, default=200)
     p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--finished", action="store_true", help="train and evaluate nothing: summarise and draw the "
+                   "runs already finished under --output")
     args = p.parse_args(argv)
+    if args.finished:
+        results = finished(args)
+        if not results:
+            p.error(f"--finished: no finished run of {', '.join(args.methods)} with seeds "
+                    f"{', '.join(map(str, args.seeds))} under {args.output / 'runs'}")
+        write_summary(results, args.output)
+        return 0
     for path in (args.train, args.test):
         if not path.is_file():
             p.error(f"data file {path} does not exist")
@@ -119,10 +221,7 @@ def main(argv=None) -> int:
         runs = [f"{m}={args.output / 'runs' / f'{m}-seed{args.seeds[0]}'}" for m in args.methods]
         sh(["probmoe-analyze", *[a for r in runs for a in ("--checkpoint", r)], "--data", str(args.test),
             "--limit", "64", "--output", str(args.output / "analysis"), "--no-progress"], log)
-    (args.output / "summary.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.output / "summary.md").write_text(table(results))
-    plot(results, args.output / "loss.png")
-    print(table(results))
+    write_summary(results, args.output)
     return 0
 
 

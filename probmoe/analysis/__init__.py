@@ -4,25 +4,29 @@
 """
 
 from .metrics import (
+    assignment_entropy,
+    assignment_top_mass,
     cardinality,
     expert_load,
     experts_to_cover,
-    frequency_bins,
+    frequency_ranked,
     frequency_vs_active,
     layer_summary,
     load_cv,
     max_vio,
     normalized_entropy,
     token_ranking,
-    top_mass,
+    token_top_mass,
 )
 from .plots import plot_all, plot_cardinality, plot_concentration, plot_coverage, plot_frequency, plot_load
 
 __all__ = [
+    "assignment_entropy",
+    "assignment_top_mass",
     "cardinality",
     "expert_load",
     "experts_to_cover",
-    "frequency_bins",
+    "frequency_ranked",
     "frequency_vs_active",
     "layer_summary",
     "load_cv",
@@ -35,5 +39,5 @@ __all__ = [
     "plot_frequency",
     "plot_load",
     "token_ranking",
-    "top_mass",
+    "token_top_mass",
 ]

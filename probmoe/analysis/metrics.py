@@ -1,11 +1,14 @@
 """Routing statistics of the ProbMoE paper's analyses, one MoE layer at a time, as plain torch functions.
 
     probs [T, N]          a routing distribution per token (the softmax of the router logits)
-        -> experts_to_cover (Fig. 3), top_mass and normalized_entropy (Fig. 4)
+        -> experts_to_cover (Fig. 3: per token, then averaged over the tokens)
+        -> token_top_mass, normalized_entropy (per token: how sharp each token's router is)
     selected [T, N] bool  the experts each token was sent to
-        -> expert_load -> load_cv, max_vio (load balance); cardinality (Fig. 5)
+        -> expert_load -> assignment_top_mass, assignment_entropy (Fig. 4: how evenly the layer's
+           assignments spread over its experts); load_cv, max_vio (load balance)
+        -> cardinality (Fig. 5: its mean per layer)
     token_ids [T], cardinality [T]
-        -> frequency_vs_active -> frequency_bins (Fig. 6)
+        -> frequency_vs_active -> frequency_ranked (Fig. 6)
     token_ids [T], cardinality of every layer [L, T]
         -> token_ranking (the tokens with the most and fewest experts, tab:dynamic_expert_number)
     layer_summary: all of the above for one layer, as JSON-able numbers (what ``plots`` draws)
@@ -123,8 +126,9 @@ def experts_to_cover(probs: Tensor, alphas: Sequence[float] = (0.5, 0.9, 0.99)) 
     return (short + 1).T.contiguous()  # [A, T]
 
 
-def top_mass(probs: Tensor, m: int = 4) -> Tensor:
-    """The mass of the ``m`` largest probabilities per token (Fig. 4).
+def token_top_mass(probs: Tensor, m: int = 4) -> Tensor:
+    """The mass of the ``m`` largest routing probabilities of each token: a per-token measure of how
+    sharp the router is (not the paper's Fig. 4, which counts assignments: ``assignment_top_mass``).
 
     Args:
         probs: [T, N] routing probabilities, rows summing to 1.
@@ -139,12 +143,14 @@ def top_mass(probs: Tensor, m: int = 4) -> Tensor:
 
 
 def normalized_entropy(probs: Tensor) -> Tensor:
-    """The entropy of each token's routing distribution over that of the uniform one, H(p) / log N (Fig. 4).
+    """The entropy of each row's distribution over that of the uniform one, H(p) / log N.
 
+    On the routing probabilities [T, N] it is a per-token measure of the router's sharpness; on a
+    layer's assignment shares [1, N] it is the paper's Fig. 4 entropy (``assignment_entropy``).
     0 · log 0 = 0, so a one-hot row gives 0 and a uniform row 1.
 
     Args:
-        probs: [T, N] routing probabilities, rows summing to 1, N >= 2.
+        probs: [T, N] distributions, rows summing to 1, N >= 2.
 
     Returns:
         [T] float64 in [0, 1] (up to the rows' rounding).
@@ -207,6 +213,36 @@ def cardinality(selected: Tensor) -> Tensor:
     return _selected(selected).sum(-1)  # [T, N] -> [T]
 
 
+def assignment_top_mass(load: Tensor, m: int = 4) -> float:
+    """The fraction of a layer's expert assignments taken by its ``m`` most used experts (Fig. 4, left).
+
+    An assignment is one (token, expert) pair routed; with ``load = expert_load(selected)`` this is
+    the sum of the ``m`` largest loads over the sum of all loads: m / N for a perfectly balanced
+    layer, 1 when ``m`` experts take every token.
+
+    Args:
+        load: [N] assignments per expert (counts or fractions), >= 0 with a positive total.
+        m: 1 <= m <= N.
+    """
+    v = _load(load)
+    m = _validate.int_in("m", m, 1, v.shape[0], f" (N = {v.shape[0]} experts)")
+    return float(v.topk(m).values.sum() / v.sum())
+
+
+def assignment_entropy(load: Tensor) -> float:
+    """The normalised entropy of a layer's assignment distribution, H(load / total) / log N (Fig. 4, right).
+
+    1 for a perfectly balanced layer, 0 when one expert takes every assignment.
+
+    Args:
+        load: [N] assignments per expert (counts or fractions), >= 0 with a positive total, N >= 2.
+    """
+    v = _load(load)
+    if v.shape[0] < 2:
+        raise ValueError(f"load must have N >= 2 experts for a normalised entropy, got N = {v.shape[0]}")
+    return float(normalized_entropy((v / v.sum())[None, :])[0])  # [1, N] -> [1]
+
+
 # ---------------------------------------------------------------------------------------------
 # Token frequency against the number of active experts (Fig. 6)
 
@@ -236,42 +272,46 @@ def frequency_vs_active(token_ids: Tensor, experts_per_token: Tensor) -> tuple[T
     return ids, counts, total / counts
 
 
-def frequency_bins(counts: Tensor, mean_active: Tensor, num_bins: int = 10) -> tuple[Tensor, Tensor, Tensor]:
-    """``frequency_vs_active`` binned by log-frequency, for a plot with a log x axis (Fig. 6).
+def frequency_ranked(counts: Tensor, mean_active: Tensor, num_bins: int = 40) -> dict[str, Tensor]:
+    """``frequency_vs_active`` with the tokens ordered by increasing frequency, in at most ``num_bins``
+    groups of consecutive ranks (Fig. 6: its x axis; each token its own group when U <= num_bins).
 
-    The range [1, max count] is cut into ``num_bins`` bins of equal width in log(count); empty bins
-    are left out. Within a bin, every occurrence weighs the same: a frequent id counts more than a
-    rare one.
+    The U distinct ids are ranked 1..U by increasing count (equal counts by increasing id) and cut
+    into B = min(num_bins, U) groups of floor(U / B) or ceil(U / B) consecutive ranks. Within a
+    group, every occurrence weighs the same: a frequent id counts more than a rare one.
 
     Args:
-        counts: [U] occurrences of each id, >= 1.
+        counts: [U] occurrences of each id, >= 1 (ids in increasing order, as ``frequency_vs_active``).
         mean_active: [U] mean active experts of each id, >= 0.
         num_bins: 1 <= num_bins <= 1000.
 
     Returns:
-        (frequency [B] float64, the geometric mean of the counts of the ids in each bin;
-        mean_active [B] float64, the mean active experts over all occurrences in the bin;
-        ids [B] long, the number of distinct ids in the bin), B <= num_bins, by increasing frequency.
+        {"rank_low", "rank_high": [B] long, the first and last rank (1-based) of each group;
+        "frequency": [B] float64, the mean count of the group's ids; "occurrences": [B] long, their
+        total count; "mean_active": [B] float64, the mean active experts over those occurrences},
+        by increasing frequency.
     """
     c = _counts("counts", counts, "U")
-    if float(c.min()) < 1:
-        raise ValueError(f"counts must be >= 1 (occurrences of each id), got {float(c.min()):g}")
+    if float(c.min()) < 1 or bool((c != c.round()).any()):
+        raise ValueError(f"counts must be whole numbers >= 1 (occurrences of each id), got {c.tolist()[:8]}")
     active = _counts("mean_active", mean_active, "U")
     if active.shape != c.shape:
         raise ValueError(f"mean_active must have the shape of counts, {list(c.shape)}, got {list(active.shape)}")
     num_bins = _validate.int_in("num_bins", num_bins, 1, 1000)
-    log_c = c.log()  # [U]
-    width = float(log_c.max()) / num_bins
-    bin_of = (log_c / width).long().clamp(max=num_bins - 1) if width > 0 else torch.zeros_like(c, dtype=torch.long)
+    order = torch.argsort(c, stable=True)  # [U], by increasing count, ids in order within a count
+    c, active = c[order], active[order]
+    groups = min(num_bins, c.shape[0])
+    u = c.shape[0]
+    group_of = torch.arange(u, device=c.device) * groups // u  # [U]: rank r in group floor(r * B / U)
 
-    def per_bin(values: Tensor) -> Tensor:  # [U] -> [num_bins], summed within each bin
-        return torch.zeros(num_bins, dtype=values.dtype, device=values.device).index_add_(0, bin_of, values)
+    def per_group(values: Tensor) -> Tensor:  # [U] -> [B], summed within each group
+        return torch.zeros(groups, dtype=values.dtype, device=values.device).index_add_(0, group_of, values)
 
-    ids = per_bin(torch.ones_like(bin_of))  # [num_bins]
-    kept = ids > 0
-    frequency = (per_bin(log_c)[kept] / ids[kept]).exp()
-    mean = per_bin(c * active)[kept] / per_bin(c)[kept]
-    return frequency, mean, ids[kept]
+    ids = per_group(torch.ones_like(c))  # [B], every group non-empty as B <= U
+    high = ids.cumsum(0).long()  # [B], 1-based last rank
+    occurrences = per_group(c)
+    return {"rank_low": high - ids.long() + 1, "rank_high": high, "frequency": occurrences / ids,
+            "occurrences": occurrences.round().long(), "mean_active": per_group(c * active) / occurrences}
 
 
 def token_ranking(token_ids: Tensor, experts_per_token: Tensor, min_count: int = 1) -> tuple[Tensor, Tensor, Tensor]:
@@ -305,22 +345,23 @@ def token_ranking(token_ids: Tensor, experts_per_token: Tensor, min_count: int =
 
 
 def layer_summary(probs: Tensor, selected: Tensor, token_ids: Tensor | None = None, *,
-                  alphas: Sequence[float] = (0.5, 0.9, 0.99), m: int = 4, num_bins: int = 10) -> dict:
+                  alphas: Sequence[float] = (0.5, 0.9, 0.99), m: int = 4, num_bins: int = 40) -> dict:
     """The statistics of one MoE layer over T tokens, as JSON-able numbers.
 
     Args:
         probs: [T, N] routing probabilities (softmax of the router logits), N >= 2.
         selected: [T, N] bool, the experts each token was sent to; at least one True.
         token_ids: [T] integer token ids, or None to leave out the frequency statistics.
-        alphas, m, num_bins: as for ``experts_to_cover``, ``top_mass`` and ``frequency_bins``.
+        alphas, m, num_bins: as for ``experts_to_cover``, the top-m masses and ``frequency_ranked``.
 
     Returns:
-        A dict: ``tokens`` (T), ``experts`` (N); ``coverage``, {f"{α:g}": mean experts to cover α};
-        ``top_m`` (m), ``top_mass`` and ``entropy`` (means over tokens of ``top_mass`` and
-        ``normalized_entropy``); ``load`` (tokens per expert, N ints), ``load_cv``, ``max_vio``;
-        ``cardinality_mean`` and ``cardinality_hist`` (tokens sent to 0, 1, ..., N experts:
-        N + 1 ints); with ``token_ids``, ``frequency``: {"frequency", "mean_active", "ids"}, the
-        lists of ``frequency_bins``.
+        A dict: ``tokens`` (T), ``experts`` (N); ``coverage``, {f"{α:g}": mean over tokens of the
+        experts to cover α} (Fig. 3); ``top_m`` (m); ``assignment_top_mass`` and
+        ``assignment_entropy`` of the layer's load (Fig. 4); ``token_top_mass`` and ``token_entropy``
+        (means over tokens of ``token_top_mass`` and ``normalized_entropy`` of softmax(r));
+        ``load`` (tokens per expert, N ints), ``load_cv``, ``max_vio``; ``cardinality_mean`` (Fig. 5)
+        and ``cardinality_hist`` (tokens sent to 0, 1, ..., N experts: N + 1 ints); with
+        ``token_ids``, ``frequency``: the lists of ``frequency_ranked`` (Fig. 6).
     """
     cover = experts_to_cover(probs, alphas).double().mean(-1)  # [A, T] -> [A]; checks probs
     chosen = _selected(selected)
@@ -335,8 +376,10 @@ def layer_summary(probs: Tensor, selected: Tensor, token_ids: Tensor | None = No
         "experts": probs.shape[1],
         "coverage": {f"{float(a):g}": float(c) for a, c in zip(alphas, cover)},
         "top_m": m,
-        "top_mass": float(top_mass(probs, m).mean()),
-        "entropy": float(normalized_entropy(probs).mean()),
+        "assignment_top_mass": assignment_top_mass(load, m),
+        "assignment_entropy": assignment_entropy(load),
+        "token_top_mass": float(token_top_mass(probs, m).mean()),
+        "token_entropy": float(normalized_entropy(probs).mean()),
         "load": load.tolist(),
         "load_cv": load_cv(load),
         "max_vio": max_vio(load),
@@ -345,6 +388,6 @@ def layer_summary(probs: Tensor, selected: Tensor, token_ids: Tensor | None = No
     }
     if token_ids is not None:
         _, counts, mean_active = frequency_vs_active(token_ids, per_token.to(token_ids.device))
-        frequency, active, ids = frequency_bins(counts, mean_active, num_bins)
-        summary["frequency"] = {"frequency": frequency.tolist(), "mean_active": active.tolist(), "ids": ids.tolist()}
+        ranked = frequency_ranked(counts, mean_active, num_bins)
+        summary["frequency"] = {key: values.tolist() for key, values in ranked.items()}
     return summary

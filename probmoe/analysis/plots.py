@@ -5,9 +5,10 @@ and a PNG path, draws with matplotlib's object API on an Agg canvas (no display,
 matplotlib is imported only when a figure is drawn) and returns the path written:
 
     plot_coverage       experts needed to cover α of the routing mass, per layer (paper Fig. 3)
-    plot_concentration  top-m mass and normalised entropy per layer (Fig. 4)
+    plot_concentration  top-m assignment mass and normalised assignment entropy per layer (Fig. 4)
     plot_cardinality    mean experts per token per layer, and the distribution over all layers (Fig. 5)
-    plot_frequency      token frequency against mean active experts, log x (Fig. 6)
+    plot_frequency      tokens by increasing frequency: mean active experts, the frequency histogram
+                        (right axis, log) and the uniform expectation (Fig. 6)
     plot_load           load imbalance per layer: coefficient of variation and MaxVio
     plot_all            all of them into one folder
 
@@ -127,13 +128,20 @@ def plot_coverage(summaries: Mapping[str, Sequence[dict]], path) -> Path:
 
 
 def plot_concentration(summaries: Mapping[str, Sequence[dict]], path) -> Path:
-    """Mean top-m probability mass and mean normalised entropy per layer."""
-    runs = _check(summaries, ["top_m", "top_mass", "entropy"])
-    fig, axes = _figure(2, "Concentration of the routing distribution", len(runs))
+    """The paper's Fig. 4 per layer: the fraction of the layer's expert assignments taken by its
+    m most used experts, and the normalised entropy of its assignment distribution."""
+    runs = _check(summaries, ["top_m", "experts", "assignment_top_mass", "assignment_entropy"])
+    fig, axes = _figure(2, "Concentration of the expert assignments", len(runs))
     top_ms = sorted({layer["top_m"] for layers in runs.values() for layer in layers})
     m = top_ms[0] if len(top_ms) == 1 else "m"
-    _per_layer(axes[0], runs, lambda layer: layer["top_mass"], f"mean top-{m} mass", f"Mass of the top {m} experts")
-    _per_layer(axes[1], runs, lambda layer: layer["entropy"], "mean H(p) / log N", "Normalised entropy")
+    experts = sorted({layer["experts"] for layers in runs.values() for layer in layers})
+    balanced = f"; dotted: balanced, {m}/{experts[0]}" if len(top_ms) == 1 and len(experts) == 1 else ""
+    _per_layer(axes[0], runs, lambda layer: layer["assignment_top_mass"], "share of assignments",
+               f"Top-{m} assignment mass{balanced}")
+    if balanced:
+        axes[0].axhline(m / experts[0], color="0.5", linestyle=":", linewidth=1.2)
+    _per_layer(axes[1], runs, lambda layer: layer["assignment_entropy"], "H(load share) / log N",
+               "Normalised assignment entropy")
     for ax in axes:
         ax.set_ylim(0, _HEADROOM)  # both are fractions in [0, 1]
     return _save(fig, path)
@@ -169,30 +177,44 @@ def plot_cardinality(summaries: Mapping[str, Sequence[dict]], path) -> Path:
 
 
 def plot_frequency(summaries: Mapping[str, Sequence[dict]], path) -> Path:
-    """Token frequency (log scale) against the mean number of active experts, averaged over layers.
+    """The paper's Fig. 6: tokens ordered by increasing frequency (x, rank), the mean number of
+    active experts per token (solid, left axis, mean over layers), the token frequency as a shaded
+    histogram (right axis, log scale) and, dashed, the expectation under an assignment independent of
+    the token: every token would activate the overall mean number of experts.
 
-    The layers' ``frequency`` bins are averaged bin by bin (the bins agree when every layer saw the
-    same tokens); one line per run.
+    The layers' ``frequency`` groups are averaged group by group (they agree when every layer saw
+    the same tokens, as in ``probmoe-analyze``); the histogram is the first run's (the runs of one
+    analysis route the same text); one curve and one dashed line per run.
     """
-    runs = _check(summaries, ["frequency"])
+    runs = _check(summaries, ["frequency", "cardinality_mean"])
     fig, axes = _figure(1, "Token frequency and active experts\n(mean over layers)", len(runs))
     ax = axes[0]
+    counts = ax.twinx()
+    first = next(iter(runs.values()))[0]["frequency"]
+    low, high = first["rank_low"], first["rank_high"]
+    counts.bar([(a + b) / 2 for a, b in zip(low, high)], first["frequency"],
+               width=[b - a + 1 for a, b in zip(low, high)], color="0.6", alpha=0.35, linewidth=0,
+               label="_token frequency")
+    counts.set_yscale("log")
+    counts.set_ylabel("token frequency (occurrences; shaded)")
+    ax.set_zorder(counts.get_zorder() + 1)  # the curves over the histogram
+    ax.patch.set_visible(False)
     drawn = []
     for i, (run, layers) in enumerate(runs.items()):
-        bins: dict[float, list[float]] = {}
-        for layer in layers:
-            for f, a in zip(layer["frequency"]["frequency"], layer["frequency"]["mean_active"]):
-                bins.setdefault(f, []).append(a)
-        xs = sorted(bins)
-        ys = [sum(bins[f]) / len(bins[f]) for f in xs]
-        shift = 10 ** (0.2 * _offset(i, len(runs)))  # at most ±0.03 decades
-        ax.plot([f * shift for f in xs], ys, label=run, **_style(i, len(runs)))
-        drawn += ys
-    ax.set_xscale("log")
+        groups = [layer["frequency"] for layer in layers]
+        ranks = [(a + b) / 2 for a, b in zip(groups[0]["rank_low"], groups[0]["rank_high"])]
+        ys = [sum(g["mean_active"][j] for g in groups) / len(groups) for j in range(len(ranks))]
+        style = dict(_style(i, len(runs)), linestyle="-")  # solid: dashed is the uniform expectation
+        ax.plot([x + _offset(i, len(runs)) for x in ranks], ys, label=run, **style)
+        uniform = sum(layer["cardinality_mean"] for layer in layers) / len(layers)
+        ax.axhline(uniform, color=style["color"], linestyle="--", linewidth=1.0,
+                   label=f"_uniform expectation {run}")
+        drawn += ys + [uniform]
     _headroom(ax, drawn)
-    ax.set_xlabel("token frequency (occurrences)")
+    ax.set_xlabel("tokens by increasing frequency (rank)")
     ax.set_ylabel("mean active experts")
-    ax.grid(alpha=0.3, which="both")
+    ax.set_title("solid: per token; dashed: uniform expectation;\nshaded: token frequency", fontsize="small")
+    ax.grid(alpha=0.3)
     return _save(fig, path)
 
 

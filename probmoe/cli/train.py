@@ -19,7 +19,7 @@ from . import common
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="probmoe-train", description="Fine-tune a transformers MoE model "
-                                "(OLMoE, Qwen2-MoE, Qwen3-MoE, Mixtral) on instruction data (question/answer, "
+                                "(OLMoE, Qwen2-MoE, Qwen3-MoE, Mixtral, DeepSeek-V3) on instruction data (question/answer, "
                                 "prompt/completion, chat messages or plain text) with ProbMoE or a baseline router. "
                                 "Runs alone or under torchrun (DDP, or FSDP2 with --fsdp).")
     p.add_argument("--model", required=True, help="tiny-olmoe, tiny-qwen2-moe, tiny-qwen3-moe, tiny-mixtral, "
@@ -34,6 +34,16 @@ def parser() -> argparse.ArgumentParser:
                    help="load-balancing loss coefficient (default: the model config's router_aux_loss_coef)")
     p.add_argument("--z-loss", type=common.nonnegative_float, default=None,
                    help="router z-loss coefficient (default: the config's router_z_loss_coef, or 0)")
+    p.add_argument("--l1-coef", type=common.positive_float, default=None,
+                   help="remoe: initial L1 coefficient λ0 of the ReLU gates (default 1e-8, the paper's)")
+    p.add_argument("--l1-rate", type=common.positive_float, default=None,
+                   help="remoe: factor (> 1) λ is multiplied or divided by after each step to steer the mean "
+                   "number of active experts to the model's top-k (default 1.2)")
+    p.add_argument("--balance", choices=("none", "aux-free"), default="none",
+                   help="aux-free: DeepSeek-V3's auxiliary-loss-free balancing, a per-expert bias on the selection "
+                   "scores updated after each step (not for sparsemixer, remoe)")
+    p.add_argument("--balance-rate", type=common.positive_float, default=None,
+                   help="aux-free: the bias step γ (default 1e-3)")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--max-steps", type=common.positive_int, help="optimizer steps in all")
     length.add_argument("--epochs", type=common.positive_float, help="passes over the data (default 1)")
@@ -115,6 +125,8 @@ def main(argv=None) -> int:
         cfg = TrainConfig(model=args.model, data=args.data, output_dir=args.output_dir, data_format=args.data_format,
                           method=args.method or "probmoe", k=args.k, kmin=args.kmin, kmax=args.kmax,
                           backend=args.backend, grad=args.grad, aux_loss=args.aux_loss, z_loss=args.z_loss,
+                          l1_coef=args.l1_coef, l1_rate=args.l1_rate,
+                          balance=None if args.balance == "none" else args.balance, balance_rate=args.balance_rate,
                           max_steps=args.max_steps,
                           epochs=None if args.max_steps else (args.epochs or 1.0), lr=args.lr, lr_schedule=args.lr_schedule,
                           warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,

@@ -47,6 +47,10 @@ class TrainConfig:
     grad: str = "exact"
     aux_loss: float | None = None  # None: the model config's coefficient
     z_loss: float | None = None
+    l1_coef: float | None = None  # remoe: λ0 (None: the default)
+    l1_rate: float | None = None  # remoe: α
+    balance: str | None = None  # "aux-free": DeepSeek-V3's auxiliary-loss-free balancing
+    balance_rate: float | None = None  # its γ (None: the default)
     max_steps: int | None = None
     epochs: float | None = None
     lr: float = 1e-3
@@ -148,7 +152,7 @@ class Trainer:
                                                                    gradient_as_bucket_view=True)
 
     def _check_and_build(self) -> None:
-        from probmoe.integrations.transformers import patch_model
+        from probmoe.integrations.transformers import patch_model, runtime_state
 
         cfg, world = self.cfg, self.world
         if cfg.fsdp:
@@ -193,6 +197,7 @@ class Trainer:
 
         def patch(net):
             patch_model(net, cfg.method, k=cfg.k, kmin=cfg.kmin, kmax=cfg.kmax, backend=cfg.backend, grad=cfg.grad,
+                        l1_coef=cfg.l1_coef, l1_rate=cfg.l1_rate, balance=cfg.balance, balance_rate=cfg.balance_rate,
                         generator=self.generator, **aux, **zl)
 
         dtype = getattr(torch, cfg.param_dtype)
@@ -203,6 +208,8 @@ class Trainer:
             net = models.load_model(cfg.model, cfg.seed, dtype, cfg.layers) if self.resume_dir is None else \
                 self._weights_from(self.resume_dir, dtype)
             patch(net)
+            if self.resume_dir is not None:  # the routing state (ReMoE's λ, DefaultMoE's defaults, the bias)
+                runtime_state.load(net, self.resume_dir)
             if cfg.gradient_checkpointing:
                 net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             net = net.to(world.device)
@@ -269,6 +276,8 @@ class Trainer:
         return epoch, batches
 
     def _train_step(self, batches) -> dict:
+        from probmoe.integrations.transformers.controls import after_step
+
         cfg, world, dev = self.cfg, self.world, self.world.device
         tokens = distributed.all_sum(torch.stack([(b["labels"][:, 1:] != data.IGNORE).sum() for b in batches]).sum()
                                      .to(dev))
@@ -302,6 +311,7 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        control = after_step(self.net)  # per-step routing updates (ReMoE's λ, the aux-free bias)
         real = distributed.all_sum(torch.stack([b["attention_mask"].sum() for b in batches]).sum().to(dev))
         stats = {"loss": distributed.all_sum(ce_sum).item() / total_tokens,
                  "aux_loss": distributed.all_sum(aux_sum).item() / world.size, "lr": lr,
@@ -309,6 +319,7 @@ class Trainer:
         if norm is not None:
             stats["grad_norm"] = float(norm)
         stats["routing"] = routing_summary(self.net, batch["attention_mask"])
+        stats.update(control)
         return stats
 
     def _log(self, record: dict) -> None:

@@ -5,6 +5,6 @@ method does: ``probmoe.integrations.transformers.methods``.
 """
 
 METHODS = ("conventional", "frozen", "densemixer", "probmoe", "probmoe-dynamic", "sample-dense-ste",
-           "topk-marginal")
+           "topk-marginal", "defaultmoe", "sparsemixer", "remoe")
 GROUPED_METHODS = ("probmoe-grouped",)  # for the grouped families only
 ALL_METHODS = METHODS + GROUPED_METHODS

@@ -1,4 +1,5 @@
-"""Dynamic-k experts that never compute the slots a token does not use.
+"""Patched experts: Dynamic-k and ReMoE experts that never compute the slots a token does not
+use, and DefaultMoE's experts that add the default outputs of the unselected experts.
 
 ``probmoe.route`` hands out kmax slots per token; the unused ones repeat slot 0's expert with
 weight 0. The stock experts would compute them (a valid index with weight 0 is safe under every
@@ -11,7 +12,15 @@ so every implementation skips for real and no new kernel is needed. Equivalent t
 
 Active slots are read off the indices (slot 0, and every slot whose expert differs from slot 0's:
 used slots hold distinct experts), so nothing has to pass between the router and the experts and
-a checkpoint recomputation finds the same rows.
+a checkpoint recomputation finds the same rows. ReMoE hands out all N experts per token with
+their ReLU gates as weights; there the active slots are those of nonzero weight
+(``WeightSkippingExperts``).
+
+DefaultMoE (``DefaultExperts``, see ``defaultmoe``) gets all N slots in training, the k selected
+first: it computes the k selected slots unweighted (the stock implementation, as above),
+updates the default outputs ``probmoe_defaults`` [N, D] (a non-persistent buffer: checkpoints
+keep the stock keys) from them, and returns Σ_{s < k} w_s E(x) + Σ_{s ≥ k} w_s Ê_{idx_s}. With
+k slots (eval) it is the stock forward.
 """
 
 from __future__ import annotations
@@ -19,7 +28,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from probmoe.replay import in_backward
+
 from . import pickling
+from .defaultmoe import update_defaults
 
 
 def active_slots(top_k_index: Tensor) -> Tensor:
@@ -34,10 +46,14 @@ class SkippingExperts:
 
     def forward(self, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
         # hidden_states [T, D], top_k_index / top_k_weights [T, kmax]
-        token, slot = active_slots(top_k_index).nonzero(as_tuple=True)  # [A] each (one host sync)
+        token, slot = self.probmoe_active(top_k_index, top_k_weights).nonzero(as_tuple=True)  # [A] each (host sync)
         rows = self.probmoe_dispatch(hidden_states, token, top_k_index[token, slot], top_k_weights[token, slot])
         out = torch.zeros_like(hidden_states)  # [T, D]
         return out.index_add(0, token, rows.to(hidden_states.dtype))  # [A, D] -> [T, D]
+
+    def probmoe_active(self, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
+        """The slots to compute: [T, kmax] bool."""
+        return active_slots(top_k_index)
 
     def probmoe_dispatch(self, hidden_states: Tensor, token: Tensor, expert: Tensor, weight: Tensor) -> Tensor:
         """The weighted expert outputs of the active rows: hidden_states [T, D], token / expert /
@@ -49,19 +65,84 @@ class SkippingExperts:
         return pickling.reduce(self, experts_class, (pickling.stock_class(self, SkippingExperts),), ())
 
 
-_CLASSES: dict[type, type] = {}
+class WeightSkippingExperts(SkippingExperts):
+    """ReMoE's experts: the active slots are those of nonzero weight (ReLU gate > 0)."""
+
+    def probmoe_active(self, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
+        return top_k_weights != 0
+
+    def __reduce_ex__(self, protocol):
+        return pickling.reduce(self, weight_experts_class, (pickling.stock_class(self, SkippingExperts),), ())
+
+
+class DefaultExperts:
+    """Mixin for DefaultMoE's experts. ``probmoe_slots``: k; ``probmoe_defaults``: [N, D] float32."""
+
+    def forward(self, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
+        # hidden_states [T, D], top_k_index / top_k_weights [T, S] (S = k: stock; S = N: training)
+        k = self.probmoe_slots
+        if top_k_index.shape[-1] == k:
+            return super().forward(hidden_states, top_k_index, top_k_weights)
+        t = hidden_states.shape[0]
+        token = torch.arange(t, device=hidden_states.device).repeat_interleave(k)  # [T·k]
+        expert = top_k_index[:, :k].reshape(-1)  # [T·k]
+        ones = torch.ones(t * k, 1, dtype=top_k_weights.dtype, device=hidden_states.device)
+        rows = super().forward(hidden_states[token], expert.unsqueeze(-1), ones)  # [T·k, D] unweighted
+        if torch.compiler.is_compiling() or not in_backward():  # not again in a checkpoint recomputation
+            update_defaults(self.probmoe_defaults, rows, expert)
+        defaults = self.probmoe_defaults.clone()  # [N, D]: the value this forward's backward uses
+        w = top_k_weights.float()  # [T, N]
+        out = (rows.float() * w[:, :k].reshape(-1, 1)).view(t, k, -1).sum(dim=1)  # [T, D]
+        out = out + torch.einsum("ts,tsd->td", w[:, k:], defaults[top_k_index[:, k:]])  # value 0, dense gradient
+        return out.to(hidden_states.dtype)
+
+    def __reduce_ex__(self, protocol):
+        return pickling.reduce(self, default_experts_class, (pickling.stock_class(self, DefaultExperts),), ())
+
+
+_CLASSES: dict[tuple, type] = {}
+
+
+def _made(mixin: type, cls: type) -> type:
+    if (mixin, cls) not in _CLASSES:
+        _CLASSES[mixin, cls] = type(f"ProbMoE{mixin.__name__}{cls.__name__}", (mixin, cls),
+                                    {"__module__": cls.__module__})
+    return _CLASSES[mixin, cls]
 
 
 def experts_class(cls: type) -> type:
-    if cls not in _CLASSES:
-        _CLASSES[cls] = type(f"ProbMoESkipping{cls.__name__}", (SkippingExperts, cls), {"__module__": cls.__module__})
-    return _CLASSES[cls]
+    return _made(SkippingExperts, cls)
 
 
-def install(experts) -> None:
-    experts.__class__ = experts_class(type(experts))
+def weight_experts_class(cls: type) -> type:
+    return _made(WeightSkippingExperts, cls)
+
+
+def default_experts_class(cls: type) -> type:
+    return _made(DefaultExperts, cls)
+
+
+MIXINS = {"skip": experts_class, "skip-weight": weight_experts_class, "default": default_experts_class}
+ADDED = ("probmoe_slots",)
+BUFFERS = ("probmoe_defaults",)
+
+
+def install(experts, kind: str = "skip", *, slots: int | None = None, num_experts: int | None = None,
+            hidden: int | None = None) -> None:
+    """Swap ``experts``' class for ``kind`` ("skip": Dynamic-k, "skip-weight": ReMoE, "default":
+    DefaultMoE with ``slots`` = k and an [num_experts, hidden] float32 buffer of zeros)."""
+    experts.__class__ = MIXINS[kind](type(experts))
+    if kind == "default":
+        experts.probmoe_slots = slots
+        device = next(experts.parameters()).device
+        experts.register_buffer("probmoe_defaults", torch.zeros(num_experts, hidden, device=device), persistent=False)
 
 
 def uninstall(experts) -> None:
-    if isinstance(experts, SkippingExperts):
-        experts.__class__ = next(c for c in type(experts).__mro__[1:] if not issubclass(c, SkippingExperts))
+    cls = type(experts)
+    if issubclass(cls, (SkippingExperts, DefaultExperts)):
+        experts.__class__ = next(c for c in cls.__mro__[1:] if not issubclass(c, (SkippingExperts, DefaultExperts)))
+    for name in ADDED:
+        experts.__dict__.pop(name, None)
+    for name in BUFFERS:
+        experts._buffers.pop(name, None)

@@ -6,14 +6,18 @@ the family's router class, keep capturing ``router_logits``. Its forward compute
 the stock router does (``F.linear`` in the hidden states' dtype; in float32 for DeepSeek-V3),
 then routes by the plan:
 
-    stock methods, and DenseMixer in eval: the stock forward itself (bit for bit)
+    stock methods, and DenseMixer and DefaultMoE in eval: the stock forward itself (bit for bit)
     DenseMixer in training: all N experts, weights (mask·g).detach() + g − g.detach()
+    DefaultMoE in training: the same weights, the top-k slots first (``defaultmoe``)
+    SparseMixer: ``sparsemixer.sparsemixer_weights`` (training: sampled; eval: deterministic)
+    ReMoE: all N experts weighted by ReLU(r), the L1 penalty attached (``remoe``)
     ProbMoE methods: ``probmoe.route`` (training: sampled, Eq. 7; eval: MAP), the weights times
         the plan's scale (DeepSeek-V3's routed_scaling_factor)
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -22,10 +26,15 @@ from torch import Tensor
 import probmoe
 from probmoe.replay import GeneratorReplay
 from probmoe.router import router_logits, routed
-from probmoe.scores import dense_selection, gate_scores
+from probmoe.scores import dense_selection
 
+from . import balance as balance_mod
 from . import pickling
+from .defaultmoe import defaultmoe_weights
+from .densemixer import densemixer_weights
 from .methods import STOCK, Plan
+from .remoe import remoe_gates
+from .sparsemixer import sparsemixer_weights
 
 
 @dataclass
@@ -60,65 +69,80 @@ class GateRecord:
         return self.mask.sum(dim=-1)
 
 
-def densemixer_weights(logits: Tensor, k: int, normalize: bool, *, scores: str = "softmax",
-                       top_idx: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """DenseMixer as router output: (weights [T, N], indices [T, N], top-k indices [T, k]).
-
-    Forward value: the stock top-k weights at the top-k experts, exactly 0 elsewhere (so every
-    expert runs on every token, but only the top-k enter the output and receive gradients).
-    Backward: through g at all N experts, g = π = softmax(r) (``scores="sigmoid"``: sigmoid(r)),
-    or with renormalisation DenseMixer's "partscale_fix_expert" g = π·(1 − mask)/stopgrad(norm) +
-    π·mask/norm, norm = Σ_top-k π. ``top_idx`` [T, k]: the experts the stock router chose, when it
-    chooses otherwise than by the top-k of π (DeepSeek-V3's groups and bias).
-    """
-    probs = gate_scores(logits.float(), scores)  # [T, N]
-    if top_idx is None:
-        top_idx = torch.topk(probs, k, dim=-1).indices  # [T, k], as the stock routers
-    top = probs.gather(-1, top_idx)  # [T, k]
-    mask = torch.zeros_like(probs).scatter_(-1, top_idx, 1.0)  # [T, N] {0, 1}
-    if normalize:
-        norm = top.sum(dim=-1, keepdim=True)  # [T, 1], the stock denominator
-        g = probs * (1 - mask) / norm.detach() + probs * mask / norm
-    else:
-        g = probs
-    weights = (mask * g).detach() + (g - g.detach())  # value: mask·g; gradient: dg at all N
-    indices = torch.arange(probs.shape[-1], device=probs.device).expand_as(probs)  # [T, N]
-    return weights, indices, top_idx
-
-
 class PatchedGate:
     """Mixin placed before the family's ``*TopKRouter`` in the run-time subclass.
 
     Instance attributes added by ``patch_model`` (removed by ``unpatch_model``): ``probmoe_plan``
     (the ``Plan``), ``probmoe_family``, ``probmoe_generator``, ``probmoe_replay`` and, after a
-    forward, ``probmoe_last`` (a ``GateRecord``).
+    forward, ``probmoe_last`` (a ``GateRecord``); for ReMoE ``probmoe_layers`` (L) and the
+    buffer ``probmoe_remoe``.
     """
 
-    ADDED = ("probmoe_plan", "probmoe_family", "probmoe_generator", "probmoe_replay", "probmoe_last")
+    ADDED = ("probmoe_plan", "probmoe_family", "probmoe_generator", "probmoe_replay", "probmoe_last", "probmoe_layers")
+    BUFFERS = ("probmoe_remoe", "probmoe_bias", "probmoe_load")  # ReMoE's [λ, Σ sparsity, forwards]; the
+    # aux-free selection bias [N] (families without e_score_correction_bias) and loads [N]; float32, not in the
+    # state dict
 
     def forward(self, hidden_states: Tensor):
+        logits, weights, indices = self.probmoe_route(hidden_states)
+        if self.probmoe_plan.balance is not None and self.training and torch.is_grad_enabled():
+            with torch.no_grad():
+                self.probmoe_load.add_(self.probmoe_last.counts.float())  # tokens per expert, for after_step
+        return logits, weights, indices
+
+    def probmoe_route(self, hidden_states: Tensor):
         plan: Plan = self.probmoe_plan
         family = self.probmoe_family
-        if plan.method in STOCK and not (plan.method == "densemixer" and self.training):
-            logits, weights, indices = super().forward(hidden_states)  # the stock router, untouched
+        bias = balance_mod.selection_bias(self) if plan.balance is not None else None
+        own_bias = bias is not None and not family.grouped  # DeepSeek-V3's stock router adds its own
+        dense_in_training = plan.method in ("densemixer", "defaultmoe")
+        if plan.method in STOCK + ("defaultmoe",) and not (dense_in_training and self.training):
+            if own_bias:
+                logits = router_logits(hidden_states, self.weight)
+                weights, indices = balance_mod.biased_topk(logits, plan.top_k, plan.normalize, family.scores, bias)
+                if not family.fp32_weights:
+                    weights = weights.to(logits.dtype)
+            else:
+                logits, weights, indices = super().forward(hidden_states)  # the stock router, untouched
             self.probmoe_last = GateRecord(indices.detach(), torch.ones_like(indices, dtype=torch.bool),
                                            plan.num_experts)
             return logits, weights, indices
-        if plan.method == "densemixer":
+        if plan.method in ("densemixer", "defaultmoe"):
             stock_idx = None
             if family.grouped:  # the stock choice (groups, bias) and the stock float32 logits
                 logits, _, stock_idx = super().forward(hidden_states)
             else:
                 logits = router_logits(hidden_states, self.weight)
-            weights, indices, top_idx = densemixer_weights(logits, plan.top_k, plan.normalize, scores=family.scores,
-                                                           top_idx=stock_idx)
+                if own_bias:
+                    stock_idx = balance_mod.biased_topk(logits, plan.top_k, plan.normalize, family.scores, bias)[1]
+            make = densemixer_weights if plan.method == "densemixer" else defaultmoe_weights
+            weights, indices, top_idx = make(logits, plan.top_k, plan.normalize, scores=family.scores,
+                                             top_idx=stock_idx)
             self.probmoe_last = GateRecord(top_idx.detach(), torch.ones_like(top_idx, dtype=torch.bool),
                                            plan.num_experts)
+        elif plan.method == "sparsemixer":
+            logits = router_logits(hidden_states, self.weight)  # [T, N]
+            weights, indices = sparsemixer_weights(logits, plan.top_k, training=self.training,
+                                                   generator=self.probmoe_generator)  # [T, k] each
+            self.probmoe_last = GateRecord(indices, torch.ones_like(indices, dtype=torch.bool), plan.num_experts)
+        elif plan.method == "remoe":
+            logits = router_logits(hidden_states, self.weight)  # [T, N]
+            weights = remoe_gates(logits, plan.top_k, self.probmoe_remoe, self.probmoe_layers,
+                                  training=self.training)  # [T, N]
+            indices = torch.arange(plan.num_experts, device=logits.device).expand_as(weights)  # [T, N]
+            self.probmoe_last = GateRecord(indices, weights.detach() > 0, plan.num_experts)
         else:
             logits = router_logits(hidden_states, self.weight, float32=family.fp32_logits)  # [T, N], as the stock router
-            routing = routed(logits, plan.routing, training=self.training, generator=self.probmoe_generator,
-                             replay=self.probmoe_replay)
-            weights, indices = routing.weights, routing.indices  # [T, kmax] each
+            if bias is None:
+                routing = routed(logits, plan.routing, training=self.training, generator=self.probmoe_generator,
+                                 replay=self.probmoe_replay)
+                weights = routing.weights  # [T, kmax]
+            else:  # the subsets of the shifted logits, the weights of the unbiased scores (balance)
+                shifted = logits.float() + bias
+                routing = routed(shifted, dataclasses.replace(plan.routing, normalize=False), training=self.training,
+                                 generator=self.probmoe_generator, replay=self.probmoe_replay)
+                weights = balance_mod.probmoe_weights(routing, logits, shifted, family.scores, plan.normalize)
+            indices = routing.indices  # [T, kmax]
             self.probmoe_last = GateRecord(indices.detach(), routing.mask, plan.num_experts, routing)
         if plan.scale != 1.0:
             weights = weights * plan.scale  # DeepSeek-V3's routed_scaling_factor
@@ -141,14 +165,26 @@ def gate_class(router_class: type) -> type:
     return _CLASSES[router_class]
 
 
-def install(gate, plan: Plan, family, generator) -> None:
+def install(gate, plan: Plan, family, generator, layers: int) -> None:
+    """Patch ``gate`` (one of ``layers`` MoE layers) to route by ``plan``."""
     gate.__class__ = gate_class(type(gate))
     gate.probmoe_plan, gate.probmoe_family = plan, family
     gate.probmoe_generator, gate.probmoe_replay = generator, GeneratorReplay()
     gate.probmoe_last = None
+    if plan.balance is not None:
+        n, device = plan.num_experts, gate.weight.device
+        if not family.grouped:
+            gate.register_buffer("probmoe_bias", torch.zeros(n, dtype=torch.float32, device=device), persistent=False)
+        gate.register_buffer("probmoe_load", torch.zeros(n, dtype=torch.float32, device=device), persistent=False)
+    if plan.method == "remoe":
+        gate.probmoe_layers = layers
+        state = torch.tensor([plan.l1_coef, 0.0, 0.0], dtype=torch.float32, device=gate.weight.device)
+        gate.register_buffer("probmoe_remoe", state, persistent=False)
 
 
 def uninstall(gate) -> None:
     gate.__class__ = next(c for c in type(gate).__mro__[1:] if not issubclass(c, PatchedGate))
     for name in PatchedGate.ADDED:
         gate.__dict__.pop(name, None)
+    for name in PatchedGate.BUFFERS:
+        gate._buffers.pop(name, None)

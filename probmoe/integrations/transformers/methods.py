@@ -8,6 +8,12 @@
     "sample-dense-ste", "topk-marginal"   the paper's two ablations (Exact-k; eval: MAP)
     "probmoe-grouped"   (grouped families: DeepSeek-V3) ProbMoE on exactly k experts from at most
                         topk_group of the n_group expert groups, the model's own limit (eval: MAP)
+    "defaultmoe"        training: stock top-k forward, dense router gradient from the default
+                        outputs (EMA) of the unselected experts (DefaultMoE); eval: stock top-k
+    "sparsemixer"       SparseMixer v2: Gumbel sampling within a jitter band, midpoint router
+                        gradient (training); eval: its deterministic top-k (softmax families)
+    "remoe"             ReMoE: ReLU gates, adaptive L1 penalty steering the mean number of
+                        active experts to k (training and eval; softmax families)
 """
 
 from __future__ import annotations
@@ -18,10 +24,16 @@ from dataclasses import dataclass
 import circuits
 import probmoe
 
+from . import remoe as remoe_mod
 from ..method_names import ALL_METHODS, GROUPED_METHODS, METHODS  # noqa: F401 (their home; exported here)
 from .families import GROUPED
 
 STOCK = ("conventional", "frozen", "densemixer")  # routed by the family's own top-k (DenseMixer: in eval)
+BASELINES = ("defaultmoe", "sparsemixer", "remoe")  # the other baselines of the paper's Table 1
+TOP_K = STOCK + BASELINES  # methods that take the model's own top-k (no k, kmin, kmax, backend, grad)
+UNGROUPED = ("sparsemixer", "remoe")  # defined for softmax gates without group limits only
+BALANCES = ("aux-free",)  # DeepSeek-V3's auxiliary-loss-free balancing (``balance``)
+BALANCE_RATE = 1e-3  # γ, DeepSeek-V3's bias update speed
 _PROBMOE_METHOD = {"probmoe": "probmoe", "probmoe-dynamic": "probmoe", "sample-dense-ste": "sample-dense-ste",
                    "topk-marginal": "topk-marginal", "probmoe-grouped": "probmoe"}  # -> RoutingConfig.method
 
@@ -35,6 +47,9 @@ class Plan:
     top_k: the model's own ``num_experts_per_tok``; num_experts: N.
     aux_loss, z_loss: coefficients of the load-balancing loss and the router z-loss.
     scale: the factor the used weights are multiplied by (DeepSeek-V3's ``routed_scaling_factor``).
+    l1_coef, l1_rate: ReMoE's initial L1 coefficient λ₀ and its factor α per step (0 otherwise).
+    balance, balance_rate: "aux-free" (a per-expert selection bias updated after each step by
+        ``balance_rate`` γ: ``balance``) or None.
     """
 
     method: str
@@ -45,6 +60,10 @@ class Plan:
     aux_loss: float
     z_loss: float
     scale: float = 1.0
+    l1_coef: float = 0.0
+    l1_rate: float = 0.0
+    balance: str | None = None
+    balance_rate: float = 0.0
 
     @property
     def kmax(self) -> int:
@@ -55,6 +74,23 @@ class Plan:
     def dynamic(self) -> bool:
         """Tokens use different numbers of experts (unused slots are skipped by the experts)."""
         return self.routing is not None and not self.routing.exact_k
+
+    @property
+    def options(self) -> dict:
+        """The method-specific ``patch_model`` keywords this plan was made with (settings file)."""
+        out = {"l1_coef": self.l1_coef, "l1_rate": self.l1_rate} if self.method == "remoe" else {}
+        if self.balance is not None:
+            out.update(balance=self.balance, balance_rate=self.balance_rate)
+        return out
+
+    @property
+    def experts_kind(self) -> str | None:
+        """The patched experts this plan needs (``experts.install``'s kind), or None: stock."""
+        if self.method == "remoe":
+            return "skip-weight"
+        if self.method == "defaultmoe":
+            return "default"
+        return "skip" if self.dynamic else None
 
 
 def _int_or_none(name: str, value, lo: int, hi: int):
@@ -78,8 +114,16 @@ def _coefficient(name: str, value, default: float) -> float:
     return float(value)
 
 
+def _positive(name: str, value, default: float, lo_open: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= lo_open:
+        raise ValueError(f"{name} must be a finite number > {lo_open:g}, got {value!r}")
+    return float(value)
+
+
 def make_plan(config, family, method, *, k=None, kmin=None, kmax=None, backend="circuit", grad="exact",
-              aux_loss=..., z_loss=...) -> Plan:
+              aux_loss=..., z_loss=..., l1_coef=None, l1_rate=None, balance=None, balance_rate=None) -> Plan:
     """Check ``patch_model``'s arguments against the model's ``config``; ValueError naming the
     argument and the allowed values."""
     if method not in ALL_METHODS:
@@ -87,6 +131,19 @@ def make_plan(config, family, method, *, k=None, kmin=None, kmax=None, backend="
     if method in GROUPED_METHODS and not family.grouped:
         raise ValueError(f"method {method!r} routes within the model's expert groups (n_group, topk_group); model "
                          f"type {family.model_type!r} has none (it applies to {', '.join(GROUPED)})")
+    if method in UNGROUPED and family.grouped:
+        raise ValueError(f"method {method!r} is not defined for model type {family.model_type!r}: it replaces the "
+                         "softmax top-k gate, and this family routes by sigmoid scores within expert groups "
+                         "(n_group, topk_group), which it has no form for")
+    if method != "remoe" and (l1_coef is not None or l1_rate is not None):
+        raise ValueError(f"l1_coef and l1_rate apply only to method 'remoe', not to {method!r}")
+    if balance is not None and balance not in BALANCES:
+        raise ValueError(f"balance must be one of {BALANCES} or None, got {balance!r}")
+    if balance is None and balance_rate is not None:
+        raise ValueError("balance_rate applies only with balance='aux-free'")
+    if balance is not None and method in UNGROUPED:
+        raise ValueError(f"balance: method {method!r} has no top-k selection to bias (ReMoE balances by its L1 "
+                         "penalty); it applies to the other methods")
     n, top_k = family.num_experts(config), family.top_k(config)
     k = _int_or_none("k", k, 1, n)
     kmin = _int_or_none("kmin", kmin, 1, n)
@@ -97,7 +154,7 @@ def make_plan(config, family, method, *, k=None, kmin=None, kmax=None, backend="
         raise ValueError(f"grad must be one of {probmoe.config.GRADS}; got {grad!r}")
     normalize = family.normalize(config)
     routing = None
-    if method in STOCK:
+    if method in TOP_K:
         for name, value in (("k", k), ("kmin", kmin), ("kmax", kmax)):
             if value is not None:
                 raise ValueError(f"{name} applies only to the methods probmoe, probmoe-dynamic, sample-dense-ste, "
@@ -117,7 +174,7 @@ def make_plan(config, family, method, *, k=None, kmin=None, kmax=None, backend="
             raise ValueError(f"kmin/kmax: method {method!r} routes exactly k experts (give k); "
                              "use method 'probmoe-dynamic' for a range")
         kmin = kmax = top_k if k is None else k
-    if method not in STOCK:
+    if method not in TOP_K:
         constraint = None
         if method in GROUPED_METHODS:  # exactly k experts from at most topk_group of the n_group groups
             n_group, topk_group = family.groups(config)
@@ -125,7 +182,12 @@ def make_plan(config, family, method, *, k=None, kmin=None, kmax=None, backend="
             kmin = kmax = None
         routing = probmoe.RoutingConfig(n, kmin=kmin, kmax=kmax, method=_PROBMOE_METHOD[method], backend=backend,
                                         grad=grad, normalize=normalize, scores=family.scores, constraint=constraint)
+    remoe = method == "remoe"
+    aux_default = 0.0 if remoe else getattr(config, "router_aux_loss_coef", 0.0) or 0.0  # ReMoE balances by its L1
     return Plan(method, routing, n, top_k, normalize,
-                _coefficient("aux_loss", aux_loss, getattr(config, "router_aux_loss_coef", 0.0) or 0.0),
+                _coefficient("aux_loss", aux_loss, aux_default),
                 _coefficient("z_loss", z_loss, getattr(config, "router_z_loss_coef", 0.0) or 0.0),
-                family.scale(config))
+                family.scale(config),
+                _positive("l1_coef", l1_coef, remoe_mod.L1_COEF, 0.0) if remoe else 0.0,
+                _positive("l1_rate", l1_rate, remoe_mod.L1_RATE, 1.0) if remoe else 0.0,
+                balance, _positive("balance_rate", balance_rate, BALANCE_RATE, 0.0) if balance else 0.0)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import inspect
 
-from . import losses, pickling, settings
+from . import losses, pickling, runtime_state, settings
 from .families import layout_error
 from .gate import PatchedGate
 
@@ -28,7 +28,8 @@ def patched_gates(model) -> list:
 
 
 class PatchedModel:
-    """Mixin for any patched model: ``save_pretrained`` also writes ``probmoe_routing.json``."""
+    """Mixin for any patched model: ``save_pretrained`` also writes ``probmoe_routing.json`` and,
+    for methods with training state, ``probmoe_state.safetensors`` (``runtime_state``)."""
 
     ADDED = ("probmoe_plan", "probmoe_family", "probmoe_generator", "probmoe_requires_grad", "probmoe_last_z_loss")
     TRANSIENT = ("probmoe_last_z_loss",)  # what the last forward left (with its graph): not pickled
@@ -37,6 +38,7 @@ class PatchedModel:
         result = super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
             settings.write(save_directory, self.probmoe_plan, self.probmoe_family.model_type)
+            runtime_state.save(self, save_directory)
         return result
 
     def __reduce_ex__(self, protocol):

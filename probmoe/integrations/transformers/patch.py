@@ -18,7 +18,7 @@ from circuits import checks
 from . import experts as experts_mod
 from . import gate as gate_mod
 from . import model as model_mod
-from . import settings
+from . import runtime_state, settings
 from .weights_file import check_weights_files
 from .families import family_of
 from .methods import make_plan
@@ -29,22 +29,31 @@ def is_patched(model) -> bool:
 
 
 def patch_model(model, method: str, *, k=None, kmin=None, kmax=None, backend: str = "circuit", grad: str = "exact",
-                aux_loss=..., z_loss=..., generator: torch.Generator | None = None):
+                aux_loss=..., z_loss=..., l1_coef=None, l1_rate=None, balance=None, balance_rate=None,
+                generator: torch.Generator | None = None):
     """Patch every MoE block of a transformers 5.x ``olmoe``, ``qwen2_moe``, ``qwen3_moe``,
     ``mixtral`` or ``deepseek_v3`` model in place to route by ``method``; returns the model.
 
     method: "conventional", "frozen", "densemixer", "probmoe", "probmoe-dynamic",
-        "sample-dense-ste" or "topk-marginal" (see docs/transformers.md for what each does); for
-        ``deepseek_v3`` also "probmoe-grouped": exactly k experts from at most ``topk_group`` of
-        the ``n_group`` expert groups, the model's own limit (docs/constraints.md).
+        "sample-dense-ste", "topk-marginal", "defaultmoe", "sparsemixer" or "remoe" (see
+        docs/transformers.md for what each does; "sparsemixer" and "remoe" are not defined for
+        ``deepseek_v3``); for ``deepseek_v3`` also "probmoe-grouped": exactly k experts from at
+        most ``topk_group`` of the ``n_group`` expert groups, the model's own limit
+        (docs/constraints.md).
     k: experts per token of the exactly-k ProbMoE methods (default: the model's
         ``num_experts_per_tok``); kmin, kmax: the range of "probmoe-dynamic" (default 1 and the
         model's top-k).
     backend, grad: as for ``probmoe.RoutingConfig`` (ProbMoE methods only).
     aux_loss, z_loss: coefficients of the load-balancing loss on the experts actually used and of
         the router z-loss, added to the loss when router logits are output (``...``: the
-        config's ``router_aux_loss_coef`` / ``router_z_loss_coef`` (0 where it has none); 0 or
-        None: off).
+        config's ``router_aux_loss_coef`` / ``router_z_loss_coef`` (0 where it has none; for
+        "remoe", whose L1 penalty balances the load, aux_loss 0); 0 or None: off).
+    l1_coef, l1_rate: ReMoE's initial L1 coefficient λ₀ (default 1e-8) and the factor α (> 1,
+        default 1.2) it is multiplied or divided by after each step (``controls.after_step``).
+    balance: "aux-free" for DeepSeek-V3's auxiliary-loss-free balancing (every method but
+        "sparsemixer" and "remoe"): a per-expert bias b added to the selection scores only,
+        b_i += balance_rate · sign(mean load − load_i) after each step (``controls.after_step``;
+        ``balance``); balance_rate γ defaults to 1e-3.
     generator: a ``torch.Generator`` for the ProbMoE draws (default: the global RNG).
 
     Patching an already patched model with the same settings returns it unchanged; with other
@@ -54,7 +63,8 @@ def patch_model(model, method: str, *, k=None, kmin=None, kmax=None, backend: st
     """
     family = family_of(model)
     plan = make_plan(model.config, family, method, k=k, kmin=kmin, kmax=kmax, backend=backend, grad=grad,
-                     aux_loss=aux_loss, z_loss=z_loss)
+                     aux_loss=aux_loss, z_loss=z_loss, l1_coef=l1_coef, l1_rate=l1_rate, balance=balance,
+                     balance_rate=balance_rate)
     checks.generator(generator)
     if is_patched(model):
         if model.probmoe_plan == plan and model.probmoe_generator is generator:
@@ -70,9 +80,10 @@ def patch_model(model, method: str, *, k=None, kmin=None, kmax=None, backend: st
     model_mod.model_class(type(model), model_mod.is_causal_lm(model))  # LayoutError if its forward lacks what is used
     requires_grad = {}
     for block in blocks:
-        gate_mod.install(block.gate, plan, family, generator)
-        if plan.dynamic:
-            experts_mod.install(block.experts)
+        gate_mod.install(block.gate, plan, family, generator, len(blocks))
+        if plan.experts_kind is not None:
+            experts_mod.install(block.experts, plan.experts_kind, slots=plan.top_k, num_experts=plan.num_experts,
+                                hidden=block.gate.weight.shape[1])
         if method == "frozen":  # only the routers: Qwen2-MoE's shared_expert_gate stays trainable
             requires_grad[id(block.gate.weight)] = block.gate.weight.requires_grad
             block.gate.weight.requires_grad_(False)
@@ -131,7 +142,8 @@ def from_pretrained(path, *, generator: torch.Generator | None = None, **kwargs)
     ``probmoe_routing.json`` records. FileNotFoundError if the settings file is missing,
     ValueError if it is unreadable, tampered or does not match the checkpoint's config;
     ``weights_file.DamagedWeightsError`` (a ValueError) naming a truncated or corrupted
-    ``*.safetensors`` file, before transformers reads it."""
+    ``*.safetensors`` file, before transformers reads it. The routing state a method trains with
+    (ReMoE's λ, DefaultMoE's default outputs) comes back from ``probmoe_state.safetensors``."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if not os.path.isdir(os.fspath(path)):
@@ -148,6 +160,7 @@ def from_pretrained(path, *, generator: torch.Generator | None = None, **kwargs)
         raise ValueError(f"{data['path']} records {data['num_experts']} experts, top-{data['top_k']}, but the model "
                          f"has {family.num_experts(model.config)}, top-{family.top_k(model.config)}")
     patch_model(model, **settings.patch_arguments(data), generator=generator)
+    runtime_state.load(model, path)
     if model.probmoe_plan.routing != data["routing"]:
         raise ValueError(f"{data['path']}: its routing config {data['routing']} does not match the model's "
                          f"({model.probmoe_plan.routing})")

@@ -3,9 +3,12 @@
 ``save_pretrained`` of a patched model writes the stock checkpoint (stock keys, no extra weights)
 plus ``probmoe_routing.json``:
 
-    {"format": "probmoe-transformers-routing", "version": 1, "model_type": ..., "num_experts": N,
+    {"format": "probmoe-transformers-routing", "version": 2, "model_type": ..., "num_experts": N,
      "top_k": k, "method": ..., "routing": RoutingConfig.to_dict() or null, "aux_loss": ...,
-     "z_loss": ..., "sha256": sha256 of the canonical JSON of every other field}
+     "z_loss": ..., "options": {the other patch_model keywords given: ReMoE's l1_coef and
+     l1_rate, balance and balance_rate}, "sha256": sha256 of the canonical JSON of every other field}
+
+(Version 1 files, written before "options" existed, are read as options {}.)
 
 Reading checks everything: the file exists, parses, carries exactly these fields, its checksum
 matches (a hand edit is "tampered"), the routing config is valid (``RoutingConfig.from_dict``), and
@@ -21,13 +24,15 @@ import os
 import probmoe
 
 from ..method_names import ALL_METHODS
-from .methods import STOCK, Plan
+from .methods import TOP_K, Plan
 
 FILENAME = "probmoe_routing.json"
 FORMAT = "probmoe-transformers-routing"
-VERSION = 1
-FIELDS = ("format", "version", "model_type", "num_experts", "top_k", "method", "routing", "aux_loss", "z_loss",
-          "sha256")
+VERSION = 2
+FIELDS_V1 = ("format", "version", "model_type", "num_experts", "top_k", "method", "routing", "aux_loss", "z_loss",
+             "sha256")
+FIELDS = FIELDS_V1 + ("options",)
+OPTIONS = ("l1_coef", "l1_rate", "balance", "balance_rate")  # patch_model keywords an "options" object may carry
 
 
 def digest(content: dict) -> str:
@@ -39,7 +44,7 @@ def content(plan: Plan, model_type: str) -> dict:
     data = {"format": FORMAT, "version": VERSION, "model_type": model_type, "num_experts": plan.num_experts,
             "top_k": plan.top_k, "method": plan.method,
             "routing": plan.routing.to_dict() if plan.routing is not None else None,
-            "aux_loss": plan.aux_loss, "z_loss": plan.z_loss}
+            "aux_loss": plan.aux_loss, "z_loss": plan.z_loss, "options": plan.options}
     data["sha256"] = digest(data)
     return data
 
@@ -71,11 +76,12 @@ def read(directory) -> dict:
         raise ValueError(f"{path} is unreadable ({e})") from e
     if not isinstance(data, dict):
         raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
-    if sorted(data) != sorted(FIELDS):
-        raise ValueError(f"{path} must have exactly the fields {list(FIELDS)}; got {sorted(data)}")
-    if data["format"] != FORMAT or data["version"] != VERSION:
-        raise ValueError(f"{path}: format {data['format']!r} version {data['version']!r} is not "
-                         f"{FORMAT!r} version {VERSION}")
+    if data.get("format") != FORMAT or data.get("version") not in (1, VERSION):
+        raise ValueError(f"{path}: format {data.get('format')!r} version {data.get('version')!r} is not "
+                         f"{FORMAT!r} version 1 or {VERSION}")
+    fields = FIELDS_V1 if data["version"] == 1 else FIELDS
+    if sorted(data) != sorted(fields):
+        raise ValueError(f"{path} must have exactly the fields {list(fields)}; got {sorted(data)}")
     if data["sha256"] != digest(data):
         raise ValueError(f"{path} has been modified after it was written (sha256 mismatch); re-save the model "
                          "from a patched model instead of editing the file")
@@ -85,15 +91,19 @@ def read(directory) -> dict:
         routing = None if data["routing"] is None else probmoe.RoutingConfig.from_dict(data["routing"])
     except (ValueError, TypeError) as e:
         raise ValueError(f"{path}: bad routing config ({e})") from e
-    if (routing is None) != (data["method"] in STOCK):
-        raise ValueError(f"{path}: routing must be null exactly for the stock methods; method {data['method']!r}")
-    return dict(data, routing=routing, path=path)
+    if (routing is None) != (data["method"] in TOP_K):
+        raise ValueError(f"{path}: routing must be null exactly for the methods {', '.join(TOP_K)}; method "
+                         f"{data['method']!r}")
+    options = data.get("options", {})
+    if not isinstance(options, dict) or not set(options) <= set(OPTIONS):
+        raise ValueError(f"{path}: options must be an object with keys among {list(OPTIONS)}; got {options!r}")
+    return dict(data, routing=routing, options=options, path=path)
 
 
 def patch_arguments(data: dict) -> dict:
     """The ``patch_model`` keywords a read settings file describes."""
     r = data["routing"]
-    args = {"method": data["method"], "aux_loss": data["aux_loss"], "z_loss": data["z_loss"]}
+    args = {"method": data["method"], "aux_loss": data["aux_loss"], "z_loss": data["z_loss"], **data["options"]}
     if r is not None:
         args.update(backend=r.backend, grad=r.grad)
         args.update({"kmin": r.kmin, "kmax": r.kmax} if data["method"] == "probmoe-dynamic" else {"k": r.k})

@@ -1,0 +1,78 @@
+"""Auxiliary-loss-free balancing (DeepSeek-V3, Wang et al. 2024): a per-expert bias b [N] added
+to the scores the experts are *selected* by, never to the weights they are mixed with, and after
+each optimizer step
+
+    b_i ← b_i + γ · sign(mean_j load_j − load_i)
+
+with load_i the tokens routed to expert i by the step's training forwards (over all processes
+under torch.distributed). Where it enters (``patch_model(..., balance="aux-free")``):
+
+    top-k methods (conventional, frozen, densemixer, defaultmoe): the top-k of π + b, π = softmax(r)
+        (sigmoid for DeepSeek-V3, whose stock router does exactly this with its own
+        ``e_score_correction_bias``); weights π at the chosen experts (renormalised as stock)
+    ProbMoE methods: the subset distribution is that of the shifted logits, P(S) ∝ exp Σ_{i∈S}
+        (r_i + b_i), so the bias moves which subsets are drawn (and the MAP at eval); the weights
+        are the unbiased π(r) at S with the straight-through gradient of Eq. 7 through the
+        marginals of the shifted distribution: w = (stopgrad(z − m) + m) ⊙ π(r), renormalised
+        as the family does (``probmoe_weights``)
+
+The bias is DeepSeek-V3's ``e_score_correction_bias`` buffer where the family has one (a stock
+checkpoint key), else a buffer ``probmoe_bias`` added to the router (saved in
+``probmoe_state.safetensors``); the loads since the last update are the router buffer
+``probmoe_load``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from probmoe.scores import gate_scores
+
+
+def selection_bias(gate) -> Tensor:
+    """The bias b [N] float32 of a patched router."""
+    bias = gate._buffers.get("probmoe_bias")
+    return bias if bias is not None else gate.e_score_correction_bias
+
+
+def biased_topk(logits: Tensor, k: int, normalize: bool, scores: str, bias: Tensor) -> tuple[Tensor, Tensor]:
+    """Stock top-k routing with a selection bias: logits [T, N] -> (weights [T, k] float32,
+    indices [T, k]); weights π(r) at the top-k of π(r) + b, renormalised if ``normalize``."""
+    probs = gate_scores(logits.float(), scores)  # [T, N]
+    idx = torch.topk(probs + bias, k, dim=-1).indices  # [T, k]
+    weights = probs.gather(-1, idx)
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, idx
+
+
+def probmoe_weights(routing, logits: Tensor, shifted: Tensor, scores: str, normalize: bool) -> Tensor:
+    """The weights [T, kmax] of a ``probmoe.Routing`` drawn from the ``shifted`` logits r + b
+    (routed without normalisation), carried over to the unbiased gate scores π(r): each used
+    slot's w' = (1 + δ) π(r + b) with δ the straight-through term (value 0) becomes (1 + δ) π(r),
+    as w' / π(r + b) · π(r), whose gradient is exactly that (the π(r + b) terms cancel)."""
+    idx, mask = routing.indices, routing.mask  # [T, kmax]
+    pi = gate_scores(logits.float(), scores).gather(-1, idx)  # [T, kmax]
+    pi_shifted = gate_scores(shifted, scores).gather(-1, idx).clamp_min(torch.finfo(torch.float32).tiny)
+    w = torch.where(mask, routing.weights / pi_shifted * pi, torch.zeros_like(pi))
+    if normalize:
+        w = w / w.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
+    return w
+
+
+def update_bias(gates, rate: float) -> list[float] | None:
+    """After an optimizer step: b_i += rate · sign(mean load − load_i) in every router, from its
+    ``probmoe_load`` (then reset); returns the loads' coefficient of variation per router, or None
+    if no training forward ran since the last update."""
+    loads = torch.stack([g.probmoe_load for g in gates])  # [L, N]
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(loads)
+    if float(loads.sum()) == 0:
+        return None
+    with torch.no_grad():
+        for gate, load in zip(gates, loads):
+            bias = selection_bias(gate)
+            bias.add_(rate * torch.sign(load.mean() - load).to(bias.device, bias.dtype))
+            gate.probmoe_load.zero_()
+    return [float(load.std(unbiased=False) / load.mean()) for load in loads]

@@ -1,0 +1,76 @@
+"""SparseMixer v2 (Liu et al. 2023; GRIN-MoE, 2024): sparse routing by Gumbel sampling within a
+jitter band, with the mid-point (Heun) gradient estimator for the router.
+
+Transcribed from the official ``sparsemixer/sparsemixer_v2.py`` (microsoft/SparseMixer), which is
+top-1/top-2 only ("only top-1/2 gating has been tested"); stage j of k (j = 1, 2, ...), on the
+scores r [T, N] with the experts chosen in earlier stages removed (-inf):
+
+    band_j   = {i : (max_remaining − r_i) / max(|r_i|, max_remaining) ≤ 2ε}     (ε: jitter_eps)
+    p_j      = softmax of the remaining scores inside band_j (−inf outside)       [T, N]
+    D_j      = argmax(r + Gumbel) over band_j (training); argmax of the remaining (eval)
+    c_j      = 1 if D_j = argmax p_j or u > 0.75 (u ~ U(0, 1)), else 0.3333 (training; eval 1)
+    weight_j = p_j[D_j] · c_j            (forward value)
+    ∂weight_j/∂r := p_j[D_j] · (e_{D_j} − p_j)   (backward: the midpoint estimator; c_j is
+                                                   not differentiated, as in the official code)
+
+The generalisation to k > 2 repeats the official second stage: each stage removes the experts
+chosen so far and recomputes the band relative to the largest remaining score (the band's
+relative distance is measured against the original scores, as the official second stage does).
+For k ≤ 2 it is the official code, draw for draw (same order of the random draws: a [T, N]
+exponential for the Gumbel noise, then a [T, 1] uniform, per stage).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+JITTER_EPS = 0.01  # GRIN-MoE's router_jitter_noise (the band half-width ε)
+
+
+class _Midpoint(torch.autograd.Function):
+    """Forward: gate [T, 1] · factor [T, 1]; backward to the scores [T, N]: the incoming gradient
+    times gate · (e_chosen − probs). Only the scores get a gradient."""
+
+    @staticmethod
+    def forward(ctx, scores: Tensor, gate: Tensor, chosen: Tensor, probs: Tensor, factor: Tensor) -> Tensor:
+        ctx.save_for_backward(gate, chosen, probs)
+        return gate * factor
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        gate, chosen, probs = ctx.saved_tensors
+        g = grad * gate  # [T, 1]
+        d_scores = -probs * g  # [T, N]
+        d_scores = d_scores.scatter_add(-1, chosen, g)
+        return d_scores, None, None, None, None
+
+
+def sparsemixer_weights(logits: Tensor, k: int, *, training: bool, jitter_eps: float = JITTER_EPS,
+                        generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """logits [T, N] -> (weights [T, k] float32, indices [T, k] long), stage by stage as above."""
+    scores = logits.float()  # [T, N]
+    remaining = scores
+    weights, indices = [], []
+    for _ in range(k):
+        with torch.no_grad():
+            top, argtop = remaining.max(dim=-1, keepdim=True)  # [T, 1] each
+            far = (top - scores) / scores.abs().clamp(min=top) > 2 * jitter_eps  # [T, N]
+            banded = remaining.masked_fill(far, float("-inf"))  # [T, N]
+            if training:
+                noise = torch.empty_like(banded).exponential_(generator=generator).log()  # -Gumbel
+                chosen = (banded - noise).argmax(dim=-1, keepdim=True)  # [T, 1]
+            else:
+                chosen = argtop
+            probs = torch.softmax(banded, dim=-1)  # [T, N]
+            if training:
+                best = probs.argmax(dim=-1, keepdim=True)
+                u = torch.rand(best.shape, generator=generator, device=best.device)  # [T, 1]
+                factor = 0.3333 + 0.6667 * ((chosen == best) | (u > 0.75)).float()
+            else:
+                factor = torch.ones_like(top)
+            gate = probs.gather(-1, chosen)  # [T, 1]
+        weights.append(_Midpoint.apply(scores, gate, chosen, probs, factor))
+        indices.append(chosen)
+        remaining = remaining.scatter(-1, chosen, float("-inf"))
+    return torch.cat(weights, dim=-1), torch.cat(indices, dim=-1)
