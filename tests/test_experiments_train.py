@@ -157,6 +157,17 @@ def test_resume_refuses_the_same_file_read_as_another_format(tmp_path, capsys):
     assert "data_format: checkpoint 'question-answer', now 'text'" in capsys.readouterr().err
 
 
+def test_resume_refuses_other_balancing(tmp_path, data, capsys):
+    """The balancing option and its rate change the trajectory: a resume must match them."""
+    args = ["--model", "tiny-olmoe", "--data", data, "--batch-size", 2, "--max-steps", 2, "--save-every", 1,
+            "--output-dir", tmp_path / "a", "--balance", "aux-free"]
+    run(*args, "--balance-rate", "0.01", "--stop-after", 1)
+    with pytest.raises(SystemExit) as e:
+        run(*args, "--balance-rate", "0.02", "--resume", "latest")
+    assert e.value.code == 2
+    assert "balance_rate: checkpoint 0.01, now 0.02" in capsys.readouterr().err
+
+
 def test_bad_input_is_refused_before_training(tmp_path, capsys, data):
     assert "does not exist" in _bad(tmp_path, capsys, "--data", tmp_path / "missing.jsonl")
     (tmp_path / "noq.jsonl").write_text('{"question": "q", "answer": "a"}\n{"answer": "4"}\n')

@@ -40,9 +40,10 @@ CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 RESUME_KEYS = ("model", "method", "k", "kmin", "kmax", "backend", "grad", "aux_loss", "z_loss", "seed", "lr",
                "lr_schedule", "warmup_steps", "weight_decay", "max_grad_norm", "batch_size", "grad_accum",
                "max_length", "bf16", "data_sha256", "world_size", "device_type", "schedule_steps", "fsdp",
-               "param_dtype", "layers", "data_format")
+               "param_dtype", "layers", "data_format", "l1_coef", "l1_rate", "balance", "balance_rate")
 # what a checkpoint written before a setting existed ran with
-RESUME_DEFAULTS = {"fsdp": False, "param_dtype": "float32", "layers": None, "data_format": "question-answer"}
+RESUME_DEFAULTS = {"fsdp": False, "param_dtype": "float32", "layers": None, "data_format": "question-answer",
+                   "l1_coef": None, "l1_rate": None, "balance": None, "balance_rate": None}
 
 
 def sha256_file(path: str) -> str:
