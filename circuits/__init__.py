@@ -1,6 +1,7 @@
 """circuits: compile constraints into probabilistic circuits once, evaluate them batched.
 
-    spec (ExactlyK, RangeK, GroupLimited, GroupCapacity, SddFile, CnfFile) -> compile (pysdd SDD)
+    spec (ExactlyK, RangeK, GroupLimited, GroupCapacity, SddFile, CnfFile) -> compile (count tree built
+        directly for the cardinality and group specs; d4 d-DNNF for CNF; pysdd SDD on request)
         -> layout (levels)
         -> cache (disk) -> Circuit (log_partition, marginals, sample, map)
         -> passes (torch, fused C, Triton; ``circuits.passes.select`` picks per device and dtype)
