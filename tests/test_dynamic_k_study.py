@@ -1,10 +1,7 @@
 """tools/dynamic_k_study.py (tab:dynamic_k_4_8) and probmoe-analyze's tokens.csv (tab:dynamic_expert_number)."""
 
 import csv
-import importlib.util
 import json
-import os
-import sys
 
 import pytest
 
@@ -13,11 +10,9 @@ pytest.importorskip("transformers")
 from gsm8k_data import write  # noqa: E402
 from probmoe.cli import analyze  # noqa: E402
 
-TOOL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "dynamic_k_study.py")
-_spec = importlib.util.spec_from_file_location("dynamic_k_study", TOOL)
-study = importlib.util.module_from_spec(_spec)
-sys.modules["dynamic_k_study"] = study
-_spec.loader.exec_module(study)
+from tool_modules import load_tool  # noqa: E402
+
+study = load_tool("dynamic_k_study")
 
 
 @pytest.fixture(scope="module")

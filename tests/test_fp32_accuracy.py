@@ -4,9 +4,6 @@ the torch and fused C passes of the compiled circuit and for the DP, on a small 
 tools/accuracy_fp32.py (which prints the full table of docs/circuits.md). The Triton passes take
 the same grid, interpreted, in tests/circuits_triton_checks.py."""
 
-import importlib.util
-import os
-import sys
 
 import pytest
 import torch
@@ -16,11 +13,9 @@ import circuits
 import circuits.passes
 from circuits.passes import torch_passes
 
-TOOL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "accuracy_fp32.py")
-_spec = importlib.util.spec_from_file_location("accuracy_fp32", TOOL)
-A = importlib.util.module_from_spec(_spec)
-sys.modules["accuracy_fp32"] = A
-_spec.loader.exec_module(A)
+from tool_modules import load_tool  # noqa: E402
+
+A = load_tool("accuracy_fp32")
 
 CARDINALITY = [(64, 8, 8), (64, 0, 1), (64, 4, 8), (64, 0, 8)]
 GROUPS = [circuits.GroupLimited(64, 8, 8, 2), circuits.GroupCapacity(64, None, 8, 2, kmin=0, kmax=8),

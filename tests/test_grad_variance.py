@@ -1,6 +1,5 @@
 """tools/grad_variance.py: the exact-gradient oracle, the metrics, the estimators' forward values, the command."""
 
-import importlib.util
 import itertools
 import json
 import math
@@ -13,11 +12,10 @@ import torch
 
 import probmoe
 
-TOOL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "grad_variance.py")
-_spec = importlib.util.spec_from_file_location("grad_variance", TOOL)
-gv = importlib.util.module_from_spec(_spec)
-sys.modules["grad_variance"] = gv  # dataclasses look their module up there
-_spec.loader.exec_module(gv)
+from tool_modules import load_tool  # noqa: E402
+
+gv = load_tool("grad_variance")
+TOOL = gv.__file__
 
 
 def reinforce_draws(problem, k, samples, generator):

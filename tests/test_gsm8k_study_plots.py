@@ -1,20 +1,15 @@
 """tools/gsm8k_study.py's figures from a made-up summary: the ablation as the paper's box plot
 (fig:ablation_study), the loss figure one line per method (not per run), no bar from a cut axis."""
 
-import importlib.util
 import json
-import os
-import sys
 
 import pytest
 
 pytest.importorskip("matplotlib")
 
-TOOL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "gsm8k_study.py")
-_spec = importlib.util.spec_from_file_location("gsm8k_study", TOOL)
-study = importlib.util.module_from_spec(_spec)
-sys.modules["gsm8k_study"] = study
-_spec.loader.exec_module(study)
+from tool_modules import load_tool  # noqa: E402
+
+study = load_tool("gsm8k_study")
 
 EM = {"probmoe": [0.50, 0.52, 0.49], "densemixer": [0.44, 0.47, 0.40], "sample-dense-ste": [0.40, 0.50, 0.46],
       "topk-marginal": [0.45, 0.45, 0.48], "conventional": [0.43, 0.44, 0.42]}
