@@ -165,10 +165,9 @@ def make_plan(config, family, method, *, k=None, kmin=None, kmax=None, backend="
     elif method == "probmoe-dynamic":
         if k is not None:
             raise ValueError("k: method 'probmoe-dynamic' takes kmin and kmax (use method 'probmoe' for exactly k)")
-        kmin = 1 if kmin is None else kmin
-        kmax = top_k if kmax is None else kmax
-        if kmin > kmax:
-            raise ValueError(f"kmin must be <= kmax; got kmin={kmin}, kmax={kmax}")
+        kmin, kmax = circuits.checks.cardinality(n, kmin=1 if kmin is None else kmin,
+                                                 kmax=top_k if kmax is None else kmax, lowest=1,
+                                                 note=f" (N = {n} experts)")
     else:
         if kmin is not None or kmax is not None:
             raise ValueError(f"kmin/kmax: method {method!r} routes exactly k experts (give k); "
