@@ -15,30 +15,42 @@
 logits and generators, and their messages), ``circuits.ops`` (the registered operators, among them
 the row operations ``topk``, ``topk_chosen``, ``kth_largest``), ``circuits.native`` (the C build
 machinery, counter-based uniforms) and ``ScratchPool`` (reused scratch buffers for batched passes).
+
+The names load on first use (PEP 562), so that compiling (``circuits.compile.compile_entry``,
+``probmoe-compile``) runs without importing torch. The operators are registered when
+``circuits.ops`` is imported, which every evaluator does (``Circuit``, ``CardinalityDP``,
+``engine``); code that calls ``torch.ops.circuits.*`` directly imports ``circuits.ops`` first.
 """
 
-from . import checks, ops  # ops registers torch.ops.circuits
-from .cache import CacheWarning
-from .cache_dir import default_cache_dir
-from .circuit import Circuit
-from .compile import compile_circuit, compile_sdd
-from .dp import CardinalityDP, map_mask, map_size
-from .algorithm import ALGORITHMS, check_algorithm, engine
-from .layout import Layout, build_layout
-from .passes.scratch import ScratchPool
-from .spec import (
-    CARDINALITY_SPECS,
-    GROUP_SPECS,
-    SPECS,
-    CnfFile,
-    ExactlyK,
-    GroupCapacity,
-    GroupLimited,
-    RangeK,
-    SddFile,
-    spec_from_dict,
-    spec_to_dict,
-)
+import importlib
+
+_HOMES = {  # public name -> the module that defines it
+    "checks": None, "ops": None, "native": None, "passes": None,
+    "CacheWarning": "cache", "default_cache_dir": "cache_dir", "Circuit": "circuit",
+    "compile_circuit": "compile", "compile_sdd": "compile", "compile_entry": "compile",
+    "CardinalityDP": "dp", "map_mask": "dp", "map_size": "dp",
+    "ALGORITHMS": "algorithm", "check_algorithm": "algorithm", "engine": "algorithm",
+    "Layout": "layout", "build_layout": "layout", "ScratchPool": "passes.scratch",
+    **{name: "spec" for name in ("CARDINALITY_SPECS", "GROUP_SPECS", "SPECS", "CnfFile", "ExactlyK",
+                                 "GroupCapacity", "GroupLimited", "RangeK", "SddFile", "spec_from_dict",
+                                 "spec_to_dict")},
+}
+
+
+def __getattr__(name: str):
+    """Load a public name's module on first use (PEP 562) and keep the name here."""
+    if name not in _HOMES:
+        raise AttributeError(f"module 'circuits' has no attribute {name!r}")
+    home = _HOMES[name]
+    module = importlib.import_module(f".{home or name}", __name__)
+    value = module if home is None else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))
+
 
 __all__ = [
     "ALGORITHMS",
@@ -60,12 +72,15 @@ __all__ = [
     "check_algorithm",
     "checks",
     "compile_circuit",
+    "compile_entry",
     "compile_sdd",
     "default_cache_dir",
     "engine",
     "map_mask",
     "map_size",
+    "native",
     "ops",
+    "passes",
     "spec_from_dict",
     "spec_to_dict",
 ]

@@ -6,14 +6,19 @@ check and its message, for the specs, ``Circuit``, ``CardinalityDP`` and every c
 Every failure is a ``ValueError`` that names the argument and what is allowed. Type, rank and
 device checks are free; a check on tensor values costs one host synchronisation, and under
 torch.compile becomes an assertion in the graph with the same message (``require``).
+
+torch is imported by the checks that take tensors, not by this module: the integer and cardinality
+rules serve the specs and ``probmoe-compile``, which run without torch.
 """
 
 from __future__ import annotations
 
 import numbers
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
 NAN = "logits contain NaN"
 POSINF = "logits contain +inf; use finite logits, or -inf for 'never chosen'"
@@ -53,6 +58,8 @@ def generator(value, device: torch.device | None = None) -> None:
     """Raise unless ``value`` is None or a ``torch.Generator`` (on ``device``'s type, when given)."""
     if value is None:
         return
+    import torch
+
     where = "" if device is None else f" on {torch.device(device).type}"
     if not isinstance(value, torch.Generator):
         raise ValueError(f"generator must be a torch.Generator{where} or None, got {type(value).__name__}")
@@ -63,6 +70,8 @@ def generator(value, device: torch.device | None = None) -> None:
 def logits(value, *, n: int | None = None, dim: int | None = None, device: torch.device | None = None) -> Tensor:
     """``value`` if it is a floating-point tensor [..., n] (exactly ``dim``-D, on ``device``, when
     given; any n >= 1 when ``n`` is None), else ValueError. No host synchronisation."""
+    from torch import Tensor
+
     if not isinstance(value, Tensor):
         raise ValueError(f"logits must be a torch.Tensor, got {type(value).__name__}")
     if not value.is_floating_point():
@@ -82,6 +91,8 @@ def require(ok: Tensor, message: str) -> None:
     """Raise ValueError(``message``) unless the 0-dim bool tensor ``ok`` is true (one host
     synchronisation). Under torch.compile, an asynchronous assertion kept in the graph instead: a
     RuntimeError with the same message (on CUDA a device-side assert)."""
+    import torch
+
     if torch.compiler.is_compiling():
         torch._assert_async(ok, message)
     elif not bool(ok):

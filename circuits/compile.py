@@ -16,6 +16,10 @@ Before compiling a counting spec ``compile_circuit`` estimates the cost (``circu
 per compiler): it refuses a spec past ``estimate.MAX_STEPS`` unless told ``size_limit=False``, and
 shows tqdm progress bars on stderr for one past ``estimate.PROGRESS_STEPS`` (about a second; tqdm
 is optional).
+
+Compiling needs numpy and pysdd, not torch: ``compile_entry`` gives the layout and what happened
+without loading torch (``probmoe-compile`` uses it, so its start-up is Python's and numpy's);
+``compile_circuit`` wraps the same in a ``Circuit``, the evaluator.
 """
 
 from __future__ import annotations
@@ -27,14 +31,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
-import torch
 from pysdd.sdd import SddManager, SddNode, Vtree
 
 from . import cache, cnf, count_tree, estimate, file_checks, groups, nnf, self_check
-from .circuit import Circuit
 from .groups import Progress
-from .layout import build_layout
+from .layout import Layout, build_layout
 from .spec import GROUP_SPECS, CnfFile, ExactlyK, RangeK, SddFile, Spec
 
 SPECS = (ExactlyK, RangeK, SddFile, CnfFile, *GROUP_SPECS)
@@ -133,8 +136,21 @@ def _progress(show: bool, total: int, desc: str, unit: str):
         yield bar.update
 
 
+class Entry(NamedTuple):
+    """A compiled (or loaded) circuit before it is an evaluator: its layout, its spec and ``info``
+    (what ``compile_circuit`` documents)."""
+
+    layout: Layout
+    spec: Spec
+    info: dict
+
+    def sizes(self) -> dict:
+        """The layout's sizes (``Layout.sizes``)."""
+        return self.layout.sizes()
+
+
 def compile_circuit(spec, *, cache_dir=None, force: bool = False, device="cpu", size_limit: bool = True,
-                    compiler: str | None = None) -> Circuit:
+                    compiler: str | None = None) -> "Circuit":
     """Compile ``spec`` on first use; from then on load it from the disk cache.
 
     spec: ``ExactlyK``, ``RangeK``, ``GroupLimited``, ``GroupCapacity``, ``SddFile``, ``CnfFile``, a
@@ -156,6 +172,16 @@ def compile_circuit(spec, *, cache_dir=None, force: bool = False, device="cpu", 
     load and verification), ``compiler``, ``model_count``, and per compiler ``sdd_size`` /
     ``sdd_count`` / ``pysdd_version`` (pysdd) or ``d4_version`` / ``nnf_nodes`` (d4).
     """
+    from .circuit import Circuit  # the evaluator (and torch) are loaded here, not by compile_entry
+
+    return Circuit(*compile_entry(spec, cache_dir=cache_dir, force=force, size_limit=size_limit,
+                                  compiler=compiler), device)
+
+
+def compile_entry(spec, *, cache_dir=None, force: bool = False, size_limit: bool = True,
+                  compiler: str | None = None) -> Entry:
+    """``compile_circuit`` without the evaluator: the same compile, cache and checks, returning
+    ``Entry(layout, spec, info)``; torch is not imported."""
     if not isinstance(size_limit, bool):
         raise ValueError(f"size_limit must be True or False, got {size_limit!r}")
     spec = _as_spec(spec)
@@ -168,7 +194,7 @@ def compile_circuit(spec, *, cache_dir=None, force: bool = False, device="cpu", 
             layout, manifest = hit
             info = {**manifest, "cache_hit": True, "cache_path": str(cache.entry_dir(spec, cache_dir, variant)),
                     "load_seconds": time.perf_counter() - t0}
-            return Circuit(layout, spec, info, device)
+            return Entry(layout, spec, info)
     insist = "pass size_limit=False to compile_circuit to compile it anyway"
     est = estimate.check(spec, insist, compiler) if size_limit else estimate.estimate(spec, compiler)
     long = est is not None and est.steps > estimate.PROGRESS_STEPS
@@ -211,14 +237,13 @@ def compile_circuit(spec, *, cache_dir=None, force: bool = False, device="cpu", 
         groups.self_check(layout, spec)
     path = cache.store(spec, layout, files, manifest, cache_dir, replace=force, variant=variant)
     info = {**manifest, "cache_hit": False, "cache_path": None if path is None else str(path)}
-    return Circuit(layout, spec, info, device)
+    return Entry(layout, spec, info)
 
 
 def _check_log_partition(layout, want) -> None:
     """Raise RuntimeError if the layout's log Z at the probe logits differs from ``want``."""
     got = self_check.layout_log_partition(layout, self_check.probe_logits(layout.n))
-    if not torch.allclose(got, want, rtol=1e-9, atol=1e-9):
-        raise RuntimeError(f"the layout computes the wrong function (log Z {got.tolist()} != {want.tolist()})")
+    self_check.agree(got, want, error=RuntimeError)
 
 
 def _pysdd_version() -> str:

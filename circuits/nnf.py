@@ -24,8 +24,8 @@ import heapq
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
+from . import self_check
 from .dag import Dag, Ref
 from .layout import FALSE_SLOT, TRUE_SLOT, Layout
 
@@ -150,10 +150,10 @@ def to_layout(nnf: Nnf) -> Layout:
     return dag.layout(ref[0])
 
 
-def log_partition(nnf: Nnf, r: torch.Tensor) -> torch.Tensor:
+def log_partition(nnf: Nnf, r) -> np.ndarray:
     """log Z of the circuit at logits r [T, n] with leaves log sigmoid(+-r): [T] (float64)."""
-    r = r.to(torch.float64)
-    pos, neg = torch.nn.functional.logsigmoid(r).numpy(), torch.nn.functional.logsigmoid(-r).numpy()
+    r = self_check.as_logits(r)
+    pos, neg = self_check.log_sigmoid(r), self_check.log_sigmoid(-r)
     T = r.shape[0]
     val: dict[int, np.ndarray] = {}
     for i in nnf.order:
@@ -171,4 +171,4 @@ def log_partition(nnf: Nnf, r: torch.Tensor) -> torch.Tensor:
             val[i] = np.sum(terms, axis=0) if terms else np.zeros(T)
         else:
             val[i] = np.logaddexp.reduce(np.stack(terms), axis=0) if terms else np.full(T, -np.inf)
-    return torch.from_numpy(val[0])
+    return val[0]

@@ -8,9 +8,10 @@ and d4's own share beside it), the layout's size, the exact model count against 
 zero logits against log(#models) - n log 2; then pysdd's ``SddManager.from_cnf_file`` on a
 balanced vtree in a child process killed after ``--pysdd-timeout`` seconds (its SDD size and
 time, or "> T s"). ``--cardinality`` adds the cold compile of ExactlyK(1024, 128) and
-ExactlyK(4096, 64) in fresh processes (compile time, process wall time, cache entry size), beside
-the pysdd compiler on ExactlyK(1024, 128) and a process that only imports circuits (the start-up
-part of the wall time). Prints markdown tables for docs/circuits.md.
+ExactlyK(4096, 64) by the ``probmoe-compile`` command in fresh processes on an empty cache
+(compile time, process wall and CPU time, cache entry size), beside the pysdd compiler on
+ExactlyK(1024, 128) and a process that only imports the command (the start-up part of the wall
+time). Prints markdown tables for docs/circuits.md.
 """
 
 from __future__ import annotations
@@ -42,18 +43,8 @@ with quiet_stdout():
 print(time.perf_counter() - t, root.size(), root.count(), int(root.is_false()))
 """
 
-FRESH = """
-import json, os, sys, time
-import circuits
-spec = circuits.ExactlyK(int(sys.argv[2]), int(sys.argv[3]))
-cpu = time.process_time()
-c = circuits.compile_circuit(spec, cache_dir=sys.argv[1], compiler=sys.argv[4], size_limit=False)
-cpu = time.process_time() - cpu
-entry = c.info["cache_path"]
-size = sum(os.path.getsize(os.path.join(entry, f)) for f in os.listdir(entry))
-print(json.dumps({"compile": c.info["compile_seconds"], "call_cpu": cpu, "cpu": time.process_time(), "bytes": size}))
-"""
-IMPORT = "import time, circuits; print(time.process_time())"
+COMMAND = "import sys; from circuits.inspect.cli import compile_main; raise SystemExit(compile_main())"  # = probmoe-compile
+IMPORT = "import time, circuits.inspect.cli; print(time.process_time())"
 
 
 def cnf_files(paths: list[str]) -> list[Path]:
@@ -121,26 +112,32 @@ def d4_run(path: Path) -> dict:
 
 
 def cardinality(repeats: int) -> list[tuple]:
-    """Fresh-process cold compiles, after the baseline: a process that only imports circuits."""
+    """``probmoe-compile --n N --k K --json`` in fresh processes on an empty cache, after the
+    baseline: a process that only imports the command."""
     rows = []
+    root = Path(__file__).parent.parent
     for _ in range(repeats):
         t = time.perf_counter()
-        res = subprocess.run([sys.executable, "-c", IMPORT], check=True, capture_output=True, text=True,
-                             cwd=Path(__file__).parent.parent)
-        rows.append(("(baseline: import circuits)", "-", "-", "-", f"{time.perf_counter() - t:.2f}",
+        res = subprocess.run([sys.executable, "-c", IMPORT], check=True, capture_output=True, text=True, cwd=root)
+        rows.append(("(baseline: import the command)", "-", "-", f"{time.perf_counter() - t:.2f}",
                      f"{float(res.stdout):.2f}", "-"))
     for n, k, compiler in ((1024, 128, "direct"), (4096, 64, "direct"), (1024, 128, "pysdd")):
         for _ in range(1 if compiler == "pysdd" else repeats):
             with tempfile.TemporaryDirectory() as d:
+                cmd = [sys.executable, "-c", COMMAND, "--n", str(n), "--k", str(k), "--compiler", compiler,
+                       "--cache-dir", d, "--force", "--json"]
+                before = os.times()
                 t = time.perf_counter()
-                res = subprocess.run([sys.executable, "-c", FRESH, d, str(n), str(k), compiler], capture_output=True,
-                                     text=True, cwd=Path(__file__).parent.parent, timeout=900)
-                wall = time.perf_counter() - t
+                res = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=900)
+                wall, after = time.perf_counter() - t, os.times()
                 if res.returncode:
                     raise SystemExit(res.stderr)
-                out = json.loads(res.stdout)
-                rows.append((f"ExactlyK({n}, {k})", compiler, f"{out['compile']:.2f}", f"{out['call_cpu']:.2f}",
-                             f"{wall:.2f}", f"{out['cpu']:.2f}", f"{out['bytes'] / 2**20:.1f}"))
+                facts = json.loads(res.stdout)
+                entry = Path(facts["cache_path"])
+                size = sum(f.stat().st_size for f in entry.iterdir())
+                cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+                rows.append((f"ExactlyK({n}, {k})", compiler, f"{facts['compile_seconds']:.2f}", f"{wall:.2f}",
+                             f"{cpu:.2f}", f"{size / 2**20:.1f}"))
     return rows
 
 
@@ -170,8 +167,8 @@ def main() -> None:
                            "models", "= Ganak", "Ganak time", "pysdd compile", "SDD size")))
     if args.cardinality:
         print()
-        print(table(cardinality(args.repeats), ("spec", "compiler", "compile s", "compile_circuit CPU s",
-                                                "process wall s", "process CPU s", "entry MB")))
+        print(table(cardinality(args.repeats), ("spec", "compiler", "compile s", "process wall s",
+                                                "process CPU s", "entry MB")))
 
 
 if __name__ == "__main__":

@@ -39,9 +39,8 @@ from pathlib import Path
 
 from .. import file_checks
 from ..cache import CacheWarning, read_entry
-from ..circuit import Circuit
 from ..cnf import MissingExtra
-from ..compile import COMPILERS, check_compiler, compile_circuit
+from ..compile import COMPILERS, check_compiler, compile_entry
 from ..estimate import MAX_STEPS, CircuitTooLarge
 from ..spec import CnfFile, ExactlyK, GroupCapacity, GroupLimited, RangeK, SddFile
 from .report import compile_facts, render_compile
@@ -197,13 +196,13 @@ _FORCE_HELP = (f"recompile, overwriting the cache entry, even past the size limi
 
 
 def _compile(p: _Parser, spec, cache_dir, force: bool = False, compiler: str | None = None):
-    """compile_circuit with cache warnings printed as one line each; returns (circuit, warnings).
+    """compile_entry with cache warnings printed as one line each; returns (entry, warnings).
     ``force``: recompile and lift the size limit; a circuit past it ends in exit status 2."""
     with warnings.catch_warnings(record=True) as caught, _stdout_to_stderr():
         warnings.simplefilter("always", CacheWarning)
         try:
-            circuit = compile_circuit(spec, cache_dir=cache_dir, force=force, size_limit=not force,
-                                      compiler=compiler)
+            entry = compile_entry(spec, cache_dir=cache_dir, force=force, size_limit=not force,
+                                  compiler=compiler)
         except MissingExtra as exc:
             p.exit(1, f"{p.prog}: error: {_one_line(exc)}\n")
         except CircuitTooLarge as exc:
@@ -217,7 +216,7 @@ def _compile(p: _Parser, spec, cache_dir, force: bool = False, compiler: str | N
             print(f"{p.prog}: warning: {notes[-1]}", file=sys.stderr)
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
-    return circuit, notes
+    return entry, notes
 
 
 def compile_main(argv: list[str] | None = None) -> int:
@@ -229,9 +228,9 @@ def compile_main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     with _cache_root(args):
         spec = _spec(p, args)
-        circuit, notes = _compile(p, spec, args.cache_dir, args.force, args.compiler)
+        entry, notes = _compile(p, spec, args.cache_dir, args.force, args.compiler)
         try:
-            facts = compile_facts(circuit, notes)
+            facts = compile_facts(entry, notes)
         except RuntimeError as exc:
             p.exit(1, f"{p.prog}: error: {_one_line(exc)}\n")
     sys.stdout.write(json.dumps(facts, indent=2) + "\n" if args.json else render_compile(facts))
@@ -257,6 +256,8 @@ def inspect_main(argv: list[str] | None = None) -> int:
 
 def _inspect(p: _Parser, args) -> int:
     """The body of ``inspect_main`` once the arguments are parsed."""
+    from ..circuit import Circuit  # torch: inspect draws through the evaluator; compile never loads it
+
     fmt = args.format or (_FORMATS.get(Path(args.output).suffix.lower(), "text") if args.output else "text")
     if fmt in ("png", "svg") and not args.output:
         p.error(f"--format {fmt} needs --output FILE")
@@ -270,7 +271,7 @@ def _inspect(p: _Parser, args) -> int:
             p.error(f"--entry must be a valid cache entry directory: {args.entry!r}: {_one_line(exc)}")
         circuit = Circuit(layout, None, {**manifest, "cache_hit": True, "cache_path": str(Path(args.entry))})
     else:
-        circuit, _ = _compile(p, spec, args.cache_dir, args.force, args.compiler)
+        circuit = Circuit(*_compile(p, spec, args.cache_dir, args.force, args.compiler)[0])
     whole = True if args.whole else False if args.summary else None
     try:
         if fmt in ("png", "svg"):

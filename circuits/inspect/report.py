@@ -8,7 +8,7 @@ dynamic program over the groups in ``math.comb`` terms (``circuits.spec.group_mo
 
 from __future__ import annotations
 
-from .. import passes
+from ..native import build
 from ..spec import GROUP_SPECS, ExactlyK, RangeK, spec_to_dict
 from .text import level_table
 
@@ -26,8 +26,17 @@ def count_formula(spec) -> str | None:
     return None
 
 
+def evaluator() -> str:
+    """Which passes fp32 CPU calls will take, without building the C library (a compile must not
+    pay for that, nor load torch): "fused C passes (avx2, built on first use into ...)" or "torch
+    passes (why not C)"."""
+    _, isa, why = build.choice()
+    return f"fused C passes ({build.plan()})" if isa is not None else f"torch passes (C passes {why})"
+
+
 def compile_facts(circuit, warnings: list[str] = ()) -> dict:
-    """The JSON-able facts about a compiled ``circuit`` (from ``compile_circuit``).
+    """The JSON-able facts about a compiled ``circuit`` (a ``Circuit`` or the ``compile_entry`` it
+    wraps: its ``layout``, ``spec``, ``info`` and ``sizes()``).
 
     ``model_count`` is a decimal string (exact; JSON readers may not hold big integers);
     ``model_count_checked`` says whether it was compared with ``math.comb`` (and matched:
@@ -63,7 +72,7 @@ def compile_facts(circuit, warnings: list[str] = ()) -> dict:
         "model_count_formula": count_formula(spec),
         "pysdd_version": info.get("pysdd_version"),
         "d4_version": info.get("d4_version"),
-        "evaluator": passes.describe(),  # fp32 on the CPU; fp64 and CUDA use the torch passes
+        "evaluator": evaluator(),  # fp32 on the CPU; fp64 and CUDA use the torch passes
         "warnings": list(warnings),
     }
 

@@ -27,11 +27,12 @@ import tempfile
 import threading
 import warnings
 from pathlib import Path
-from typing import Callable
-
-import torch
+from typing import TYPE_CHECKING, Callable
 
 from ..cache_dir import default_cache_dir
+
+if TYPE_CHECKING:
+    import torch
 
 FLAGS = ["-O3", "-ffp-contract=off", "-fno-trapping-math", "-fPIC", "-std=c11", "-fopenmp"]
 X86 = platform.machine() in ("x86_64", "AMD64")
@@ -129,6 +130,31 @@ def requested_isa() -> tuple[str | None, str]:
     if want not in isas:
         return None, f"PROBMOE_NATIVE_ISA={want!r}: this CPU runs only {', '.join(isas)}"
     return want, ""
+
+
+def choice() -> tuple[str | None, str | None, str]:
+    """(compiler, ISA, "") when this process builds (or loads) native libraries, else
+    (None, None, why not): the decision ``NativeLibrary.library`` acts on, and ``plan`` reports.
+    A ``why`` starting "unavailable" is a failure worth a warning; the others are choices."""
+    if os.environ.get("PROBMOE_NATIVE", "1") == "0":
+        return None, None, "turned off by PROBMOE_NATIVE=0"
+    if platform.system() != "Linux":
+        return None, None, f"not built on {platform.system()}"
+    isa, why = requested_isa()
+    if isa is None:
+        return None, None, f"unavailable: {why}"
+    cc = _compiler()
+    if cc is None:
+        return None, None, "unavailable: no C compiler (cc or $CC) found"
+    return cc, isa, ""
+
+
+def plan() -> str:
+    """What native code this process would run, without building or loading anything: one line
+    for reports that must not pay for a build (``probmoe-compile``), e.g. "avx2, built on first use
+    into <cache>/native" or "turned off by PROBMOE_NATIVE=0"."""
+    _, isa, why = choice()
+    return why if isa is None else f"{isa}, built on first use into {build_dir()}"
 
 
 class NativeLibrary:
@@ -230,19 +256,14 @@ class NativeLibrary:
         with self.lock:
             if "lib" in self.state:
                 return self.state["lib"]
-            lib, where, isa = None, "", None
-            if os.environ.get("PROBMOE_NATIVE", "1") == "0":
-                where = "turned off by PROBMOE_NATIVE=0"
-            elif platform.system() != "Linux":
-                where = f"not built on {platform.system()}"
+            lib, where = None, ""
+            cc, isa, why = choice()
+            if isa is None:
+                where = why
+                if why.startswith("unavailable"):
+                    warnings.warn(f"{self.name}: {self.label} {where}; using the torch code", RuntimeWarning)
             else:
-                cc = _compiler()
                 try:
-                    isa, why = requested_isa()
-                    if isa is None:
-                        raise RuntimeError(why)
-                    if cc is None:
-                        raise RuntimeError("no C compiler (cc or $CC) found")
                     lib, path = self._load_or_build(cc, isa)
                     where = str(path)
                 except (OSError, RuntimeError, ValueError, subprocess.CalledProcessError) as err:
@@ -261,6 +282,8 @@ class NativeLibrary:
     def takes(self, device: torch.device, dtype: torch.dtype) -> ctypes.CDLL | None:
         """The library when tensors of ``dtype`` on ``device`` take the C code (float32 on the CPU,
         the library built), else None: the one place that makes this choice."""
+        import torch  # the build machinery itself runs without torch (``plan``)
+
         if dtype != torch.float32 or torch.device(device).type != "cpu":
             return None
         return self.library()

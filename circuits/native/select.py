@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import passes  # circuits.passes (it imports this package: read at call time)
 from . import rows
 
 
@@ -87,3 +86,8 @@ def kth_largest(x: Tensor, k: int) -> Tensor:
     if lib.pm_kth_largest(x.data_ptr(), x.shape[0], x.shape[1], k, out.data_ptr(), torch.get_num_threads()):
         raise MemoryError("circuits: kth_largest could not allocate its scratch")
     return out
+
+
+# Last: circuits.passes imports this module's names (read here at call time), and either may be
+# imported first.
+from .. import passes  # noqa: E402

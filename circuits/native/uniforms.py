@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import passes  # circuits.passes (it imports this module: read at call time)
 from . import rows
 
 _GOLDEN, _M1, _M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
@@ -74,3 +73,8 @@ def uniforms(seed: Tensor, count: int, device: torch.device, dtype: torch.dtype)
     out = torch.empty(count, dtype=torch.float32)
     lib.pm_uniforms(value, 0, count, out.data_ptr(), torch.get_num_threads())
     return out.to(dtype)
+
+
+# Last: circuits.passes imports this module's names (read here at call time), and either may be
+# imported first.
+from .. import passes  # noqa: E402

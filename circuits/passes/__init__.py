@@ -33,9 +33,6 @@ from .interface import Passes
 from .program import Program, draw_uniforms
 from .torch_passes import TorchPasses
 
-# The DP imports this package's scratch pool: this import runs while circuits.ops imports this
-# package (before the DP), so circuits.dp finds circuits.passes.scratch and needs nothing else here.
-from ..dp import Lattice, c_dp, torch_dp  # noqa: E402
 
 __all__ = ["CPasses", "IMPLEMENTATIONS", "Passes", "Program", "TorchPasses", "describe", "draw_uniforms", "select"]
 
@@ -108,3 +105,12 @@ def describe() -> str:
     if c_library.library() is not None:
         return f"fused C passes ({c_library.describe()})"
     return f"torch passes ({c_library.describe()})"
+
+
+# Last, after ``select``: the operators import this package (``select``, ``draw_uniforms``) and the
+# DP's cardinality module, which imports the operators back; the DP imports this package's scratch
+# pool. Importing them here, once this package's names exist, lets any of circuits.ops,
+# circuits.passes and circuits.dp be imported first (``import circuits`` imports none of them).
+from .. import ops  # noqa: E402,F401
+from ..dp import c_dp, torch_dp  # noqa: E402
+from ..dp.cardinality import Lattice  # noqa: E402
