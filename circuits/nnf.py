@@ -21,6 +21,7 @@ needed; it shares nothing with the layout and checks it (``circuits.compile``, `
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,13 +65,13 @@ def parse(text: str, n: int) -> Nnf:
             edges.append([])
             continue
         try:
-            nums = [int(w) for w in words]
+            nums = list(map(int, words))
         except ValueError:
             raise ValueError(f"NNF line {no}: expected 'PARENT CHILD LITERALS... 0', got {line!r}") from None
         if len(nums) < 3 or nums[-1] != 0 or nums[0] not in ids or nums[1] not in ids:
             raise ValueError(f"NNF line {no}: an edge must join two nodes defined above and end in 0, got {line!r}")
         lits = tuple(nums[2:-1])
-        if any(lit == 0 or abs(lit) > n for lit in lits):
+        if lits and (min(lits) < -n or max(lits) > n or 0 in lits):
             raise ValueError(f"NNF line {no}: literals must be in [-{n}, {n}] without 0, got {list(lits)}")
         parent = ids[nums[0]]
         if kind[parent] not in "oa":
@@ -107,43 +108,53 @@ def to_layout(nnf: Nnf) -> Layout:
     """The level layout of the circuit (see the module docstring); ValueError if it is FALSE."""
     dag = Dag(nnf.n)
     products: dict[tuple[Ref, Ref], Ref] = {}
+    height, scope = dag.height_of, dag.scope_of
+
+    def product(a: Ref, b: Ref) -> Ref:
+        """The single-element node a AND b, built once (its scope and height known: no smoothing)."""
+        key = (a, b) if a < b else (b, a)
+        got = products.get(key)
+        if got is None:
+            got = products[key] = dag.add([key], scope(a) | scope(b), implicit=[],
+                                          height=1 + max(height(a), height(b)))
+        return got
 
     def pair(factors: list[Ref]) -> tuple[Ref, Ref] | None:
         """The factors as one element (a, b), lowest first into single-element nodes; None if FALSE."""
         if FALSE_SLOT in factors:
             return None
-        heap = [(dag.height_of(f), f) for f in dict.fromkeys(f for f in factors if f != TRUE_SLOT)]
+        live = [f for f in factors if f != TRUE_SLOT]
+        if len(live) <= 2:  # most of d4's edges: a decision literal and a child, no product to build
+            if len(live) == 2 and live[0] != live[1]:
+                a, b = live
+                return (a, b) if (height(a), a) <= (height(b), b) else (b, a)
+            return (live[0], TRUE_SLOT) if live else (TRUE_SLOT, TRUE_SLOT)
+        heap = [(height(f), f) for f in dict.fromkeys(live)]
         heapq.heapify(heap)
         while len(heap) > 2:
             (_, a), (_, b) = heapq.heappop(heap), heapq.heappop(heap)
-            key = (min(a, b), max(a, b))
-            if key not in products:
-                products[key] = dag.add([key])
-            heapq.heappush(heap, (dag.height_of(products[key]), products[key]))
+            c = product(a, b)
+            heapq.heappush(heap, (height(c), c))
         refs = [f for _, f in sorted(heap)] + [TRUE_SLOT] * (2 - len(heap))
         return refs[0], refs[1]
 
-    def literal(lit: int) -> Ref:
-        return dag.literal(abs(lit) - 1, lit > 0)
-
+    leaf = {lit: dag.literal(abs(lit) - 1, lit > 0) for v in range(1, nnf.n + 1) for lit in (v, -v)}
     ref: dict[int, Ref] = {}
     for i in nnf.order:
-        k = nnf.kind[i]
+        k, edges = nnf.kind[i], nnf.edges[i]
         if k in "tf":
             ref[i] = TRUE_SLOT if k == "t" else FALSE_SLOT
             continue
-        terms = [[*map(literal, lits), ref[c]] for c, lits in nnf.edges[i]]
+        if k == "a" and len(edges) == 1 and not edges[0][1]:  # an AND of one child: the child
+            ref[i] = ref[edges[0][0]]
+            continue
+        terms = [[*[leaf[lit] for lit in lits], ref[c]] for c, lits in edges]
         if k == "a":
             both = pair([f for t in terms for f in t])
             if both is None:
                 ref[i] = FALSE_SLOT
-            elif both[1] == TRUE_SLOT:
-                ref[i] = both[0]
             else:
-                key = (min(both), max(both))
-                if key not in products:
-                    products[key] = dag.add([key])
-                ref[i] = products[key]
+                ref[i] = both[0] if both[1] == TRUE_SLOT else product(*both)
             continue
         elems = [e for e in map(pair, terms) if e is not None]
         ref[i] = dag.add(elems) if elems else FALSE_SLOT
@@ -151,24 +162,27 @@ def to_layout(nnf: Nnf) -> Layout:
 
 
 def log_partition(nnf: Nnf, r) -> np.ndarray:
-    """log Z of the circuit at logits r [T, n] with leaves log sigmoid(+-r): [T] (float64)."""
+    """log Z of the circuit at logits r [T, n] with leaves log sigmoid(+-r): [T] (float64).
+
+    One row at a time in Python floats (a compile checks T = 2 probe rows: per-node numpy calls
+    would cost more than the arithmetic)."""
     r = self_check.as_logits(r)
     pos, neg = self_check.log_sigmoid(r), self_check.log_sigmoid(-r)
-    T = r.shape[0]
-    val: dict[int, np.ndarray] = {}
+    return np.array([_row_log_partition(nnf, p, q) for p, q in zip(pos.tolist(), neg.tolist())], dtype=np.float64)
+
+
+def _row_log_partition(nnf: Nnf, pos: list[float], neg: list[float]) -> float:
+    """log Z for one row of leaf weights ``pos[v]`` = log sigmoid(r_v), ``neg[v]`` = log sigmoid(-r_v)."""
+    val: dict[int, float] = {}
     for i in nnf.order:
         k = nnf.kind[i]
         if k in "tf":
-            val[i] = np.full(T, 0.0 if k == "t" else -np.inf)
+            val[i] = 0.0 if k == "t" else -math.inf
             continue
-        terms = []
-        for c, lits in nnf.edges[i]:
-            t = val[c].copy()
-            for lit in lits:
-                t += pos[:, lit - 1] if lit > 0 else neg[:, -lit - 1]
-            terms.append(t)
+        terms = [val[c] + sum(pos[lit - 1] if lit > 0 else neg[-lit - 1] for lit in lits) for c, lits in nnf.edges[i]]
         if k == "a":
-            val[i] = np.sum(terms, axis=0) if terms else np.zeros(T)
-        else:
-            val[i] = np.logaddexp.reduce(np.stack(terms), axis=0) if terms else np.full(T, -np.inf)
+            val[i] = sum(terms)
+            continue
+        top = max(terms, default=-math.inf)
+        val[i] = top if top == -math.inf else top + math.log(sum(math.exp(t - top) for t in terms))
     return val[0]

@@ -23,7 +23,7 @@ from brute import exact
 from stats import chi2_pvalue, mask_counts
 
 SATLIB = Path(__file__).parent / "data" / "satlib"
-SATISFIABLE = ["uf20-01", "uf50-01", "flat30-2", "ais6", "par8-1-c"]
+SATISFIABLE = ["uf20-01", "uf50-01", "flat30-2", "ais6", "par8-1-c", "2bitcomp_5"]
 
 
 def write_cnf(path: Path, n: int, clauses: list[list[int]]) -> Path:
