@@ -220,7 +220,7 @@ def main(argv=None) -> int:
             results.setdefault(method, []).append(run_one(args, method, seed, log))
         runs = [f"{m}={args.output / 'runs' / f'{m}-seed{args.seeds[0]}'}" for m in args.methods]
         sh(["probmoe-analyze", *[a for r in runs for a in ("--checkpoint", r)], "--data", str(args.test),
-            "--limit", "64", "--output", str(args.output / "analysis"), "--no-progress"], log)
+            "--limit", "64", "--output", str(args.output / "analysis"), "--overwrite", "--no-progress"], log)
     write_summary(results, args.output)
     return 0
 
