@@ -22,8 +22,8 @@ from safetensors.torch import load_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # a run long enough to be interrupted, a checkpoint each step; constant LR, so a resume may end earlier
-LONG = ["--model", "tiny-olmoe", "--batch-size", "2", "--save-every", "1", "--lr-schedule", "constant",
-        "--no-progress"]
+LONG = ["--model", "tiny-olmoe", "--method", "conventional", "--batch-size", "2", "--save-every", "1",
+        "--lr-schedule", "constant", "--no-progress"]
 
 
 def weights(path):
@@ -127,14 +127,14 @@ def launch(out, data, *extra):
                             stderr=subprocess.PIPE, text=True)
 
 
-@pytest.mark.parametrize("signum,status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_stops_the_run_with_one_line_and_resume_is_exact(tmp_path, data, capsys, signum, status):
-    out = tmp_path / "run"
+def interrupt(out, data, signum) -> tuple[int, str]:
+    """Start probmoe-train, send ``signum`` once its first checkpoint is there; checks the status,
+    the one line and the checkpoints, and returns (the step it stopped after, its checkpoint)."""
     proc = launch(out, data)
     wait_for(out / "checkpoint-000001", proc)
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=300)
-    assert proc.returncode == status, err
+    assert proc.returncode == 128 + signum, err  # 130 for SIGINT, 143 for SIGTERM
     assert "Traceback" not in err
     lines = [line for line in err.splitlines() if line.startswith("interrupted")]
     assert len(lines) == 1, err
@@ -144,38 +144,47 @@ def test_a_signal_stops_the_run_with_one_line_and_resume_is_exact(tmp_path, data
     assert lines[0] == (f"interrupted ({signal.Signals(signum).name}) after step {step}; the last complete "
                         f"checkpoint is {last}: run the same command with --resume latest to continue from it")
     assert_only_complete_checkpoints(out)
+    return step, last
 
-    # resumed to two steps past the interruption, it ends where an uninterrupted run of as many steps ends
-    end = ["--max-steps", step + 2]
-    assert train.main([*LONG, "--data", data, "--output-dir", str(out), *map(str, end), "--resume", "latest"]) == 0
+
+def test_sigterm_stops_the_run_with_status_143_and_one_line(tmp_path, data):
+    interrupt(tmp_path / "run", data, signal.SIGTERM)
+
+
+def test_ctrl_c_stops_the_run_with_status_130_and_resume_is_exact(tmp_path, data, capsys):
+    out = tmp_path / "run"
+    step, last = interrupt(out, data, signal.SIGINT)
+    # resumed to one step past the interruption, it ends where an uninterrupted run of as many steps ends
+    end = ["--max-steps", str(step + 1)]
+    assert train.main([*LONG, "--data", data, "--output-dir", str(out), *end, "--resume", "latest"]) == 0
     assert f"resumed from {last} at step {step}" in capsys.readouterr().err
-    assert train.main([*LONG, "--data", data, "--output-dir", str(tmp_path / "whole"), *map(str, end)]) == 0
+    assert train.main([*LONG, "--data", data, "--output-dir", str(tmp_path / "whole"), *end]) == 0
     assert_same_weights(out, tmp_path / "whole")
 
 
 # ---- damaged checkpoints
 
 def test_resume_latest_steps_over_damaged_checkpoints(tmp_path, data, capsys):
-    args = [*LONG, "--data", data, "--max-steps", "4", "--lr-schedule", "linear", "--warmup-steps", "1"]
+    args = [*LONG, "--data", data, "--max-steps", "3", "--lr-schedule", "linear", "--warmup-steps", "1"]
     out = tmp_path / "run"
-    assert train.main([*args, "--output-dir", str(out), "--stop-after", "3"]) == 0
-    ckpt = [state.checkpoint_dir(str(out), s) for s in (1, 2, 3)]
-    with open(os.path.join(ckpt[2], "model.safetensors"), "r+b") as f:  # cut short: a lost write
+    assert train.main([*args, "--output-dir", str(out), "--stop-after", "2"]) == 0
+    ckpt = [state.checkpoint_dir(str(out), s) for s in (1, 2)]
+    with open(os.path.join(ckpt[1], "model.safetensors"), "r+b") as f:  # cut short: a lost write
         f.truncate(os.path.getsize(f.name) // 2)
     capsys.readouterr()
     assert train.main([*args, "--output-dir", str(out), "--resume", "latest"]) == 0
     err = capsys.readouterr().err
     warnings = [line for line in err.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1 and ckpt[2] in warnings[0] and "model.safetensors" in warnings[0], err
-    assert f"resumed from {ckpt[1]} at step 2 of 4" in err
-    assert os.path.isdir(ckpt[2] + ".damaged")  # set aside, its files kept
+    assert len(warnings) == 1 and ckpt[1] in warnings[0] and "model.safetensors" in warnings[0], err
+    assert f"resumed from {ckpt[0]} at step 1 of 3" in err
+    assert os.path.isdir(ckpt[1] + ".damaged")  # set aside, its files kept
     assert_only_complete_checkpoints(out)
     assert train.main([*args, "--output-dir", str(tmp_path / "whole")]) == 0
     assert_same_weights(out, tmp_path / "whole")
 
     # a manifest gone is damage too; with every checkpoint damaged, nothing is resumed and nothing moved
-    os.remove(os.path.join(state.checkpoint_dir(str(out), 4), state.MANIFEST))
-    for step in (1, 2, 3):
+    os.remove(os.path.join(state.checkpoint_dir(str(out), 3), state.MANIFEST))
+    for step in (1, 2):
         with open(os.path.join(state.checkpoint_dir(str(out), step), state.STATE), "ab") as f:
             f.write(b"flipped")
     before = sorted(os.listdir(out))
@@ -183,7 +192,7 @@ def test_resume_latest_steps_over_damaged_checkpoints(tmp_path, data, capsys):
         train.main([*args, "--output-dir", str(out), "--resume", "latest"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "no checkpoint in --output-dir" in err and "passes its checks" in err
-    assert all(state.checkpoint_dir(str(out), s) in err for s in (1, 2, 3, 4))
+    assert all(state.checkpoint_dir(str(out), s) in err for s in (1, 2, 3))
     assert sorted(os.listdir(out)) == before
 
 

@@ -14,11 +14,12 @@ optimizer shards in ``.metadata`` and ``__<r>_0.distcp`` (torch.distributed.chec
 
 and is written under a temporary name, synced, then renamed, so a crash never leaves half a
 checkpoint (a save cut short by a forced interrupt removes its temporary folder); an existing
-checkpoint is never replaced. ``--resume latest`` takes the newest checkpoint that passes every
-check (``newest_valid``); the trainer sets the damaged newer ones aside (``set_aside``). Reading trusts nothing: the JSON's fields,
-the checksums of every file (weights included) before anything is loaded, the fingerprint against
-the resuming run (``RESUME_KEYS``: anything that changes the trajectory; the total number of
-steps too under a decaying schedule), and every .pt file is read with ``weights_only=True``.
+checkpoint is never replaced. Reading trusts nothing: the JSON's fields, the checksums of every
+file (weights included) before anything is loaded, the fingerprint against the resuming run
+(``RESUME_KEYS``: anything that changes the trajectory; the total number of steps too under a
+decaying schedule), and every .pt file is read with ``weights_only=True``. ``--resume latest``
+takes the newest checkpoint that passes these checks (``newest_valid``); the trainer sets the
+damaged newer ones aside (``set_aside``).
 """
 
 from __future__ import annotations
