@@ -200,15 +200,17 @@ class Trainer:
         self.fingerprint = fingerprint(cfg, world, self.total_steps, self.records.format)
 
     def _check_resume(self) -> bool:
-        """The resume checkpoint's manifest, settings and checksums (``--resume latest`` checked the
-        last two already); True, with ``nothing_to_do`` set, when it is at or past this run's end."""
+        """The resume checkpoint's manifest, settings and checksums (``--resume latest`` read and
+        verified it already); True, with ``nothing_to_do`` set, when it is at or past this run's end."""
         cfg = self.cfg
         if self.resume_dir is None:
             return False
-        if self.manifest is None:
+        explicit = self.manifest is None  # --resume DIR: the settings first, then the (slower) checksums
+        if explicit:
             self.manifest = state.read_manifest(self.resume_dir)
-            state.verify(self.resume_dir, self.manifest, self.world.rank)
         state.check_resume(self.manifest, self.fingerprint, self.resume_dir)
+        if explicit:
+            state.verify(self.resume_dir, self.manifest, self.world.rank)
         if self.manifest["step"] < self.end:
             return False
         self.step = self.manifest["step"]
