@@ -119,6 +119,20 @@ def test_a_save_cut_short_leaves_no_folder(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_the_final_model_is_moved_in_whole_or_not_at_all(tmp_path):
+    world = distributed.World(rank=0, size=1, local_rank=0, device=torch.device("cpu"))
+
+    def cut_short(directory):
+        (Path(directory) / "config.json").write_text("{}")
+        raise interrupts.Interrupted(signal.SIGINT)
+
+    with pytest.raises(interrupts.Interrupted):
+        state.save_final(str(tmp_path), world, cut_short)
+    assert os.listdir(tmp_path) == []
+    state.save_final(str(tmp_path), world, lambda d: (Path(d) / "model.safetensors").write_bytes(b"whole"))
+    assert os.listdir(tmp_path) == ["model.safetensors"] and (tmp_path / "model.safetensors").read_bytes() == b"whole"
+
+
 # ---- probmoe-train under a signal
 
 def launch(out, data, *extra):

@@ -194,6 +194,31 @@ def _write(directory: str, tmp: str, *, step, fingerprint, world, model, tokeniz
     distributed.barrier()
 
 
+def save_final(directory: str, world, write) -> None:
+    """The final model into ``directory`` (every rank calls this): ``write(tmp)`` (collective under
+    FSDP; rank 0 writes) fills ``directory/.final.tmp``, then rank 0 syncs it and renames each file
+    up into ``directory``, so a forced interrupt leaves each file whole or absent, never truncated."""
+    from . import distributed
+
+    tmp = os.path.join(directory, ".final.tmp")
+    try:
+        if world.main:
+            shutil.rmtree(tmp, ignore_errors=True)  # what a killed save left
+            os.makedirs(tmp)
+        distributed.barrier()
+        write(tmp)
+        distributed.barrier()
+        if world.main:
+            _sync_tree(tmp)
+            for name in sorted(os.listdir(tmp)):
+                os.replace(os.path.join(tmp, name), os.path.join(directory, name))
+            os.rmdir(tmp)
+    except BaseException:
+        if world.main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def read_manifest(directory: str) -> dict:
     """The checked manifest of a checkpoint directory; ValueError if missing, unreadable or malformed."""
     path = os.path.join(directory, MANIFEST)

@@ -448,10 +448,15 @@ class Trainer:
         cfg, world = self.cfg, self.world
         if self.step > self.start_step or self.resume_dir is None:
             self.save(state.checkpoint_dir(cfg.output_dir, self.step))
-        if self.step == self.total_steps and cfg.fsdp:
-            fsdp.save_final(cfg.output_dir, self.net, world)
-        elif world.main and self.step == self.total_steps:
-            self.net.save_pretrained(cfg.output_dir)
-        if world.main and self.step == self.total_steps:
-            self.tokenizer.save_pretrained(cfg.output_dir)
+        if self.step == self.total_steps:
+            state.save_final(cfg.output_dir, world, self._write_final)
         distributed.barrier()
+
+    def _write_final(self, directory: str) -> None:
+        """The final model (gathered from the shards under --fsdp) and the tokenizer into ``directory``."""
+        if self.cfg.fsdp:
+            fsdp.save_final(directory, self.net, self.world)
+        elif self.world.main:
+            self.net.save_pretrained(directory)
+        if self.world.main:
+            self.tokenizer.save_pretrained(directory)
