@@ -139,7 +139,16 @@ def main(argv=None) -> int:
                           layers=args.layers, global_batch_size=args.global_batch_size)
         return Trainer(cfg)
 
-    trainer = common.run_or_exit(p, body)
+    from probmoe.experiments import interrupts
+
+    with interrupts.catch():
+        try:
+            return _train(args, common.run_or_exit(p, body))
+        except interrupts.Interrupted as e:  # one line and 128 + the signal's number, no traceback
+            return interrupts.report(e, args.output_dir)
+
+
+def _train(args, trainer) -> int:
     from probmoe.experiments import distributed
 
     if trainer.nothing_to_do is not None:

@@ -9,7 +9,9 @@
     distributed  torch.distributed set-up (torchrun: gloo on CPU, NCCL on GPU), rank helpers
     fsdp         ``--fsdp``: FSDP2 sharding from the meta device, sharded checkpoints, the final gather
     memory_plan  ``--plan``: per-GPU memory under DDP and FSDP, and the refusal of runs that cannot fit
-    state        the exact-resume training state (optimizer, scheduler, step, every RNG), checked
+    state        the exact-resume training state (optimizer, scheduler, step, every RNG), checked;
+                 the newest undamaged checkpoint for ``--resume latest``
+    interrupts   SIGINT/SIGTERM: stop at a step boundary, one line, status 130/143
     trainer      the training loop behind ``probmoe-train``
     generation   greedy GSM8K generation and scoring behind ``probmoe-eval``
     capture      per-layer routing of a data set behind ``probmoe-analyze``

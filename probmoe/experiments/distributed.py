@@ -68,9 +68,12 @@ def agree(error: Exception | None) -> None:
         raise ValueError(f"{failed.item()} other process(es) failed their checks (see their error); stopping")
 
 
-def teardown() -> None:
+def teardown(barrier: bool = True) -> None:
+    """Leave the process group, after the others reach this point too (``barrier``; not when they
+    may be stuck elsewhere, as after a forced interrupt)."""
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+        if barrier:
+            dist.barrier()
         dist.destroy_process_group()
 
 
@@ -85,3 +88,13 @@ def all_sum(value: torch.Tensor) -> torch.Tensor:
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+def any_signal(signum: int | None) -> int | None:
+    """The highest signal number any rank received (``interrupts.requested()``), or None: every
+    rank stops at the same step when one of them is told to."""
+    value = torch.tensor([signum or 0])
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return int(value.item()) or None
+

@@ -13,10 +13,13 @@ optimizer shards in ``.metadata`` and ``__<r>_0.distcp`` (torch.distributed.chec
     training_state.json    the run's fingerprint, the step, the world size, sha256 of every other file
 
 and is written under a temporary name, synced, then renamed, so a crash never leaves half a
-checkpoint; an existing checkpoint is never replaced. Reading trusts nothing: the JSON's fields,
-the checksums of every file (weights included) before anything is loaded, the fingerprint against
-the resuming run (``RESUME_KEYS``: anything that changes the trajectory; the total number of
-steps too under a decaying schedule), and every .pt file is read with ``weights_only=True``.
+checkpoint (a save cut short by a forced interrupt removes its temporary folder); an existing
+checkpoint is never replaced. Reading trusts nothing: the JSON's fields, the checksums of every
+file (weights included) before anything is loaded, the fingerprint against the resuming run
+(``RESUME_KEYS``: anything that changes the trajectory; the total number of steps too under a
+decaying schedule), and every .pt file is read with ``weights_only=True``. ``--resume latest``
+takes the newest checkpoint that passes these checks (``newest_valid``); the trainer sets the
+damaged newer ones aside (``set_aside``).
 """
 
 from __future__ import annotations
@@ -58,12 +61,48 @@ def checkpoint_dir(output_dir: str, step: int) -> str:
     return os.path.join(output_dir, f"checkpoint-{step:06d}")
 
 
+def checkpoints(output_dir: str) -> list[str]:
+    """The checkpoint directories in ``output_dir``, newest (highest step) first."""
+    if not os.path.isdir(output_dir):
+        return []
+    steps = [int(m.group(1)) for name in os.listdir(output_dir) if (m := CHECKPOINT.match(name))]
+    return [checkpoint_dir(output_dir, step) for step in sorted(steps, reverse=True)]
+
+
 def latest_checkpoint(output_dir: str) -> str | None:
     """The checkpoint of the highest step in ``output_dir``, or None."""
-    if not os.path.isdir(output_dir):
-        return None
-    steps = [int(m.group(1)) for name in os.listdir(output_dir) if (m := CHECKPOINT.match(name))]
-    return checkpoint_dir(output_dir, max(steps)) if steps else None
+    found = checkpoints(output_dir)
+    return found[0] if found else None
+
+
+def newest_valid(output_dir: str, rank: int) -> tuple[str, dict, list[tuple[str, str]]]:
+    """``--resume latest``: (the newest checkpoint of ``output_dir`` that passes ``read_manifest``
+    and ``verify``, its manifest, [(newer checkpoint, why it failed)]). ValueError when there is
+    none, naming each one and its fault."""
+    skipped = []
+    for directory in checkpoints(output_dir):
+        try:
+            manifest = read_manifest(directory)
+            verify(directory, manifest, rank)
+        except ValueError as e:
+            skipped.append((directory, str(e).removeprefix(f"--resume {directory!r}: ")))
+            continue
+        return directory, manifest, skipped
+    if not skipped:
+        raise ValueError(f"--resume latest: no checkpoint-* in --output-dir {output_dir!r}")
+    raise ValueError(f"--resume latest: no checkpoint in --output-dir {output_dir!r} passes its checks ("
+                     + "; ".join(f"{directory}: {why}" for directory, why in skipped) + ")")
+
+
+def set_aside(directory: str) -> str:
+    """Rename a damaged checkpoint to ``<name>.damaged`` (``-2``, ``-3``... if taken), out of the
+    way of the save of its step, its files kept for a look; returns the new path."""
+    target, n = f"{directory}.damaged", 1
+    while os.path.exists(target):
+        n += 1
+        target = f"{directory}.damaged-{n}"
+    os.replace(directory, target)
+    return target
 
 
 def rng_state(generator: torch.Generator | None, device: torch.device) -> dict:
@@ -111,11 +150,23 @@ def save(directory: str, *, step: int, fingerprint: dict, world, model, tokenize
     """Write the checkpoint of ``step`` to ``directory``, which must not exist (every rank calls
     this; rank 0 writes the model, the optimizer and the manifest, each rank its own RNG file;
     ``sharded``: each rank its model and optimizer shards)."""
-    from . import distributed, fsdp
-
     if os.path.exists(directory):
         raise FileExistsError(f"{directory} exists already; a checkpoint is never overwritten")
     tmp = f"{directory}.tmp"
+    try:
+        _write(directory, tmp, step=step, fingerprint=fingerprint, world=world, model=model, tokenizer=tokenizer,
+               optimizer=optimizer, scheduler=scheduler, generator=generator, sharded=sharded)
+    except BaseException:  # a forced interrupt (interrupts.Interrupted) or a failure: no half checkpoint stays
+        if world.main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _write(directory: str, tmp: str, *, step, fingerprint, world, model, tokenizer, optimizer, scheduler, generator,
+           sharded) -> None:
+    """``save``'s body: everything into ``tmp``, synced, then renamed to ``directory``."""
+    from . import distributed, fsdp
+
     if world.main:
         shutil.rmtree(tmp, ignore_errors=True)  # what a crashed save of this step left
         os.makedirs(tmp)
@@ -141,6 +192,31 @@ def save(directory: str, *, step: int, fingerprint: dict, world, model, tokenize
         _sync_tree(tmp)
         os.replace(tmp, directory)
     distributed.barrier()
+
+
+def save_final(directory: str, world, write) -> None:
+    """The final model into ``directory`` (every rank calls this): ``write(tmp)`` (collective under
+    FSDP; rank 0 writes) fills ``directory/.final.tmp``, then rank 0 syncs it and renames each file
+    up into ``directory``, so a forced interrupt leaves each file whole or absent, never truncated."""
+    from . import distributed
+
+    tmp = os.path.join(directory, ".final.tmp")
+    try:
+        if world.main:
+            shutil.rmtree(tmp, ignore_errors=True)  # what a killed save left
+            os.makedirs(tmp)
+        distributed.barrier()
+        write(tmp)
+        distributed.barrier()
+        if world.main:
+            _sync_tree(tmp)
+            for name in sorted(os.listdir(tmp)):
+                os.replace(os.path.join(tmp, name), os.path.join(directory, name))
+            os.rmdir(tmp)
+    except BaseException:
+        if world.main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def read_manifest(directory: str) -> dict:

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import random
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import data, distributed, formats, fsdp, memory_plan, models, state
+from . import data, distributed, formats, fsdp, interrupts, memory_plan, models, state
 
 SCHEDULES = ("constant", "linear", "cosine")
 
@@ -145,6 +146,7 @@ class Trainer:
         distributed.agree(error)
         if self.nothing_to_do is not None:
             return
+        self._set_aside_damaged()
         self.model = self.net
         if self.world.size > 1 and not cfg.fsdp:
             ids = [self.world.local_rank] if self.world.device.type == "cuda" else None
@@ -152,19 +154,40 @@ class Trainer:
                                                                    gradient_as_bucket_view=True)
 
     def _check_and_build(self) -> None:
-        from probmoe.integrations.transformers import patch_model, runtime_state
+        """Every check, then the model, the optimizer and the resumed state, in this order."""
+        self._check_flags()
+        self._read_data()
+        self._plan_steps()
+        if self._check_resume():
+            return
+        memory_plan.check_fits(self.cfg, self.world)
+        self._seed()
+        self.net = self._build_model()
+        self.plan = self.net.probmoe_plan
+        self._build_optimizer()
+        self.log_path = os.path.join(self.cfg.output_dir, "train_log.jsonl")
 
-        cfg, world = self.cfg, self.world
+    def _check_flags(self) -> None:
+        """What the flags alone decide: FSDP needs torchrun; --global-batch-size sets --batch-size."""
+        cfg = self.cfg
         if cfg.fsdp:
             fsdp.require_torchrun()
         if cfg.global_batch_size is not None:
-            cfg.batch_size = memory_plan.per_process_batch(cfg.global_batch_size, world.size, cfg.grad_accum)
+            cfg.batch_size = memory_plan.per_process_batch(cfg.global_batch_size, self.world.size, cfg.grad_accum)
+
+    def _read_data(self) -> None:
+        """The records, the checkpoint to resume from, the output folder, then the tokenized examples."""
+        cfg = self.cfg
         self.records = formats.read(cfg.data, cfg.data_format)
         self.resume_dir = self._resume_dir()
         self._check_output_dir()
         self.tokenizer = models.load_tokenizer(cfg.model)
         self.encoded = data.encode_all(self.tokenizer, self.records, cfg.max_length)
         self.no_answer = data.check_loss_tokens(self.encoded, cfg.max_length, cfg.data)
+
+    def _plan_steps(self) -> None:
+        """The global batch, the steps per epoch and in all, where this run ends, its fingerprint."""
+        cfg, world = self.cfg, self.world
         self.global_batch = cfg.batch_size * world.size * cfg.grad_accum
         self.steps_per_epoch = len(self.encoded) // self.global_batch
         if self.steps_per_epoch == 0:
@@ -175,23 +198,42 @@ class Trainer:
             max(1, math.floor(cfg.epochs * self.steps_per_epoch))
         self.end = self.total_steps if cfg.stop_after is None else min(cfg.stop_after, self.total_steps)
         self.fingerprint = fingerprint(cfg, world, self.total_steps, self.records.format)
-        manifest = None
-        if self.resume_dir is not None:
-            manifest = state.read_manifest(self.resume_dir)
-            state.check_resume(manifest, self.fingerprint, self.resume_dir)
-            state.verify(self.resume_dir, manifest, world.rank)
-            if manifest["step"] >= self.end:
-                self.step = manifest["step"]
-                where = f"already complete at step {self.step}" if self.step == self.total_steps else \
-                    f"at step {self.step}, past this run's last step {self.end}" if self.step > self.end else \
-                    f"at step {self.step}, where --stop-after {cfg.stop_after} ends this run"
-                self.nothing_to_do = f"{self.resume_dir}: {where}; nothing trained or written"
-                return
-        memory_plan.check_fits(cfg, world)
+
+    def _check_resume(self) -> bool:
+        """The resume checkpoint's manifest, settings and checksums (``--resume latest`` read and
+        verified it already); True, with ``nothing_to_do`` set, when it is at or past this run's end."""
+        cfg = self.cfg
+        if self.resume_dir is None:
+            return False
+        explicit = self.manifest is None  # --resume DIR: the settings first, then the (slower) checksums
+        if explicit:
+            self.manifest = state.read_manifest(self.resume_dir)
+        state.check_resume(self.manifest, self.fingerprint, self.resume_dir)
+        if explicit:
+            state.verify(self.resume_dir, self.manifest, self.world.rank)
+        if self.manifest["step"] < self.end:
+            return False
+        self.step = self.manifest["step"]
+        where = f"already complete at step {self.step}" if self.step == self.total_steps else \
+            f"at step {self.step}, past this run's last step {self.end}" if self.step > self.end else \
+            f"at step {self.step}, where --stop-after {cfg.stop_after} ends this run"
+        self.nothing_to_do = f"{self.resume_dir}: {where}; nothing trained or written"
+        return True
+
+    def _seed(self) -> None:
+        """Python's, NumPy's and torch's RNGs from --seed; this rank's routing generator."""
+        cfg, world = self.cfg, self.world
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.generator = torch.Generator(world.device).manual_seed(cfg.seed * 1_000_003 + 7919 * (world.rank + 1))
+
+    def _build_model(self):
+        """The model, new or from the resume checkpoint, patched with the run's routing, on its device
+        (sharded under --fsdp)."""
+        from probmoe.integrations.transformers import patch_model, runtime_state
+
+        cfg, world = self.cfg, self.world
         aux = {} if cfg.aux_loss is None else {"aux_loss": cfg.aux_loss}
         zl = {} if cfg.z_loss is None else {"z_loss": cfg.z_loss}
 
@@ -202,47 +244,60 @@ class Trainer:
 
         dtype = getattr(torch, cfg.param_dtype)
         if cfg.fsdp:
-            net = fsdp.build(cfg.model, seed=cfg.seed, dtype=dtype, layers=cfg.layers, world=world, patch=patch,
-                             checkpointing=cfg.gradient_checkpointing, bf16=cfg.bf16, fresh=self.resume_dir is None)
-        else:
-            net = models.load_model(cfg.model, cfg.seed, dtype, cfg.layers) if self.resume_dir is None else \
-                self._weights_from(self.resume_dir, dtype)
-            patch(net)
-            if self.resume_dir is not None:  # the routing state (ReMoE's λ, DefaultMoE's defaults, the bias)
-                runtime_state.load(net, self.resume_dir)
-            if cfg.gradient_checkpointing:
-                net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            net = net.to(world.device)
-        self.net = net
-        self.plan = net.probmoe_plan
+            return fsdp.build(cfg.model, seed=cfg.seed, dtype=dtype, layers=cfg.layers, world=world, patch=patch,
+                              checkpointing=cfg.gradient_checkpointing, bf16=cfg.bf16, fresh=self.resume_dir is None)
+        net = models.load_model(cfg.model, cfg.seed, dtype, cfg.layers) if self.resume_dir is None else \
+            self._weights_from(self.resume_dir, dtype)
+        patch(net)
+        if self.resume_dir is not None:  # the routing state (ReMoE's λ, DefaultMoE's defaults, the bias)
+            runtime_state.load(net, self.resume_dir)
+        if cfg.gradient_checkpointing:
+            net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return net.to(world.device)
+
+    def _build_optimizer(self) -> None:
+        """AdamW and the LR schedule, with their state (and the shards under --fsdp) from the resume
+        checkpoint; ``step`` and ``start_step`` where training starts."""
+        cfg = self.cfg
         params = [p for p in self.net.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_factor(cfg.lr_schedule, cfg.warmup_steps, self.total_steps))
         self.step = 0
         if self.resume_dir is not None:
-            self.step = state.load(self.resume_dir, manifest, world=world, optimizer=self.optimizer,
+            self.step = state.load(self.resume_dir, self.manifest, world=self.world, optimizer=self.optimizer,
                                    scheduler=self.scheduler, generator=self.generator,
                                    sharded_model=self.net if cfg.fsdp else None)
         self.start_step = self.step
-        self.log_path = os.path.join(cfg.output_dir, "train_log.jsonl")
 
     def _resume_dir(self) -> str | None:
+        """The checkpoint --resume names; for 'latest', the newest in --output-dir that passes its
+        checks (its manifest in ``manifest``, the damaged newer ones in ``damaged``)."""
         resume = self.cfg.resume
+        self.manifest, self.damaged = None, []
         if resume is None:
             return None
         if resume == "latest":
-            directory = state.latest_checkpoint(self.cfg.output_dir)
-            if directory is None:
-                raise ValueError(f"--resume latest: no checkpoint-* in --output-dir {self.cfg.output_dir!r}")
+            directory, self.manifest, self.damaged = state.newest_valid(self.cfg.output_dir, self.world.rank)
             return directory
         if not os.path.isdir(resume):
             raise ValueError(f"--resume {resume!r}: not a checkpoint directory (or 'latest')")
         return resume
 
+    def _set_aside_damaged(self) -> None:
+        """Rename the damaged checkpoints --resume latest skipped out of the way of this run's saves,
+        with one warning each (rank 0; the others wait)."""
+        if self.world.main:
+            for directory, why in self.damaged:
+                moved = state.set_aside(directory)
+                print(f"warning: skipped the damaged checkpoint {directory} ({why}); moved it to {moved}",
+                      file=sys.stderr)
+        if self.damaged:
+            distributed.barrier()
+
     def _check_output_dir(self) -> None:
         """Nothing is overwritten: a new run needs an empty or new folder; a resume, an empty folder or
-        the folder whose newest checkpoint it resumes from."""
+        the folder whose newest checkpoint (damaged ones aside) it resumes from."""
         out = self.cfg.output_dir
         if os.path.exists(out) and not os.path.isdir(out):
             raise ValueError(f"--output-dir {out!r} exists and is not a directory")
@@ -251,7 +306,8 @@ class Trainer:
         if self.resume_dir is None:
             raise ValueError(f"--output-dir {out!r} is not empty; choose a new folder, or pass --resume latest to "
                              "continue the run in it")
-        latest = state.latest_checkpoint(out)
+        damaged = {directory for directory, _ in self.damaged}
+        latest = next((c for c in state.checkpoints(out) if c not in damaged), None)
         if latest is None or os.path.realpath(latest) != os.path.realpath(self.resume_dir):
             raise ValueError(f"--output-dir {out!r} is not empty and --resume {self.cfg.resume!r} is not its newest "
                              f"checkpoint ({latest}); resume into an empty folder, or from the newest checkpoint")
@@ -332,6 +388,31 @@ class Trainer:
                    tokenizer=self.tokenizer, optimizer=self.optimizer, scheduler=self.scheduler,
                    generator=self.generator, sharded=self.cfg.fsdp)
 
+    def _loop(self, bar) -> dict:
+        """The steps from ``step`` to ``end``, logging and saving as told; the last step's record.
+        Raises ``interrupts.Interrupted`` at the first step boundary after a SIGINT or SIGTERM reached
+        any rank (all ranks stop there; the checkpoints written so far stay)."""
+        cfg = self.cfg
+        record = {}
+        while self.step < self.end:
+            start = time.perf_counter()
+            epoch, batches = self._micro_batches(self.step)
+            stats = self._train_step(batches)
+            self.step += 1
+            elapsed = time.perf_counter() - start
+            record = {"step": self.step, "epoch": epoch, **stats, "tokens_per_s": stats["tokens"] / elapsed,
+                      "step_s": elapsed}
+            if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+                self._log(record)
+            bar.set_postfix(loss=f"{stats['loss']:.4f}", lr=f"{stats['lr']:.2e}")
+            bar.update(1)
+            if cfg.save_every and self.step % cfg.save_every == 0 and self.step < self.end:
+                self.save(state.checkpoint_dir(cfg.output_dir, self.step))
+            signum = distributed.any_signal(interrupts.requested())
+            if signum is not None:
+                raise interrupts.Interrupted(signum, step=self.step, at_boundary=True)
+        return record
+
     def run(self) -> dict:
         """Train from ``self.step`` to ``total_steps`` (or ``stop_after``), write a checkpoint there and,
         at ``total_steps``, the final model into the output folder; returns the last step's log record
@@ -349,30 +430,33 @@ class Trainer:
         self.model.train()
         bar = tqdm(total=self.total_steps, initial=self.step, desc=f"train {cfg.method}", unit="step",
                    disable=not (world.main and cfg.progress), dynamic_ncols=True)
-        record = {}
-        end = self.end
-        while self.step < end:
-            start = time.perf_counter()
-            epoch, batches = self._micro_batches(self.step)
-            stats = self._train_step(batches)
-            self.step += 1
-            elapsed = time.perf_counter() - start
-            record = {"step": self.step, "epoch": epoch, **stats, "tokens_per_s": stats["tokens"] / elapsed,
-                      "step_s": elapsed}
-            if self.step % cfg.log_every == 0 or self.step == self.total_steps:
-                self._log(record)
-            bar.set_postfix(loss=f"{stats['loss']:.4f}", lr=f"{stats['lr']:.2e}")
-            bar.update(1)
-            if cfg.save_every and self.step % cfg.save_every == 0 and self.step < end:
-                self.save(state.checkpoint_dir(cfg.output_dir, self.step))
-        bar.close()
+        try:
+            with interrupts.deferred():  # a signal from here on waits for the next step boundary, or the end
+                record = self._loop(bar)
+                bar.close()
+                self._save_end()
+        except interrupts.Interrupted as e:  # a second Ctrl-C: the step or save under way is dropped
+            e.step = self.step if e.step is None else e.step
+            raise
+        finally:
+            bar.close()
+        return record
+
+    def _save_end(self) -> None:
+        """The checkpoint of the last step (unless the run resumed there) and, at ``total_steps``, the
+        final model and tokenizer in the output folder."""
+        cfg, world = self.cfg, self.world
         if self.step > self.start_step or self.resume_dir is None:
             self.save(state.checkpoint_dir(cfg.output_dir, self.step))
-        if self.step == self.total_steps and cfg.fsdp:
-            fsdp.save_final(cfg.output_dir, self.net, world)
-        elif world.main and self.step == self.total_steps:
-            self.net.save_pretrained(cfg.output_dir)
-        if world.main and self.step == self.total_steps:
-            self.tokenizer.save_pretrained(cfg.output_dir)
+        if self.step == self.total_steps:
+            state.save_final(cfg.output_dir, world, self._write_final)
         distributed.barrier()
-        return record
+
+    def _write_final(self, directory: str) -> None:
+        """The final model (gathered from the shards under --fsdp) and the tokenizer into ``directory``."""
+        if self.cfg.fsdp:
+            fsdp.save_final(directory, self.net, self.world)
+        elif self.world.main:
+            self.net.save_pretrained(directory)
+        if self.world.main:
+            self.tokenizer.save_pretrained(directory)
