@@ -84,7 +84,7 @@ def trained_with(path: str) -> str:
 
 def gsm8k_scores(model, tokenizer, records: list[dict], args) -> dict[str, float]:
     """Greedy exact match (flexible, strict) over ``records``, as probmoe-eval scores it."""
-    from probmoe.experiments import generation
+    from probmoe.eval import generation
 
     correct = {"flexible": 0, "strict": 0}
     for start in tqdm(range(0, len(records), args.batch_size), desc="generate", leave=False, dynamic_ncols=True):
