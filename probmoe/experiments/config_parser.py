@@ -48,7 +48,7 @@ def parser(config_cls, prog: str, description: str) -> argparse.ArgumentParser:
                 exclusive[meta["exclusive"]] = target.add_mutually_exclusive_group()
             target = exclusive[meta["exclusive"]]
         help = meta.get("help") or ""
-        if f.default not in (None, False, True) and "default" not in help:
+        if f.default is not None and not isinstance(f.default, bool) and "default" not in help:
             help = f"{help} (default {f.default})".lstrip()
         kwargs = {"dest": f.name, "help": help or None}
         if meta.get("switch"):

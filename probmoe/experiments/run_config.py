@@ -131,15 +131,18 @@ class TrainConfig:
     batch_size: int = option(8, "examples per process per micro-batch", type=positive_int)
     grad_accum: int = option(1, "micro-batches per optimizer step", type=positive_int)
     max_length: int = option(1024, "tokens per example, at most", type=positive_int)
-    seed: int = option(0, type=nonnegative_int)
+    seed: int = option(0, "seed of the initial weights, the data order and the routing's sampling",
+                       type=nonnegative_int)
     bf16: bool = option(False, "bf16 autocast", switch=True)
-    gradient_checkpointing: bool = option(False, switch=True)
+    gradient_checkpointing: bool = option(False, "recompute each decoder layer's activations in the backward "
+                                          "pass: less memory, more time", switch=True)
     resume: str | None = option(None, "a checkpoint directory, or 'latest' (the newest in --output-dir)")
     stop_after: int | None = option(None, "stop after this step with a resumable checkpoint, the schedule unchanged",
                                     type=positive_int)
     save_every: int = option(0, "write a resumable checkpoint every N steps (0: only at the end)",
                              type=nonnegative_int)
-    log_every: int = option(1, type=positive_int)
+    log_every: int = option(1, "write a train_log.jsonl record (and --report-to's scalars) every N steps",
+                            type=positive_int)
     report_to: str = option("none", "also send loss, learning rate, grad norm, tokens/s and the routing statistics "
                             "per layer to TensorBoard (<output-dir>/tensorboard) or Weights & Biases (WANDB_MODE="
                             "offline works; pip install 'probmoe[tracking]')", choices=REPORT_TO)
