@@ -72,9 +72,13 @@ def read_file(path: str) -> dict:
     with open(path, "rb") as f:
         raw = f.read()
     try:
+        import tomllib  # Python 3.11+
+    except ImportError:
+        tomllib = None
+    if suffix == ".toml" and tomllib is None:
+        raise ValueError(f"--config {path!r}: TOML needs Python 3.11 or later (tomllib); use YAML")
+    try:
         if suffix == ".toml":
-            import tomllib
-
             values = tomllib.loads(raw.decode("utf-8"))
         else:
             import yaml
