@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from . import data, distributed, formats, fsdp, memory_plan, models, state
 from .run_config import TrainConfig
 
+
 def lr_factor(schedule: str, warmup: int, total: int):
     """The LR multiplier of step s (LambdaLR): linear warm-up over ``warmup`` steps, then constant,
     linear decay to 0 at ``total``, or cosine decay to 0 at ``total``."""
