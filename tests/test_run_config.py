@@ -136,3 +136,10 @@ def test_run_folder_config_resumes_and_a_changed_option_is_named(tmp_path, capsy
     assert train.main(["--config", str(saved), "--resume", "latest", "--stop-after", "2"]) == 0
     assert "resumed from" in capsys.readouterr().err and (out / "model.safetensors").is_file()
     assert parse(train, TrainConfig, ["--config", str(saved)]).resume == "latest"  # the last command's options
+
+
+def test_model_help_lists_every_built_in_model():
+    from probmoe.experiments.models import BUILT_IN
+
+    (model,) = [a for a in train.parser()._actions if a.dest == "model"]
+    assert all(name in model.help for name in BUILT_IN) and "local checkpoint directory" in model.help

@@ -113,6 +113,23 @@ def _row_lengths(tally: RoutingTally):
         huggingface.pad_and_concat = original
 
 
+@contextlib.contextmanager
+def _context_bars(enabled: bool):
+    """While open, the harness's "building contexts" bar (``lm_eval.api.task``'s tqdm, which takes no
+    switch) is off unless ``enabled``."""
+    import functools
+
+    from lm_eval.api import task
+
+    original = task.tqdm
+    if not enabled:
+        task.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        task.tqdm = original
+
+
 def parse_tasks(text: str) -> list[str]:
     """``"a,b, c"`` -> ["a", "b", "c"]; ValueError for an empty list or an empty name."""
     names = [t.strip() for t in text.split(",")]
@@ -153,10 +170,11 @@ def evaluate(lm: ProbMoELM, tasks: list[str], manager, *, limit=None, num_fewsho
     if allow_code_execution:  # the harness's code_eval metric (MBPP, HumanEval) refuses to run without it
         os.environ["HF_ALLOW_CODE_EVAL"] = "1"
     lm.tally.reset()
-    results = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
-                                      num_fewshot=num_fewshot, log_samples=log_samples,
-                                      confirm_run_unsafe_code=allow_code_execution, random_seed=seed,
-                                      numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
+    with _context_bars(lm.progress):
+        results = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
+                                          num_fewshot=num_fewshot, log_samples=log_samples,
+                                          confirm_run_unsafe_code=allow_code_execution, random_seed=seed,
+                                          numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
     results["probmoe"] = {"checkpoint": lm.checkpoint, "routing": lm.routing,
                           "routing_statistics": lm.tally.summary()}
     return results
