@@ -50,6 +50,8 @@ def parser(config_cls, prog: str, description: str) -> argparse.ArgumentParser:
         help = meta.get("help") or ""
         if f.default is not None and not isinstance(f.default, bool) and "default" not in help:
             help = f"{help} (default {f.default})".lstrip()
+        if meta.get("required"):
+            help += " (required: here or in --config)"
         kwargs = {"dest": f.name, "help": help or None}
         if meta.get("switch"):
             kwargs["action"] = "store_false" if meta.get("negate") else "store_true"

@@ -201,7 +201,7 @@ class EvalConfig:
                                         "HumanEval): its --confirm_run_unsafe_code and HF_ALLOW_CODE_EVAL=1",
                                         switch=True, group=HARNESS)
     log_samples: bool = option(False, "also write every request and response, per task", switch=True, group=HARNESS)
-    seed: int = option(0, "the harness's seeds (few-shot order)", type=nonnegative_int, group=HARNESS)
+    seed: int = option(0, "the harness's seeds: the few-shot examples' order", type=nonnegative_int, group=HARNESS)
 
 
 @dataclass
