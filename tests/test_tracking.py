@@ -107,7 +107,7 @@ def test_wandb_offline_writes_its_run_folder(tmp_path, monkeypatch):
     assert config["max-steps"] == 3 and config["report-to"] == "wandb"
 
 
-def test_trackers_are_not_imported_unless_asked_for(tmp_path):
+def test_trackers_are_not_imported_unless_asked_for_and_no_progress_is_quiet(tmp_path):
     script = f"""
 import sys
 from probmoe.cli import train
@@ -121,6 +121,8 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("wandb", "tensorboard
                           timeout=600)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+    # and --no-progress, in a fresh process, leaves no bar: ours, nor transformers' writing the model
+    assert "%|" not in done.stderr and "it/s" not in done.stderr and "Writing" not in done.stderr, done.stderr
 
 
 def test_missing_tracker_package_is_one_line(monkeypatch, tmp_path, capsys):
