@@ -19,12 +19,14 @@ from dataclasses import dataclass, field
 from probmoe.config import BACKENDS, GRADS
 from probmoe.integrations.method_names import ALL_METHODS
 
-from .options import DEVICES, DTYPES, nonnegative_float, nonnegative_int, positive_float, positive_int
 from .models import TINY
+from .options import DEVICES, DTYPES, nonnegative_float, nonnegative_int, positive_float, positive_int
 from .shapes import SHAPES
 
 SCHEDULES = ("constant", "linear", "cosine")  # --lr-schedule
-BALANCES = ("none", "aux-free")  # --balance (patch_model's balance=None or "aux-free")
+# --balance: patch_model's balance=None or one of integrations.transformers.methods.BALANCES (not imported
+# here: that package imports transformers, and --help must not)
+BALANCES = ("none", "aux-free")
 REPORT_TO = ("none", "tensorboard", "wandb")  # --report-to (tracking)
 LARGE = "large models (docs/experiments.md, \"the paper's OLMoE run on 8 GPUs\")"
 HARNESS = "LM Evaluation Harness (pip install 'probmoe[eval]')"
