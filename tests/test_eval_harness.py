@@ -189,3 +189,16 @@ def test_bad_input_is_refused(setup, capsys):
         evaluate.main(["--checkpoint", str(setup / "ckpt"), "--tasks", "tiny_mc", "--include-path",
                        str(setup / "none")])
     assert "is not a directory" in capsys.readouterr().err
+
+
+def test_no_progress_silences_the_harness_bars(setup, capsys):
+    from transformers.utils import logging
+
+    errs = {}
+    for flag in ([], ["--no-progress"]):
+        logging.enable_progress_bar()  # as in a fresh process
+        assert _run(setup, setup / f"quiet{len(flag)}", "--tasks", "tiny_mc,tiny_gen", *flag) == 0
+        errs[bool(flag)] = capsys.readouterr().err
+    logging.enable_progress_bar()
+    assert "Running loglikelihood requests" in errs[False] and "it/s" in errs[False]  # the bars looked for
+    assert "it/s" not in errs[True] and "%|" not in errs[True], errs[True]

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 pytest.importorskip("transformers")
 
 from gsm8k_data import write  # noqa: E402
-from probmoe.cli import common, train  # noqa: E402
+from probmoe.cli import analyze, evaluate, train  # noqa: E402
 from probmoe.experiments import state  # noqa: E402
 
 
@@ -34,10 +34,13 @@ def data(tmp_path_factory):
     return write(tmp_path_factory.mktemp("data"), "train.jsonl", 16)
 
 
-def test_cli_methods_are_the_integrations():
+def test_cli_methods_and_backends_are_their_homes():
+    import circuits
     import probmoe.integrations.transformers as pt
 
-    assert common.METHODS == pt.ALL_METHODS
+    for command in (train, evaluate, analyze):
+        choices = {a.dest: a.choices for a in command.parser()._actions}
+        assert tuple(choices["method"]) == pt.ALL_METHODS and tuple(choices["backend"]) == circuits.ALGORITHMS
 
 
 @pytest.mark.parametrize("model,method,top_k", [("tiny-olmoe", "probmoe", 2), ("tiny-qwen2-moe", "probmoe", 2),

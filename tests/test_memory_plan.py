@@ -64,3 +64,12 @@ def test_plan_against_measured_peak_on_cpu():
         pytest.skip("needs the shared GSM8K data")
     r = measure("tiny-olmoe", "probmoe", 32, 256, 2, data)
     assert 0.8 <= r["measured"] / r["plan"] <= 1.5, r
+
+
+def test_plan_with_one_process_says_why_fsdp_needs_more(capsys):
+    for world, noted in ((1, True), (8, False)):
+        assert train.main(["--model", "olmoe-1b-7b-shape", "--plan", "--world-size", str(world)]) == 0
+        out = capsys.readouterr().out
+        ddp, fsdp = (float(x) for x in next(l for l in out.splitlines() if l.startswith("total")).split()[1::2])
+        assert (fsdp > ddp) == noted  # one process: nothing sharded, the gathered copies on top
+        assert ("with one process FSDP shards nothing" in out) == noted

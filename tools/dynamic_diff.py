@@ -28,7 +28,7 @@ import sys
 
 from tqdm.auto import tqdm
 
-from probmoe.cli import common
+from probmoe.experiments import options
 
 FILES = ("dynamic_diff.md", "dynamic_diff.csv", "dynamic_diff.json")
 FIELDS = ("dataset", "problems", "exact_checkpoint", "exact_routing", "dynamic_checkpoint", "dynamic_routing",
@@ -58,11 +58,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dynamic", action="append", required=True, metavar="NAME=DIR",
                    help="the ProbMoE Dynamic-k checkpoint fine-tuned on data set NAME")
     p.add_argument("--output", required=True, help="folder for dynamic_diff.md, .csv and .json")
-    p.add_argument("--limit", type=common.positive_int, help="the first N records of each data set (default: all)")
-    p.add_argument("--max-new-tokens", type=common.positive_int, default=256)
-    p.add_argument("--batch-size", type=common.positive_int, default=16)
+    p.add_argument("--limit", type=options.positive_int, help="the first N records of each data set (default: all)")
+    p.add_argument("--max-new-tokens", type=options.positive_int, default=256)
+    p.add_argument("--batch-size", type=options.positive_int, default=16)
     p.add_argument("--device", choices=("cpu", "cuda"))
-    p.add_argument("--dtype", choices=common.DTYPES, default="float32")
+    p.add_argument("--dtype", choices=options.DTYPES, default="float32")
     p.add_argument("--overwrite", action="store_true")
     args = p.parse_args(argv)
 
@@ -79,10 +79,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                 checkpoints.check(path, flag)
         args.records = {name: formats.read(path, "question-answer").head(args.limit).rows
                         for name, path in args.datasets.items()}
-        common.check_output_folder(args.output, FILES, args.overwrite)
-        args.device = common.device(args.device)
+        options.check_output_folder(args.output, FILES, args.overwrite)
+        args.device = options.device(args.device)
 
-    common.run_or_exit(p, check)
+    options.run_or_exit(p, check)
     args.parser = p
     return args
 
@@ -132,8 +132,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     rows = []
     for name in tqdm(args.datasets, desc="data sets", dynamic_ncols=True):
-        exact = common.run_or_exit(args.parser, lambda: evaluate(args.exact_runs[name], args.records[name], args))
-        dynamic = common.run_or_exit(args.parser, lambda: evaluate(args.dynamic_runs[name], args.records[name], args))
+        exact = options.run_or_exit(args.parser, lambda: evaluate(args.exact_runs[name], args.records[name], args))
+        dynamic = options.run_or_exit(args.parser, lambda: evaluate(args.dynamic_runs[name], args.records[name], args))
         rows.append(row(name, args, exact, dynamic))
     os.makedirs(args.output, exist_ok=True)  # only once every checkpoint has been evaluated
     text = markdown(rows, args)

@@ -23,8 +23,8 @@ import sys
 
 from tqdm.auto import tqdm
 
-from probmoe.cli import common
-from probmoe.cli.analyze import named
+from probmoe.config import BACKENDS
+from probmoe.experiments import options
 
 FILES = ("study.csv", "study.md", "study.json")
 
@@ -39,14 +39,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     source.add_argument("--tasks", help="comma-separated LM Evaluation Harness tasks (pip install 'probmoe[eval]')")
     p.add_argument("--include-path", help="a folder of your own task YAML (with --tasks)")
     p.add_argument("--output", required=True, help="folder for study.csv, study.md and study.json")
-    p.add_argument("--kmin", type=common.positive_int, default=4, help="fewest experts per token (default 4)")
-    p.add_argument("--kmax", type=common.positive_int, default=8, help="most experts per token (default 8)")
-    p.add_argument("--limit", type=common.positive_int, help="the first N problems (of each task)")
-    p.add_argument("--max-new-tokens", type=common.positive_int, default=256)
-    p.add_argument("--batch-size", type=common.positive_int, default=16)
-    p.add_argument("--backend", choices=common.BACKENDS, default=common.BACKENDS[0])
+    p.add_argument("--kmin", type=options.positive_int, default=4, help="fewest experts per token (default 4)")
+    p.add_argument("--kmax", type=options.positive_int, default=8, help="most experts per token (default 8)")
+    p.add_argument("--limit", type=options.positive_int, help="the first N problems (of each task)")
+    p.add_argument("--max-new-tokens", type=options.positive_int, default=256)
+    p.add_argument("--batch-size", type=options.positive_int, default=16)
+    p.add_argument("--backend", choices=BACKENDS, default=BACKENDS[0])
     p.add_argument("--device", choices=("cpu", "cuda"))
-    p.add_argument("--dtype", choices=common.DTYPES, default="float32")
+    p.add_argument("--dtype", choices=options.DTYPES, default="float32")
     p.add_argument("--overwrite", action="store_true")
     args = p.parse_args(argv)
     if args.kmin > args.kmax:
@@ -57,14 +57,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     def check():
         from probmoe.experiments import checkpoints, formats
 
-        args.runs = named(args.checkpoint)
+        args.runs = options.named(args.checkpoint)
         for path in args.runs.values():
             checkpoints.check(path)
         args.records = formats.read(args.data, "question-answer").head(args.limit).rows if args.data else None
-        common.check_output_folder(args.output, FILES, args.overwrite)
-        args.device = common.device(args.device)
+        options.check_output_folder(args.output, FILES, args.overwrite)
+        args.device = options.device(args.device)
 
-    common.run_or_exit(p, check)
+    options.run_or_exit(p, check)
     args.parser = p
     return args
 
@@ -84,7 +84,7 @@ def trained_with(path: str) -> str:
 
 def gsm8k_scores(model, tokenizer, records: list[dict], args) -> dict[str, float]:
     """Greedy exact match (flexible, strict) over ``records``, as probmoe-eval scores it."""
-    from probmoe.experiments import generation
+    from probmoe.eval import generation
 
     correct = {"flexible": 0, "strict": 0}
     for start in tqdm(range(0, len(records), args.batch_size), desc="generate", leave=False, dynamic_ncols=True):
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     results = {}
     for name, path in tqdm(args.runs.items(), desc="checkpoints", dynamic_ncols=True):
-        scores, stats, rule = common.run_or_exit(args.parser, lambda: evaluate_one(path, args))
+        scores, stats, rule = options.run_or_exit(args.parser, lambda: evaluate_one(path, args))
         results[name] = {"checkpoint": path, "trained_with": trained_with(path), "scores": scores,
                          "routing_statistics": stats}
     os.makedirs(args.output, exist_ok=True)  # only once every checkpoint has been evaluated

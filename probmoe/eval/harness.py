@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import json
 import os
 
 import torch
@@ -33,9 +34,11 @@ from lm_eval.api.registry import register_model
 from lm_eval.models import huggingface
 from lm_eval.models.huggingface import HFLM
 
+from probmoe.experiments.options import DTYPES
+
 from .routing_tally import RoutingTally
 
-DTYPES = ("float32", "bfloat16", "float16")
+FILES = ("results.json", "routing.json")  # what ``write_results`` writes (and samples_<task>.jsonl)
 
 
 @register_model("probmoe")
@@ -47,12 +50,13 @@ class ProbMoELM(HFLM):
         method, k, kmin, kmax, backend, grad: as ``probmoe-eval``'s flags (None: the saved routing).
         device: "cpu", "cuda" or "cuda:N" (default: CUDA when present).
         dtype: the weights' dtype, one of ``DTYPES``.
+        progress: False turns off the harness's progress bars (scoring, generation).
         batch_size, max_batch_size, and the rest: as ``HFLM``'s (``pretrained`` is the loaded model).
     """
 
     def __init__(self, checkpoint: str, method: str | None = None, k=None, kmin=None, kmax=None,
                  backend: str = "circuit", grad: str = "exact", device: str | None = None, dtype: str = "float32",
-                 batch_size=1, **kwargs):
+                 batch_size=1, progress: bool = True, **kwargs):
         from probmoe.experiments import checkpoints
 
         if dtype not in DTYPES:
@@ -66,6 +70,17 @@ class ProbMoELM(HFLM):
         self.checkpoint = str(checkpoint)
         self.routing = checkpoints.describe(model)
         self.tally = RoutingTally(model)
+        self.progress = progress
+
+    # the harness's request types, each with its bar off when ``progress`` is
+    def loglikelihood(self, requests, disable_tqdm: bool = False):
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm or not self.progress)
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        return super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm or not self.progress)
+
+    def generate_until(self, requests, disable_tqdm: bool = False):
+        return super().generate_until(requests, disable_tqdm=disable_tqdm or not self.progress)
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
         """The harness's scoring, with each batch's real row lengths handed to the tally (it pads on the right)."""
@@ -96,6 +111,23 @@ def _row_lengths(tally: RoutingTally):
         yield
     finally:
         huggingface.pad_and_concat = original
+
+
+@contextlib.contextmanager
+def _context_bars(enabled: bool):
+    """While open, the harness's "building contexts" bar (``lm_eval.api.task``'s tqdm, which takes no
+    switch) is off unless ``enabled``."""
+    import functools
+
+    from lm_eval.api import task
+
+    original = task.tqdm
+    if not enabled:
+        task.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        task.tqdm = original
 
 
 def parse_tasks(text: str) -> list[str]:
@@ -138,13 +170,43 @@ def evaluate(lm: ProbMoELM, tasks: list[str], manager, *, limit=None, num_fewsho
     if allow_code_execution:  # the harness's code_eval metric (MBPP, HumanEval) refuses to run without it
         os.environ["HF_ALLOW_CODE_EVAL"] = "1"
     lm.tally.reset()
-    results = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
-                                      num_fewshot=num_fewshot, log_samples=log_samples,
-                                      confirm_run_unsafe_code=allow_code_execution, random_seed=seed,
-                                      numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
+    with _context_bars(lm.progress):
+        results = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
+                                          num_fewshot=num_fewshot, log_samples=log_samples,
+                                          confirm_run_unsafe_code=allow_code_execution, random_seed=seed,
+                                          numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
     results["probmoe"] = {"checkpoint": lm.checkpoint, "routing": lm.routing,
                           "routing_statistics": lm.tally.summary()}
     return results
+
+
+def write_results(out: str, results: dict) -> list[str]:
+    """``evaluate``'s results into the folder ``out``: results.json (the harness's), routing.json (the
+    routing statistics) and samples_<task>.jsonl (with ``log_samples``); returns the lines to print:
+    each task's headline metric, then the experts per token."""
+    from lm_eval.utils import handle_non_serializable
+
+    results = dict(results)
+    samples = results.pop("samples", {})
+    routing = results.pop("probmoe")
+    for name, value in (("results.json", results), ("routing.json", routing)):
+        with open(os.path.join(out, name), "w", encoding="utf-8") as f:
+            json.dump(value, f, indent=2, default=handle_non_serializable, ensure_ascii=False)
+            f.write("\n")
+    for task, rows in samples.items():
+        with open(os.path.join(out, f"samples_{task}.jsonl"), "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, default=handle_non_serializable, ensure_ascii=False) + "\n")
+    lines = []
+    for task, values in results["results"].items():
+        metric = headline(values)
+        if metric is not None:
+            lines.append(f"{task}: {metric[0]} {metric[1]:.4f}")
+    stats = routing["routing_statistics"]
+    per_layer = ", ".join(f"{layer['experts_per_token']:.2f}" for layer in stats["layers"])
+    lines.append(f"{routing['routing']}: {stats['experts_per_token']:.3f} experts/token over {stats['tokens']} tokens "
+                 f"(per layer {per_layer})")
+    return lines
 
 
 def headline(task_results: dict) -> tuple[str, float] | None:

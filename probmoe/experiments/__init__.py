@@ -13,8 +13,13 @@
                  the newest undamaged checkpoint for ``--resume latest``
     interrupts   SIGINT/SIGTERM: stop at a step boundary, one line, status 130/143
     trainer      the training loop behind ``probmoe-train``
-    generation   greedy GSM8K generation and scoring behind ``probmoe-eval``
-    capture      per-layer routing of a data set behind ``probmoe-analyze``
+    tracking     ``--report-to``: the training curves in TensorBoard or Weights & Biases
+    capture      per-layer routing of a data set, and the checkpoints-by-data-sets loop, behind ``probmoe-analyze``
+    run_config   every option of the three commands, with its default, help and check (one dataclass each)
+    config_parser  the commands' flags generated from ``run_config``, ``--config`` YAML/TOML files, config.yaml
+    options      argument checks, the device, output folders, clean exits: shared with the tools
 
-The command-line front ends are in ``probmoe.cli``. ``import probmoe`` imports none of this.
+The command-line front ends are in ``probmoe.cli``; GSM8K generation and the LM Evaluation
+Harness model are ``probmoe.eval`` (which imports this package; this package never imports it).
+``import probmoe`` imports none of this.
 """

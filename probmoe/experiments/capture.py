@@ -51,3 +51,27 @@ def capture(model, tokenizer, encoded: list[data.Encoded], batch_size: int, prog
             ids.append(batch["input_ids"].reshape(-1)[keep].cpu())
     token_ids = torch.cat(ids)
     return [LayerRouting(name, torch.cat(p), torch.cat(s), token_ids) for name, p, s in zip(names, probs, selected)]
+
+
+def analyze(runs: dict[str, str], data_sets: dict, cfg, load, progress) -> tuple[dict, dict, list]:
+    """``probmoe-analyze``: every checkpoint of ``runs`` ({name: directory}, loaded by ``load(path)``
+    -> (model, tokenizer)) on every data set ({name: ``formats.Records``}), one run each ("NAME on DATA" when
+    there are several data sets). Returns (results {run: per-layer ``metrics.layer_summary`` with
+    "name"}, {run: routing described}, tokens.csv's rows); ``cfg`` gives max_length, batch_size and
+    token_min_count."""
+    from probmoe.analysis import metrics, report
+
+    from . import checkpoints
+
+    results, described, tokens = {}, {}, []
+    for name, path in runs.items():
+        model, tokenizer = load(path)
+        for data_name, records in data_sets.items():
+            run = name if len(data_sets) == 1 else f"{name} on {data_name}"
+            described[run] = checkpoints.describe(model)
+            encoded = data.encode_all(tokenizer, records, cfg.max_length)
+            layers = capture(model, tokenizer, encoded, cfg.batch_size, progress)
+            results[run] = [dict(name=layer.name, **metrics.layer_summary(layer.probs, layer.selected, layer.token_ids))
+                            for layer in layers]
+            tokens += report.token_rows(run, layers, tokenizer.decode, cfg.token_min_count)
+    return results, described, tokens

@@ -155,6 +155,10 @@ def report(name: str, shape: Shape, *, world_size: int, method: str, **kwargs) -
         ok = fits(row.total)
         lines.append(f"{mode}: fits on " + (", ".join(f"{g} GB" for g in ok) if ok else
                                             f"none of {', '.join(f'{g} GB' for g in GPUS_GB)}") + " GPUs")
+    if world_size == 1:
+        lines.append("note: with one process FSDP shards nothing, so it needs more than DDP: the whole model "
+                     "stored, plus the gathered copies of the root and two layers and their unreduced gradients; "
+                     "it saves memory from two processes on")
     return "\n".join(lines)
 
 

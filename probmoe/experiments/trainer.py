@@ -21,60 +21,14 @@ import random
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from . import data, distributed, formats, fsdp, interrupts, memory_plan, models, state
-
-SCHEDULES = ("constant", "linear", "cosine")
-
-
-@dataclass
-class TrainConfig:
-    """Everything ``probmoe-train`` is told (flags of the same names; see ``probmoe-train --help``)."""
-
-    model: str
-    data: str
-    output_dir: str
-    data_format: str | None = None  # None: told by the data's fields (formats.detect)
-    method: str = "probmoe"
-    k: int | None = None
-    kmin: int | None = None
-    kmax: int | None = None
-    backend: str = "circuit"
-    grad: str = "exact"
-    aux_loss: float | None = None  # None: the model config's coefficient
-    z_loss: float | None = None
-    l1_coef: float | None = None  # remoe: λ0 (None: the default)
-    l1_rate: float | None = None  # remoe: α
-    balance: str | None = None  # "aux-free": DeepSeek-V3's auxiliary-loss-free balancing
-    balance_rate: float | None = None  # its γ (None: the default)
-    max_steps: int | None = None
-    epochs: float | None = None
-    lr: float = 1e-3
-    lr_schedule: str = "linear"
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    batch_size: int = 8
-    grad_accum: int = 1
-    max_length: int = 1024
-    seed: int = 0
-    bf16: bool = False
-    gradient_checkpointing: bool = False
-    resume: str | None = None
-    stop_after: int | None = None  # stop (with a checkpoint) after this step, as if interrupted
-    save_every: int = 0
-    log_every: int = 1
-    device: str | None = None
-    progress: bool = True
-    fsdp: bool = False  # shard with FSDP2 (under torchrun)
-    param_dtype: str = "float32"  # the stored parameters' (and AdamW state's) dtype
-    layers: int | None = None  # decoder layers of a built-in model (None: its own)
-    global_batch_size: int | None = None  # sets batch_size to this / (world size × grad_accum)
+from .run_config import TrainConfig
 
 
 def lr_factor(schedule: str, warmup: int, total: int):
@@ -378,10 +332,14 @@ class Trainer:
         stats.update(control)
         return stats
 
+    tracker = None  # a tracking.Tracker (--report-to) that every step record logged is sent to too
+
     def _log(self, record: dict) -> None:
         if self.world.main:
             with open(self.log_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
+            if self.tracker is not None and "event" not in record:
+                self.tracker.log(record)
 
     def save(self, directory: str) -> None:
         state.save(directory, step=self.step, fingerprint=self.fingerprint, world=self.world, model=self.net,

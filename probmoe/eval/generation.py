@@ -4,17 +4,21 @@ teacher-forced loss on the reference answers.
 Generation is greedy (``do_sample=False``) from ``data.prompt(question)`` with the KV cache, in
 batches padded on the left; a completion is cut at the first ``"Question:"`` (the model starting
 the next problem: lm-evaluation-harness's stop sequence) and at eos. Both scorer modes of
-``probmoe.eval.gsm8k`` are reported; ``flexible`` is the headline.
+``probmoe.eval.gsm8k`` are reported; ``flexible`` is the headline. ``evaluate`` runs both over a
+data set and writes ``results.jsonl`` and ``summary.json``.
 """
 
 from __future__ import annotations
 
+import json
+import os
+
 import torch
 
-from probmoe.eval import gsm8k
+from probmoe.experiments import data
+from probmoe.experiments.trainer import answer_loss_sum, routing_summary
 
-from . import data
-from .trainer import answer_loss_sum, routing_summary
+from . import gsm8k
 
 STOP = "Question:"
 
@@ -70,3 +74,28 @@ def answer_loss(model, tokenizer, records: list[dict], batch_size: int, max_leng
             layers += len(summary) * real
     return {"answer_loss": total / max(count, 1), "answer_tokens": count,
             "experts_per_token": experts / max(layers, 1)}
+
+
+def evaluate(model, tokenizer, records: list[dict], out: str, *, batch_size: int, max_length: int,
+             max_new_tokens: int, generate: bool, progress, about: dict) -> dict:
+    """``probmoe-eval --data``: the answer loss over ``records`` and (``generate``) greedy exact
+    match, one line per problem into ``out``/results.jsonl as it goes, the summary (``about``: the
+    checkpoint, data, routing, first) into ``out``/summary.json; returns the summary."""
+    summary = {**about, "problems": len(records)}
+    summary.update(answer_loss(model, tokenizer, records, batch_size, max_length, progress))
+    results = []
+    with open(os.path.join(out, "results.jsonl"), "w", encoding="utf-8") as f:
+        for start in progress(range(0, len(records), batch_size) if generate else [], desc="generate"):
+            chunk = records[start:start + batch_size]
+            completions = complete(model, tokenizer, [r["question"] for r in chunk], max_new_tokens)
+            for i, (record, completion) in enumerate(zip(chunk, completions)):
+                results.append(dict(index=start + i, **score(record, completion)))
+                f.write(json.dumps(results[-1]) + "\n")
+            f.flush()
+    if results:
+        for mode in gsm8k.MODES:
+            summary[f"exact_match_{mode}"] = sum(r[f"correct_{mode}"] for r in results) / len(results)
+    with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2)
+        f.write("\n")
+    return summary

@@ -1,0 +1,201 @@
+"""Command lines and config files from the ``run_config`` dataclasses.
+
+``parser(Config, prog, description)`` makes the argparse parser of a command: one flag per field,
+its help, type, choices from the field's metadata, and ``--config FILE``. ``parse(Config, parser,
+argv)`` resolves a command line into a ``Config``: the field defaults, then the ``--config`` file
+(YAML ``.yaml``/``.yml`` or TOML ``.toml``; its keys are the flag names without ``--``, with ``-``
+or ``_``), then the flags given, each checked as its flag is. An unknown key is refused naming the
+closest valid one. ``write(cfg, path)`` writes the resolved config as YAML that ``--config`` reads
+back (``probmoe-train`` puts it into the run folder as ``config.yaml``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+from dataclasses import fields
+
+CONFIG_SUFFIXES = (".yaml", ".yml", ".toml")
+
+
+def flag(f) -> str:
+    """The flag of a config field: ``--max-steps`` for ``max_steps`` unless its metadata names another."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def _key(text: str) -> str:
+    return text.lstrip("-").replace("_", "-")
+
+
+def parser(config_cls, prog: str, description: str) -> argparse.ArgumentParser:
+    """The parser of a command whose options are ``config_cls``'s fields. Its defaults are left out
+    of the namespace (``argparse.SUPPRESS``): ``parse`` tells what the command line gave from what
+    the file or the defaults give."""
+    p = argparse.ArgumentParser(prog=prog, description=description, argument_default=argparse.SUPPRESS)
+    p.add_argument("--config", metavar="FILE", help="a YAML (.yaml, .yml) or TOML (.toml) file setting any of these "
+                   "options, keys named as the flags (max-steps: 200); flags given here override it")
+    groups, exclusive = {}, {}
+    for f in fields(config_cls):
+        meta = f.metadata
+        target = p
+        if meta.get("group"):
+            if meta["group"] not in groups:
+                groups[meta["group"]] = p.add_argument_group(meta["group"])
+            target = groups[meta["group"]]
+        if meta.get("exclusive"):
+            if meta["exclusive"] not in exclusive:
+                exclusive[meta["exclusive"]] = target.add_mutually_exclusive_group()
+            target = exclusive[meta["exclusive"]]
+        help = meta.get("help") or ""
+        if f.default is not None and not isinstance(f.default, bool) and "default" not in help:
+            help = f"{help} (default {f.default})".lstrip()
+        if meta.get("required"):
+            help += " (required: here or in --config)"
+        kwargs = {"dest": f.name, "help": help or None}
+        if meta.get("switch"):
+            kwargs["action"] = "store_false" if meta.get("negate") else "store_true"
+        else:
+            kwargs["action"] = "append" if meta.get("append") else "store"
+            for name in ("type", "choices", "metavar"):
+                if meta.get(name) is not None:
+                    kwargs[name] = meta[name]
+        target.add_argument(flag(f), **kwargs)
+    return p
+
+
+def read_file(path: str) -> dict:
+    """The mapping in a YAML or TOML config file; ValueError naming the file when it is not one."""
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in CONFIG_SUFFIXES:
+        raise ValueError(f"--config {path!r}: must end in {', '.join(CONFIG_SUFFIXES)} (YAML or TOML)")
+    if not os.path.isfile(path):
+        raise ValueError(f"--config {path!r}: no such file")
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        import tomllib  # Python 3.11+
+    except ImportError:
+        tomllib = None
+    if suffix == ".toml" and tomllib is None:
+        raise ValueError(f"--config {path!r}: TOML needs Python 3.11 or later (tomllib); use YAML")
+    try:
+        if suffix == ".toml":
+            values = tomllib.loads(raw.decode("utf-8"))
+        else:
+            import yaml
+
+            values = yaml.safe_load(raw.decode("utf-8"))
+    except Exception as e:  # the parsers' own errors: yaml.YAMLError, tomllib.TOMLDecodeError, UnicodeDecodeError
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"--config {path!r}: not valid {'TOML' if suffix == '.toml' else 'YAML'}: {first}") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ValueError(f"--config {path!r}: must hold a mapping of option names to values, got a "
+                         f"{type(values).__name__}")
+    return values
+
+
+def _from_file(f, value, where: str):
+    """A config-file value of field ``f``, checked as its flag checks the command line's."""
+    meta = f.metadata
+    if value is None:
+        if f.default is not None and not meta.get("switch"):
+            raise ValueError(f"{where}: must be set (null is allowed only where the default is unset)")
+        return f.default
+    if meta.get("switch"):
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: must be true or false, got {value!r}")
+        return not value if meta.get("negate") else value
+    if meta.get("append"):
+        items = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, str) for v in items):
+            raise ValueError(f"{where}: must be a string or a list of strings, got {value!r}")
+        return items
+    if isinstance(value, (dict, list, bool)):
+        raise ValueError(f"{where}: must be a {'number' if meta.get('type') else 'string'}, got {value!r}")
+    text = str(value)
+    if meta.get("type") is not None:
+        try:
+            value = meta["type"](text)
+        except argparse.ArgumentTypeError as e:
+            raise ValueError(f"{where}: {e}") from None
+    else:
+        value = text
+    if meta.get("choices") is not None and value not in meta["choices"]:
+        raise ValueError(f"{where}: invalid choice {value!r} (choose from {', '.join(map(str, meta['choices']))})")
+    return value
+
+
+def file_values(config_cls, path: str) -> dict:
+    """{field name: value} set by the config file ``path``; ValueError naming an unknown key and the
+    closest valid one, or a value its flag would refuse."""
+    by_key = {_key(flag(f)): f for f in fields(config_cls)}
+    values, exclusive = {}, {}
+    for key, value in read_file(path).items():
+        name = _key(str(key))
+        if name not in by_key:
+            close = difflib.get_close_matches(name, list(by_key), n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(sorted(by_key))}"
+            raise ValueError(f"--config {path!r}: unknown key {key!r}{hint}")
+        f = by_key[name]
+        if f.name in values:
+            raise ValueError(f"--config {path!r}: {key!r} is set twice (as {name} and {name.replace('-', '_')})")
+        values[f.name] = _from_file(f, value, f"--config {path!r}: {key}")
+        group = f.metadata.get("exclusive")
+        if group and values[f.name] is not None:
+            if group in exclusive:
+                raise ValueError(f"--config {path!r}: {exclusive[group]} and {name} cannot both be set")
+            exclusive[group] = name
+    return values
+
+
+def parse(config_cls, p: argparse.ArgumentParser, argv=None):
+    """The ``config_cls`` a command line asks for: defaults < ``--config`` file < flags. Bad input
+    exits through ``p.error`` (status 2, one line)."""
+    given = vars(p.parse_args(argv))
+    path = given.pop("config", None)
+    try:
+        values = file_values(config_cls, path) if path is not None else {}
+    except ValueError as e:
+        p.error(str(e))
+    by_name = {f.name: f for f in fields(config_cls)}
+    for name in given:  # a flag replaces the file's value, and the file's choice in its exclusive group
+        group = by_name[name].metadata.get("exclusive")
+        if group:
+            for other in by_name.values():
+                if other.metadata.get("exclusive") == group:
+                    values.pop(other.name, None)
+    values.update(given)
+    missing = [flag(f) for f in fields(config_cls) if f.metadata.get("required") and values.get(f.name) is None]
+    if missing:
+        p.error(f"the following arguments are required: {', '.join(missing)}")
+    for name, value in values.items():
+        to_value = by_name[name].metadata.get("to_value")
+        if to_value is not None:
+            values[name] = to_value(value)
+    return config_cls(**values)
+
+
+def as_file(cfg) -> dict:
+    """``cfg`` as config-file keys (the flag names) and values: what ``--config`` reads back into ``cfg``."""
+    out = {}
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.metadata.get("negate"):
+            value = not value
+        out[_key(flag(f))] = value
+    return out
+
+
+def write(cfg, path: str) -> None:
+    """The resolved ``cfg`` as YAML at ``path`` (written whole, then renamed into place)."""
+    import yaml
+
+    text = "# the resolved options of this run (--config reads this file back)\n" + \
+        yaml.safe_dump(as_file(cfg), sort_keys=False, allow_unicode=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)

@@ -1,0 +1,96 @@
+"""What the experiment commands and the tools share about their inputs: argument types that name
+the allowed range, the device, the output folder check, and clean exits on bad input.
+
+The option lists themselves (every flag of ``probmoe-train``, ``probmoe-eval``,
+``probmoe-analyze``) are the dataclasses of ``run_config``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+DTYPES = ("float32", "bfloat16", "float16")  # the weights' dtypes of an evaluated model
+DEVICES = ("cpu", "cuda")
+
+
+def _bounded(convert, what: str, low: float, inclusive: bool):
+    """An argparse type: ``convert(text)``, finite, >= ``low`` (> ``low`` unless ``inclusive``)."""
+    bound = f"{'>=' if inclusive else '>'} {low:g}"
+
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what} {bound}, got {text!r}") from None
+        if not (value >= low if inclusive else value > low) or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be {what} {bound} (finite), got {text}")
+        return value
+    return parse
+
+
+positive_int = _bounded(int, "an integer", 1, True)
+nonnegative_int = _bounded(int, "an integer", 0, True)
+nonnegative_float = _bounded(float, "a number", 0, True)
+positive_float = _bounded(float, "a number", 0, False)
+
+
+def device(name: str | None) -> str:
+    """``name`` ("cpu", "cuda" or None: CUDA when present), checked against the machine."""
+    import torch
+
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    return name or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def check_output_folder(path: str, files: tuple[str, ...], overwrite: bool) -> str:
+    """``path``, checked as the folder for ``files`` before any model is loaded (the caller creates
+    it once loading has succeeded, so a failure leaves no empty folder): ValueError if it is not
+    a folder, or already holds one of ``files`` and ``overwrite`` is off."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"--output {path!r} exists and is not a directory")
+    taken = [f for f in files if os.path.exists(os.path.join(path, f))]
+    if taken and not overwrite:
+        raise ValueError(f"--output {path!r} already holds {', '.join(taken)}; pass --overwrite or choose another "
+                         "folder")
+    return path
+
+
+def run_or_exit(parser: argparse.ArgumentParser, body):
+    """Call ``body()``; a ValueError or FileNotFoundError from checking the inputs becomes
+    ``parser.error`` (status 2, one line)."""
+    try:
+        return body()
+    except (ValueError, FileNotFoundError) as e:
+        parser.error(str(e))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+def named(specs: list[str]) -> dict[str, str]:
+    """{name: directory} from ``--checkpoint [NAME=]DIR`` arguments; the name defaults to the folder's name."""
+    runs = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or os.path.isdir(spec):
+            name, path = os.path.basename(os.path.normpath(spec)), spec
+        if name in runs:
+            raise ValueError(f"--checkpoint: two runs are named {name!r}; name them NAME=DIR")
+        runs[name] = path
+    return runs
+
+
+def data_sets(specs: list[str]) -> dict[str, str]:
+    """{name: file} from ``--data [NAME=]FILE`` arguments; the name defaults to the file's name without suffix."""
+    sets = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or os.path.isfile(spec):
+            name, path = os.path.splitext(os.path.basename(spec))[0], spec
+        if name in sets:
+            raise ValueError(f"--data: two data sets are named {name!r}; name them NAME=FILE")
+        sets[name] = path
+    return sets
