@@ -19,9 +19,10 @@ the experts stay as initialised, with a warning about missing and unexpected key
 (``model.PatchedModel``), so ``Trainer``, trl's ``SFTTrainer`` and a plain
 ``model.load_state_dict(safetensors.torch.load_file(...))`` resume exactly. A state dict already in
 the model's layout (accelerate's ``save_state``, which writes ``model.state_dict()`` as it is, or a
-fixed transformers) passes unchanged, so the workaround is inert where it is not needed. A shard
-that holds only some experts of a layer is completed from the model's current values of the
-others (the next shard then overwrites those).
+fixed transformers) passes unchanged, so the workaround is inert where it is not needed. A sharded
+checkpoint converts shard by shard; ``save_pretrained`` may put a layer's ``gate_proj`` and
+``up_proj`` (one fused tensor) in different shards: what a shard lacks is taken from the model's
+current values (the next shard then overwrites them).
 
 ``FIXED_IN`` is the first transformers release whose Trainer converts by itself (None: none yet);
 from it on ``needed`` is False and nothing is converted. tests/test_trainer_resume.py checks the
@@ -83,10 +84,7 @@ def to_model_layout(model, state_dict: dict[str, torch.Tensor]) -> dict[str, tor
             groups.setdefault(target, []).append((key, pattern, tensor))
     for target, sources in groups.items():
         converter = by_pattern[sources[0][1]]
-        fused = _convert(model, converter, target, sources)
-        if any(fused[name].shape != own[name].shape for name in fused if name in own):  # a partial shard
-            fused = _convert(model, converter, target, _completed(model, converter, target, sources, own))
-        out.update(fused)
+        out.update(_convert(model, converter, target, _completed(model, converter, target, sources, own)))
     return out
 
 
@@ -99,18 +97,21 @@ def _convert(model, converter, target: str, sources: list) -> dict[str, torch.Te
 
 
 def _completed(model, converter, target: str, sources: list, own: dict) -> list:
-    """``sources`` plus the keys a shard lacks, taken from the model's current tensors written
-    back to the checkpoint layout (in key order, as ``_convert`` stacks them)."""
-    from transformers.core_model_loading import dot_natural_key, rename_source_key, revert_weight_conversion
+    """``sources`` and the checkpoint keys of ``target`` they lack (a shard can hold a layer's
+    ``gate_proj`` but not its ``up_proj``), the latter taken from the model's current tensors
+    written back to the checkpoint layout (views: ``revert_weight_conversion`` splits and unbinds),
+    in key order, as ``_convert`` stacks them."""
+    from transformers.core_model_loading import dot_natural_key, revert_weight_conversion
 
-    renamings, converters = _transforms(model)
     targets = [target.replace(converter.target_patterns[0], t) for t in converter.target_patterns]
-    merged = revert_weight_conversion(model, {t: own[t].detach() for t in targets})
-    merged.update({key: tensor for key, _, tensor in sources})
-    completed = []
-    for key, tensor in sorted(merged.items(), key=lambda kv: dot_natural_key(kv[0])):
-        pattern = rename_source_key(key, renamings, converters)[1]
-        if pattern is None:
-            raise RuntimeError(f"cannot map {key!r} back to the model's layout (the {ISSUE} workaround)")
-        completed.append((key, pattern, tensor))
-    return completed
+    current = revert_weight_conversion(model, {t: own[t].detach() for t in targets})
+    have = {key for key, _, _ in sources}
+    if have >= set(current):
+        return sources
+    pattern_of = {key: pattern for key, pattern, _ in sources}
+    renamings, converters = _transforms(model)
+    from transformers.core_model_loading import rename_source_key
+
+    merged = [(key, pattern_of.get(key) or rename_source_key(key, renamings, converters)[1], tensor)
+              for key, tensor in current.items() if key not in have]
+    return sorted(sources + merged, key=lambda source: dot_natural_key(source[0]))
