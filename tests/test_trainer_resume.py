@@ -271,3 +271,26 @@ def test_upstream_trainer_resume_still_loses_the_experts(tmp_path):
                   f"probmoe/integrations/transformers/resume.py FIXED_IN = {resume.release(transformers.__version__)}"
                   " and drop the workaround when the lowest supported release has the fix")
     assert resume.needed(transformers.__version__)
+
+
+def test_the_recipe_for_unpatched_models(tmp_path):
+    """docs/transformers.md's Trainer subclass for a model that is not patched."""
+    from probmoe.integrations.transformers.resume import to_model_layout
+
+    class MoETrainer(Trainer):
+        def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+            model = self.model if model is None else model
+            load = model.load_state_dict
+            model.load_state_dict = lambda state, *a, **k: load(to_model_layout(model, state), *a, **k)
+            try:
+                super()._load_from_checkpoint(resume_from_checkpoint, model)
+            finally:
+                del model.load_state_dict
+
+    trained = tiny_model("mixtral", seed=0)
+    trained.save_pretrained(tmp_path / "saved")
+    fresh = tiny_model("mixtral", seed=1)
+    trainer = MoETrainer(model=fresh, args=TrainingArguments(output_dir=str(tmp_path / "x"), **ARGS))
+    trainer._load_from_checkpoint(str(tmp_path / "saved"))
+    assert not differing(everything(trained), everything(fresh))
+    assert "load_state_dict" not in vars(fresh)

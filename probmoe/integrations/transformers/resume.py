@@ -38,7 +38,7 @@ import torch
 from .version import release
 
 ISSUE = "huggingface/transformers#48805"
-FIXED_IN: tuple[int, ...] | None = None  # set to the release that fixes ISSUE; then remove this module
+FIXED_IN: tuple[int, ...] | None = None  # the first release that fixes ISSUE (None: none yet)
 
 
 def needed(version: str) -> bool:
@@ -84,7 +84,8 @@ def to_model_layout(model, state_dict: dict[str, torch.Tensor]) -> dict[str, tor
             groups.setdefault(target, []).append((key, pattern, tensor))
     for target, sources in groups.items():
         converter = by_pattern[sources[0][1]]
-        out.update(_convert(model, converter, target, _completed(model, converter, target, sources, own)))
+        sources = _completed(model, converter, target, sources, own, renamings, converters)
+        out.update(_convert(model, converter, target, sources))
     return out
 
 
@@ -96,22 +97,18 @@ def _convert(model, converter, target: str, sources: list) -> dict[str, torch.Te
     return {name: value[0] if isinstance(value, list) else value for name, value in values.items()}
 
 
-def _completed(model, converter, target: str, sources: list, own: dict) -> list:
+def _completed(model, converter, target: str, sources: list, own: dict, renamings: list, converters: list) -> list:
     """``sources`` and the checkpoint keys of ``target`` they lack (a shard can hold a layer's
     ``gate_proj`` but not its ``up_proj``), the latter taken from the model's current tensors
     written back to the checkpoint layout (views: ``revert_weight_conversion`` splits and unbinds),
     in key order, as ``_convert`` stacks them."""
-    from transformers.core_model_loading import dot_natural_key, revert_weight_conversion
+    from transformers.core_model_loading import dot_natural_key, rename_source_key, revert_weight_conversion
 
     targets = [target.replace(converter.target_patterns[0], t) for t in converter.target_patterns]
     current = revert_weight_conversion(model, {t: own[t].detach() for t in targets})
     have = {key for key, _, _ in sources}
     if have >= set(current):
         return sources
-    pattern_of = {key: pattern for key, pattern, _ in sources}
-    renamings, converters = _transforms(model)
-    from transformers.core_model_loading import rename_source_key
-
-    merged = [(key, pattern_of.get(key) or rename_source_key(key, renamings, converters)[1], tensor)
-              for key, tensor in current.items() if key not in have]
-    return sorted(sources + merged, key=lambda source: dot_natural_key(source[0]))
+    lacking = [(key, rename_source_key(key, renamings, converters)[1], tensor)
+               for key, tensor in current.items() if key not in have]
+    return sorted(sources + lacking, key=lambda source: dot_natural_key(source[0]))
