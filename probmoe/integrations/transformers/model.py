@@ -51,9 +51,10 @@ class PatchedModel:
         if resume.needed(transformers.__version__):
             state_dict = resume.to_model_layout(self, state_dict)
         if runtime_state.state_buffers(self) and not trainer_resume.installed():
-            warnings.warn(f"{', '.join(sorted(runtime_state.state_buffers(self)))} (routing state) are not in a "
-                          f"state dict; {runtime_state.FILENAME} holds them: runtime_state.load(model, checkpoint_dir), "
-                          "or trainer_resume.install() before a Trainer resumes", stacklevel=2)
+            names = ", ".join(sorted(runtime_state.state_buffers(self)))
+            warnings.warn(f"{names} (routing state) are not in a state dict; {runtime_state.FILENAME} holds them: "
+                          "runtime_state.load(model, checkpoint_dir), or trainer_resume.install() before a Trainer "
+                          "resumes", stacklevel=2)
         return super().load_state_dict(state_dict, strict, assign)
 
     def __reduce_ex__(self, protocol):

@@ -55,7 +55,8 @@ def _transforms(model) -> tuple[list, list]:
 
     transforms = getattr(model, "_weight_conversions", None)
     if transforms is None:
-        transforms = [t for t in get_model_conversion_mapping(model, add_legacy=False) if not isinstance(t, PrefixChange)]
+        transforms = get_model_conversion_mapping(model, add_legacy=False)
+        transforms = [t for t in transforms if not isinstance(t, PrefixChange)]
     transforms = copy.deepcopy(list(transforms))
     return ([t for t in transforms if isinstance(t, WeightRenaming)],
             [t for t in transforms if isinstance(t, WeightConverter)])
