@@ -71,8 +71,9 @@ def check_resume(tmp_path, family, method, **kwargs):
     want, got = everything(full), everything(resumed)
     assert not differing(want, got), f"{family} {method}: {differing(want, got)} differ from the uninterrupted run"
     if method in STATEFUL or kwargs.get("balance"):  # the routing state moved in training and came back
-        state = runtime_state.state_buffers(full)
-        assert any(bool(buf.abs().sum() > 0) for buf in state.values()), sorted(state)
+        state = {name: t for name, t in want.items()  # DeepSeek-V3 keeps its balance bias in a stock buffer
+                 if name.rsplit(".", 1)[-1] in runtime_state.NAMES + ("e_score_correction_bias",)}
+        assert any(bool(t.abs().sum() > 0) for t in state.values()), sorted(state)
 
 
 AUX_FREE = dict(balance="aux-free")
