@@ -129,6 +129,14 @@ def compiled(constraint, device) -> circuits.Circuit:
     return _CIRCUITS[_ensure(constraint, str(device))][1]
 
 
+def _assume_constant_result(fn):
+    """``torch.compiler.assume_constant_result`` without its ``import torch._dynamo`` (about 1.5 s of
+    ``import probmoe``): the mark dynamo looks for when it meets a call of ``fn``, set as
+    ``torch._dynamo.decorators.assume_constant_result`` sets it (a test keeps the two equal)."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
 def cardinality(n: int, kmin: int, kmax: int, device, algorithm: str = "circuit"):
     """The evaluator of kmin <= |S| <= kmax over n experts (``ExactlyK`` when kmin = kmax) by
     ``algorithm`` (``circuits.engine``): ``compiled``'s circuit, or the ``circuits.CardinalityDP``;
@@ -141,7 +149,7 @@ def cardinality(n: int, kmin: int, kmax: int, device, algorithm: str = "circuit"
     return _CIRCUITS[_ensure_cardinality(n, kmin, kmax, str(device), algorithm)][1]
 
 
-@torch.compiler.assume_constant_result
+@_assume_constant_result
 def _ensure_cardinality(n: int, kmin: int, kmax: int, device: str, algorithm: str) -> tuple:
     if (n, kmin, kmax, device, algorithm) in _CIRCUITS:  # the common case: no spec to build and check
         return n, kmin, kmax, device, algorithm
@@ -149,7 +157,7 @@ def _ensure_cardinality(n: int, kmin: int, kmax: int, device: str, algorithm: st
     return _ensure(spec, device, (n, kmin, kmax, device, algorithm), algorithm)
 
 
-@torch.compiler.assume_constant_result
+@_assume_constant_result
 def _ensure(constraint, device: str, key: tuple | None = None, algorithm: str = "circuit") -> tuple:
     """The key of ``constraint``'s evaluator on ``device`` in ``_CIRCUITS`` (a spec compares by value, a
     circuit by identity), compiling (or copying) it there first if needed: (constraint, evaluator)."""

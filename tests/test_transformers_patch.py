@@ -300,3 +300,30 @@ def test_a_renamed_class_or_config_field_is_a_layout_error(monkeypatch):
     monkeypatch.delattr(modeling_olmoe, "OlmoeSparseMoeBlock")
     with pytest.raises(pt.LayoutError, match="modeling_olmoe has no class 'OlmoeSparseMoeBlock'"):
         pt.patch_model(model, "probmoe")
+
+
+@pytest.mark.parametrize("name,value", [("k", 2), ("kmin", 1), ("kmax", 2)])
+def test_the_methods_an_error_names_as_taking_k_take_it(name, value):
+    """The error for k / kmin / kmax given to a method that refuses it names the methods that take
+    it: each named one accepts it, each other one refuses it (DeepSeek-V3 has every method but
+    sparsemixer and remoe)."""
+    import re
+
+    from probmoe.integrations.transformers.families import FAMILIES
+    from probmoe.integrations.transformers.methods import make_plan
+    from probmoe.integrations.transformers.testing import tiny_config
+
+    config = tiny_config("deepseek_v3")
+    family = FAMILIES["deepseek_v3"]
+    with pytest.raises(ValueError, match=f"^{name} applies only to the methods? ") as info:
+        make_plan(config, family, "conventional", **{name: value})
+    named = re.match(rf"{name} applies only to the methods? (.*?); method 'conventional'", str(info.value)).group(1)
+    takers = set(named.split(", "))
+    assert takers, str(info.value)
+    for method in set(pt.ALL_METHODS) - {"sparsemixer", "remoe"}:
+        if method in takers:
+            make_plan(config, family, method, **{name: value})
+        else:
+            with pytest.raises(ValueError, match=name):
+                make_plan(config, family, method, **{name: value})
+    assert {"sparsemixer", "remoe"}.isdisjoint(takers)

@@ -11,7 +11,8 @@
 An optional extra (transformers>=5.23,<6, checked at import: ``version``); ``import probmoe`` does
 not import transformers, this package does. For the Hugging Face trainers,
 ``callback.RoutingStatsCallback`` puts routing statistics into their logs; ``weights_file``
-checks safetensors files before they are loaded. See docs/transformers.md and docs/constraints.md.
+checks safetensors files before they are loaded; a patched model resumes under ``Trainer`` with
+its experts and routing state (``resume``, ``trainer_resume``). See docs/transformers.md and docs/constraints.md.
 """
 
 import transformers as _transformers
@@ -29,6 +30,9 @@ from .methods import ALL_METHODS, GROUPED_METHODS, METHODS, Plan  # noqa: E402
 from .patch import from_pretrained, is_patched, patch_model, router_stats, unpatch_model  # noqa: E402
 from .settings import FILENAME as SETTINGS_FILENAME  # noqa: E402
 from .weights_file import DamagedWeightsError, check_weights_files  # noqa: E402
+from .trainer_resume import install_if_imported as _install_trainer_resume  # noqa: E402
+
+_install_trainer_resume()  # Trainer resume restores the routing state (trainer_resume)
 
 __all__ = [
     "ALL_FAMILIES",

@@ -31,6 +31,8 @@ from .families import GROUPED
 STOCK = ("conventional", "frozen", "densemixer")  # routed by the family's own top-k (DenseMixer: in eval)
 BASELINES = ("defaultmoe", "sparsemixer", "remoe")  # the other baselines of the paper's Table 1
 TOP_K = STOCK + BASELINES  # methods that take the model's own top-k (no k, kmin, kmax, backend, grad)
+RANGE = ("probmoe-dynamic",)  # methods that take kmin and kmax (a range of experts per token)
+EXACT_K = tuple(m for m in ALL_METHODS if m not in TOP_K + RANGE)  # methods that take k (exactly k experts)
 UNGROUPED = ("sparsemixer", "remoe")  # defined for softmax gates without group limits only
 BALANCES = ("aux-free",)  # DeepSeek-V3's auxiliary-loss-free balancing (``balance``)
 BALANCE_RATE = 1e-3  # γ, DeepSeek-V3's bias update speed
@@ -155,11 +157,10 @@ def make_plan(config, family, method, *, k=None, kmin=None, kmax=None, backend="
     normalize = family.normalize(config)
     routing = None
     if method in TOP_K:
-        for name, value in (("k", k), ("kmin", kmin), ("kmax", kmax)):
+        for name, value, takers in (("k", k, EXACT_K), ("kmin", kmin, RANGE), ("kmax", kmax, RANGE)):
             if value is not None:
-                raise ValueError(f"{name} applies only to the methods probmoe, probmoe-dynamic, sample-dense-ste, "
-                                 f"topk-marginal, probmoe-grouped; method {method!r} routes to the model's own "
-                                 f"top-{top_k}")
+                raise ValueError(f"{name} applies only to the method{'s' if len(takers) > 1 else ''} "
+                                 f"{', '.join(takers)}; method {method!r} routes to the model's own top-{top_k}")
         if (backend, grad) != ("circuit", "exact"):
             raise ValueError(f"backend and grad apply only to the ProbMoE methods, not to {method!r}")
     elif method == "probmoe-dynamic":

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 
-from . import losses, pickling, runtime_state, settings
+from . import losses, pickling, resume, runtime_state, settings, trainer_resume
 from .families import layout_error
 from .gate import PatchedGate
 
@@ -29,7 +30,8 @@ def patched_gates(model) -> list:
 
 class PatchedModel:
     """Mixin for any patched model: ``save_pretrained`` also writes ``probmoe_routing.json`` and,
-    for methods with training state, ``probmoe_state.safetensors`` (``runtime_state``)."""
+    for methods with training state, ``probmoe_state.safetensors`` (``runtime_state``);
+    ``load_state_dict`` also takes the per-expert keys ``save_pretrained`` writes (``resume``)."""
 
     ADDED = ("probmoe_plan", "probmoe_family", "probmoe_generator", "probmoe_requires_grad", "probmoe_last_z_loss")
     TRANSIENT = ("probmoe_last_z_loss",)  # what the last forward left (with its graph): not pickled
@@ -40,6 +42,20 @@ class PatchedModel:
             settings.write(save_directory, self.probmoe_plan, self.probmoe_family.model_type)
             runtime_state.save(self, save_directory)
         return result
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """``nn.Module.load_state_dict`` of a state dict in the model's layout or as
+        ``save_pretrained`` wrote it (per-expert keys: ``resume``), as ``Trainer`` resumes."""
+        import transformers
+
+        if resume.needed(transformers.__version__):
+            state_dict = resume.to_model_layout(self, state_dict)
+        if runtime_state.state_buffers(self) and not trainer_resume.installed():
+            names = ", ".join(sorted(runtime_state.state_buffers(self)))
+            warnings.warn(f"{names} (routing state) are not in a state dict; {runtime_state.FILENAME} holds them: "
+                          "runtime_state.load(model, checkpoint_dir), or trainer_resume.install() before a Trainer "
+                          "resumes", stacklevel=2)
+        return super().load_state_dict(state_dict, strict, assign)
 
     def __reduce_ex__(self, protocol):
         pickling.drop_capture_hooks(self)

@@ -18,7 +18,7 @@ from circuits import checks
 from . import experts as experts_mod
 from . import gate as gate_mod
 from . import model as model_mod
-from . import runtime_state, settings
+from . import runtime_state, settings, trainer_resume
 from .weights_file import check_weights_files
 from .families import family_of
 from .methods import make_plan
@@ -91,6 +91,7 @@ def patch_model(model, method: str, *, k=None, kmin=None, kmax=None, backend: st
     model.probmoe_plan, model.probmoe_family, model.probmoe_generator = plan, family, generator
     model.probmoe_requires_grad = requires_grad
     model.probmoe_last_z_loss = None
+    trainer_resume.install_if_imported()
     return model
 
 

@@ -12,7 +12,8 @@ back by ``from_pretrained`` and by ``probmoe-train --resume``:
 
 (names are the modules' names in the model). A model without such state writes no file. Reading
 checks that the file holds exactly the model's state names, each of the buffer's shape and
-dtype and finite; anything else is a ValueError naming the file.
+dtype and finite; anything else is a ValueError naming the file. ``Trainer`` resume reads it too
+(``trainer_resume``); accelerate's ``save_state`` / ``load_state`` carry it as ``Checkpointable``.
 """
 
 from __future__ import annotations
@@ -66,12 +67,42 @@ def load(model, directory) -> None:
         saved = load_file(path)
     except (SafetensorError, OSError, ValueError) as e:
         raise ValueError(f"{path} is unreadable ({e})") from e
+    _copy_in(buffers, saved, path)
+
+
+def _copy_in(buffers: dict, saved: dict, source: str) -> None:
     if set(saved) != set(buffers):
-        raise ValueError(f"{path} must hold exactly {sorted(buffers)}; got {sorted(saved)}")
+        raise ValueError(f"{source} must hold exactly {sorted(buffers)}; got {sorted(saved)}")
     for name, buf in buffers.items():
         value = saved[name]
-        if value.shape != buf.shape or value.dtype != buf.dtype or not bool(torch.isfinite(value).all()):
-            raise ValueError(f"{path}: {name} must be a finite {buf.dtype} tensor of shape {list(buf.shape)}; "
-                             f"got {value.dtype} {list(value.shape)}")
-        with torch.no_grad():
-            buf.copy_(value)
+        if (not isinstance(value, torch.Tensor) or value.shape != buf.shape or value.dtype != buf.dtype
+                or not bool(torch.isfinite(value).all())):
+            got = f"{value.dtype} {list(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ValueError(f"{source}: {name} must be a finite {buf.dtype} tensor of shape {list(buf.shape)}; "
+                             f"got {got}")
+    with torch.no_grad():
+        for name, buf in buffers.items():
+            buf.copy_(saved[name])
+
+
+class Checkpointable:
+    """A patched model's routing state as an object with ``state_dict`` / ``load_state_dict``, for
+    checkpointing that saves ``model.state_dict()`` alone (accelerate's ``save_state``: the state
+    buffers are not persistent)::
+
+        accelerator.register_for_checkpointing(runtime_state.Checkpointable(model))
+
+    ``load_state_dict`` checks as ``load`` does (ValueError naming what does not fit)."""
+
+    def __init__(self, model):
+        if not state_buffers(model):
+            raise ValueError("model has no routing state to checkpoint (its method keeps none)")
+        self.model = model
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {name: buf.detach().cpu().clone() for name, buf in state_buffers(self.model).items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if not isinstance(state, dict):
+            raise ValueError(f"the routing state must be a dict of tensors, got {type(state).__name__}")
+        _copy_in(state_buffers(self.model), state, "the routing state")
