@@ -135,12 +135,12 @@ class PatchedGate:
             logits = router_logits(hidden_states, self.weight, float32=family.fp32_logits)  # [T, N], as the stock router
             if bias is None:
                 routing = routed(logits, plan.routing, training=self.training, generator=self.probmoe_generator,
-                                 replay=self.probmoe_replay)
+                                 replay=self.probmoe_replay, validate_args=False)  # as the stock router: no host sync
                 weights = routing.weights  # [T, kmax]
             else:  # the subsets of the shifted logits, the weights of the unbiased scores (balance)
                 shifted = logits.float() + bias
                 routing = routed(shifted, dataclasses.replace(plan.routing, normalize=False), training=self.training,
-                                 generator=self.probmoe_generator, replay=self.probmoe_replay)
+                                 generator=self.probmoe_generator, replay=self.probmoe_replay, validate_args=False)
                 weights = balance_mod.probmoe_weights(routing, logits, shifted, family.scores, plan.normalize)
             indices = routing.indices  # [T, kmax]
             self.probmoe_last = GateRecord(indices.detach(), routing.mask, plan.num_experts, routing)
