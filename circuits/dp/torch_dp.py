@@ -25,14 +25,15 @@ are kept as two alternating rows, so the only full tables are W and dW, written 
 sweep and read once by the down sweep.
 
 Numerics: the tilt and the lattice on log-probabilities. Each row gets the constant c of the
-circuit passes' tilt (``circuits.passes.torch_passes.tilt_constant``: about the k-th largest logit,
-moved by Newton steps until the mean size under Bernoulli(sigma(r - c)) is in the band), and the
-lattice is swept on x = r - c in probability form,
+circuit passes' tilt (``circuits.passes.torch_passes.tilt_constant`` without its Newton steps:
+clamp(0, kmax-th largest, kmin-th largest logit)), and the lattice is swept on x = r - c in
+probability form,
 
     P[i+1, j] = logaddexp(P[i, j] + log sigma(-x_i), P[i, j-1] + log sigma(x_i))
 
-(P[i, j] = log P_indep(|S ∩ {0..i-1}| = j) under Bernoulli(sigma(x)): L[i, j] less Σ_{l<i} sp(x_l),
-a constant per level, so W and A are those above). A subset of size j weighs exp(r·z - j c)
+(P[i, j] = log P_indep(|S ∩ {0..i-1}| = j) under Bernoulli(sigma(x)) = L[i, j] - j c - Σ_{l<i} sp(x_l):
+the tilt moves the sizes apart by the same j c at every level, and the last term is a constant per
+level, so W and A are those above). A subset of size j weighs exp(r·z - j c)
 under x, so the band's weights are P[N, j] + (j - kmin) c and the log counts are restored as
 P[N, j] + j c + Σ_i sp(x_i). Why: in float32 a state is good to its magnitude times 6e-8. On the
 likely paths of this lattice the states are log-probabilities of likely counts, near 0; with the
@@ -119,7 +120,7 @@ def up(r: Tensor, kmin: int, kmax: int, *, keep_w: bool = True, v: Tensor | None
     """
     T, N = r.shape
     K1 = kmax + 1
-    c = tilt_constant(r, kmin, kmax)  # [T]
+    c = tilt_constant(r, kmin, kmax, refine=False)  # [T]
     xt = torch.sub(r.T, c, out=r.new_empty(N, T))  # [T, N] -> [N, T]
     lp, lq = log_sigmoids(xt)  # [N, T] each
     softplus_x = -lq.double().sum(0)  # [T]: Σ sp(x_i)

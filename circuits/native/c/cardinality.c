@@ -57,7 +57,7 @@ typedef struct {
     float *A, *dA, *f, *df; /* [K1][B]: adjoints, flows and their tangents */
     float *out, *z;        /* [N][B]: m or Cov(z) v; the draw */
     float *tau, *u;        /* [B]: tau (the linear sweep's mean, or the tilt c); a variable's uniforms */
-    float *ts;             /* [K1 + 3][B]: the tilt's scratch */
+    float *ts;             /* [K1][B]: the tilt's scratch */
     int32_t *c;            /* [B]: how many of the draw's members are still to come */
 } Tile;
 
@@ -84,7 +84,7 @@ static int64_t carve(Tile *w, const Dims *d, int tangents, int sampling, float *
     SLICE(out, float, N * B, 1);
     SLICE(z, float, N * B, sampling);
     SLICE(tau, float, B, 1);
-    SLICE(ts, float, (K1 + 3) * B, 1);
+    SLICE(ts, float, K1 * B, 1);
     SLICE(u, float, B, sampling);
     SLICE(c, int32_t, B, sampling); /* int32 and float have the same size */
 #undef SLICE
@@ -128,19 +128,14 @@ static void load_uniforms(const float *src, int64_t nt, int64_t B, float *dst) {
     for (int64_t t = 0; t < B; t++) dst[t] = t < nt ? src[t] : 0.5f;
 }
 
-#define TILT_STEPS 4 /* as torch_passes.TILT_STEPS */
-
-static inline float min2(float a, float b) { return a < b ? a : b; }
-
-/* As dp.up (torch_passes.tilt_constant and _refine): per lane the tilt c [B] = clamp(0, kmax-th
- * largest, kmin-th largest logit of rt [N][B]) (0 where not finite), then TILT_STEPS Newton steps
- * on log Σ sigmoid(r - c) towards clamp(Σ sigmoid(r), kmin, kmax), each at most 20; then, with
+/* As dp.up (torch_passes.tilt_constant without the Newton steps): per lane the tilt c [B] =
+ * clamp(0, kmax-th largest, kmin-th largest logit of rt [N][B]) (0 where not finite); then, with
  * x = r - c and soft = log1p(exp(-|x|)) (dp.log_sigmoids), rt = max(log sigmoid(x), LOG_ZERO) and
- * lq [N][B] = log sigmoid(-x). ts [K1 + 3][B], e [N][B]: scratch. */
+ * lq [N][B] = log sigmoid(-x). ts [K1][B], e [N][B]: scratch. */
 static void tilt(const Dims *d, float *restrict rt, float *restrict lq, float *restrict c, float *restrict ts,
                  float *restrict e) {
     const int64_t N = d->N, B = d->B, K = d->K1 - 1, kmin = d->kmin, m = N * B;
-    float *top = ts, *carry = top + K * B, *want = carry + B, *total = want + B, *slope = total + B;
+    float *top = ts, *carry = top + K * B;
     for (int64_t k = 0; k < K * B; k++) top[k] = -INFINITY;
     for (int64_t i = 0; i < N; i++) { /* insertion into the sorted [K][B] per lane: the K largest */
         memcpy(carry, rt + i * B, B * sizeof(float));
@@ -156,34 +151,11 @@ static void tilt(const Dims *d, float *restrict rt, float *restrict lq, float *r
         const float lo = kmin > 0 ? top[(kmin - 1) * B + t] : INFINITY, cc = lo < hi ? lo : hi;
         c[t] = isfinite(cc) ? cc : 0.0f;
     }
-    for (int64_t s = 0; K > 0 && s <= TILT_STEPS; s++) { /* s = 0: Σ sigmoid(r), the target */
-        for (int64_t i = 0; i < m; i++) {
-            const float x = -fabsf(rt[i] - (s ? c[i % B] : 0.0f));
-            e[i] = x < EXP_MIN ? EXP_MIN : x;
-        }
-        pm_exp(e, m);
-        memset(total, 0, B * sizeof(float));
-        memset(slope, 0, B * sizeof(float));
-        for (int64_t i = 0; i < N; i++)
-            for (int64_t t = 0; t < B; t++) {
-                const float x = rt[i * B + t] - (s ? c[t] : 0.0f), big = 1.0f / (1.0f + e[i * B + t]);
-                const float q = x >= 0.0f ? big : -fabsf(x) < EXP_MIN ? 0.0f : e[i * B + t] * big;
-                total[t] += q;
-                slope[t] += q * (1.0f - q);
-            }
+    for (int64_t i = 0; i < N; i++)
         for (int64_t t = 0; t < B; t++) {
-            if (s == 0) {
-                want[t] = logf(min2(max2(total[t], (float)kmin), (float)K));
-                continue;
-            }
-            const float step = (logf(total[t]) - want[t]) * total[t] / slope[t];
-            c[t] += total[t] > 0.0f && slope[t] > 0.0f && isfinite(step) ? min2(max2(step, -20.0f), 20.0f) : 0.0f;
+            const float x = -fabsf(rt[i * B + t] - c[t]);
+            e[i * B + t] = x < EXP_MIN ? EXP_MIN : x;
         }
-    }
-    for (int64_t i = 0; i < m; i++) {
-        const float x = -fabsf(rt[i] - c[i % B]);
-        e[i] = x < EXP_MIN ? EXP_MIN : x;
-    }
     pm_exp(e, m);
     pm_log1p(e, m); /* soft; about 2e-35 (not 0) where |x| > 80: far below a state's rounding */
     for (int64_t i = 0; i < N; i++)
