@@ -3,8 +3,9 @@
  *
  * circuits/dp/torch_dp.py is the reference and the oracle (read its module docstring first): the same two
  * sweeps (dp.up, dp.down, dp.cov_vec) with the same numerics: the tilt c of the circuit passes
- * (about the k-th largest logit, then Newton steps) and the lattice on log-probabilities of x = r - c
- * (take = P[i, j-1] + log sigmoid(x_i), skip = P[i, j] + log sigmoid(-x_i)), the finite LOG_ZERO
+ * (clamp(0, kmax-th largest, kmin-th largest logit), without its Newton steps) and the lattice on
+ * log-probabilities of x = r - c (take = P[i, j-1] + log sigmoid(x_i), skip = P[i, j] +
+ * log sigmoid(-x_i)), the finite LOG_ZERO
  * for -inf logits and unreachable states, logaddexp = max + log1p(exp(-|a - b|)), W =
  * sigmoid(take - skip), the band probabilities as a softmax of P[N, j] + (j - kmin) c, and the
  * clamped size draw. tests/test_dp_native.py checks these functions against it. Tiles whose
