@@ -11,11 +11,12 @@ compared with an independent float64 reference computed on the same fp32 logits:
 Marginals come from autograd of the float64 log-normaliser (-inf entries enter as -1e300, which
 carries no gradient). Errors: marginals absolute, log Z relative, |a - b| / max(1, |b|).
 Implementations: the compiled circuit's passes (torch, fused C, Triton; Triton in its CPU
-interpreter on fewer rows unless CUDA is present) and the DP (``backend="dp"``, cardinality only,
-through the public ``probmoe.SubsetDistribution``).
+interpreter on fewer rows unless CUDA is present) and the DP, cardinality only: ``dp`` through the
+public ``probmoe.SubsetDistribution`` (``backend="dp"``: the fused C sweeps for fp32 on the CPU),
+``dp-torch`` its torch sweeps (the C sweeps' oracle) picked by ``circuits.passes.select``.
 
     PYTHONPATH=$PWD python tools/accuracy_fp32.py            # the Markdown table of docs/circuits.md
-    PYTHONPATH=$PWD python tools/accuracy_fp32.py --impl c,dp --rows 64 --quick
+    PYTHONPATH=$PWD python tools/accuracy_fp32.py --impl c,dp,dp-torch --rows 64 --quick
 
 The tests (tests/test_fp32_accuracy.py) import the references and the row generator from here.
 """
@@ -174,8 +175,21 @@ def circuit_runner(circuit, impl: str):
     return run
 
 
-def dp_runner(kmin: int, kmax: int):
-    """fp32 (log Z, marginals) of the DP through the public distribution."""
+def dp_runner(kmin: int, kmax: int, impl: str = "dp"):
+    """fp32 (log Z, marginals) of the DP: ``dp`` through the public distribution, ``dp-torch`` the
+    torch sweeps as ``circuits.passes.select`` gives them."""
+    if impl == "dp-torch":
+        import circuits.dp
+        import circuits.passes
+
+        sweeps = circuits.passes.select(circuits.dp.Lattice(0, kmin, kmax, torch.device("cpu")), torch.float32,
+                                        prefer="torch")
+
+        def run_torch(r: Tensor) -> tuple[Tensor, Tensor]:
+            log_z = torch.logsumexp(sweeps.log_counts(r, True), dim=-1)
+            return log_z, sweeps.forward_marginals(r, None, True)[0]
+
+        return run_torch
     import probmoe
 
     def run(r: Tensor) -> tuple[Tensor, Tensor]:
@@ -211,11 +225,11 @@ def measure(impls: list[str], count: int, triton_count: int, quick: bool, progre
         tqdm = None
     out = []
     cons = [c for c in constraints(quick) if only in c["name"]]
-    jobs = [(c, impl) for c in cons for impl in impls if impl != "dp" or c["dp"] is not None]
+    jobs = [(c, impl) for c in cons for impl in impls if not impl.startswith("dp") or c["dp"] is not None]
     bar = tqdm(total=len(jobs) * len(SCALES), desc="accuracy", disable=not progress) if tqdm else None
     for c, impl in jobs:
-        if impl == "dp":
-            run = dp_runner(*c["dp"])
+        if impl.startswith("dp"):
+            run = dp_runner(*c["dp"], impl)
         else:
             run = circuit_runner(circuits.compile_circuit(c["spec"]), impl)
         for s in SCALES:
@@ -225,7 +239,7 @@ def measure(impls: list[str], count: int, triton_count: int, quick: bool, progre
                 r = rows(n or _cnf_n(c), s, kind, triton_count if impl == "triton" else count, seed=1000 * j + int(s))
                 m_err, z_err = errors(run, c["log_norm"], r)
                 worst_m, worst_z = max(worst_m, m_err), max(worst_z, z_err)
-            out.append((c["name"], "DP" if impl == "dp" else f"circuit ({impl})", s, worst_m, worst_z))
+            out.append((c["name"], {"dp": "DP", "dp-torch": "DP (torch)"}.get(impl, f"circuit ({impl})"), s, worst_m, worst_z))
             if bar:
                 bar.update(1)
     if bar:
@@ -257,16 +271,17 @@ def markdown(results: list[tuple]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--impl", default="torch,c,triton,dp", help="comma list of torch, c, triton, dp")
+    ap.add_argument("--impl", default="torch,c,triton,dp,dp-torch",
+                    help="comma list of torch, c, triton, dp, dp-torch")
     ap.add_argument("--rows", type=int, default=256, help="rows per (scale, kind)")
     ap.add_argument("--triton-rows", type=int, default=32, help="rows per (scale, kind) for Triton (interpreted)")
     ap.add_argument("--quick", action="store_true", help="skip the n = 256 constraints")
     ap.add_argument("--only", default="", help="only the constraints whose name contains this, e.g. 'range 0..8'")
     args = ap.parse_args(argv)
     impls = [x for x in args.impl.split(",") if x]
-    bad = [x for x in impls if x not in ("torch", "c", "triton", "dp")]
+    bad = [x for x in impls if x not in ("torch", "c", "triton", "dp", "dp-torch")]
     if bad:
-        ap.error(f"--impl takes torch, c, triton, dp; got {bad}")
+        ap.error(f"--impl takes torch, c, triton, dp, dp-torch; got {bad}")
     if "triton" in impls and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         os.environ["TRITON_INTERPRET"] = "1"  # before triton_passes is imported: kernels on the CPU
     results = measure(impls, args.rows, args.triton_rows, args.quick, only=args.only)

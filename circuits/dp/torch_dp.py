@@ -16,18 +16,34 @@ algebra on the lattice it defines, with no further logarithms:
 - sampling walks one path of the same lattice downwards: ``z_i ~ Bernoulli(W[i, c])``, ``c -= z_i``.
 - ``Cov(z) v`` is the directional derivative of m along v: forward-mode tangents
   ``D = dL`` (swept up with L), then ``dW`` and ``dA`` (swept down with A).
-- the paper-form counts log P_indep(|S| = j) have their own upward sweep on log-probabilities
-  (``paper_log_counts``), which neither tilts nor cancels.
+- the log counts: log Z_j from the last row, in paper form log Z_j - Σ_i softplus(r_i), both
+  from a float64 sweep (``TorchDP.log_counts``).
 
 Two sweeps per call: up (L, W, and in the backward D, dW) and down (A, m, z, and in the
 backward dA). Each step touches one [K + 1, T] row per table (tokens last, contiguous); L and D
 are kept as two alternating rows, so the only full tables are W and dW, written once by the up
 sweep and read once by the down sweep.
 
-Numerics. Logits enter as log-odds (no log p, log(1 - p)), tilted by the row max ``tau``: the tilt
-changes every subset of size j by the same ``j tau``, so W, A and the marginals are unchanged and
-the counts are restored as ``L[N, j] + j tau``. -inf logits and unreachable states hold the finite
-``LOG_ZERO``: no -inf - (-inf) is ever formed, and W, A, dA are exactly 0 on unreachable states.
+Numerics: the tilt and the lattice on log-probabilities. Each row gets the constant c of the
+circuit passes' tilt (``circuits.passes.torch_passes.tilt_constant`` without its Newton steps:
+clamp(0, kmax-th largest, kmin-th largest logit)), and the lattice is swept on x = r - c in
+probability form,
+
+    P[i+1, j] = logaddexp(P[i, j] + log sigma(-x_i), P[i, j-1] + log sigma(x_i))
+
+(P[i, j] = log P_indep(|S ∩ {0..i-1}| = j) under Bernoulli(sigma(x)) = L[i, j] - j c - Σ_{l<i} sp(x_l):
+the tilt moves the sizes apart by the same j c at every level, and the last term is a constant per
+level, so W and A are those above). A subset of size j weighs exp(r·z - j c)
+under x, so the band's weights are P[N, j] + (j - kmin) c and the log counts are restored as
+P[N, j] + j c + Σ_i sp(x_i). Why: in float32 a state is good to its magnitude times 6e-8. On the
+likely paths of this lattice the states are log-probabilities of likely counts, near 0; with the
+row-max tilt and no normalisation they were sums of logits, hundreds at logit scale 100, and the
+marginals were off by up to 7e-5 (docs/circuits.md, "fp32 accuracy"). The variables whose
+marginals are not saturated have r near c, so x = r - c is exact for them. ``log_counts`` (log Z)
+needs 1e-6 relative even where log Z is near 0, which n alike roundings of all-equal logits
+exceed in float32: ``TorchDP.log_counts`` runs this sweep in float64 (it is not on the routing
+path). -inf logits and unreachable states hold the finite ``LOG_ZERO``: no -inf - (-inf) is ever
+formed, and W, A, dA are exactly 0 on unreachable states.
 """
 
 from __future__ import annotations
@@ -40,6 +56,7 @@ from torch import Tensor
 
 from ..native.uniforms import as_seed, uniforms
 from ..passes.scratch import ScratchPool
+from ..passes.torch_passes import tilt_constant
 
 LOG_ZERO = -1e30  # a finite log 0: a few of them add up without overflow in float32
 
@@ -51,23 +68,29 @@ _WS = ScratchPool(max_bytes=64 << 20)  # larger tables are allocated per call
 class Up:
     """What the upward sweep leaves: the last lattice row, W, and optionally the tangents dW."""
 
-    top: Tensor  # [K + 1, T] L[N] (tilted)
-    tau: Tensor  # [T]
+    top: Tensor  # [K + 1, T] P[N] (log-probabilities of the sizes under Bernoulli(sigma(x)))
+    c: Tensor  # [T] the tilt
+    softplus_x: Tensor  # [T] Σ_i sp(x_i), float64
     W: Tensor | None  # [N, K + 1, T], W[:, 0] = 0
     dW: Tensor | None  # [N, K + 1, T]
     dtop: Tensor | None  # [K + 1, T] D[N] = d L[N]
     kmin: int
 
+    def band_logits(self) -> Tensor:
+        """log Z_j - log Z_kmin + const for j = kmin..kmax: P[N, j] + (j - kmin) c -> [J, T] (-inf
+        where no S of size j)."""
+        top = self.top[self.kmin :]  # [J, T]
+        j = torch.arange(top.shape[0], device=top.device, dtype=top.dtype)
+        return torch.where(top > LOG_ZERO / 2, top + j[:, None] * self.c, -torch.inf)
+
     @property
     def log_counts(self) -> Tensor:
         """log Z_j = log Σ_{|S| = j} exp(r·z_S) for j = kmin..kmax: -> [J, T] (-inf where no S of size j)."""
-        top = self.top[self.kmin :]  # [J, T]
-        j = torch.arange(self.kmin, self.kmin + top.shape[0], device=top.device, dtype=top.dtype)
-        return torch.where(top > LOG_ZERO / 2, top + j[:, None] * self.tau, -torch.inf)
+        return self.band_logits() + (self.kmin * self.c.double() + self.softplus_x).to(self.top.dtype)
 
     def band_probs(self) -> Tensor:
         """P(|S| = j | C) for j = kmin..kmax: -> [J, T] (0 for a size no subset reaches; NaN if none does)."""
-        return torch.softmax(self.log_counts, dim=0)
+        return torch.softmax(self.band_logits(), dim=0)
 
     def seed(self, band: Tensor) -> Tensor:
         """An adjoint row over all sizes from one over the band: [J, T] -> [K + 1, T]."""
@@ -76,28 +99,38 @@ class Up:
         return A
 
 
+def log_sigmoids(x: Tensor) -> tuple[Tensor, Tensor]:
+    """(log sigma(x), log sigma(-x)) for x in [-inf, inf), from one log1p(exp(-|x|)) as the C sweep
+    computes them; log sigma(-inf) is LOG_ZERO."""
+    soft = torch.log1p(torch.exp(-x.abs()))
+    return (-(torch.relu(-x) + soft)).clamp_(min=LOG_ZERO), -(torch.relu(x) + soft)
+
+
 def up(r: Tensor, kmin: int, kmax: int, *, keep_w: bool = True, v: Tensor | None = None) -> Up:
-    """The upward sweep (Alg. 2). r: [T, N] float32/float64 logits in [-inf, inf); v: [T, N] tangent.
+    """The upward sweep (Alg. 2, on log-probabilities of the tilted logits; see the module docstring).
+    r: [T, N] float32/float64 logits in [-inf, inf); v: [T, N] tangent.
 
     keep_w: store W (needed for marginals, samples and gradients; not for the counts alone).
-    v: also sweep the tangents D = dL along v, ``D[i+1] = (1 - W[i]) D[i] + W[i] (D[i] shifted + v_i)``,
-    and store ``dW[i] = W[i] (D[i] shifted + v_i - D[i+1])``.
+    v: also sweep the tangents D = dL along v (c held fixed: the results do not depend on it),
+    ``D[i+1] = (1 - W[i]) D[i] + W[i] (D[i] shifted + v_i)``, and store
+    ``dW[i] = W[i] (D[i] shifted + v_i - D[i+1])``.
 
     Rows carry an extra count j = -1 (always empty) in front, so that every step works on whole
     [K + 1, T] rows, j = 0 included (its take weight is exactly 0).
     """
     T, N = r.shape
     K1 = kmax + 1
-    tau = r.amax(dim=-1)  # [T]
-    tau = torch.where(torch.isfinite(tau), tau, torch.zeros_like(tau))
-    rt = torch.sub(r.T, tau, out=r.new_empty(N, T)).clamp_(min=LOG_ZERO)  # [T, N] -> [N, T]; -inf -> LOG_ZERO
-    rows = _WS.get("rows", (2, K1 + 1, T), r)  # L[i] and L[i+1] for j = -1..K, alternating
+    c = tilt_constant(r, kmin, kmax, refine=False)  # [T]
+    xt = torch.sub(r.T, c, out=r.new_empty(N, T))  # [T, N] -> [N, T]
+    lp, lq = log_sigmoids(xt)  # [N, T] each
+    softplus_x = -lq.double().sum(0)  # [T]: Σ sp(x_i)
+    rows = _WS.get("rows", (2, K1 + 1, T), r)  # P[i] and P[i+1] for j = -1..K, alternating
     rows[:, 0] = LOG_ZERO
     rows[0, 1] = 0.0  # the empty set
     rows[0, 2:] = LOG_ZERO
-    shifted, whole = (rows[0, :-1], rows[1, :-1]), (rows[0, 1:], rows[1, 1:])  # L[i, j-1] and L[i, j]
+    shifted, whole = (rows[0, :-1], rows[1, :-1]), (rows[0, 1:], rows[1, 1:])  # P[i, j-1] and P[i, j]
     W = _WS.get("W", (N, K1, T), r) if keep_w else None
-    Wrows, rts = W.unbind(0) if keep_w else None, rt.unbind(0)
+    Wrows, lps, lqs = W.unbind(0) if keep_w else None, lp.unbind(0), lq.unbind(0)
     dW = dtop = None
     if v is not None:
         vts = v.T.to(r.dtype).contiguous().unbind(0)  # [N] x [T]
@@ -107,44 +140,22 @@ def up(r: Tensor, kmin: int, kmax: int, *, keep_w: bool = True, v: Tensor | None
         dshifted, dwhole = (drows[0, :-1], drows[1, :-1]), (drows[0, 1:], drows[1, 1:])
         t = torch.empty_like(rows[0, 1:])
     take = torch.empty_like(rows[0, 1:])  # [K + 1, T]
+    skip = torch.empty_like(rows[0, 1:])
     for i in range(N):
         a, b = i % 2, (i + 1) % 2
-        torch.add(shifted[a], rts[i], out=take)  # log weight of taking variable i
-        torch.logaddexp(whole[a], take, out=whole[b])  # Alg. 2: L[i+1, j]
+        torch.add(shifted[a], lps[i], out=take)  # log weight of taking variable i
+        torch.add(whole[a], lqs[i], out=skip)  # and of leaving it
+        torch.logaddexp(skip, take, out=whole[b])  # Alg. 2: P[i+1, j]
         if not keep_w:
             continue
-        w = torch.sub(take, whole[a], out=Wrows[i]).sigmoid_()  # W[i, j] = exp(take - L[i+1, j])
+        w = torch.sub(take, skip, out=Wrows[i]).sigmoid_()  # W[i, j] = exp(take - P[i+1, j])
         if v is not None:
             torch.add(dshifted[a], vts[i], out=t)  # D[i, j-1] + v_i
             torch.lerp(dwhole[a], t, w, out=dwhole[b])  # D[i+1, j]
             torch.sub(t, dwhole[b], out=dWrows[i]).mul_(w)
     if v is not None:
         dtop = dwhole[N % 2].clone()
-    return Up(whole[N % 2].clone(), tau, W if keep_w else None, dW, dtop, kmin)
-
-
-def paper_log_counts(r: Tensor, kmin: int, kmax: int) -> Tensor:
-    """log P_indep(|S| = j) with p = sigmoid(r), j = kmin..kmax: [T, N] -> [J, T] (-inf: no S of size j).
-
-    Alg. 2 on probabilities, P[i+1, j] = P[i, j] (1 - p_i) + P[i, j-1] p_i, in log space with
-    log p_i = -softplus(-r_i) and log(1 - p_i) = -softplus(r_i). Its entries are log-probabilities
-    (<= 0), so it needs no tilt and nothing cancels: log Z_j - Σ_i softplus(r_i) from the natural
-    lattice loses ~1e-2 in float32 at logits ~1e4 (the tilt and the subtraction).
-    """
-    T, N = r.shape
-    rt = r.T.contiguous()  # [N, T]
-    take = F.softplus(-rt).neg_().clamp_(min=LOG_ZERO)  # log p; -inf logits -> LOG_ZERO
-    skip = F.softplus(rt).neg_()  # log(1 - p)
-    rows = r.new_full((2, kmax + 2, T), LOG_ZERO)  # P[i] and P[i+1] for j = -1..K, alternating
-    rows[0, 1] = 0.0  # the empty set
-    t = torch.empty_like(rows[0, 1:])
-    for i in range(N):
-        a, b = rows[i % 2], rows[(i + 1) % 2]
-        torch.add(a[1:], skip[i], out=b[1:])
-        torch.add(a[:-1], take[i], out=t)
-        torch.logaddexp(b[1:], t, out=b[1:])
-    top = rows[N % 2, 1 + kmin :]  # [J, T]
-    return torch.where(top > LOG_ZERO / 2, top, -torch.inf)
+    return Up(whole[N % 2].clone(), c, softplus_x, W if keep_w else None, dW, dtop, kmin)
 
 
 def down(u: Up, band: Tensor, num_samples: int = 0, seed: Tensor | torch.Generator | None = None):
@@ -232,11 +243,13 @@ class TorchDP:
 
     def log_counts(self, r: Tensor, paper: bool) -> Tensor:
         """log Z_j = log Σ_{|S| = j} exp(r·z_S) for j = kmin..kmax: r [T, N] -> [T, J] (-inf: no S of
-        size j); ``paper``: log P_indep(|S| = j) = log Z_j - Σ_i softplus(r_i), from its own sweep on
-        log-probabilities (``paper_log_counts``: nothing cancels)."""
-        counts = paper_log_counts(r, self.kmin, self.kmax) if paper else up(r, self.kmin, self.kmax,
-                                                                              keep_w=False).log_counts
-        return counts.T.contiguous()  # [J, T] -> [T, J]
+        size j); ``paper``: log P_indep(|S| = j) = log Z_j - Σ_i softplus(r_i). One up sweep in
+        float64 whatever r's dtype, so the subtraction loses nothing."""
+        r64 = r.double()  # float64: 1e-6 relative where log Z is near 0 (see the module docstring)
+        counts = up(r64, self.kmin, self.kmax, keep_w=False).log_counts  # [J, T]
+        if paper:
+            counts = counts - F.softplus(r64, threshold=40.0).sum(1)  # exact in float64 past 40
+        return counts.T.to(r.dtype).contiguous()  # [J, T] -> [T, J]
 
     def log_counts_backward(self, r: Tensor, g: Tensor, paper: bool) -> Tensor:
         """The gradient of Σ_j g_j log Z_j, g [T, J]: Σ_j g_j m^(j) [T, N], one downward sweep seeded

@@ -107,6 +107,22 @@ def _refine(r: Tensor, c: Tensor, kmin: int, kmax: int) -> Tensor:
     return c
 
 
+def tilt_constant(r: Tensor, kmin: int, kmax: int, refine: bool = True) -> Tensor:
+    """The tilt's constant c [T] for logits r [T, n] and models of kmin..kmax true variables:
+    clamp(0, kmax-th largest, kmin-th largest logit) (0 where that is not finite), then with
+    ``refine`` the Newton steps of ``_refine``. Shared by ``tilt`` and the cardinality DP
+    (``circuits.dp.torch_dp.up``), and computed the same way by their C code."""
+    T, n = r.shape
+    inf = torch.full((T,), torch.inf, dtype=r.dtype, device=r.device)
+    top = torch.topk(r, min(kmax, n), dim=1).values  # [T, min(kmax, n)]; a k-th largest past n is -inf
+    kth = lambda k: top[:, k - 1] if k <= n else -inf  # noqa: E731
+    r_max = kth(kmax) if kmax > 0 else inf
+    r_min = kth(kmin) if kmin > 0 else inf
+    c = torch.minimum(r_min, r_max.clamp(min=0.0))
+    c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))  # [T]
+    return _refine(r, c, kmin, kmax) if refine else c
+
+
 def tilt(prog: Program, r: Tensor, elements: bool = True, refine: bool = True) -> Tilted:
     """The tilt that keeps fp32 exact at every logit scale: the leaves take x = r - c, c [T] per row,
     and each element adds back what that takes from its models, so every pass computes the same
@@ -125,14 +141,7 @@ def tilt(prog: Program, r: Tensor, elements: bool = True, refine: bool = True) -
     """
     T, n = r.shape
     t = prog.tilt
-    inf = torch.full((T,), torch.inf, dtype=r.dtype, device=r.device)
-    top = torch.topk(r, t.kmax, dim=1).values if t.kmax > 0 else None  # [T, kmax]
-    r_max = top[:, t.kmax - 1] if top is not None else inf
-    r_min = top[:, t.kmin - 1] if t.kmin > 0 else inf
-    c = torch.minimum(r_min, r_max.clamp(min=0.0))
-    c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))  # [T]
-    if refine:
-        c = _refine(r, c, t.kmin, t.kmax)
+    c = tilt_constant(r, t.kmin, t.kmax, refine)  # [T]
     x = r - c.unsqueeze(1)
     cc = c.unsqueeze(1)
     g = torch.where(cc > 0, _tilt_term(x, cc.clamp(min=0.0)), _tilt_term(-x, (-cc).clamp(min=0.0)))

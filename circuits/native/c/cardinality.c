@@ -2,10 +2,14 @@
  * P(S | C) ∝ exp(Σ_{i∈S} r_i) for kmin <= |S| <= kmax over N variables, one tile of B tokens at a time.
  *
  * circuits/dp/torch_dp.py is the reference and the oracle (read its module docstring first): the same two
- * sweeps (dp.up, dp.down, dp.cov_vec) with the same numerics: the row-max tilt tau, the finite
- * LOG_ZERO for -inf logits and unreachable states, logaddexp = max + log1p(exp(-|a - b|)),
- * W = sigmoid(take - L[i, j]), the band probabilities as a softmax of the log counts, and the
- * clamped size draw. tests/test_dp_native.py checks these functions against it.
+ * sweeps (dp.up, dp.down, dp.cov_vec) with the same numerics: the tilt c of the circuit passes
+ * (clamp(0, kmax-th largest, kmin-th largest logit), without its Newton steps) and the lattice on
+ * log-probabilities of x = r - c (take = P[i, j-1] + log sigmoid(x_i), skip = P[i, j] +
+ * log sigmoid(-x_i)), the finite LOG_ZERO
+ * for -inf logits and unreachable states, logaddexp = max + log1p(exp(-|a - b|)), W =
+ * sigmoid(take - skip), the band probabilities as a softmax of P[N, j] + (j - kmin) c, and the
+ * clamped size draw. tests/test_dp_native.py checks these functions against it. Tiles whose
+ * logits allow it take the linear sweep instead (below), which is tested against the log sweep.
  *
  * Layout: a tile's buffers are [rows][B] floats (B lanes = tokens), so the inner loops over tokens
  * vectorise. A level of the lattice is [K1][B] for j = 0..K (K1 = kmax + 1); the L and D rows are
@@ -46,14 +50,15 @@ typedef struct {
 
 /* One tile's buffers, carved from its thread's scratch (NULL: not used by this entry point). */
 typedef struct {
-    float *rt, *vt;        /* [N][B]: tilted logits; tangents */
-    float *wt;             /* [N][B]: the linear sweep's weights exp(r - tau) */
+    float *rt, *vt;        /* [N][B]: logits (log sigmoid(x) once tilted, in the log sweep); tangents */
+    float *wt;             /* [N][B]: the linear sweep's weights exp(r - tau); log sigmoid(-x) in the log sweep */
     float *W, *dW;         /* [N][K1][B] */
     float *L, *D;          /* [2][K1 + 1][B]: L[i] and L[i + 1] for j = -1..K, alternating; their tangents */
     float *take, *g;       /* [K1][B]: an up step's scratch */
     float *A, *dA, *f, *df; /* [K1][B]: adjoints, flows and their tangents */
     float *out, *z;        /* [N][B]: m or Cov(z) v; the draw */
-    float *tau, *u;        /* [B]: the tilt; a variable's uniforms */
+    float *tau, *u;        /* [B]: tau (the linear sweep's mean, or the tilt c); a variable's uniforms */
+    float *ts;             /* [K1][B]: the tilt's scratch */
     int32_t *c;            /* [B]: how many of the draw's members are still to come */
 } Tile;
 
@@ -80,6 +85,7 @@ static int64_t carve(Tile *w, const Dims *d, int tangents, int sampling, float *
     SLICE(out, float, N * B, 1);
     SLICE(z, float, N * B, sampling);
     SLICE(tau, float, B, 1);
+    SLICE(ts, float, K1 * B, 1);
     SLICE(u, float, B, sampling);
     SLICE(c, int32_t, B, sampling); /* int32 and float have the same size */
 #undef SLICE
@@ -123,47 +129,73 @@ static void load_uniforms(const float *src, int64_t nt, int64_t B, float *dst) {
     for (int64_t t = 0; t < B; t++) dst[t] = t < nt ? src[t] : 0.5f;
 }
 
-/* As dp.up: tau [B] = the row max of rt [N][B] (0 where it is not finite), then
- * rt = max(rt - tau, LOG_ZERO) (-inf logits -> LOG_ZERO). */
-static void tilt(const Dims *d, float *restrict rt, float *restrict tau) {
-    const int64_t N = d->N, B = d->B;
-    for (int64_t t = 0; t < B; t++) tau[t] = -INFINITY;
-    for (int64_t i = 0; i < N; i++)
-        for (int64_t t = 0; t < B; t++) tau[t] = max2(tau[t], rt[i * B + t]);
-    for (int64_t t = 0; t < B; t++) tau[t] = isfinite(tau[t]) ? tau[t] : 0.0f;
+/* As dp.up (torch_passes.tilt_constant without the Newton steps): per lane the tilt c [B] =
+ * clamp(0, kmax-th largest, kmin-th largest logit of rt [N][B]) (0 where not finite); then, with
+ * x = r - c and soft = log1p(exp(-|x|)) (dp.log_sigmoids), rt = max(log sigmoid(x), LOG_ZERO) and
+ * lq [N][B] = log sigmoid(-x). ts [K1][B], e [N][B]: scratch. */
+static void tilt(const Dims *d, float *restrict rt, float *restrict lq, float *restrict c, float *restrict ts,
+                 float *restrict e) {
+    const int64_t N = d->N, B = d->B, K = d->K1 - 1, kmin = d->kmin, m = N * B;
+    float *top = ts, *carry = top + K * B;
+    for (int64_t k = 0; k < K * B; k++) top[k] = -INFINITY;
+    for (int64_t i = 0; i < N; i++) { /* insertion into the sorted [K][B] per lane: the K largest */
+        memcpy(carry, rt + i * B, B * sizeof(float));
+        for (int64_t q = 0; q < K; q++)
+            for (int64_t t = 0; t < B; t++) {
+                const float x = carry[t], y = top[q * B + t];
+                top[q * B + t] = x > y ? x : y;
+                carry[t] = x > y ? y : x;
+            }
+    }
+    for (int64_t t = 0; t < B; t++) {
+        const float hi = K > 0 ? max2(top[(K - 1) * B + t], 0.0f) : INFINITY;
+        const float lo = kmin > 0 ? top[(kmin - 1) * B + t] : INFINITY, cc = lo < hi ? lo : hi;
+        c[t] = isfinite(cc) ? cc : 0.0f;
+    }
     for (int64_t i = 0; i < N; i++)
         for (int64_t t = 0; t < B; t++) {
-            const float x = rt[i * B + t] - tau[t];
-            rt[i * B + t] = x < LOG_ZERO ? LOG_ZERO : x; /* NaN stays NaN, as torch's clamp */
+            const float x = -fabsf(rt[i * B + t] - c[t]);
+            e[i * B + t] = x < EXP_MIN ? EXP_MIN : x;
+        }
+    pm_exp(e, m);
+    pm_log1p(e, m); /* soft; about 2e-35 (not 0) where |x| > 80: far below a state's rounding */
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t t = 0; t < B; t++) {
+            const float x = rt[i * B + t] - c[t], soft = e[i * B + t];
+            const float lp = -((x < 0.0f ? -x : 0.0f) + soft);
+            rt[i * B + t] = lp < LOG_ZERO ? LOG_ZERO : lp; /* NaN stays NaN */
+            lq[i * B + t] = -((x > 0.0f ? x : 0.0f) + soft);
         }
 }
 
-/* One step of Alg. 2 for variable i: lo = L[i], hi = L[i + 1] ([K1 + 1][B], row 0 is j = -1),
- * ri = r_i - tau [B], w = W[i] [K1][B]; take, g: [K1][B] scratch. With take = L[i, j-1] + r_i,
- * d = take - L[i, j] and e = exp(-|d|) (0 below EXP_MIN): L[i + 1, j] = logaddexp(L[i, j], take)
- * = max + log1p(e) and W[i, j] = sigmoid(d) = (d >= 0 ? 1 : e) / (1 + e), exactly 0 at j = 0 (so
- * a draw never takes more variables than its size). */
-static void up_step(int64_t K1, int64_t B, const float *restrict lo, float *restrict hi, const float *restrict ri,
-                    float *restrict w, float *restrict take, float *restrict g) {
+/* One step of Alg. 2 on log-probabilities for variable i: lo = P[i], hi = P[i + 1] ([K1 + 1][B],
+ * row 0 is j = -1), lp = log sigmoid(x_i), lq = log sigmoid(-x_i) [B], w = W[i] [K1][B]; take, g:
+ * [K1][B] scratch. With take = P[i, j-1] + lp, skip = P[i, j] + lq, d = take - skip and e =
+ * exp(-|d|) (0 below EXP_MIN): P[i + 1, j] = logaddexp(skip, take) = max + log1p(e) and W[i, j] =
+ * sigmoid(d) = (d >= 0 ? 1 : e) / (1 + e), exactly 0 at j = 0 (so a draw never takes more
+ * variables than its size). */
+static void up_step(int64_t K1, int64_t B, const float *restrict lo, float *restrict hi, const float *restrict lp,
+                    const float *restrict lq, float *restrict w, float *restrict take, float *restrict g) {
     const int64_t n = K1 * B;
-    const float *prev = lo, *cur = lo + B; /* L[i, j-1] and L[i, j] for j = 0..K */
+    const float *prev = lo, *cur = lo + B; /* P[i, j-1] and P[i, j] for j = 0..K */
     float *next = hi + B;
     for (int64_t j = 0; j < K1; j++)
         for (int64_t t = 0; t < B; t++) {
             const int64_t k = j * B + t;
-            take[k] = prev[k] + ri[t];
-            const float x = -fabsf(take[k] - cur[k]);
+            take[k] = prev[k] + lp[t];
+            next[k] = cur[k] + lq[t]; /* skip, for now */
+            const float x = -fabsf(take[k] - next[k]);
             w[k] = x < EXP_MIN ? EXP_MIN : x; /* NaN stays NaN */
         }
     pm_exp(w, n);
     memcpy(g, w, n * sizeof(float));
     pm_log1p(g, n);
     for (int64_t k = 0; k < n; k++) {
-        const float d = take[k] - cur[k];
+        const float d = take[k] - next[k];
         const int far = -fabsf(d) < EXP_MIN;
         const float e = far ? 0.0f : w[k];
         w[k] = (d >= 0.0f ? 1.0f : e) / (1.0f + e);
-        next[k] = max2(cur[k], take[k]) + (far ? 0.0f : g[k]);
+        next[k] = max2(next[k], take[k]) + (far ? 0.0f : g[k]);
     }
 }
 
@@ -321,7 +353,7 @@ static int sweep(const Dims *d, const Tile *w, int linear) {
             for (int64_t t = 0; t < B; t++) reach[t] += w->rt[i * B + t] > -INFINITY ? 1.0f : 0.0f;
             up_step_linear(i, K1, B, w->L + a, w->L + b, w->wt + i * B, wi, reach, low);
         } else {
-            up_step(K1, B, w->L + a, w->L + b, w->rt + i * B, wi, w->take, w->g);
+            up_step(K1, B, w->L + a, w->L + b, w->rt + i * B, w->wt + i * B, wi, w->take, w->g);
         }
         if (w->vt) tangent_step(K1, B, w->D + a, w->D + b, w->vt + i * B, wi, w->dW + i * K1 * B);
         if (linear && (i % 16 == 15 || i == N - 1))
@@ -342,7 +374,8 @@ static int all_finite(const float *x, int64_t n) {
 
 /* The up sweep (dp.up) of tokens t0..t0+nt of r [T, N]: tau, W, and with v [T, N] also vt, D
  * and dW; linear where the tile's logits allow (*linear = 1), else on logarithms (0). Returns
- * L[N] [K1][B] as log counts tilted by tau; *dtop = D[N] [K1][B] with v. */
+ * the last row [K1][B]: log counts less j tau (linear; tau the mean logit) or P[N] (the log sweep; tau
+ * the tilt c); either way the band's weights are it + (j - kmin) tau. *dtop = D[N] [K1][B] with v. */
 static const float *up_sweep(const Dims *d, const Tile *w, const float *r, const float *v, int64_t t0, int64_t nt,
                              const float **dtop, int *linear) {
     const int64_t N = d->N, K1 = d->K1, B = d->B, level = (K1 + 1) * B;
@@ -352,7 +385,7 @@ static const float *up_sweep(const Dims *d, const Tile *w, const float *r, const
     *linear = d->linear && linear_setup(d, w->rt, w->wt, w->tau, s, w->out, w->take, w->g) && sweep(d, w, 1) &&
               all_finite(w->L + (N % 2) * level + B, K1 * B);
     if (!*linear) {
-        tilt(d, w->rt, w->tau);
+        tilt(d, w->rt, w->wt, w->tau, w->ts, w->out);
         sweep(d, w, 0);
     }
     if (v) *dtop = w->D + (N % 2) * level + B;
@@ -369,8 +402,8 @@ static void exp_clamped(float *restrict out, const float *restrict x, int64_t n)
 }
 
 /* Up.band_probs into the adjoint seed: A [K1][B] = P(|S| = j) for j = kmin..K (the softmax of the
- * log counts top + j tau, -inf where top <= LOG_ZERO / 2: 0 for a size no subset reaches, NaN
- * when none is reachable), 0 below kmin. top = L[N] [K1][B]; lc [K1][B], mx [B]: scratch. */
+ * band weights top + (j - kmin) tau, -inf where top <= LOG_ZERO / 2: 0 for a size no subset reaches, NaN
+ * when none is reachable), 0 below kmin. top: up_sweep's last row [K1][B]; lc [K1][B], mx [B]: scratch. */
 static void band_probs(const Dims *d, const float *top, const float *tau, float *A, float *lc, float *mx) {
     const int64_t K1 = d->K1, B = d->B, kmin = d->kmin;
     memset(A, 0, kmin * B * sizeof(float));
@@ -378,7 +411,7 @@ static void band_probs(const Dims *d, const float *top, const float *tau, float 
     for (int64_t j = kmin; j < K1; j++)
         for (int64_t t = 0; t < B; t++) {
             const float x = top[j * B + t];
-            lc[j * B + t] = x > LOG_ZERO / 2 ? x + (float)j * tau[t] : -INFINITY;
+            lc[j * B + t] = x > LOG_ZERO / 2 ? x + (float)(j - kmin) * tau[t] : -INFINITY;
             mx[t] = max2(mx[t], lc[j * B + t]);
         }
     for (int64_t j = kmin; j < K1; j++)
