@@ -18,7 +18,7 @@ public ``probmoe.SubsetDistribution`` (``backend="dp"``: the fused C sweeps for 
     PYTHONPATH=$PWD python tools/accuracy_fp32.py            # the Markdown table of docs/circuits.md
     PYTHONPATH=$PWD python tools/accuracy_fp32.py --impl c,dp,dp-torch --rows 64 --quick
 
-The tests (tests/test_fp32_accuracy.py) import the references and the row generator from here.
+The tests (tests/circuits/test_fp32_accuracy.py) import the references and the row generator from here.
 """
 
 from __future__ import annotations

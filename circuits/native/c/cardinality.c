@@ -8,7 +8,7 @@
  * log sigmoid(-x_i)), the finite LOG_ZERO
  * for -inf logits and unreachable states, logaddexp = max + log1p(exp(-|a - b|)), W =
  * sigmoid(take - skip), the band probabilities as a softmax of P[N, j] + (j - kmin) c, and the
- * clamped size draw. tests/test_dp_native.py checks these functions against it. Tiles whose
+ * clamped size draw. tests/circuits/test_dp_native.py checks these functions against it. Tiles whose
  * logits allow it take the linear sweep instead (below), which is tested against the log sweep.
  *
  * Layout: a tile's buffers are [rows][B] floats (B lanes = tokens), so the inner loops over tokens

@@ -25,7 +25,7 @@ checkpoint converts shard by shard; ``save_pretrained`` may put a layer's ``gate
 current values (the next shard then overwrites them).
 
 ``FIXED_IN`` is the first transformers release whose Trainer converts by itself (None: none yet);
-from it on ``needed`` is False and nothing is converted. tests/test_trainer_resume.py checks the
+from it on ``needed`` is False and nothing is converted. tests/integrations/test_trainer_resume.py checks the
 installed release for the bug and says when ``FIXED_IN`` must be set.
 """
 

@@ -22,7 +22,7 @@ from circuits.inspect.cli import compile_main
 from brute import exact
 from stats import chi2_pvalue, mask_counts
 
-SATLIB = Path(__file__).parent / "data" / "satlib"
+SATLIB = Path(__file__).parent.parent / "data" / "satlib"
 SATISFIABLE = ["uf20-01", "uf50-01", "flat30-2", "ais6", "par8-1-c", "2bitcomp_5"]
 
 

@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 
 from probmoe.cli import train  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STATS = ("experts_per_token", "load_cv", "max_vio", "entropy")  # RoutingStatsCallback's (checked below)
 
 

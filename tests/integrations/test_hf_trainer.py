@@ -200,7 +200,7 @@ def test_accelerate_launch_two_cpu_processes(tmp_path):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     (tmp_path / "cpu.yaml").write_text(ACCELERATE_CPU)
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(tmp_path / "cpu.yaml"),
                str(root / "tools" / "hf_trainer_example.py"), "--output", str(tmp_path / "run"), "--steps", "3",

@@ -8,7 +8,7 @@ import pytest
 
 from probmoe.eval import extract_answer, gold_answer, is_correct
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
 MODELS = ("6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification")
 
 

@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 
 from gsm8k_data import write  # noqa: E402
 
-TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
+TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools")
 sys.path.insert(0, TOOLS)  # the tool imports dynamic_k_study from beside it, as when run as a script
 dynamic_diff = importlib.import_module("dynamic_diff")
 

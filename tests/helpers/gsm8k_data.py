@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
 
 
 def lines(name: str, count: int) -> list[str]:

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 INNER = "PROBMOE_TEST_INNER_RUN"
-TESTS = Path(__file__).parent
+HERE = Path(__file__).parent
+TESTS = HERE.parent  # every test module
 
 
 def snapshot(root: Path) -> dict:
@@ -35,7 +36,7 @@ def test_collecting_and_running_leaves_the_user_cache_alone(tmp_path):
                                  text=True, timeout=300)
         assert collect.returncode == 0, collect.stdout[-2000:] + collect.stderr[-2000:]
         run = subprocess.run(
-            [*base, str(TESTS / "test_circuits_native.py"), str(TESTS / "test_cli.py"),
+            [*base, str(HERE / "test_circuits_native.py"), str(HERE / "test_cli.py"),
              "-k", "built_wherever or kth_largest or brute_force_fp32 or compile_json_range or second_run"],
             env=env, capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]

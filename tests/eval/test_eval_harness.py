@@ -161,7 +161,7 @@ def test_the_harness_command_line_finds_the_model(setup):
     import subprocess
     import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
            "HF_DATASETS_OFFLINE": "1"}
     run = subprocess.run([sys.executable, "-m", "probmoe.eval.harness", "run", "--model", "probmoe", "--model_args",

@@ -1,5 +1,5 @@
 """The Triton passes (circuits/passes/triton_passes.py): selection, the checks against the torch
-passes and brute force (tests/circuits_triton_checks.py, in a child process), compilation for GPUs.
+passes and brute force (tests/circuits/circuits_triton_checks.py, in a child process), compilation for GPUs.
 
 Without CUDA the checks run in Triton's interpreter, on CPU tensors: TRITON_INTERPRET=1 must be set
 before triton defines any kernel, its own library's included, so the child process has it from the
@@ -35,11 +35,11 @@ def _child_env(interpret: bool) -> dict:
 
 @pytest.mark.slow  # a nested pytest under the Triton interpreter: about 40 s alone, the longest default test
 def test_against_the_torch_passes_and_brute_force():
-    """tests/circuits_triton_checks.py in a child process: interpreted on the CPU, compiled with CUDA.
+    """tests/circuits/circuits_triton_checks.py in a child process: interpreted on the CPU, compiled with CUDA.
     Everything runs but, on the CPU, the check of host synchronisations (CUDA only)."""
     cuda = torch.cuda.is_available()
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs",
-                           str(HERE / "circuits_triton_checks.py")], cwd=HERE.parent, env=_child_env(not cuda),
+                           str(HERE / "circuits_triton_checks.py")], cwd=HERE.parent.parent, env=_child_env(not cuda),
                           capture_output=True, text=True, timeout=900)
     summary = done.stdout[-6000:] + done.stderr[-3000:]
     assert done.returncode == 0, summary
@@ -96,6 +96,6 @@ def test_the_kernels_compile_for_gpus():
 
     if "constexprs" not in inspect.signature(ASTSource).parameters:
         pytest.skip("this triton's ASTSource takes another signature")
-    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_GPUS], cwd=HERE.parent, env=_child_env(False),
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_GPUS], cwd=HERE.parent.parent, env=_child_env(False),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]

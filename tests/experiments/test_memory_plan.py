@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 from probmoe.cli import train  # noqa: E402
 from probmoe.experiments import memory_plan, models  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))
 
 
 def test_plan_prints_exact_state_bytes_for_olmoe(capsys):

@@ -20,7 +20,7 @@ from probmoe.experiments import distributed, interrupts, state  # noqa: E402
 from rank_runs import torchrun  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # a run long enough to be interrupted, a checkpoint each step; constant LR, so a resume may end earlier
 LONG = ["--model", "tiny-olmoe", "--method", "conventional", "--batch-size", "2", "--save-every", "1",
         "--lr-schedule", "constant", "--no-progress"]

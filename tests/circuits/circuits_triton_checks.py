@@ -1,12 +1,12 @@
 """The Triton passes (circuits/passes/triton_passes.py) against the torch passes and brute force.
 
-Run by tests/test_circuits_triton.py in a child process: with CUDA the compiled kernels run on the
+Run by tests/circuits/test_circuits_triton.py in a child process: with CUDA the compiled kernels run on the
 GPU; without it TRITON_INTERPRET=1 is set for the whole child, and the kernels run on CPU tensors in
 Triton's interpreter (triton reads the variable when a kernel is defined, its own library's as
 well, so it cannot be switched on for part of a process). Not collected by a plain ``pytest``
 (the file name does not start with test_); run it directly with
 
-    TRITON_INTERPRET=1 python -m pytest tests/circuits_triton_checks.py
+    TRITON_INTERPRET=1 python -m pytest tests/circuits/circuits_triton_checks.py
 
 The interpreter is slow (about 2 s per pass over 32 tokens of exactly 8 of 64), so token counts
 stay small.
@@ -26,7 +26,7 @@ from circuits.passes import TorchPasses, draw_uniforms
 pytest.importorskip("triton", reason="triton is not installed (the optional extra: pip install -e '.[triton]')")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("without CUDA these checks need TRITON_INTERPRET=1 (tests/test_circuits_triton.py sets it)",
+    pytest.skip("without CUDA these checks need TRITON_INTERPRET=1 (tests/circuits/test_circuits_triton.py sets it)",
                 allow_module_level=True)
 
 from circuits.passes.triton_passes import TritonPasses  # noqa: E402 (after the skips)
@@ -202,7 +202,7 @@ def test_fp32_exact_at_every_scale():
     import sys
 
     spec_ = importlib.util.spec_from_file_location("accuracy_fp32", os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "accuracy_fp32.py"))
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools", "accuracy_fp32.py"))
     A = importlib.util.module_from_spec(spec_)
     sys.modules["accuracy_fp32"] = A
     spec_.loader.exec_module(A)
