@@ -86,13 +86,20 @@ def wandb_records(path):
     return records
 
 
-def test_wandb_offline_writes_its_run_folder(tmp_path, monkeypatch):
+def test_wandb_offline_writes_its_run_folder(tmp_path):
+    """In a fresh process, as a user runs it: wandb keeps process-wide state (its settings
+    singleton, its service), which a test before this one in the same process may have set up."""
     pytest.importorskip("wandb")
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
-    monkeypatch.setenv("WANDB_SILENT", "true")
     (tmp_path / "wb").mkdir()
-    out, log = run(tmp_path, "--report-to", "wandb")
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": ROOT, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wb"),
+           "WANDB_SILENT": "true"}
+    script = ("import sys; from probmoe.cli import train; sys.exit(train.main(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", script, "--model", "tiny-olmoe", "--data", write_data(tmp_path),
+                           "--output-dir", str(out), "--max-steps", "3", "--batch-size", "2", "--no-progress",
+                           "--report-to", "wandb"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = [json.loads(line) for line in open(out / "train_log.jsonl")][1:]
     (folder,) = (tmp_path / "wb" / "wandb").glob("offline-run-*")
     (file,) = folder.glob("run-*.wandb")
     records = wandb_records(file)
