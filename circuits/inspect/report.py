@@ -31,7 +31,9 @@ def evaluator() -> str:
     pay for that, nor load torch): "fused C passes (avx2, built on first use into ...)" or "torch
     passes (why not C)"."""
     _, isa, why = build.choice()
-    return f"fused C passes ({build.plan()})" if isa is not None else f"torch passes (C passes {why})"
+    if isa is None:
+        return f"torch passes (C passes {why})"
+    return f"fused C passes ({isa}, built on first use into {build.build_dir()})"
 
 
 def compile_facts(circuit, warnings: list[str] = ()) -> dict:

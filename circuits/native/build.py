@@ -134,7 +134,8 @@ def requested_isa() -> tuple[str | None, str]:
 
 def choice() -> tuple[str | None, str | None, str]:
     """(compiler, ISA, "") when this process builds (or loads) native libraries, else
-    (None, None, why not): the decision ``NativeLibrary.library`` acts on, and ``plan`` reports.
+    (None, None, why not): the decision ``NativeLibrary.library`` acts on, which reports read
+    without building anything (``circuits.inspect.report.evaluator``).
     A ``why`` starting "unavailable" is a failure worth a warning; the others are choices."""
     if os.environ.get("PROBMOE_NATIVE", "1") == "0":
         return None, None, "turned off by PROBMOE_NATIVE=0"
@@ -147,14 +148,6 @@ def choice() -> tuple[str | None, str | None, str]:
     if cc is None:
         return None, None, "unavailable: no C compiler (cc or $CC) found"
     return cc, isa, ""
-
-
-def plan() -> str:
-    """What native code this process would run, without building or loading anything: one line
-    for reports that must not pay for a build (``probmoe-compile``), e.g. "avx2, built on first use
-    into <cache>/native" or "turned off by PROBMOE_NATIVE=0"."""
-    _, isa, why = choice()
-    return why if isa is None else f"{isa}, built on first use into {build_dir()}"
 
 
 class NativeLibrary:
