@@ -100,62 +100,82 @@ class Dag:
         """The Layout of the circuit under ``root`` (nodes not reachable from it are left out);
         raises ValueError for a FALSE root. ``root_scope``: the root's variables, for a compiler
         that added its nodes without scopes (given ``implicit``)."""
-        if root == FALSE_SLOT:
-            raise ValueError("the constraint is unsatisfiable: its circuit is FALSE")
-        n, base = self.n, self.leaves
-        live = [False] * len(self.elems)
-        if root >= base:
-            live[root - base] = True
-        for j in range(len(self.elems) - 1, -1, -1):  # parents come after their children
-            if live[j]:
-                for a, b in self.elems[j]:
-                    for c in (a, b):
-                        if c >= base:
-                            live[c - base] = True
-        by_height: dict[int, list[int]] = {}
-        for j, h in enumerate(self.height):
-            if live[j]:
-                by_height.setdefault(h, []).append(j)
-        order: list[list[int]] = []  # groups: node indices in slot order
-        heights: list[int] = []
-        for h in sorted(by_height):
-            ids = by_height[h]
-            for bucket in _buckets([len(self.elems[j]) for j in ids]):
-                order.append([ids[b] for b in bucket])
-                heights.append(h)
-        slot_of = np.arange(base + len(self.elems), dtype=np.int64)  # ref -> slot (leaves map to themselves)
-        nxt = base
-        for members in order:
-            slot_of[[base + j for j in members]] = np.arange(nxt, nxt + len(members))
-            nxt += len(members)
-        groups, blocks, implicit, row = [], [], [], 0
-        start = base
-        for members, h in zip(order, heights):
-            lengths = np.array([len(self.elems[j]) for j in members], dtype=np.int64)
-            fanin, total = int(lengths.max()), int(lengths.sum())
-            block = np.empty((len(members) * fanin, 2), dtype=np.int64)
-            block[:, 0], block[:, 1] = FALSE_SLOT, TRUE_SLOT
-            starts = np.cumsum(lengths) - lengths  # each member's first element in the flat list
-            within = np.arange(total) - np.repeat(starts, lengths)  # [total] element index in its node
-            rows = np.repeat(np.arange(len(members)) * fanin, lengths) + within
-            block[rows] = np.array([e for j in members for e in self.elems[j]], dtype=np.int64).reshape(-1, 2)
-            for i, j in enumerate(members):
-                if self.implicit[j]:
-                    implicit.extend((row + i * fanin + k, v) for k, v in self.implicit[j])
-            groups.append((start, len(members), fanin, row, h))
-            blocks.append(block)
-            start += len(members)
-            row += len(members) * fanin
-        missing = ((1 << n) - 1) & ~(self.scope_of(root) if root_scope is None else root_scope)
-        groups.append((start, 1, 1, row, max(heights, default=0) + 1))
-        blocks.append(np.array([[root, TRUE_SLOT]], dtype=np.int64))
-        implicit.extend((row, v) for v in _members(missing))
-        children = slot_of[np.concatenate(blocks)]
-        layout = Layout(
-            n=n,
-            groups=np.asarray(groups, dtype=np.int64).reshape(-1, 5),
-            children=children.reshape(-1, 2),
-            implicit=np.asarray(implicit, dtype=np.int64).reshape(-1, 2),
-        )
-        layout.validate()
-        return layout
+        lengths = np.fromiter(map(len, self.elems), dtype=np.int64, count=len(self.elems))
+        ptr = np.concatenate(([0], np.cumsum(lengths)))
+        elems = np.array([e for node in self.elems for e in node], dtype=np.int64).reshape(-1, 2)
+        implicit = np.array([(ptr[j] + k, v) for j, imp in enumerate(self.implicit) if imp for k, v in imp],
+                            dtype=np.int64).reshape(-1, 2)
+        missing = ((1 << self.n) - 1) & ~(self.scope_of(root) if root_scope is None else root_scope)
+        return place(self.n, ptr, elems, np.asarray(self.height, dtype=np.int64), implicit, root,
+                     np.asarray(_members(missing), dtype=np.int64))
+
+
+def place(n: int, ptr: np.ndarray, elems: np.ndarray, height: np.ndarray, implicit: np.ndarray, root: Ref,
+          missing: np.ndarray) -> Layout:
+    """The Layout of nodes given as arrays (see the module docstring for the placement).
+
+    ptr: int64 [K + 1], node j's elements are elems[ptr[j]:ptr[j+1]]; elems: int64 [M, 2] refs;
+    height: int64 [K]; implicit: int64 [P, 2] (element index into elems, variable), each node's
+    in the order it lists them; root: the root's ref; missing: int64 [V], the variables the root
+    does not mention. Nodes not reachable from the root are left out; ValueError for a FALSE root."""
+    if root == FALSE_SLOT:
+        raise ValueError("the constraint is unsatisfiable: its circuit is FALSE")
+    base, nodes = 2 + 2 * n, len(height)
+    live = np.zeros(nodes, dtype=bool)
+    frontier = np.array([root - base] if root >= base else [], dtype=np.int64)
+    live[frontier] = True
+    while frontier.size:
+        kids = elems[ranges(ptr[frontier], ptr[frontier + 1])].ravel()
+        kids = np.unique(kids[kids >= base]) - base
+        frontier = kids[~live[kids]]
+        live[frontier] = True
+    ids = np.flatnonzero(live)
+    ids = ids[np.argsort(height[ids], kind="stable")]  # by height, in the order added within one
+    lengths = ptr[ids + 1] - ptr[ids]
+    cuts = np.flatnonzero(np.diff(height[ids])) + 1
+    order, fanins = [], []
+    for lo, hi in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [ids.size])).tolist()):
+        for bucket in _buckets(lengths[lo:hi].tolist()):
+            order.append(lo + np.asarray(bucket, dtype=np.int64))
+            fanins.append(int(lengths[lo + bucket[0]]))  # a bucket's first node is its widest
+    sizes = np.array([len(o) for o in order], dtype=np.int64)
+    fanin = np.array(fanins, dtype=np.int64)
+    member = ids[np.concatenate(order)] if order else ids  # node per slot, in slot order
+    group_of = np.repeat(np.arange(len(order)), sizes)
+    group_rows = np.concatenate(([0], np.cumsum(sizes * fanin)))
+    node_row = group_rows[group_of] + (np.arange(member.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)) * fanin[group_of]
+    rows = group_rows[-1]
+    slot_of = np.arange(base + nodes, dtype=np.int64)  # ref -> slot (leaves map to themselves)
+    slot_of[base + member] = base + np.arange(member.size)
+    row_of_node = np.full(nodes, -1, dtype=np.int64)
+    row_of_node[member] = node_row
+    children = np.empty((rows + 1, 2), dtype=np.int64)
+    children[:, 0], children[:, 1] = FALSE_SLOT, TRUE_SLOT
+    node_lengths = np.diff(ptr)
+    elem_node = np.repeat(np.arange(nodes), node_lengths)
+    elem_row = row_of_node[elem_node] + np.arange(elems.shape[0]) - ptr[elem_node]
+    kept = row_of_node[elem_node] >= 0
+    children[elem_row[kept]] = elems[kept]
+    children[rows] = (root, TRUE_SLOT)
+    imp_row = elem_row[implicit[:, 0]]
+    keep = row_of_node[elem_node[implicit[:, 0]]] >= 0
+    imp = np.stack([imp_row[keep], implicit[keep, 1]], axis=1)
+    imp = imp[np.argsort(row_of_node[elem_node[implicit[keep, 0]]], kind="stable")]
+    group_heights = height[member[np.cumsum(sizes) - sizes]] if sizes.size else np.zeros(0, dtype=np.int64)
+    starts = base + np.cumsum(sizes) - sizes
+    groups = np.stack([starts, sizes, fanin, group_rows[:-1], group_heights], axis=1).reshape(-1, 5)
+    top = int(group_heights.max()) + 1 if sizes.size else 1
+    groups = np.concatenate([groups, [[base + member.size, 1, 1, rows, top]]]).astype(np.int64)
+    implicit_all = np.concatenate([imp, np.stack([np.full(missing.size, rows), missing], axis=1)]).astype(np.int64)
+    layout = Layout(n=n, groups=groups, children=slot_of[children], implicit=implicit_all.reshape(-1, 2))
+    layout.validate()
+    return layout
+
+
+def ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The indices start..end-1 of every range, concatenated: int64 [sum(ends - starts)]."""
+    lens = ends - starts
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(total)

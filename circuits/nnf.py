@@ -1,188 +1,241 @@
-"""d-DNNF circuits in d4's NNF text format: parsing, flattening into a ``Layout``, and an
-independent log-partition.
+"""d-DNNF circuits in d4's NNF text format (parsed by ``circuits.nnf_parse``): flattening into a
+``Layout``, and an independent log-partition. Both work a level of the NNF at a time in numpy
+(level: the longest path down to a leaf), over all of the level's nodes at once.
 
-The format (d4, also c2d's successors): one line per node, ``o ID 0`` (OR), ``a ID 0`` (AND),
-``t ID 0`` (TRUE), ``f ID 0`` (FALSE), then one line per edge, ``PARENT CHILD LIT... 0``: the child
-conjoined with the literals. The first node is the root. d4 emits a decision-DNNF: an OR's edges
-carry complementary decision literals (deterministic), an AND's children share no variable
-(decomposable).
+d4 emits a decision-DNNF: an OR's edges carry complementary decision literals (deterministic),
+an AND's children share no variable (decomposable).
 
-``to_layout`` maps it onto the layout's OR-of-pairs nodes (``circuits.dag``): an OR node keeps
-one element per live edge; an edge's or an AND's factors (literals and child nodes) are multiplied
-two at a time, lowest first, through single-element nodes (memoised, so a product shared by two
-parents is built once). The OR's variables a child does not mention become implicit pairs (the
-layout's smoothing), and so do the variables the root does not mention (free variables).
+``to_layout`` maps it onto the layout's OR-of-pairs nodes (``circuits.dag``). An edge's literals
+are first multiplied into one factor (the edge's literal product: the literal itself, or a tree of
+single-element nodes); then an OR node keeps one element per edge that is not FALSE, (literal
+product, child), and an AND node's factors (its edges' literal products and children) are
+multiplied into two, its element. A list of more than two factors is multiplied two at a time,
+lowest first: every round pairs, in each list, the factors of its lowest height (or the lowest
+two, if one is alone there), until two are left. Products are memoised (one shared by two parents
+is built once); TRUE factors drop out, a FALSE one makes its list FALSE, repeated ones count once.
+The OR's variables an element does not mention become implicit pairs (the layout's smoothing), and
+so do the variables the root does not mention (free variables).
 
-``log_partition`` evaluates the parsed circuit directly (numpy, float64): with the normalised
-leaves log sigmoid(r), log sigmoid(-r) a missing variable contributes log 1, so no smoothing is
-needed; it shares nothing with the layout and checks it (``circuits.compile``, ``circuits.cache``).
+``log_partition`` evaluates the parsed circuit directly (float64): with the normalised leaves
+log sigmoid(r), log sigmoid(-r) a missing variable contributes log 1, so no smoothing is needed;
+it shares nothing with the layout and checks it (``circuits.compile``, ``circuits.cache``).
 """
 
 from __future__ import annotations
 
-import heapq
-import math
-from dataclasses import dataclass
-
 import numpy as np
 
 from . import self_check
-from .dag import Dag, Ref
+from .dag import place, ranges
 from .layout import FALSE_SLOT, TRUE_SLOT, Layout
-
-KINDS = ("o", "a", "t", "f")
-
-
-@dataclass(frozen=True)
-class Nnf:
-    """A parsed NNF: ``kind[i]`` in "oatf", ``edges[i]`` the (child index, literals) of node i,
-    ``order`` the node indices children first, node 0 the root; ``n`` variables."""
-
-    n: int
-    kind: list[str]
-    edges: list[list[tuple[int, tuple[int, ...]]]]
-    order: list[int]
-
-    @property
-    def unsatisfiable(self) -> bool:
-        return self.kind[0] == "f"
+from .nnf_parse import AND, FALSE, OR, TRUE, Nnf, parse  # noqa: F401 (parse: the module's reader)
 
 
-def parse(text: str, n: int) -> Nnf:
-    """Parse and check d4's NNF text over variables 1..n; ValueError naming the line otherwise."""
-    ids: dict[int, int] = {}
-    kind: list[str] = []
-    edges: list[list[tuple[int, tuple[int, ...]]]] = []
-    for no, line in enumerate(text.splitlines(), start=1):
-        words = line.split()
-        if not words or words[0] == "c":
-            continue
-        if words[0] in KINDS:
-            if len(words) != 3 or words[2] != "0" or not words[1].isdigit() or int(words[1]) in ids:
-                raise ValueError(f"NNF line {no}: expected a new node 'KIND ID 0', got {line!r}")
-            ids[int(words[1])] = len(kind)
-            kind.append(words[0])
-            edges.append([])
-            continue
-        try:
-            nums = list(map(int, words))
-        except ValueError:
-            raise ValueError(f"NNF line {no}: expected 'PARENT CHILD LITERALS... 0', got {line!r}") from None
-        if len(nums) < 3 or nums[-1] != 0 or nums[0] not in ids or nums[1] not in ids:
-            raise ValueError(f"NNF line {no}: an edge must join two nodes defined above and end in 0, got {line!r}")
-        lits = tuple(nums[2:-1])
-        if lits and (min(lits) < -n or max(lits) > n or 0 in lits):
-            raise ValueError(f"NNF line {no}: literals must be in [-{n}, {n}] without 0, got {list(lits)}")
-        parent = ids[nums[0]]
-        if kind[parent] not in "oa":
-            raise ValueError(f"NNF line {no}: only OR and AND nodes have children")
-        edges[parent].append((ids[nums[1]], lits))
-    if not kind:
-        raise ValueError("the NNF has no nodes")
-    return Nnf(n, kind, edges, _children_first(edges))
+class _Nodes:
+    """Layout nodes made in batches: heights and scopes (bitsets, uint64 words) per ref (leaves
+    first), elements per node in the order made, and the memo of products."""
+
+    def __init__(self, n: int, capacity: int):
+        self.n, self.base = n, 2 + 2 * n
+        words = max(1, -(-n // 64))
+        self.height = np.zeros(self.base + capacity, dtype=np.int64)
+        self.scope = np.zeros((self.base + capacity, words), dtype=np.uint64)
+        v = np.arange(n)
+        for row in (2 + v, 2 + n + v):
+            self.scope[row, v // 64] = np.left_shift(np.uint64(1), (v % 64).astype(np.uint64))
+        self.count = 0
+        self.elems: list[np.ndarray] = []  # [m, 2] per batch
+        self.lengths: list[np.ndarray] = []  # elements per node, per batch
+        self.smooth: list[np.ndarray] = []  # per batch: whether its elements may need implicit pairs
+        self.memo_keys = np.zeros(0, dtype=np.int64)
+        self.memo_refs = np.zeros(0, dtype=np.int64)
+
+    def add(self, lengths: np.ndarray, elems: np.ndarray, smooth: bool) -> np.ndarray:
+        """New nodes, node i the OR of the next lengths[i] rows of elems [m, 2]: their refs."""
+        nodes = lengths.size
+        refs = self.base + self.count + np.arange(nodes)
+        starts = np.cumsum(lengths) - lengths
+        under = self.scope[elems[:, 0]] | self.scope[elems[:, 1]]
+        self.scope[refs] = np.bitwise_or.reduceat(under, starts, axis=0)
+        self.height[refs] = 1 + np.maximum.reduceat(np.maximum(self.height[elems[:, 0]], self.height[elems[:, 1]]), starts)
+        self.count += nodes
+        self.elems.append(elems)
+        self.lengths.append(lengths)
+        self.smooth.append(np.full(elems.shape[0], smooth))
+        return refs
+
+    def product(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """The single-element nodes a AND b (a != b), each built once: their refs."""
+        lo, hi = np.minimum(a, b), np.maximum(a, b)
+        keys, inverse = np.unique(lo * self.scope.shape[0] + hi, return_inverse=True)
+        at = np.minimum(np.searchsorted(self.memo_keys, keys), max(self.memo_keys.size - 1, 0))
+        hit = (self.memo_keys[at] == keys) if self.memo_keys.size else np.zeros(keys.size, dtype=bool)
+        out = np.empty(keys.size, dtype=np.int64)
+        out[hit] = self.memo_refs[at[hit]]
+        new = keys[~hit]
+        if new.size:
+            pairs = np.stack([new // self.scope.shape[0], new % self.scope.shape[0]], axis=1)
+            out[~hit] = self.add(np.ones(new.size, dtype=np.int64), pairs, smooth=False)
+            where = np.searchsorted(self.memo_keys, new)
+            self.memo_keys = np.insert(self.memo_keys, where, new)
+            self.memo_refs = np.insert(self.memo_refs, where, out[~hit])
+        return out[inverse]
+
+    def reduce(self, owner: np.ndarray, refs: np.ndarray, lists: int) -> np.ndarray:
+        """Each list's factors (``refs`` of list ``owner``, [F]) multiplied down to two: [lists, 2]
+        refs, lowest first, TRUE-padded; FALSE_SLOT in both for a FALSE list."""
+        false = np.zeros(lists, dtype=bool)
+        false[owner[refs == FALSE_SLOT]] = True
+        keep = (refs != TRUE_SLOT) & ~false[owner]
+        owner, refs = owner[keep], refs[keep]
+        out = np.full((lists, 2), TRUE_SLOT, dtype=np.int64)
+        while owner.size:
+            o = np.lexsort((refs, self.height[refs], owner))
+            owner, refs = owner[o], refs[o]
+            dup = np.concatenate(([False], (owner[1:] == owner[:-1]) & (refs[1:] == refs[:-1])))
+            owner, refs = owner[~dup], refs[~dup]
+            count = np.bincount(owner, minlength=lists)
+            first = np.cumsum(count) - count
+            rank = np.arange(owner.size) - first[owner]
+            done = count[owner] <= 2
+            out[owner[done], rank[done]] = refs[done]
+            owner, refs, rank = owner[~done], refs[~done], rank[~done]
+            if not owner.size:
+                break
+            h = self.height[refs]
+            starts = np.flatnonzero(rank == 0)
+            lowest = np.repeat(h[starts], np.diff(np.append(starts, owner.size)))
+            m = np.bincount(owner[h == lowest], minlength=lists)
+            pairs = np.minimum(np.where(m >= 2, m // 2, 1), count - 2)
+            take = rank < 2 * pairs[owner]
+            left, right = np.flatnonzero(take & (rank % 2 == 0)), np.flatnonzero(take & (rank % 2 == 1))
+            made = self.product(refs[left], refs[right])
+            owner = np.concatenate([owner[~take], owner[left]])
+            refs = np.concatenate([refs[~take], made])
+        out[false] = FALSE_SLOT
+        return out
+
+    def layout(self, root: int) -> Layout:
+        lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, dtype=np.int64)
+        elems = np.concatenate(self.elems) if self.elems else np.zeros((0, 2), dtype=np.int64)
+        ptr = np.concatenate(([0], np.cumsum(lengths)))
+        node = self.base + np.repeat(np.arange(lengths.size), lengths)
+        rows = np.flatnonzero(np.concatenate(self.smooth)) if self.smooth else np.zeros(0, dtype=np.int64)
+        lack = self.scope[node[rows]] & ~(self.scope[elems[rows, 0]] | self.scope[elems[rows, 1]])
+        implicit = np.argwhere(_bits(lack, self.n))  # (row among rows, variable), row-major
+        implicit[:, 0] = rows[implicit[:, 0]]
+        missing = np.flatnonzero(_bits(~self.scope[root][None], self.n)[0])
+        return place(self.n, ptr, elems, self.height[self.base : self.base + self.count], implicit, root, missing)
 
 
-def _children_first(edges: list[list[tuple[int, tuple]]]) -> list[int]:
-    """The nodes reachable from node 0, children before parents; ValueError on a cycle."""
-    state = [0] * len(edges)  # 0 new, 1 on the stack, 2 done
-    order: list[int] = []
-    stack = [(0, 0)]
-    state[0] = 1
-    while stack:
-        node, i = stack.pop()
-        if i < len(edges[node]):
-            stack.append((node, i + 1))
-            child = edges[node][i][0]
-            if state[child] == 1:
-                raise ValueError("the NNF has a cycle")
-            if state[child] == 0:
-                state[child] = 1
-                stack.append((child, 0))
-        else:
-            state[node] = 2
-            order.append(node)
-    return order
+def _bits(words: np.ndarray, n: int) -> np.ndarray:
+    """The bitsets [m, W] (uint64) as bool [m, n]."""
+    return np.unpackbits(words.astype("<u8").view(np.uint8), axis=1, bitorder="little")[:, :n].astype(bool)
+
+
+def _by_level(nnf: Nnf) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """The reachable nodes level by level, the edges of each level's nodes (node by node, in file
+    order), and where each level's edges start in that list (with the end): ([nodes per level],
+    edge order [E'], bounds [levels + 1])."""
+    nodes = np.flatnonzero(nnf.level >= 0)
+    nodes = nodes[np.argsort(nnf.level[nodes], kind="stable")]
+    cuts = np.flatnonzero(np.diff(nnf.level[nodes])) + 1
+    levels = np.split(nodes, cuts)
+    edges = ranges(nnf.edge_ptr[nodes], nnf.edge_ptr[nodes + 1])
+    per_node = np.diff(nnf.edge_ptr)[nodes]
+    bounds = np.concatenate(([0], np.cumsum([per_node[a:b].sum() for a, b in zip(
+        np.concatenate(([0], cuts)), np.concatenate((cuts, [nodes.size])))])))
+    return levels, edges, bounds.astype(np.int64)
+
+
+def _lit_slots(nnf: Nnf) -> np.ndarray:
+    """The layout's leaf slot of each literal: [L]."""
+    v = np.abs(nnf.lits) - 1
+    return np.where(nnf.lits > 0, 2 + v, 2 + nnf.n + v)
 
 
 def to_layout(nnf: Nnf) -> Layout:
     """The level layout of the circuit (see the module docstring); ValueError if it is FALSE."""
-    dag = Dag(nnf.n)
-    products: dict[tuple[Ref, Ref], Ref] = {}
-    height, scope = dag.height_of, dag.scope_of
-
-    def product(a: Ref, b: Ref) -> Ref:
-        """The single-element node a AND b, built once (its scope and height known: no smoothing)."""
-        key = (a, b) if a < b else (b, a)
-        got = products.get(key)
-        if got is None:
-            got = products[key] = dag.add([key], scope(a) | scope(b), implicit=[],
-                                          height=1 + max(height(a), height(b)))
-        return got
-
-    def pair(factors: list[Ref]) -> tuple[Ref, Ref] | None:
-        """The factors as one element (a, b), lowest first into single-element nodes; None if FALSE."""
-        if FALSE_SLOT in factors:
-            return None
-        live = [f for f in factors if f != TRUE_SLOT]
-        if len(live) <= 2:  # most of d4's edges: a decision literal and a child, no product to build
-            if len(live) == 2 and live[0] != live[1]:
-                a, b = live
-                return (a, b) if (height(a), a) <= (height(b), b) else (b, a)
-            return (live[0], TRUE_SLOT) if live else (TRUE_SLOT, TRUE_SLOT)
-        heap = [(height(f), f) for f in dict.fromkeys(live)]
-        heapq.heapify(heap)
-        while len(heap) > 2:
-            (_, a), (_, b) = heapq.heappop(heap), heapq.heappop(heap)
-            c = product(a, b)
-            heapq.heappush(heap, (height(c), c))
-        refs = [f for _, f in sorted(heap)] + [TRUE_SLOT] * (2 - len(heap))
-        return refs[0], refs[1]
-
-    leaf = {lit: dag.literal(abs(lit) - 1, lit > 0) for v in range(1, nnf.n + 1) for lit in (v, -v)}
-    ref: dict[int, Ref] = {}
-    for i in nnf.order:
-        k, edges = nnf.kind[i], nnf.edges[i]
-        if k in "tf":
-            ref[i] = TRUE_SLOT if k == "t" else FALSE_SLOT
+    edges_n = nnf.child.size
+    nodes = _Nodes(nnf.n, len(nnf.kind) + nnf.lits.size + edges_n + 1)
+    edge_lits = np.diff(nnf.lit_ptr)
+    lit_owner = np.repeat(np.arange(edges_n), edge_lits)
+    lit_product = nodes.reduce(lit_owner, _lit_slots(nnf), edges_n)  # [E, 2]
+    several = lit_product[:, 1] != TRUE_SLOT
+    lit_ref = lit_product[:, 0].copy()
+    lit_ref[several] = nodes.product(lit_product[several, 0], lit_product[several, 1])
+    ref = np.full(len(nnf.kind), FALSE_SLOT, dtype=np.int64)
+    parent = nnf.edge_parent
+    levels, order, bounds = _by_level(nnf)
+    for depth, level in enumerate(levels):
+        kind = nnf.kind[level]
+        ref[level[kind == TRUE]] = TRUE_SLOT
+        e = order[bounds[depth] : bounds[depth + 1]]
+        if e.size == 0:
+            ref[level[(kind == AND)]] = TRUE_SLOT  # an AND without edges; an OR without edges is FALSE
             continue
-        if k == "a" and len(edges) == 1 and not edges[0][1]:  # an AND of one child: the child
-            ref[i] = ref[edges[0][0]]
-            continue
-        terms = [[*[leaf[lit] for lit in lits], ref[c]] for c, lits in edges]
-        if k == "a":
-            both = pair([f for t in terms for f in t])
-            if both is None:
-                ref[i] = FALSE_SLOT
-            else:
-                ref[i] = both[0] if both[1] == TRUE_SLOT else product(*both)
-            continue
-        elems = [e for e in map(pair, terms) if e is not None]
-        ref[i] = dag.add(elems) if elems else FALSE_SLOT
-    return dag.layout(ref[0])
+        owner = parent[e]
+        is_or = nnf.kind[owner] == OR
+        pair = np.stack([lit_ref[e], ref[nnf.child[e]]], axis=1)
+        ors = level[kind == OR]
+        # OR nodes: an element per edge whose child is not FALSE
+        oe, opair, oowner = e[is_or], pair[is_or], owner[is_or]
+        live = opair[:, 1] != FALSE_SLOT
+        oowner, opair = oowner[live], opair[live]
+        a, b = opair[:, 0], opair[:, 1]
+        a_true, b_true = a == TRUE_SLOT, b == TRUE_SLOT
+        lo_first = (nodes.height[a] < nodes.height[b]) | ((nodes.height[a] == nodes.height[b]) & (a <= b))
+        first = np.where(a_true, b, np.where(b_true | (a == b), a, np.where(lo_first, a, b)))
+        second = np.where(a_true | b_true | (a == b), TRUE_SLOT, np.where(lo_first, b, a))
+        counts = np.bincount(oowner, minlength=len(nnf.kind))[ors]
+        if np.any(counts):
+            made = nodes.add(counts[counts > 0], np.stack([first, second], axis=1), smooth=True)
+            ref[ors[counts > 0]] = made
+        # AND nodes: their factors multiplied down to one element
+        ands = level[kind == AND]
+        if ands.size:
+            index = np.full(len(nnf.kind), -1, dtype=np.int64)
+            index[ands] = np.arange(ands.size)
+            aowner = index[owner[~is_or]]
+            two = nodes.reduce(np.repeat(aowner, 2), pair[~is_or].ravel(), ands.size)
+            single = two[:, 1] == TRUE_SLOT
+            out = two[:, 0].copy()
+            if np.any(~single):
+                out[~single] = nodes.product(two[~single, 0], two[~single, 1])
+            ref[ands] = out
+    return nodes.layout(int(ref[0]))
 
 
 def log_partition(nnf: Nnf, r) -> np.ndarray:
-    """log Z of the circuit at logits r [T, n] with leaves log sigmoid(+-r): [T] (float64).
-
-    One row at a time in Python floats (a compile checks T = 2 probe rows: per-node numpy calls
-    would cost more than the arithmetic)."""
+    """log Z of the circuit at logits r [T, n] with leaves log sigmoid(+-r): [T] (float64), a level
+    of nodes at a time: an edge's value is its child's plus its literals' weights, an AND's the sum
+    of its edges', an OR's their logsumexp."""
     r = self_check.as_logits(r)
-    pos, neg = self_check.log_sigmoid(r), self_check.log_sigmoid(-r)
-    return np.array([_row_log_partition(nnf, p, q) for p, q in zip(pos.tolist(), neg.tolist())], dtype=np.float64)
-
-
-def _row_log_partition(nnf: Nnf, pos: list[float], neg: list[float]) -> float:
-    """log Z for one row of leaf weights ``pos[v]`` = log sigmoid(r_v), ``neg[v]`` = log sigmoid(-r_v)."""
-    val: dict[int, float] = {}
-    for i in nnf.order:
-        k = nnf.kind[i]
-        if k in "tf":
-            val[i] = 0.0 if k == "t" else -math.inf
-            continue
-        terms = [val[c] + sum(pos[lit - 1] if lit > 0 else neg[-lit - 1] for lit in lits) for c, lits in nnf.edges[i]]
-        if k == "a":
-            val[i] = sum(terms)
-            continue
-        top = max(terms, default=-math.inf)
-        val[i] = top if top == -math.inf else top + math.log(sum(math.exp(t - top) for t in terms))
-    return val[0]
+    weight = np.concatenate([self_check.log_sigmoid(r).T, self_check.log_sigmoid(-r).T])  # [2n, T]
+    v = np.abs(nnf.lits) - 1
+    lit_w = weight[np.where(nnf.lits > 0, v, nnf.n + v)]  # [L, T]
+    edge_w = np.zeros((nnf.child.size, r.shape[0]))
+    has = np.flatnonzero(np.diff(nnf.lit_ptr) > 0)
+    if has.size:
+        edge_w[has] = np.add.reduceat(lit_w, nnf.lit_ptr[has], axis=0)
+    val = np.zeros((len(nnf.kind), r.shape[0]))
+    parent = nnf.edge_parent
+    levels, order, bounds = _by_level(nnf)
+    with np.errstate(invalid="ignore"):
+        for depth, level in enumerate(levels):
+            kind = nnf.kind[level]
+            val[level[(kind == FALSE) | ((kind == OR) & (np.diff(nnf.edge_ptr)[level] == 0))]] = -np.inf
+            e = order[bounds[depth] : bounds[depth + 1]]
+            if e.size == 0:
+                continue
+            ev = val[nnf.child[e]] + edge_w[e]  # [e, T]
+            owner = parent[e]
+            starts = np.flatnonzero(np.concatenate(([True], owner[1:] != owner[:-1])))
+            heads = owner[starts]
+            top = np.maximum.reduceat(ev, starts, axis=0)
+            safe = np.where(np.isfinite(top), top, 0.0)
+            lse = safe + np.log(np.add.reduceat(np.exp(ev - np.repeat(safe, np.diff(np.append(starts, e.size)), axis=0)),
+                                                starts, axis=0))
+            lse[top == -np.inf] = -np.inf
+            val[heads] = np.where((nnf.kind[heads] == AND)[:, None], np.add.reduceat(ev, starts, axis=0), lse)
+    return val[0].copy()
