@@ -198,7 +198,7 @@ def to_layout(nnf: Nnf) -> Layout:
             index[ands] = np.arange(ands.size)
             aowner = index[owner[~is_or]]
             two = nodes.reduce(np.repeat(aowner, 2), pair[~is_or].ravel(), ands.size)
-            single = two[:, 1] == TRUE_SLOT
+            single = (two[:, 1] == TRUE_SLOT) | (two[:, 0] == FALSE_SLOT)  # one factor, or FALSE
             out = two[:, 0].copy()
             if np.any(~single):
                 out[~single] = nodes.product(two[~single, 0], two[~single, 1])
@@ -221,7 +221,7 @@ def log_partition(nnf: Nnf, r) -> np.ndarray:
     val = np.zeros((len(nnf.kind), r.shape[0]))
     parent = nnf.edge_parent
     levels, order, bounds = _by_level(nnf)
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore"):
         for depth, level in enumerate(levels):
             kind = nnf.kind[level]
             val[level[(kind == FALSE) | ((kind == OR) & (np.diff(nnf.edge_ptr)[level] == 0))]] = -np.inf
