@@ -1,6 +1,7 @@
 """CNF compilation benchmark: d4 against pysdd on DIMACS files, counts checked against Ganak.
 
     python tools/bench_cnf.py FOLDER_OR_FILES... [--pysdd-timeout 60] [--cardinality]
+    python tools/bench_cnf.py FOLDER_OR_FILES... --stages [--baseline REV]
 
 For each .cnf file (a folder is searched for *.cnf): ``compile_circuit`` with d4 on an empty cache
 (compile time as ``circuit.info["compile_seconds"]``: d4, flattening, checks; the call's CPU time
@@ -11,7 +12,13 @@ time, or "> T s"). ``--cardinality`` adds the cold compile of ExactlyK(1024, 128
 ExactlyK(4096, 64) by the ``probmoe-compile`` command in fresh processes on an empty cache
 (compile time, process wall and CPU time, cache entry size), beside the pysdd compiler on
 ExactlyK(1024, 128) and a process that only imports the command (the start-up part of the wall
-time). Prints markdown tables for docs/circuits.md.
+time). ``--stages`` times instead the Python part of the d4 path on one d4 output per file (d4
+runs once: its output varies from run to run): reading the NNF text, flattening it into the
+layout, the model count, the direct log Z and the layout's log Z at the probe logits (the
+independent check), each the best of ``--repeats`` in a fresh process; with ``--baseline REV``
+the same stages of the code at git revision REV (``git archive`` into a temporary folder) on the
+same texts, each process right after this tree's, and the ratios. Prints markdown tables for
+docs/circuits.md.
 """
 
 from __future__ import annotations
@@ -42,6 +49,31 @@ with quiet_stdout():
     mgr, root = SddManager.from_cnf_file(sys.argv[1].encode(), b"balanced")
 print(time.perf_counter() - t, root.size(), root.count(), int(root.is_false()))
 """
+
+STAGES = """
+import json, sys, time
+from circuits import nnf, self_check
+text, n, repeats = open(sys.argv[1]).read(), int(sys.argv[2]), int(sys.argv[3])
+r = self_check.probe_logits(n)
+best = {}
+for _ in range(repeats):
+    t = [time.perf_counter()]
+    parsed = nnf.parse(text, n)
+    t.append(time.perf_counter())
+    layout = nnf.to_layout(parsed)
+    t.append(time.perf_counter())
+    layout.model_count()
+    t.append(time.perf_counter())
+    want = nnf.log_partition(parsed, r)
+    t.append(time.perf_counter())
+    self_check.agree(self_check.layout_log_partition(layout, r), want)
+    t.append(time.perf_counter())
+    for name, a, b in zip(("parse", "flatten", "count", "nnf log Z", "layout log Z"), t, t[1:]):
+        best[name] = min(best.get(name, 1e9), b - a)
+best["total"] = sum(best.values())
+print(json.dumps(best))
+"""
+STAGE_NAMES = ("parse", "flatten", "count", "nnf log Z", "layout log Z", "total")
 
 COMMAND = "import sys; from circuits.inspect.cli import compile_main; raise SystemExit(compile_main())"  # = probmoe-compile
 IMPORT = "import time, circuits.inspect.cli; print(time.process_time())"
@@ -141,18 +173,64 @@ def cardinality(repeats: int) -> list[tuple]:
     return rows
 
 
+def stages_in(tree: Path, nnf_path: Path, n: int, repeats: int) -> dict:
+    """The best times of each stage (``STAGES``) on one NNF text, by the code in ``tree``."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    res = subprocess.run([sys.executable, "-c", STAGES, str(nnf_path), str(n), str(repeats)], env=env, cwd=tree,
+                         capture_output=True, text=True, check=True)
+    return json.loads(res.stdout)
+
+
+def stages(files: list[Path], repeats: int, baseline: str | None) -> str:
+    """The stage table (see the module docstring)."""
+    root = Path(__file__).resolve().parent.parent
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        old = None
+        if baseline is not None:
+            old = Path(d) / "baseline"
+            old.mkdir()
+            archive = subprocess.run(["git", "archive", baseline], cwd=root, capture_output=True, check=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+        for path in files:
+            d4 = cnf.compile_d4(path)
+            if d4.count == 0:
+                continue
+            text = Path(d) / "circuit.nnf"
+            text.write_text(d4.nnf)
+            new_t = stages_in(root, text, d4.n, repeats)
+            old_t = None if old is None else stages_in(old, text, d4.n, repeats)
+            for name in STAGE_NAMES:
+                cells = [f"{new_t[name] * 1e3:.1f}"]
+                if old_t is not None:
+                    cells = [f"{old_t[name] * 1e3:.1f}", *cells, f"{old_t[name] / new_t[name]:.1f}x"]
+                rows.append((path.name if name == "parse" else "", f"{d4.nodes:,}" if name == "parse" else "",
+                             name, *cells))
+    header = ("file", "d4 nodes", "stage")
+    header += ((f"{baseline} ms", "this tree ms", "speed-up") if baseline is not None else ("ms",))
+    return table(rows, header)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("paths", nargs="*", help="DIMACS files or folders of *.cnf")
     ap.add_argument("--pysdd-timeout", type=float, default=60.0,
                     help="seconds before pysdd is stopped (default 60; 0: do not run pysdd)")
     ap.add_argument("--cardinality", action="store_true", help="also time ExactlyK(1024, 128) and (4096, 64)")
-    ap.add_argument("--repeats", type=int, default=3, help="fresh processes per cardinality row (default 3)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="fresh processes per cardinality row, or repeats per stage (default 3)")
+    ap.add_argument("--stages", action="store_true", help="time the Python stages of the d4 path instead")
+    ap.add_argument("--baseline", metavar="REV", help="with --stages: also time the code at git revision REV")
     args = ap.parse_args()
     if not args.paths and not args.cardinality:
         ap.error("give DIMACS files or folders, or --cardinality")
-    rows = []
+    if args.baseline is not None and not args.stages:
+        ap.error("--baseline goes with --stages")
     files = cnf_files(args.paths) if args.paths else []
+    if args.stages:
+        print(stages(files, args.repeats, args.baseline))
+        return
+    rows = []
     for i, path in enumerate(files, start=1):
         print(f"[{i}/{len(files)}] {path.name}", file=sys.stderr, flush=True)
         r = d4_run(path)
