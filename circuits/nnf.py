@@ -31,15 +31,17 @@ from .layout import FALSE_SLOT, TRUE_SLOT, Layout
 from .nnf_parse import AND, FALSE, OR, TRUE, Nnf, parse  # noqa: F401 (parse: the module's reader)
 
 
+_KEY = 1 << 31  # products are memoised on lo * _KEY + hi (refs below 2^31)
+
+
 class _Nodes:
     """Layout nodes made in batches: heights and scopes (bitsets, uint64 words) per ref (leaves
     first), elements per node in the order made, and the memo of products."""
 
-    def __init__(self, n: int, capacity: int):
+    def __init__(self, n: int):
         self.n, self.base = n, 2 + 2 * n
-        words = max(1, -(-n // 64))
-        self.height = np.zeros(self.base + capacity, dtype=np.int64)
-        self.scope = np.zeros((self.base + capacity, words), dtype=np.uint64)
+        self.height = np.zeros(self.base, dtype=np.int64)
+        self.scope = np.zeros((self.base, max(1, -(-n // 64))), dtype=np.uint64)
         v = np.arange(n)
         for row in (2 + v, 2 + n + v):
             self.scope[row, v // 64] = np.left_shift(np.uint64(1), (v % 64).astype(np.uint64))
@@ -47,12 +49,24 @@ class _Nodes:
         self.elems: list[np.ndarray] = []  # [m, 2] per batch
         self.lengths: list[np.ndarray] = []  # elements per node, per batch
         self.smooth: list[np.ndarray] = []  # per batch: whether its elements may need implicit pairs
-        self.memo_keys = np.zeros(0, dtype=np.int64)
+        self.memo_keys = np.zeros(0, dtype=np.int64)  # products: lo * _KEY + hi, sorted
         self.memo_refs = np.zeros(0, dtype=np.int64)
+
+    def _grow(self, nodes: int) -> None:
+        """Room for ``nodes`` more (doubling)."""
+        need = self.base + self.count + nodes
+        if need >= _KEY:
+            raise ValueError(f"the d-DNNF needs more than {_KEY:,} layout slots")
+        if need > self.height.size:
+            size = max(need, 2 * self.height.size)
+            self.scope = np.concatenate([self.scope, np.zeros((size - self.scope.shape[0], self.scope.shape[1]),
+                                                              dtype=np.uint64)])
+            self.height = np.concatenate([self.height, np.zeros(size - self.height.size, dtype=np.int64)])
 
     def add(self, lengths: np.ndarray, elems: np.ndarray, smooth: bool) -> np.ndarray:
         """New nodes, node i the OR of the next lengths[i] rows of elems [m, 2]: their refs."""
         nodes = lengths.size
+        self._grow(nodes)
         refs = self.base + self.count + np.arange(nodes)
         starts = np.cumsum(lengths) - lengths
         under = self.scope[elems[:, 0]] | self.scope[elems[:, 1]]
@@ -67,14 +81,14 @@ class _Nodes:
     def product(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """The single-element nodes a AND b (a != b), each built once: their refs."""
         lo, hi = np.minimum(a, b), np.maximum(a, b)
-        keys, inverse = np.unique(lo * self.scope.shape[0] + hi, return_inverse=True)
+        keys, inverse = np.unique(lo * _KEY + hi, return_inverse=True)
         at = np.minimum(np.searchsorted(self.memo_keys, keys), max(self.memo_keys.size - 1, 0))
         hit = (self.memo_keys[at] == keys) if self.memo_keys.size else np.zeros(keys.size, dtype=bool)
         out = np.empty(keys.size, dtype=np.int64)
         out[hit] = self.memo_refs[at[hit]]
         new = keys[~hit]
         if new.size:
-            pairs = np.stack([new // self.scope.shape[0], new % self.scope.shape[0]], axis=1)
+            pairs = np.stack([new // _KEY, new % _KEY], axis=1)
             out[~hit] = self.add(np.ones(new.size, dtype=np.int64), pairs, smooth=False)
             where = np.searchsorted(self.memo_keys, new)
             self.memo_keys = np.insert(self.memo_keys, where, new)
@@ -157,7 +171,7 @@ def _lit_slots(nnf: Nnf) -> np.ndarray:
 def to_layout(nnf: Nnf) -> Layout:
     """The level layout of the circuit (see the module docstring); ValueError if it is FALSE."""
     edges_n = nnf.child.size
-    nodes = _Nodes(nnf.n, len(nnf.kind) + nnf.lits.size + edges_n + 1)
+    nodes = _Nodes(nnf.n)
     edge_lits = np.diff(nnf.lit_ptr)
     lit_owner = np.repeat(np.arange(edges_n), edge_lits)
     lit_product = nodes.reduce(lit_owner, _lit_slots(nnf), edges_n)  # [E, 2]
