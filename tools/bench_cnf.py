@@ -2,6 +2,7 @@
 
     python tools/bench_cnf.py FOLDER_OR_FILES... [--pysdd-timeout 60] [--cardinality]
     python tools/bench_cnf.py FOLDER_OR_FILES... --stages [--baseline REV]
+    python tools/bench_cnf.py --estimates
 
 For each .cnf file (a folder is searched for *.cnf): ``compile_circuit`` with d4 on an empty cache
 (compile time as ``circuit.info["compile_seconds"]``: d4, flattening, checks; the call's CPU time
@@ -17,7 +18,10 @@ runs once: its output varies from run to run): reading the NNF text, flattening 
 layout, the model count, the direct log Z and the layout's log Z at the probe logits (the
 independent check), each the best of ``--repeats`` in a fresh process; with ``--baseline REV``
 the same stages of the code at git revision REV (``git archive`` into a temporary folder) on the
-same texts, each process right after this tree's, and the ratios. Prints markdown tables for
+same texts, each process right after this tree's, and the ratios. ``--estimates`` compares the
+size estimate (``circuits.estimate``, what the size limit refuses on) with the direct compiler on
+the counting specs of docs/circuits.md: estimated and real live elements, estimated seconds and
+the measured ``compile_seconds`` on an empty cache (median of 3). Prints markdown tables for
 docs/circuits.md.
 """
 
@@ -211,6 +215,34 @@ def stages(files: list[Path], repeats: int, baseline: str | None) -> str:
     return table(rows, header)
 
 
+ESTIMATED = (
+    circuits.ExactlyK(64, 8), circuits.ExactlyK(1024, 128), circuits.ExactlyK(4096, 64), circuits.ExactlyK(16384, 16),
+    circuits.ExactlyK(100000, 2), circuits.RangeK(512, 100, 400), circuits.RangeK(1024, 0, 128),
+    circuits.GroupLimited(256, 64, 8, 4), circuits.GroupCapacity(1024, 128, 64, 4), circuits.GroupCapacity(2048, 64, 256, 1),
+    circuits.GroupCapacity(48, groups=[8, 16, 4, 20], capacity=3, kmin=2, kmax=9),
+)
+
+
+def estimates() -> str:
+    """The estimate against the direct compiler (see the module docstring)."""
+    from circuits.estimate import estimate
+
+    rows = []
+    for spec in ESTIMATED:
+        est = estimate(spec)
+        times, real = [], None
+        for _ in range(3):
+            with tempfile.TemporaryDirectory() as d:
+                c = circuits.compile_circuit(spec, cache_dir=d)
+                times.append(c.info["compile_seconds"])
+                real = c.sizes()["elements"]
+        measured = sorted(times)[1]
+        rows.append((spec.describe(), f"{'' if est.exact else '≤ '}{est.elements:,}", f"{real:,}",
+                     f"{est.steps / 1e6:.2f}M", f"{est.seconds:.2f}", f"{measured:.2f}", f"{est.seconds / measured:.1f}"))
+    return table(rows, ("spec", "estimated elements", "real elements", "steps", "estimated s", "measured s",
+                        "estimated / measured"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("paths", nargs="*", help="DIMACS files or folders of *.cnf")
@@ -219,9 +251,13 @@ def main() -> None:
     ap.add_argument("--cardinality", action="store_true", help="also time ExactlyK(1024, 128) and (4096, 64)")
     ap.add_argument("--repeats", type=int, default=3,
                     help="fresh processes per cardinality row, or repeats per stage (default 3)")
+    ap.add_argument("--estimates", action="store_true", help="the size estimate against the direct compiler")
     ap.add_argument("--stages", action="store_true", help="time the Python stages of the d4 path instead")
     ap.add_argument("--baseline", metavar="REV", help="with --stages: also time the code at git revision REV")
     args = ap.parse_args()
+    if args.estimates:
+        print(estimates())
+        return
     if not args.paths and not args.cardinality:
         ap.error("give DIMACS files or folders, or --cardinality")
     if args.baseline is not None and not args.stages:
