@@ -141,7 +141,7 @@ def _parse_lines(text: str, n: int) -> Nnf:
         words = line.split()
         if not words or words[0] == "c":
             continue
-        if words[0] in KINDS:
+        if len(words[0]) == 1 and words[0] in KINDS:
             if len(words) != 3 or words[2] != "0" or not words[1].isdigit() or int(words[1]) in ids:
                 raise ValueError(f"NNF line {no}: expected a new node 'KIND ID 0', got {line!r}")
             ids[int(words[1])] = len(kind)

@@ -60,6 +60,7 @@ def test_other_spellings_read_as_the_line_reader_reads_them(text, fast):
     ("o 1 0\nt 2 0\n1 2 1 0 2 0\n", "literals must be in"),  # two edges on one line
     ("o 1 0 o 2 0\n", "expected a new node"),
     ("o 1 0\no 1\n", "expected a new node"),
+    ("at 1 0\n", "expected 'PARENT CHILD"),
     ("o 1 0\n1 1 0\n", "cycle"),
 ])
 def test_more_bad_text_is_refused_by_line(text, match):
