@@ -130,6 +130,8 @@ class _Nodes:
         return out
 
     def layout(self, root: int) -> Layout:
+        """The Layout under ``root``: the implicit pairs of the OR nodes' elements (the variables of
+        the node an element does not mention) and of the root, then ``dag.place``."""
         lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, dtype=np.int64)
         elems = np.concatenate(self.elems) if self.elems else np.zeros((0, 2), dtype=np.int64)
         ptr = np.concatenate(([0], np.cumsum(lengths)))
