@@ -1,11 +1,12 @@
 """A circuit as a DAG of OR-of-pairs nodes, flattened into the level ``Layout`` every evaluator takes.
 
-The compilers that do not go through pysdd (the count trees of ``circuits.count_tree``, the
-d-DNNFs of ``circuits.nnf``) add their nodes here one at a time: a node is an OR over elements
-(a, b) whose value is val[a] + val[b] (an AND of two children), exactly the decision nodes of a
-pruned SDD. ``Dag.layout(root)`` then places them the way ``circuits.layout.build_layout`` places an
-SDD's: by height (1 + the highest child's), a group per fan-in bucket (``MAX_PADDING``), nodes in
-the order they were added within a height, and the synthetic root group last.
+The compilers that do not go through pysdd build such nodes: a node is an OR over elements (a, b)
+whose value is val[a] + val[b] (an AND of two children), exactly the decision nodes of a pruned
+SDD. The count trees of ``circuits.count_tree`` add them to a ``Dag`` one at a time; the d-DNNFs
+of ``circuits.nnf`` make them as arrays, in batches. ``place`` (``Dag.layout`` calls it) lays them
+out the way ``circuits.layout.build_layout`` places an SDD's: by height (1 + the highest child's),
+a group per fan-in bucket (``MAX_PADDING``), nodes in the order they were added within a height,
+and the synthetic root group last (numpy over all nodes at once, but the bucket split).
 
 References (``Ref``) are slots of the layout's leaf rows for FALSE, TRUE and the literals
 (``FALSE_SLOT``, ``TRUE_SLOT``, ``2 + i`` for x_i, ``2 + n + i`` for its negation) and
@@ -24,14 +25,6 @@ import numpy as np
 from .layout import _buckets, FALSE_SLOT, TRUE_SLOT, Layout
 
 Ref = int
-
-
-def bits(vars_: list[int] | range) -> int:
-    """The bitset (a Python int) of 0-based variables."""
-    out = 0
-    for v in vars_:
-        out |= 1 << v
-    return out
 
 
 def _members(mask: int) -> list[int]:
@@ -143,7 +136,8 @@ def place(n: int, ptr: np.ndarray, elems: np.ndarray, height: np.ndarray, implic
     member = ids[np.concatenate(order)] if order else ids  # node per slot, in slot order
     group_of = np.repeat(np.arange(len(order)), sizes)
     group_rows = np.concatenate(([0], np.cumsum(sizes * fanin)))
-    node_row = group_rows[group_of] + (np.arange(member.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)) * fanin[group_of]
+    position = np.arange(member.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)  # within its group
+    node_row = group_rows[group_of] + position * fanin[group_of]
     rows = group_rows[-1]
     slot_of = np.arange(base + nodes, dtype=np.int64)  # ref -> slot (leaves map to themselves)
     slot_of[base + member] = base + np.arange(member.size)

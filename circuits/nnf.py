@@ -71,7 +71,8 @@ class _Nodes:
         starts = np.cumsum(lengths) - lengths
         under = self.scope[elems[:, 0]] | self.scope[elems[:, 1]]
         self.scope[refs] = np.bitwise_or.reduceat(under, starts, axis=0)
-        self.height[refs] = 1 + np.maximum.reduceat(np.maximum(self.height[elems[:, 0]], self.height[elems[:, 1]]), starts)
+        higher = np.maximum(self.height[elems[:, 0]], self.height[elems[:, 1]])
+        self.height[refs] = 1 + np.maximum.reduceat(higher, starts)
         self.count += nodes
         self.elems.append(elems)
         self.lengths.append(lengths)
@@ -250,8 +251,8 @@ def log_partition(nnf: Nnf, r) -> np.ndarray:
             heads = owner[starts]
             top = np.maximum.reduceat(ev, starts, axis=0)
             safe = np.where(np.isfinite(top), top, 0.0)
-            lse = safe + np.log(np.add.reduceat(np.exp(ev - np.repeat(safe, np.diff(np.append(starts, e.size)), axis=0)),
-                                                starts, axis=0))
+            spread = np.repeat(safe, np.diff(np.append(starts, e.size)), axis=0)  # [e, T] its node's max
+            lse = safe + np.log(np.add.reduceat(np.exp(ev - spread), starts, axis=0))
             lse[top == -np.inf] = -np.inf
             val[heads] = np.where((nnf.kind[heads] == AND)[:, None], np.add.reduceat(ev, starts, axis=0), lse)
     return val[0].copy()
