@@ -229,9 +229,10 @@ sys.exit(status)
 
 @pytest.mark.slow
 def test_ctrl_c_under_torchrun_stops_every_rank_cleanly(tmp_path, data):
-    """A Ctrl-C reaches torchrun and both ranks (one process group); torchrun forwards it again.
+    """A Ctrl-C reaches torchrun (the ranks run in sessions of their own), which forwards it.
     Every rank ends with status 130 and no traceback at the same step; rank 0 prints the line.
-    (torchrun itself reports the signal with its own traceback: that is torch's launcher.)"""
+    (torchrun itself reports the signal with its own traceback and status 1: probmoe.cli.launch,
+    below, does not.)"""
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     out = tmp_path / "run"
@@ -249,3 +250,38 @@ def test_ctrl_c_under_torchrun_stops_every_rank_cleanly(tmp_path, data):
     assert len(lines) == 1 and "interrupted" not in errs[1], errs
     assert state.latest_checkpoint(str(out)) in lines[0]
     assert_only_complete_checkpoints(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_the_launcher_ends_as_the_ranks_do(tmp_path, data, signum):
+    """python -m probmoe.cli.launch (torchrun's entry in-process): a signal to it ends it with
+    128 + the signal's number and no output of its own (plain torchrun: a traceback and status 1);
+    rank 0's line is the only one on the terminal."""
+    out = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "probmoe.cli.launch", "--standalone", "--nproc_per_node", "2",
+                             "-m", "probmoe.cli.train", *LONG, "--data", data, "--output-dir", str(out),
+                             "--max-steps", "1000"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_for(out / "checkpoint-000001", proc)
+    os.killpg(proc.pid, signum)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signum, stderr[-4000:]
+    lines = [line for line in stderr.splitlines() if "torch/distributed/run.py" not in line]  # its OMP banner
+    name = signal.Signals(signum).name
+    assert len(lines) == 1 and lines[0].startswith(f"interrupted ({name}) after step "), stderr[-4000:]
+    assert state.latest_checkpoint(str(out)) in lines[0] and "Traceback" not in stderr and not stdout
+    assert_only_complete_checkpoints(out)
+
+
+@pytest.mark.slow
+def test_the_launcher_runs_to_the_end(tmp_path, data):
+    """Without a signal the launcher is torchrun: status 0, the final model written."""
+    out = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-m", "probmoe.cli.launch", "--standalone", "--nproc_per_node", "2", "-m",
+                           "probmoe.cli.train", *LONG, "--data", data, "--output-dir", str(out), "--max-steps", "2"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert (out / "model.safetensors").exists()
