@@ -13,7 +13,9 @@ the one that ended the command change nothing. ``probmoe.cli.launch`` is torchru
 ranks do (status 130/143, no traceback).
 
 The command maps ``Interrupted`` to status 128 + the signal number (130 for SIGINT, 143 for
-SIGTERM, as a shell reports a process the signal ended) and one line, ``message``.
+SIGTERM, as a shell reports a process the signal ended) and one line: ``message`` for
+``probmoe-train``, ``ended`` for ``probmoe-eval`` and ``probmoe-analyze`` (no ``deferred()``
+block there: they stop at once and say what they had written).
 """
 
 from __future__ import annotations
@@ -111,4 +113,11 @@ def report(error: Interrupted, output_dir: str) -> int:
     if os.environ.get("RANK", "0") == "0":
         print(message(error, state.latest_checkpoint(output_dir)), file=sys.stderr, flush=True)
     distributed.teardown(barrier=error.at_boundary)
+    return error.status
+
+
+def ended(error: Interrupted, doing: str, written: str) -> int:
+    """What ``probmoe-eval`` and ``probmoe-analyze`` do with ``error``: one line, ``interrupted
+    (SIGINT) while <doing>; <written>``; returns the exit status."""
+    print(f"interrupted ({signal.Signals(error.signum).name}) while {doing}; {written}", file=sys.stderr, flush=True)
     return error.status

@@ -285,3 +285,70 @@ def test_the_launcher_runs_to_the_end(tmp_path, data):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     assert (out / "model.safetensors").exists()
+
+
+# ---- probmoe-eval and probmoe-analyze: stop at once, one line saying what was written
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data):
+    out = tmp_path_factory.mktemp("trained") / "run"
+    assert train.main([*LONG, "--data", data, "--output-dir", str(out), "--max-steps", "1"]) == 0
+    return out
+
+
+def signal_on_call(monkeypatch, owner, name, signum, call=1):
+    """``owner.name`` sends this process ``signum`` on its ``call``-th call (before doing its work)."""
+    original, calls = getattr(owner, name), []
+
+    def wrapped(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            signal.raise_signal(signum)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(owner, name, wrapped)
+
+
+def test_eval_interrupted_while_generating_says_what_it_wrote(tmp_path, trained, data, monkeypatch, capsys):
+    from probmoe.cli import evaluate
+    from probmoe.eval import generation
+
+    out = tmp_path / "eval"
+    signal_on_call(monkeypatch, generation, "complete", signal.SIGINT, call=2)  # in the second batch of 2
+    args = ["--checkpoint", str(trained), "--data", data, "--limit", "6", "--batch-size", "2", "--max-new-tokens", "4",
+            "--no-progress", "--output", str(out)]
+    assert evaluate.main(args) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"interrupted (SIGINT) while evaluating {trained}; {out / 'results.jsonl'} holds 2 of the 6 "
+                   "problems and there is no summary.json: run the same command with --overwrite to evaluate them all"]
+    assert len((out / "results.jsonl").read_text().splitlines()) == 2 and not (out / "summary.json").exists()
+    (out / "summary.json").write_text("{}")  # an earlier run's, which an interrupted --overwrite run removes
+    monkeypatch.undo()
+    signal_on_call(monkeypatch, generation, "complete", signal.SIGINT, call=1)
+    assert evaluate.main([*args, "--overwrite"]) == 130
+    assert "holds 0 of the 6 problems" in capsys.readouterr().err and not (out / "summary.json").exists()
+
+
+def test_eval_interrupted_while_loading_wrote_nothing(tmp_path, trained, data, monkeypatch, capsys):
+    from probmoe.cli import evaluate
+    from probmoe.experiments import checkpoints
+
+    signal_on_call(monkeypatch, checkpoints, "load", signal.SIGTERM)
+    out = tmp_path / "eval"
+    assert evaluate.main(["--checkpoint", str(trained), "--data", data, "--limit", "2", "--no-progress", "--output",
+                          str(out)]) == 143
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"interrupted (SIGTERM) while evaluating {trained}; nothing was written"]
+    assert not out.exists()
+
+
+def test_analyze_interrupted_wrote_nothing(tmp_path, trained, data, monkeypatch, capsys):
+    from probmoe.cli import analyze
+    from probmoe.experiments import capture
+
+    signal_on_call(monkeypatch, capture, "analyze", signal.SIGINT)
+    out = tmp_path / "analysis"
+    assert analyze.main(["--checkpoint", str(trained), "--data", data, "--limit", "2", "--no-progress", "--output",
+                         str(out)]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"interrupted (SIGINT) while analysing the routing; nothing was written to {out}"]
+    assert not out.exists()
