@@ -61,7 +61,7 @@ def main(argv=None) -> int:
         from probmoe.experiments.trainer import Trainer
         from probmoe.integrations.transformers.weights_file import check_weights_files
 
-        tracking.check(cfg.report_to)
+        tracking.check(cfg.report_to, cfg.output_dir)
         if os.path.isdir(cfg.model):
             check_weights_files(cfg.model)
         return Trainer(cfg)
