@@ -295,6 +295,60 @@ def check_accelerate_resume(tmp_path, family, method, **kwargs):
         assert any(bool(t.abs().sum() > 0) for t in state.values()), sorted(state)
 
 
+# Each rank: 2 DDP steps (accelerate, gloo) = 1 step, save_state, load_state into a model initialised with
+# another seed, the second step; writes its max difference and whether the routing state moved.
+ACCELERATE_RANK = """
+import json, os, sys, torch
+from accelerate import Accelerator
+import probmoe.integrations.transformers as pt
+from probmoe.integrations.transformers import controls
+from probmoe.integrations.transformers.testing import tiny_model
+where, rank = sys.argv[1], int(os.environ["RANK"])
+
+def setup(seed):
+    accelerator = Accelerator(cpu=True)
+    model = pt.patch_model(tiny_model("olmoe", seed=seed), "defaultmoe", aux_loss=0.01)
+    model.config.output_router_logits = True
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    return (accelerator, *accelerator.prepare(model, optimizer))
+
+def steps(model, accelerator, optimizer, batches):
+    for x in batches:
+        accelerator.backward(model(x, labels=x).loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        controls.after_step(accelerator.unwrap_model(model))
+
+x = torch.randint(3, 40, (16, 16), generator=torch.Generator().manual_seed(0))[rank::2]
+accelerator, full, optimizer = setup(0)
+assert type(full).__name__ == "DistributedDataParallel", type(full)
+steps(full, accelerator, optimizer, [x[:4]])
+accelerator.save_state(os.path.join(where, "state"))
+steps(full, accelerator, optimizer, [x[4:]])
+accelerator, resumed, optimizer = setup(1)
+accelerator.load_state(os.path.join(where, "state"))
+steps(resumed, accelerator, optimizer, [x[4:]])
+a, b = (accelerator.unwrap_model(m).state_dict() for m in (full, resumed))
+moved = [float(a[k].abs().sum()) for k in a if k.endswith("probmoe_defaults")]
+with open(os.path.join(where, f"rank{rank}.json"), "w") as f:
+    json.dump({"diff": max((a[k] - b[k]).abs().max().item() for k in a), "moved": moved}, f)
+"""
+
+
+@pytest.mark.slow
+def test_accelerate_resume_is_exact_with_two_processes(tmp_path):
+    """The DDP-wrapped model's load_state_dict (the wrapper's, not the patched model's) restores the
+    routing state too: DefaultMoE over 2 gloo ranks under torchrun, bit for bit on both."""
+    import json
+
+    from rank_runs import run_ranks
+
+    run_ranks(tmp_path, 2, ACCELERATE_RANK, [])
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert result["diff"] == 0 and len(result["moved"]) == 2 and min(result["moved"]) > 0, result
+
+
 def test_upstream_trainer_resume_still_loses_the_experts(tmp_path):
     """The bug the workaround is for, on a stock (unpatched) OLMoE under the installed transformers.
     When this fails, the installed release resumes MoE experts by itself: set resume.FIXED_IN to
