@@ -352,3 +352,16 @@ def test_analyze_interrupted_wrote_nothing(tmp_path, trained, data, monkeypatch,
     assert capsys.readouterr().err.strip().splitlines() == [
         f"interrupted (SIGINT) while analysing the routing; nothing was written to {out}"]
     assert not out.exists()
+
+
+def test_analyze_interrupted_while_writing_finishes_the_files(tmp_path, trained, data, monkeypatch, capsys):
+    from probmoe.analysis import report
+    from probmoe.cli import analyze
+
+    signal_on_call(monkeypatch, report, "write", signal.SIGTERM)
+    out = tmp_path / "analysis"
+    assert analyze.main(["--checkpoint", str(trained), "--data", data, "--limit", "2", "--no-progress", "--output",
+                         str(out)]) == 143
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        f"interrupted (SIGTERM) while writing the analysis; it is complete in {out}"
+    assert {"analysis.json", "analysis.csv", "tokens.csv"} <= set(os.listdir(out))
