@@ -39,6 +39,17 @@ def main(argv=None) -> int:
     cfg = config_parser.parse(AnalyzeConfig, p, argv)
     common.require_extras(p)
     common.quiet_progress(not cfg.progress)
+    from probmoe.experiments import interrupts
+
+    with interrupts.catch():
+        try:
+            return _analyze(p, cfg)
+        except interrupts.Interrupted as e:  # before report.write, which runs deferred: nothing written
+            return interrupts.ended(e, "analysing the routing", f"nothing was written to {cfg.output}")
+
+
+def _analyze(p: argparse.ArgumentParser, cfg: AnalyzeConfig) -> int:
+    from probmoe.experiments import interrupts
 
     def body():
         import torch
@@ -64,15 +75,17 @@ def main(argv=None) -> int:
 
     results, described, tokens = options.run_or_exit(p, lambda: capture.analyze(
         runs, data_records, cfg, load, common.progress_bar(cfg.progress)))
-    # the output folder only once every model has loaded and routed
-    figures = report.write(cfg.output, results, tokens, {
-        "data": files, "records": {name: len(r) for name, r in data_records.items()},
-        "format": {name: r.format for name, r in data_records.items()}, "routing": described})
+    with interrupts.deferred():  # the output folder only once every model has loaded and routed, written whole
+        figures = report.write(cfg.output, results, tokens, {
+            "data": files, "records": {name: len(r) for name, r in data_records.items()},
+            "format": {name: r.format for name, r in data_records.items()}, "routing": described})
     for line in report.summary_lines(results, tokens, described):
         print(line)
     print(f"{len(figures)} figures, analysis.json, analysis.csv and tokens.csv in {cfg.output}", file=sys.stderr)
+    if interrupts.requested() is not None:  # a signal while writing: the files are whole, the status says it came
+        return interrupts.ended(interrupts.Interrupted(interrupts.requested()), "writing the analysis",
+                                f"it is complete in {cfg.output}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

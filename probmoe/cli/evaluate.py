@@ -45,7 +45,18 @@ def main(argv=None) -> int:
         return evaluate_tasks.main(p, cfg)
     cfg.max_new_tokens = cfg.max_new_tokens or 256
     cfg.max_length = cfg.max_length or 1024
+    out = cfg.output or os.path.join(cfg.checkpoint, f"eval-{cfg.method or 'saved'}")
+    from probmoe.experiments import interrupts
 
+    started = []  # the problems, once the evaluation has started writing into ``out``
+    with interrupts.catch():
+        try:
+            return _evaluate(p, cfg, out, started)
+        except interrupts.Interrupted as e:
+            return interrupts.ended(e, f"evaluating {cfg.checkpoint}", _written(out, started))
+
+
+def _evaluate(p: argparse.ArgumentParser, cfg: EvalConfig, out: str, started: list) -> int:
     def body():
         import torch
 
@@ -53,18 +64,21 @@ def main(argv=None) -> int:
 
         records = formats.read(cfg.data, "question-answer").head(cfg.limit).rows
         checkpoints.check(cfg.checkpoint)
-        out = cfg.output or os.path.join(cfg.checkpoint, f"eval-{cfg.method or 'saved'}")
         options.check_output_folder(out, FILES, cfg.overwrite)
         model, tokenizer = checkpoints.load(cfg.checkpoint, method=cfg.method, device=options.device(cfg.device),
                                             dtype=getattr(torch, cfg.dtype), k=cfg.k, kmin=cfg.kmin, kmax=cfg.kmax,
                                             backend=cfg.backend, grad=cfg.grad)
         os.makedirs(out, exist_ok=True)  # only once the model has loaded
-        return records, out, model, tokenizer
+        return records, model, tokenizer
 
-    records, out, model, tokenizer = options.run_or_exit(p, body)
+    records, model, tokenizer = options.run_or_exit(p, body)
     from probmoe.eval import generation
     from probmoe.experiments import checkpoints
 
+    for name in FILES:  # --overwrite: an interrupted run leaves no earlier run's files beside its own
+        if os.path.exists(os.path.join(out, name)):
+            os.remove(os.path.join(out, name))
+    started.append(len(records))
     summary = generation.evaluate(
         model, tokenizer, records, out, batch_size=cfg.batch_size, max_length=cfg.max_length,
         max_new_tokens=cfg.max_new_tokens, generate=not cfg.skip_generation, progress=common.progress_bar(cfg.progress),
@@ -78,6 +92,15 @@ def main(argv=None) -> int:
     print(f"results in {out}", file=sys.stderr)
     return 0
 
+
+def _written(out: str, started: list) -> str:
+    """What an interrupted evaluation left in ``out``."""
+    if not started:
+        return "nothing was written"
+    path = os.path.join(out, "results.jsonl")
+    done = sum(1 for _ in open(path, encoding="utf-8")) if os.path.exists(path) else 0
+    return f"{path} holds {done} of the {started[0]} problems and there is no summary.json: run the same command " \
+           "with --overwrite to evaluate them all"
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -39,13 +39,29 @@ def main(p: argparse.ArgumentParser, cfg) -> int:
         os.makedirs(out, exist_ok=True)  # only once the model has loaded
         return tasks, manager, out, lm
 
-    tasks, manager, out, lm = options.run_or_exit(p, body)
-    from probmoe.eval import harness
+    from probmoe.experiments import interrupts
 
-    results = options.run_or_exit(p, lambda: harness.evaluate(
-        lm, tasks, manager, limit=cfg.limit, num_fewshot=cfg.num_fewshot,
-        allow_code_execution=cfg.allow_code_execution, log_samples=cfg.log_samples, seed=cfg.seed))
+    with interrupts.catch():
+        try:
+            tasks, manager, out, lm = options.run_or_exit(p, body)
+            from probmoe.eval import harness
+
+            results = options.run_or_exit(p, lambda: _evaluate(harness, lm, tasks, manager, cfg))
+        except interrupts.Interrupted as e:  # the harness writes its results only at the end
+            return interrupts.ended(e, f"running {cfg.tasks} on {cfg.checkpoint}", "nothing was written")
     for line in harness.write_results(out, results):
         print(line)
     print(f"results in {out}", file=sys.stderr)
     return 0
+
+
+def _evaluate(harness, lm, tasks, manager, cfg) -> dict:
+    """``harness.evaluate``; a task whose data cannot be downloaded is a ValueError saying why."""
+    try:
+        return harness.evaluate(lm, tasks, manager, limit=cfg.limit, num_fewshot=cfg.num_fewshot,
+                                allow_code_execution=cfg.allow_code_execution, log_samples=cfg.log_samples,
+                                seed=cfg.seed)
+    except ConnectionError as e:  # datasets' "Couldn't reach 'cais/mmlu' on the Hub"
+        raise ValueError(f"--tasks {cfg.tasks}: the harness could not download a task's data ({e}); it fetches it "
+                         "from the Hugging Face Hub on first use and caches it: run once with network access, or "
+                         "with HF_DATASETS_OFFLINE=1 where the cache has it") from None

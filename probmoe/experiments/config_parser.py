@@ -36,7 +36,7 @@ def parser(config_cls, prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="FILE", help="a YAML (.yaml, .yml) or TOML (.toml) file setting any of these "
                    "options, keys named as the flags (max-steps: 200); flags given here override it")
     groups, exclusive = {}, {}
-    for f in fields(config_cls):
+    for f in sorted(fields(config_cls), key=lambda f: bool(f.metadata.get("group"))):  # sections after the rest
         meta = f.metadata
         target = p
         if meta.get("group"):

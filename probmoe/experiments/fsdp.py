@@ -9,7 +9,8 @@ and reduce gradients in fp32 (``MixedPrecisionPolicy``); gradients are averaged 
 DDP does, so the loss scaling of ``trainer`` holds unchanged.
 
 Checkpoints: the model and AdamW shards go through ``torch.distributed.checkpoint`` (one
-``__<rank>_0.distcp`` file per rank and ``.metadata``), resharded on load; the final model is
+``__<rank>_0.distcp`` file per rank and ``.metadata``), resharded on load, with each rank's
+routing state (``rank_routing_state``); the final model is
 gathered to rank 0 and written by ``save_pretrained`` as a stock transformers checkpoint with
 ``probmoe_routing.json``.
 """
@@ -71,23 +72,51 @@ def build(path: str, *, seed: int, dtype: torch.dtype, layers: int | None, world
 
 
 def save_shards(directory: str, model, optimizer) -> None:
-    """Every rank writes its model and AdamW shards into ``directory`` (collective)."""
+    """Every rank writes its model and AdamW shards into ``directory`` (collective), and its own
+    copy of the routing state (``rank_routing_state``)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=directory)
+    dcp.save({"model": model_state, "optimizer": optim_state, **rank_routing_state(model)}, checkpoint_id=directory)
 
 
 def load_shards(directory: str, model, optimizer) -> None:
-    """Read the shards ``save_shards`` wrote (at any world size) into ``model`` and ``optimizer``."""
+    """Read the shards ``save_shards`` wrote into ``model`` and ``optimizer`` (model and AdamW at
+    any world size; the routing state per rank, at the world size that wrote it, which a resume
+    checks)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optim_state}
+    state = {"model": model_state, "optimizer": optim_state, **rank_routing_state(model)}
     dcp.load(state, checkpoint_id=directory)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    if "routing" in state:  # after set_state_dict, which sets rank 0's copy from the model shards
+        from probmoe.integrations.transformers import runtime_state
+
+        with torch.no_grad():
+            for name, buf in runtime_state.state_buffers(model).items():
+                buf.copy_(state["routing"][routing_key()][name])
+
+
+def routing_key() -> str:
+    import torch.distributed as dist
+
+    return f"rank{dist.get_rank()}"
+
+
+def rank_routing_state(model) -> dict:
+    """{"routing": {"rank<r>": {name: copy of the buffer}}} for this rank r, or {} for a model
+    without routing state. The model shards hold one copy of it (the buffers are replicated, not
+    sharded), but DefaultMoE's default outputs follow each rank's own tokens (FSDP, unlike DDP,
+    never broadcasts buffers), so each rank keeps its own to resume exactly."""
+    from probmoe.integrations.transformers import runtime_state
+
+    buffers = runtime_state.state_buffers(model)
+    if not buffers:
+        return {}
+    return {"routing": {routing_key(): {name: buf.detach().clone() for name, buf in buffers.items()}}}
 
 
 def stock_architecture(model) -> str:

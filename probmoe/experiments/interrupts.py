@@ -5,13 +5,17 @@ wherever they land. Outside a ``deferred()`` block (loading, checking) nothing i
 so a signal raises ``Interrupted`` at once. Inside one (the training loop and its saves) it only
 records the signal: the loop asks ``requested()`` between steps and stops there, and a save
 under way finishes. A second Ctrl-C (SIGINT) inside the block raises ``Interrupted`` at once:
-the way out of a stuck step; a save it cuts short is discarded (``state.save``). Under torchrun
-a Ctrl-C reaches every rank twice, from the terminal and forwarded by torchrun (which forwards a
-SIGTERM as SIGTERM): a SIGINT within ``SAME_PRESS_S`` of the first, or a SIGTERM, is not a
-second press. Signals after the one that ended the command change nothing.
+the way out of a stuck step; a save it cuts short is discarded (``state.save``). torchrun
+forwards the signal it gets to every rank (a second one as SIGTERM); a launcher that leaves the
+ranks in the terminal's process group delivers a Ctrl-C twice, from the terminal and forwarded: a
+SIGINT within ``SAME_PRESS_S`` of the first, or a SIGTERM, is not a second press. Signals after
+the one that ended the command change nothing. ``probmoe.cli.launch`` is torchrun ending as the
+ranks do (status 130/143, no traceback).
 
 The command maps ``Interrupted`` to status 128 + the signal number (130 for SIGINT, 143 for
-SIGTERM, as a shell reports a process the signal ended) and one line, ``message``.
+SIGTERM, as a shell reports a process the signal ended) and one line: ``message`` for
+``probmoe-train``, ``ended`` for ``probmoe-eval`` and ``probmoe-analyze`` (no ``deferred()``
+block there: they stop at once and say what they had written).
 """
 
 from __future__ import annotations
@@ -109,4 +113,11 @@ def report(error: Interrupted, output_dir: str) -> int:
     if os.environ.get("RANK", "0") == "0":
         print(message(error, state.latest_checkpoint(output_dir)), file=sys.stderr, flush=True)
     distributed.teardown(barrier=error.at_boundary)
+    return error.status
+
+
+def ended(error: Interrupted, doing: str, written: str) -> int:
+    """What ``probmoe-eval`` and ``probmoe-analyze`` do with ``error``: one line, ``interrupted
+    (SIGINT) while <doing>; <written>``; returns the exit status."""
+    print(f"interrupted ({signal.Signals(error.signum).name}) while {doing}; {written}", file=sys.stderr, flush=True)
     return error.status

@@ -136,13 +136,17 @@ def materialize(model, source, device: torch.device) -> None:
     DTensor parameter keeps only its shard, scattered from rank 0, where ``source`` is called: the
     other ranks never hold the full tensor; ``source`` None: left unset, for a caller that loads
     every value next), the non-persistent buffers (rotary frequencies) by transformers' own
-    initialiser."""
+    initialiser, a patched model's routing state at its initial values (``runtime_state.reset``;
+    a resume loads it next)."""
     from torch.distributed.tensor import DTensor, distribute_tensor
+
+    from probmoe.integrations.transformers import runtime_state
 
     persistent = set(model.state_dict())
     model.to_empty(device=device)
+    runtime_state.reset(model)
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        if source is None or name not in persistent:
+        if source is None or name not in persistent or runtime_state.is_state_key(name):
             continue
         if isinstance(tensor, DTensor):
             full = source(name) if tensor.device_mesh.get_rank() == 0 else \

@@ -60,13 +60,14 @@ def check_output_folder(path: str, files: tuple[str, ...], overwrite: bool) -> s
 
 def run_or_exit(parser: argparse.ArgumentParser, body):
     """Call ``body()``; a ValueError or FileNotFoundError from checking the inputs becomes
-    ``parser.error`` (status 2, one line)."""
+    ``parser.error`` (status 2, one line); a Ctrl-C outside ``interrupts.catch()`` (the tools),
+    one line and status 130 (the commands say more: ``interrupts.ended``)."""
     try:
         return body()
     except (ValueError, FileNotFoundError) as e:
         parser.error(str(e))
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print("interrupted (SIGINT); nothing more was written", file=sys.stderr)
         sys.exit(130)
 
 

@@ -1,8 +1,8 @@
 """Every option of ``probmoe-train``, ``probmoe-eval`` and ``probmoe-analyze``, with its default,
 help, allowed values and check, in one place (as torchtitan's ``JobConfig``): ``TrainConfig``,
-``EvalConfig``, ``AnalyzeConfig``. The commands' flags are generated from these fields
-(``config_parser``), a ``--config`` file sets them by their flag names, and ``Trainer`` runs on a
-``TrainConfig``.
+``EvalConfig``, ``AnalyzeConfig`` (the last two extend ``CheckpointRunConfig``). The commands'
+flags are generated from these fields (``config_parser``), a ``--config`` file sets them by their
+flag names, and ``Trainer`` runs on a ``TrainConfig``.
 
 A field's ``metadata`` (``option``) says how it appears on the command line: ``help``, ``type``
 (a check that names the allowed range, ``options.positive_int`` ...), ``choices``, ``flag`` (when
@@ -30,6 +30,8 @@ BALANCES = ("none", "aux-free")
 REPORT_TO = ("none", "tensorboard", "wandb")  # --report-to (tracking)
 LARGE = "large models (docs/experiments.md, \"the paper's OLMoE run on 8 GPUs\")"
 HARNESS = "LM Evaluation Harness (pip install 'probmoe[eval]')"
+ROUTING = "routing (default: the one saved with the checkpoint)"
+RUNNING = "device, dtype and output"
 
 
 def option(default=None, help: str | None = None, **cli):
@@ -41,40 +43,42 @@ def _balance(word):
     return None if word == "none" else word
 
 
-def _method(default: str | None, help: str):
-    return option(default, f"routing method (see docs/transformers.md); {help}", choices=ALL_METHODS)
+def _method(default: str | None, help: str, **cli):
+    return option(default, f"routing method (see docs/transformers.md); {help}", choices=ALL_METHODS, **cli)
 
 
-# the routing flags, as patch_model's arguments (the same in the three commands)
-def _k():
+# the routing flags, as patch_model's arguments, and the flags all three commands have (TrainConfig's and
+# CheckpointRunConfig's fields; ``cli``: more of the field's command-line description, e.g. its help section)
+def _k(**cli):
     return option(None, "experts per token of the exactly-k ProbMoE methods (default: the model's top-k)",
-                  type=positive_int)
+                  type=positive_int, **cli)
 
 
-def _kmin():
-    return option(None, "fewest experts per token (probmoe-dynamic; default 1)", type=positive_int)
+def _kmin(**cli):
+    return option(None, "fewest experts per token (probmoe-dynamic; default 1)", type=positive_int, **cli)
 
 
-def _kmax():
-    return option(None, "most experts per token (probmoe-dynamic; default: the model's top-k)", type=positive_int)
+def _kmax(**cli):
+    return option(None, "most experts per token (probmoe-dynamic; default: the model's top-k)", type=positive_int,
+                  **cli)
 
 
-def _backend():
-    return option(BACKENDS[0], "exact backend of the ProbMoE methods", choices=BACKENDS)
+def _backend(**cli):
+    return option(BACKENDS[0], "exact backend of the ProbMoE methods", choices=BACKENDS, **cli)
 
 
-def _grad():
+def _grad(**cli):
     return option(GRADS[0], "gradient of the marginals: exact Cov(z), or the paper's Cov(z) diag(1 - p)",
-                  choices=GRADS)
+                  choices=GRADS, **cli)
 
 
-def _device():
-    return option(None, "default: CUDA when present", choices=DEVICES)
+def _device(**cli):
+    return option(None, "default: CUDA when present", choices=DEVICES, **cli)
 
 
-def _progress():
+def _progress(**cli):
     return option(True, "no progress bars (ours, the harness's, and transformers', safetensors' and datasets' "
-                  "loading and saving bars)", switch=True, negate=True, flag="--no-progress")
+                  "loading and saving bars)", switch=True, negate=True, flag="--no-progress", **cli)
 
 
 def _data_format():
@@ -82,14 +86,6 @@ def _data_format():
 
     return option(None, "the records' format (default: told by their fields; see docs/experiments.md, Data)",
                   choices=tuple(FORMATS))
-
-
-def _dtype():
-    return option("float32", "the weights' dtype (default float32)", choices=DTYPES)
-
-
-def _overwrite():
-    return option(False, "replace results already in the output folder", switch=True)
 
 
 @dataclass
@@ -170,7 +166,24 @@ class TrainConfig:
 
 
 @dataclass
-class EvalConfig:
+class CheckpointRunConfig:
+    """What ``probmoe-eval`` and ``probmoe-analyze`` share: the routing a checkpoint is run with
+    (its own by default) and how it is loaded and written; their configs extend it."""
+
+    method: str | None = _method(None, "default: the routing saved with the checkpoint", group=ROUTING)
+    k: int | None = _k(group=ROUTING)
+    kmin: int | None = _kmin(group=ROUTING)
+    kmax: int | None = _kmax(group=ROUTING)
+    backend: str = _backend(group=ROUTING)
+    grad: str = _grad(group=ROUTING)
+    device: str | None = _device(group=RUNNING)
+    dtype: str = option("float32", "the weights' dtype (default float32)", choices=DTYPES, group=RUNNING)
+    overwrite: bool = option(False, "replace results already in the output folder", switch=True, group=RUNNING)
+    progress: bool = _progress(group=RUNNING)
+
+
+@dataclass
+class EvalConfig(CheckpointRunConfig):
     """Everything ``probmoe-eval`` is told."""
 
     checkpoint: str | None = option(None, "a checkpoint directory", required=True)
@@ -183,16 +196,6 @@ class EvalConfig:
     output: str | None = option(None, "results folder (default: <checkpoint>/eval-<method>, eval-saved for the "
                                 "routing saved with the checkpoint)")
     skip_generation: bool = option(False, "GSM8K: only the answer loss", switch=True)
-    method: str | None = _method(None, "default: the routing saved with the checkpoint")
-    k: int | None = _k()
-    kmin: int | None = _kmin()
-    kmax: int | None = _kmax()
-    backend: str = _backend()
-    grad: str = _grad()
-    device: str | None = _device()
-    dtype: str = _dtype()
-    overwrite: bool = _overwrite()
-    progress: bool = _progress()
     tasks: str | None = option(None, "comma-separated harness task or group names (mmlu, mbpp, ...); instead of "
                                "--data", group=HARNESS)
     include_path: str | None = option(None, "a folder of your own task YAML (the harness's --include_path)",
@@ -207,7 +210,7 @@ class EvalConfig:
 
 
 @dataclass
-class AnalyzeConfig:
+class AnalyzeConfig(CheckpointRunConfig):
     """Everything ``probmoe-analyze`` is told."""
 
     checkpoint: list[str] | None = option(None, "a checkpoint directory, optionally named (repeat for side-by-side)",
@@ -222,13 +225,3 @@ class AnalyzeConfig:
     max_length: int = option(1024, type=positive_int)
     token_min_count: int = option(3, "tokens.csv ranks token ids seen at least this often (default 3)",
                                   type=positive_int)
-    method: str | None = _method(None, "default: the routing saved with the checkpoint")
-    k: int | None = _k()
-    kmin: int | None = _kmin()
-    kmax: int | None = _kmax()
-    backend: str = _backend()
-    grad: str = _grad()
-    device: str | None = _device()
-    dtype: str = _dtype()
-    overwrite: bool = _overwrite()
-    progress: bool = _progress()

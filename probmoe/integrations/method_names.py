@@ -1,6 +1,7 @@
 """The names of the routing methods a model can be patched with (``probmoe.integrations.transformers``),
-the one home the patch, its settings files and the commands (``probmoe.cli.common``) import: no
-library is imported here, so a command can list them before it imports transformers. What each
+the one home the patch, its settings files and the commands' options
+(``probmoe.experiments.run_config``) import: no library is imported here, so a command can list
+them (``--help``) before it imports transformers. What each
 method does: ``probmoe.integrations.transformers.methods``.
 """
 

@@ -202,3 +202,17 @@ def test_no_progress_silences_the_harness_bars(setup, capsys):
     logging.enable_progress_bar()
     assert "Running loglikelihood requests" in errs[False] and "it/s" in errs[False]  # the bars looked for
     assert "it/s" not in errs[True] and "%|" not in errs[True], errs[True]
+
+
+def test_a_task_whose_data_cannot_be_downloaded_is_one_line(setup, capsys, monkeypatch):
+    """Without network, a Hub task (the README's mmlu) fails in datasets with a ConnectionError."""
+    from probmoe.eval import harness
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'cais/mmlu' on the Hub (LocalEntryNotFoundError)")
+    monkeypatch.setattr(harness, "evaluate", offline)
+    with pytest.raises(SystemExit) as e:
+        _run(setup, setup / "offline", "--tasks", "tiny_mc")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "could not download a task's data (Couldn't reach 'cais/mmlu'" in err
+    assert "Traceback" not in err

@@ -125,6 +125,28 @@ def test_fsdp_resume_is_exact_and_checkpointing_redraws_nothing(tmp_path):
     assert losses(tmp_path / "a" / "out") == losses(tmp_path / "b" / "out")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("method", [["--method", "remoe"], ["--method", "probmoe", "--balance", "aux-free"],
+                                    ["--method", "defaultmoe"]], ids=["remoe", "aux-free", "defaultmoe"])
+def test_fsdp_resume_restores_the_routing_state(tmp_path, method):
+    """The routing state (ReMoE's λ, the aux-free bias and loads, DefaultMoE's default outputs) is
+    in the model shards: 4 uninterrupted steps = stop after 2, then resume to 4, weights and
+    probmoe_state.safetensors bit for bit."""
+    from safetensors.torch import load_file
+
+    data = write(tmp_path, "train.jsonl", 16)
+    args = ["--model", "tiny-olmoe", "--data", data, *method, "--max-steps", "4", "--batch-size", "2",
+            "--no-progress", "--fsdp"]
+    launch(tmp_path / "a", 2, [*args, "--output-dir", str(tmp_path / "a" / "out")])
+    launch(tmp_path / "b", 2, [*args, "--output-dir", str(tmp_path / "b" / "out"), "--stop-after", "2"])
+    launch(tmp_path / "b", 2, [*args, "--output-dir", str(tmp_path / "b" / "out"), "--resume", "latest"])
+    for name in ("model.safetensors", "probmoe_state.safetensors"):
+        a, b = (load_file(tmp_path / run / "out" / name) for run in "ab")
+        assert max_diff(a, b) == 0, name
+    state = load_file(tmp_path / "a" / "out" / "probmoe_state.safetensors")
+    assert any(bool(t.abs().sum() > 0) for t in state.values())  # it moved in training
+
+
 def test_fsdp_refusals_before_loading(tmp_path, capsys):
     """--fsdp without torchrun, and a global batch the processes do not divide: status 2, one line."""
     from probmoe.cli import train

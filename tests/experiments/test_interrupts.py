@@ -229,9 +229,10 @@ sys.exit(status)
 
 @pytest.mark.slow
 def test_ctrl_c_under_torchrun_stops_every_rank_cleanly(tmp_path, data):
-    """A Ctrl-C reaches torchrun and both ranks (one process group); torchrun forwards it again.
+    """A Ctrl-C reaches torchrun (the ranks run in sessions of their own), which forwards it.
     Every rank ends with status 130 and no traceback at the same step; rank 0 prints the line.
-    (torchrun itself reports the signal with its own traceback: that is torch's launcher.)"""
+    (torchrun itself reports the signal with its own traceback and status 1: probmoe.cli.launch,
+    below, does not.)"""
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     out = tmp_path / "run"
@@ -249,3 +250,118 @@ def test_ctrl_c_under_torchrun_stops_every_rank_cleanly(tmp_path, data):
     assert len(lines) == 1 and "interrupted" not in errs[1], errs
     assert state.latest_checkpoint(str(out)) in lines[0]
     assert_only_complete_checkpoints(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_the_launcher_ends_as_the_ranks_do(tmp_path, data, signum):
+    """python -m probmoe.cli.launch (torchrun's entry in-process): a signal to it ends it with
+    128 + the signal's number and no output of its own (plain torchrun: a traceback and status 1);
+    rank 0's line is the only one on the terminal."""
+    out = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "probmoe.cli.launch", "--standalone", "--nproc_per_node", "2",
+                             "-m", "probmoe.cli.train", *LONG, "--data", data, "--output-dir", str(out),
+                             "--max-steps", "1000"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_for(out / "checkpoint-000001", proc)
+    os.killpg(proc.pid, signum)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signum, stderr[-4000:]
+    lines = [line for line in stderr.splitlines() if "torch/distributed/run.py" not in line]  # its OMP banner
+    name = signal.Signals(signum).name
+    assert len(lines) == 1 and lines[0].startswith(f"interrupted ({name}) after step "), stderr[-4000:]
+    assert state.latest_checkpoint(str(out)) in lines[0] and "Traceback" not in stderr and not stdout
+    assert_only_complete_checkpoints(out)
+
+
+@pytest.mark.slow
+def test_the_launcher_runs_to_the_end(tmp_path, data):
+    """Without a signal the launcher is torchrun: status 0, the final model written."""
+    out = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-m", "probmoe.cli.launch", "--standalone", "--nproc_per_node", "2", "-m",
+                           "probmoe.cli.train", *LONG, "--data", data, "--output-dir", str(out), "--max-steps", "2"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert (out / "model.safetensors").exists()
+
+
+# ---- probmoe-eval and probmoe-analyze: stop at once, one line saying what was written
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data):
+    out = tmp_path_factory.mktemp("trained") / "run"
+    assert train.main([*LONG, "--data", data, "--output-dir", str(out), "--max-steps", "1"]) == 0
+    return out
+
+
+def signal_on_call(monkeypatch, owner, name, signum, call=1):
+    """``owner.name`` sends this process ``signum`` on its ``call``-th call (before doing its work)."""
+    original, calls = getattr(owner, name), []
+
+    def wrapped(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            signal.raise_signal(signum)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(owner, name, wrapped)
+
+
+def test_eval_interrupted_while_generating_says_what_it_wrote(tmp_path, trained, data, monkeypatch, capsys):
+    from probmoe.cli import evaluate
+    from probmoe.eval import generation
+
+    out = tmp_path / "eval"
+    signal_on_call(monkeypatch, generation, "complete", signal.SIGINT, call=2)  # in the second batch of 2
+    args = ["--checkpoint", str(trained), "--data", data, "--limit", "6", "--batch-size", "2", "--max-new-tokens", "4",
+            "--no-progress", "--output", str(out)]
+    assert evaluate.main(args) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"interrupted (SIGINT) while evaluating {trained}; {out / 'results.jsonl'} holds 2 of the 6 "
+                   "problems and there is no summary.json: run the same command with --overwrite to evaluate them all"]
+    assert len((out / "results.jsonl").read_text().splitlines()) == 2 and not (out / "summary.json").exists()
+    (out / "summary.json").write_text("{}")  # an earlier run's, which an interrupted --overwrite run removes
+    monkeypatch.undo()
+    signal_on_call(monkeypatch, generation, "complete", signal.SIGINT, call=1)
+    assert evaluate.main([*args, "--overwrite"]) == 130
+    assert "holds 0 of the 6 problems" in capsys.readouterr().err and not (out / "summary.json").exists()
+
+
+def test_eval_interrupted_while_loading_wrote_nothing(tmp_path, trained, data, monkeypatch, capsys):
+    from probmoe.cli import evaluate
+    from probmoe.experiments import checkpoints
+
+    signal_on_call(monkeypatch, checkpoints, "load", signal.SIGTERM)
+    out = tmp_path / "eval"
+    assert evaluate.main(["--checkpoint", str(trained), "--data", data, "--limit", "2", "--no-progress", "--output",
+                          str(out)]) == 143
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"interrupted (SIGTERM) while evaluating {trained}; nothing was written"]
+    assert not out.exists()
+
+
+def test_analyze_interrupted_wrote_nothing(tmp_path, trained, data, monkeypatch, capsys):
+    from probmoe.cli import analyze
+    from probmoe.experiments import capture
+
+    signal_on_call(monkeypatch, capture, "analyze", signal.SIGINT)
+    out = tmp_path / "analysis"
+    assert analyze.main(["--checkpoint", str(trained), "--data", data, "--limit", "2", "--no-progress", "--output",
+                         str(out)]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"interrupted (SIGINT) while analysing the routing; nothing was written to {out}"]
+    assert not out.exists()
+
+
+def test_analyze_interrupted_while_writing_finishes_the_files(tmp_path, trained, data, monkeypatch, capsys):
+    from probmoe.analysis import report
+    from probmoe.cli import analyze
+
+    signal_on_call(monkeypatch, report, "write", signal.SIGTERM)
+    out = tmp_path / "analysis"
+    assert analyze.main(["--checkpoint", str(trained), "--data", data, "--limit", "2", "--no-progress", "--output",
+                         str(out)]) == 143
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        f"interrupted (SIGTERM) while writing the analysis; it is complete in {out}"
+    assert {"analysis.json", "analysis.csv", "tokens.csv"} <= set(os.listdir(out))

@@ -86,32 +86,51 @@ def wandb_records(path):
     return records
 
 
-def test_wandb_offline_writes_its_run_folder(tmp_path):
-    """In a fresh process, as a user runs it: wandb keeps process-wide state (its settings
-    singleton, its service), which a test before this one in the same process may have set up."""
+def test_wandb_offline_writes_its_run_folder_and_a_resume_continues_the_run(tmp_path):
+    """In fresh processes, as a user runs it: wandb keeps process-wide state (its settings
+    singleton, its service), which a test before this one in the same process may have set up.
+    2 steps, then --resume latest to 3: the second process logs step 3 into the same W&B run (the
+    id kept in the output folder)."""
     pytest.importorskip("wandb")
     (tmp_path / "wb").mkdir()
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": ROOT, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wb"),
            "WANDB_SILENT": "true"}
     script = ("import sys; from probmoe.cli import train; sys.exit(train.main(sys.argv[1:]))")
-    done = subprocess.run([sys.executable, "-c", script, "--model", "tiny-olmoe", "--data", write_data(tmp_path),
-                           "--output-dir", str(out), "--max-steps", "3", "--batch-size", "2", "--no-progress",
-                           "--report-to", "wandb"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    log = [json.loads(line) for line in open(out / "train_log.jsonl")][1:]
-    (folder,) = (tmp_path / "wb" / "wandb").glob("offline-run-*")
-    (file,) = folder.glob("run-*.wandb")
-    records = wandb_records(file)
-    history = [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
-               for r in records if r.WhichOneof("record_type") == "history"]
+    args = [sys.executable, "-c", script, "--model", "tiny-olmoe", "--data", write_data(tmp_path), "--output-dir",
+            str(out), "--max-steps", "3", "--batch-size", "2", "--no-progress", "--report-to", "wandb"]
+    for extra in (["--stop-after", "2"], ["--resume", "latest"]):
+        done = subprocess.run([*args, *extra], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+    log = [r for r in map(json.loads, open(out / "train_log.jsonl")) if "loss" in r]
+    run_id = (out / "wandb_run_id").read_text().strip()
+    folders = sorted((tmp_path / "wb" / "wandb").glob("offline-run-*"))
+    assert len(folders) == 2 and all(folder.name.endswith(f"-{run_id}") for folder in folders)
+    history, runs = [], []
+    for folder in folders:
+        (file,) = folder.glob("run-*.wandb")
+        records = wandb_records(file)
+        history += [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
+                    for r in records if r.WhichOneof("record_type") == "history"]
+        runs += [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert [h["_step"] for h in history] == [r["step"] for r in log] == [1, 2, 3]
     for h, r in zip(history, log):
         assert h["train/loss"] == pytest.approx(r["loss"]) and h["train/learning_rate"] == pytest.approx(r["lr"])
         assert {f"routing/layer{i}/{s}" for i in (0, 1) for s in STATS} <= set(h)
-    (run_record,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
-    config = {item.key: json.loads(item.value_json) for item in run_record.config.update}
+    assert [run.run_id for run in runs] == [run_id, run_id]
+    config = {item.key: json.loads(item.value_json) for item in runs[0].config.update}
     assert config["max-steps"] == 3 and config["report-to"] == "wandb"
+
+
+def test_a_damaged_wandb_run_id_file_is_one_line(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "wandb_run_id").write_text("../../etc\n")
+    with pytest.raises(SystemExit) as e:
+        train.main(["--model", "tiny-olmoe", "--data", write_data(tmp_path), "--output-dir", str(out), "--max-steps",
+                    "1", "--report-to", "wandb", "--no-progress"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "wandb_run_id must hold a W&B run id" in err
 
 
 def test_trackers_are_not_imported_unless_asked_for_and_no_progress_is_quiet(tmp_path):

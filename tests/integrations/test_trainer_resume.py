@@ -173,12 +173,36 @@ def test_nothing_is_converted_from_the_release_that_fixes_the_bug(tmp_path, monk
 
 
 def test_routing_state_warns_without_the_trainer_hook(tmp_path, monkeypatch):
+    """model.safetensors lacks the routing state: loading it keeps the model's own, with a warning
+    naming the file that holds it (unless a Trainer is about to read that file)."""
+    from safetensors.torch import load_file
+
     trained, directory = saved_checkpoint(tmp_path)
+    saved = load_file(directory / "model.safetensors")
+    assert not any(runtime_state.is_state_key(key) for key in saved)  # a stock checkpoint
     monkeypatch.setattr(trainer_resume, "installed", lambda: False)
     fresh = model_for("olmoe", "defaultmoe", 1)
+    before = {name: buf.clone() for name, buf in runtime_state.state_buffers(fresh).items()}
     with pytest.warns(UserWarning, match="probmoe_defaults .* runtime_state.load"):
-        fresh.load_state_dict(trained.state_dict())
+        result = fresh.load_state_dict(saved, strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+    assert all(torch.equal(before[name], buf) for name, buf in runtime_state.state_buffers(fresh).items())
     runtime_state.load(fresh, directory)
+    assert not differing(everything(trained), everything(fresh))
+
+
+def test_the_state_dict_carries_the_routing_state(tmp_path):
+    """model.state_dict() holds the routing state (so any whole-model checkpoint keeps it), and
+    load_state_dict of it restores it without a warning."""
+    import warnings
+
+    trained, _ = saved_checkpoint(tmp_path)
+    state = trained.state_dict()
+    assert set(runtime_state.state_buffers(trained)) <= set(state)
+    fresh = model_for("olmoe", "defaultmoe", 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fresh.load_state_dict(state)
     assert not differing(everything(trained), everything(fresh))
 
 
@@ -213,10 +237,30 @@ def test_sft_trainer_resume_is_exact(tmp_path):
     assert not differing(everything(full), everything(resumed))
 
 
-def test_accelerate_save_state_and_load_state_are_exact(tmp_path):
-    """accelerate writes model.state_dict() as it is (fused experts: nothing to convert); the routing
-    state travels as runtime_state.Checkpointable."""
+ACCELERATE_CASES = [("olmoe", "defaultmoe", {}), ("olmoe", "remoe", {}), ("qwen3_moe", "probmoe", AUX_FREE),
+                    ("mixtral", "probmoe-dynamic", {})]
+
+
+@pytest.mark.parametrize("family,method,kwargs", ACCELERATE_CASES, ids=map(case_id, ACCELERATE_CASES))
+def test_accelerate_save_state_and_load_state_are_exact(tmp_path, family, method, kwargs):
+    """accelerate writes model.state_dict() as it is (fused experts: nothing to convert), routing
+    state included (persistent buffers): nothing to register."""
+    check_accelerate_resume(tmp_path, family, method, **kwargs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,method,kwargs", [c for c in every_case() if c not in ACCELERATE_CASES],
+                         ids=map(case_id, [c for c in every_case() if c not in ACCELERATE_CASES]))
+def test_accelerate_resume_is_exact_for_every_family_and_method(tmp_path, family, method, kwargs):
+    check_accelerate_resume(tmp_path, family, method, **kwargs)
+
+
+def check_accelerate_resume(tmp_path, family, method, **kwargs):
+    """2 steps uninterrupted = 1 step, save_state, then load_state into a model initialised with
+    another seed and the second step (the routing controls after each step, as the callback runs them)."""
     from accelerate import Accelerator
+
+    from probmoe.integrations.transformers import controls
 
     def steps(model, accelerator, optimizer, batches):
         for x in batches:
@@ -224,16 +268,16 @@ def test_accelerate_save_state_and_load_state_are_exact(tmp_path):
             accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
+            controls.after_step(accelerator.unwrap_model(model))
 
     x = torch.tensor(token_data(8)["input_ids"])
     batches = [x[:4], x[4:]]
 
     def setup(seed):
         accelerator = Accelerator(cpu=True)
-        model = model_for("olmoe", "defaultmoe", seed)
+        model = model_for(family, method, seed, **kwargs)
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
         model, optimizer = accelerator.prepare(model, optimizer)
-        accelerator.register_for_checkpointing(runtime_state.Checkpointable(model))
         return accelerator, model, optimizer
 
     accelerator, full, optimizer = setup(0)
@@ -243,19 +287,66 @@ def test_accelerate_save_state_and_load_state_are_exact(tmp_path):
     accelerator, resumed, optimizer = setup(1)
     accelerator.load_state(str(tmp_path / "state"))
     steps(resumed, accelerator, optimizer, batches[1:])
-    assert not differing(everything(full), everything(resumed))
+    want, got = everything(full), everything(resumed)
+    assert not differing(want, got), f"{family} {method}: {differing(want, got)} differ from the uninterrupted run"
+    if method in STATEFUL or kwargs.get("balance"):
+        state = {name: t for name, t in want.items()
+                 if name.rsplit(".", 1)[-1] in runtime_state.NAMES + ("e_score_correction_bias",)}
+        assert any(bool(t.abs().sum() > 0) for t in state.values()), sorted(state)
 
 
-def test_checkpointable_checks_what_it_loads():
-    model = model_for("olmoe", "defaultmoe", 0)
-    state = runtime_state.Checkpointable(model).state_dict()
-    name = next(iter(state))
-    with pytest.raises(ValueError, match="must hold exactly"):
-        runtime_state.Checkpointable(model).load_state_dict({})
-    with pytest.raises(ValueError, match=f"{name} must be a finite"):
-        runtime_state.Checkpointable(model).load_state_dict({**state, name: state[name] * float("nan")})
-    with pytest.raises(ValueError, match="no routing state"):
-        runtime_state.Checkpointable(model_for("olmoe", "probmoe", 0))
+# Each rank: 2 DDP steps (accelerate, gloo) = 1 step, save_state, load_state into a model initialised with
+# another seed, the second step; writes its max difference and whether the routing state moved.
+ACCELERATE_RANK = """
+import json, os, sys, torch
+from accelerate import Accelerator
+import probmoe.integrations.transformers as pt
+from probmoe.integrations.transformers import controls
+from probmoe.integrations.transformers.testing import tiny_model
+where, rank = sys.argv[1], int(os.environ["RANK"])
+
+def setup(seed):
+    accelerator = Accelerator(cpu=True)
+    model = pt.patch_model(tiny_model("olmoe", seed=seed), "defaultmoe", aux_loss=0.01)
+    model.config.output_router_logits = True
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    return (accelerator, *accelerator.prepare(model, optimizer))
+
+def steps(model, accelerator, optimizer, batches):
+    for x in batches:
+        accelerator.backward(model(x, labels=x).loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        controls.after_step(accelerator.unwrap_model(model))
+
+x = torch.randint(3, 40, (16, 16), generator=torch.Generator().manual_seed(0))[rank::2]
+accelerator, full, optimizer = setup(0)
+assert type(full).__name__ == "DistributedDataParallel", type(full)
+steps(full, accelerator, optimizer, [x[:4]])
+accelerator.save_state(os.path.join(where, "state"))
+steps(full, accelerator, optimizer, [x[4:]])
+accelerator, resumed, optimizer = setup(1)
+accelerator.load_state(os.path.join(where, "state"))
+steps(resumed, accelerator, optimizer, [x[4:]])
+a, b = (accelerator.unwrap_model(m).state_dict() for m in (full, resumed))
+moved = [float(a[k].abs().sum()) for k in a if k.endswith("probmoe_defaults")]
+with open(os.path.join(where, f"rank{rank}.json"), "w") as f:
+    json.dump({"diff": max((a[k] - b[k]).abs().max().item() for k in a), "moved": moved}, f)
+"""
+
+
+@pytest.mark.slow
+def test_accelerate_resume_is_exact_with_two_processes(tmp_path):
+    """The DDP-wrapped model's load_state_dict (the wrapper's, not the patched model's) restores the
+    routing state too: DefaultMoE over 2 gloo ranks under torchrun, bit for bit on both."""
+    import json
+
+    from rank_runs import run_ranks
+
+    run_ranks(tmp_path, 2, ACCELERATE_RANK, [])
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert result["diff"] == 0 and len(result["moved"]) == 2 and min(result["moved"]) > 0, result
 
 
 def test_upstream_trainer_resume_still_loses_the_experts(tmp_path):

@@ -88,13 +88,22 @@ def test_defaultmoe_equals_reference_over_three_forwards():
     assert (g - g_stock).abs().max() > 1e-4
 
 
-def test_defaultmoe_eval_is_stock_and_defaults_stay_out_of_the_state_dict():
+def test_defaultmoe_eval_is_stock_and_defaults_stay_out_of_the_checkpoint(tmp_path):
+    """The default outputs are in the state dict (runtime_state: whole-model checkpoints carry them)
+    but not in the stock model.safetensors save_pretrained writes."""
+    from safetensors.torch import load_file
+
     model, block, x = block_and_inputs("defaultmoe")
     stock = tiny_model("qwen3_moe").eval()
     model.eval()
     with torch.no_grad():
         assert torch.equal(model(x.argmax(-1).clamp(3, 255)).logits, stock(x.argmax(-1).clamp(3, 255)).logits)
-    assert set(model.state_dict()) == set(stock.state_dict())
+    assert set(model.state_dict()) - set(stock.state_dict()) == {"model.layers.0.mlp.experts.probmoe_defaults",
+                                                                   "model.layers.1.mlp.experts.probmoe_defaults"}
+    model.save_pretrained(tmp_path / "patched")
+    stock.save_pretrained(tmp_path / "stock")
+    assert set(load_file(tmp_path / "patched" / "model.safetensors")) == \
+        set(load_file(tmp_path / "stock" / "model.safetensors"))
 
 
 # -- SparseMixer -----------------------------------------------------------------------------

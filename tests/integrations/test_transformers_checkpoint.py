@@ -163,7 +163,15 @@ def test_routing_state_round_trips(method, tmp_path):
     got = [m._buffers[name] for m in reloaded.modules() if name in m._buffers]
     assert len(got) == len(want) == 2 and all(torch.equal(a, b) for a, b in zip(got, want))
     assert want[0].abs().sum() > 0 and (method != "remoe" or float(want[0][0]) != 1e-8)
-    assert set(reloaded.state_dict()) == set(tiny_model("olmoe").state_dict())  # checkpoint keys stay stock
+    from safetensors.torch import load_file
+
+    from probmoe.integrations.transformers import runtime_state
+
+    tiny_model("olmoe").save_pretrained(tmp_path / "stock")
+    stock = set(load_file(tmp_path / "stock" / "model.safetensors"))
+    assert set(load_file(tmp_path / "model.safetensors")) == stock  # checkpoint keys stay stock
+    assert set(reloaded.state_dict()) - set(tiny_model("olmoe").state_dict()) == \
+        set(runtime_state.state_buffers(reloaded))  # the state dict carries the routing state
     state = tmp_path / "probmoe_state.safetensors"
     state.write_bytes(state.read_bytes()[:40])
     with pytest.raises(ValueError, match="probmoe_state.safetensors"):

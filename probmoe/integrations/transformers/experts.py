@@ -18,8 +18,8 @@ their ReLU gates as weights; there the active slots are those of nonzero weight
 
 DefaultMoE (``DefaultExperts``, see ``defaultmoe``) gets all N slots in training, the k selected
 first: it computes the k selected slots unweighted (the stock implementation, as above),
-updates the default outputs ``probmoe_defaults`` [N, D] (a non-persistent buffer: checkpoints
-keep the stock keys) from them, and returns Σ_{s < k} w_s E(x) + Σ_{s ≥ k} w_s Ê_{idx_s}. With
+updates the default outputs ``probmoe_defaults`` [N, D] (a buffer ``save_pretrained`` keeps out
+of the stock checkpoint: ``runtime_state``) from them, and returns Σ_{s < k} w_s E(x) + Σ_{s ≥ k} w_s Ê_{idx_s}. With
 k slots (eval) it is the stock forward.
 """
 
@@ -135,7 +135,7 @@ def install(experts, kind: str = "skip", *, slots: int | None = None, num_expert
     if kind == "default":
         experts.probmoe_slots = slots
         device = next(experts.parameters()).device
-        experts.register_buffer("probmoe_defaults", torch.zeros(num_experts, hidden, device=device), persistent=False)
+        experts.register_buffer("probmoe_defaults", torch.zeros(num_experts, hidden, device=device))
 
 
 def uninstall(experts) -> None:

@@ -29,7 +29,7 @@ from probmoe.router import router_logits, routed
 from probmoe.scores import dense_selection
 
 from . import balance as balance_mod
-from . import pickling
+from . import pickling, runtime_state
 from .defaultmoe import defaultmoe_weights
 from .densemixer import densemixer_weights
 from .methods import STOCK, Plan
@@ -80,8 +80,8 @@ class PatchedGate:
 
     ADDED = ("probmoe_plan", "probmoe_family", "probmoe_generator", "probmoe_replay", "probmoe_last", "probmoe_layers")
     BUFFERS = ("probmoe_remoe", "probmoe_bias", "probmoe_load")  # ReMoE's [λ, Σ sparsity, forwards]; the
-    # aux-free selection bias [N] (families without e_score_correction_bias) and loads [N]; float32, not in the
-    # state dict
+    # aux-free selection bias [N] (families without e_score_correction_bias) and loads [N]; float32, persistent
+    # (runtime_state)
 
     def forward(self, hidden_states: Tensor):
         logits, weights, indices = self.probmoe_route(hidden_states)
@@ -174,12 +174,12 @@ def install(gate, plan: Plan, family, generator, layers: int) -> None:
     if plan.balance is not None:
         n, device = plan.num_experts, gate.weight.device
         if not family.grouped:
-            gate.register_buffer("probmoe_bias", torch.zeros(n, dtype=torch.float32, device=device), persistent=False)
-        gate.register_buffer("probmoe_load", torch.zeros(n, dtype=torch.float32, device=device), persistent=False)
+            gate.register_buffer("probmoe_bias", torch.zeros(n, dtype=torch.float32, device=device))
+        gate.register_buffer("probmoe_load", torch.zeros(n, dtype=torch.float32, device=device))
     if plan.method == "remoe":
         gate.probmoe_layers = layers
-        state = torch.tensor([plan.l1_coef, 0.0, 0.0], dtype=torch.float32, device=gate.weight.device)
-        gate.register_buffer("probmoe_remoe", state, persistent=False)
+        like = torch.empty(3, dtype=torch.float32, device=gate.weight.device)
+        gate.register_buffer("probmoe_remoe", runtime_state.initial(gate, "probmoe_remoe", like))
 
 
 def uninstall(gate) -> None:

@@ -29,32 +29,42 @@ def patched_gates(model) -> list:
 
 
 class PatchedModel:
-    """Mixin for any patched model: ``save_pretrained`` also writes ``probmoe_routing.json`` and,
-    for methods with training state, ``probmoe_state.safetensors`` (``runtime_state``);
-    ``load_state_dict`` also takes the per-expert keys ``save_pretrained`` writes (``resume``)."""
+    """Mixin for any patched model: ``save_pretrained`` writes the stock checkpoint (the routing
+    state left out) with ``probmoe_routing.json`` and, for methods with training state,
+    ``probmoe_state.safetensors`` (``runtime_state``); ``load_state_dict`` also takes the
+    per-expert keys ``save_pretrained`` writes (``resume``) and a state dict without the routing
+    state (which it leaves as it is)."""
 
     ADDED = ("probmoe_plan", "probmoe_family", "probmoe_generator", "probmoe_requires_grad", "probmoe_last_z_loss")
     TRANSIENT = ("probmoe_last_z_loss",)  # what the last forward left (with its graph): not pickled
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        result = super().save_pretrained(save_directory, *args, **kwargs)
-        if kwargs.get("is_main_process", True):
+        arguments = inspect.signature(super().save_pretrained).bind(save_directory, *args, **kwargs).arguments
+        state_dict = arguments.get("state_dict")  # given by Trainer and FSDP's gather; else the model's own
+        arguments["state_dict"] = runtime_state.without_state(self.state_dict() if state_dict is None else state_dict)
+        extra = arguments.pop("kwargs", {})
+        result = super().save_pretrained(**arguments, **extra)
+        if arguments.get("is_main_process", True):
             settings.write(save_directory, self.probmoe_plan, self.probmoe_family.model_type)
             runtime_state.save(self, save_directory)
         return result
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """``nn.Module.load_state_dict`` of a state dict in the model's layout or as
-        ``save_pretrained`` wrote it (per-expert keys: ``resume``), as ``Trainer`` resumes."""
+        ``save_pretrained`` wrote it (per-expert keys: ``resume``), as ``Trainer`` resumes; routing
+        state the state dict lacks keeps its values (with a warning, unless ``Trainer`` is about to
+        read it from ``probmoe_state.safetensors``: ``trainer_resume``)."""
         import transformers
 
         if resume.needed(transformers.__version__):
             state_dict = resume.to_model_layout(self, state_dict)
-        if runtime_state.state_buffers(self) and not trainer_resume.installed():
-            names = ", ".join(sorted(runtime_state.state_buffers(self)))
-            warnings.warn(f"{names} (routing state) are not in a state dict; {runtime_state.FILENAME} holds them: "
-                          "runtime_state.load(model, checkpoint_dir), or trainer_resume.install() before a Trainer "
-                          "resumes", stacklevel=2)
+        lacking = {name: buf for name, buf in runtime_state.state_buffers(self).items() if name not in state_dict}
+        if lacking:
+            if not trainer_resume.installed():
+                warnings.warn(f"{', '.join(sorted(lacking))} (routing state) are not in the state dict and keep their "
+                              f"values; {runtime_state.FILENAME} holds them: runtime_state.load(model, checkpoint_dir), "
+                              "or trainer_resume.install() before a Trainer resumes", stacklevel=2)
+            state_dict = {**state_dict, **lacking}
         return super().load_state_dict(state_dict, strict, assign)
 
     def __reduce_ex__(self, protocol):

@@ -1,8 +1,11 @@
-"""The routing state a patched model updates while it trains, saved beside its checkpoint.
+"""The routing state a patched model updates while it trains: in its state dict, beside its checkpoint.
 
-Checkpoints keep the stock keys (``model.safetensors`` holds nothing the stock model lacks), so the
-buffers patching adds are written by ``save_pretrained`` to ``probmoe_state.safetensors`` and read
-back by ``from_pretrained`` and by ``probmoe-train --resume``:
+The buffers patching adds are persistent, so ``model.state_dict()`` / ``load_state_dict`` carry
+them wherever a whole-model state dict is saved and restored (accelerate's ``save_state`` /
+``load_state``, torch.distributed.checkpoint under FSDP, a plain ``torch.save``), wrapped or not.
+``save_pretrained`` keeps the checkpoint stock (``model.safetensors`` holds nothing the stock
+model lacks: ``without_state``) and writes them to ``probmoe_state.safetensors``, read back by
+``from_pretrained``, by ``probmoe-train --resume`` and by a ``Trainer`` resume (``trainer_resume``):
 
     <router>.probmoe_remoe      [3] float32   ReMoE: λ, Σ sparsity, forwards since the last step
     <experts>.probmoe_defaults  [N, D] float32  DefaultMoE: the default outputs Ê
@@ -12,8 +15,9 @@ back by ``from_pretrained`` and by ``probmoe-train --resume``:
 
 (names are the modules' names in the model). A model without such state writes no file. Reading
 checks that the file holds exactly the model's state names, each of the buffer's shape and
-dtype and finite; anything else is a ValueError naming the file. ``Trainer`` resume reads it too
-(``trainer_resume``); accelerate's ``save_state`` / ``load_state`` carry it as ``Checkpointable``.
+dtype and finite; anything else is a ValueError naming the file. A state dict without them (a
+stock checkpoint's, as ``Trainer`` loads ``model.safetensors``) leaves them as they are
+(``model.PatchedModel.load_state_dict``).
 """
 
 from __future__ import annotations
@@ -35,6 +39,34 @@ def state_buffers(model) -> dict[str, torch.Tensor]:
             if buf is not None:
                 out[f"{module_name}.{name}"] = buf
     return out
+
+
+def is_state_key(key: str) -> bool:
+    """Whether state-dict ``key`` names a routing-state buffer."""
+    return key.rsplit(".", 1)[-1] in NAMES
+
+
+def without_state(state_dict: dict) -> dict:
+    """``state_dict`` without the routing-state keys (the stock keys ``save_pretrained`` writes)."""
+    return {key: value for key, value in state_dict.items() if not is_state_key(key)}
+
+
+def initial(module, name: str, like: torch.Tensor) -> torch.Tensor:
+    """The value routing-state buffer ``name`` of ``module`` has when patching adds it: ReMoE's
+    [λ₀, 0, 0] (λ₀ from the router's plan), zeros for the others; ``like``'s shape, dtype, device."""
+    if name == "probmoe_remoe":
+        return torch.tensor([module.probmoe_plan.l1_coef, 0.0, 0.0], dtype=like.dtype, device=like.device)
+    return torch.zeros_like(like)
+
+
+def reset(model) -> None:
+    """Every routing-state buffer back to ``initial`` (after ``to_empty`` gave them storage)."""
+    with torch.no_grad():
+        for module in model.modules():
+            for name in NAMES:
+                buf = module._buffers.get(name)
+                if buf is not None:
+                    buf.copy_(initial(module, name, buf))
 
 
 def save(model, directory) -> str | None:
@@ -84,25 +116,3 @@ def _copy_in(buffers: dict, saved: dict, source: str) -> None:
         for name, buf in buffers.items():
             buf.copy_(saved[name])
 
-
-class Checkpointable:
-    """A patched model's routing state as an object with ``state_dict`` / ``load_state_dict``, for
-    checkpointing that saves ``model.state_dict()`` alone (accelerate's ``save_state``: the state
-    buffers are not persistent)::
-
-        accelerator.register_for_checkpointing(runtime_state.Checkpointable(model))
-
-    ``load_state_dict`` checks as ``load`` does (ValueError naming what does not fit)."""
-
-    def __init__(self, model):
-        if not state_buffers(model):
-            raise ValueError("model has no routing state to checkpoint (its method keeps none)")
-        self.model = model
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {name: buf.detach().cpu().clone() for name, buf in state_buffers(self.model).items()}
-
-    def load_state_dict(self, state: dict) -> None:
-        if not isinstance(state, dict):
-            raise ValueError(f"the routing state must be a dict of tensors, got {type(state).__name__}")
-        _copy_in(state_buffers(self.model), state, "the routing state")
