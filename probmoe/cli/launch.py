@@ -1,6 +1,6 @@
-"""``python -m probmoe.cli.launch``: torchrun, ending on Ctrl-C or SIGTERM as the commands do.
+"""``probmoe-launch`` (``python -m probmoe.cli.launch``): torchrun, ending on Ctrl-C or SIGTERM as the commands do.
 
-    python -m probmoe.cli.launch --standalone --nproc_per_node 2 -m probmoe.cli.train ...
+    probmoe-launch --standalone --nproc_per_node 2 -m probmoe.cli.train ...
 
 takes torchrun's arguments and runs its entry point (``torch.distributed.run.main``) in this
 process. The ranks run in sessions of their own, so a Ctrl-C reaches torchrun alone; torchrun

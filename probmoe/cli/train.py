@@ -5,7 +5,7 @@
     probmoe-train --config run.yaml --lr 3e-4              # the file's options, --lr overridden
     torchrun --nproc_per_node 2 -m probmoe.cli.train ...     (the same flags, DDP)
     torchrun --nproc_per_node 8 -m probmoe.cli.train --model olmoe-1b-7b-shape ... --fsdp --bf16
-    python -m probmoe.cli.launch --nproc_per_node 2 -m probmoe.cli.train ...   (torchrun; Ctrl-C: 130)
+    probmoe-launch --nproc_per_node 2 -m probmoe.cli.train ...   (torchrun; Ctrl-C: 130)
     probmoe-train --model olmoe-1b-7b-shape --plan --world-size 8 ...   (memory per GPU; loads nothing)
 
 The options are ``probmoe.experiments.run_config.TrainConfig``'s fields; the resolved ones are

@@ -287,6 +287,16 @@ def test_the_launcher_runs_to_the_end(tmp_path, data):
     assert (out / "model.safetensors").exists()
 
 
+
+def test_the_launcher_is_installed_as_probmoe_launch():
+    """``probmoe-launch`` (pyproject's console script) is ``python -m probmoe.cli.launch``."""
+    from importlib.metadata import entry_points
+
+    from probmoe.cli import launch
+
+    (script,) = entry_points(group="console_scripts", name="probmoe-launch")
+    assert script.load() is launch.main
+
 # ---- probmoe-eval and probmoe-analyze: stop at once, one line saying what was written
 
 @pytest.fixture(scope="module")
