@@ -18,6 +18,8 @@ gathered to rank 0 and written by ``save_pretrained`` as a stock transformers ch
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 
 import torch
 
@@ -90,14 +92,41 @@ def load_shards(directory: str, model, optimizer) -> None:
 
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optim_state, **rank_routing_state(model)}
+    old = _without_missing_routing_state(state, dcp.FileSystemReader(directory).read_metadata(), directory)
     dcp.load(state, checkpoint_id=directory)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    with warnings.catch_warnings():
+        if old:  # the model's hint about probmoe_state.safetensors: such a checkpoint has none
+            warnings.filterwarnings("ignore", message=r".*\(routing state\) are not in the state dict")
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     if "routing" in state:  # after set_state_dict, which sets rank 0's copy from the model shards
         from probmoe.integrations.transformers import runtime_state
 
         with torch.no_grad():
             for name, buf in runtime_state.state_buffers(model).items():
                 buf.copy_(state["routing"][routing_key()][name])
+
+
+def _without_missing_routing_state(state: dict, metadata, directory: str) -> bool:
+    """Checkpoints written before the routing state went into the shards hold none of it: leave it
+    out of ``state`` (the model's values stay: the initial ones) with one warning (rank 0), so such a
+    checkpoint resumes (not exactly, as the warning says) instead of failing in the load. Any other
+    missing key still fails there. Whether the checkpoint was such a one."""
+    from probmoe.integrations.transformers import runtime_state
+
+    stored = metadata.state_dict_metadata  # flattened keys: "model.<fqn>", "routing.rank<r>.<name>"
+    missing = [key for key in state["model"] if runtime_state.is_state_key(key) and f"model.{key}" not in stored]
+    if not missing:
+        return False
+    for key in missing:
+        del state["model"][key]
+    state.pop("routing", None)
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        print(f"warning: {directory} was written before FSDP checkpoints kept the routing state "
+              f"({len(missing)} buffers, e.g. {missing[0]}): it starts from its initial values, so this "
+              "resume is not exact", file=sys.stderr)
+    return True
 
 
 def routing_key() -> str:

@@ -147,6 +147,46 @@ def test_fsdp_resume_restores_the_routing_state(tmp_path, method):
     assert any(bool(t.abs().sum() > 0) for t in state.values())  # it moved in training
 
 
+def strip_routing_state(checkpoint) -> None:
+    """Make ``checkpoint`` as FSDP checkpoints were before they kept the routing state: its shards
+    rewritten without it (one file), the manifest's checksums updated to match."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
+
+    from probmoe.experiments import state
+    from probmoe.integrations.transformers import runtime_state
+
+    full = checkpoint.parent / "full.pt"
+    dcp_to_torch_save(checkpoint, full)
+    saved = torch.load(full, weights_only=False)
+    saved.pop("routing")
+    saved["model"] = {k: v for k, v in saved["model"].items() if not runtime_state.is_state_key(k)}
+    for f in checkpoint.iterdir():
+        if f.suffix == ".distcp" or f.name == ".metadata":
+            f.unlink()
+    torch.save(saved, full)
+    torch_save_to_dcp(full, checkpoint)
+    manifest = json.loads((checkpoint / state.MANIFEST).read_text())
+    manifest["sha256"] = {f.name: state.sha256_file(str(f)) for f in sorted(checkpoint.iterdir())
+                          if f.name != state.MANIFEST}
+    (checkpoint / state.MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.slow
+def test_fsdp_resumes_a_checkpoint_without_routing_state_with_a_warning(tmp_path):
+    """A checkpoint written before FSDP checkpoints kept the routing state resumes (the state from
+    its initial values) with one warning saying the resume is not exact, not a failed load."""
+    data = write(tmp_path, "train.jsonl", 16)
+    out = tmp_path / "run" / "out"
+    args = ["--model", "tiny-olmoe", "--data", data, "--method", "remoe", "--max-steps", "3", "--batch-size", "2",
+            "--no-progress", "--fsdp", "--output-dir", str(out)]
+    launch(tmp_path / "run", 2, [*args, "--stop-after", "2"])
+    strip_routing_state(out / "checkpoint-000002")
+    done = run_ranks(tmp_path / "run", 2, RANK_SCRIPT, [*args, "--resume", "latest"])
+    warnings = [line for line in done.stderr.splitlines() if "kept the routing state" in line]
+    assert len(warnings) == 1 and "checkpoint-000002" in warnings[0] and "not exact" in warnings[0], done.stderr
+    assert "(routing state) are not in the state dict" not in done.stderr
+    assert (out / "model.safetensors").exists() and (out / "checkpoint-000003").is_dir()
+
 def test_fsdp_refusals_before_loading(tmp_path, capsys):
     """--fsdp without torchrun, and a global batch the processes do not divide: status 2, one line."""
     from probmoe.cli import train
