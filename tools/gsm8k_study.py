@@ -9,9 +9,10 @@ every command line is written to ``study/commands.txt``), then writes ``study/su
 ``study/summary.md`` (the table for docs/results.md), ``study/loss.png`` and, when the four
 ablation methods (probmoe, densemixer, sample-dense-ste, topk-marginal) are in the study,
 ``study/ablation.png`` (the paper's fig:ablation_study box plot). Finished runs are skipped when the
-study is started again; ``--no-analysis`` leaves out the analysis; ``--finished`` trains and evaluates nothing: it summarises and draws the
-runs of ``--methods`` x ``--seeds`` already finished under ``--output`` (a study cut short, or
-still running), leaving out the others.
+study is started again. ``--no-analysis`` runs no ``probmoe-analyze`` (a study split over several
+processes, analysed on its own). ``--finished`` trains and evaluates nothing: it summarises and
+draws the runs of ``--methods`` x ``--seeds`` already finished under ``--output`` (a study cut
+short, or still running), leaving out the others.
 """
 
 from __future__ import annotations
