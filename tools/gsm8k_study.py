@@ -9,9 +9,10 @@ every command line is written to ``study/commands.txt``), then writes ``study/su
 ``study/summary.md`` (the table for docs/results.md), ``study/loss.png`` and, when the four
 ablation methods (probmoe, densemixer, sample-dense-ste, topk-marginal) are in the study,
 ``study/ablation.png`` (the paper's fig:ablation_study box plot). Finished runs are skipped when the
-study is started again; ``--finished`` trains and evaluates nothing: it summarises and draws the
-runs of ``--methods`` x ``--seeds`` already finished under ``--output`` (a study cut short, or
-still running), leaving out the others.
+study is started again. ``--no-analysis`` runs no ``probmoe-analyze`` (a study split over several
+processes, analysed on its own). ``--finished`` trains and evaluates nothing: it summarises and
+draws the runs of ``--methods`` x ``--seeds`` already finished under ``--output`` (a study cut
+short, or still running), leaving out the others.
 """
 
 from __future__ import annotations
@@ -197,6 +198,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-length", type=int, default=512)
     p.add_argument("--eval-problems", type=int, default=200)
     p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--no-analysis", action="store_true", help="train and evaluate, but run no probmoe-analyze "
+                   "(when the study is split over several processes, or analysed separately)")
     p.add_argument("--finished", action="store_true", help="train and evaluate nothing: summarise and draw the "
                    "runs already finished under --output")
     args = p.parse_args(argv)
@@ -219,8 +222,9 @@ def main(argv=None) -> int:
         for method, seed in tqdm(jobs, desc="study", unit="run"):
             results.setdefault(method, []).append(run_one(args, method, seed, log))
         runs = [f"{m}={args.output / 'runs' / f'{m}-seed{args.seeds[0]}'}" for m in args.methods]
-        sh(["probmoe-analyze", *[a for r in runs for a in ("--checkpoint", r)], "--data", str(args.test),
-            "--limit", "64", "--output", str(args.output / "analysis"), "--overwrite", "--no-progress"], log)
+        if not args.no_analysis:
+            sh(["probmoe-analyze", *[a for r in runs for a in ("--checkpoint", r)], "--data", str(args.test),
+                "--limit", "64", "--output", str(args.output / "analysis"), "--overwrite", "--no-progress"], log)
     write_summary(results, args.output)
     return 0
 

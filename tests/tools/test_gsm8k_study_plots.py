@@ -83,3 +83,21 @@ def test_finished_summarises_the_runs_on_disk(tmp_path, figures, capsys):
     with pytest.raises(SystemExit):
         study.main(["--output", str(tmp_path / "none"), "--finished"])
     assert "no finished run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("no_analysis", [False, True])
+def test_no_analysis_runs_no_probmoe_analyze(tmp_path, figures, monkeypatch, no_analysis):
+    """A study over finished runs (nothing to train or evaluate) ends with probmoe-analyze over
+    each method's first seed, unless --no-analysis."""
+    for method in ("probmoe", "densemixer"):
+        out = tmp_path / "runs" / f"{method}-seed0"
+        (out / "eval-saved").mkdir(parents=True)
+        (out / "eval-saved" / "summary.json").write_text(json.dumps(
+            {"answer_loss": 2.0, "exact_match_flexible": 0.0, "experts_per_token": 2.0, "train_s": 3.0}))
+        (out / "train_log.jsonl").write_text(json.dumps({"step": 1, "loss": 3.0}) + "\n")
+    ran = []
+    monkeypatch.setattr(study, "sh", lambda cmd, log: ran.append(cmd))
+    args = ["--output", str(tmp_path), "--methods", "probmoe", "densemixer", "--seeds", "0"]
+    assert study.main(args + ["--no-analysis"] * no_analysis) == 0
+    assert [cmd[0] for cmd in ran] == ([] if no_analysis else ["probmoe-analyze"])
+    assert (tmp_path / "summary.md").is_file()
