@@ -214,3 +214,30 @@ def test_accelerate_launch_two_cpu_processes(tmp_path):
     assert all(entry["routing/experts_per_token"] == 2.0 and entry["routing/aux_loss"] > 0 for entry in train)
     reloaded = pt.from_pretrained(tmp_path / "run" / "final")
     assert reloaded.probmoe_plan.method == "probmoe" and reloaded.probmoe_plan.aux_loss == 0.01
+
+
+def test_a_layer_that_routes_no_token_has_no_load_statistics():
+    """ReMoE can switch a whole layer off (every ReLU gate 0): its experts per token is 0 and it has
+    no load balance, so the callback and probmoe-train's step record leave load_cv and max_vio out
+    for it (the means are over the other layers) instead of failing."""
+    from transformers import TrainerState
+
+    from probmoe.experiments.trainer import routing_summary
+
+    model = pt.patch_model(tiny_model("qwen3_moe"), "remoe")
+    with torch.no_grad():
+        model.model.layers[1].mlp.gate.weight.zero_()  # ReLU(0) = 0: no expert for any token
+    callback = RoutingStatsCallback(per_layer=True)
+    callback.on_train_begin(None, None, None, model=model)
+    x = torch.randint(3, 256, (2, 8), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(x)
+    model.train()(x, attention_mask=mask)
+    records = routing_summary(model, mask)
+    assert records[1] == {"layer": records[1]["layer"], "experts_per_token": 0.0}
+    assert records[0]["experts_per_token"] > 0 and {"load_cv", "max_vio"} <= records[0].keys()
+    logs = {"loss": 1.0}
+    callback.on_log(None, TrainerState(), None, logs=logs)
+    assert logs["routing/layer1/experts_per_token"] == 0 and "routing/layer1/load_cv" not in logs
+    assert logs["routing/load_cv"] == logs["routing/layer0/load_cv"]
+    assert logs["routing/experts_per_token"] == pytest.approx(logs["routing/layer0/experts_per_token"] / 2)
+    callback.on_train_end(None, None, None)

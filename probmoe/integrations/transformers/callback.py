@@ -47,8 +47,10 @@ class _Layer:
         self.entropy = self.entropy + metrics.normalized_entropy(probs).sum()
 
     def summary(self) -> dict:
-        return {"experts_per_token": float(self.experts) / self.tokens, "load_cv": metrics.load_cv(self.load),
-                "max_vio": metrics.max_vio(self.load), "entropy": float(self.entropy) / self.tokens}
+        out = {"experts_per_token": float(self.experts) / self.tokens, "entropy": float(self.entropy) / self.tokens}
+        if float(self.load.sum()) > 0:  # a layer that sent no token anywhere (ReMoE can) has no balance
+            out.update(load_cv=metrics.load_cv(self.load), max_vio=metrics.max_vio(self.load))
+        return out
 
 
 class RoutingStatsCallback(TrainerCallback):
@@ -143,12 +145,16 @@ class RoutingStatsCallback(TrainerCallback):
         if logs is None or not self._layers:
             return
         layers = [self._layers[i].summary() for i in sorted(self._layers)]
-        stats = {f"{self.prefix}{name}": sum(s[name] for s in layers) / len(layers) for name in STATS}
+        stats = {}
+        for name in STATS:  # the mean over the layers that have the statistic
+            values = [s[name] for s in layers if name in s]
+            if values:
+                stats[f"{self.prefix}{name}"] = sum(values) / len(values)
         if self._aux_count:
             stats[f"{self.prefix}aux_loss"] = float(self._aux) / self._aux_count
         if self.per_layer:
             for i, s in zip(sorted(self._layers), layers):
-                stats.update({f"{self.prefix}layer{i}/{name}": s[name] for name in STATS})
+                stats.update({f"{self.prefix}layer{i}/{name}": s[name] for name in STATS if name in s})
         logs.update(stats)
         if state.log_history and state.log_history[-1].get("step") == state.global_step:
             state.log_history[-1].update(stats)  # Trainer.log appended its copy before calling on_log
