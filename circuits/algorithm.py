@@ -10,10 +10,13 @@ dtype (torch, fused C, Triton). ``ALGORITHMS`` is the one list of the algorithms
 
 from __future__ import annotations
 
+import torch
+
 from .circuit import Circuit
 from .compile import compile_circuit
 from .dp import SPECS as DP_SPECS
-from .dp import CardinalityDP
+from .dp import CDP, CardinalityDP
+from .passes import CPasses, select
 from .spec import Spec
 
 ALGORITHMS = ("circuit", "dp")
@@ -39,6 +42,15 @@ def engine(constraint: Spec | Circuit, device="cpu", algorithm: str = "circuit",
     if isinstance(constraint, Circuit):
         return constraint if str(constraint.device) == str(device) else constraint.to(device)
     return compile_circuit(constraint, device=device, **compile_args)
+
+
+def native_kernels(evaluator: Circuit | CardinalityDP, dtype: torch.dtype, device="cpu") -> bool:
+    """Whether ``evaluator`` runs fused C kernels (``circuits.passes.select``: the C circuit passes,
+    or the C DP's sweeps) for logits of ``dtype`` on ``device`` (a circuit: its own device), where
+    ``circuits::chosen_scores`` and the others take their single-pass C paths."""
+    if isinstance(evaluator, CardinalityDP):
+        return isinstance(select(evaluator.lattice(device), dtype), CDP)
+    return isinstance(evaluator.passes(dtype), CPasses)
 
 
 def _name(constraint) -> str:
