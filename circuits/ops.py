@@ -21,7 +21,7 @@ differentiable ones have their autograd registered here.
                                                    d/dr: ``dp_log_counts_backward``
     dp_log_counts_backward(r, g, kmin, kmax, paper) -> Σ_j g_j d log Z_j / dr [T, n]
     chosen_scores(r, seed, kmin, kmax, circuit, slots, kind, paper)
-                                                -> (indices [T, slots] long, weights [T, slots],
+                                                -> (weights [T, slots], indices [T, slots] long,
                                                    mask [T, slots] bool, π [T, n]): one draw, the
                                                    drawn variables by score π = softmax(r) or
                                                    sigmoid(r), weights π there with the straight-
@@ -301,34 +301,34 @@ def chosen_scores(r: Tensor, seed: Tensor, kmin: int, kmax: int, circuit: int, s
                   paper: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """One draw z ~ P(z | C, r) and, for the drawn variables by score descending (ties to the lower
     index), their scores π = softmax(r) or sigmoid(r) (``kind``), with the straight-through gradient
-    (``circuits.straight_through``): (indices [T, slots] long, weights [T, slots], mask [T, slots]
+    (``circuits.straight_through``): (weights [T, slots], indices [T, slots] long, mask [T, slots]
     bool, π [T, n]). C: kmin <= |z| <= kmax by the DP (``circuit`` 0) or the circuit of handle
     ``circuit``; ``paper``: the marginals' Jacobian Cov(z) diag(1 - sigmoid(r)) in the backward."""
     p = straight_through.scores(r, kind)
     if circuit == 0 and isinstance(_dp(r, kmin, kmax), c_dp.CDP):  # the draw and the selection in one pass
         idx, w, mask = c_dp.chosen_scores(r, p, seed, kmin, kmax, slots)
-        return idx, w, mask, p
+        return w, idx, mask, p
     top, idx = select.topk_chosen(_chosen_draw(r, seed, kmin, kmax, circuit), p, slots)  # the drawn by π, then -1
     mask = top >= 0
-    return torch.where(mask, idx, idx[:, :1]), torch.where(mask, top, 0.0), mask, p
+    return torch.where(mask, top, 0.0), torch.where(mask, idx, idx[:, :1]), mask, p
 
 
 @chosen_scores.register_fake
 def _(r, seed, kmin, kmax, circuit, slots, kind, paper):
     T = r.shape[0]
-    return (r.new_empty(T, slots, dtype=torch.int64), r.new_empty(T, slots), r.new_empty(T, slots, dtype=torch.bool),
+    return (r.new_empty(T, slots), r.new_empty(T, slots, dtype=torch.int64), r.new_empty(T, slots, dtype=torch.bool),
             torch.empty_like(r))
 
 
 def _chosen_scores_setup(ctx, inputs, output):
     r, _, kmin, kmax, circuit, _, kind, paper = inputs
-    idx, _, mask, p = output
+    _, idx, mask, p = output
     ctx.args = (kmin, kmax, circuit, kind, paper)
     ctx.mark_non_differentiable(idx, mask, p)
     ctx.save_for_backward(r, idx.to(torch.int32), mask)  # the caller's logits (no copy); the rest recomputed
 
 
-def _chosen_scores_backward(ctx, g_idx, g_w, g_mask, g_p):
+def _chosen_scores_backward(ctx, g_w, g_idx, g_mask, g_p):
     r, idx, mask = ctx.saved_tensors
     g_r = torch.ops.circuits.chosen_scores_backward(r, idx, mask, g_w.contiguous(), *ctx.args)
     return g_r, None, None, None, None, None, None, None

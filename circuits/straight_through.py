@@ -35,11 +35,12 @@ def scores(r: Tensor, kind: str) -> Tensor:
 def reference(r: Tensor, z: Tensor, tangent: Tensor, slots: int, kind: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The operator written out: r [T, n] logits (differentiable), z [T, n] the draw in {0, 1},
     tangent [T, n] zeros whose Jacobian is the marginals' (e.g. m - m.detach()), 1 <= slots <= n
-    -> (indices [T, slots] long, weights [T, slots], mask [T, slots] bool, π [T, n] detached).
+    -> (weights [T, slots], indices [T, slots] long, mask [T, slots] bool, π [T, n] detached), in
+    the operator's order.
     Slots past the draw's size hold slot 0's variable, weight 0 and mask False."""
     p = scores(r, kind)
     top, idx = topk_chosen_reference(z.to(p.dtype), p.detach(), slots)  # the drawn by π, then -1
     mask = top >= 0
     idx = torch.where(mask, idx, idx[:, :1])
     w = torch.where(mask, p.gather(-1, idx) * (1 + tangent.gather(-1, idx)), 0.0)
-    return idx, w, mask, p.detach()
+    return w, idx, mask, p.detach()

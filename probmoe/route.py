@@ -125,7 +125,8 @@ def _route_fused(dist: SubsetDistribution, r: Tensor, config: RoutingConfig, gen
     """``route(training=True)`` as one ``circuits::chosen_scores`` call (same draws, indices, weights
     and gradients as the composed path), then the normalisation if asked."""
     handle = getattr(dist._engine, "handle", 0)  # 0: the DP
-    idx, w, mask, probs = torch.ops.circuits.chosen_scores(
+    r = r.contiguous()  # as the evaluators make it (the operators take contiguous rows)
+    w, idx, mask, probs = torch.ops.circuits.chosen_scores(
         r, circuits.ops.seed(generator, r), config.kmin, config.kmax, handle, config.kmax, config.scores,
         config.grad == "paper")
     if config.normalize:
