@@ -58,6 +58,8 @@ typedef struct {
     float *A, *dA, *f, *df; /* [K1][B]: adjoints, flows and their tangents */
     float *out, *z;        /* [N][B]: m or Cov(z) v; the draw */
     float *p;              /* [N][B]: the scores softmax(r) or sigmoid(r) (chosen_backward) */
+    float *q;              /* [B]: 1 - p at each lane's largest logit, without cancellation (softmax) */
+    int32_t *top;          /* [B]: the variable of each lane's largest logit (softmax) */
     float *tau, *u;        /* [B]: tau (the linear sweep's mean, or the tilt c); a variable's uniforms */
     float *ts;             /* [K1][B]: the tilt's scratch */
     int32_t *c;            /* [B]: how many of the draw's members are still to come */
@@ -86,6 +88,8 @@ static int64_t carve(Tile *w, const Dims *d, int tangents, int sampling, int sco
     SLICE(out, float, N * B, 1);
     SLICE(z, float, N * B, sampling);
     SLICE(p, float, N * B, scores);
+    SLICE(q, float, B, scores);
+    SLICE(top, int32_t, B, scores);
     SLICE(tau, float, B, 1);
     SLICE(ts, float, K1 * B, 1);
     SLICE(u, float, B, sampling);
@@ -625,9 +629,12 @@ static int64_t chosen_tile(const Dims *d, const float *r, int64_t seed, const fl
     return linear;
 }
 
-/* The scores of a tile's logits, in place: p [N][B] = softmax over the N variables per lane
- * (exactly 0 where r - max < EXP_MIN, as exp_clamped), or sigmoid(r) (`sigmoid`). mx [B]: scratch. */
-static void scores(const Dims *d, float *p, int sigmoid, float *mx) {
+/* The scores of a tile's logits, in place: p [N][B] = sigmoid(r) (`sigmoid`), or the softmax over
+ * the N variables per lane (exactly 0 where r - max < EXP_MIN, as exp_clamped), with top [B] the
+ * first variable at the lane's largest logit and q [B] = 1 - p there as Σ_{i != top} e_i / Σ_i e_i
+ * (e = exp(r - max)): 1 - p by subtraction loses the digits the softmax backward needs when p is
+ * near 1. sum [B]: scratch. */
+static void scores(const Dims *d, float *p, int sigmoid, int32_t *top, float *q, float *sum) {
     const int64_t N = d->N, B = d->B, n = N * B;
     if (sigmoid) {
         for (int64_t k = 0; k < n; k++) {
@@ -638,19 +645,31 @@ static void scores(const Dims *d, float *p, int sigmoid, float *mx) {
         for (int64_t k = 0; k < n; k++) p[k] = 1.0f / (1.0f + p[k]);
         return;
     }
-    for (int64_t t = 0; t < B; t++) mx[t] = -INFINITY;
+    float *mx = q; /* [B]: the largest logit, until q is made */
+    for (int64_t t = 0; t < B; t++) {
+        mx[t] = -INFINITY;
+        top[t] = 0;
+    }
     for (int64_t i = 0; i < N; i++)
-        for (int64_t t = 0; t < B; t++) mx[t] = max2(mx[t], p[i * B + t]);
+        for (int64_t t = 0; t < B; t++) {
+            const int bigger = p[i * B + t] > mx[t];
+            mx[t] = bigger ? p[i * B + t] : mx[t];
+            top[t] = bigger ? (int32_t)i : top[t];
+        }
     for (int64_t i = 0; i < N; i++)
-        for (int64_t t = 0; t < B; t++) p[i * B + t] -= mx[t]; /* -inf stays -inf */
-    float *sum = mx;
-    memset(sum, 0, B * sizeof(float));
-    for (int64_t k = 0; k < n; k++) p[k] = p[k] < EXP_MIN ? EXP_MIN : p[k];
+        for (int64_t t = 0; t < B; t++) {
+            const float x = p[i * B + t] - mx[t]; /* -inf stays -inf */
+            p[i * B + t] = x < EXP_MIN ? EXP_MIN : x;
+        }
     pm_exp(p, n);
     const float least = expf(EXP_MIN); /* what the clamped arguments give: taken as 0 */
     for (int64_t k = 0; k < n; k++) p[k] = p[k] <= least ? 0.0f : p[k];
+    float *rest = q; /* Σ_{i != top} e_i */
+    memset(rest, 0, B * sizeof(float));
     for (int64_t i = 0; i < N; i++)
-        for (int64_t t = 0; t < B; t++) sum[t] += p[i * B + t];
+        for (int64_t t = 0; t < B; t++) rest[t] += i == top[t] ? 0.0f : p[i * B + t];
+    for (int64_t t = 0; t < B; t++) sum[t] = rest[t] + p[top[t] * B + t];
+    for (int64_t t = 0; t < B; t++) q[t] = rest[t] / sum[t];
     for (int64_t i = 0; i < N; i++)
         for (int64_t t = 0; t < B; t++) p[i * B + t] /= sum[t];
 }
@@ -658,7 +677,9 @@ static void scores(const Dims *d, float *p, int sigmoid, float *mx) {
 /* The backward of the routing operator for tokens t0..t0+nt: with p the scores (recomputed from r)
  * and g_t = (Σ of the used slots' g [T, slots] at their variables idx) ⊙ p, the gradient
  * out [T, N] = Cov(z) g_t + the scores' backward of g_t / p (softmax: g_t - p Σ g_t; sigmoid:
- * g_t (1 - p)). Returns 1, 0 or -1 as forward_tile. */
+ * g_t (1 - p)). At the largest logit j = top, where p_j may be near 1, the softmax term is
+ * g_t_j q - p_j Σ_{i != j} g_t_i with q = 1 - p_j from scores(): the same value, without the
+ * cancellation of g_t_j - p_j (g_t_j + ...). Returns 1, 0 or -1 as forward_tile. */
 static int64_t chosen_backward_tile(const Dims *d, const float *r, const int32_t *idx, const float *g,
                                     const uint8_t *mask, int64_t slots, int sigmoid, float *out, int64_t t0,
                                     int64_t nt) {
@@ -668,7 +689,7 @@ static int64_t chosen_backward_tile(const Dims *d, const float *r, const int32_t
     if (!buf) return -1;
     carve(&w, d, 1, 0, 1, buf);
     load_rows(d, r, t0, nt, w.p);
-    scores(d, w.p, sigmoid, w.tau);
+    scores(d, w.p, sigmoid, w.top, w.q, w.tau);
     memset(w.vt, 0, N * B * sizeof(float));
     for (int64_t t = 0; t < nt; t++)
         for (int64_t s = 0; s < slots; s++) {
@@ -679,17 +700,21 @@ static int64_t chosen_backward_tile(const Dims *d, const float *r, const int32_t
     int linear;
     const float *dtop = NULL, *top = up_sweep(d, &w, r, NULL, t0, nt, &dtop, &linear);
     cov_down(d, &w, top, dtop);
-    float *total = w.tau; /* [B]: Σ_i g_t (tau is no longer needed) */
-    memset(total, 0, B * sizeof(float));
-    for (int64_t i = 0; i < N; i++)
-        for (int64_t t = 0; t < B; t++) total[t] += w.vt[i * B + t];
+    float *others = w.tau; /* [B]: Σ_{i != top} g_t (tau is no longer needed) */
+    memset(others, 0, B * sizeof(float));
+    if (!sigmoid)
+        for (int64_t i = 0; i < N; i++)
+            for (int64_t t = 0; t < B; t++) others[t] += i == w.top[t] ? 0.0f : w.vt[i * B + t];
     for (int64_t t = 0; t < nt; t++) {
         float *row = out + (t0 + t) * N;
-        for (int64_t i = 0; i < N; i++) {
-            const int64_t k = i * B + t;
-            const float own = sigmoid ? w.vt[k] * (1.0f - w.p[k]) : w.vt[k] - w.p[k] * total[t];
-            row[i] = w.out[k] + own;
+        if (sigmoid) {
+            for (int64_t i = 0; i < N; i++) row[i] = w.out[i * B + t] + w.vt[i * B + t] * (1.0f - w.p[i * B + t]);
+            continue;
         }
+        const int64_t j = w.top[t];
+        const float total = others[t] + w.vt[j * B + t];
+        for (int64_t i = 0; i < N; i++) row[i] = w.out[i * B + t] + (w.vt[i * B + t] - w.p[i * B + t] * total);
+        row[j] = w.out[j * B + t] + (w.vt[j * B + t] * w.q[t] - w.p[j * B + t] * others[t]);
     }
     return linear;
 }
