@@ -325,10 +325,13 @@ def _chosen_scores_setup(ctx, inputs, output):
     _, idx, mask, p = output
     ctx.args = (kmin, kmax, circuit, kind, paper)
     ctx.mark_non_differentiable(idx, mask, p)
+    ctx.set_materialize_grads(False)  # no zero [T, n] gradient for π (nor for the indices and mask)
     ctx.save_for_backward(r, idx.to(torch.int32), mask)  # the caller's logits (no copy); the rest recomputed
 
 
 def _chosen_scores_backward(ctx, g_w, g_idx, g_mask, g_p):
+    if g_w is None:
+        return (None,) * 8
     r, idx, mask = ctx.saved_tensors
     g_r = torch.ops.circuits.chosen_scores_backward(r, idx, mask, g_w.contiguous(), *ctx.args)
     return g_r, None, None, None, None, None, None, None
