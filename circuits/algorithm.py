@@ -53,6 +53,12 @@ def native_kernels(evaluator: Circuit | CardinalityDP, dtype: torch.dtype, devic
     return isinstance(evaluator.passes(dtype), CPasses)
 
 
+# Under torch.compile the answer is a constant of the graph (the mark of
+# torch.compiler.assume_constant_result, set without importing torch._dynamo, as
+# probmoe.constraints does): dynamo calls it while tracing instead of tracing through ``select``.
+native_kernels._dynamo_marked_constant = True
+
+
 def _name(constraint) -> str:
     describe = getattr(constraint, "describe", None)
     return describe() if describe is not None else type(constraint).__name__

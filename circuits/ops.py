@@ -54,6 +54,7 @@ from torch import Tensor
 
 from .native import select, uniforms
 from .passes import draw_uniforms  # before the DP: see circuits/passes/__init__.py
+from .passes import CPasses
 from .passes import select as select_passes
 from .dp.cardinality import Lattice  # noqa: I001
 from .dp import c_dp  # noqa: I001
@@ -308,6 +309,9 @@ def chosen_scores(r: Tensor, seed: Tensor, kmin: int, kmax: int, circuit: int, s
     if circuit == 0 and isinstance(_dp(r, kmin, kmax), c_dp.CDP):  # the draw and the selection in one pass
         idx, w, mask = c_dp.chosen_scores(r, p, seed, kmin, kmax, slots)
         return w, idx, mask, p
+    if circuit != 0 and isinstance(_passes(r, circuit)[1], CPasses):
+        c, chosen = _passes(r, circuit)
+        return (*chosen.chosen(r, *draw_uniforms(c.program, r, seed), p, slots, shift=c._shift(r)), p)
     top, idx = select.topk_chosen(_chosen_draw(r, seed, kmin, kmax, circuit), p, slots)  # the drawn by π, then -1
     mask = top >= 0
     return torch.where(mask, top, 0.0), torch.where(mask, idx, idx[:, :1]), mask, p
@@ -349,6 +353,9 @@ def chosen_scores_backward(r: Tensor, indices: Tensor, mask: Tensor, g: Tensor, 
     marginals' Jacobian (Cov(z), times diag(1 - sigmoid(r)) with ``paper``). Not differentiable again."""
     if circuit == 0 and not paper and isinstance(_dp(r, kmin, kmax), c_dp.CDP):  # one pass: π, g_t, Cov(z) g_t
         return c_dp.chosen_scores_backward(r, indices, mask, g, kmin, kmax, kind == "sigmoid")
+    if circuit != 0 and not paper and isinstance(_passes(r, circuit)[1], CPasses):
+        c, chosen = _passes(r, circuit)
+        return chosen.chosen_backward(r, indices, mask, g, kind == "sigmoid", shift=c._shift(r))
     p = straight_through.scores(r, kind)
     g_t = torch.zeros_like(p).scatter_add_(-1, indices.long(), torch.where(mask, g, 0.0).to(p.dtype)).mul_(p)
     if circuit == 0:

@@ -31,7 +31,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn.restype = i64
 
 
-NATIVE = NativeLibrary("cardinality", [SCRATCH.with_name("cardinality.c"), SCRATCH.with_name("uniforms.c"), SCRATCH,
+NATIVE = NativeLibrary("cardinality", [SCRATCH.with_name("cardinality.c"), SCRATCH.with_name("uniforms.c"),
+                                       SCRATCH.with_name("chosen.c"), SCRATCH,
                                        VMATH], _declare, label="C DP")
 library = NATIVE.library
 describe = NATIVE.describe

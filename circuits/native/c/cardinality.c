@@ -57,9 +57,9 @@ typedef struct {
     float *take, *g;       /* [K1][B]: an up step's scratch */
     float *A, *dA, *f, *df; /* [K1][B]: adjoints, flows and their tangents */
     float *out, *z;        /* [N][B]: m or Cov(z) v; the draw */
-    float *p;              /* [N][B]: the scores softmax(r) or sigmoid(r) (chosen_backward) */
-    float *q;              /* [B]: 1 - p at each lane's largest logit, without cancellation (softmax) */
-    int32_t *top;          /* [B]: the variable of each lane's largest logit (softmax) */
+    float *p;              /* [N][B]: the scores softmax(r) or sigmoid(r) (chosen_backward_tile) */
+    float *q;              /* [B]: 1 - p at each lane's largest logit (pm_tile_scores) */
+    int32_t *top;          /* [B]: the variable of each lane's largest logit */
     float *tau, *u;        /* [B]: tau (the linear sweep's mean, or the tilt c); a variable's uniforms */
     float *ts;             /* [K1][B]: the tilt's scratch */
     int32_t *c;            /* [B]: how many of the draw's members are still to come */
@@ -563,46 +563,27 @@ static int64_t cov_tile(const Dims *d, const float *r, const float *v, float *ou
     return linear;
 }
 
-/* The straight-through routing operator (circuits.chosen_scores, whose plain-torch reference is
- * chosen_scores.reference): one draw z ~ P(z | C, r) from the counter-based uniforms of `seed`, the
+/* The straight-through selection (circuits::chosen_scores, whose plain-torch reference is
+ * circuits/straight_through.py): one draw z ~ P(z | C, r) from the counter-based uniforms of `seed`, the
  * same bits dp_forward reads from U (so the same draw), and then, per token, the drawn variables
  * by their score p descending, ties to the lower index (pm_topk_chosen's order), in `slots` slots:
  * idx [T, slots] int64, wv [T, slots] = p there, mask [T, slots] (1: a used slot). Unused slots hold
  * slot 0's variable (0 when nothing was drawn), weight 0, mask 0. */
 void pm_uniforms_serial(int64_t seed, int64_t offset, int64_t count, float *out); /* uniforms.c */
+/* chosen.c */
+void pm_put_chosen(const float *z, int64_t B, int64_t t, int64_t n, const float *p, int64_t slots, int64_t cap,
+                   int64_t *idx, float *wv, uint8_t *mask, int32_t *at);
+void pm_tile_scores(float *p, int64_t n, int64_t B, int64_t sigmoid, int32_t *top, float *q, float *sum);
+void pm_slot_tangents(const int32_t *idx, const float *g, const uint8_t *mask, int64_t slots, int64_t n, int64_t B,
+                      int64_t t0, int64_t nt, const float *p, float *vt);
+void pm_scores_backward(const float *cov, const float *vt, const float *p, const int32_t *top, const float *q,
+                        int64_t sigmoid, int64_t n, int64_t B, int64_t t0, int64_t nt, float *others, float *out);
 
 /* The uniforms [B] of tokens t0..t0+nt at `offset` of the draw (the sizes at 0, variable i at
  * (i + 1) T), lanes past nt 0.5 (load_uniforms' padding). */
 static void make_uniforms(int64_t seed, int64_t offset, int64_t nt, int64_t B, float *u) {
     pm_uniforms_serial(seed, offset, nt, u);
     for (int64_t t = nt; t < B; t++) u[t] = 0.5f;
-}
-
-/* Token t's drawn variables (z [N][B], lane t) by p [N] descending, ties to the lower index, into
- * its slots. at: scratch of kmax + 1 int32 (a draw has at most kmax members; the guard in
- * draw_step keeps it so). */
-static void put_chosen(const Dims *d, const float *z, int64_t t, const float *p, int64_t slots, int64_t *idx,
-                       float *wv, uint8_t *mask, int32_t *at) {
-    const int64_t N = d->N, B = d->B, cap = d->K1;
-    int64_t c = 0;
-    for (int64_t i = 0; i < N; i++)
-        if (z[i * B + t] > 0.0f && c < cap) at[c++] = (int32_t)i;
-    for (int64_t s = 0; s < slots; s++) {
-        idx[s] = 0;
-        wv[s] = 0.0f;
-        mask[s] = 0;
-    }
-    for (int64_t q = 0; q < c; q++) { /* its place: the drawn above it, and the equal ones before it */
-        const float x = p[at[q]];
-        int64_t rank = 0;
-        for (int64_t q2 = 0; q2 < c; q2++) rank += (p[at[q2]] > x) | ((p[at[q2]] == x) & (q2 < q));
-        if (rank < slots) {
-            idx[rank] = at[q];
-            wv[rank] = x;
-            mask[rank] = 1;
-        }
-    }
-    for (int64_t s = c; s < slots; s++) idx[s] = idx[0];
 }
 
 static int64_t chosen_tile(const Dims *d, const float *r, int64_t seed, const float *p, int64_t slots,
@@ -624,62 +605,15 @@ static int64_t chosen_tile(const Dims *d, const float *r, int64_t seed, const fl
     int32_t *at = (int32_t *)w.ts; /* [K1][B] floats: at least K1 */
     for (int64_t t = 0; t < nt; t++) {
         const int64_t row = t0 + t;
-        put_chosen(d, w.z, t, p + row * N, slots, idx + row * slots, wv + row * slots, mask + row * slots, at);
+        pm_put_chosen(w.z, B, t, N, p + row * N, slots, K1, idx + row * slots, wv + row * slots, mask + row * slots,
+                      at);
     }
     return linear;
 }
 
-/* The scores of a tile's logits, in place: p [N][B] = sigmoid(r) (`sigmoid`), or the softmax over
- * the N variables per lane (exactly 0 where r - max < EXP_MIN, as exp_clamped), with top [B] the
- * first variable at the lane's largest logit and q [B] = 1 - p there as Σ_{i != top} e_i / Σ_i e_i
- * (e = exp(r - max)): 1 - p by subtraction loses the digits the softmax backward needs when p is
- * near 1. sum [B]: scratch. */
-static void scores(const Dims *d, float *p, int sigmoid, int32_t *top, float *q, float *sum) {
-    const int64_t N = d->N, B = d->B, n = N * B;
-    if (sigmoid) {
-        for (int64_t k = 0; k < n; k++) {
-            const float x = -p[k];
-            p[k] = x < EXP_MIN ? EXP_MIN : x > 88.0f ? 88.0f : x;
-        }
-        pm_exp(p, n);
-        for (int64_t k = 0; k < n; k++) p[k] = 1.0f / (1.0f + p[k]);
-        return;
-    }
-    float *mx = q; /* [B]: the largest logit, until q is made */
-    for (int64_t t = 0; t < B; t++) {
-        mx[t] = -INFINITY;
-        top[t] = 0;
-    }
-    for (int64_t i = 0; i < N; i++)
-        for (int64_t t = 0; t < B; t++) {
-            const int bigger = p[i * B + t] > mx[t];
-            mx[t] = bigger ? p[i * B + t] : mx[t];
-            top[t] = bigger ? (int32_t)i : top[t];
-        }
-    for (int64_t i = 0; i < N; i++)
-        for (int64_t t = 0; t < B; t++) {
-            const float x = p[i * B + t] - mx[t]; /* -inf stays -inf */
-            p[i * B + t] = x < EXP_MIN ? EXP_MIN : x;
-        }
-    pm_exp(p, n);
-    const float least = expf(EXP_MIN); /* what the clamped arguments give: taken as 0 */
-    for (int64_t k = 0; k < n; k++) p[k] = p[k] <= least ? 0.0f : p[k];
-    float *rest = q; /* Σ_{i != top} e_i */
-    memset(rest, 0, B * sizeof(float));
-    for (int64_t i = 0; i < N; i++)
-        for (int64_t t = 0; t < B; t++) rest[t] += i == top[t] ? 0.0f : p[i * B + t];
-    for (int64_t t = 0; t < B; t++) sum[t] = rest[t] + p[top[t] * B + t];
-    for (int64_t t = 0; t < B; t++) q[t] = rest[t] / sum[t];
-    for (int64_t i = 0; i < N; i++)
-        for (int64_t t = 0; t < B; t++) p[i * B + t] /= sum[t];
-}
-
 /* The backward of the routing operator for tokens t0..t0+nt: with p the scores (recomputed from r)
  * and g_t = (Σ of the used slots' g [T, slots] at their variables idx) ⊙ p, the gradient
- * out [T, N] = Cov(z) g_t + the scores' backward of g_t / p (softmax: g_t - p Σ g_t; sigmoid:
- * g_t (1 - p)). At the largest logit j = top, where p_j may be near 1, the softmax term is
- * g_t_j q - p_j Σ_{i != j} g_t_i with q = 1 - p_j from scores(): the same value, without the
- * cancellation of g_t_j - p_j (g_t_j + ...). Returns 1, 0 or -1 as forward_tile. */
+ * out [T, N] = Cov(z) g_t + the scores' backward (chosen.c). Returns 1, 0 or -1 as forward_tile. */
 static int64_t chosen_backward_tile(const Dims *d, const float *r, const int32_t *idx, const float *g,
                                     const uint8_t *mask, int64_t slots, int sigmoid, float *out, int64_t t0,
                                     int64_t nt) {
@@ -689,33 +623,12 @@ static int64_t chosen_backward_tile(const Dims *d, const float *r, const int32_t
     if (!buf) return -1;
     carve(&w, d, 1, 0, 1, buf);
     load_rows(d, r, t0, nt, w.p);
-    scores(d, w.p, sigmoid, w.top, w.q, w.tau);
-    memset(w.vt, 0, N * B * sizeof(float));
-    for (int64_t t = 0; t < nt; t++)
-        for (int64_t s = 0; s < slots; s++) {
-            const int64_t at = (t0 + t) * slots + s, i = idx[at];
-            if (mask[at] && i >= 0 && i < N) w.vt[i * B + t] += g[at];
-        }
-    for (int64_t k = 0; k < N * B; k++) w.vt[k] *= w.p[k];
+    pm_tile_scores(w.p, N, B, sigmoid, w.top, w.q, w.tau);
+    pm_slot_tangents(idx, g, mask, slots, N, B, t0, nt, w.p, w.vt);
     int linear;
     const float *dtop = NULL, *top = up_sweep(d, &w, r, NULL, t0, nt, &dtop, &linear);
     cov_down(d, &w, top, dtop);
-    float *others = w.tau; /* [B]: Σ_{i != top} g_t (tau is no longer needed) */
-    memset(others, 0, B * sizeof(float));
-    if (!sigmoid)
-        for (int64_t i = 0; i < N; i++)
-            for (int64_t t = 0; t < B; t++) others[t] += i == w.top[t] ? 0.0f : w.vt[i * B + t];
-    for (int64_t t = 0; t < nt; t++) {
-        float *row = out + (t0 + t) * N;
-        if (sigmoid) {
-            for (int64_t i = 0; i < N; i++) row[i] = w.out[i * B + t] + w.vt[i * B + t] * (1.0f - w.p[i * B + t]);
-            continue;
-        }
-        const int64_t j = w.top[t];
-        const float total = others[t] + w.vt[j * B + t];
-        for (int64_t i = 0; i < N; i++) row[i] = w.out[i * B + t] + (w.vt[i * B + t] - w.p[i * B + t] * total);
-        row[j] = w.out[j * B + t] + (w.vt[j * B + t] * w.q[t] - w.p[j * B + t] * others[t]);
-    }
+    pm_scores_backward(w.out, w.vt, w.p, w.top, w.q, sigmoid, N, B, t0, nt, w.tau, out); /* tau: free now */
     return linear;
 }
 
