@@ -128,8 +128,10 @@ def test_gradient_is_brute_force(backend, kmin, kmax, kind, paper):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("n,kmin,kmax", [(64, 8, 8), (64, 4, 8), (256, 16, 16), (10, 0, 3)])
-def test_c_dp_gradient_is_the_torch_dp_in_float64(c_dp_built, n, kmin, kmax, kind):
-    """The fused C backward (scores, g_t, Cov(z) g_t, the scores' backward in one pass) against the
+@pytest.mark.parametrize("backend", ["dp", "circuit"])
+def test_c_gradient_is_the_torch_dp_in_float64(c_dp_built, c_passes_built, backend, n, kmin, kmax, kind):
+    """The fused C backward of the DP or of the circuit passes (scores, g_t, Cov(z) g_t, the
+    scores' backward in one pass) against the
     formula with the torch DP's Cov(z) v in float64, on the hard rows, relative to each row's largest
     entry: within 1e-4, what the C DP's Cov(z) v in float32 reaches (3.5e-5 seen on these rows). At
     a score near 1 (the row at scale 100) the fused softmax backward avoids the cancellation the
@@ -137,7 +139,7 @@ def test_c_dp_gradient_is_the_torch_dp_in_float64(c_dp_built, n, kmin, kmax, kin
     r = hard_logits(300, n, seed=5)
     g = torch.randn(300, kmax, generator=torch.Generator().manual_seed(6))
     seed = circuits.ops.seed(torch.Generator().manual_seed(7), r)
-    _, idx, mask, _, grad = run(r, seed, kmin, kmax, 0, kind, False, g)
+    _, idx, mask, _, grad = run(r, seed, kmin, kmax, handle(backend, kmin, kmax, n), kind, False, g)
     want = expected_grad(r, idx, mask, g, kind, False, lambda x, v: torch_dp.cov_vec(x, v, kmin, kmax))
     scale = want.abs().amax(-1, keepdim=True).clamp_min(1e-3)
     torch.testing.assert_close(grad.double() / scale, want / scale, atol=1e-4, rtol=0)
