@@ -29,7 +29,7 @@ _HOMES = {  # public name -> the module that defines it
     "CacheWarning": "cache", "default_cache_dir": "cache_dir", "Circuit": "circuit",
     "compile_circuit": "compile", "compile_sdd": "compile", "compile_entry": "compile",
     "CardinalityDP": "dp", "map_mask": "dp", "map_size": "dp",
-    "ALGORITHMS": "algorithm", "check_algorithm": "algorithm", "engine": "algorithm", "native_kernels": "algorithm",
+    "ALGORITHMS": "algorithm", "check_algorithm": "algorithm", "engine": "algorithm", "native_kernels": "passes",
     "Layout": "layout", "build_layout": "layout", "ScratchPool": "passes.scratch",
     **{name: "spec" for name in ("CARDINALITY_SPECS", "GROUP_SPECS", "SPECS", "CnfFile", "ExactlyK",
                                  "GroupCapacity", "GroupLimited", "RangeK", "SddFile", "spec_from_dict",

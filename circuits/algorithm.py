@@ -10,13 +10,10 @@ dtype (torch, fused C, Triton). ``ALGORITHMS`` is the one list of the algorithms
 
 from __future__ import annotations
 
-import torch
-
 from .circuit import Circuit
 from .compile import compile_circuit
 from .dp import SPECS as DP_SPECS
-from .dp import CDP, CardinalityDP
-from .passes import CPasses, select
+from .dp import CardinalityDP
 from .spec import Spec
 
 ALGORITHMS = ("circuit", "dp")
@@ -42,21 +39,6 @@ def engine(constraint: Spec | Circuit, device="cpu", algorithm: str = "circuit",
     if isinstance(constraint, Circuit):
         return constraint if str(constraint.device) == str(device) else constraint.to(device)
     return compile_circuit(constraint, device=device, **compile_args)
-
-
-def native_kernels(evaluator: Circuit | CardinalityDP, dtype: torch.dtype, device="cpu") -> bool:
-    """Whether ``evaluator`` runs fused C kernels (``circuits.passes.select``: the C circuit passes,
-    or the C DP's sweeps) for logits of ``dtype`` on ``device`` (a circuit: its own device), where
-    ``circuits::chosen_scores`` and the others take their single-pass C paths."""
-    if isinstance(evaluator, CardinalityDP):
-        return isinstance(select(evaluator.lattice(device), dtype), CDP)
-    return isinstance(evaluator.passes(dtype), CPasses)
-
-
-# Under torch.compile the answer is a constant of the graph (the mark of
-# torch.compiler.assume_constant_result, set without importing torch._dynamo, as
-# probmoe.constraints does): dynamo calls it while tracing instead of tracing through ``select``.
-native_kernels._dynamo_marked_constant = True
 
 
 def _name(constraint) -> str:

@@ -311,7 +311,7 @@ def chosen_scores(r: Tensor, seed: Tensor, kmin: int, kmax: int, circuit: int, s
         return w, idx, mask, p
     if circuit != 0 and isinstance(_passes(r, circuit)[1], CPasses):
         c, chosen = _passes(r, circuit)
-        return (*chosen.chosen(r, *draw_uniforms(c.program, r, seed), p, slots, shift=c._shift(r)), p)
+        return (*chosen.chosen(r, *draw_uniforms(c.program, r, seed), p, slots, c.shift_size), p)
     top, idx = select.topk_chosen(_chosen_draw(r, seed, kmin, kmax, circuit), p, slots)  # the drawn by π, then -1
     mask = top >= 0
     return torch.where(mask, top, 0.0), torch.where(mask, idx, idx[:, :1]), mask, p
@@ -355,7 +355,7 @@ def chosen_scores_backward(r: Tensor, indices: Tensor, mask: Tensor, g: Tensor, 
         return c_dp.chosen_scores_backward(r, indices, mask, g, kmin, kmax, kind == "sigmoid")
     if circuit != 0 and not paper and isinstance(_passes(r, circuit)[1], CPasses):
         c, chosen = _passes(r, circuit)
-        return chosen.chosen_backward(r, indices, mask, g, kind == "sigmoid", shift=c._shift(r))
+        return chosen.chosen_backward(r, indices, mask, g, kind == "sigmoid", c.shift_size)
     p = straight_through.scores(r, kind)
     g_t = torch.zeros_like(p).scatter_add_(-1, indices.long(), torch.where(mask, g, 0.0).to(p.dtype)).mul_(p)
     if circuit == 0:

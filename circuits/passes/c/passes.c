@@ -45,6 +45,8 @@ typedef struct {
     int64_t *idx;
     float *w;
     uint8_t *mask;
+    int64_t k;    /* > 0: the pass's shift is each token's k-th largest logit, made here into shift [T] */
+    float *shift;
 } Chosen;
 
 typedef struct {
@@ -52,6 +54,8 @@ typedef struct {
     const float *g;
     const uint8_t *mask;
     int64_t slots, sigmoid;
+    int64_t k; /* as Chosen's */
+    float *shift;
 } ChosenGrad;
 
 #define TILE 128 /* tokens per tile: 64 and 128 measured fastest, 32 and 256 slower */
@@ -552,6 +556,32 @@ static void tile_logits(const float *r, const float *shift, int64_t n, int64_t t
     pad_lanes(n, nt, rt);
 }
 
+/* shift[t0 + t] = the k-th largest logit of token t0 + t of r [T, n] (NaN counts as -inf), 0 where
+ * that is not finite: Circuit._shift (kth_largest, then 0), made inside a pass's tile instead of by
+ * a call of its own. Each lane's k largest sink through a sorted column by max/min swaps, as in
+ * select.c. rt [n][TILE], best [k][TILE], carry [TILE]: scratch. */
+static void kth_shift(const float *r, int64_t n, int64_t k, int64_t t0, int64_t nt, float *rt, float *best,
+                      float *carry, float *shift) {
+    load_tile(r, n, t0, nt, 0.0f, rt);
+    for (int64_t q = 0; q < k * TILE; q++) best[q] = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        for (int64_t t = 0; t < TILE; t++) {
+            const float x = rt[i * TILE + t];
+            carry[t] = x == x ? x : -INFINITY;
+        }
+        for (int64_t q = 0; q < k; q++)
+            for (int64_t t = 0; t < TILE; t++) {
+                const float x = carry[t], y = best[q * TILE + t];
+                best[q * TILE + t] = max2(x, y);
+                carry[t] = min2(x, y);
+            }
+    }
+    for (int64_t t = 0; t < nt; t++) {
+        const float v = best[(k - 1) * TILE + t];
+        shift[t0 + t] = isfinite(v) ? v : 0.0f;
+    }
+}
+
 /* The centring of the linear upward when every model has k true variables (lin_k >= 0): such a
  * circuit's distribution does not change when a token's logits all move by one amount, so the
  * linear pass moves them to where the circuit's constants assume them, their mean at the nominal
@@ -771,10 +801,16 @@ static int64_t sample_tile(const Prog *P, const float *r, const float *shift, co
                            const float *fill, float *z, float *logz, int64_t T, int64_t t0, int64_t nt,
                            const Chosen *ch) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
-    float *buf = pm_scratch((size_t)(3 * n + 3 * S + R + 1) * TILE + TILT_FLOATS(n) + (size_t)n);
+    const size_t extra = ch ? (size_t)n + (size_t)(n + 1) * TILE : 0; /* pm_put_chosen's at, kth_shift's */
+    float *buf = pm_scratch((size_t)(3 * n + 3 * S + R + 1) * TILE + TILT_FLOATS(n) + extra);
     if (!buf) return -1;
     float *rt = buf, *p = rt + n * TILE, *fl = p + n * TILE, *val = fl + n * TILE, *norm = val + S * TILE;
     float *act = norm + S * TILE, *ex = act + S * TILE, *top = ex + R * TILE; /* fl: the fill's uniforms */
+    int32_t *at = (int32_t *)(top + TILE + TILT_FLOATS(n)); /* [n]: past the tilt's scratch */
+    if (ch && ch->k > 0) {
+        kth_shift(r, n, ch->k, t0, nt, rt, (float *)(at + n), (float *)(at + n) + n * TILE, ch->shift);
+        shift = ch->shift;
+    }
     tile_logits(r, shift, n, t0, nt, rt);
     const int linear = up_tile(P, rt, r, shift, t0, NULL, P->smooth ? NULL : p, val, ex, norm, NULL, top,
                                logz ? logz + t0 : NULL, nt, top + TILE);
@@ -814,7 +850,6 @@ static int64_t sample_tile(const Prog *P, const float *r, const float *shift, co
         store_tile(on, n, t0, nt, z);
         return linear;
     }
-    int32_t *at = (int32_t *)(top + TILE + TILT_FLOATS(n)); /* [n]: past the tilt's scratch */
     for (int64_t t = 0; t < nt; t++) {
         const int64_t row = t0 + t, o = row * ch->slots;
         pm_put_chosen(on, TILE, t, n, ch->p + row * n, ch->slots, n, ch->idx + o, ch->w + o, ch->mask + o, at);
@@ -923,7 +958,7 @@ static int64_t map_tile(const Prog *P, const float *r, const float *shift, float
 static int64_t jvp_tile(const Prog *P, const float *r, const float *shift, const float *v, float *out, int64_t t0,
                         int64_t nt, const ChosenGrad *cg) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
-    const size_t extra = cg ? (size_t)(n + 3) * TILE : 0; /* the scores [n][TILE], top, q, a row of scratch */
+    const size_t extra = cg ? (size_t)(2 * n + 4) * TILE : 0; /* scores [n][TILE], top, q, a row; kth_shift's */
     float *buf = pm_scratch((size_t)(3 * n + 6 * S + R + 3) * TILE + TILT_FLOATS(n) + extra);
     if (!buf) return -1;
     float *rt = buf, *vt = rt + n * TILE, *p = vt + n * TILE, *val = p + n * TILE, *dval = val + S * TILE;
@@ -931,6 +966,11 @@ static int64_t jvp_tile(const Prog *P, const float *r, const float *shift, const
     float *top = ex + R * TILE, *coef = top + TILE, *dcoef = coef + TILE, *tw = dcoef + TILE;
     float *sc = tw + TILT_FLOATS(n), *q = sc + n * TILE, *spare = q + TILE;
     int32_t *best = (int32_t *)(spare + TILE);
+    if (cg && cg->k > 0) {
+        float *column = spare + 2 * TILE; /* [k][TILE] */
+        kth_shift(r, n, cg->k, t0, nt, rt, column, column + n * TILE, cg->shift);
+        shift = cg->shift;
+    }
     if (cg) {
         load_tile(r, n, t0, nt, 0.0f, sc);
         pm_tile_scores(sc, n, TILE, cg->sigmoid, best, q, spare);
@@ -1008,20 +1048,23 @@ int64_t pm_jvp(const Prog *P, const float *r, const float *shift, const float *v
 }
 
 /* circuits::chosen_scores' forward: pm_sample's draw, then each token's drawn variables by the scores
- * p [T, n] into idx [T, slots] int64, w [T, slots] and mask [T, slots] (chosen.c, pm_put_chosen). */
-int64_t pm_chosen(const Prog *P, const float *r, const float *shift, const float *U, const int64_t *uid,
+ * p [T, n] into idx [T, slots] int64, w [T, slots] and mask [T, slots] (chosen.c, pm_put_chosen).
+ * k > 0: the circuit's shift is each token's k-th largest logit (Circuit._shift), made per tile into
+ * shift [T] (scratch the caller gives); k = 0: no shift. */
+int64_t pm_chosen(const Prog *P, const float *r, int64_t k, float *shift, const float *U, const int64_t *uid,
                   const float *fill, const float *p, int64_t slots, int64_t *idx, float *w, uint8_t *mask, int64_t T,
                   int64_t threads) {
-    const Chosen ch = {p, slots, idx, w, mask};
+    const Chosen ch = {p, slots, idx, w, mask, k, shift};
     OVER_TILES(T, sample_tile(P, r, shift, U, uid, fill, NULL, NULL, T, t0, nt, &ch));
 }
 
 /* Its backward: the slots' gradient g [T, slots] at idx [T, slots] int32 (mask: the used slots) ->
- * out [T, n] = Cov(z) g_t + the scores' backward; sigmoid: the scores are sigmoid(r), else softmax(r). */
-int64_t pm_chosen_backward(const Prog *P, const float *r, const float *shift, const int32_t *idx, const float *g,
-                           const uint8_t *mask, int64_t slots, int64_t sigmoid, float *out, int64_t T,
+ * out [T, n] = Cov(z) g_t + the scores' backward; sigmoid: the scores are sigmoid(r), else softmax(r);
+ * k and shift as pm_chosen's. */
+int64_t pm_chosen_backward(const Prog *P, const float *r, int64_t k, float *shift, const int32_t *idx,
+                           const float *g, const uint8_t *mask, int64_t slots, int64_t sigmoid, float *out, int64_t T,
                            int64_t threads) {
-    const ChosenGrad cg = {idx, g, mask, slots, sigmoid};
+    const ChosenGrad cg = {idx, g, mask, slots, sigmoid, k, shift};
     OVER_TILES(T, jvp_tile(P, r, shift, NULL, out, t0, nt, &cg));
 }
 
