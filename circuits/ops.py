@@ -305,6 +305,7 @@ def chosen_scores(r: Tensor, seed: Tensor, kmin: int, kmax: int, circuit: int, s
     (``circuits.straight_through``): (weights [T, slots], indices [T, slots] long, mask [T, slots]
     bool, π [T, n]). C: kmin <= |z| <= kmax by the DP (``circuit`` 0) or the circuit of handle
     ``circuit``; ``paper``: the marginals' Jacobian Cov(z) diag(1 - sigmoid(r)) in the backward."""
+    r = r.contiguous()  # the C passes read rows in place
     p = straight_through.scores(r, kind)
     if circuit == 0 and isinstance(_dp(r, kmin, kmax), c_dp.CDP):  # the draw and the selection in one pass
         idx, w, mask = c_dp.chosen_scores(r, p, seed, kmin, kmax, slots)
@@ -351,6 +352,7 @@ def chosen_scores_backward(r: Tensor, indices: Tensor, mask: Tensor, g: Tensor, 
     [T, slots] bool, g [T, slots] -> [T, n] = J(g_t) + the scores' backward of g (softmax: g_t - π Σ g_t;
     sigmoid: g_t (1 - π)), g_t = (g at the used slots, scattered to their variables) ⊙ π, J the
     marginals' Jacobian (Cov(z), times diag(1 - sigmoid(r)) with ``paper``). Not differentiable again."""
+    r = r.contiguous()
     if circuit == 0 and not paper and isinstance(_dp(r, kmin, kmax), c_dp.CDP):  # one pass: π, g_t, Cov(z) g_t
         return c_dp.chosen_scores_backward(r, indices, mask, g, kmin, kmax, kind == "sigmoid")
     if circuit != 0 and not paper and isinstance(_passes(r, circuit)[1], CPasses):
