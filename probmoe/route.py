@@ -6,6 +6,12 @@ the paper's Eq. 7, w = (stopgrad(z - m) + m) ⊙ π, gathered at the drawn exper
 scores (softmax(r), or sigmoid(r) for sigmoid gates): the forward value is exactly π there, the
 backward goes through the marginals m (Jacobian Cov(z), Eq. 8) and through π. Eval takes the MAP
 subset (``circuits.map_size`` / ``map_mask``; for a structured constraint, the circuit's MAP).
+
+A training route with the sampled methods' marginal gradient ("probmoe") over sizes, on float32
+CPU logits with C kernels, is one registered operator forward and one backward
+(``circuits::chosen_scores``: the draw, the drawn experts by score, the weights and their
+gradient, saving the logits, int32 indices and the mask); everywhere else route composes the same
+computation from the distribution's operators (``_select``, ``_weights``), with the same draws.
 """
 
 from __future__ import annotations
