@@ -60,9 +60,12 @@ typedef struct {
     float *p;              /* [N][B]: the scores softmax(r) or sigmoid(r) (chosen_backward_tile) */
     float *q;              /* [B]: 1 - p at each lane's largest logit (pm_tile_scores) */
     int32_t *top;          /* [B]: the variable of each lane's largest logit */
+    float *rows3;          /* [3][B]: pm_scores_backward's scratch */
     float *tau, *u;        /* [B]: tau (the linear sweep's mean, or the tilt c); a variable's uniforms */
     float *ts;             /* [K1][B]: the tilt's scratch */
     int32_t *c;            /* [B]: how many of the draw's members are still to come */
+    float *bits;           /* [ceil(N / 64)][B] uint64: the draw as bit masks (chosen_tile) */
+    float *at;             /* [2 K1]: pm_put_chosen's scratch */
 } Tile;
 
 /* Points the buffers of `w` into `base` (NULL: only counts); returns the floats they take.
@@ -87,9 +90,12 @@ static int64_t carve(Tile *w, const Dims *d, int tangents, int sampling, int sco
     SLICE(df, float, K1 * B, tangents);
     SLICE(out, float, N * B, 1);
     SLICE(z, float, N * B, sampling);
+    SLICE(bits, float, 2 * ((N + 63) / 64) * B, sampling); /* uint64 words */
+    SLICE(at, float, 2 * K1, sampling);
     SLICE(p, float, N * B, scores);
     SLICE(q, float, B, scores);
     SLICE(top, int32_t, B, scores);
+    SLICE(rows3, float, 3 * B, scores);
     SLICE(tau, float, B, 1);
     SLICE(ts, float, K1 * B, 1);
     SLICE(u, float, B, sampling);
@@ -571,13 +577,14 @@ static int64_t cov_tile(const Dims *d, const float *r, const float *v, float *ou
  * slot 0's variable (0 when nothing was drawn), weight 0, mask 0. */
 void pm_uniforms_serial(int64_t seed, int64_t offset, int64_t count, float *out); /* uniforms.c */
 /* chosen.c */
-void pm_put_chosen(const float *z, int64_t B, int64_t t, int64_t n, const float *p, int64_t slots, int64_t cap,
-                   int64_t *idx, float *wv, uint8_t *mask, int32_t *at);
+void pm_chosen_bits(const float *z, int64_t n, int64_t B, uint64_t *bits);
+void pm_put_chosen(const uint64_t *bits, int64_t B, int64_t t, int64_t n, const float *p, int64_t slots,
+                   int64_t cap, int64_t *idx, float *wv, uint8_t *mask, int32_t *at);
 void pm_tile_scores(float *p, int64_t n, int64_t B, int64_t sigmoid, int32_t *top, float *q, float *sum);
 void pm_slot_tangents(const int32_t *idx, const float *g, const uint8_t *mask, int64_t slots, int64_t n, int64_t B,
                       int64_t t0, int64_t nt, const float *p, float *vt);
-void pm_scores_backward(const float *cov, const float *vt, const float *p, const int32_t *top, const float *q,
-                        int64_t sigmoid, int64_t n, int64_t B, int64_t t0, int64_t nt, float *others, float *out);
+void pm_scores_backward(float *cov, const float *vt, const float *p, const int32_t *top, const float *q,
+                        int64_t sigmoid, int64_t n, int64_t B, float *others);
 
 /* The uniforms [B] of tokens t0..t0+nt at `offset` of the draw (the sizes at 0, variable i at
  * (i + 1) T), lanes past nt 0.5 (load_uniforms' padding). */
@@ -602,11 +609,12 @@ static int64_t chosen_tile(const Dims *d, const float *r, int64_t seed, const fl
         make_uniforms(seed, (i + 1) * T + t0, nt, B, w.u);
         draw_step(B, w.W + i * K1 * B, w.u, w.c, w.z + i * B);
     }
-    int32_t *at = (int32_t *)w.ts; /* [K1][B] floats: at least K1 */
+    uint64_t *bits = (uint64_t *)w.bits;
+    pm_chosen_bits(w.z, N, B, bits);
     for (int64_t t = 0; t < nt; t++) {
         const int64_t row = t0 + t;
-        pm_put_chosen(w.z, B, t, N, p + row * N, slots, K1, idx + row * slots, wv + row * slots, mask + row * slots,
-                      at);
+        pm_put_chosen(bits, B, t, N, p + row * N, slots, K1, idx + row * slots, wv + row * slots, mask + row * slots,
+                      (int32_t *)w.at);
     }
     return linear;
 }
@@ -628,7 +636,8 @@ static int64_t chosen_backward_tile(const Dims *d, const float *r, const int32_t
     int linear;
     const float *dtop = NULL, *top = up_sweep(d, &w, r, NULL, t0, nt, &dtop, &linear);
     cov_down(d, &w, top, dtop);
-    pm_scores_backward(w.out, w.vt, w.p, w.top, w.q, sigmoid, N, B, t0, nt, w.tau, out); /* tau: free now */
+    pm_scores_backward(w.out, w.vt, w.p, w.top, w.q, sigmoid, N, B, w.rows3);
+    store_rows(d, w.out, t0, nt, out);
     return linear;
 }
 

@@ -27,13 +27,14 @@ void pm_log1p(float *x, int64_t n);
 void pm_exp_shift(float *x, const float *top, int64_t rows, int64_t w);
 void pm_log_add(float *v, const float *s, const float *top, int64_t n);
 /* chosen.c: the straight-through selection's per-token pieces (circuits::chosen_scores) */
-void pm_put_chosen(const float *z, int64_t B, int64_t t, int64_t n, const float *p, int64_t slots, int64_t cap,
-                   int64_t *idx, float *wv, uint8_t *mask, int32_t *at);
+void pm_chosen_bits(const float *z, int64_t n, int64_t B, uint64_t *bits);
+void pm_put_chosen(const uint64_t *bits, int64_t B, int64_t t, int64_t n, const float *p, int64_t slots,
+                   int64_t cap, int64_t *idx, float *wv, uint8_t *mask, int32_t *at);
 void pm_tile_scores(float *p, int64_t n, int64_t B, int64_t sigmoid, int32_t *top, float *q, float *sum);
 void pm_slot_tangents(const int32_t *idx, const float *g, const uint8_t *mask, int64_t slots, int64_t n, int64_t B,
                       int64_t t0, int64_t nt, const float *p, float *vt);
-void pm_scores_backward(const float *cov, const float *vt, const float *p, const int32_t *top, const float *q,
-                        int64_t sigmoid, int64_t n, int64_t B, int64_t t0, int64_t nt, float *others, float *out);
+void pm_scores_backward(float *cov, const float *vt, const float *p, const int32_t *top, const float *q,
+                        int64_t sigmoid, int64_t n, int64_t B, float *others);
 
 /* The straight-through selection (circuits::chosen_scores) in place of a pass's z or Cov(z) v
  * output: in the forward, p [T, n] the scores and the slots written, idx [T, slots] int64, w, mask;
@@ -801,14 +802,17 @@ static int64_t sample_tile(const Prog *P, const float *r, const float *shift, co
                            const float *fill, float *z, float *logz, int64_t T, int64_t t0, int64_t nt,
                            const Chosen *ch) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
-    const size_t extra = ch ? (size_t)n + (size_t)(n + 1) * TILE : 0; /* pm_put_chosen's at, kth_shift's */
+    const int64_t words = (n + 63) / 64;
+    const size_t extra = ch ? (size_t)(2 * n + (n + 1 + 2 * words) * TILE) : 0; /* pm_put_chosen's, kth_shift's */
     float *buf = pm_scratch((size_t)(3 * n + 3 * S + R + 1) * TILE + TILT_FLOATS(n) + extra);
     if (!buf) return -1;
     float *rt = buf, *p = rt + n * TILE, *fl = p + n * TILE, *val = fl + n * TILE, *norm = val + S * TILE;
     float *act = norm + S * TILE, *ex = act + S * TILE, *top = ex + R * TILE; /* fl: the fill's uniforms */
-    int32_t *at = (int32_t *)(top + TILE + TILT_FLOATS(n)); /* [n]: past the tilt's scratch */
+    int32_t *at = (int32_t *)(top + TILE + TILT_FLOATS(n)); /* [2n]: past the tilt's scratch */
+    float *column = (float *)(at + 2 * n);                     /* [n + 1][TILE] */
+    uint64_t *bits = (uint64_t *)(column + (n + 1) * TILE);    /* [words][TILE] */
     if (ch && ch->k > 0) {
-        kth_shift(r, n, ch->k, t0, nt, rt, (float *)(at + n), (float *)(at + n) + n * TILE, ch->shift);
+        kth_shift(r, n, ch->k, t0, nt, rt, column, column + n * TILE, ch->shift);
         shift = ch->shift;
     }
     tile_logits(r, shift, n, t0, nt, rt);
@@ -850,9 +854,10 @@ static int64_t sample_tile(const Prog *P, const float *r, const float *shift, co
         store_tile(on, n, t0, nt, z);
         return linear;
     }
+    pm_chosen_bits(on, n, TILE, bits);
     for (int64_t t = 0; t < nt; t++) {
         const int64_t row = t0 + t, o = row * ch->slots;
-        pm_put_chosen(on, TILE, t, n, ch->p + row * n, ch->slots, n, ch->idx + o, ch->w + o, ch->mask + o, at);
+        pm_put_chosen(bits, TILE, t, n, ch->p + row * n, ch->slots, n, ch->idx + o, ch->w + o, ch->mask + o, at);
     }
     return linear;
 }
@@ -958,16 +963,16 @@ static int64_t map_tile(const Prog *P, const float *r, const float *shift, float
 static int64_t jvp_tile(const Prog *P, const float *r, const float *shift, const float *v, float *out, int64_t t0,
                         int64_t nt, const ChosenGrad *cg) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
-    const size_t extra = cg ? (size_t)(2 * n + 4) * TILE : 0; /* scores [n][TILE], top, q, a row; kth_shift's */
+    const size_t extra = cg ? (size_t)(2 * n + 6) * TILE : 0; /* scores [n][TILE], top, q, 3 rows; kth_shift's */
     float *buf = pm_scratch((size_t)(3 * n + 6 * S + R + 3) * TILE + TILT_FLOATS(n) + extra);
     if (!buf) return -1;
     float *rt = buf, *vt = rt + n * TILE, *p = vt + n * TILE, *val = p + n * TILE, *dval = val + S * TILE;
     float *norm = dval + S * TILE, *g = norm + S * TILE, *dg = g + S * TILE, *ex = dg + S * TILE;
     float *top = ex + R * TILE, *coef = top + TILE, *dcoef = coef + TILE, *tw = dcoef + TILE;
-    float *sc = tw + TILT_FLOATS(n), *q = sc + n * TILE, *spare = q + TILE;
-    int32_t *best = (int32_t *)(spare + TILE);
+    float *sc = tw + TILT_FLOATS(n), *q = sc + n * TILE, *spare = q + TILE; /* spare: [3][TILE] */
+    int32_t *best = (int32_t *)(spare + 3 * TILE);
     if (cg && cg->k > 0) {
-        float *column = spare + 2 * TILE; /* [k][TILE] */
+        float *column = spare + 4 * TILE; /* [k][TILE], then a row */
         kth_shift(r, n, cg->k, t0, nt, rt, column, column + n * TILE, cg->shift);
         shift = cg->shift;
     }
@@ -1013,10 +1018,8 @@ static int64_t jvp_tile(const Prog *P, const float *r, const float *shift, const
             const float pi = p[k];
             dgpos[k] = dgpos[k] + pi * (1.0f - pi) * vt[k] * (1.0f - gpos[k] - gneg[k]) - pi * (dgpos[k] + dgneg[k]);
         }
-    if (cg)
-        pm_scores_backward(dgpos, vt, sc, best, q, cg->sigmoid, n, TILE, t0, nt, spare, out);
-    else
-        store_tile(dgpos, n, t0, nt, out);
+    if (cg) pm_scores_backward(dgpos, vt, sc, best, q, cg->sigmoid, n, TILE, spare);
+    store_tile(dgpos, n, t0, nt, out);
     return linear;
 }
 
