@@ -164,12 +164,17 @@ class Circuit:
         log_z, _ = torch.ops.circuits.log_partition(live, self.handle, False)
         self._require_satisfied(live, log_z)
 
+    @property
+    def shift_size(self) -> int:
+        """k for an exactly-k circuit (its passes take logits shifted by the k-th largest, ``_shift``), else 0."""
+        return self.spec.cardinalities[0] if self.spec is not None and self.spec.fixed_cardinality else 0
+
     def _shift(self, r: Tensor) -> Tensor | None:
         """What the passes subtract from checked logits r [T, n]: each row's k-th largest logit,
         [T, 1], for an exactly-k circuit (shift invariant), else None. The k-th largest sits at the
         boundary of the likely subsets, so the logits that matter keep their low bits (the row
         maximum would let one far outlier wipe them out)."""
-        k = self.spec.cardinalities[0] if self.spec is not None and self.spec.fixed_cardinality else 0
+        k = self.shift_size
         if k == 0 or r.shape[0] == 0:
             return None
         ref = torch.ops.circuits.kth_largest(r.detach(), k).unsqueeze(-1)  # [T, n] -> [T, 1], no gradient (see ops)

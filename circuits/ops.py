@@ -20,6 +20,14 @@ differentiable ones have their autograd registered here.
                                                    log P_indep(|z| = j) with ``paper``)
                                                    d/dr: ``dp_log_counts_backward``
     dp_log_counts_backward(r, g, kmin, kmax, paper) -> Σ_j g_j d log Z_j / dr [T, n]
+    chosen_scores(r, seed, kmin, kmax, circuit, slots, kind, paper)
+                                                -> (weights [T, slots], indices [T, slots] long,
+                                                   mask [T, slots] bool, π [T, n]): one draw, the
+                                                   drawn variables by score π = softmax(r) or
+                                                   sigmoid(r), weights π there with the straight-
+                                                   through gradient (``circuits.straight_through``)
+                                                   d/dr: ``chosen_scores_backward``
+    chosen_scores_backward(r, indices, mask, g, kmin, kmax, circuit, kind, paper) -> [T, n]
     kth_largest(x, k)                           -> [T]            (``circuits.native.select``)
     topk(x, k)                                  -> ([T, k], [T, k] long)
     topk_chosen(z, x, k)                        -> ([T, k], [T, k] long): topk of (z - 1) + x z
@@ -46,8 +54,11 @@ from torch import Tensor
 
 from .native import select, uniforms
 from .passes import draw_uniforms  # before the DP: see circuits/passes/__init__.py
+from .passes import CPasses
 from .passes import select as select_passes
 from .dp.cardinality import Lattice  # noqa: I001
+from .dp import c_dp  # noqa: I001
+from . import straight_through
 
 _CIRCUITS: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
 _HANDLES = itertools.count(1)
@@ -273,6 +284,95 @@ def dp_log_counts_backward(r: Tensor, g: Tensor, kmin: int, kmax: int, paper: bo
 
 @dp_log_counts_backward.register_fake
 def _(r, g, kmin, kmax, paper):
+    return torch.empty_like(r)
+
+
+# --- the straight-through selection: one draw, the drawn by score, Eq. 7's gradient -------------------
+def _chosen_draw(r: Tensor, seed: Tensor, kmin: int, kmax: int, circuit: int) -> Tensor:
+    """One draw z [T, n] from ``seed``: the DP's over kmin..kmax (circuit 0) or the circuit's, the
+    same uniforms and draw as ``dp_marginals`` / ``marginals`` with that seed."""
+    if circuit == 0:
+        return _dp(r, kmin, kmax).forward_marginals(r, seed, False)[1]
+    c, chosen = _passes(r, circuit)
+    return chosen.sample(r, *draw_uniforms(c.program, r, seed), shift=c._shift(r))[0].contiguous()
+
+
+@torch.library.custom_op("circuits::chosen_scores", mutates_args=())
+def chosen_scores(r: Tensor, seed: Tensor, kmin: int, kmax: int, circuit: int, slots: int, kind: str,
+                  paper: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One draw z ~ P(z | C, r) and, for the drawn variables by score descending (ties to the lower
+    index), their scores π = softmax(r) or sigmoid(r) (``kind``), with the straight-through gradient
+    (``circuits.straight_through``): (weights [T, slots], indices [T, slots] long, mask [T, slots]
+    bool, π [T, n]). C: kmin <= |z| <= kmax by the DP (``circuit`` 0) or the circuit of handle
+    ``circuit``; ``paper``: the marginals' Jacobian Cov(z) diag(1 - sigmoid(r)) in the backward."""
+    r = r.contiguous()  # the C passes read rows in place
+    p = straight_through.scores(r, kind)
+    if circuit == 0 and isinstance(_dp(r, kmin, kmax), c_dp.CDP):  # the draw and the selection in one pass
+        idx, w, mask = c_dp.chosen_scores(r, p, seed, kmin, kmax, slots)
+        return w, idx, mask, p
+    if circuit != 0 and isinstance(_passes(r, circuit)[1], CPasses):
+        c, chosen = _passes(r, circuit)
+        return (*chosen.chosen(r, *draw_uniforms(c.program, r, seed), p, slots, c.shift_size), p)
+    top, idx = select.topk_chosen(_chosen_draw(r, seed, kmin, kmax, circuit), p, slots)  # the drawn by π, then -1
+    mask = top >= 0
+    return torch.where(mask, top, 0.0), torch.where(mask, idx, idx[:, :1]), mask, p
+
+
+@chosen_scores.register_fake
+def _(r, seed, kmin, kmax, circuit, slots, kind, paper):
+    T = r.shape[0]
+    return (r.new_empty(T, slots), r.new_empty(T, slots, dtype=torch.int64), r.new_empty(T, slots, dtype=torch.bool),
+            torch.empty_like(r))
+
+
+def _chosen_scores_setup(ctx, inputs, output):
+    r, _, kmin, kmax, circuit, _, kind, paper = inputs
+    _, idx, mask, p = output
+    ctx.args = (kmin, kmax, circuit, kind, paper)
+    ctx.mark_non_differentiable(idx, mask, p)
+    ctx.set_materialize_grads(False)  # no zero [T, n] gradient for π (nor for the indices and mask)
+    ctx.save_for_backward(r, idx.to(torch.int32), mask)  # the caller's logits (no copy); the rest recomputed
+
+
+def _chosen_scores_backward(ctx, g_w, g_idx, g_mask, g_p):
+    if g_w is None:
+        return (None,) * 8
+    r, idx, mask = ctx.saved_tensors
+    g_r = torch.ops.circuits.chosen_scores_backward(r, idx, mask, g_w.contiguous(), *ctx.args)
+    return g_r, None, None, None, None, None, None, None
+
+
+chosen_scores.register_autograd(_chosen_scores_backward, setup_context=_chosen_scores_setup)
+
+
+@torch.library.custom_op("circuits::chosen_scores_backward", mutates_args=())
+def chosen_scores_backward(r: Tensor, indices: Tensor, mask: Tensor, g: Tensor, kmin: int, kmax: int, circuit: int,
+                           kind: str, paper: bool) -> Tensor:
+    """The gradient of ``chosen_scores``' weights: r [T, n], indices [T, slots] (int32 or long), mask
+    [T, slots] bool, g [T, slots] -> [T, n] = J(g_t) + the scores' backward of g (softmax: g_t - π Σ g_t;
+    sigmoid: g_t (1 - π)), g_t = (g at the used slots, scattered to their variables) ⊙ π, J the
+    marginals' Jacobian (Cov(z), times diag(1 - sigmoid(r)) with ``paper``). Not differentiable again."""
+    r = r.contiguous()
+    if circuit == 0 and not paper and isinstance(_dp(r, kmin, kmax), c_dp.CDP):  # one pass: π, g_t, Cov(z) g_t
+        return c_dp.chosen_scores_backward(r, indices, mask, g, kmin, kmax, kind == "sigmoid")
+    if circuit != 0 and not paper and isinstance(_passes(r, circuit)[1], CPasses):
+        c, chosen = _passes(r, circuit)
+        return chosen.chosen_backward(r, indices, mask, g, kind == "sigmoid", c.shift_size)
+    p = straight_through.scores(r, kind)
+    g_t = torch.zeros_like(p).scatter_add_(-1, indices.long(), torch.where(mask, g, 0.0).to(p.dtype)).mul_(p)
+    if circuit == 0:
+        cov = _dp(r, kmin, kmax).cov_vec(r, g_t)
+    else:
+        c, chosen = _passes(r, circuit)
+        cov = chosen.marginals_jvp(r, g_t, shift=c._shift(r))
+    if paper:
+        cov = cov * torch.sigmoid(-r)
+    own = torch.addcmul(g_t, p, g_t.sum(dim=-1, keepdim=True), value=-1) if kind == "softmax" else g_t * (1 - p)
+    return (cov + own).contiguous()
+
+
+@chosen_scores_backward.register_fake
+def _(r, indices, mask, g, kmin, kmax, circuit, kind, paper):
     return torch.empty_like(r)
 
 

@@ -1,4 +1,6 @@
-"""``gate_weights``: the routing weights of Eq. 7 at the used slots, as one autograd step.
+"""``gate_weights``: the routing weights of Eq. 7 at the used slots, as one autograd step: the last
+step of ``route``'s composed path (where a training route is not one ``circuits::chosen_scores``
+call: float64, CUDA, no C kernels, structured constraints, the ablations, eval).
 
     w = where(mask, π.gather(idx) · (1 + t.gather(idx)), 0)        π = softmax(r) or sigmoid(r)
 

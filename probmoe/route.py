@@ -6,6 +6,12 @@ the paper's Eq. 7, w = (stopgrad(z - m) + m) ⊙ π, gathered at the drawn exper
 scores (softmax(r), or sigmoid(r) for sigmoid gates): the forward value is exactly π there, the
 backward goes through the marginals m (Jacobian Cov(z), Eq. 8) and through π. Eval takes the MAP
 subset (``circuits.map_size`` / ``map_mask``; for a structured constraint, the circuit's MAP).
+
+A training route with the sampled methods' marginal gradient ("probmoe") over sizes, on float32
+CPU logits with C kernels, is one registered operator forward and one backward
+(``circuits::chosen_scores``: the draw, the drawn experts by score, the weights and their
+gradient, saving the logits, int32 indices and the mask); everywhere else route composes the same
+computation from the distribution's operators (``_select``, ``_weights``), with the same draws.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+import circuits
 from circuits import map_size  # importing circuits registers torch.ops.circuits
 
 from . import _validate
@@ -99,11 +106,37 @@ def route(logits: Tensor, config: RoutingConfig | None = None, *, training: bool
     _validate.generator(generator, logits.device)
     r = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
     dist = SubsetDistribution._checked(r, config, validate_args)  # the logits were checked above
+    if training and _fused(dist, r, config):
+        return _route_fused(dist, r, config, generator)
     with torch.no_grad():  # the weights carry the gradient (gate_weights); probs is for selection and users
         probs = gate_scores(r, config.scores)  # [T, N]
     tangent, idx, mask = _select(dist, r, probs, config, training, generator)
     w = _weights(r, tangent, idx, mask, probs, config)
     idx = torch.where(mask, idx, idx[:, :1])
+    return Routing(idx, w, mask, probs, dist, config)
+
+
+def _fused(dist: SubsetDistribution, r: Tensor, config: RoutingConfig) -> bool:
+    """Whether a training route is one operator, ``circuits::chosen_scores`` (the draw, the drawn
+    experts by score, Eq. 7's weights; its backward a second one): for the sampled methods with the
+    marginals' gradient ("probmoe"), sizes (no structured constraint), float32 logits on the CPU and
+    the C kernels of the backend (the fused C DP or C circuit passes). Elsewhere route composes the
+    same computation from the distribution's operators (``_select``, ``_weights``)."""
+    if config.method != "probmoe" or config.constraint is not None or r.dtype != torch.float32 or r.device.type != "cpu":
+        return False
+    return circuits.native_kernels(dist._engine, r.dtype, r.device)
+
+
+def _route_fused(dist: SubsetDistribution, r: Tensor, config: RoutingConfig, generator) -> Routing:
+    """``route(training=True)`` as one ``circuits::chosen_scores`` call (same draws, indices, weights
+    and gradients as the composed path), then the normalisation if asked."""
+    handle = getattr(dist._engine, "handle", 0)  # 0: the DP
+    r = r.contiguous()  # as the evaluators make it (the operators take contiguous rows)
+    w, idx, mask, probs = torch.ops.circuits.chosen_scores(
+        r, circuits.ops.seed(generator, r), config.kmin, config.kmax, handle, config.kmax, config.scores,
+        config.grad == "paper")
+    if config.normalize:
+        w = _normalized(w)
     return Routing(idx, w, mask, probs, dist, config)
 
 
@@ -144,8 +177,11 @@ def _weights(r: Tensor, tangent: Tensor | None, idx: Tensor, mask: Tensor, probs
     """Eq. 7 at the used slots (value π, gradient through the tangent), normalised if the config
     says so: [T, kmax], exactly 0 on unused slots."""
     w = gate_weights(r, tangent, idx, mask, config.scores, probs)
-    if config.normalize:
-        # a floor instead of 0 when every used score underflowed (sigmoid below -104, or a constraint
-        # that excludes the argmax): weights 0, not NaN, as stock DeepSeek-V3's + 1e-20
-        w = w / w.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
-    return w
+    return _normalized(w) if config.normalize else w
+
+
+def _normalized(w: Tensor) -> Tensor:
+    """The used weights w [T, kmax] divided by their sum (0 on unused slots stays 0). A floor instead
+    of 0 when every used score underflowed (sigmoid below -104, or a constraint that excludes the
+    argmax): weights 0, not NaN, as stock DeepSeek-V3's + 1e-20."""
+    return w / w.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)

@@ -1,7 +1,7 @@
 """Benchmark route(training=True) forward + backward against softmax + topk, in the same run.
 
     python tools/bench_router.py [--tokens T] [--sizes 64:8,64:4-8] [--devices cpu,cuda]
-                                 [--repeats 15] [--threads 2] [--compiled]
+                                 [--repeats 15] [--threads 2] [--compiled] [--stat median|min]
 
 For each device (default: the CPU at T = 4096 tokens, and CUDA at T = 65,536 when there is one;
 ``--tokens`` sets both) and each constraint (N:k for
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 
 import torch
@@ -26,6 +27,9 @@ from timing import interleaved, table  # noqa: E402
 
 import probmoe  # noqa: E402
 from probmoe import constraints  # noqa: E402
+
+
+STATS = {"median": statistics.median, "min": min}
 
 
 def softmax_topk(r: torch.Tensor, k: int) -> torch.Tensor:
@@ -69,7 +73,8 @@ def compiled_route(size: dict, backend: str):
     return torch.compile(lambda x: probmoe.route(x, **size, training=True, backend=backend).weights, fullgraph=True)
 
 
-def bench_device(device: torch.device, sizes: list[str], T: int, repeats: int, compiled: bool = False) -> None:
+def bench_device(device: torch.device, sizes: list[str], T: int, repeats: int, compiled: bool = False,
+                 stat: str = "median") -> None:
     gen = torch.Generator(device=device).manual_seed(0)
     rows, passes = [], set()
     for text in sizes:
@@ -88,14 +93,14 @@ def bench_device(device: torch.device, sizes: list[str], T: int, repeats: int, c
         kmin = size.get("k", size.get("kmin"))
         passes.add(constraints.cardinality(N, kmin, kmax, str(device)).passes(torch.float32).name)
         times = interleaved({name: timed(lambda f=f: (f() * c).sum().backward(), device)
-                             for name, f in fwd.items()}, repeats=repeats)
+                             for name, f in fwd.items()}, repeats=repeats, stat=STATS[stat])
         base = times["softmax + topk"]
         for name, f in fwd.items():
             mib = saved_bytes(f) / 2**20
             rows.append((label, name, f"{times[name] * 1e3:.2f}", f"{times[name] / base:.1f}x", f"{mib:.2f}"))
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"\n{device.type}: {where}; T = {T} tokens; circuit passes: {', '.join(sorted(passes))}")
-    print(table(rows, ("constraint", "routine", "median fwd+bwd (ms)", "ratio to softmax + topk",
+    print(table(rows, ("constraint", "routine", f"{stat} fwd+bwd (ms)", "ratio to softmax + topk",
                        "saved for backward (MiB)")))
 
 
@@ -107,6 +112,9 @@ def main() -> None:
     ap.add_argument("--devices", default="cpu,cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--stat", choices=tuple(STATS), default="median",
+                    help="the statistic of each routine's repeats: median, or min (the least disturbed run, "
+                         "for a loaded machine)")
     ap.add_argument("--compiled", action="store_true",
                     help="also time route under torch.compile(fullgraph=True) (inductor; compiling takes minutes)")
     args = ap.parse_args()
@@ -124,7 +132,7 @@ def main() -> None:
             print(f"\n{name}: skipped (no CUDA device)")
             continue
         tokens = args.tokens or (65536 if device.type == "cuda" else 4096)
-        bench_device(device, args.sizes.split(","), tokens, args.repeats, args.compiled)
+        bench_device(device, args.sizes.split(","), tokens, args.repeats, args.compiled, args.stat)
     print(f"\nload average {os.getloadavg()[0]:.2f} at end (the machine may be shared: compare ratios, not times)")
 
 

@@ -7,8 +7,10 @@ import time
 from typing import Callable
 
 
-def interleaved(fns: dict[str, Callable[[], object]], repeats: int = 15, warmup: int = 2) -> dict[str, float]:
-    """Median seconds of each function, running them round-robin so drift hits all alike."""
+def interleaved(fns: dict[str, Callable[[], object]], repeats: int = 15, warmup: int = 2,
+                stat: Callable[[list[float]], float] = statistics.median) -> dict[str, float]:
+    """Median seconds of each function (or another ``stat`` of its repeats, e.g. ``min`` on a loaded
+    machine), running them round-robin so drift hits all alike."""
     for _ in range(warmup):
         for f in fns.values():
             f()
@@ -18,7 +20,7 @@ def interleaved(fns: dict[str, Callable[[], object]], repeats: int = 15, warmup:
             t0 = time.perf_counter()
             f()
             times[name].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return {k: stat(v) for k, v in times.items()}
 
 
 def table(rows: list[tuple], header: tuple) -> str:

@@ -25,10 +25,15 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.dp_forward.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64]
     lib.dp_cov_vec.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i64, i64]
     lib.dp_forward_lanes.argtypes = [i64, i64]
-    lib.dp_forward.restype = lib.dp_cov_vec.restype = lib.dp_forward_lanes.restype = i64
+    lib.dp_chosen.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64]
+    lib.dp_chosen_backward.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64, i64]
+    for fn in (lib.dp_forward, lib.dp_cov_vec, lib.dp_forward_lanes, lib.dp_chosen, lib.dp_chosen_backward):
+        fn.restype = i64
 
 
-NATIVE = NativeLibrary("cardinality", [SCRATCH.with_name("cardinality.c"), SCRATCH, VMATH], _declare, label="C DP")
+NATIVE = NativeLibrary("cardinality", [SCRATCH.with_name("cardinality.c"), SCRATCH.with_name("uniforms.c"),
+                                       SCRATCH.with_name("chosen.c"), SCRATCH,
+                                       VMATH], _declare, label="C DP")
 library = NATIVE.library
 describe = NATIVE.describe
 
@@ -87,6 +92,42 @@ def cov_vec(r: Tensor, v: Tensor, kmin: int, kmax: int, *, linear: bool = True) 
     out = torch.empty_like(r)
     _run(library().dp_cov_vec, r.data_ptr(), v.data_ptr(), out.data_ptr(), r.shape[0], r.shape[1], kmin, kmax,
          int(linear))
+    return out
+
+
+def chosen_scores(r: Tensor, p: Tensor, seed: Tensor, kmin: int, kmax: int, slots: int
+                  ) -> tuple[Tensor, Tensor, Tensor]:
+    """The forward of ``circuits::chosen_scores`` in one pass over the tiles: one draw z from
+    ``seed`` (the uniforms and the draw of ``forward_marginals``, bit for bit), then the drawn
+    variables by their score p descending (ties to the lower index) in ``slots`` slots.
+    r, p [T, N] float32 (p: the scores, read at the drawn variables) -> (indices [T, slots] long,
+    weights [T, slots] = p there, mask [T, slots] bool); unused slots hold slot 0's variable, weight 0."""
+    r = _checked(r, kmin, kmax)
+    T, N = r.shape
+    p = p.to(torch.float32).contiguous()
+    idx = torch.empty(T, slots, dtype=torch.int64)
+    w = torch.empty(T, slots, dtype=torch.float32)
+    mask = torch.empty(T, slots, dtype=torch.bool)
+    if T and slots:
+        _run(library().dp_chosen, r.data_ptr(), int(seed), p.data_ptr(), idx.data_ptr(), w.data_ptr(),
+             mask.data_ptr(), T, N, kmin, kmax, slots, 1)
+    return idx, w, mask
+
+
+def chosen_scores_backward(r: Tensor, idx: Tensor, mask: Tensor, g: Tensor, kmin: int, kmax: int, sigmoid: bool
+                           ) -> Tensor:
+    """The gradient of ``chosen_scores``' weights (the exact convention): r [T, N]; idx [T, slots]
+    (int32 or long), mask [T, slots] bool, g [T, slots] the weights' gradient -> [T, N]: Cov(z) g_t +
+    the scores' backward, g_t = (g scattered to idx) ⊙ p, p = softmax(r) (or sigmoid(r)) recomputed."""
+    r = _checked(r, kmin, kmax)
+    T, N = r.shape
+    idx = idx.to(torch.int32).contiguous()
+    g = g.to(torch.float32).contiguous()
+    mask = mask.to(torch.bool).contiguous()
+    out = torch.empty_like(r)
+    if T:
+        _run(library().dp_chosen_backward, r.data_ptr(), idx.data_ptr(), g.data_ptr(), mask.data_ptr(),
+             out.data_ptr(), T, N, kmin, kmax, idx.shape[1], int(sigmoid), 1)
     return out
 
 

@@ -17,7 +17,8 @@ passes as torch operators.
 
 ``select(program, dtype)`` is the only place that decides which implementation runs: of the
 circuit passes for a circuit's ``Program``, of the DP's sweeps for a ``circuits.dp.Lattice`` (the
-algorithm is the engine's: ``circuits.engine``).
+algorithm is the engine's: ``circuits.engine``); ``native_kernels(evaluator, dtype, device)`` says
+whether it gives an evaluator the fused C ones.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from .program import Program, draw_uniforms
 from .torch_passes import TorchPasses
 
 
-__all__ = ["CPasses", "IMPLEMENTATIONS", "Passes", "Program", "TorchPasses", "describe", "draw_uniforms", "select"]
+__all__ = ["CPasses", "IMPLEMENTATIONS", "Passes", "Program", "TorchPasses", "describe", "draw_uniforms",
+           "native_kernels", "select"]
 
 IMPLEMENTATIONS = ("torch", "c", "triton")
 
@@ -97,6 +99,22 @@ def _default(program, dtype: torch.dtype, library) -> str:
     if library.takes(program.device, dtype) is not None:
         return "c"
     return "torch"
+
+
+def native_kernels(evaluator, dtype: torch.dtype, device="cpu") -> bool:
+    """Whether ``select`` gives ``evaluator`` fused C kernels for logits of ``dtype`` on ``device``: the
+    C DP's sweeps for a ``circuits.CardinalityDP``, the C passes for a ``circuits.Circuit`` (on its own
+    device). There the operators (``circuits::chosen_scores`` among them) take their one-pass C paths."""
+    lattice = getattr(evaluator, "lattice", None)  # the DP's
+    if lattice is not None:
+        return isinstance(select(lattice(device), dtype), c_dp.CDP)
+    return isinstance(evaluator.passes(dtype), CPasses)
+
+
+# Under torch.compile the answer is a constant of the graph (the mark of
+# torch.compiler.assume_constant_result, set without importing torch._dynamo, as
+# probmoe.constraints does): dynamo calls it while tracing instead of tracing through ``select``.
+native_kernels._dynamo_marked_constant = True
 
 
 def describe() -> str:

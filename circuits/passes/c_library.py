@@ -35,11 +35,14 @@ def _declare(lib: ctypes.CDLL) -> None:
         (lib.pm_marginals, [prog, ptr, ptr, ptr, ptr, i64, i64]),
         (lib.pm_map, [prog, ptr, ptr, ptr, ptr, i64, i64]),
         (lib.pm_tile_tokens, []),
+        (lib.pm_chosen, [prog, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, i64]),
+        (lib.pm_chosen_backward, [prog, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, i64]),
     ]:
         fn.restype, fn.argtypes = i64, args
 
 
-NATIVE = NativeLibrary("passes", [SOURCES / "passes.c", SCRATCH, VMATH], _declare, label="C passes")
+NATIVE = NativeLibrary("passes", [SOURCES / "passes.c", SCRATCH.with_name("chosen.c"), SCRATCH, VMATH], _declare,
+                       label="C passes")
 library = NATIVE.library
 describe = NATIVE.describe
 

@@ -106,6 +106,40 @@ class CPasses(Passes):
         self._run(self.lib.pm_jvp, r.data_ptr(), _pointer(shift), v.data_ptr(), out.data_ptr(), r.shape[0])
         return out
 
+    def chosen(self, r: Tensor, uniforms: Tensor, fill: Tensor | None, p: Tensor, slots: int, shift_k: int = 0
+               ) -> tuple[Tensor, Tensor, Tensor]:
+        """``sample``'s draw, then each token's drawn variables by the scores p [T, n] descending (ties
+        to the lower index) in ``slots`` slots, in the same pass (``circuits::chosen_scores``): ->
+        (weights [T, slots] = p there, indices [T, slots] long, mask [T, slots] bool); unused slots
+        hold slot 0's variable and weight 0. shift_k > 0: the passes' shift is each token's
+        shift_k-th largest logit (``Circuit._shift``), made inside the pass."""
+        uniforms, p = uniforms.contiguous(), p.contiguous()
+        fill = None if fill is None else fill.contiguous()
+        T = r.shape[0]
+        w, idx = r.new_empty(T, slots), torch.empty(T, slots, dtype=torch.int64)
+        mask = torch.empty(T, slots, dtype=torch.bool)
+        shift = r.new_empty(T) if shift_k else None  # the pass's scratch
+        if T and slots:
+            self._run(self.lib.pm_chosen, r.data_ptr(), shift_k, _pointer(shift), uniforms.data_ptr(),
+                      self.uid.data_ptr(), None if fill is None else fill.data_ptr(), p.data_ptr(), slots,
+                      idx.data_ptr(), w.data_ptr(), mask.data_ptr(), T)
+        return w, idx, mask
+
+    def chosen_backward(self, r: Tensor, indices: Tensor, mask: Tensor, g: Tensor, sigmoid: bool, shift_k: int = 0
+                        ) -> Tensor:
+        """The gradient of ``chosen``'s weights in one pass: r [T, n], indices [T, slots], mask [T, slots]
+        bool, g [T, slots] -> [T, n] = Cov(z) g_t + the scores' backward, g_t = (g at the used slots,
+        scattered to their variables) ⊙ p, p = softmax(r) (or sigmoid(r)) recomputed; shift_k as
+        ``chosen``'s."""
+        indices = indices.to(torch.int32).contiguous()
+        g, mask = g.to(torch.float32).contiguous(), mask.contiguous()
+        out = torch.empty_like(r)
+        shift = r.new_empty(r.shape[0]) if shift_k else None
+        if r.shape[0]:
+            self._run(self.lib.pm_chosen_backward, r.data_ptr(), shift_k, _pointer(shift), indices.data_ptr(),
+                      g.data_ptr(), mask.data_ptr(), indices.shape[1], int(sigmoid), out.data_ptr(), r.shape[0])
+        return out
+
 
 #: How far above its nominal value (in nats) the linear upward stores each slot: the stored values of a
 #: routing tile then lie in about [e^-75, e^40], inside [2^-120, 2^126] with room for a product of two.

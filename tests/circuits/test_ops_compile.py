@@ -34,10 +34,18 @@ def logits(T=64, N=64, seed=0, dtype=torch.float32):
 ALIVE = []
 
 
+def chosen_slots(slots: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices [7, slots] int32 (distinct per row, unused slots repeating slot 0) and their mask
+    [7, slots], as ``chosen_scores`` makes them."""
+    idx = torch.stack([torch.randperm(n, generator=torch.Generator().manual_seed(t))[:slots] for t in range(7)])
+    mask = torch.arange(slots) < torch.tensor([slots, 2, 3, slots, 1, slots, 2]).clamp(max=slots).unsqueeze(-1)
+    return torch.where(mask, idx, idx[:, :1]).to(torch.int32), mask
+
+
 def circuit_samples(dtype):
     """(op, args) pairs over an exactly-k and a range circuit (an unsmooth one), r with and without grad."""
     out = []
-    for spec in (circuits.ExactlyK(12, 3), circuits.RangeK(12, 2, 5)):
+    for spec, (kmin, kmax) in ((circuits.ExactlyK(12, 3), (3, 3)), (circuits.RangeK(12, 2, 5), (2, 5))):
         c = circuits.compile_circuit(spec)
         ALIVE.append(c)  # an operator's handle is valid while its circuit lives
         r = logits(7, 12, dtype=dtype).requires_grad_()
@@ -52,6 +60,9 @@ def circuit_samples(dtype):
             (torch.ops.circuits.marginals_jvp.default, (r.detach(), shift, v, c.handle)),
             (torch.ops.circuits.sample.default, (r.detach(), shift, seed, c.handle)),
             (torch.ops.circuits.map.default, (r.detach(), shift, c.handle)),
+            (torch.ops.circuits.chosen_scores.default, (r, seed, kmin, kmax, c.handle, kmax, "softmax", False)),
+            (torch.ops.circuits.chosen_scores_backward.default, (r.detach(), *chosen_slots(kmax, 12), torch.randn(
+                7, kmax, dtype=dtype), kmin, kmax, c.handle, "sigmoid", kmin == kmax)),
         ]
     x = logits(9, 10, dtype=dtype).round(decimals=1)  # ties
     out += [(torch.ops.circuits.kth_largest.default, (x, 3)), (torch.ops.circuits.topk.default, (x, 4))]
@@ -65,7 +76,12 @@ def circuit_samples(dtype):
         (torch.ops.circuits.dp_log_counts.default, (r, 2, 4, False)),
         (torch.ops.circuits.dp_log_counts.default, (r, 3, 3, True)),
         (torch.ops.circuits.dp_log_counts_backward.default, (r.detach(), torch.randn(7, 3, dtype=dtype), 2, 4, True)),
+        (torch.ops.circuits.chosen_scores.default, (r, circuits.ops.seed(None, r), 2, 4, 0, 4, "softmax", False)),
+        (torch.ops.circuits.chosen_scores.default, (r, circuits.ops.seed(None, r), 3, 3, 0, 3, "sigmoid", True)),
     ]
+    for kind, paper in [("softmax", False), ("sigmoid", True)]:
+        out.append((torch.ops.circuits.chosen_scores_backward.default,
+                    (r.detach(), *chosen_slots(4, 10), torch.randn(7, 4, dtype=dtype), 2, 4, 0, kind, paper)))
     return out
 
 

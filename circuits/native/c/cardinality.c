@@ -57,14 +57,20 @@ typedef struct {
     float *take, *g;       /* [K1][B]: an up step's scratch */
     float *A, *dA, *f, *df; /* [K1][B]: adjoints, flows and their tangents */
     float *out, *z;        /* [N][B]: m or Cov(z) v; the draw */
+    float *p;              /* [N][B]: the scores softmax(r) or sigmoid(r) (chosen_backward_tile) */
+    float *q;              /* [B]: 1 - p at each lane's largest logit (pm_tile_scores) */
+    int32_t *top;          /* [B]: the variable of each lane's largest logit */
+    float *rows3;          /* [3][B]: pm_scores_backward's scratch */
     float *tau, *u;        /* [B]: tau (the linear sweep's mean, or the tilt c); a variable's uniforms */
     float *ts;             /* [K1][B]: the tilt's scratch */
     int32_t *c;            /* [B]: how many of the draw's members are still to come */
+    float *bits;           /* [ceil(N / 64)][B] uint64: the draw as bit masks (chosen_tile) */
+    float *at;             /* [2 K1]: pm_put_chosen's scratch */
 } Tile;
 
 /* Points the buffers of `w` into `base` (NULL: only counts); returns the floats they take.
- * tangents: the buffers of Cov(z) v; sampling: those of the draw. */
-static int64_t carve(Tile *w, const Dims *d, int tangents, int sampling, float *base) {
+ * tangents: the buffers of Cov(z) v; sampling: those of the draw; scores: p. */
+static int64_t carve(Tile *w, const Dims *d, int tangents, int sampling, int scores, float *base) {
     const int64_t N = d->N, K1 = d->K1, B = d->B;
     int64_t at = 0;
 #define SLICE(field, type, n, used) \
@@ -84,6 +90,12 @@ static int64_t carve(Tile *w, const Dims *d, int tangents, int sampling, float *
     SLICE(df, float, K1 * B, tangents);
     SLICE(out, float, N * B, 1);
     SLICE(z, float, N * B, sampling);
+    SLICE(bits, float, 2 * ((N + 63) / 64) * B, sampling); /* uint64 words */
+    SLICE(at, float, 2 * K1, sampling);
+    SLICE(p, float, N * B, scores);
+    SLICE(q, float, B, scores);
+    SLICE(top, int32_t, B, scores);
+    SLICE(rows3, float, 3 * B, scores);
     SLICE(tau, float, B, 1);
     SLICE(ts, float, K1 * B, 1);
     SLICE(u, float, B, sampling);
@@ -372,10 +384,11 @@ static int all_finite(const float *x, int64_t n) {
     return ok;
 }
 
-/* The up sweep (dp.up) of tokens t0..t0+nt of r [T, N]: tau, W, and with v [T, N] also vt, D
- * and dW; linear where the tile's logits allow (*linear = 1), else on logarithms (0). Returns
- * the last row [K1][B]: log counts less j tau (linear; tau the mean logit) or P[N] (the log sweep; tau
- * the tilt c); either way the band's weights are it + (j - kmin) tau. *dtop = D[N] [K1][B] with v. */
+/* The up sweep (dp.up) of tokens t0..t0+nt of r [T, N]: tau, W, and with tangents (the tile has
+ * vt: loaded here from v [T, N], or by the caller when v is NULL) also D and dW; linear where the
+ * tile's logits allow (*linear = 1), else on logarithms (0). Returns the last row [K1][B]: log
+ * counts less j tau (linear; tau the mean logit) or P[N] (the log sweep; tau the tilt c); either
+ * way the band's weights are it + (j - kmin) tau. *dtop = D[N] [K1][B] with tangents. */
 static const float *up_sweep(const Dims *d, const Tile *w, const float *r, const float *v, int64_t t0, int64_t nt,
                              const float **dtop, int *linear) {
     const int64_t N = d->N, K1 = d->K1, B = d->B, level = (K1 + 1) * B;
@@ -388,7 +401,7 @@ static const float *up_sweep(const Dims *d, const Tile *w, const float *r, const
         tilt(d, w->rt, w->wt, w->tau, w->ts, w->out);
         sweep(d, w, 0);
     }
-    if (v) *dtop = w->D + (N % 2) * level + B;
+    if (w->vt) *dtop = w->D + (N % 2) * level + B;
     float *top = w->L + (N % 2) * level + B;
     if (*linear) linear_to_log(N, K1, B, top, s);
     return top;
@@ -502,9 +515,9 @@ static int64_t forward_tile(const Dims *d, const float *r, const float *U, float
                             int64_t nt) {
     const int64_t T = d->T, N = d->N, K1 = d->K1, B = d->B;
     Tile w;
-    float *buf = pm_scratch(carve(&w, d, 0, z != NULL, NULL));
+    float *buf = pm_scratch(carve(&w, d, 0, z != NULL, 0, NULL));
     if (!buf) return -1;
-    carve(&w, d, 0, z != NULL, buf);
+    carve(&w, d, 0, z != NULL, 0, buf);
     int linear;
     const float *top = up_sweep(d, &w, r, NULL, t0, nt, NULL, &linear);
     band_probs(d, top, w.tau, w.A, w.take, w.g);
@@ -525,27 +538,105 @@ static int64_t forward_tile(const Dims *d, const float *r, const float *U, float
     return linear;
 }
 
-/* Cardinality.cov_vec for tokens t0..t0+nt: Cov(z) v from r alone (dp.cov_vec); r, v, out [T, N].
- * The adjoints start at A = q (the band probabilities) and dA = q (D[N] - Σ_j q_j D[N, j]).
- * Returns 1 (the linear sweep), 0 (the log sweep) or -1, as forward_tile. */
-static int64_t cov_tile(const Dims *d, const float *r, const float *v, float *out, int64_t t0, int64_t nt) {
+/* The down sweep of dp.cov_vec after up_sweep with tangents (top, dtop: its last rows): Cov(z) v
+ * into w->out [N][B]. The adjoints start at A = q (the band probabilities) and dA = q (D[N] -
+ * Σ_j q_j D[N, j]). */
+static void cov_down(const Dims *d, const Tile *w, const float *top, const float *dtop) {
     const int64_t N = d->N, K1 = d->K1, B = d->B, kmin = d->kmin;
-    Tile w;
-    float *buf = pm_scratch(carve(&w, d, 1, 0, NULL));
-    if (!buf) return -1;
-    carve(&w, d, 1, 0, buf);
-    int linear;
-    const float *dtop = NULL, *top = up_sweep(d, &w, r, v, t0, nt, &dtop, &linear);
-    band_probs(d, top, w.tau, w.A, w.take, w.g);
-    float *mean = w.take; /* [B]: Σ_j q_j D[N, j] */
+    band_probs(d, top, w->tau, w->A, w->take, w->g);
+    float *mean = w->take; /* [B]: Σ_j q_j D[N, j] */
     memset(mean, 0, B * sizeof(float));
     for (int64_t j = kmin; j < K1; j++)
-        for (int64_t t = 0; t < B; t++) mean[t] += w.A[j * B + t] * dtop[j * B + t];
-    memset(w.dA, 0, K1 * B * sizeof(float));
+        for (int64_t t = 0; t < B; t++) mean[t] += w->A[j * B + t] * dtop[j * B + t];
+    memset(w->dA, 0, K1 * B * sizeof(float));
     for (int64_t j = kmin; j < K1; j++)
-        for (int64_t t = 0; t < B; t++) w.dA[j * B + t] = w.A[j * B + t] * (dtop[j * B + t] - mean[t]);
+        for (int64_t t = 0; t < B; t++) w->dA[j * B + t] = w->A[j * B + t] * (dtop[j * B + t] - mean[t]);
     for (int64_t i = N - 1; i >= 0; i--)
-        cov_step(K1, B, w.A, w.dA, w.W + i * K1 * B, w.dW + i * K1 * B, w.f, w.df, w.out + i * B);
+        cov_step(K1, B, w->A, w->dA, w->W + i * K1 * B, w->dW + i * K1 * B, w->f, w->df, w->out + i * B);
+}
+
+/* Cardinality.cov_vec for tokens t0..t0+nt: Cov(z) v from r alone (dp.cov_vec); r, v, out [T, N].
+ * Returns 1 (the linear sweep), 0 (the log sweep) or -1, as forward_tile. */
+static int64_t cov_tile(const Dims *d, const float *r, const float *v, float *out, int64_t t0, int64_t nt) {
+    Tile w;
+    float *buf = pm_scratch(carve(&w, d, 1, 0, 0, NULL));
+    if (!buf) return -1;
+    carve(&w, d, 1, 0, 0, buf);
+    int linear;
+    const float *dtop = NULL, *top = up_sweep(d, &w, r, v, t0, nt, &dtop, &linear);
+    cov_down(d, &w, top, dtop);
+    store_rows(d, w.out, t0, nt, out);
+    return linear;
+}
+
+/* The straight-through selection (circuits::chosen_scores, whose plain-torch reference is
+ * circuits/straight_through.py): one draw z ~ P(z | C, r) from the counter-based uniforms of `seed`, the
+ * same bits dp_forward reads from U (so the same draw), and then, per token, the drawn variables
+ * by their score p descending, ties to the lower index (pm_topk_chosen's order), in `slots` slots:
+ * idx [T, slots] int64, wv [T, slots] = p there, mask [T, slots] (1: a used slot). Unused slots hold
+ * slot 0's variable (0 when nothing was drawn), weight 0, mask 0. */
+void pm_uniforms_serial(int64_t seed, int64_t offset, int64_t count, float *out); /* uniforms.c */
+/* chosen.c */
+void pm_chosen_bits(const float *z, int64_t n, int64_t B, uint64_t *bits);
+void pm_put_chosen(const uint64_t *bits, int64_t B, int64_t t, int64_t n, const float *p, int64_t slots,
+                   int64_t cap, int64_t *idx, float *wv, uint8_t *mask, int32_t *at);
+void pm_tile_scores(float *p, int64_t n, int64_t B, int64_t sigmoid, int32_t *top, float *q, float *sum);
+void pm_slot_tangents(const int32_t *idx, const float *g, const uint8_t *mask, int64_t slots, int64_t n, int64_t B,
+                      int64_t t0, int64_t nt, const float *p, float *vt);
+void pm_scores_backward(float *cov, const float *vt, const float *p, const int32_t *top, const float *q,
+                        int64_t sigmoid, int64_t n, int64_t B, float *others);
+
+/* The uniforms [B] of tokens t0..t0+nt at `offset` of the draw (the sizes at 0, variable i at
+ * (i + 1) T), lanes past nt 0.5 (load_uniforms' padding). */
+static void make_uniforms(int64_t seed, int64_t offset, int64_t nt, int64_t B, float *u) {
+    pm_uniforms_serial(seed, offset, nt, u);
+    for (int64_t t = nt; t < B; t++) u[t] = 0.5f;
+}
+
+static int64_t chosen_tile(const Dims *d, const float *r, int64_t seed, const float *p, int64_t slots,
+                           int64_t *idx, float *wv, uint8_t *mask, int64_t t0, int64_t nt) {
+    const int64_t T = d->T, N = d->N, K1 = d->K1, B = d->B;
+    Tile w;
+    float *buf = pm_scratch(carve(&w, d, 0, 1, 0, NULL));
+    if (!buf) return -1;
+    carve(&w, d, 0, 1, 0, buf);
+    int linear;
+    const float *top = up_sweep(d, &w, r, NULL, t0, nt, NULL, &linear);
+    band_probs(d, top, w.tau, w.A, w.take, w.g);
+    make_uniforms(seed, t0, nt, B, w.u);
+    draw_size(d, w.A, w.u, w.c);
+    for (int64_t i = N - 1; i >= 0; i--) {
+        make_uniforms(seed, (i + 1) * T + t0, nt, B, w.u);
+        draw_step(B, w.W + i * K1 * B, w.u, w.c, w.z + i * B);
+    }
+    uint64_t *bits = (uint64_t *)w.bits;
+    pm_chosen_bits(w.z, N, B, bits);
+    for (int64_t t = 0; t < nt; t++) {
+        const int64_t row = t0 + t;
+        pm_put_chosen(bits, B, t, N, p + row * N, slots, K1, idx + row * slots, wv + row * slots, mask + row * slots,
+                      (int32_t *)w.at);
+    }
+    return linear;
+}
+
+/* The backward of the routing operator for tokens t0..t0+nt: with p the scores (recomputed from r)
+ * and g_t = (Σ of the used slots' g [T, slots] at their variables idx) ⊙ p, the gradient
+ * out [T, N] = Cov(z) g_t + the scores' backward (chosen.c). Returns 1, 0 or -1 as forward_tile. */
+static int64_t chosen_backward_tile(const Dims *d, const float *r, const int32_t *idx, const float *g,
+                                    const uint8_t *mask, int64_t slots, int sigmoid, float *out, int64_t t0,
+                                    int64_t nt) {
+    const int64_t N = d->N, B = d->B;
+    Tile w;
+    float *buf = pm_scratch(carve(&w, d, 1, 0, 1, NULL));
+    if (!buf) return -1;
+    carve(&w, d, 1, 0, 1, buf);
+    load_rows(d, r, t0, nt, w.p);
+    pm_tile_scores(w.p, N, B, sigmoid, w.top, w.q, w.tau);
+    pm_slot_tangents(idx, g, mask, slots, N, B, t0, nt, w.p, w.vt);
+    int linear;
+    const float *dtop = NULL, *top = up_sweep(d, &w, r, NULL, t0, nt, &dtop, &linear);
+    cov_down(d, &w, top, dtop);
+    pm_scores_backward(w.out, w.vt, w.p, w.top, w.q, sigmoid, N, B, w.rows3);
     store_rows(d, w.out, t0, nt, out);
     return linear;
 }
@@ -584,3 +675,20 @@ int64_t dp_cov_vec(const float *r, const float *v, float *out, int64_t T, int64_
 
 /* The tokens per tile of dp_forward for N variables and kmax: its tiles are ceil(T / this). */
 int64_t dp_forward_lanes(int64_t N, int64_t kmax) { return lanes(N, kmax + 1, 1); }
+
+/* The routing operator's forward (chosen_tile): r [T, N], p [T, N] the scores, one draw from `seed`
+ * for kmin <= |S| <= kmax -> idx [T, slots] int64, wv [T, slots], mask [T, slots] uint8. */
+int64_t dp_chosen(const float *r, int64_t seed, const float *p, int64_t *idx, float *wv, uint8_t *mask, int64_t T,
+                  int64_t N, int64_t kmin, int64_t kmax, int64_t slots, int64_t linear, int64_t threads) {
+    const Dims d = {T, N, kmin, kmax + 1, lanes(N, kmax + 1, 1), linear};
+    OVER_TILES(d, chosen_tile(&d, r, seed, p, slots, idx, wv, mask, t0, nt));
+}
+
+/* Its backward (chosen_backward_tile): r [T, N], idx [T, slots] int32, g [T, slots], mask [T, slots]
+ * uint8 -> out [T, N]; sigmoid: the scores are sigmoid(r), else softmax(r). */
+int64_t dp_chosen_backward(const float *r, const int32_t *idx, const float *g, const uint8_t *mask, float *out,
+                           int64_t T, int64_t N, int64_t kmin, int64_t kmax, int64_t slots, int64_t sigmoid,
+                           int64_t linear, int64_t threads) {
+    const Dims d = {T, N, kmin, kmax + 1, lanes(N, kmax + 1, 2), linear};
+    OVER_TILES(d, chosen_backward_tile(&d, r, idx, g, mask, slots, (int)sigmoid, out, t0, nt));
+}

@@ -26,6 +26,38 @@ void pm_log(float *x, int64_t n);
 void pm_log1p(float *x, int64_t n);
 void pm_exp_shift(float *x, const float *top, int64_t rows, int64_t w);
 void pm_log_add(float *v, const float *s, const float *top, int64_t n);
+/* chosen.c: the straight-through selection's per-token pieces (circuits::chosen_scores) */
+void pm_chosen_bits(const float *z, int64_t n, int64_t B, uint64_t *bits);
+void pm_put_chosen(const uint64_t *bits, int64_t B, int64_t t, int64_t n, const float *p, int64_t slots,
+                   int64_t cap, int64_t *idx, float *wv, uint8_t *mask, int32_t *at);
+void pm_tile_scores(float *p, int64_t n, int64_t B, int64_t sigmoid, int32_t *top, float *q, float *sum);
+void pm_slot_tangents(const int32_t *idx, const float *g, const uint8_t *mask, int64_t slots, int64_t n, int64_t B,
+                      int64_t t0, int64_t nt, const float *p, float *vt);
+void pm_scores_backward(float *cov, const float *vt, const float *p, const int32_t *top, const float *q,
+                        int64_t sigmoid, int64_t n, int64_t B, float *others);
+
+/* The straight-through selection (circuits::chosen_scores) in place of a pass's z or Cov(z) v
+ * output: in the forward, p [T, n] the scores and the slots written, idx [T, slots] int64, w, mask;
+ * in the backward, the slots' gradient g [T, slots] at idx [T, slots] int32 (mask: the used ones),
+ * and sigmoid (the scores are sigmoid(r), else softmax(r)). */
+typedef struct {
+    const float *p;
+    int64_t slots;
+    int64_t *idx;
+    float *w;
+    uint8_t *mask;
+    int64_t k;    /* > 0: the pass's shift is each token's k-th largest logit, made here into shift [T] */
+    float *shift;
+} Chosen;
+
+typedef struct {
+    const int32_t *idx;
+    const float *g;
+    const uint8_t *mask;
+    int64_t slots, sigmoid;
+    int64_t k; /* as Chosen's */
+    float *shift;
+} ChosenGrad;
 
 #define TILE 128 /* tokens per tile: 64 and 128 measured fastest, 32 and 256 slower */
 
@@ -525,6 +557,32 @@ static void tile_logits(const float *r, const float *shift, int64_t n, int64_t t
     pad_lanes(n, nt, rt);
 }
 
+/* shift[t0 + t] = the k-th largest logit of token t0 + t of r [T, n] (NaN counts as -inf), 0 where
+ * that is not finite: Circuit._shift (kth_largest, then 0), made inside a pass's tile instead of by
+ * a call of its own. Each lane's k largest sink through a sorted column by max/min swaps, as in
+ * select.c. rt [n][TILE], best [k][TILE], carry [TILE]: scratch. */
+static void kth_shift(const float *r, int64_t n, int64_t k, int64_t t0, int64_t nt, float *rt, float *best,
+                      float *carry, float *shift) {
+    load_tile(r, n, t0, nt, 0.0f, rt);
+    for (int64_t q = 0; q < k * TILE; q++) best[q] = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        for (int64_t t = 0; t < TILE; t++) {
+            const float x = rt[i * TILE + t];
+            carry[t] = x == x ? x : -INFINITY;
+        }
+        for (int64_t q = 0; q < k; q++)
+            for (int64_t t = 0; t < TILE; t++) {
+                const float x = carry[t], y = best[q * TILE + t];
+                best[q * TILE + t] = max2(x, y);
+                carry[t] = min2(x, y);
+            }
+    }
+    for (int64_t t = 0; t < nt; t++) {
+        const float v = best[(k - 1) * TILE + t];
+        shift[t0 + t] = isfinite(v) ? v : 0.0f;
+    }
+}
+
 /* The centring of the linear upward when every model has k true variables (lin_k >= 0): such a
  * circuit's distribution does not change when a token's logits all move by one amount, so the
  * linear pass moves them to where the circuit's constants assume them, their mean at the nominal
@@ -735,17 +793,28 @@ static int up_tile(const Prog *P, float *rt, const float *r, const float *shift,
 }
 
 /* Exact ancestral sampling (torch_passes.sample) of one tile, tokens t0..t0+nt of r [T, n], into
- * z [T, n]. U [count, T]: the uniforms, one row per vtree id; uid [S]: each decision slot's row of U.
+ * z [T, n], or with `ch` the drawn variables by score into its slots (z unused). U [count, T]: the
+ * uniforms, one row per vtree id; uid [S]: each decision slot's row of U.
  * fill [T, n]: uniforms for implicit variables (unused when the circuit is smooth).
  * logz [T]: the root's log-value, for the caller's checks (NULL: not wanted). Returns 1 when the
  * upward pass was linear, 0 on logarithms, -1 when scratch cannot be allocated. */
 static int64_t sample_tile(const Prog *P, const float *r, const float *shift, const float *U, const int64_t *uid,
-                           const float *fill, float *z, float *logz, int64_t T, int64_t t0, int64_t nt) {
+                           const float *fill, float *z, float *logz, int64_t T, int64_t t0, int64_t nt,
+                           const Chosen *ch) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
-    float *buf = pm_scratch((size_t)(3 * n + 3 * S + R + 1) * TILE + TILT_FLOATS(n));
+    const int64_t words = (n + 63) / 64;
+    const size_t extra = ch ? (size_t)(2 * n + (n + 1 + 2 * words) * TILE) : 0; /* pm_put_chosen's, kth_shift's */
+    float *buf = pm_scratch((size_t)(3 * n + 3 * S + R + 1) * TILE + TILT_FLOATS(n) + extra);
     if (!buf) return -1;
     float *rt = buf, *p = rt + n * TILE, *fl = p + n * TILE, *val = fl + n * TILE, *norm = val + S * TILE;
     float *act = norm + S * TILE, *ex = act + S * TILE, *top = ex + R * TILE; /* fl: the fill's uniforms */
+    int32_t *at = (int32_t *)(top + TILE + TILT_FLOATS(n)); /* [2n]: past the tilt's scratch */
+    float *column = (float *)(at + 2 * n);                     /* [n + 1][TILE] */
+    uint64_t *bits = (uint64_t *)(column + (n + 1) * TILE);    /* [words][TILE] */
+    if (ch && ch->k > 0) {
+        kth_shift(r, n, ch->k, t0, nt, rt, column, column + n * TILE, ch->shift);
+        shift = ch->shift;
+    }
     tile_logits(r, shift, n, t0, nt, rt);
     const int linear = up_tile(P, rt, r, shift, t0, NULL, P->smooth ? NULL : p, val, ex, norm, NULL, top,
                                logz ? logz + t0 : NULL, nt, top + TILE);
@@ -781,7 +850,15 @@ static int64_t sample_tile(const Prog *P, const float *r, const float *shift, co
         for (int64_t k = 0; k < n * TILE; k++)
             on[k] = pos[k] > 0.0f ? 1.0f : neg[k] > 0.0f ? 0.0f : fl[k] < p[k] ? 1.0f : 0.0f;
     }
-    store_tile(on, n, t0, nt, z);
+    if (!ch) {
+        store_tile(on, n, t0, nt, z);
+        return linear;
+    }
+    pm_chosen_bits(on, n, TILE, bits);
+    for (int64_t t = 0; t < nt; t++) {
+        const int64_t row = t0 + t, o = row * ch->slots;
+        pm_put_chosen(bits, TILE, t, n, ch->p + row * n, ch->slots, n, ch->idx + o, ch->w + o, ch->mask + o, at);
+    }
     return linear;
 }
 
@@ -879,18 +956,33 @@ static int64_t map_tile(const Prog *P, const float *r, const float *shift, float
 }
 
 /* Cov(z) v (torch_passes.marginals_jvp) of one tile, tokens t0..t0+nt: r, v, out [T, n]. Forward-mode
- * tangents through the upward pass, then flows g and their tangents dg down. Returns 1 (linear
+ * tangents through the upward pass, then flows g and their tangents dg down. With `cg` (v unused)
+ * the gradient of circuits::chosen_scores instead: v = g_t from the slots' gradient and the scores
+ * of r (not shifted), and out = Cov(z) g_t + the scores' backward (chosen.c). Returns 1 (linear
  * upward), 0 or -1. */
 static int64_t jvp_tile(const Prog *P, const float *r, const float *shift, const float *v, float *out, int64_t t0,
-                        int64_t nt) {
+                        int64_t nt, const ChosenGrad *cg) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
-    float *buf = pm_scratch((size_t)(3 * n + 6 * S + R + 3) * TILE + TILT_FLOATS(n));
+    const size_t extra = cg ? (size_t)(2 * n + 6) * TILE : 0; /* scores [n][TILE], top, q, 3 rows; kth_shift's */
+    float *buf = pm_scratch((size_t)(3 * n + 6 * S + R + 3) * TILE + TILT_FLOATS(n) + extra);
     if (!buf) return -1;
     float *rt = buf, *vt = rt + n * TILE, *p = vt + n * TILE, *val = p + n * TILE, *dval = val + S * TILE;
     float *norm = dval + S * TILE, *g = norm + S * TILE, *dg = g + S * TILE, *ex = dg + S * TILE;
     float *top = ex + R * TILE, *coef = top + TILE, *dcoef = coef + TILE, *tw = dcoef + TILE;
+    float *sc = tw + TILT_FLOATS(n), *q = sc + n * TILE, *spare = q + TILE; /* spare: [3][TILE] */
+    int32_t *best = (int32_t *)(spare + 3 * TILE);
+    if (cg && cg->k > 0) {
+        float *column = spare + 4 * TILE; /* [k][TILE], then a row */
+        kth_shift(r, n, cg->k, t0, nt, rt, column, column + n * TILE, cg->shift);
+        shift = cg->shift;
+    }
+    if (cg) {
+        load_tile(r, n, t0, nt, 0.0f, sc);
+        pm_tile_scores(sc, n, TILE, cg->sigmoid, best, q, spare);
+        pm_slot_tangents(cg->idx, cg->g, cg->mask, cg->slots, n, TILE, t0, nt, sc, vt);
+    }
     tile_logits(r, shift, n, t0, nt, rt);
-    load_tile(v, n, t0, nt, 0.0f, vt);
+    if (!cg) load_tile(v, n, t0, nt, 0.0f, vt);
     const int linear = up_tile(P, rt, r, shift, t0, vt, p, val, ex, norm, dval, top, NULL, nt, tw);
     const float *gsum = tw + 4 * TILE + P->n * TILE; /* the tilt's dg (pass on logarithms, not smooth) */
     const Tilt tl = {NULL, NULL, NULL, NULL, gsum};
@@ -926,6 +1018,7 @@ static int64_t jvp_tile(const Prog *P, const float *r, const float *shift, const
             const float pi = p[k];
             dgpos[k] = dgpos[k] + pi * (1.0f - pi) * vt[k] * (1.0f - gpos[k] - gneg[k]) - pi * (dgpos[k] + dgneg[k]);
         }
+    if (cg) pm_scores_backward(dgpos, vt, sc, best, q, cg->sigmoid, n, TILE, spare);
     store_tile(dgpos, n, t0, nt, out);
     return linear;
 }
@@ -949,12 +1042,33 @@ static int64_t jvp_tile(const Prog *P, const float *r, const float *shift, const
 
 int64_t pm_sample(const Prog *P, const float *r, const float *shift, const float *U, const int64_t *uid,
                   const float *fill, float *z, float *logz, int64_t T, int64_t threads) {
-    OVER_TILES(T, sample_tile(P, r, shift, U, uid, fill, z, logz, T, t0, nt));
+    OVER_TILES(T, sample_tile(P, r, shift, U, uid, fill, z, logz, T, t0, nt, NULL));
 }
 
 int64_t pm_jvp(const Prog *P, const float *r, const float *shift, const float *v, float *out, int64_t T,
                int64_t threads) {
-    OVER_TILES(T, jvp_tile(P, r, shift, v, out, t0, nt));
+    OVER_TILES(T, jvp_tile(P, r, shift, v, out, t0, nt, NULL));
+}
+
+/* circuits::chosen_scores' forward: pm_sample's draw, then each token's drawn variables by the scores
+ * p [T, n] into idx [T, slots] int64, w [T, slots] and mask [T, slots] (chosen.c, pm_put_chosen).
+ * k > 0: the circuit's shift is each token's k-th largest logit (Circuit._shift), made per tile into
+ * shift [T] (scratch the caller gives); k = 0: no shift. */
+int64_t pm_chosen(const Prog *P, const float *r, int64_t k, float *shift, const float *U, const int64_t *uid,
+                  const float *fill, const float *p, int64_t slots, int64_t *idx, float *w, uint8_t *mask, int64_t T,
+                  int64_t threads) {
+    const Chosen ch = {p, slots, idx, w, mask, k, shift};
+    OVER_TILES(T, sample_tile(P, r, shift, U, uid, fill, NULL, NULL, T, t0, nt, &ch));
+}
+
+/* Its backward: the slots' gradient g [T, slots] at idx [T, slots] int32 (mask: the used slots) ->
+ * out [T, n] = Cov(z) g_t + the scores' backward; sigmoid: the scores are sigmoid(r), else softmax(r);
+ * k and shift as pm_chosen's. */
+int64_t pm_chosen_backward(const Prog *P, const float *r, int64_t k, float *shift, const int32_t *idx,
+                           const float *g, const uint8_t *mask, int64_t slots, int64_t sigmoid, float *out, int64_t T,
+                           int64_t threads) {
+    const ChosenGrad cg = {idx, g, mask, slots, sigmoid, k, shift};
+    OVER_TILES(T, jvp_tile(P, r, shift, NULL, out, t0, nt, &cg));
 }
 
 int64_t pm_marginals(const Prog *P, const float *r, const float *shift, float *m, float *logz, int64_t T,
