@@ -28,6 +28,10 @@ they backpropagate:
 - "sparsemixer": SparseMixer v2 (``integrations.transformers.sparsemixer``), k stages of Gumbel
   sampling within a jitter band (ε = 0.01, GRIN-MoE's) with the midpoint gradient; its forward is
   its own (each stage's weight is the softmax over its band, times 1 or 0.3333).
+- "remoe": ReMoE (Wang et al.), the ReLU gates R = ReLU(r) of every expert as the weights (no
+  top-k, no softmax; its L1 penalty is a term of its own, left out of this loss). It draws nothing
+  and is no k-subset: its gradient is the exact gradient of its own loss, so its bias and error say
+  how far that direction lies from ∇J's, not how good an estimate of ∇J it is; variance 0.
 - "gumbel-st": the top-k of r + g, g ~ Gumbel(0, 1) (S drawn from the Gumbel-top-k / Plackett-Luce
   distribution, not from P(S | r)); z ≈ softmax((r + g) / τ) in the backward:
   w = (z + s - stopgrad(s)) ⊙ π with s = softmax((r + g) / τ).
@@ -82,7 +86,7 @@ import probmoe  # noqa: E402
 DTYPE = torch.float64
 MAX_N = 16  # the Gumbel-top-k objective sums C(n, k) · 2^k terms per token: 3.3 million at n = 16, k = 8
 DRAW_SEED = 1_000_000  # the draws of seed s start from a generator seeded with DRAW_SEED + s
-ROWS = ("probmoe", "probmoe-exact", "densemixer", "defaultmoe", "sparsemixer", "gumbel-st")  # the estimators, in the table's order
+ROWS = ("probmoe", "probmoe-exact", "densemixer", "defaultmoe", "sparsemixer", "remoe", "gumbel-st")  # the estimators, in the table's order
 READINGS = ("ours", "per-token", "token-axis", "sampled-densemixer", "logits-per-sample")
 EXACT_CHUNK = 4096  # tokens per enumeration batch of the per-sample exact gradients
 METRICS = ("bias", "variance", "error", "mse")
@@ -214,6 +218,12 @@ def sparsemixer_weights(logits: Tensor, k: int, generator: torch.Generator) -> T
     return torch.zeros_like(logits).scatter(1, indices, weights.to(logits.dtype))
 
 
+def remoe_weights(logits: Tensor, k: int, generator: torch.Generator) -> Tensor:
+    """ReMoE: the ReLU gates of every expert, ReLU(r): [B, n] (k and the generator unused: no
+    subset, no draw; ``integrations.transformers.remoe`` without its L1 penalty)."""
+    return torch.relu(logits)
+
+
 def sampled_densemixer_weights(logits: Tensor, k: int, generator: torch.Generator) -> Tensor:
     """DenseMixer's backward (through π of every expert) on a subset drawn from P(S | r): [B, n]."""
     pi = torch.softmax(logits, dim=-1)
@@ -233,7 +243,8 @@ def estimators(tau: float, reading: str = "ours") -> dict[str, Estimator]:
     """Row label -> estimator, in the order of ``ROWS`` (DenseMixer on drawn subsets for "sampled-densemixer")."""
     densemixer = sampled_densemixer_weights if reading == "sampled-densemixer" else densemixer_weights
     return dict(zip(ROWS, (partial(probmoe_weights, grad="paper"), partial(probmoe_weights, grad="exact"),
-                           densemixer, defaultmoe_weights, sparsemixer_weights, partial(gumbel_st_weights, tau=tau))))
+                           densemixer, defaultmoe_weights, sparsemixer_weights, remoe_weights,
+                           partial(gumbel_st_weights, tau=tau))))
 
 
 def draws(problem: Problem, estimator: Estimator, k: int, samples: int, generator: torch.Generator,

@@ -71,7 +71,7 @@ def test_estimator_forward_values_and_draws():
     logits = torch.randn(1, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64).repeat(40_000, 1)
     pi = torch.softmax(logits, dim=-1)
     weights = {name: est(logits, 2, torch.Generator().manual_seed(7)).detach()
-               for name, est in gv.estimators(0.5).items() if name not in ("defaultmoe", "sparsemixer")}
+               for name, est in gv.estimators(0.5).items() if name not in ("defaultmoe", "sparsemixer", "remoe")}
     for name, w in weights.items():
         z = (w > 0).double()
         assert bool((z.sum(-1) == 2).all()), name
@@ -106,6 +106,18 @@ def test_defaultmoe_and_sparsemixer_rows():
     torch.testing.assert_close(grads, want)
     w = gv.sparsemixer_weights(problem.logits.repeat(50, 1), 2, torch.Generator().manual_seed(0))
     assert bool(((w > 0).sum(-1) == 2).all()) and bool((w <= 1).all())
+
+
+def test_remoe_row_is_the_gradient_of_its_relu_gated_loss():
+    """ReMoE: weights ReLU(r) over every expert; its one (deterministic) gradient is that of
+    Σ_t ||Σ_i ReLU(r_ti) f_i - y_t||², worked out by hand: 2 <y - target, f_i> where r_ti > 0, else 0."""
+    problem = gv.make_problem(seed=4, n=5, tokens=4, dim=3)
+    grads = gv.draws(problem, gv.remoe_weights, 2, 3, None)  # [3, T, n]: three identical draws
+    assert torch.equal(grads[0], grads[1]) and torch.equal(grads[0], grads[2])
+    gates = torch.relu(problem.logits)
+    y = torch.einsum("tn,tnd->td", gates, problem.experts)
+    want = torch.einsum("td,tnd->tn", 2 * (y - problem.targets), problem.experts) * (problem.logits > 0)
+    torch.testing.assert_close(grads[0], want)
 
 
 def test_reinforce_converges_where_probmoe_stays_biased():
@@ -143,7 +155,7 @@ def test_command_writes_the_json(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "| gumbel-st (own objective) |" in run.stdout
     data = json.loads(path.read_text())
-    assert list(data) == ["probmoe", "probmoe-exact", "densemixer", "defaultmoe", "sparsemixer", "gumbel-st"]
+    assert list(data) == ["probmoe", "probmoe-exact", "densemixer", "defaultmoe", "sparsemixer", "remoe", "gumbel-st"]
     for row in data.values():
         assert list(row) == ["bias", "variance", "error"]
         assert all(type(v) is float and math.isfinite(v) for v in row.values())
