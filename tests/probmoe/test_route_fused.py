@@ -11,20 +11,9 @@ import pytest
 import torch
 
 import probmoe
+from hard_rows import hard_logits
 
 route_module = importlib.import_module("probmoe.route")
-
-
-def hard_logits(T: int, N: int, seed: int = 0) -> torch.Tensor:
-    """[T, N] float32 N(0, 3²) rows with -inf entries, an all-equal row, a row at scale 100 and a
-    row shifted by 1e4."""
-    g = torch.Generator().manual_seed(seed)
-    r = torch.randn(T, N, generator=g) * 3
-    r[0, : N // 3] = -torch.inf
-    r[1] = 0.25
-    r[2] = torch.randn(N, generator=g) * 100
-    r[3] += 1e4
-    return r
 
 
 @pytest.mark.parametrize("options", [dict(), dict(scores="sigmoid"), dict(normalize=True), dict(grad="paper")],
