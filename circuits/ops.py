@@ -288,15 +288,6 @@ def _(r, g, kmin, kmax, paper):
 
 
 # --- the straight-through selection: one draw, the drawn by score, Eq. 7's gradient -------------------
-def _chosen_draw(r: Tensor, seed: Tensor, kmin: int, kmax: int, circuit: int) -> Tensor:
-    """One draw z [T, n] from ``seed``: the DP's over kmin..kmax (circuit 0) or the circuit's, the
-    same uniforms and draw as ``dp_marginals`` / ``marginals`` with that seed."""
-    if circuit == 0:
-        return _dp(r, kmin, kmax).forward_marginals(r, seed, False)[1]
-    c, chosen = _passes(r, circuit)
-    return chosen.sample(r, *draw_uniforms(c.program, r, seed), shift=c._shift(r))[0].contiguous()
-
-
 @torch.library.custom_op("circuits::chosen_scores", mutates_args=())
 def chosen_scores(r: Tensor, seed: Tensor, kmin: int, kmax: int, circuit: int, slots: int, kind: str,
                   paper: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -304,16 +295,23 @@ def chosen_scores(r: Tensor, seed: Tensor, kmin: int, kmax: int, circuit: int, s
     index), their scores π = softmax(r) or sigmoid(r) (``kind``), with the straight-through gradient
     (``circuits.straight_through``): (weights [T, slots], indices [T, slots] long, mask [T, slots]
     bool, π [T, n]). C: kmin <= |z| <= kmax by the DP (``circuit`` 0) or the circuit of handle
-    ``circuit``; ``paper``: the marginals' Jacobian Cov(z) diag(1 - sigmoid(r)) in the backward."""
+    ``circuit``; ``paper``: the marginals' Jacobian Cov(z) diag(1 - sigmoid(r)) in the backward.
+    The fused C kernels draw and select in one pass; otherwise the draw is ``dp_marginals``' /
+    ``marginals``' with the same seed, then ``topk_chosen``."""
     r = r.contiguous()  # the C passes read rows in place
     p = straight_through.scores(r, kind)
-    if circuit == 0 and isinstance(_dp(r, kmin, kmax), c_dp.CDP):  # the draw and the selection in one pass
-        idx, w, mask = c_dp.chosen_scores(r, p, seed, kmin, kmax, slots)
-        return w, idx, mask, p
-    if circuit != 0 and isinstance(_passes(r, circuit)[1], CPasses):
-        c, chosen = _passes(r, circuit)
-        return (*chosen.chosen(r, *draw_uniforms(c.program, r, seed), p, slots, c.shift_size), p)
-    top, idx = select.topk_chosen(_chosen_draw(r, seed, kmin, kmax, circuit), p, slots)  # the drawn by π, then -1
+    if circuit == 0:
+        dp = _dp(r, kmin, kmax)
+        if isinstance(dp, c_dp.CDP):
+            idx, w, mask = c_dp.chosen_scores(r, p, seed, kmin, kmax, slots)
+            return w, idx, mask, p
+        z = dp.forward_marginals(r, seed, False)[1]
+    else:
+        c, passes = _passes(r, circuit)
+        if isinstance(passes, CPasses):
+            return (*passes.chosen(r, *draw_uniforms(c.program, r, seed), p, slots, c.shift_size), p)
+        z = passes.sample(r, *draw_uniforms(c.program, r, seed), shift=c._shift(r))[0].contiguous()
+    top, idx = select.topk_chosen(z, p, slots)  # the drawn by π, then -1
     mask = top >= 0
     return torch.where(mask, top, 0.0), torch.where(mask, idx, idx[:, :1]), mask, p
 
@@ -353,21 +351,21 @@ def chosen_scores_backward(r: Tensor, indices: Tensor, mask: Tensor, g: Tensor, 
     sigmoid: g_t (1 - π)), g_t = (g at the used slots, scattered to their variables) ⊙ π, J the
     marginals' Jacobian (Cov(z), times diag(1 - sigmoid(r)) with ``paper``). Not differentiable again."""
     r = r.contiguous()
-    if circuit == 0 and not paper and isinstance(_dp(r, kmin, kmax), c_dp.CDP):  # one pass: π, g_t, Cov(z) g_t
-        return c_dp.chosen_scores_backward(r, indices, mask, g, kmin, kmax, kind == "sigmoid")
-    if circuit != 0 and not paper and isinstance(_passes(r, circuit)[1], CPasses):
-        c, chosen = _passes(r, circuit)
-        return chosen.chosen_backward(r, indices, mask, g, kind == "sigmoid", c.shift_size)
+    sigmoid = kind == "sigmoid"  # the C kernels' one pass (π, g_t, Cov(z) g_t) takes the exact convention
+    if circuit == 0:
+        dp = _dp(r, kmin, kmax)
+        if not paper and isinstance(dp, c_dp.CDP):
+            return c_dp.chosen_scores_backward(r, indices, mask, g, kmin, kmax, sigmoid)
+    else:
+        c, passes = _passes(r, circuit)
+        if not paper and isinstance(passes, CPasses):
+            return passes.chosen_backward(r, indices, mask, g, sigmoid, c.shift_size)
     p = straight_through.scores(r, kind)
     g_t = torch.zeros_like(p).scatter_add_(-1, indices.long(), torch.where(mask, g, 0.0).to(p.dtype)).mul_(p)
-    if circuit == 0:
-        cov = _dp(r, kmin, kmax).cov_vec(r, g_t)
-    else:
-        c, chosen = _passes(r, circuit)
-        cov = chosen.marginals_jvp(r, g_t, shift=c._shift(r))
+    cov = dp.cov_vec(r, g_t) if circuit == 0 else passes.marginals_jvp(r, g_t, shift=c._shift(r))
     if paper:
         cov = cov * torch.sigmoid(-r)
-    own = torch.addcmul(g_t, p, g_t.sum(dim=-1, keepdim=True), value=-1) if kind == "softmax" else g_t * (1 - p)
+    own = g_t * (1 - p) if sigmoid else torch.addcmul(g_t, p, g_t.sum(dim=-1, keepdim=True), value=-1)
     return (cov + own).contiguous()
 
 
