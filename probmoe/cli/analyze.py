@@ -41,11 +41,9 @@ def main(argv=None) -> int:
     common.quiet_progress(not cfg.progress)
     from probmoe.experiments import interrupts
 
-    with interrupts.catch():
-        try:
-            return _analyze(p, cfg)
-        except interrupts.Interrupted as e:  # before report.write, which runs deferred: nothing written
-            return interrupts.ended(e, "analysing the routing", f"nothing was written to {cfg.output}")
+    # a signal before report.write, which runs deferred, ends it with nothing written
+    return interrupts.run_or_end(lambda: _analyze(p, cfg), "analysing the routing",
+                                 lambda: f"nothing was written to {cfg.output}")
 
 
 def _analyze(p: argparse.ArgumentParser, cfg: AnalyzeConfig) -> int:
@@ -82,10 +80,7 @@ def _analyze(p: argparse.ArgumentParser, cfg: AnalyzeConfig) -> int:
     for line in report.summary_lines(results, tokens, described):
         print(line)
     print(f"{len(figures)} figures, analysis.json, analysis.csv and tokens.csv in {cfg.output}", file=sys.stderr)
-    if interrupts.requested() is not None:  # a signal while writing: the files are whole, the status says it came
-        return interrupts.ended(interrupts.Interrupted(interrupts.requested()), "writing the analysis",
-                                f"it is complete in {cfg.output}")
-    return 0
+    return interrupts.after_writing("the analysis", cfg.output)
 
 if __name__ == "__main__":
     sys.exit(main())

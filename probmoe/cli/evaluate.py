@@ -49,11 +49,8 @@ def main(argv=None) -> int:
     from probmoe.experiments import interrupts
 
     started = []  # the problems, once the evaluation has started writing into ``out``
-    with interrupts.catch():
-        try:
-            return _evaluate(p, cfg, out, started)
-        except interrupts.Interrupted as e:
-            return interrupts.ended(e, f"evaluating {cfg.checkpoint}", _written(out, started))
+    return interrupts.run_or_end(lambda: _evaluate(p, cfg, out, started), f"evaluating {cfg.checkpoint}",
+                                 lambda: _written(out, started))
 
 
 def _evaluate(p: argparse.ArgumentParser, cfg: EvalConfig, out: str, started: list) -> int:

@@ -41,18 +41,20 @@ def main(p: argparse.ArgumentParser, cfg) -> int:
 
     from probmoe.experiments import interrupts
 
-    with interrupts.catch():
-        try:
-            tasks, manager, out, lm = options.run_or_exit(p, body)
-            from probmoe.eval import harness
+    def run() -> int:
+        tasks, manager, out, lm = options.run_or_exit(p, body)
+        from probmoe.eval import harness
 
-            results = options.run_or_exit(p, lambda: _evaluate(harness, lm, tasks, manager, cfg))
-        except interrupts.Interrupted as e:  # the harness writes its results only at the end
-            return interrupts.ended(e, f"running {cfg.tasks} on {cfg.checkpoint}", "nothing was written")
-    for line in harness.write_results(out, results):
-        print(line)
-    print(f"results in {out}", file=sys.stderr)
-    return 0
+        results = options.run_or_exit(p, lambda: _evaluate(harness, lm, tasks, manager, cfg))
+        with interrupts.deferred():  # the files written whole
+            lines = harness.write_results(out, results)
+        for line in lines:
+            print(line)
+        print(f"results in {out}", file=sys.stderr)
+        return interrupts.after_writing("the results", out)
+
+    # the harness writes its results only at the end: a signal before then leaves nothing
+    return interrupts.run_or_end(run, f"running {cfg.tasks} on {cfg.checkpoint}", lambda: "nothing was written")
 
 
 def _evaluate(harness, lm, tasks, manager, cfg) -> dict:

@@ -121,3 +121,20 @@ def ended(error: Interrupted, doing: str, written: str) -> int:
     (SIGINT) while <doing>; <written>``; returns the exit status."""
     print(f"interrupted ({signal.Signals(error.signum).name}) while {doing}; {written}", file=sys.stderr, flush=True)
     return error.status
+
+
+def run_or_end(body, doing: str, written) -> int:
+    """``body()`` (its exit status) inside ``catch()``; a signal ends it with ``ended``'s one line,
+    ``written()`` saying what had been written by then."""
+    with catch():
+        try:
+            return body()
+        except Interrupted as e:
+            return ended(e, doing, written())
+
+
+def after_writing(what: str, where: str) -> int:
+    """After writing ``what`` into ``where`` inside ``deferred()``: 0, or, when a signal came
+    meanwhile, ``ended``'s line (the files are whole) and the signal's status."""
+    signum = requested()
+    return 0 if signum is None else ended(Interrupted(signum), f"writing {what}", f"it is complete in {where}")
