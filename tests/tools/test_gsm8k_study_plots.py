@@ -97,7 +97,10 @@ def test_no_analysis_runs_no_probmoe_analyze(tmp_path, figures, monkeypatch, no_
         (out / "train_log.jsonl").write_text(json.dumps({"step": 1, "loss": 3.0}) + "\n")
     ran = []
     monkeypatch.setattr(study, "sh", lambda cmd, log: ran.append(cmd))
-    args = ["--output", str(tmp_path), "--methods", "probmoe", "densemixer", "--seeds", "0"]
+    data = tmp_path / "data.jsonl"  # never read here (nothing to train; probmoe-analyze is not run): only checked
+    data.write_text("")
+    args = ["--output", str(tmp_path), "--methods", "probmoe", "densemixer", "--seeds", "0", "--train", str(data),
+            "--test", str(data)]
     assert study.main(args + ["--no-analysis"] * no_analysis) == 0
     assert [cmd[0] for cmd in ran] == ([] if no_analysis else ["probmoe-analyze"])
     assert (tmp_path / "summary.md").is_file()
