@@ -24,7 +24,8 @@ class ProgStruct(ctypes.Structure):
                 ("lin_neg", ctypes.c_float), ("lin_true", ctypes.c_float), ("lin_root", ctypes.c_float),
                 ("lin_r0", ctypes.c_float), ("lin_k", ctypes.c_float), ("tilt_up", ctypes.c_void_p),
                 ("tilt_down", ctypes.c_void_p), ("tilt_kmin", ctypes.c_int64), ("tilt_kmax", ctypes.c_int64),
-                ("tilt_moves", ctypes.c_int64)]
+                ("tilt_moves", ctypes.c_int64), ("lin_coef_d", ctypes.c_void_p), ("lin_pos_d", ctypes.c_double),
+                ("lin_neg_d", ctypes.c_double), ("lin_true_d", ctypes.c_double), ("lin_root_d", ctypes.c_double)]
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -33,6 +34,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         (lib.pm_sample, [prog, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64]),
         (lib.pm_jvp, [prog, ptr, ptr, ptr, ptr, i64, i64]),
         (lib.pm_marginals, [prog, ptr, ptr, ptr, ptr, i64, i64]),
+        (lib.pm_log_z, [prog, ptr, ptr, ptr, i64, i64]),
         (lib.pm_map, [prog, ptr, ptr, ptr, ptr, i64, i64]),
         (lib.pm_tile_tokens, []),
         (lib.pm_chosen, [prog, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, i64]),

@@ -45,15 +45,19 @@ class CPasses(Passes):
         imp_off = torch.zeros(prog.num_rows + 1, dtype=torch.int64)
         imp_off[1:] = torch.bincount(prog.implicit_row, minlength=prog.num_rows).cumsum(0)
         lin = linear_constants(prog) if linear else None
-        coef = None if lin is None else lin[0]
+        coef_d = None if lin is None else lin[0]  # the double pass of log Z alone (pm_log_z)
+        real = None if lin is None else coef_d[coef_d > 0]
+        coef = None if lin is None or (real.numel() and float(real.min()) < FLOAT_COEF_MIN) else coef_d.float()
         tilt = prog.tilt  # the tilt of the pass on logarithms (torch_passes.tilt)
         up, down = tilt.up.float().cpu().contiguous(), tilt.down.float().cpu().contiguous()
-        self._keep = (nodes, prog.prime, prog.sub, imp_off, imp_var, coef, up, down)  # what the struct points into
+        self._keep = (nodes, prog.prime, prog.sub, imp_off, imp_var, coef, coef_d, up, down)  # what the struct points into
+        scalars = (0.0,) * 5 + (-1.0,) if lin is None else lin[1:]
         self.struct = c_library.ProgStruct(
             prog.n, prog.num_slots, prog.num_rows, len(nodes), int(prog.smooth), nodes.data_ptr(),
             prog.prime.data_ptr(), prog.sub.data_ptr(), imp_off.data_ptr(), imp_var.data_ptr(),
-            None if coef is None else coef.data_ptr(), *((0.0,) * 5 + (-1.0,) if lin is None else lin[1:]),
-            up.data_ptr(), down.data_ptr(), tilt.kmin, tilt.kmax, int(not tilt.uniform))
+            None if coef is None else coef.data_ptr(), *scalars,
+            up.data_ptr(), down.data_ptr(), tilt.kmin, tilt.kmax, int(not tilt.uniform),
+            None if coef_d is None else coef_d.data_ptr(), *scalars[:4])
 
     def _run(self, fn, *args) -> int:
         """Call a pass with torch's thread count (OpenMP threads inside); returns how many tiles of
@@ -79,10 +83,14 @@ class CPasses(Passes):
         done = self._run(self.lib.pm_marginals, r.data_ptr(), _pointer(shift), None, log_z.data_ptr(), r.shape[0])
         return done, -(-r.shape[0] // self.lib.pm_tile_tokens())
 
-    def log_partition(self, r: Tensor, marginals: bool, shift: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    def log_partition(self, r: Tensor, marginals: bool, shift: Tensor | None = None, *,
+                      accurate: bool = True) -> tuple[Tensor, Tensor | None]:
         log_z, m = r.new_empty(r.shape[0]), torch.empty_like(r) if marginals else None
-        self._run(self.lib.pm_marginals, r.data_ptr(), _pointer(shift), None if m is None else m.data_ptr(),
-                  log_z.data_ptr(), r.shape[0])
+        if marginals or not accurate:
+            self._run(self.lib.pm_marginals, r.data_ptr(), _pointer(shift), None if m is None else m.data_ptr(),
+                      log_z.data_ptr(), r.shape[0])
+        if accurate:  # log Z again, accumulated in double (c/passes.c, log_z_block)
+            self._run(self.lib.pm_log_z, r.data_ptr(), _pointer(shift), log_z.data_ptr(), r.shape[0])
         return log_z, m
 
     def sample(self, r: Tensor, uniforms: Tensor, fill: Tensor | None,
@@ -141,6 +149,10 @@ class CPasses(Passes):
         return out
 
 
+#: The smallest element constant the float linear upward takes (its values would leave float32's range);
+#: the double pass of log Z alone (pm_log_z) takes constants down to ``DOUBLE_COEF_MIN``.
+FLOAT_COEF_MIN, DOUBLE_COEF_MIN = 2.0**-100, 2.0**-300
+
 #: How far above its nominal value (in nats) the linear upward stores each slot: the stored values of a
 #: routing tile then lie in about [e^-75, e^40], inside [2^-120, 2^126] with room for a product of two.
 LINEAR_OFFSET = 20.0
@@ -148,7 +160,7 @@ LINEAR_OFFSET = 20.0
 
 def linear_constants(prog: Program) -> tuple[Tensor, float, float, float, float, float, float] | None:
     """What the linear upward of ``c/passes.c`` needs (its comment says how it works), or None when
-    the program cannot take it: (c [R] float32, what sigma(r) and sigma(-r) are multiplied by for
+    the program cannot take it: (c [R] float64, what sigma(r) and sigma(-r) are multiplied by for
     the stored x_i and not x_i, TRUE's stored value, what log Z adds to the log of the root's stored
     value (its b less LINEAR_OFFSET), the nominal logit r0, and k when every model has k true
     variables and the circuit is smooth, else -1: then the C code centres each token's logits on
@@ -159,8 +171,9 @@ def linear_constants(prog: Program) -> tuple[Tensor, float, float, float, float,
     marginals at logit 0), which is where the (shifted) logits of a routing tile mostly lie, so
     the stored values stay near e^LINEAR_OFFSET. Element row e of node n has the constant
     c_e = exp(b_prime + b_sub - b_n - LINEAR_OFFSET) <= e^-LINEAR_OFFSET (0 for padding rows). None
-    when a constant would fall below 2^-100 (a circuit too deep or too uneven for float32) or the
-    circuit has no model.
+    when a constant would fall below ``DOUBLE_COEF_MIN`` or the circuit has no model; the float pass
+    takes the constants (rounded) only when none is below ``FLOAT_COEF_MIN`` (a circuit too deep or
+    too uneven for float32), the double pass of log Z alone takes them all.
     """
     from . import torch_passes  # the float64 reference computes the nominal values
 
@@ -179,9 +192,9 @@ def linear_constants(prog: Program) -> tuple[Tensor, float, float, float, float,
         node[g.rows] = torch.arange(g.start, g.start + g.nodes, device=prog.device).repeat_interleave(g.fanin)
     log_c = b[prog.prime] + b[prog.sub] - b[node] - LINEAR_OFFSET  # [R]; -inf on padding rows
     real = torch.isfinite(log_c)
-    if bool((log_c[real] < -100 * math.log(2)).any()):
+    if bool((log_c[real] < math.log(DOUBLE_COEF_MIN)).any()):
         return None
-    coef = log_c.exp().to(torch.float32).cpu().contiguous()
+    coef = log_c.exp().cpu().contiguous()
     soft = math.log1p(math.exp(-abs(r0)))  # log sigma(+-r0) = min(+-r0, 0) - soft
     pos, neg = min(r0, 0.0) - soft, min(-r0, 0.0) - soft
     return (coef, math.exp(LINEAR_OFFSET - pos), math.exp(LINEAR_OFFSET - neg), math.exp(LINEAR_OFFSET),

@@ -34,8 +34,11 @@ class Passes:
     def __init__(self, program: Program):
         self.program = program
 
-    def log_partition(self, r: Tensor, marginals: bool, shift: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """(log Z [T], P(x_i = 1 | C) [T, n] when ``marginals``, else None): upward, downward."""
+    def log_partition(self, r: Tensor, marginals: bool, shift: Tensor | None = None, *,
+                      accurate: bool = True) -> tuple[Tensor, Tensor | None]:
+        """(log Z [T], P(x_i = 1 | C) [T, n] when ``marginals``, else None): upward, downward.
+        ``accurate``: log Z accumulated in float64 (fp32 within 1e-6 relative of a float64
+        reference); False: in r's dtype, for callers that only check it is finite."""
         raise NotImplementedError
 
     def sample(self, r: Tensor, uniforms: Tensor, fill: Tensor | None,

@@ -74,8 +74,12 @@ class TritonPasses(Passes):
                             prog.num_rows, len(self.nodes), B=self.block, SMOOTH=prog.smooth,
                             num_warps=self.block // 32, enable_fp_fusion=False, **flags)
 
-    def log_partition(self, r: Tensor, marginals: bool, shift: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    def log_partition(self, r: Tensor, marginals: bool, shift: Tensor | None = None, *,
+                      accurate: bool = True) -> tuple[Tensor, Tensor | None]:
         r = shifted(r, shift)
+        if accurate:  # log Z from the torch passes in float64 (torch_passes.accurate_log_z)
+            m = self.log_partition(r, True, accurate=False)[1] if marginals else None
+            return torch_passes.accurate_log_z(self.program, r), m
         tl, _ = self._tilt(r)
         log_z, m = r.new_empty(r.shape[0]), torch.empty_like(r) if marginals else None
         self._launch(K.marginals_kernel, r, (tl.x, r, tl.c, tl.g, log_z if m is None else m, log_z), "srss",

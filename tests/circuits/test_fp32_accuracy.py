@@ -166,3 +166,30 @@ def test_dp_outliers(impl, gap):
         r[:, 9] -= gap
         m_err, z_err = A.errors(A.dp_runner(kmin, kmax, impl), lambda x: A.cardinality_log_norm(x, kmin, kmax), r)
         assert m_err <= A.MARGINAL_BOUND and z_err <= A.LOG_Z_BOUND, (kmin, kmax, m_err, z_err)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("sizes", [(256, 16, 16), (256, 128, 128), (256, 4, 32), (128, 8, 16)],
+                         ids=lambda s: f"{s[1]}..{s[2]}-of-{s[0]}")
+def test_log_z_of_equal_rows(impl, sizes):
+    """log Z of rows whose logits repeat (every level in [-8, 8] by 1/4, some with a random part of
+    them -inf) within 1e-6: a float32 pass's roundings go the same way at every variable there
+    (exactly 16 of 256 at -2.5: 7e-6 from the C passes, range 4..32 of 256: 3.4e-6 from the torch
+    passes), so log Z is accumulated in float64 (``accurate``, pm_log_z)."""
+    n, kmin, kmax = sizes
+    c = circuits.compile_circuit(cardinality_spec(n, kmin, kmax))
+    passes = circuits.passes.select(c.program, torch.float32, prefer=impl)
+    g = torch.Generator().manual_seed(n + kmax)
+    levels = torch.arange(-32, 33) / 4.0
+    r = levels.repeat(2).unsqueeze(1).expand(-1, n).contiguous()  # [130, n]
+    dead = torch.rand(len(r), n, generator=g) < torch.rand(len(r), 1, generator=g) * 0.6
+    dead[: len(levels)] = False  # the first copy of the levels whole, the second with -inf entries
+    r[dead] = -torch.inf
+    want, _ = A.reference(lambda x: A.cardinality_log_norm(x, kmin, kmax), r)
+    got, _ = passes.log_partition(r, False)
+    live = want > A.NEG / 2  # satisfiable: the reference's -inf entries are NEG
+    assert live.sum() > len(levels)
+    err = (got.double() - want).abs() / want.abs().clamp(min=1)
+    assert float(err[live].max()) <= A.LOG_Z_BOUND
+    assert torch.equal(torch.isfinite(got), live)  # unsatisfiable rows are -inf, not a number
+    assert torch.equal(passes.log_partition(r, True)[0], got)  # the same log Z when the marginals come too

@@ -219,6 +219,11 @@ typedef struct {
      * tilt_moves: some row has a nonzero one or the circuit is not smooth (else only the leaves move). */
     const float *tilt_up, *tilt_down;
     int64_t tilt_kmin, tilt_kmax, tilt_moves;
+    /* The linear upward's constants in double for pm_log_z (log Z alone, accumulated in double):
+     * c_e [R] (NULL: no double pass, pm_log_z takes the float passes), lin_pos, lin_neg, lin_true,
+     * lin_root unrounded. */
+    const double *lin_coef_d;
+    double lin_pos_d, lin_neg_d, lin_true_d, lin_root_d;
 } Prog;
 
 /* One tile's tilt (see tilt_tile): c, c+ = max(c, 0), c- = min(c, 0) [TILE]; g [n][TILE] the implicit
@@ -896,6 +901,165 @@ static int64_t marginals_tile(const Prog *P, const float *r, const float *shift,
     return linear;
 }
 
+/* log Z alone, accumulated in double (pm_log_z). A float pass rounds every leaf and element it
+ * stores, and on rows whose values repeat (equal logits) those roundings go the same way through
+ * the circuit's n levels: log Z off by up to 1e-5 where it is about 1 (exactly 16 of 256). Here the
+ * linear upward (see upward) runs in double with the constants unrounded, on DLANES tokens at a
+ * time: the logits (less the shift, as float: the same bits as the other passes), centred in
+ * double when every model has k true variables (see centre and uncentre_log_z: log Z(r) =
+ * log Z(x) + k c - sum_i log(sigma(-x_i) + sigma(x_i) e^c), x = r - c, the logarithm taken once per
+ * DPROD variables of the product), leaves sigma(+-x) from exp(-|x|) (exp_nonpos), then each node
+ * sum_e (prime sub) c_e. A lane is refused (bad = 1; the caller takes the float pass there) when a
+ * logit is NaN, +inf, or further than DLIN_LEAF from the centre, when the centring moves it by more
+ * than DLIN_CENTRE (then |log Z| is at least about min(k, n - k) DLIN_CENTRE, where float's
+ * relative rounding is enough), or when a node leaves [DLIN_FLOOR, DLIN_TOP] other than by being
+ * exactly 0 (a node that -inf logits make impossible is 0 from zero leaves, which is exact).
+ * x [n][DLANES], val [S][DLANES]: scratch. */
+#define DLANES 32
+#define DLIN_LEAF 250.0  /* a leaf then stores at least e^-250 lin / 2 > 2^-340 (lin >= e^20) */
+#define DLIN_CENTRE 40.0 /* a product of DPROD terms in [e^-40, 1] stays above 2^-1000 */
+#define DPROD 16
+#define DLIN_FLOOR 0x1p-350 /* with constants of at least 2^-300 (c_passes.DOUBLE_COEF_MIN), an element */
+#define DLIN_TOP 0x1p350    /* of two children in range is a normal double: no rounding below 2^-1022 */
+
+/* e^x for x in [-708, 0] in double, vectorisable (libm's exp is a call per value): x = k ln 2 + y
+ * with |y| <= ln 2 / 2 (ln 2 in two parts), e^y by its Taylor series to y^12 (the rest below
+ * 2e-16 of it), 2^k put into the exponent bits. Within a few units in the last place. */
+static inline double exp_nonpos(double x) {
+    const double shifter = 0x1.8p52; /* x log2(e) + shifter: k in the low bits */
+    const double kd = x * 1.4426950408889634 + shifter, k = kd - shifter;
+    const double y = (x - k * 6.93147180369123816490e-01) - k * 1.90821492927058770002e-10;
+    double p = 1.0 / 479001600.0;
+    p = p * y + 1.0 / 39916800.0;
+    p = p * y + 1.0 / 3628800.0;
+    p = p * y + 1.0 / 362880.0;
+    p = p * y + 1.0 / 40320.0;
+    p = p * y + 1.0 / 5040.0;
+    p = p * y + 1.0 / 720.0;
+    p = p * y + 1.0 / 120.0;
+    p = p * y + 1.0 / 24.0;
+    p = p * y + 1.0 / 6.0;
+    p = p * y + 0.5;
+    p = p * y + 1.0;
+    p = p * y + 1.0;
+    int64_t bits;
+    memcpy(&bits, &kd, sizeof bits);
+    bits = (bits - 0x4338000000000000LL + 1023) << 52; /* kd's bits less shifter's: k */
+    double scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* One variable's leaves for DLANES lanes: pos = sigma(x) lin_pos, neg = sigma(-x) lin_neg (-inf:
+ * 0 and lin_neg); no = 1 where x is NaN, +inf or beyond DLIN_LEAF. */
+static inline void dleaf_row(const double *restrict x, double *restrict pos, double *restrict neg, double lp,
+                             double ln, double *restrict no) {
+    for (int64_t t = 0; t < DLANES; t++) {
+        const double v = x[t], a = fabs(v);
+        const int dead = v == -INFINITY;
+        no[t] = !dead && !(a <= DLIN_LEAF) ? 1.0 : no[t];
+        const double e = exp_nonpos(a <= DLIN_LEAF ? -a : -DLIN_LEAF), big = 1.0 / (1.0 + e), small = e * big;
+        pos[t] = (dead ? 0.0 : v >= 0.0 ? big : small) * lp;
+        neg[t] = (dead ? 1.0 : v >= 0.0 ? small : big) * ln;
+    }
+}
+
+/* prod *= sigma(-x) + sigma(x) e^c for c <= 0, sigma(x) + sigma(-x) e^-c for c > 0 (ec = e^-|c|; the
+ * caller counts the c taken out of each live term), from the leaves just stored (up = 1 / lin_pos,
+ * un = 1 / lin_neg); 1 for a -inf logit (sigma(x) = 0: its softplus does not move). */
+static inline void uncentre_row(const double *restrict pos, const double *restrict neg, double up, double un,
+                                const double *restrict c, const double *restrict ec, double *restrict prod) {
+    for (int64_t t = 0; t < DLANES; t++) {
+        const double sp = pos[t] * up, sn = neg[t] * un;
+        prod[t] *= sp == 0.0 ? 1.0 : c[t] > 0.0 ? sp + sn * ec[t] : sn + sp * ec[t];
+    }
+}
+
+/* v += (a b) ce for DLANES lanes. */
+static inline void delement_row(double *restrict v, const double *restrict a, const double *restrict b, double ce) {
+    for (int64_t t = 0; t < DLANES; t++) v[t] += (a[t] * b[t]) * ce;
+}
+
+static void log_z_block(const Prog *P, const float *r, const float *shift, int64_t t0, int64_t nt, double *x,
+                        double *val, float *logz, uint8_t *bad) {
+    const int64_t n = P->n, S = P->num_slots, L = DLANES;
+    const int centred = P->lin_k >= 0.0f;
+    double c[DLANES], ec[DLANES], acc[DLANES], no[DLANES], prod[DLANES];
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t t = 0; t < L; t++) {
+            const int64_t tok = t0 + (t < nt ? t : 0); /* padding lanes: the block's first token */
+            const float v = r[tok * n + i];
+            x[i * L + t] = shift ? (double)(v - shift[tok]) : (double)v;
+        }
+    for (int64_t t = 0; t < L; t++) c[t] = no[t] = 0.0, ec[t] = prod[t] = 1.0, acc[t] = P->lin_root_d;
+    if (centred) {
+        double cnt[DLANES];
+        for (int64_t t = 0; t < L; t++) cnt[t] = 0.0;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t t = 0; t < L; t++) {
+                const double v = x[i * L + t];
+                c[t] += v > -INFINITY ? v : 0.0; /* NaN and +inf: the leaves refuse the lane */
+                cnt[t] += v > -INFINITY;
+            }
+        for (int64_t t = 0; t < L; t++) {
+            c[t] = cnt[t] > 0.0 ? c[t] / cnt[t] - P->lin_r0 : 0.0;
+            no[t] = fabs(c[t]) <= DLIN_CENTRE ? 0.0 : 1.0;
+            c[t] = no[t] != 0.0 ? 0.0 : c[t];
+            ec[t] = exp_nonpos(-fabs(c[t]));
+            acc[t] += P->lin_k * c[t] - (c[t] > 0.0 ? cnt[t] * c[t] : 0.0); /* c > 0: e^c out of each term */
+        }
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t t = 0; t < L; t++) x[i * L + t] -= c[t];
+    }
+    double *pos = val + 2 * L, *neg = pos + n * L;
+    for (int64_t t = 0; t < L; t++) val[t] = 0.0, val[L + t] = P->lin_true_d;
+    for (int64_t i = 0; i < n; i++) {
+        dleaf_row(x + i * L, pos + i * L, neg + i * L, P->lin_pos_d, P->lin_neg_d, no);
+        if (!centred) continue;
+        uncentre_row(pos + i * L, neg + i * L, 1.0 / P->lin_pos_d, 1.0 / P->lin_neg_d, c, ec, prod);
+        if ((i + 1) % DPROD == 0 || i == n - 1)
+            for (int64_t t = 0; t < L; t++) acc[t] -= log(prod[t]), prod[t] = 1.0;
+    }
+    for (int64_t d = 0; d < P->num_nodes; d++) {
+        const int64_t slot = P->nodes[3 * d], r0 = P->nodes[3 * d + 1], F = P->nodes[3 * d + 2];
+        double *v = val + slot * L;
+        memset(v, 0, L * sizeof(double));
+        for (int64_t e = r0; e < r0 + F; e++)
+            delement_row(v, val + P->prime[e] * L, val + P->sub[e] * L, P->lin_coef_d[e]);
+        for (int64_t t = 0; t < L; t++) no[t] = !(v[t] <= DLIN_TOP) || (v[t] != 0.0 && v[t] < DLIN_FLOOR) ? 1.0 : no[t];
+    }
+    const double *root = val + (S - 1) * L;
+    for (int64_t t = 0; t < nt; t++) {
+        bad[t] = no[t] != 0.0;
+        logz[t] = (float)(log(root[t]) + acc[t]); /* root 0: -inf, nothing satisfies */
+    }
+}
+
+/* log Z of tokens t0..t0+nt (one tile) of r [T, n] into logz [T]: log_z_block on each block of
+ * DLANES tokens, then the float passes (up_tile) for the tile when some lane was refused, taken
+ * on those lanes only. Returns 1 when every lane was done in double, 0 otherwise, -1. */
+static int64_t log_z_tile(const Prog *P, const float *r, const float *shift, float *logz, int64_t t0, int64_t nt) {
+    const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
+    const size_t single = (size_t)(2 * n + 3 * S + R + 2) * TILE + TILT_FLOATS(n), dbl = (size_t)2 * (n + S) * DLANES;
+    float *buf = pm_scratch(single > dbl ? single : dbl);
+    if (!buf) return -1;
+    uint8_t bad[TILE];
+    int any = 0;
+    for (int64_t b = 0; b < nt; b += DLANES) {
+        const int64_t m = nt - b < DLANES ? nt - b : DLANES;
+        log_z_block(P, r, shift, t0 + b, m, (double *)buf, (double *)buf + n * DLANES, logz + t0 + b, bad + b);
+        for (int64_t t = 0; t < m; t++) any |= bad[b + t];
+    }
+    if (!any) return 1;
+    float *rt = buf, *val = rt + 2 * n * TILE, *norm = val + S * TILE, *ex = norm + 2 * S * TILE;
+    float *top = ex + R * TILE, got[TILE];
+    tile_logits(r, shift, n, t0, nt, rt);
+    up_tile(P, rt, r, shift, t0, NULL, NULL, val, ex, norm, NULL, top, got, nt, top + 2 * TILE);
+    for (int64_t t = 0; t < nt; t++)
+        if (bad[t]) logz[t0 + t] = got[t];
+    return 0;
+}
+
 /* MAP (torch_passes.max_upward and map_assignment) of one tile, tokens t0..t0+nt of r [T, n], into
  * z [T, n]; best [T]: the root's max log-value (-inf exactly when no assignment satisfies). An implicit
  * variable adds log max(p, 1 - p) to its element on the way up and takes r > 0 in the end; each
@@ -1074,6 +1238,17 @@ int64_t pm_chosen_backward(const Prog *P, const float *r, int64_t k, float *shif
 int64_t pm_marginals(const Prog *P, const float *r, const float *shift, float *m, float *logz, int64_t T,
                      int64_t threads) {
     OVER_TILES(T, marginals_tile(P, r, shift, m, logz, t0, nt));
+}
+
+/* log Z alone, accumulated in double where the values allow it (log_z_tile): logz [T]. Returns how
+ * many tiles were done in double throughout. Falls to pm_marginals' float pass without the double
+ * constants. */
+int64_t pm_log_z(const Prog *P, const float *r, const float *shift, float *logz, int64_t T, int64_t threads) {
+    if (!P->lin_coef_d) {
+        const int64_t got = pm_marginals(P, r, shift, NULL, logz, T, threads);
+        return got < 0 ? got : 0;
+    }
+    OVER_TILES(T, log_z_tile(P, r, shift, logz, t0, nt));
 }
 
 /* The tokens per tile (the entry points' tiles are ceil(T / this)). */
