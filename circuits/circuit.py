@@ -14,7 +14,7 @@ import threading
 import torch
 from torch import Tensor
 
-from . import checks, ops, passes
+from . import checks, ops, passes, wide_rows
 from .layout import FALSE_SLOT, TRUE_SLOT, Layout
 from .passes import Passes, Program
 from .spec import Spec
@@ -33,6 +33,7 @@ class Circuit:
         self.spec = spec
         self.info = dict(info or {})
         self.validate = True
+        self.refines_wide_rows = wide_rows.needed(spec)  # fp32 marginals of wide rows in float64 (wide_rows)
         self.program = Program.from_layout(layout, device)
         self.device = self.program.device  # resolved: "cuda" becomes "cuda:0"
         self._passes: dict[torch.dtype, Passes] = {}
