@@ -14,10 +14,10 @@ import threading
 import torch
 from torch import Tensor
 
-from . import checks, ops, passes, wide_rows
+from . import checks, ops, passes
 from .layout import FALSE_SLOT, TRUE_SLOT, Layout
 from .passes import Passes, Program
-from .spec import Spec
+from .spec import ExactlyK, RangeK, Spec
 
 
 class Circuit:
@@ -33,8 +33,8 @@ class Circuit:
         self.spec = spec
         self.info = dict(info or {})
         self.validate = True
-        self.refines_wide_rows = wide_rows.needed(spec)  # fp32 marginals of wide rows in float64 (wide_rows)
         self.program = Program.from_layout(layout, device)
+        self.program.float64_rows = not isinstance(spec, (ExactlyK, RangeK))  # see Program.float64_rows
         self.device = self.program.device  # resolved: "cuda" becomes "cuda:0"
         self._passes: dict[torch.dtype, Passes] = {}
         self._lock = threading.Lock()

@@ -58,7 +58,7 @@ from .passes import CPasses
 from .passes import select as select_passes
 from .dp.cardinality import Lattice  # noqa: I001
 from .dp import c_dp  # noqa: I001
-from . import straight_through, wide_rows
+from . import straight_through
 
 _CIRCUITS: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
 _HANDLES = itertools.count(1)
@@ -90,9 +90,8 @@ def _passes(r: Tensor, handle: int):
 @torch.library.custom_op("circuits::log_partition", mutates_args=())
 def log_partition(r: Tensor, circuit: int, marginals: bool) -> tuple[Tensor, Tensor]:
     """(log P_indep(C) [T], the marginals [T, n] when ``marginals``, else an empty tensor)."""
-    c, chosen = _passes(r, circuit)
-    log_z, m = chosen.log_partition(r, marginals)
-    return log_z, wide_rows.refine(c, r, None, m).contiguous() if m is not None else r.new_empty(0)
+    log_z, m = _passes(r, circuit)[1].log_partition(r, marginals)
+    return log_z, m.contiguous() if m is not None else r.new_empty(0)
 
 
 @log_partition.register_fake
@@ -134,7 +133,6 @@ def marginals(r: Tensor, shift: Tensor | None, seed: Tensor | None, circuit: int
         z, log_z = chosen.sample(r, *draw_uniforms(c.program, r, seed), shift=shift, log_z=want_log_z and not values)
     if values:
         log_z, m = chosen.log_partition(r, True, shift=shift, accurate=False)  # log Z: only checked
-        m = wide_rows.refine(c, r, shift, m)
     else:
         m = torch.zeros_like(r)
         if log_z is None and want_log_z:

@@ -163,17 +163,16 @@ def constraints(quick: bool = False) -> list[dict]:
 def circuit_runner(circuit, impl: str):
     """fp32 (log Z, marginals) of one implementation of the circuit passes, as ``Circuit``'s operators
     call them (``circuits.ops``): log Z accumulated in float64 without the shift, the marginals with
-    the circuit's shift and their wide rows from float64 (``circuits.wide_rows``)."""
+    the circuit's shift (and, for circuits that are not cardinality constraints, the rows of the
+    pass on logarithms from float64: ``Program.float64_rows``)."""
     import circuits.passes
-    from circuits import wide_rows
 
     passes = circuits.passes.select(circuit.program, torch.float32, prefer=impl)
 
     def run(r: Tensor) -> tuple[Tensor, Tensor]:
         log_z, _ = passes.log_partition(r, False)
-        shift = circuit._shift(r)
-        _, m = passes.log_partition(r, True, shift, accurate=False)
-        return log_z, wide_rows.refine(circuit, r, shift, m)
+        _, m = passes.log_partition(r, True, circuit._shift(r), accurate=False)
+        return log_z, m
 
     return run
 

@@ -33,8 +33,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     for fn, args in [
         (lib.pm_sample, [prog, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64]),
         (lib.pm_jvp, [prog, ptr, ptr, ptr, ptr, i64, i64]),
-        (lib.pm_marginals, [prog, ptr, ptr, ptr, ptr, i64, i64]),
-        (lib.pm_log_z, [prog, ptr, ptr, ptr, i64, i64]),
+        (lib.pm_marginals, [prog, ptr, ptr, ptr, ptr, ptr, i64, i64]),
+        (lib.pm_log_z, [prog, ptr, ptr, ptr, ptr, i64, i64]),
         (lib.pm_map, [prog, ptr, ptr, ptr, ptr, i64, i64]),
         (lib.pm_tile_tokens, []),
         (lib.pm_chosen, [prog, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, i64]),

@@ -15,8 +15,8 @@ import math
 import torch
 from torch import Tensor
 
-from . import c_library
-from .interface import Passes
+from . import c_library, torch_passes
+from .interface import Passes, shifted
 from .program import Program
 
 
@@ -51,6 +51,7 @@ class CPasses(Passes):
         tilt = prog.tilt  # the tilt of the pass on logarithms (torch_passes.tilt)
         up, down = tilt.up.float().cpu().contiguous(), tilt.down.float().cpu().contiguous()
         self._keep = (nodes, prog.prime, prog.sub, imp_off, imp_var, coef, coef_d, up, down)  # what the struct points into
+        self._coef_d = coef_d
         scalars = (0.0,) * 5 + (-1.0,) if lin is None else lin[1:]
         self.struct = c_library.ProgStruct(
             prog.n, prog.num_slots, prog.num_rows, len(nodes), int(prog.smooth), nodes.data_ptr(),
@@ -80,18 +81,41 @@ class CPasses(Passes):
         if shift is not None and shift.shape[0] != r.shape[0]:
             raise ValueError(f"shift must have one row per token ({r.shape[0]}), got {list(shift.shape)}")
         log_z = r.new_empty(r.shape[0])
-        done = self._run(self.lib.pm_marginals, r.data_ptr(), _pointer(shift), None, log_z.data_ptr(), r.shape[0])
+        done = self._run(self.lib.pm_marginals, r.data_ptr(), _pointer(shift), None, log_z.data_ptr(), None,
+                         r.shape[0])
         return done, -(-r.shape[0] // self.lib.pm_tile_tokens())
 
     def log_partition(self, r: Tensor, marginals: bool, shift: Tensor | None = None, *,
-                      accurate: bool = True) -> tuple[Tensor, Tensor | None]:
+                      accurate: bool = True, refine: bool = True) -> tuple[Tensor, Tensor | None]:
         log_z, m = r.new_empty(r.shape[0]), torch.empty_like(r) if marginals else None
+        refine = marginals and refine and self.program.float64_rows
+        lin = torch.empty(r.shape[0], dtype=torch.uint8) if refine else None  # 1: the token's tile was linear
         if marginals or not accurate:
             self._run(self.lib.pm_marginals, r.data_ptr(), _pointer(shift), None if m is None else m.data_ptr(),
-                      log_z.data_ptr(), r.shape[0])
-        if accurate:  # log Z again, accumulated in double (c/passes.c, log_z_block)
-            self._run(self.lib.pm_log_z, r.data_ptr(), _pointer(shift), log_z.data_ptr(), r.shape[0])
+                      log_z.data_ptr(), None if lin is None else lin.data_ptr(), r.shape[0])
+        if refine:  # the linear pass keeps 24 bits relative to each value; the pass on logarithms does not
+            rows = (lin == 0).nonzero().squeeze(1)
+            if rows.numel():
+                x = shifted(r[rows], None if shift is None else shift[rows]).double()
+                m[rows] = torch_passes.TorchPasses(self.program).log_partition(x, True)[1].float()
+        if accurate:
+            self._accurate_log_z(r, shift, log_z)
         return log_z, m
+
+    def _accurate_log_z(self, r: Tensor, shift: Tensor | None, log_z: Tensor) -> None:
+        """log_z [T] = log Z of r [T, n] less shift, accumulated in double: the C double pass
+        (``pm_log_z``), and the float64 torch passes for the tokens it refuses (logits far from the
+        nominal one or from each other) or for all of them without the double constants."""
+        if self._coef_d is None:
+            refused = torch.ones(r.shape[0], dtype=torch.bool)
+        else:
+            bad = torch.empty(r.shape[0], dtype=torch.uint8)
+            self._run(self.lib.pm_log_z, r.data_ptr(), _pointer(shift), log_z.data_ptr(), bad.data_ptr(), r.shape[0])
+            refused = bad.bool()
+        rows = refused.nonzero().squeeze(1)
+        if rows.numel():
+            x = shifted(r[rows], None if shift is None else shift[rows])
+            log_z[rows] = torch_passes.accurate_log_z(self.program, x)
 
     def sample(self, r: Tensor, uniforms: Tensor, fill: Tensor | None,
                shift: Tensor | None = None, log_z: bool = True) -> tuple[Tensor, Tensor | None]:
@@ -175,8 +199,6 @@ def linear_constants(prog: Program) -> tuple[Tensor, float, float, float, float,
     takes the constants (rounded) only when none is below ``FLOAT_COEF_MIN`` (a circuit too deep or
     too uneven for float32), the double pass of log Z alone takes them all.
     """
-    from . import torch_passes  # the float64 reference computes the nominal values
-
     n = prog.n
     zero = torch.zeros(1, n, dtype=torch.float64, device=prog.device)
     up = torch_passes.upward(prog, zero)
@@ -206,8 +228,6 @@ def _fixed_cardinality(prog: Program, k: float) -> float:
     log Z at logits a for every variable is log #models + k log sigma(a) + (n - k) log sigma(-a):
     checked in float64 at a = 0 and a = +-(2n + 30), where a model of another size would weigh
     e^(2n + 30) times more or less than one of size k, more than the 2^n models can hide."""
-    from . import torch_passes
-
     n, j = prog.n, round(k)
     if not prog.smooth or abs(k - j) > 1e-6:
         return -1.0

@@ -35,10 +35,13 @@ class Passes:
         self.program = program
 
     def log_partition(self, r: Tensor, marginals: bool, shift: Tensor | None = None, *,
-                      accurate: bool = True) -> tuple[Tensor, Tensor | None]:
+                      accurate: bool = True, refine: bool = True) -> tuple[Tensor, Tensor | None]:
         """(log Z [T], P(x_i = 1 | C) [T, n] when ``marginals``, else None): upward, downward.
         ``accurate``: log Z accumulated in float64 (fp32 within 1e-6 relative of a float64
-        reference); False: in r's dtype, for callers that only check it is finite."""
+        reference); False: in r's dtype, for callers that only check it is finite. ``refine``:
+        for a ``program.float64_rows`` circuit, the fp32 marginals of the rows a float32 pass on
+        logarithms evaluated come from the float64 passes (all rows for passes that have only that
+        pass; the C passes' linear tiles keep theirs)."""
         raise NotImplementedError
 
     def sample(self, r: Tensor, uniforms: Tensor, fill: Tensor | None,

@@ -59,6 +59,14 @@ class Program:
     sub: Tensor  # long [R]
     implicit_row: Tensor  # long [P]
     implicit_var: Tensor  # long [P]
+    #: Whether the passes recompute in float64 the float32 marginals that a float32 pass on logarithms
+    #: cannot hold (``Passes.log_partition``'s ``refine``). A cardinality constraint does not need it:
+    #: its likely subsets differ by single logits, which float32 keeps exact after the exactly-k shift
+    #: and the tilt. In other circuits (groups, CNF, any SDD) two likely assignments can differ by whole
+    #: sums of logits, which a float32 pass on logarithms rounds at the magnitude of the sums
+    #: (GroupLimited(256, groups of 32, at most 4) at logits 1e4 + N(0, 3^2): 1.8e-5; two-level rows
+    #: 31.9 apart: 1.6e-4). ``Circuit`` sets it from its spec (a layout alone: True).
+    float64_rows: bool = True
 
     @property
     def device(self) -> torch.device:

@@ -182,7 +182,7 @@ def accurate_log_z(prog: Program, r: Tensor) -> Tensor:
     logits) the roundings go the same way through the circuit's levels: log Z off by up to about
     1e-5 where it is about 1 (range 4..32 of 256), against the last bit here."""
     tl = tilt(prog, r.double())
-    return _log_z(upward(prog, tl.x, gap=tl.gap), tl).to(r.dtype)
+    return _log_z(upward(prog, tl.x, gap=tl.gap), tl).clamp(max=0.0).to(r.dtype)  # a log-probability
 
 
 def _gather_elements(val: Tensor, g: Group, out: Tensor, tmp: Tensor) -> Tensor:
@@ -430,8 +430,11 @@ class TorchPasses(Passes):
     name = "torch"
 
     def log_partition(self, r: Tensor, marginals: bool, shift: Tensor | None = None, *,
-                      accurate: bool = True) -> tuple[Tensor, Tensor | None]:
+                      accurate: bool = True, refine: bool = True) -> tuple[Tensor, Tensor | None]:
         r = shifted(r, shift)
+        if marginals and refine and self.program.float64_rows and r.dtype == torch.float32:
+            log_z, m = self.log_partition(r.double(), True)  # every row is on logarithms here
+            return log_z.float(), m.float()
         again = accurate and r.dtype != torch.float64  # log Z from a float64 pass (accurate_log_z)
         if again and not marginals:
             return accurate_log_z(self.program, r), None

@@ -195,21 +195,32 @@ def test_log_z_of_equal_rows(impl, sizes):
     assert torch.equal(passes.log_partition(r, True)[0], got)  # the same log Z when the marginals come too
 
 
-def test_wide_rows_of_group_circuits_in_float64():
-    """The public marginals of a group circuit at logits N(0, 30^2) and N(0, 100^2) (some shifted by
-    1e4) within 1e-6 of the float64 reference: the float32 pass alone was off by up to 9.5e-6 (likely
-    assignments that differ by whole sums of logits, circuits.wide_rows). Narrow rows keep the float32
-    pass bit for bit, and a cardinality circuit refines nothing."""
-    from circuits import wide_rows
-
-    spec = circuits.GroupLimited(64, 8, 8, 2)
-    c = circuits.compile_circuit(spec)
-    assert c.refines_wide_rows and not circuits.compile_circuit(circuits.ExactlyK(64, 8)).refines_wide_rows
-    for s, kind in ((30.0, "normal"), (100.0, "-inf"), (100.0, "+1e4")):
-        r = A.rows(64, s, kind, 256, seed=int(s) + len(kind))
+def test_group_marginals_of_the_pass_on_logarithms_in_float64():
+    """The public marginals of group circuits within 1e-6 of the float64 reference where the float32
+    pass on logarithms lost up to 1.8e-5 (GroupLimited, groups of 32, at 1e4 + N(0, 3^2)) and 1.6e-4
+    (two-level rows 31.9 apart): such rows come from the float64 passes (``Program.float64_rows``).
+    The C passes' linear tiles keep their float32 marginals bit for bit; a cardinality circuit
+    refines nothing."""
+    assert not circuits.compile_circuit(circuits.ExactlyK(64, 8)).program.float64_rows
+    g = torch.Generator().manual_seed(4)
+    shifted = (1e4 + 3 * torch.randn(64, 256, generator=g, dtype=torch.float64)).float()
+    two_level = torch.full((1, 256), -1.63087)
+    for k, size in enumerate([24, 21, 25, 27, 24, 24, 27, 30]):
+        two_level[0, 32 * k : 32 * k + size] += 31.9
+    four, six = circuits.GroupLimited(256, None, 8, 4, kmin=0), circuits.GroupLimited(256, None, 8, 6, kmin=0)
+    for spec, r in ((four, shifted), (six, two_level), (four, A.rows(256, 100.0, "-inf", 16, seed=3))):
+        c = circuits.compile_circuit(spec)
+        assert c.program.float64_rows
         _, want = A.reference(lambda x: A.group_log_norm(x, spec), r)
-        assert float((c.marginals(r).double() - want).abs().max()) <= 1e-6, (s, kind)
-    narrow = A.rows(64, 1.0, "normal", 64, seed=2)
-    assert float(narrow.amax(-1).sub(narrow.amin(-1)).max()) < wide_rows.WIDE
-    _, m = c.passes(torch.float32).log_partition(narrow, True, c._shift(narrow), accurate=False)
-    assert torch.equal(c.marginals(narrow), m)
+        for impl in IMPLS:
+            passes = circuits.passes.select(c.program, torch.float32, prefer=impl)
+            got = passes.log_partition(r, True, c._shift(r), accurate=False)[1]
+            assert float((got.double() - want).abs().max()) <= 1e-6, impl
+        assert float((c.marginals(r).double() - want).abs().max()) <= 1e-6
+    if "c" in IMPLS:  # N(0, 1) rows take the linear pass: nothing to refine
+        small = A.rows(64, 1.0, "normal", 64, seed=2)
+        c64 = circuits.compile_circuit(circuits.GroupLimited(64, 8, 8, 2))
+        passes = circuits.passes.select(c64.program, torch.float32, prefer="c")
+        assert passes.linear_tiles(c64.shifted(small)) == (1, 1)
+        unrefined = passes.log_partition(small, True, c64._shift(small), refine=False)[1]
+        assert torch.equal(c64.marginals(small), unrefined)

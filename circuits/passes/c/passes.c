@@ -220,7 +220,7 @@ typedef struct {
     const float *tilt_up, *tilt_down;
     int64_t tilt_kmin, tilt_kmax, tilt_moves;
     /* The linear upward's constants in double for pm_log_z (log Z alone, accumulated in double):
-     * c_e [R] (NULL: no double pass, pm_log_z takes the float passes), lin_pos, lin_neg, lin_true,
+     * c_e [R] (NULL: no double pass), lin_pos, lin_neg, lin_true,
      * lin_root unrounded. */
     const double *lin_coef_d;
     double lin_pos_d, lin_neg_d, lin_true_d, lin_root_d;
@@ -868,9 +868,10 @@ static int64_t sample_tile(const Prog *P, const float *r, const float *shift, co
 }
 
 /* log Z and, when m != NULL, the marginals (torch_passes.upward, downward and marginals_from_flows)
- * for tokens t0..t0+nt (one tile): r, m [T, n], logz [T]. Returns 1 (linear upward), 0 or -1. */
-static int64_t marginals_tile(const Prog *P, const float *r, const float *shift, float *m, float *logz, int64_t t0,
-                              int64_t nt) {
+ * for tokens t0..t0+nt (one tile): r, m [T, n], logz [T]; lin [T] (unless NULL): 1 for the tile's
+ * tokens when its upward pass was linear, else 0. Returns 1 (linear upward), 0 or -1. */
+static int64_t marginals_tile(const Prog *P, const float *r, const float *shift, float *m, float *logz, uint8_t *lin,
+                              int64_t t0, int64_t nt) {
     const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
     float *buf = pm_scratch((size_t)(2 * n + 3 * S + R + 2) * TILE + TILT_FLOATS(n));
     if (!buf) return -1;
@@ -879,6 +880,7 @@ static int64_t marginals_tile(const Prog *P, const float *r, const float *shift,
     tile_logits(r, shift, n, t0, nt, rt);
     const int linear = up_tile(P, rt, r, shift, t0, NULL, P->smooth || !m ? NULL : p, val, ex, norm, NULL, top,
                                logz + t0, nt, coef + TILE);
+    if (lin) memset(lin + t0, linear, nt);
     if (!m) return linear;
     root_flow(g, S, S);
     for (int64_t d = P->num_nodes - 1; d >= 0; d--) {
@@ -909,10 +911,9 @@ static int64_t marginals_tile(const Prog *P, const float *r, const float *shift,
  * double when every model has k true variables (see centre and uncentre_log_z: log Z(r) =
  * log Z(x) + k c - sum_i log(sigma(-x_i) + sigma(x_i) e^c), x = r - c, the logarithm taken once per
  * DPROD variables of the product), leaves sigma(+-x) from exp(-|x|) (exp_nonpos), then each node
- * sum_e (prime sub) c_e. A lane is refused (bad = 1; the caller takes the float pass there) when a
+ * sum_e (prime sub) c_e. A lane is refused (bad = 1; the caller takes the float64 torch passes there) when a
  * logit is NaN, +inf, or further than DLIN_LEAF from the centre, when the centring moves it by more
- * than DLIN_CENTRE (then |log Z| is at least about min(k, n - k) DLIN_CENTRE, where float's
- * relative rounding is enough), or when a node leaves [DLIN_FLOOR, DLIN_TOP] other than by being
+ * than DLIN_CENTRE, or when a node leaves [DLIN_FLOOR, DLIN_TOP] other than by being
  * exactly 0 (a node that -inf logits make impossible is 0 from zero leaves, which is exact).
  * x [n][DLANES], val [S][DLANES]: scratch. */
 #define DLANES 32
@@ -1031,33 +1032,26 @@ static void log_z_block(const Prog *P, const float *r, const float *shift, int64
     const double *root = val + (S - 1) * L;
     for (int64_t t = 0; t < nt; t++) {
         bad[t] = no[t] != 0.0;
-        logz[t] = (float)(log(root[t]) + acc[t]); /* root 0: -inf, nothing satisfies */
+        const double lz = log(root[t]) + acc[t]; /* root 0: -inf, nothing satisfies */
+        logz[t] = (float)(lz < 0.0 ? lz : 0.0);  /* a log-probability: its last bit is not above 0 */
     }
 }
 
-/* log Z of tokens t0..t0+nt (one tile) of r [T, n] into logz [T]: log_z_block on each block of
- * DLANES tokens, then the float passes (up_tile) for the tile when some lane was refused, taken
- * on those lanes only. Returns 1 when every lane was done in double, 0 otherwise, -1. */
-static int64_t log_z_tile(const Prog *P, const float *r, const float *shift, float *logz, int64_t t0, int64_t nt) {
-    const int64_t n = P->n, S = P->num_slots, R = P->num_rows;
-    const size_t single = (size_t)(2 * n + 3 * S + R + 2) * TILE + TILT_FLOATS(n), dbl = (size_t)2 * (n + S) * DLANES;
-    float *buf = pm_scratch(single > dbl ? single : dbl);
+/* log Z of tokens t0..t0+nt (one tile) of r [T, n] into logz [T] by log_z_block on each block of
+ * DLANES tokens; bad [T]: 1 where a token was refused (the caller takes another pass there).
+ * Returns 1 when every token of the tile was done, 0 otherwise, -1. */
+static int64_t log_z_tile(const Prog *P, const float *r, const float *shift, float *logz, uint8_t *bad, int64_t t0,
+                          int64_t nt) {
+    const int64_t n = P->n, S = P->num_slots;
+    double *buf = (double *)pm_scratch((size_t)4 * (n + S) * DLANES); /* x [n][DLANES], val [S][DLANES] */
     if (!buf) return -1;
-    uint8_t bad[TILE];
     int any = 0;
     for (int64_t b = 0; b < nt; b += DLANES) {
         const int64_t m = nt - b < DLANES ? nt - b : DLANES;
-        log_z_block(P, r, shift, t0 + b, m, (double *)buf, (double *)buf + n * DLANES, logz + t0 + b, bad + b);
-        for (int64_t t = 0; t < m; t++) any |= bad[b + t];
+        log_z_block(P, r, shift, t0 + b, m, buf, buf + n * DLANES, logz + t0 + b, bad + t0 + b);
+        for (int64_t t = 0; t < m; t++) any |= bad[t0 + b + t];
     }
-    if (!any) return 1;
-    float *rt = buf, *val = rt + 2 * n * TILE, *norm = val + S * TILE, *ex = norm + 2 * S * TILE;
-    float *top = ex + R * TILE, got[TILE];
-    tile_logits(r, shift, n, t0, nt, rt);
-    up_tile(P, rt, r, shift, t0, NULL, NULL, val, ex, norm, NULL, top, got, nt, top + 2 * TILE);
-    for (int64_t t = 0; t < nt; t++)
-        if (bad[t]) logz[t0 + t] = got[t];
-    return 0;
+    return !any;
 }
 
 /* MAP (torch_passes.max_upward and map_assignment) of one tile, tokens t0..t0+nt of r [T, n], into
@@ -1235,20 +1229,17 @@ int64_t pm_chosen_backward(const Prog *P, const float *r, int64_t k, float *shif
     OVER_TILES(T, jvp_tile(P, r, shift, NULL, out, t0, nt, &cg));
 }
 
-int64_t pm_marginals(const Prog *P, const float *r, const float *shift, float *m, float *logz, int64_t T,
+int64_t pm_marginals(const Prog *P, const float *r, const float *shift, float *m, float *logz, uint8_t *lin, int64_t T,
                      int64_t threads) {
-    OVER_TILES(T, marginals_tile(P, r, shift, m, logz, t0, nt));
+    OVER_TILES(T, marginals_tile(P, r, shift, m, logz, lin, t0, nt));
 }
 
-/* log Z alone, accumulated in double where the values allow it (log_z_tile): logz [T]. Returns how
- * many tiles were done in double throughout. Falls to pm_marginals' float pass without the double
- * constants. */
-int64_t pm_log_z(const Prog *P, const float *r, const float *shift, float *logz, int64_t T, int64_t threads) {
-    if (!P->lin_coef_d) {
-        const int64_t got = pm_marginals(P, r, shift, NULL, logz, T, threads);
-        return got < 0 ? got : 0;
-    }
-    OVER_TILES(T, log_z_tile(P, r, shift, logz, t0, nt));
+/* log Z alone, accumulated in double (log_z_tile): logz [T], and bad [T] = 1 for the tokens it
+ * refused (their logz is not meaningful). Returns how many tiles had none refused; needs the
+ * double constants (lin_coef_d; c_passes.py calls it only with them). */
+int64_t pm_log_z(const Prog *P, const float *r, const float *shift, float *logz, uint8_t *bad, int64_t T,
+                 int64_t threads) {
+    OVER_TILES(T, log_z_tile(P, r, shift, logz, bad, t0, nt));
 }
 
 /* The tokens per tile (the entry points' tiles are ceil(T / this)). */
