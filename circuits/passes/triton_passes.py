@@ -76,10 +76,9 @@ class TritonPasses(Passes):
 
     def log_partition(self, r: Tensor, marginals: bool, shift: Tensor | None = None, *,
                       accurate: bool = True, refine: bool = True) -> tuple[Tensor, Tensor | None]:
-        r = shifted(r, shift)
         if marginals and refine and self.program.float64_rows:  # the torch passes in float64 (Passes)
-            log_z, m = torch_passes.TorchPasses(self.program).log_partition(r.double(), True)
-            return log_z.float(), m.float()
+            return torch_passes.TorchPasses(self.program).log_partition(r, True, shift)
+        r = shifted(r, shift)
         if accurate:  # log Z from the torch passes in float64 (torch_passes.accurate_log_z)
             m = self.log_partition(r, True, accurate=False, refine=False)[1] if marginals else None
             return torch_passes.accurate_log_z(self.program, r), m
