@@ -21,6 +21,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -166,12 +167,21 @@ class NativeLibrary:
         self.state: dict = {}
         self.variants: dict[tuple[str, Path], ctypes.CDLL] = {}  # (isa, build dir) -> loaded library
 
+    def headers(self) -> list[Path]:
+        """The headers the sources include by a quoted relative path (``#include "x.h"``), which a
+        change must rebuild as well."""
+        found = set()
+        for src in self.sources:
+            for name in re.findall(r'^#include "([^"]+)"', src.read_text(), flags=re.M):
+                found.add((src.parent / name).resolve())
+        return sorted(found)
+
     def path(self, cc: str, isa: str | None = None) -> Path:
         """Where the library built by ``cc`` for ``isa`` (default: the one ``library()`` builds) on
         this machine lives (a sibling .sha256 vouches for it)."""
         isa = isa or requested_isa()[0] or "portable"
         h = hashlib.sha256()
-        for src in self.sources:
+        for src in self.sources + self.headers():
             h.update(src.name.encode() + src.read_bytes())
         version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
         h.update(" ".join(FLAGS + isa_flags(isa)).encode() + version.encode() + _cpu_id().encode())

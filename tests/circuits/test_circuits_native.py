@@ -336,6 +336,27 @@ def test_a_damaged_cached_library_is_rebuilt(fresh_native, damage):
     assert path.read_bytes()[:4] == b"\x7fELF" and native.digest(path) == path.with_suffix(".so.sha256").read_text()
 
 
+def test_an_included_header_is_part_of_the_build_key(tmp_path):
+    """A change to a header a source includes (chosen.h, shared by the passes and the DP) gives
+    another library path, so a stale build is never loaded."""
+    from circuits.dp import c_dp
+
+    for lib in (c_library.NATIVE, c_dp.NATIVE):
+        assert [h.name for h in lib.headers()] == ["chosen.h"]
+    src = tmp_path / "unit.c"
+    header = tmp_path / "unit.h"
+    header.write_text("int f(void);\n")
+    src.write_text('#include "unit.h"\nint f(void) { return 1; }\n')
+    lib = native.NativeLibrary("unit", [src], lambda _: None)
+    assert lib.headers() == [header.resolve()]
+    cc = shutil.which("cc") or "cc"
+    if shutil.which(cc) is None:
+        pytest.skip("needs cc (the key includes its version)")
+    before = lib.path(cc, "portable")
+    header.write_text("int f(void); /* changed */\n")
+    assert lib.path(cc, "portable") != before
+
+
 def test_a_missing_compiler_warns_once_and_falls_back(fresh_native, monkeypatch):
     monkeypatch.delenv("PROBMOE_NATIVE", raising=False)  # the suite may run with the C code off
     monkeypatch.setenv("CC", str(fresh_native / "no-such-cc"))

@@ -26,6 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chosen.h" /* the straight-through selection's per-token pieces */
+
 void pm_exp(float *x, int64_t n);
 void pm_log(float *x, int64_t n);
 void pm_log1p(float *x, int64_t n);
@@ -576,15 +578,6 @@ static int64_t cov_tile(const Dims *d, const float *r, const float *v, float *ou
  * idx [T, slots] int64, wv [T, slots] = p there, mask [T, slots] (1: a used slot). Unused slots hold
  * slot 0's variable (0 when nothing was drawn), weight 0, mask 0. */
 void pm_uniforms_serial(int64_t seed, int64_t offset, int64_t count, float *out); /* uniforms.c */
-/* chosen.c */
-void pm_chosen_bits(const float *z, int64_t n, int64_t B, uint64_t *bits);
-void pm_put_chosen(const uint64_t *bits, int64_t B, int64_t t, int64_t n, const float *p, int64_t slots,
-                   int64_t cap, int64_t *idx, float *wv, uint8_t *mask, int32_t *at);
-void pm_tile_scores(float *p, int64_t n, int64_t B, int64_t sigmoid, int32_t *top, float *q, float *sum);
-void pm_slot_tangents(const int32_t *idx, const float *g, const uint8_t *mask, int64_t slots, int64_t n, int64_t B,
-                      int64_t t0, int64_t nt, const float *p, float *vt);
-void pm_scores_backward(float *cov, const float *vt, const float *p, const int32_t *top, const float *q,
-                        int64_t sigmoid, int64_t n, int64_t B, float *others);
 
 /* The uniforms [B] of tokens t0..t0+nt at `offset` of the draw (the sizes at 0, variable i at
  * (i + 1) T), lanes past nt 0.5 (load_uniforms' padding). */

@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "chosen.h"
+
 void pm_exp(float *x, int64_t n);
 
 /* exp's arguments are clamped here, as in cardinality.c: libmvec's expf takes a slow path for a

@@ -21,20 +21,13 @@
 #include <immintrin.h>
 #endif
 
+#include "../../native/c/chosen.h" /* the straight-through selection's per-token pieces */
+
 void pm_exp(float *x, int64_t n);
 void pm_log(float *x, int64_t n);
 void pm_log1p(float *x, int64_t n);
 void pm_exp_shift(float *x, const float *top, int64_t rows, int64_t w);
 void pm_log_add(float *v, const float *s, const float *top, int64_t n);
-/* chosen.c: the straight-through selection's per-token pieces (circuits::chosen_scores) */
-void pm_chosen_bits(const float *z, int64_t n, int64_t B, uint64_t *bits);
-void pm_put_chosen(const uint64_t *bits, int64_t B, int64_t t, int64_t n, const float *p, int64_t slots,
-                   int64_t cap, int64_t *idx, float *wv, uint8_t *mask, int32_t *at);
-void pm_tile_scores(float *p, int64_t n, int64_t B, int64_t sigmoid, int32_t *top, float *q, float *sum);
-void pm_slot_tangents(const int32_t *idx, const float *g, const uint8_t *mask, int64_t slots, int64_t n, int64_t B,
-                      int64_t t0, int64_t nt, const float *p, float *vt);
-void pm_scores_backward(float *cov, const float *vt, const float *p, const int32_t *top, const float *q,
-                        int64_t sigmoid, int64_t n, int64_t B, float *others);
 
 /* The straight-through selection (circuits::chosen_scores) in place of a pass's z or Cov(z) v
  * output: in the forward, p [T, n] the scores and the slots written, idx [T, slots] int64, w, mask;
