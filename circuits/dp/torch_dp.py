@@ -44,6 +44,18 @@ needs 1e-6 relative even where log Z is near 0, which n alike roundings of all-e
 exceed in float32: ``TorchDP.log_counts`` runs this sweep in float64 (it is not on the routing
 path). -inf logits and unreachable states hold the finite ``LOG_ZERO``: no -inf - (-inf) is ever
 formed, and W, A, dA are exactly 0 on unreachable states.
+
+Precision: float64 states and adjoints, float32 tables. Where most logits are nearly equal and
+saturated (sigma(x) within 1e-7 of 0 or 1), each step moves a mass of about 4e-8 between
+neighbouring states, less than half a float32 ulp of 1, and it does so at all N steps alike, so
+float32 roundings add up instead of cancelling: the marginals were off by up to 1.5e-5 at N = 256
+(9.3e-5 in the C sweeps; docs/circuits.md, "The DP's precision"). So
+
+- the states P and the adjoints A, dA are float64 (rows of [K + 1, T]: small), while log sigma(±x),
+  exp(-|d|), its log1p and the tables W, dW stay in the logits' dtype: a float32 log1p's error
+  is relative to its result, which is tiny exactly where the steps are many and alike;
+- W is stored signed, as min(W, 1 - W) with the sign set where W >= 1/2 (``unpack_w``), so that
+  1 - W near 0 is as good as W near 0, and the down step is A (1 - W) + F shifted: no cancellation.
 """
 
 from __future__ import annotations
@@ -94,9 +106,21 @@ class Up:
 
     def seed(self, band: Tensor) -> Tensor:
         """An adjoint row over all sizes from one over the band: [J, T] -> [K + 1, T]."""
-        A = band.new_zeros(self.top.shape)
+        A = self.top.new_zeros(self.top.shape)  # float64
         A[self.kmin :] = band
         return A
+
+
+def unpack_w(s: Tensor, w: Tensor, wc: Tensor | None = None) -> None:
+    """W and 1 - W from a row of the table as the up sweep stores it: s = W where W < 1/2 and
+    s = -(1 - W) where W >= 1/2 (-0.0 for W = 1), so that both are good to their own magnitude in
+    s's dtype. s [K + 1, T] -> w (and wc) [K + 1, T], written in place in their own dtype: in
+    float64, 1 - s is exact, so the adjoints lose nothing where W is within 6e-8 of 0 or 1."""
+    neg = torch.signbit(s)
+    w.copy_(s)
+    if wc is not None:
+        torch.add(neg.logical_not(), w, alpha=-1, out=wc)  # 1 - s, or -s where the sign is set
+    w.add_(neg)  # s + 1 where the sign is set
 
 
 def log_sigmoids(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -110,46 +134,52 @@ def up(r: Tensor, kmin: int, kmax: int, *, keep_w: bool = True, v: Tensor | None
     """The upward sweep (Alg. 2, on log-probabilities of the tilted logits; see the module docstring).
     r: [T, N] float32/float64 logits in [-inf, inf); v: [T, N] tangent.
 
-    keep_w: store W (needed for marginals, samples and gradients; not for the counts alone).
+    keep_w: store W (needed for marginals, samples and gradients; not for the counts alone), in
+    r's dtype as ``unpack_w`` reads it.
     v: also sweep the tangents D = dL along v (c held fixed: the results do not depend on it),
     ``D[i+1] = (1 - W[i]) D[i] + W[i] (D[i] shifted + v_i)``, and store
-    ``dW[i] = W[i] (D[i] shifted + v_i - D[i+1])``.
+    ``dW[i] = W[i] (D[i] shifted + v_i - D[i+1])`` (both in r's dtype).
 
-    Rows carry an extra count j = -1 (always empty) in front, so that every step works on whole
-    [K + 1, T] rows, j = 0 included (its take weight is exactly 0).
+    The states P are float64 whatever r's dtype; log sigma(±x), exp(-|d|) and its log1p are
+    computed in r's dtype (see "Precision" in the module docstring). Rows carry an extra count
+    j = -1 (always empty) in front, so that every step works on whole [K + 1, T] rows, j = 0
+    included (its take weight is exactly 0).
     """
     T, N = r.shape
     K1 = kmax + 1
     c = tilt_constant(r, kmin, kmax, refine=False)  # [T]
     xt = torch.sub(r.T, c, out=r.new_empty(N, T))  # [T, N] -> [N, T]
-    lp, lq = log_sigmoids(xt)  # [N, T] each
+    lp, lq = log_sigmoids(xt)  # [N, T] each, r's dtype
     softplus_x = -lq.double().sum(0)  # [T]: Σ sp(x_i)
-    rows = _WS.get("rows", (2, K1 + 1, T), r)  # P[i] and P[i+1] for j = -1..K, alternating
+    rows = _WS.get("rows", (2, K1 + 1, T), softplus_x)  # P[i] and P[i+1] for j = -1..K, alternating
     rows[:, 0] = LOG_ZERO
     rows[0, 1] = 0.0  # the empty set
     rows[0, 2:] = LOG_ZERO
     shifted, whole = (rows[0, :-1], rows[1, :-1]), (rows[0, 1:], rows[1, 1:])  # P[i, j-1] and P[i, j]
     W = _WS.get("W", (N, K1, T), r) if keep_w else None
-    Wrows, lps, lqs = W.unbind(0) if keep_w else None, lp.unbind(0), lq.unbind(0)
+    Wrows, lps, lqs = W.unbind(0) if keep_w else None, lp.double().unbind(0), lq.double().unbind(0)
     dW = dtop = None
+    take, skip, diff = (torch.empty_like(rows[0, 1:]) for _ in range(3))  # [K + 1, T] float64
+    e, soft = torch.empty(K1, T, dtype=r.dtype, device=r.device), torch.empty(K1, T, dtype=r.dtype, device=r.device)
     if v is not None:
         vts = v.T.to(r.dtype).contiguous().unbind(0)  # [N] x [T]
         dW = _WS.get("dW", (N, K1, T), r)
         dWrows = dW.unbind(0)
         drows = torch.zeros(2, K1 + 1, T, dtype=r.dtype, device=r.device)  # D[i], D[i+1] for j = -1..K
         dshifted, dwhole = (drows[0, :-1], drows[1, :-1]), (drows[0, 1:], drows[1, 1:])
-        t = torch.empty_like(rows[0, 1:])
-    take = torch.empty_like(rows[0, 1:])  # [K + 1, T]
-    skip = torch.empty_like(rows[0, 1:])
+        t, w = torch.empty_like(e), torch.empty_like(e)
     for i in range(N):
         a, b = i % 2, (i + 1) % 2
         torch.add(shifted[a], lps[i], out=take)  # log weight of taking variable i
         torch.add(whole[a], lqs[i], out=skip)  # and of leaving it
-        torch.logaddexp(skip, take, out=whole[b])  # Alg. 2: P[i+1, j]
-        if not keep_w:
-            continue
-        w = torch.sub(take, skip, out=Wrows[i]).sigmoid_()  # W[i, j] = exp(take - P[i+1, j])
+        d = torch.sub(take, skip, out=diff)  # the log-odds of taking it
+        e.copy_(d).abs_().neg_()  # -|d|, rounded to r's dtype
+        if keep_w:
+            torch.sigmoid(e, out=Wrows[i]).copysign_(d.neg_())  # min(W, 1 - W), signed (unpack_w)
+        torch.exp(e, out=soft).log1p_()  # log1p(exp(-|d|))
+        torch.maximum(take, skip, out=whole[b]).add_(soft)  # Alg. 2: P[i+1, j] = logaddexp(skip, take)
         if v is not None:
+            unpack_w(Wrows[i], w)  # W[i, j] = exp(take - P[i+1, j])
             torch.add(dshifted[a], vts[i], out=t)  # D[i, j-1] + v_i
             torch.lerp(dwhole[a], t, w, out=dwhole[b])  # D[i+1, j]
             torch.sub(t, dwhole[b], out=dWrows[i]).mul_(w)
@@ -159,59 +189,65 @@ def up(r: Tensor, kmin: int, kmax: int, *, keep_w: bool = True, v: Tensor | None
 
 
 def down(u: Up, band: Tensor, num_samples: int = 0, seed: Tensor | torch.Generator | None = None):
-    """The downward sweep from adjoints ``band`` [J, T] on the band sizes.
+    """The downward sweep from adjoints ``band`` [J, T] on the band sizes, in float64.
 
-    Returns (Σ_j F[i, j] as [T, N], draws [num_samples, T, N] or None). With ``band`` = P(|S| = j)
-    the first output is the marginals; with any other seed g it is Σ_j g_j m^(j), the gradient of
-    Σ_j g_j log Z_j. Draws: |S| ~ ``band`` (which must then be the band probabilities), then
-    z_i ~ Bernoulli(W[i, c]) along the path; one uniform per (draw, token) for the size, then one
-    per (variable, draw, token), all from one call of ``circuits.native.uniforms``.
+    Returns (Σ_j F[i, j] as [T, N] in the logits' dtype, draws [num_samples, T, N] or None). With
+    ``band`` = P(|S| = j) the first output is the marginals; with any other seed g it is
+    Σ_j g_j m^(j), the gradient of Σ_j g_j log Z_j. Draws: |S| ~ ``band`` (which must then be the
+    band probabilities), then z_i ~ Bernoulli(W[i, c]) along the path; one uniform per (draw,
+    token) for the size, then one per (variable, draw, token), all from one call of
+    ``circuits.native.uniforms`` in the logits' dtype.
     """
     W = u.W
     N, _, T = W.shape
+    dtype = u.c.dtype  # the logits'
     Wrows = W.unbind(0)
-    A = u.seed(band)  # [K + 1, T]
-    f = torch.empty_like(A)
+    A = u.seed(band)  # [K + 1, T] float64
+    f, w, wc = torch.empty_like(A), torch.empty_like(A), torch.empty_like(A)
     cols, zs = [], []
     if num_samples:
-        cum = band.cumsum(dim=0)  # [J, T]
+        cum = A[u.kmin :].cumsum(dim=0)  # [J, T]
         # the sizes, then the variables
-        rand = uniforms(as_seed(seed, band.device), (N + 1) * num_samples * T, band.device, band.dtype)
+        rand = uniforms(as_seed(seed, band.device), (N + 1) * num_samples * T, band.device, dtype)
         x = rand[: num_samples * T].view(num_samples, T) * cum[-1]
-        x = torch.minimum(x, cum[-1] * (1 - torch.finfo(x.dtype).eps))  # u * total may round up to the total
+        x = torch.minimum(x, cum[-1] * (1 - torch.finfo(dtype).eps))  # u * total may round up to the total
         c = (cum.unsqueeze(1) <= x).sum(dim=0) + u.kmin  # [S, T]: the first size whose cumulative mass passes x
         draws = rand[num_samples * T :].view(N, num_samples, T).unbind(0)
     for i in reversed(range(N)):
-        torch.mul(A, Wrows[i], out=f)  # F[i]
-        A.sub_(f)
+        unpack_w(Wrows[i], w, wc)
+        torch.mul(A, w, out=f)  # F[i]
+        A.mul_(wc)  # A - F, with no cancellation where W is near 1
         A[:-1].add_(f[1:])  # the path through (i, j-1) took variable i into (i+1, j)
         cols.append(f.sum(dim=0))  # [T]
         if num_samples:
-            zs.append(draws[i] < Wrows[i].gather(0, c))  # [S, T]
+            zs.append(draws[i] < w.gather(0, c))  # [S, T]
             c.sub_(zs[-1].long())
-    out = torch.stack(cols[::-1]).T  # [N, T] -> [T, N]
-    return out, torch.stack(zs[::-1], dim=-1).to(band.dtype) if num_samples else None
+    out = torch.stack(cols[::-1]).T.to(dtype)  # [N, T] -> [T, N]
+    return out, torch.stack(zs[::-1], dim=-1).to(dtype) if num_samples else None
 
 
 def cov_vec(r: Tensor, v: Tensor, kmin: int, kmax: int) -> Tensor:
     """Cov(z) v = (d m / d r) v, by forward-mode tangents through both sweeps. r, v: [T, N] -> [T, N].
 
-    The up sweep carries D = dL and stores dW; the down sweep carries (A, dA) and sums dF.
+    The up sweep carries D = dL and stores dW; the down sweep carries (A, dA) in float64 and sums dF.
     """
     u = up(r, kmin, kmax, v=v)
-    q = u.band_probs()  # [J, T]
-    Db = u.dtop[kmin:]  # [J, T]
+    q = u.band_probs()  # [J, T] float64
+    Db = u.dtop[kmin:].double()  # [J, T]
     AA = torch.stack([u.seed(q), u.seed(q * (Db - (q * Db).sum(dim=0)))])  # [2, K + 1, T]: A, dA
     Wrows, dWrows = u.W.unbind(0), u.dW.unbind(0)
     ff = torch.empty_like(AA)  # F, dF
+    w, wc = torch.empty_like(AA[0]), torch.empty_like(AA[0])
     cols = []
     for i in reversed(range(len(Wrows))):
-        torch.mul(AA, Wrows[i], out=ff)  # A W, dA W
+        unpack_w(Wrows[i], w, wc)
+        torch.mul(AA, w, out=ff)  # A W, dA W
         ff[1].addcmul_(AA[0], dWrows[i])  # dF = dA W + A dW
-        AA.sub_(ff)
+        AA[0].mul_(wc)  # A - F
+        AA[1].sub_(ff[1])  # dA - dF
         AA[:, :-1].add_(ff[:, 1:])
         cols.append(ff[1].sum(dim=0))  # [T]
-    return torch.stack(cols[::-1]).T  # [N, T] -> [T, N]
+    return torch.stack(cols[::-1]).T.to(r.dtype)  # [N, T] -> [T, N]
 
 
 def marginals(r: Tensor, kmin: int, kmax: int) -> Tensor:

@@ -7,13 +7,16 @@
  * log-probabilities of x = r - c (take = P[i, j-1] + log sigmoid(x_i), skip = P[i, j] +
  * log sigmoid(-x_i)), the finite LOG_ZERO
  * for -inf logits and unreachable states, logaddexp = max + log1p(exp(-|a - b|)), W =
- * sigmoid(take - skip), the band probabilities as a softmax of P[N, j] + (j - kmin) c, and the
- * clamped size draw. tests/circuits/test_dp_native.py checks these functions against it. Tiles whose
- * logits allow it take the linear sweep instead (below), which is tested against the log sweep.
+ * sigmoid(take - skip) stored signed (min(W, 1 - W), the sign set where W >= 1/2), the band
+ * probabilities as a softmax of P[N, j] + (j - kmin) c, and the clamped size draw; and its
+ * precision: the states L and the adjoints A, dA in double, exp and log1p and the tables W, dW in
+ * float (torch_dp's "Precision" says why). tests/circuits/test_dp_native.py checks these functions
+ * against it. Tiles whose logits allow it take the linear sweep instead (below), which is tested
+ * against the log sweep.
  *
- * Layout: a tile's buffers are [rows][B] floats (B lanes = tokens), so the inner loops over tokens
- * vectorise. A level of the lattice is [K1][B] for j = 0..K (K1 = kmax + 1); the L and D rows are
- * [K1 + 1][B], with the always-empty j = -1 in front. The tables W (and dW for Cov(z) v) are
+ * Layout: a tile's buffers are [rows][B] floats or doubles (B lanes = tokens), so the inner loops
+ * over tokens vectorise. A level of the lattice is [K1][B] for j = 0..K (K1 = kmax + 1); the L and D
+ * rows are [K1 + 1][B], with the always-empty j = -1 in front. The tables W (and dW for Cov(z) v) are
  * [N][K1][B], written by the up sweep and read back by the down sweep; B is the largest of
  * 128, 64, 32, 16 whose tables fit TABLE_BUDGET, so they stay in a core's L2 cache (see lanes()).
  * exp and log1p run on whole levels through vmath.c (libmvec). A partial last tile is padded with logit 0,
@@ -54,10 +57,12 @@ typedef struct {
 typedef struct {
     float *rt, *vt;        /* [N][B]: logits (log sigmoid(x) once tilted, in the log sweep); tangents */
     float *wt;             /* [N][B]: the linear sweep's weights exp(r - tau); log sigmoid(-x) in the log sweep */
-    float *W, *dW;         /* [N][K1][B] */
-    float *L, *D;          /* [2][K1 + 1][B]: L[i] and L[i + 1] for j = -1..K, alternating; their tangents */
-    float *take, *g;       /* [K1][B]: an up step's scratch */
-    float *A, *dA, *f, *df; /* [K1][B]: adjoints, flows and their tangents */
+    float *W, *dW;         /* [N][K1][B]: W signed (see up_step), dW */
+    double *L;             /* [2][K1 + 1][B]: L[i] and L[i + 1] for j = -1..K, alternating */
+    float *D;              /* [2][K1 + 1][B]: their tangents */
+    double *take;          /* [K1][B]: an up step's scratch */
+    float *g;              /* [K1][B]: an up step's scratch */
+    double *A, *dA, *f, *df; /* [K1][B]: adjoints, flows and their tangents */
     float *out, *z;        /* [N][B]: m or Cov(z) v; the draw */
     float *p;              /* [N][B]: the scores softmax(r) or sigmoid(r) (chosen_backward_tile) */
     float *q;              /* [B]: 1 - p at each lane's largest logit (pm_tile_scores) */
@@ -75,21 +80,21 @@ typedef struct {
 static int64_t carve(Tile *w, const Dims *d, int tangents, int sampling, int scores, float *base) {
     const int64_t N = d->N, K1 = d->K1, B = d->B;
     int64_t at = 0;
-#define SLICE(field, type, n, used) \
-    (w->field = (used) && base ? (type *)(base + at) : NULL, at += (used) ? (n) : 0)
+#define SLICE(field, type, n, used) /* n: elements of `type` (a float or a double; all counts are even) */ \
+    (w->field = (used) && base ? (type *)(base + at) : NULL, at += (used) ? (n) * (int64_t)(sizeof(type) / sizeof(float)) : 0)
     SLICE(rt, float, N * B, 1);
     SLICE(vt, float, N * B, tangents);
     SLICE(wt, float, N * B, 1);
     SLICE(W, float, N * K1 * B, 1);
     SLICE(dW, float, N * K1 * B, tangents);
-    SLICE(L, float, 2 * (K1 + 1) * B, 1);
+    SLICE(L, double, 2 * (K1 + 1) * B, 1);
     SLICE(D, float, 2 * (K1 + 1) * B, tangents);
-    SLICE(take, float, K1 * B, 1);
+    SLICE(take, double, K1 * B, 1);
     SLICE(g, float, K1 * B, 1);
-    SLICE(A, float, K1 * B, 1);
-    SLICE(dA, float, K1 * B, tangents);
-    SLICE(f, float, K1 * B, 1);
-    SLICE(df, float, K1 * B, tangents);
+    SLICE(A, double, K1 * B, 1);
+    SLICE(dA, double, K1 * B, tangents);
+    SLICE(f, double, K1 * B, 1);
+    SLICE(df, double, K1 * B, tangents);
     SLICE(out, float, N * B, 1);
     SLICE(z, float, N * B, sampling);
     SLICE(bits, float, 2 * ((N + 63) / 64) * B, sampling); /* uint64 words */
@@ -182,39 +187,43 @@ static void tilt(const Dims *d, float *restrict rt, float *restrict lq, float *r
         }
 }
 
-/* One step of Alg. 2 on log-probabilities for variable i: lo = P[i], hi = P[i + 1] ([K1 + 1][B],
- * row 0 is j = -1), lp = log sigmoid(x_i), lq = log sigmoid(-x_i) [B], w = W[i] [K1][B]; take, g:
- * [K1][B] scratch. With take = P[i, j-1] + lp, skip = P[i, j] + lq, d = take - skip and e =
- * exp(-|d|) (0 below EXP_MIN): P[i + 1, j] = logaddexp(skip, take) = max + log1p(e) and W[i, j] =
- * sigmoid(d) = (d >= 0 ? 1 : e) / (1 + e), exactly 0 at j = 0 (so a draw never takes more
- * variables than its size). */
-static void up_step(int64_t K1, int64_t B, const float *restrict lo, float *restrict hi, const float *restrict lp,
-                    const float *restrict lq, float *restrict w, float *restrict take, float *restrict g) {
+/* One step of Alg. 2 on log-probabilities for variable i: lo = P[i], hi = P[i + 1] ([K1 + 1][B]
+ * doubles, row 0 is j = -1), lp = log sigmoid(x_i), lq = log sigmoid(-x_i) [B], w = W[i] [K1][B];
+ * take [K1][B] doubles, g [K1][B] floats: scratch. With take = P[i, j-1] + lp, skip = P[i, j] + lq,
+ * d = take - skip and e = exp(-|d|) in float (0 below EXP_MIN): P[i + 1, j] = logaddexp(skip, take)
+ * = max + log1p(e), in double, and W[i, j] = sigmoid(d) stored signed as dp.unpack_w reads it:
+ * e / (1 + e) = min(W, 1 - W), negative where d >= 0 (W >= 1/2; -0.0 for W = 1). W is exactly 0
+ * at j = 0 (so a draw never takes more variables than its size). */
+static void up_step(int64_t K1, int64_t B, const double *restrict lo, double *restrict hi, const float *restrict lp,
+                    const float *restrict lq, float *restrict w, double *restrict take, float *restrict g) {
     const int64_t n = K1 * B;
-    const float *prev = lo, *cur = lo + B; /* P[i, j-1] and P[i, j] for j = 0..K */
-    float *next = hi + B;
+    const double *prev = lo, *cur = lo + B; /* P[i, j-1] and P[i, j] for j = 0..K */
+    double *next = hi + B;
     for (int64_t j = 0; j < K1; j++)
         for (int64_t t = 0; t < B; t++) {
             const int64_t k = j * B + t;
-            take[k] = prev[k] + lp[t];
-            next[k] = cur[k] + lq[t]; /* skip, for now */
-            const float x = -fabsf(take[k] - next[k]);
+            take[k] = prev[k] + (double)lp[t];
+            next[k] = cur[k] + (double)lq[t]; /* skip, for now */
+            const float x = (float)-fabs(take[k] - next[k]);
             w[k] = x < EXP_MIN ? EXP_MIN : x; /* NaN stays NaN */
         }
     pm_exp(w, n);
     memcpy(g, w, n * sizeof(float));
     pm_log1p(g, n);
     for (int64_t k = 0; k < n; k++) {
-        const float d = take[k] - next[k];
-        const int far = -fabsf(d) < EXP_MIN;
-        const float e = far ? 0.0f : w[k];
-        w[k] = (d >= 0.0f ? 1.0f : e) / (1.0f + e);
-        next[k] = max2(next[k], take[k]) + (far ? 0.0f : g[k]);
+        const double d = take[k] - next[k];
+        const int far = (float)-fabs(d) < EXP_MIN;
+        const float e = far ? 0.0f : w[k], small = e / (1.0f + e);
+        w[k] = d >= 0.0 ? -small : small;
+        next[k] = (next[k] > take[k] ? next[k] : take[k]) + (far ? 0.0 : (double)g[k]);
     }
 }
 
+/* W[i, j] from its signed entry s (up_step): 1 + s where the sign is set, else s. */
+static inline float unpack_w(float s) { return signbit(s) ? 1.0f + s : s; }
+
 /* The tangents of one up step (dp.up with v): lo = D[i], hi = D[i + 1] ([K1 + 1][B], row 0 is
- * j = -1, always 0), vi [B], w = W[i]. With s = D[i, j-1] + v_i: D[i + 1, j] = lerp(D[i, j], s, W)
+ * j = -1, always 0), vi [B], w = W[i] (signed). With s = D[i, j-1] + v_i: D[i + 1, j] = lerp(D[i, j], s, W)
  * (torch.lerp's formula) and dw = dW[i] = (s - D[i + 1, j]) W. */
 static void tangent_step(int64_t K1, int64_t B, const float *restrict lo, float *restrict hi, const float *restrict vi,
                          const float *restrict w, float *restrict dw) {
@@ -223,7 +232,7 @@ static void tangent_step(int64_t K1, int64_t B, const float *restrict lo, float 
     for (int64_t j = 0; j < K1; j++)
         for (int64_t t = 0; t < B; t++) {
             const int64_t k = j * B + t;
-            const float s = prev[k] + vi[t], a = cur[k], wt = w[k];
+            const float s = prev[k] + vi[t], a = cur[k], wt = unpack_w(w[k]);
             const float nd = wt < 0.5f ? a + wt * (s - a) : s - (s - a) * (1.0f - wt);
             next[k] = nd;
             dw[k] = (s - nd) * wt;
@@ -238,7 +247,7 @@ static void tangent_step(int64_t K1, int64_t B, const float *restrict lo, float 
  * and W[i, j] = b w_i L[i, j-1] / L[i + 1, j]: two products and a division per state, where the
  * log sweep takes an exp, a log1p and a division.
  *
- * The numbers stay within float32. Divided by C(i, j), a state is the mean over the j-subsets of
+ * The numbers stay within float32's range (the states are doubles for their precision). Divided by C(i, j), a state is the mean over the j-subsets of
  * their products, at most (the prefix's mean of w)^j (Maclaurin's inequality), so with U = the
  * largest min(i, kmax) log(mean of w_0..w_{i-1}), the scale 2^-s with s = ceil(U / ln 2) - 126
  * keeps every state below 2^127. Small states are checked as they are made: a reachable state (j
@@ -307,24 +316,27 @@ static int linear_setup(const Dims *d, const float *restrict rt, float *restrict
     return ok;
 }
 
-/* One step of the linear sweep for variable i: lo = L[i], hi = L[i + 1] ([K1 + 1][B], row 0 is
- * j = -1, always 0), wi = w_i [B], w = W[i] [K1][B]: L[i + 1, j] = a L[i, j] + b w_i L[i, j-1] and
- * W[i, j] = b w_i L[i, j-1] / L[i + 1, j] (0 for an unreachable state, and at j = 0), a = (i + 1 -
- * j) / (i + 1), b = j / (i + 1) (states past j = i + 1 are 0 whatever a is). reach [B]: the finite
- * logits among variables 0..i; a reachable state (j <= reach) below LINEAR_FLOOR sets low [B] to 1. */
-static void up_step_linear(int64_t i, int64_t K1, int64_t B, const float *restrict lo, float *restrict hi,
+/* One step of the linear sweep for variable i: lo = L[i], hi = L[i + 1] ([K1 + 1][B] doubles, row 0
+ * is j = -1, always 0), wi = w_i [B], w = W[i] [K1][B]: L[i + 1, j] = keep + take with keep =
+ * a L[i, j] and take = b w_i L[i, j-1], a = (i + 1 - j) / (i + 1), b = j / (i + 1) (states past
+ * j = i + 1 are 0 whatever a is), and W[i, j] = take / L[i + 1, j], stored signed as up_step's:
+ * take / L[i + 1, j] where take < keep, else -(keep / L[i + 1, j]) (0 for an unreachable state, and
+ * at j = 0). reach [B]: the finite logits among variables 0..i; a reachable state (j <= reach)
+ * below LINEAR_FLOOR sets low [B] to 1. */
+static void up_step_linear(int64_t i, int64_t K1, int64_t B, const double *restrict lo, double *restrict hi,
                            const float *restrict wi, float *restrict w, const float *restrict reach,
                            float *restrict low) {
-    const float *prev = lo, *cur = lo + B;
-    float *next = hi + B;
-    const float inv = 1.0f / (float)(i + 1);
+    const double *prev = lo, *cur = lo + B;
+    double *next = hi + B;
+    const double inv = 1.0 / (double)(i + 1);
     for (int64_t j = 0; j < K1; j++) {
-        const float jf = (float)j, a = (float)(i + 1 - j) * inv, b = jf * inv;
+        const double a = (double)(i + 1 - j) * inv, b = (double)j * inv;
+        const float jf = (float)j;
         for (int64_t t = 0; t < B; t++) {
             const int64_t k = j * B + t;
-            const float take = (b * prev[k]) * wi[t], nx = a * cur[k] + take; /* (b prev) w: at most nx */
+            const double take = (b * prev[k]) * (double)wi[t], keep = a * cur[k], nx = keep + take;
             next[k] = nx;
-            w[k] = nx > 0.0f ? take / nx : 0.0f;
+            w[k] = nx > 0.0 ? (take < keep ? (float)(take / nx) : (float)-(keep / nx)) : 0.0f;
             low[t] = jf <= reach[t] && nx < LINEAR_FLOOR ? 1.0f : low[t];
         }
     }
@@ -332,15 +344,13 @@ static void up_step_linear(int64_t i, int64_t K1, int64_t B, const float *restri
 
 /* The linear sweep's last row as the log sweep's: top [K1][B] = log L[N, j] + s ln 2 + log C(N, j),
  * the log count tilted by tau (LOG_ZERO where the state is unreachable). */
-static void linear_to_log(int64_t N, int64_t K1, int64_t B, float *restrict top, const float *restrict s) {
-    for (int64_t k = 0; k < K1 * B; k++) top[k] = top[k] > 0.0f ? top[k] : -1.0f; /* -1: marks 0 */
-    pm_log(top, K1 * B); /* log of -1: NaN, replaced below */
+static void linear_to_log(int64_t N, int64_t K1, int64_t B, double *restrict top, const float *restrict s) {
     double log_c = 0.0; /* log C(N, j), by C(N, j) = C(N, j - 1) (N - j + 1) / j (lgamma writes a global) */
     for (int64_t j = 0; j < K1; j++) {
         if (j > 0 && j <= N) log_c += log((double)(N - j + 1) / (double)j); /* past N: unreachable, unused */
         for (int64_t t = 0; t < B; t++) {
             const int64_t k = j * B + t;
-            top[k] = top[k] == top[k] ? (top[k] + s[t] * 0.693147182f) + (float)log_c : LOG_ZERO;
+            top[k] = top[k] > 0.0 ? (log(top[k]) + (double)s[t] * 0.6931471805599453) + log_c : LOG_ZERO;
         }
     }
 }
@@ -349,15 +359,16 @@ static void linear_to_log(int64_t N, int64_t K1, int64_t B, float *restrict top,
  * went below LINEAR_FLOOR, 1 otherwise) or on logarithms (returns 1). */
 static int sweep(const Dims *d, const Tile *w, int linear) {
     const int64_t N = d->N, K1 = d->K1, B = d->B, level = (K1 + 1) * B;
-    float *reach = w->take, *low = w->g; /* [B]: free in the linear sweep */
+    float *reach = (float *)w->take, *low = w->g; /* [B]: free in the linear sweep */
+    const float *s = (const float *)w->A; /* [B]: the linear scale's power of two (up_sweep) */
     if (linear) {
-        memset(w->L, 0, 2 * level * sizeof(float));
-        for (int64_t t = 0; t < B; t++) w->L[B + t] = ldexpf(1.0f, -(int)w->A[t]); /* the empty set: 2^-s */
+        memset(w->L, 0, 2 * level * sizeof(double));
+        for (int64_t t = 0; t < B; t++) w->L[B + t] = ldexp(1.0, -(int)s[t]); /* the empty set: 2^-s */
         memset(reach, 0, B * sizeof(float));
         memset(low, 0, B * sizeof(float));
     } else {
         for (int64_t k = 0; k < 2 * level; k++) w->L[k] = LOG_ZERO;
-        for (int64_t t = 0; t < B; t++) w->L[B + t] = 0.0f; /* the empty set: L[0, 0] = 0 */
+        for (int64_t t = 0; t < B; t++) w->L[B + t] = 0.0; /* the empty set: L[0, 0] = 0 */
     }
     if (w->vt) memset(w->D, 0, 2 * level * sizeof(float));
     for (int64_t i = 0; i < N; i++) {
@@ -380,9 +391,9 @@ static int sweep(const Dims *d, const Tile *w, int linear) {
 /* Whether x [n] holds no inf or NaN. After a linear sweep, on its last row: the bound on the states
  * says that no state overflows; this guards it (an inf or NaN state leaves inf or NaN in every
  * state of its column below it, as a > 0 there or 0 inf = NaN). */
-static int all_finite(const float *x, int64_t n) {
+static int all_finite(const double *x, int64_t n) {
     int ok = 1;
-    for (int64_t k = 0; k < n; k++) ok &= x[k] <= FLT_MAX; /* false for inf and NaN */
+    for (int64_t k = 0; k < n; k++) ok &= x[k] <= DBL_MAX; /* false for inf and NaN */
     return ok;
 }
 
@@ -391,122 +402,129 @@ static int all_finite(const float *x, int64_t n) {
  * tile's logits allow (*linear = 1), else on logarithms (0). Returns the last row [K1][B]: log
  * counts less j tau (linear; tau the mean logit) or P[N] (the log sweep; tau the tilt c); either
  * way the band's weights are it + (j - kmin) tau. *dtop = D[N] [K1][B] with tangents. */
-static const float *up_sweep(const Dims *d, const Tile *w, const float *r, const float *v, int64_t t0, int64_t nt,
-                             const float **dtop, int *linear) {
+static const double *up_sweep(const Dims *d, const Tile *w, const float *r, const float *v, int64_t t0, int64_t nt,
+                              const float **dtop, int *linear) {
     const int64_t N = d->N, K1 = d->K1, B = d->B, level = (K1 + 1) * B;
     load_rows(d, r, t0, nt, w->rt);
     if (v) load_rows(d, v, t0, nt, w->vt);
-    float *s = w->A; /* [B]: the linear scale's power of two; A is free until the down sweep */
-    *linear = d->linear && linear_setup(d, w->rt, w->wt, w->tau, s, w->out, w->take, w->g) && sweep(d, w, 1) &&
+    float *s = (float *)w->A; /* [B]: the linear scale's power of two; A is free until the down sweep */
+    *linear = d->linear && linear_setup(d, w->rt, w->wt, w->tau, s, w->out, (float *)w->take, w->g) && sweep(d, w, 1) &&
               all_finite(w->L + (N % 2) * level + B, K1 * B);
     if (!*linear) {
         tilt(d, w->rt, w->wt, w->tau, w->ts, w->out);
         sweep(d, w, 0);
     }
     if (w->vt) *dtop = w->D + (N % 2) * level + B;
-    float *top = w->L + (N % 2) * level + B;
+    double *top = w->L + (N % 2) * level + B;
     if (*linear) linear_to_log(N, K1, B, top, s);
     return top;
 }
 
-/* out = exp(x) over n floats, exactly 0 below EXP_MIN (NaN stays NaN). */
-static void exp_clamped(float *restrict out, const float *restrict x, int64_t n) {
-    for (int64_t k = 0; k < n; k++) out[k] = x[k] < EXP_MIN ? EXP_MIN : x[k];
-    pm_exp(out, n);
-    for (int64_t k = 0; k < n; k++) out[k] = x[k] < EXP_MIN ? 0.0f : out[k];
-}
-
 /* Up.band_probs into the adjoint seed: A [K1][B] = P(|S| = j) for j = kmin..K (the softmax of the
  * band weights top + (j - kmin) tau, -inf where top <= LOG_ZERO / 2: 0 for a size no subset reaches, NaN
- * when none is reachable), 0 below kmin. top: up_sweep's last row [K1][B]; lc [K1][B], mx [B]: scratch. */
-static void band_probs(const Dims *d, const float *top, const float *tau, float *A, float *lc, float *mx) {
+ * when none is reachable), 0 below kmin, in double. top: up_sweep's last row [K1][B]; lc [K1][B],
+ * mx [B]: scratch. */
+static void band_probs(const Dims *d, const double *top, const float *tau, double *A, double *lc, double *mx) {
     const int64_t K1 = d->K1, B = d->B, kmin = d->kmin;
-    memset(A, 0, kmin * B * sizeof(float));
+    memset(A, 0, kmin * B * sizeof(double));
     for (int64_t t = 0; t < B; t++) mx[t] = -INFINITY;
     for (int64_t j = kmin; j < K1; j++)
         for (int64_t t = 0; t < B; t++) {
-            const float x = top[j * B + t];
-            lc[j * B + t] = x > LOG_ZERO / 2 ? x + (float)(j - kmin) * tau[t] : -INFINITY;
-            mx[t] = max2(mx[t], lc[j * B + t]);
+            const double x = top[j * B + t];
+            lc[j * B + t] = x > LOG_ZERO / 2 ? x + (double)(j - kmin) * (double)tau[t] : -INFINITY;
+            mx[t] = mx[t] > lc[j * B + t] ? mx[t] : lc[j * B + t];
         }
     for (int64_t j = kmin; j < K1; j++)
-        for (int64_t t = 0; t < B; t++) lc[j * B + t] -= mx[t];
-    exp_clamped(A + kmin * B, lc + kmin * B, (K1 - kmin) * B);
-    float *sum = mx;
-    memset(sum, 0, B * sizeof(float));
+        for (int64_t t = 0; t < B; t++) A[j * B + t] = exp(lc[j * B + t] - mx[t]); /* K1 B per tile */
+    double *sum = mx;
+    memset(sum, 0, B * sizeof(double));
     for (int64_t j = kmin; j < K1; j++)
         for (int64_t t = 0; t < B; t++) sum[t] += A[j * B + t];
     for (int64_t j = kmin; j < K1; j++)
         for (int64_t t = 0; t < B; t++) A[j * B + t] /= sum[t];
 }
 
-/* The size of the draw (dp.down): with cum the cumulative band probabilities (summed in double,
- * as torch.cumsum) and x = min(u total, total (1 - eps)), c = kmin + #{j: cum_j <= x}.
+/* The size of the draw (dp.down): with cum the cumulative band probabilities (in double, as
+ * torch.cumsum) and x = min(u total, total (1 - FLT_EPSILON)), c = kmin + #{j: cum_j <= x}.
  * A [K1][B]: the band probabilities from kmin on; u [B]. */
-static void draw_size(const Dims *d, const float *A, const float *u, int32_t *c) {
+static void draw_size(const Dims *d, const double *A, const float *u, int32_t *c) {
     const int64_t K1 = d->K1, B = d->B, kmin = d->kmin;
     for (int64_t t = 0; t < B; t++) {
-        double acc = 0.0;
-        for (int64_t j = kmin; j < K1; j++) acc += A[j * B + t];
-        const float total = (float)acc, cap = total * (1.0f - FLT_EPSILON), ux = u[t] * total;
-        const float x = ux < cap ? ux : cap;
+        double total = 0.0;
+        for (int64_t j = kmin; j < K1; j++) total += A[j * B + t];
+        const double cap = total * (1.0 - (double)FLT_EPSILON), ux = (double)u[t] * total;
+        const double x = ux < cap ? ux : cap;
         int32_t passed = 0;
-        acc = 0.0;
+        double acc = 0.0;
         for (int64_t j = kmin; j < K1; j++) {
             acc += A[j * B + t];
-            passed += (float)acc <= x;
+            passed += acc <= x;
         }
         c[t] = (int32_t)kmin + passed;
     }
 }
 
+/* W[i, j] from its signed entry s (up_step) in double, where 1 + s is exact. */
+static inline double unpack_w_double(float s) { return signbit(s) ? 1.0 + (double)s : (double)s; }
+
 /* One step of the draw along the path (dp.down): z_i = [u_i < W[i, c]], c -= z_i.
- * w = W[i] [K1][B]; u, c, z: [B]. */
+ * w = W[i] [K1][B] (signed); u, c, z: [B]. */
 static void draw_step(int64_t B, const float *restrict w, const float *restrict u, int32_t *restrict c,
                       float *restrict z) {
     for (int64_t t = 0; t < B; t++) {
         /* c > 0: W[i, 0] is 0 for valid logits, but NaN together with |r| > 1e30 (validation off)
          * makes it 1 and would drive c negative, reading W rows below the table. */
-        const int32_t on = c[t] > 0 && u[t] < w[c[t] * B + t];
+        const int32_t on = c[t] > 0 && (double)u[t] < unpack_w_double(w[c[t] * B + t]);
         z[t] = (float)on;
         c[t] -= on;
     }
 }
 
-/* Σ_j x[j] over a level: x [K1][B] -> out [B]. */
-static void sum_level(int64_t K1, int64_t B, const float *restrict x, float *restrict out) {
-    memcpy(out, x, B * sizeof(float));
-    for (int64_t j = 1; j < K1; j++)
-        for (int64_t t = 0; t < B; t++) out[t] += x[j * B + t];
+/* Σ_j x[j] over a level: x [K1][B] doubles -> out [B] floats. */
+static void sum_level(int64_t K1, int64_t B, const double *restrict x, float *restrict out) {
+    for (int64_t t = 0; t < B; t++) {
+        double acc = x[t];
+        for (int64_t j = 1; j < K1; j++) acc += x[j * B + t];
+        out[t] = (float)acc;
+    }
 }
 
-/* A = A - f + f shifted down one size (the path through (i, j-1) took variable i into (i + 1, j)). */
-static void pass_down(int64_t K1, int64_t B, float *restrict A, const float *restrict f) {
-    const int64_t n = K1 * B;
-    for (int64_t k = 0; k < n - B; k++) A[k] = (A[k] - f[k]) + f[k + B];
-    for (int64_t k = n - B; k < n; k++) A[k] -= f[k];
-}
-
-/* One step of the down sweep (dp.down) for variable i: F = A W[i], m_i = Σ_j F[j], then A = A[i].
- * A, f: [K1][B]; w = W[i]; m [B]. */
-static void down_step(int64_t K1, int64_t B, float *restrict A, const float *restrict w, float *restrict f,
+/* One step of the down sweep (dp.down) for variable i, in double: F = A W[i], m_i = Σ_j F[j], then
+ * A[i] = A (1 - W[i]) + F shifted down one size (the path through (i, j-1) took variable i into
+ * (i + 1, j)); 1 - W comes from W's signed entry, so no cancellation where W is near 1.
+ * A, f: [K1][B]; w = W[i] (signed); m [B]. */
+static void down_step(int64_t K1, int64_t B, double *restrict A, const float *restrict w, double *restrict f,
                       float *restrict m) {
-    for (int64_t k = 0; k < K1 * B; k++) f[k] = A[k] * w[k];
+    const int64_t n = K1 * B;
+    for (int64_t k = 0; k < n; k++) {
+        const float s = w[k];
+        const double neg = signbit(s) ? 1.0 : 0.0, wk = neg + (double)s, wc = (1.0 - neg) - (double)s;
+        f[k] = A[k] * wk;
+        A[k] *= wc;
+    }
     sum_level(K1, B, f, m);
-    pass_down(K1, B, A, f);
+    for (int64_t k = 0; k < n - B; k++) A[k] += f[k + B];
 }
 
-/* One step of dp.cov_vec's down sweep: F = A W, dF = dA W + A dW, out_i = Σ_j dF[j], then A and
- * dA pass down. A, dA, f, df: [K1][B]; w, dw = W[i], dW[i]; out [B]. */
-static void cov_step(int64_t K1, int64_t B, float *restrict A, float *restrict dA, const float *restrict w,
-                     const float *restrict dw, float *restrict f, float *restrict df, float *restrict out) {
-    for (int64_t k = 0; k < K1 * B; k++) {
-        f[k] = A[k] * w[k];
-        df[k] = dA[k] * w[k] + A[k] * dw[k];
+/* One step of dp.cov_vec's down sweep, in double: F = A W, dF = dA W + A dW, out_i = Σ_j dF[j],
+ * then A = A (1 - W) + F shifted and dA = dA - dF + dF shifted. A, dA, f, df: [K1][B]; w, dw =
+ * W[i] (signed), dW[i]; out [B]. */
+static void cov_step(int64_t K1, int64_t B, double *restrict A, double *restrict dA, const float *restrict w,
+                     const float *restrict dw, double *restrict f, double *restrict df, float *restrict out) {
+    const int64_t n = K1 * B;
+    for (int64_t k = 0; k < n; k++) {
+        const float s = w[k];
+        const double neg = signbit(s) ? 1.0 : 0.0, wk = neg + (double)s, wc = (1.0 - neg) - (double)s;
+        f[k] = A[k] * wk;
+        df[k] = dA[k] * wk + A[k] * (double)dw[k];
+        A[k] *= wc;
+        dA[k] -= df[k];
     }
     sum_level(K1, B, df, out);
-    pass_down(K1, B, A, f);
-    pass_down(K1, B, dA, df);
+    for (int64_t k = 0; k < n - B; k++) {
+        A[k] += f[k + B];
+        dA[k] += df[k + B];
+    }
 }
 
 /* Cardinality.forward_marginals for tokens t0..t0+nt: r [T, N]; m [T, N] (NULL: not wanted);
@@ -521,8 +539,8 @@ static int64_t forward_tile(const Dims *d, const float *r, const float *U, float
     if (!buf) return -1;
     carve(&w, d, 0, z != NULL, 0, buf);
     int linear;
-    const float *top = up_sweep(d, &w, r, NULL, t0, nt, NULL, &linear);
-    band_probs(d, top, w.tau, w.A, w.take, w.g);
+    const double *top = up_sweep(d, &w, r, NULL, t0, nt, NULL, &linear);
+    band_probs(d, top, w.tau, w.A, w.f, w.take);
     if (z) {
         load_uniforms(U + t0, nt, B, w.u);
         draw_size(d, w.A, w.u, w.c);
@@ -543,14 +561,14 @@ static int64_t forward_tile(const Dims *d, const float *r, const float *U, float
 /* The down sweep of dp.cov_vec after up_sweep with tangents (top, dtop: its last rows): Cov(z) v
  * into w->out [N][B]. The adjoints start at A = q (the band probabilities) and dA = q (D[N] -
  * Σ_j q_j D[N, j]). */
-static void cov_down(const Dims *d, const Tile *w, const float *top, const float *dtop) {
+static void cov_down(const Dims *d, const Tile *w, const double *top, const float *dtop) {
     const int64_t N = d->N, K1 = d->K1, B = d->B, kmin = d->kmin;
-    band_probs(d, top, w->tau, w->A, w->take, w->g);
-    float *mean = w->take; /* [B]: Σ_j q_j D[N, j] */
-    memset(mean, 0, B * sizeof(float));
+    band_probs(d, top, w->tau, w->A, w->f, w->take);
+    double *mean = w->take; /* [B]: Σ_j q_j D[N, j] */
+    memset(mean, 0, B * sizeof(double));
     for (int64_t j = kmin; j < K1; j++)
         for (int64_t t = 0; t < B; t++) mean[t] += w->A[j * B + t] * dtop[j * B + t];
-    memset(w->dA, 0, K1 * B * sizeof(float));
+    memset(w->dA, 0, K1 * B * sizeof(double));
     for (int64_t j = kmin; j < K1; j++)
         for (int64_t t = 0; t < B; t++) w->dA[j * B + t] = w->A[j * B + t] * (dtop[j * B + t] - mean[t]);
     for (int64_t i = N - 1; i >= 0; i--)
@@ -565,7 +583,8 @@ static int64_t cov_tile(const Dims *d, const float *r, const float *v, float *ou
     if (!buf) return -1;
     carve(&w, d, 1, 0, 0, buf);
     int linear;
-    const float *dtop = NULL, *top = up_sweep(d, &w, r, v, t0, nt, &dtop, &linear);
+    const float *dtop = NULL;
+    const double *top = up_sweep(d, &w, r, v, t0, nt, &dtop, &linear);
     cov_down(d, &w, top, dtop);
     store_rows(d, w.out, t0, nt, out);
     return linear;
@@ -594,8 +613,8 @@ static int64_t chosen_tile(const Dims *d, const float *r, int64_t seed, const fl
     if (!buf) return -1;
     carve(&w, d, 0, 1, 0, buf);
     int linear;
-    const float *top = up_sweep(d, &w, r, NULL, t0, nt, NULL, &linear);
-    band_probs(d, top, w.tau, w.A, w.take, w.g);
+    const double *top = up_sweep(d, &w, r, NULL, t0, nt, NULL, &linear);
+    band_probs(d, top, w.tau, w.A, w.f, w.take);
     make_uniforms(seed, t0, nt, B, w.u);
     draw_size(d, w.A, w.u, w.c);
     for (int64_t i = N - 1; i >= 0; i--) {
@@ -627,7 +646,8 @@ static int64_t chosen_backward_tile(const Dims *d, const float *r, const int32_t
     pm_tile_scores(w.p, N, B, sigmoid, w.top, w.q, w.tau);
     pm_slot_tangents(idx, g, mask, slots, N, B, t0, nt, w.p, w.vt);
     int linear;
-    const float *dtop = NULL, *top = up_sweep(d, &w, r, NULL, t0, nt, &dtop, &linear);
+    const float *dtop = NULL;
+    const double *top = up_sweep(d, &w, r, NULL, t0, nt, &dtop, &linear);
     cov_down(d, &w, top, dtop);
     pm_scores_backward(w.out, w.vt, w.p, w.top, w.q, sigmoid, N, B, w.rows3);
     store_rows(d, w.out, t0, nt, out);
