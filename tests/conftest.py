@@ -1,6 +1,7 @@
 import os
 import shutil
 import tempfile
+import zlib
 
 import pytest
 import torch
@@ -27,6 +28,14 @@ def pytest_unconfigure(config):
             os.environ.pop(name, None)
         else:
             os.environ[name] = old
+
+
+@pytest.fixture(autouse=True)
+def _seeded(request):
+    """Seed torch's global generator from the test's id, so that a test's unseeded draws are the
+    same in every run and in any order (a chi-squared check on them then passes or fails for good,
+    never one run in a thousand)."""
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
 @pytest.fixture

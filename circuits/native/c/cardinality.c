@@ -9,8 +9,9 @@
  * for -inf logits and unreachable states, logaddexp = max + log1p(exp(-|a - b|)), W =
  * sigmoid(take - skip) stored signed (min(W, 1 - W), the sign set where W >= 1/2), the band
  * probabilities as a softmax of P[N, j] + (j - kmin) c, and the clamped size draw; and its
- * precision: the states L and the adjoints A, dA in double, exp and log1p and the tables W, dW in
- * float (torch_dp's "Precision" says why). tests/circuits/test_dp_native.py checks these functions
+ * precision: the log sweep's states L and the marginals' adjoints A in double, exp and log1p,
+ * the tables W, dW, the linear sweep's states and Cov(z) v's adjoints in float (torch_dp's
+ * "Precision" says why). tests/circuits/test_dp_native.py checks these functions
  * against it. Tiles whose logits allow it take the linear sweep instead (below), which is tested
  * against the log sweep.
  *
@@ -34,6 +35,8 @@
 void pm_exp(float *x, int64_t n);
 void pm_log(float *x, int64_t n);
 void pm_log1p(float *x, int64_t n);
+void pm_exp_double(double *x, int64_t n);
+void pm_log_double(double *x, int64_t n);
 
 #define LOG_ZERO (-1e30f) /* dp.LOG_ZERO */
 #define MAX_LANES 128
@@ -58,7 +61,9 @@ typedef struct {
     float *rt, *vt;        /* [N][B]: logits (log sigmoid(x) once tilted, in the log sweep); tangents */
     float *wt;             /* [N][B]: the linear sweep's weights exp(r - tau); log sigmoid(-x) in the log sweep */
     float *W, *dW;         /* [N][K1][B]: W signed (see up_step), dW */
-    double *L;             /* [2][K1 + 1][B]: L[i] and L[i + 1] for j = -1..K, alternating */
+    double *L;             /* [2][K1 + 1][B]: L[i] and L[i + 1] for j = -1..K, alternating (the log sweep) */
+    float *Lf;             /* the same memory as [2][K1 + 1][B] floats: the linear sweep's L */
+    double *mx;            /* [B]: band_probs' scratch */
     float *D;              /* [2][K1 + 1][B]: their tangents */
     double *take;          /* [K1][B]: an up step's scratch */
     float *g;              /* [K1][B]: an up step's scratch */
@@ -81,13 +86,15 @@ static int64_t carve(Tile *w, const Dims *d, int tangents, int sampling, int sco
     const int64_t N = d->N, K1 = d->K1, B = d->B;
     int64_t at = 0;
 #define SLICE(field, type, n, used) /* n: elements of `type` (a float or a double; all counts are even) */ \
-    (w->field = (used) && base ? (type *)(base + at) : NULL, at += (used) ? (n) * (int64_t)(sizeof(type) / sizeof(float)) : 0)
+    (w->field = (used) && base ? (type *)(base + at) : NULL,                                    \
+     at += (used) ? (n) * (int64_t)(sizeof(type) / sizeof(float)) : 0)
     SLICE(rt, float, N * B, 1);
     SLICE(vt, float, N * B, tangents);
     SLICE(wt, float, N * B, 1);
     SLICE(W, float, N * K1 * B, 1);
     SLICE(dW, float, N * K1 * B, tangents);
     SLICE(L, double, 2 * (K1 + 1) * B, 1);
+    w->Lf = (float *)w->L;
     SLICE(D, float, 2 * (K1 + 1) * B, tangents);
     SLICE(take, double, K1 * B, 1);
     SLICE(g, float, K1 * B, 1);
@@ -104,6 +111,7 @@ static int64_t carve(Tile *w, const Dims *d, int tangents, int sampling, int sco
     SLICE(top, int32_t, B, scores);
     SLICE(rows3, float, 3 * B, scores);
     SLICE(tau, float, B, 1);
+    SLICE(mx, double, B, 1);
     SLICE(ts, float, K1 * B, 1);
     SLICE(u, float, B, sampling);
     SLICE(c, int32_t, B, sampling); /* int32 and float have the same size */
@@ -247,9 +255,12 @@ static void tangent_step(int64_t K1, int64_t B, const float *restrict lo, float 
  * and W[i, j] = b w_i L[i, j-1] / L[i + 1, j]: two products and a division per state, where the
  * log sweep takes an exp, a log1p and a division.
  *
- * The numbers stay within float32's range (the states are doubles for their precision). Divided by C(i, j), a state is the mean over the j-subsets of
- * their products, at most (the prefix's mean of w)^j (Maclaurin's inequality), so with U = the
- * largest min(i, kmax) log(mean of w_0..w_{i-1}), the scale 2^-s with s = ceil(U / ln 2) - 126
+ * The numbers stay within float32, and the states are floats (W is stored signed, as in the log
+ * sweep): a state's rounding is relative to it, not to a logarithm's magnitude, and on the nearly
+ * equal rows where float log-states missed by 1.5e-5 these are within 2e-6 (docs/circuits.md,
+ * "The DP's precision"). Divided by C(i, j), a state is the mean over the j-subsets of their
+ * products, at most (the prefix's mean of w)^j (Maclaurin's inequality), so with U = the largest
+ * min(i, kmax) log(mean of w_0..w_{i-1}), the scale 2^-s with s = ceil(U / ln 2) - 126
  * keeps every state below 2^127. Small states are checked as they are made: a reachable state (j
  * no more than the finite logits so far) below 2^-120 marks its lane. Above it a state is a normal
  * float, and the rounding of a term that fell below 2^-126 (2^-150 at most) is 2^-30 of it. A tile
@@ -316,41 +327,43 @@ static int linear_setup(const Dims *d, const float *restrict rt, float *restrict
     return ok;
 }
 
-/* One step of the linear sweep for variable i: lo = L[i], hi = L[i + 1] ([K1 + 1][B] doubles, row 0
- * is j = -1, always 0), wi = w_i [B], w = W[i] [K1][B]: L[i + 1, j] = keep + take with keep =
+/* One step of the linear sweep for variable i: lo = L[i], hi = L[i + 1] ([K1 + 1][B], row 0 is
+ * j = -1, always 0), wi = w_i [B], w = W[i] [K1][B]: L[i + 1, j] = keep + take with keep =
  * a L[i, j] and take = b w_i L[i, j-1], a = (i + 1 - j) / (i + 1), b = j / (i + 1) (states past
  * j = i + 1 are 0 whatever a is), and W[i, j] = take / L[i + 1, j], stored signed as up_step's:
  * take / L[i + 1, j] where take < keep, else -(keep / L[i + 1, j]) (0 for an unreachable state, and
  * at j = 0). reach [B]: the finite logits among variables 0..i; a reachable state (j <= reach)
  * below LINEAR_FLOOR sets low [B] to 1. */
-static void up_step_linear(int64_t i, int64_t K1, int64_t B, const double *restrict lo, double *restrict hi,
+static void up_step_linear(int64_t i, int64_t K1, int64_t B, const float *restrict lo, float *restrict hi,
                            const float *restrict wi, float *restrict w, const float *restrict reach,
                            float *restrict low) {
-    const double *prev = lo, *cur = lo + B;
-    double *next = hi + B;
-    const double inv = 1.0 / (double)(i + 1);
+    const float *prev = lo, *cur = lo + B;
+    float *next = hi + B;
+    const float inv = 1.0f / (float)(i + 1);
     for (int64_t j = 0; j < K1; j++) {
-        const double a = (double)(i + 1 - j) * inv, b = (double)j * inv;
-        const float jf = (float)j;
+        const float jf = (float)j, a = (float)(i + 1 - j) * inv, b = jf * inv;
         for (int64_t t = 0; t < B; t++) {
             const int64_t k = j * B + t;
-            const double take = (b * prev[k]) * (double)wi[t], keep = a * cur[k], nx = keep + take;
+            const float take = (b * prev[k]) * wi[t], keep = a * cur[k], nx = keep + take;
             next[k] = nx;
-            w[k] = nx > 0.0 ? (take < keep ? (float)(take / nx) : (float)-(keep / nx)) : 0.0f;
+            w[k] = nx > 0.0f ? (take < keep ? take : -keep) / nx : 0.0f;
             low[t] = jf <= reach[t] && nx < LINEAR_FLOOR ? 1.0f : low[t];
         }
     }
 }
 
-/* The linear sweep's last row as the log sweep's: top [K1][B] = log L[N, j] + s ln 2 + log C(N, j),
- * the log count tilted by tau (LOG_ZERO where the state is unreachable). */
-static void linear_to_log(int64_t N, int64_t K1, int64_t B, double *restrict top, const float *restrict s) {
+/* The linear sweep's last row L[N] [K1][B] as the log sweep's: top [K1][B] doubles = log L[N, j] +
+ * s ln 2 + log C(N, j), the log count tilted by tau (LOG_ZERO where the state is unreachable). */
+static void linear_to_log(int64_t N, int64_t K1, int64_t B, const float *restrict last, double *restrict top,
+                          const float *restrict s) {
+    for (int64_t k = 0; k < K1 * B; k++) top[k] = last[k] > 0.0f ? (double)last[k] : 1.0;
+    pm_log_double(top, K1 * B);
     double log_c = 0.0; /* log C(N, j), by C(N, j) = C(N, j - 1) (N - j + 1) / j (lgamma writes a global) */
     for (int64_t j = 0; j < K1; j++) {
         if (j > 0 && j <= N) log_c += log((double)(N - j + 1) / (double)j); /* past N: unreachable, unused */
         for (int64_t t = 0; t < B; t++) {
             const int64_t k = j * B + t;
-            top[k] = top[k] > 0.0 ? (log(top[k]) + (double)s[t] * 0.6931471805599453) + log_c : LOG_ZERO;
+            top[k] = last[k] > 0.0f ? (top[k] + (double)s[t] * 0.6931471805599453) + log_c : LOG_ZERO;
         }
     }
 }
@@ -362,8 +375,8 @@ static int sweep(const Dims *d, const Tile *w, int linear) {
     float *reach = (float *)w->take, *low = w->g; /* [B]: free in the linear sweep */
     const float *s = (const float *)w->A; /* [B]: the linear scale's power of two (up_sweep) */
     if (linear) {
-        memset(w->L, 0, 2 * level * sizeof(double));
-        for (int64_t t = 0; t < B; t++) w->L[B + t] = ldexp(1.0, -(int)s[t]); /* the empty set: 2^-s */
+        memset(w->Lf, 0, 2 * level * sizeof(float));
+        for (int64_t t = 0; t < B; t++) w->Lf[B + t] = ldexpf(1.0f, -(int)s[t]); /* the empty set: 2^-s */
         memset(reach, 0, B * sizeof(float));
         memset(low, 0, B * sizeof(float));
     } else {
@@ -376,7 +389,7 @@ static int sweep(const Dims *d, const Tile *w, int linear) {
         float *wi = w->W + i * K1 * B;
         if (linear) {
             for (int64_t t = 0; t < B; t++) reach[t] += w->rt[i * B + t] > -INFINITY ? 1.0f : 0.0f;
-            up_step_linear(i, K1, B, w->L + a, w->L + b, w->wt + i * B, wi, reach, low);
+            up_step_linear(i, K1, B, w->Lf + a, w->Lf + b, w->wt + i * B, wi, reach, low);
         } else {
             up_step(K1, B, w->L + a, w->L + b, w->rt + i * B, w->wt + i * B, wi, w->take, w->g);
         }
@@ -391,9 +404,9 @@ static int sweep(const Dims *d, const Tile *w, int linear) {
 /* Whether x [n] holds no inf or NaN. After a linear sweep, on its last row: the bound on the states
  * says that no state overflows; this guards it (an inf or NaN state leaves inf or NaN in every
  * state of its column below it, as a > 0 there or 0 inf = NaN). */
-static int all_finite(const double *x, int64_t n) {
+static int all_finite(const float *x, int64_t n) {
     int ok = 1;
-    for (int64_t k = 0; k < n; k++) ok &= x[k] <= DBL_MAX; /* false for inf and NaN */
+    for (int64_t k = 0; k < n; k++) ok &= x[k] <= FLT_MAX; /* false for inf and NaN */
     return ok;
 }
 
@@ -408,16 +421,19 @@ static const double *up_sweep(const Dims *d, const Tile *w, const float *r, cons
     load_rows(d, r, t0, nt, w->rt);
     if (v) load_rows(d, v, t0, nt, w->vt);
     float *s = (float *)w->A; /* [B]: the linear scale's power of two; A is free until the down sweep */
-    *linear = d->linear && linear_setup(d, w->rt, w->wt, w->tau, s, w->out, (float *)w->take, w->g) && sweep(d, w, 1) &&
-              all_finite(w->L + (N % 2) * level + B, K1 * B);
+    *linear = d->linear && linear_setup(d, w->rt, w->wt, w->tau, s, w->out, (float *)w->take, w->g) &&
+              sweep(d, w, 1) &&
+              all_finite(w->Lf + (N % 2) * level + B, K1 * B);
     if (!*linear) {
         tilt(d, w->rt, w->wt, w->tau, w->ts, w->out);
         sweep(d, w, 0);
     }
     if (w->vt) *dtop = w->D + (N % 2) * level + B;
-    double *top = w->L + (N % 2) * level + B;
-    if (*linear) linear_to_log(N, K1, B, top, s);
-    return top;
+    if (*linear) { /* the last row, converted into take (free after the sweep) */
+        linear_to_log(N, K1, B, w->Lf + (N % 2) * level + B, w->take, s);
+        return w->take;
+    }
+    return w->L + (N % 2) * level + B;
 }
 
 /* Up.band_probs into the adjoint seed: A [K1][B] = P(|S| = j) for j = kmin..K (the softmax of the
@@ -435,7 +451,13 @@ static void band_probs(const Dims *d, const double *top, const float *tau, doubl
             mx[t] = mx[t] > lc[j * B + t] ? mx[t] : lc[j * B + t];
         }
     for (int64_t j = kmin; j < K1; j++)
-        for (int64_t t = 0; t < B; t++) A[j * B + t] = exp(lc[j * B + t] - mx[t]); /* K1 B per tile */
+        for (int64_t t = 0; t < B; t++) {
+            const int64_t k = j * B + t;
+            lc[k] -= mx[t]; /* NaN where no size is reachable */
+            A[k] = lc[k] > -700.0 ? lc[k] : -700.0;
+        }
+    pm_exp_double(A + kmin * B, (K1 - kmin) * B);
+    for (int64_t k = kmin * B; k < K1 * B; k++) A[k] = lc[k] > -700.0 ? A[k] : lc[k] == lc[k] ? 0.0 : NAN;
     double *sum = mx;
     memset(sum, 0, B * sizeof(double));
     for (int64_t j = kmin; j < K1; j++)
@@ -464,17 +486,18 @@ static void draw_size(const Dims *d, const double *A, const float *u, int32_t *c
     }
 }
 
-/* W[i, j] from its signed entry s (up_step) in double, where 1 + s is exact. */
-static inline double unpack_w_double(float s) { return signbit(s) ? 1.0 + (double)s : (double)s; }
-
-/* One step of the draw along the path (dp.down): z_i = [u_i < W[i, c]], c -= z_i.
- * w = W[i] [K1][B] (signed); u, c, z: [B]. */
+/* One step of the draw along the path (dp.down): z_i = [u_i < W[i, c]], c -= z_i, with W in
+ * double (where 1 + s is exact). w = W[i] [K1][B] (signed); u, c, z: [B]. */
 static void draw_step(int64_t B, const float *restrict w, const float *restrict u, int32_t *restrict c,
                       float *restrict z) {
     for (int64_t t = 0; t < B; t++) {
         /* c > 0: W[i, 0] is 0 for valid logits, but NaN together with |r| > 1e30 (validation off)
          * makes it 1 and would drive c negative, reading W rows below the table. */
-        const int32_t on = c[t] > 0 && (double)u[t] < unpack_w_double(w[c[t] * B + t]);
+        const int32_t ct = c[t];
+        const float s = w[(ct > 0 ? ct : 0) * B + t];
+        uint32_t bits; /* W = s + 1 where s's sign is set (unpack_w), without a branch */
+        memcpy(&bits, &s, sizeof bits);
+        const int32_t on = (ct > 0) & ((double)u[t] < (double)s + (double)(bits >> 31));
         z[t] = (float)on;
         c[t] -= on;
     }
@@ -506,21 +529,22 @@ static void down_step(int64_t K1, int64_t B, double *restrict A, const float *re
     for (int64_t k = 0; k < n - B; k++) A[k] += f[k + B];
 }
 
-/* One step of dp.cov_vec's down sweep, in double: F = A W, dF = dA W + A dW, out_i = Σ_j dF[j],
- * then A = A (1 - W) + F shifted and dA = dA - dF + dF shifted. A, dA, f, df: [K1][B]; w, dw =
- * W[i] (signed), dW[i]; out [B]. */
-static void cov_step(int64_t K1, int64_t B, double *restrict A, double *restrict dA, const float *restrict w,
-                     const float *restrict dw, double *restrict f, double *restrict df, float *restrict out) {
+/* One step of dp.cov_vec's down sweep, in float (the routing backward's; the marginals' down_step
+ * is double): F = A W, dF = dA W + A dW, out_i = Σ_j dF[j], then A = A (1 - W) + F shifted and
+ * dA = dA - dF + dF shifted. A, dA, f, df: [K1][B]; w, dw = W[i] (signed), dW[i]; out [B]. */
+static void cov_step(int64_t K1, int64_t B, float *restrict A, float *restrict dA, const float *restrict w,
+                     const float *restrict dw, float *restrict f, float *restrict df, float *restrict out) {
     const int64_t n = K1 * B;
     for (int64_t k = 0; k < n; k++) {
-        const float s = w[k];
-        const double neg = signbit(s) ? 1.0 : 0.0, wk = neg + (double)s, wc = (1.0 - neg) - (double)s;
+        const float s = w[k], wk = signbit(s) ? 1.0f + s : s, wc = signbit(s) ? -s : 1.0f - s;
         f[k] = A[k] * wk;
-        df[k] = dA[k] * wk + A[k] * (double)dw[k];
+        df[k] = dA[k] * wk + A[k] * dw[k];
         A[k] *= wc;
         dA[k] -= df[k];
     }
-    sum_level(K1, B, df, out);
+    memcpy(out, df, B * sizeof(float));
+    for (int64_t j = 1; j < K1; j++)
+        for (int64_t t = 0; t < B; t++) out[t] += df[j * B + t];
     for (int64_t k = 0; k < n - B; k++) {
         A[k] += f[k + B];
         dA[k] += df[k + B];
@@ -540,7 +564,7 @@ static int64_t forward_tile(const Dims *d, const float *r, const float *U, float
     carve(&w, d, 0, z != NULL, 0, buf);
     int linear;
     const double *top = up_sweep(d, &w, r, NULL, t0, nt, NULL, &linear);
-    band_probs(d, top, w.tau, w.A, w.f, w.take);
+    band_probs(d, top, w.tau, w.A, w.f, w.mx);
     if (z) {
         load_uniforms(U + t0, nt, B, w.u);
         draw_size(d, w.A, w.u, w.c);
@@ -559,20 +583,25 @@ static int64_t forward_tile(const Dims *d, const float *r, const float *U, float
 }
 
 /* The down sweep of dp.cov_vec after up_sweep with tangents (top, dtop: its last rows): Cov(z) v
- * into w->out [N][B]. The adjoints start at A = q (the band probabilities) and dA = q (D[N] -
- * Σ_j q_j D[N, j]). */
+ * into w->out [N][B], in float (cov_step). The adjoints start at A = q (the band probabilities)
+ * and dA = q (D[N] - Σ_j q_j D[N, j]). */
 static void cov_down(const Dims *d, const Tile *w, const double *top, const float *dtop) {
-    const int64_t N = d->N, K1 = d->K1, B = d->B, kmin = d->kmin;
-    band_probs(d, top, w->tau, w->A, w->f, w->take);
-    double *mean = w->take; /* [B]: Σ_j q_j D[N, j] */
+    const int64_t N = d->N, K1 = d->K1, B = d->B, kmin = d->kmin, n = K1 * B;
+    double *q = w->A; /* [K1][B]: the band probabilities */
+    band_probs(d, top, w->tau, q, w->f, w->mx);
+    double *mean = w->mx; /* [B]: Σ_j q_j D[N, j] */
     memset(mean, 0, B * sizeof(double));
     for (int64_t j = kmin; j < K1; j++)
-        for (int64_t t = 0; t < B; t++) mean[t] += w->A[j * B + t] * dtop[j * B + t];
-    memset(w->dA, 0, K1 * B * sizeof(double));
-    for (int64_t j = kmin; j < K1; j++)
-        for (int64_t t = 0; t < B; t++) w->dA[j * B + t] = w->A[j * B + t] * (dtop[j * B + t] - mean[t]);
+        for (int64_t t = 0; t < B; t++) mean[t] += q[j * B + t] * dtop[j * B + t];
+    /* the float adjoints in the memory of the double f and df: A, dA [K1][B] in f's, F, dF in df's */
+    float *A = (float *)w->f, *dA = A + n, *f = (float *)w->df, *df = f + n;
+    for (int64_t k = 0; k < n; k++) {
+        const int64_t t = k % B;
+        A[k] = (float)q[k];
+        dA[k] = (float)(q[k] * ((double)dtop[k] - mean[t]));
+    }
     for (int64_t i = N - 1; i >= 0; i--)
-        cov_step(K1, B, w->A, w->dA, w->W + i * K1 * B, w->dW + i * K1 * B, w->f, w->df, w->out + i * B);
+        cov_step(K1, B, A, dA, w->W + i * K1 * B, w->dW + i * K1 * B, f, df, w->out + i * B);
 }
 
 /* Cardinality.cov_vec for tokens t0..t0+nt: Cov(z) v from r alone (dp.cov_vec); r, v, out [T, N].
@@ -614,7 +643,7 @@ static int64_t chosen_tile(const Dims *d, const float *r, int64_t seed, const fl
     carve(&w, d, 0, 1, 0, buf);
     int linear;
     const double *top = up_sweep(d, &w, r, NULL, t0, nt, NULL, &linear);
-    band_probs(d, top, w.tau, w.A, w.f, w.take);
+    band_probs(d, top, w.tau, w.A, w.f, w.mx);
     make_uniforms(seed, t0, nt, B, w.u);
     draw_size(d, w.A, w.u, w.c);
     for (int64_t i = N - 1; i >= 0; i--) {

@@ -254,3 +254,14 @@ void pm_log_add(float *v, const float *s, const float *top, int64_t n) {
 #endif
     for (; i < n; i++) v[i] = logf(s[i]) + top[i];
 }
+
+/* x = exp(x) over n doubles with every x in [-700, 0] (the caller clamps), through libmvec's
+ * double exp (this unit's -ffast-math vectorises the loop). */
+void pm_exp_double(double *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = exp(x[i]);
+}
+
+/* x = log(x) over n positive normal doubles, through libmvec's double log. */
+void pm_log_double(double *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = log(x[i]);
+}
