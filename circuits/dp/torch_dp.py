@@ -80,10 +80,10 @@ _WS = ScratchPool(max_bytes=64 << 20)  # larger tables are allocated per call
 class Up:
     """What the upward sweep leaves: the last lattice row, W, and optionally the tangents dW."""
 
-    top: Tensor  # [K + 1, T] P[N] (log-probabilities of the sizes under Bernoulli(sigma(x)))
+    top: Tensor  # [K + 1, T] float64 P[N] (log-probabilities of the sizes under Bernoulli(sigma(x)))
     c: Tensor  # [T] the tilt
     softplus_x: Tensor  # [T] Σ_i sp(x_i), float64
-    W: Tensor | None  # [N, K + 1, T], W[:, 0] = 0
+    W: Tensor | None  # [N, K + 1, T] in the logits' dtype, signed (unpack_w); W[:, 0] = 0
     dW: Tensor | None  # [N, K + 1, T]
     dtop: Tensor | None  # [K + 1, T] D[N] = d L[N]
     kmin: int
