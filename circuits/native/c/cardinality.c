@@ -67,7 +67,8 @@ typedef struct {
     float *D;              /* [2][K1 + 1][B]: their tangents */
     double *take;          /* [K1][B]: an up step's scratch */
     float *g;              /* [K1][B]: an up step's scratch */
-    double *A, *dA, *f, *df; /* [K1][B]: adjoints, flows and their tangents */
+    double *A, *f;         /* [K1][B]: the marginals' adjoints and flows (the band probabilities first) */
+    float *cA, *cdA, *cf, *cdf; /* [K1][B]: Cov(z) v's adjoints, flows and their tangents */
     float *out, *z;        /* [N][B]: m or Cov(z) v; the draw */
     float *p;              /* [N][B]: the scores softmax(r) or sigmoid(r) (chosen_backward_tile) */
     float *q;              /* [B]: 1 - p at each lane's largest logit (pm_tile_scores) */
@@ -99,9 +100,11 @@ static int64_t carve(Tile *w, const Dims *d, int tangents, int sampling, int sco
     SLICE(take, double, K1 * B, 1);
     SLICE(g, float, K1 * B, 1);
     SLICE(A, double, K1 * B, 1);
-    SLICE(dA, double, K1 * B, tangents);
     SLICE(f, double, K1 * B, 1);
-    SLICE(df, double, K1 * B, tangents);
+    SLICE(cA, float, K1 * B, tangents);
+    SLICE(cdA, float, K1 * B, tangents);
+    SLICE(cf, float, K1 * B, tangents);
+    SLICE(cdf, float, K1 * B, tangents);
     SLICE(out, float, N * B, 1);
     SLICE(z, float, N * B, sampling);
     SLICE(bits, float, 2 * ((N + 63) / 64) * B, sampling); /* uint64 words */
@@ -593,15 +596,12 @@ static void cov_down(const Dims *d, const Tile *w, const double *top, const floa
     memset(mean, 0, B * sizeof(double));
     for (int64_t j = kmin; j < K1; j++)
         for (int64_t t = 0; t < B; t++) mean[t] += q[j * B + t] * dtop[j * B + t];
-    /* the float adjoints in the memory of the double f and df: A, dA [K1][B] in f's, F, dF in df's */
-    float *A = (float *)w->f, *dA = A + n, *f = (float *)w->df, *df = f + n;
     for (int64_t k = 0; k < n; k++) {
-        const int64_t t = k % B;
-        A[k] = (float)q[k];
-        dA[k] = (float)(q[k] * ((double)dtop[k] - mean[t]));
+        w->cA[k] = (float)q[k];
+        w->cdA[k] = (float)(q[k] * ((double)dtop[k] - mean[k % B]));
     }
     for (int64_t i = N - 1; i >= 0; i--)
-        cov_step(K1, B, A, dA, w->W + i * K1 * B, w->dW + i * K1 * B, f, df, w->out + i * B);
+        cov_step(K1, B, w->cA, w->cdA, w->W + i * K1 * B, w->dW + i * K1 * B, w->cf, w->cdf, w->out + i * B);
 }
 
 /* Cardinality.cov_vec for tokens t0..t0+nt: Cov(z) v from r alone (dp.cov_vec); r, v, out [T, N].
