@@ -160,7 +160,7 @@ def up(r: Tensor, kmin: int, kmax: int, *, keep_w: bool = True, v: Tensor | None
     Wrows, lps, lqs = W.unbind(0) if keep_w else None, lp.double().unbind(0), lq.double().unbind(0)
     dW = dtop = None
     take, skip, diff = (torch.empty_like(rows[0, 1:]) for _ in range(3))  # [K + 1, T] float64
-    e, soft = torch.empty(K1, T, dtype=r.dtype, device=r.device), torch.empty(K1, T, dtype=r.dtype, device=r.device)
+    e, soft = r.new_empty(K1, T), r.new_empty(K1, T)  # r's dtype
     if v is not None:
         vts = v.T.to(r.dtype).contiguous().unbind(0)  # [N] x [T]
         dW = _WS.get("dW", (N, K1, T), r)

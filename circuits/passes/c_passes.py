@@ -96,7 +96,7 @@ class CPasses(Passes):
         if refine:  # the linear pass keeps 24 bits relative to each value; the pass on logarithms does not
             rows = (lin == 0).nonzero().squeeze(1)
             if rows.numel():
-                x = r[rows].double() if shift is None else r[rows].double() - shift[rows].double()
+                x = shifted(r[rows], None if shift is None else shift[rows], torch.float64)
                 m[rows] = torch_passes.TorchPasses(self.program).log_partition(x, True)[1].float()
         if accurate:
             self._accurate_log_z(r, shift, log_z)

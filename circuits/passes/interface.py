@@ -16,13 +16,17 @@ the test oracle of the others), ``CPasses`` (fused C for fp32 on the CPU) and ``
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from .program import Program
 
 
-def shifted(r: Tensor, shift: Tensor | None) -> Tensor:
-    """r [T, n] less shift [T, 1] (None: r itself)."""
+def shifted(r: Tensor, shift: Tensor | None, dtype: torch.dtype | None = None) -> Tensor:
+    """r [T, n] less shift [T, 1] (None: r itself); with ``dtype``, both converted to it first (the
+    float64 difference of fp32 inputs is exact, the float32 one is rounded)."""
+    if dtype is not None:
+        r, shift = r.to(dtype), None if shift is None else shift.to(dtype)
     return r if shift is None else r - shift
 
 

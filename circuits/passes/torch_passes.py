@@ -432,8 +432,7 @@ class TorchPasses(Passes):
     def log_partition(self, r: Tensor, marginals: bool, shift: Tensor | None = None, *,
                       accurate: bool = True, refine: bool = True) -> tuple[Tensor, Tensor | None]:
         if marginals and refine and self.program.float64_rows and r.dtype == torch.float32:
-            x = r.double() if shift is None else r.double() - shift.double()  # not the float subtraction
-            log_z, m = self.log_partition(x, True)  # every row is on logarithms here
+            log_z, m = self.log_partition(shifted(r, shift, torch.float64), True)  # every row is on logarithms here
             return log_z.float(), m.float()
         r = shifted(r, shift)
         again = accurate and r.dtype != torch.float64  # log Z from a float64 pass (accurate_log_z)

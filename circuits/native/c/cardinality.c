@@ -539,7 +539,7 @@ static void cov_step(int64_t K1, int64_t B, float *restrict A, float *restrict d
                      const float *restrict dw, float *restrict f, float *restrict df, float *restrict out) {
     const int64_t n = K1 * B;
     for (int64_t k = 0; k < n; k++) {
-        const float s = w[k], wk = signbit(s) ? 1.0f + s : s, wc = signbit(s) ? -s : 1.0f - s;
+        const float s = w[k], wk = unpack_w(s), wc = signbit(s) ? -s : 1.0f - s;
         f[k] = A[k] * wk;
         df[k] = dA[k] * wk + A[k] * dw[k];
         A[k] *= wc;
