@@ -28,11 +28,19 @@ def _key(text: str) -> str:
     return text.lstrip("-").replace("_", "-")
 
 
-def parser(config_cls, prog: str, description: str) -> argparse.ArgumentParser:
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on stderr, with a pointer to ``--help`` instead
+    of the usage block, and exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(str(message).split())} (see {self.prog} --help)\n")
+
+
+def parser(config_cls, prog: str, description: str) -> Parser:
     """The parser of a command whose options are ``config_cls``'s fields. Its defaults are left out
     of the namespace (``argparse.SUPPRESS``): ``parse`` tells what the command line gave from what
-    the file or the defaults give."""
-    p = argparse.ArgumentParser(prog=prog, description=description, argument_default=argparse.SUPPRESS)
+    the file or the defaults give. Errors are one line (``Parser``)."""
+    p = Parser(prog=prog, description=description, argument_default=argparse.SUPPRESS)
     p.add_argument("--config", metavar="FILE", help="a YAML (.yaml, .yml) or TOML (.toml) file setting any of these "
                    "options, keys named as the flags (max-steps: 200); flags given here override it")
     groups, exclusive = {}, {}

@@ -143,3 +143,15 @@ def test_model_help_lists_every_built_in_model():
 
     (model,) = [a for a in train.parser()._actions if a.dest == "model"]
     assert all(name in model.help for name in BUILT_IN) and "local checkpoint directory" in model.help
+
+
+@pytest.mark.parametrize("command,config_cls", COMMANDS)
+@pytest.mark.parametrize("argv", [["--no-such-flag"], ["--batch-size", "0"], ["--device", "tpu"]])
+def test_an_error_is_one_line_with_a_pointer_to_help_and_no_usage_block(capsys, command, config_cls, argv):
+    with pytest.raises(SystemExit) as e:
+        parse(command, config_cls, argv)
+    err = capsys.readouterr().err
+    prog = command.parser().prog
+    assert e.value.code == 2
+    assert err.count("\n") == 1 and "usage:" not in err, err
+    assert err.startswith(f"{prog}: error: ") and err.endswith(f"(see {prog} --help)\n")
