@@ -11,8 +11,12 @@ prints the one line naming the last complete checkpoint), waits for them (``--sh
 the signal's number (130, 143), as the ranks end, and no output of its own (torchrun's log lines
 about the signal left out too). A second signal while torchrun waits makes it send the ranks
 SIGTERM (``probmoe-train`` takes that as the same interrupt: it still stops at the step
-boundary) and wait again; a stuck rank is SIGKILLed after ``--shutdown_timeout``. Anything else
-(a rank that fails) is torchrun's own report and status.
+boundary) and wait again; a stuck rank is SIGKILLed after ``--shutdown_timeout``.
+
+A rank that fails ends the launcher with that rank's status, not torchrun's ``ChildFailedError``
+traceback and status 1: a rank's input error is the rank's own one line (rank 0 prints it,
+``config_parser.Parser``) and status 2; any other failure adds one line naming the rank and its
+status (its own output above says why). ``--nproc_per_node`` is checked first, in one line.
 """
 
 from __future__ import annotations
@@ -20,25 +24,67 @@ from __future__ import annotations
 import logging
 import sys
 
+NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")  # torchrun's --nproc_per_node besides a count
+
 # torchrun's log lines about the signal, left out: the ranks' line says it (other log lines stay)
 QUIET = {"torch.distributed.elastic.agent.server.api": "Received %s death signal, shutting down workers",
          "torch.distributed.elastic.multiprocessing.api": "Sending process %s closing signal %s"}
+# torchrun's log line about a failed rank, left out: the rank said why, the launcher says which
+FAILED = ("torch.distributed.elastic.multiprocessing.api", "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s")
 
 
 def _quiet(record: logging.LogRecord) -> bool:
-    return record.msg != QUIET.get(record.name)
+    return record.msg != QUIET.get(record.name) and (record.name, record.msg) != FAILED
+
+
+def _error(message: str) -> int:
+    print(f"probmoe-launch: error: {message} (see torchrun --help)", file=sys.stderr)
+    return 2
+
+
+def check_nproc(argv) -> str | None:
+    """What is wrong with ``--nproc_per_node`` in torchrun's arguments ``argv``, or None."""
+    from torch.distributed.run import parse_args
+
+    value = parse_args(list(argv) + ([] if argv else ["x"])).nproc_per_node
+    try:
+        count = int(value)
+    except ValueError:
+        return None if value in NPROC_WORDS else \
+            f"--nproc_per_node must be a number of processes >= 1 or one of {', '.join(NPROC_WORDS)}, got {value!r}"
+    return None if count >= 1 else f"--nproc_per_node must be a number of processes >= 1 (or one of " \
+        f"{', '.join(NPROC_WORDS)}), got {count}"
+
+
+def failed(e) -> int:
+    """The status of a run whose rank failed (``ChildFailedError``): the first failed rank's own
+    status (128 + the signal that ended it); one line unless it was a rank's input error (status 2,
+    which the rank has said in one line)."""
+    rank, failure = min(e.failures.items())
+    code = failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
+    if code != 2:
+        how = f"status {code}" if failure.exitcode > 0 else f"signal {-failure.exitcode}"
+        print(f"probmoe-launch: rank {rank} failed ({how}); its output above says why", file=sys.stderr)
+    return code
 
 
 def main(argv=None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    problem = check_nproc(argv)
+    if problem is not None:
+        return _error(problem)
     for name in QUIET:
         logging.getLogger(name).addFilter(_quiet)
     try:
         torchrun(argv)
     except SignalException as e:
         return 128 + int(e.sigval)
+    except ChildFailedError as e:
+        return failed(e)
     return 0
 
 

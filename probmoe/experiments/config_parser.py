@@ -30,10 +30,12 @@ def _key(text: str) -> str:
 
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line on stderr, with a pointer to ``--help`` instead
-    of the usage block, and exit status 2."""
+    of the usage block, and exit status 2. Under torchrun every rank checks the same input: rank 0
+    alone prints the line (``probmoe-launch`` ends with status 2 and nothing more)."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {' '.join(str(message).split())} (see {self.prog} --help)\n")
+        line = f"{self.prog}: error: {' '.join(str(message).split())} (see {self.prog} --help)\n"
+        self.exit(2, line if os.environ.get("RANK", "0") == "0" else None)
 
 
 def parser(config_cls, prog: str, description: str) -> Parser:
