@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import re
 from dataclasses import fields
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".toml")
@@ -33,9 +34,25 @@ class Parser(argparse.ArgumentParser):
     of the usage block, and exit status 2. Under torchrun every rank checks the same input: rank 0
     alone prints the line (``probmoe-launch`` ends with status 2 and nothing more)."""
 
+    flags: dict = {}  # {field name: flag}: how the messages of the Python API (patch_model) name them
+
     def error(self, message: str):
-        line = f"{self.prog}: error: {' '.join(str(message).split())} (see {self.prog} --help)\n"
+        text = as_flags(" ".join(str(message).split()), self.flags)
+        line = f"{self.prog}: error: {text} (see {self.prog} --help)\n"
         self.exit(2, line if os.environ.get("RANK", "0") == "0" else None)
+
+
+def as_flags(message: str, flags: dict) -> str:
+    """``message`` with the Python API's argument names as the command's flags: ``balance='aux-free'``
+    becomes ``--balance aux-free``, ``balance_rate`` ``--balance-rate`` (names with an underscore, or
+    followed by ``=``; text in quotes, such as a path, is left as it is)."""
+    if not flags:
+        return message
+    names = "|".join(sorted(map(re.escape, flags), key=len, reverse=True))
+    assign = re.compile(rf"\b({names})=(?:'([^']*)'|([^\s,;)]+))")
+    bare = re.compile(rf"(?<![\w-])({'|'.join(re.escape(n) for n in flags if '_' in n) or '(?!)'})(?![\w-])")
+    parts = re.split(r"('[^']*')", assign.sub(lambda m: f"{flags[m.group(1)]} {m.group(2) or m.group(3)}", message))
+    return "".join(part if i % 2 else bare.sub(lambda m: flags[m.group(1)], part) for i, part in enumerate(parts))
 
 
 def parser(config_cls, prog: str, description: str) -> Parser:
@@ -43,6 +60,7 @@ def parser(config_cls, prog: str, description: str) -> Parser:
     of the namespace (``argparse.SUPPRESS``): ``parse`` tells what the command line gave from what
     the file or the defaults give. Errors are one line (``Parser``)."""
     p = Parser(prog=prog, description=description, argument_default=argparse.SUPPRESS)
+    p.flags = {f.name: flag(f) for f in fields(config_cls)}
     p.add_argument("--config", metavar="FILE", help="a YAML (.yaml, .yml) or TOML (.toml) file setting any of these "
                    "options, keys named as the flags (max-steps: 200); flags given here override it")
     groups, exclusive = {}, {}

@@ -44,6 +44,10 @@ RESUME_KEYS = ("model", "method", "k", "kmin", "kmax", "backend", "grad", "aux_l
                "lr_schedule", "warmup_steps", "weight_decay", "max_grad_norm", "batch_size", "grad_accum",
                "max_length", "bf16", "data_sha256", "world_size", "device_type", "schedule_steps", "fsdp",
                "param_dtype", "layers", "data_format", "l1_coef", "l1_rate", "balance", "balance_rate")
+# how a resume's refusal names a fingerprint field that is not a flag of the same name (the others: --max-grad-norm ...)
+RESUME_NAMES = {"schedule_steps": "the learning-rate schedule's steps (--max-steps or --epochs)",
+                "data_sha256": "the --data file's contents (SHA-256)", "world_size": "processes (world size)",
+                "device_type": "device type"}
 # what a checkpoint written before a setting existed ran with
 RESUME_DEFAULTS = {"fsdp": False, "param_dtype": "float32", "layers": None, "data_format": "question-answer",
                    "l1_coef": None, "l1_rate": None, "balance": None, "balance_rate": None}
@@ -261,8 +265,8 @@ def verify(directory: str, manifest: dict, rank: int) -> None:
 def check_resume(manifest: dict, fingerprint: dict, directory: str) -> None:
     """ValueError listing every trajectory setting in which the resuming run differs."""
     saved = {**RESUME_DEFAULTS, **manifest["fingerprint"]}
-    diffs = [f"{key}: checkpoint {saved.get(key)!r}, now {fingerprint.get(key)!r}" for key in RESUME_KEYS
-             if saved.get(key) != fingerprint.get(key)]
+    diffs = [f"{RESUME_NAMES.get(key) or '--' + key.replace('_', '-')}: checkpoint {saved.get(key)!r}, now "
+             f"{fingerprint.get(key)!r}" for key in RESUME_KEYS if saved.get(key) != fingerprint.get(key)]
     if diffs:
         raise ValueError(f"--resume {directory!r} was written by a run with other settings; an exact resume needs "
                          f"the same ones ({'; '.join(diffs)})")

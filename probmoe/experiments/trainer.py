@@ -153,7 +153,10 @@ class Trainer:
                              f"{cfg.grad_accum} = {self.global_batch})")
         self.total_steps = cfg.max_steps if cfg.max_steps is not None else \
             max(1, math.floor(cfg.epochs * self.steps_per_epoch))
-        self.end = self.total_steps if cfg.stop_after is None else min(cfg.stop_after, self.total_steps)
+        if cfg.stop_after is not None and cfg.stop_after > self.total_steps:
+            raise ValueError(f"--stop-after must be between 1 and the run's last step {self.total_steps} ("
+                             f"{'--max-steps' if cfg.max_steps is not None else '--epochs'}), got {cfg.stop_after}")
+        self.end = self.total_steps if cfg.stop_after is None else cfg.stop_after
         self.fingerprint = fingerprint(cfg, world, self.total_steps, self.records.format)
 
     def _check_resume(self) -> bool:

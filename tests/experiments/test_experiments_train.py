@@ -157,7 +157,7 @@ def test_resume_refuses_the_same_file_read_as_another_format(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         run(*args, "--output-dir", tmp_path / "a", "--resume", "latest", "--data-format", "text")
     assert e.value.code == 2
-    assert "data_format: checkpoint 'question-answer', now 'text'" in capsys.readouterr().err
+    assert "--data-format: checkpoint 'question-answer', now 'text'" in capsys.readouterr().err
 
 
 def test_resume_refuses_other_balancing(tmp_path, data, capsys):
@@ -168,7 +168,30 @@ def test_resume_refuses_other_balancing(tmp_path, data, capsys):
     with pytest.raises(SystemExit) as e:
         run(*args, "--balance-rate", "0.02", "--resume", "latest")
     assert e.value.code == 2
-    assert "balance_rate: checkpoint 0.01, now 0.02" in capsys.readouterr().err
+    assert "--balance-rate: checkpoint 0.01, now 0.02" in capsys.readouterr().err
+
+
+def test_a_changed_max_steps_on_resume_is_named_by_its_flags(tmp_path, data, capsys):
+    """The learning-rate schedule's length is the fingerprint's ``schedule_steps``; the user typed
+    --max-steps (issue 42, point 5.9)."""
+    args = ["--model", "tiny-olmoe", "--data", data, "--batch-size", 2, "--save-every", 1, "--output-dir", tmp_path / "a"]
+    run(*args, "--max-steps", 2, "--stop-after", 1)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        run(*args, "--max-steps", 3, "--resume", "latest")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert "the learning-rate schedule's steps (--max-steps or --epochs): checkpoint 2, now 3" in err
+    assert "schedule_steps" not in err
+
+
+def test_flag_errors_name_flags_not_the_python_arguments(tmp_path, capsys, data):
+    """patch_model's messages name its arguments (balance_rate, balance='aux-free'); the command's
+    line names the flags; --stop-after past the last step is refused, not accepted silently."""
+    err = _bad(tmp_path, capsys, "--data", data, "--balance-rate", "0.01")
+    assert "--balance-rate applies only with --balance aux-free" in err and "balance_rate" not in err
+    err = _bad(tmp_path, capsys, "--data", data, "--stop-after", 5)
+    assert "--stop-after must be between 1 and the run's last step 1 (--max-steps), got 5" in err
 
 
 def test_bad_input_is_refused_before_training(tmp_path, capsys, data):
