@@ -59,7 +59,12 @@ def _evaluate(p: argparse.ArgumentParser, cfg: EvalConfig, out: str, started: li
 
         from probmoe.experiments import checkpoints, formats
 
-        records = formats.read(cfg.data, "question-answer").head(cfg.limit).rows
+        from probmoe.eval import gsm8k
+
+        records = formats.read(cfg.data, "question-answer").head(cfg.limit)
+        if not cfg.skip_generation:
+            gsm8k.check_references(records)
+        records = records.rows
         checkpoints.check(cfg.checkpoint)
         options.check_output_folder(out, FILES, cfg.overwrite)
         model, tokenizer = checkpoints.load(cfg.checkpoint, method=cfg.method, device=options.device(cfg.device),
@@ -76,10 +81,18 @@ def _evaluate(p: argparse.ArgumentParser, cfg: EvalConfig, out: str, started: li
         if os.path.exists(os.path.join(out, name)):
             os.remove(os.path.join(out, name))
     started.append(len(records))
-    summary = generation.evaluate(
-        model, tokenizer, records, out, batch_size=cfg.batch_size, max_length=cfg.max_length,
-        max_new_tokens=cfg.max_new_tokens, generate=not cfg.skip_generation, progress=common.progress_bar(cfg.progress),
-        about={"checkpoint": cfg.checkpoint, "data": cfg.data, "routing": checkpoints.describe(model)})
+    try:
+        summary = generation.evaluate(
+            model, tokenizer, records, out, batch_size=cfg.batch_size, max_length=cfg.max_length,
+            max_new_tokens=cfg.max_new_tokens, generate=not cfg.skip_generation,
+            progress=common.progress_bar(cfg.progress),
+            about={"checkpoint": cfg.checkpoint, "data": cfg.data, "routing": checkpoints.describe(model)})
+    except Exception:  # a failure (not a signal: interrupts.ended says what is there) leaves no partial results
+        started.clear()
+        for name in FILES:
+            if os.path.exists(os.path.join(out, name)):
+                os.remove(os.path.join(out, name))
+        raise
     line = f"{summary['routing']}: answer loss {summary['answer_loss']:.4f}, {summary['experts_per_token']:.2f} " \
            f"experts/token"
     if not cfg.skip_generation and records:

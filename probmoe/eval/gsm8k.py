@@ -73,6 +73,18 @@ def gold_answer(answer_field: str) -> str:
     return answer
 
 
+def check_references(records) -> None:
+    """Every row of ``records`` (``formats.Records`` of question/answer) has a gold number, before
+    any model loads: ValueError naming the first row without one, by file and line."""
+    for index, row in enumerate(records.rows):
+        try:
+            gold_answer(row["answer"])
+        except ValueError:
+            raise ValueError(f"--data {records.where(index)}: exact match needs the answer to end in '#### <number>' "
+                             f"(GSM8K's form), got {row['answer'][-60:]!r}; --skip-generation scores the answer "
+                             "loss alone") from None
+
+
 def is_correct(completion: str, reference_answer: str, mode: str = "flexible") -> bool:
     """Whether the answer ``extract_answer(completion, mode)`` equals the reference, as exact decimals.
 
