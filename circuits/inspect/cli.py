@@ -77,7 +77,8 @@ def _parser(prog: str, description: str) -> _Parser:
                    "(1 <= M <= number of groups)")
     g.add_argument("--capacity", type=int, metavar="C", help="at most C true variables per group "
                    "(1 <= C <= largest group)")
-    g.add_argument("--cnf", metavar="FILE", help="a DIMACS CNF file (compiled on a balanced vtree)")
+    g.add_argument("--cnf", metavar="FILE", help="a DIMACS CNF file (compiled by d4 into a d-DNNF, the 'cnf' extra; "
+                   "--compiler pysdd: an SDD)")
     g.add_argument("--sdd", metavar="FILE", help="an SDD file saved by pysdd/libsdd (needs --vtree)")
     g.add_argument("--vtree", metavar="FILE", help="the vtree file the --sdd was saved with")
     p.add_argument("--compiler", choices=COMPILERS,

@@ -33,7 +33,11 @@ def evaluator() -> str:
     _, isa, why = build.choice()
     if isa is None:
         return f"torch passes (C passes {why})"
-    return f"fused C passes ({isa}, built on first use into {build.build_dir()})"
+    where = build.build_dir()
+    if not build.writable(where):
+        return f"fused C passes ({isa}, built on first use into a temporary folder for each process: {where} is " \
+               "not writable)"
+    return f"fused C passes ({isa}, built on first use into {where})"
 
 
 def compile_facts(circuit, warnings: list[str] = ()) -> dict:

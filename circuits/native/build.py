@@ -113,6 +113,19 @@ def build_dir() -> Path:
     return default_cache_dir() / "native"
 
 
+def writable(folder: Path) -> bool:
+    """Whether files can be created in ``folder``, or in the nearest folder above it that exists
+    (where it would be made): a file is created there and removed, nothing else is."""
+    folder = Path(folder)
+    while not folder.exists() and folder.parent != folder:
+        folder = folder.parent
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:  # not a folder, read-only, a pseudo file system (/proc)
+        return False
+
+
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -228,8 +241,10 @@ class NativeLibrary:
             return self.load(path), path
         except OSError:  # missing, damaged or foreign: build it (again)
             try:
+                if not writable(path.parent):  # a cache under a file or on /proc: not only PermissionError
+                    raise PermissionError(13, "not writable", str(path.parent))
                 self.build(cc, path, isa)
-            except PermissionError:  # a read-only cache: build for this process only
+            except PermissionError:  # a read-only or unusable cache: build for this process only
                 tmp = tempfile.mkdtemp(prefix="probmoe-native-")
                 atexit.register(shutil.rmtree, tmp, True)  # nothing left behind in /tmp
                 path = Path(tmp) / path.name
