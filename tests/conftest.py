@@ -7,12 +7,36 @@ import pytest
 import torch
 
 _SAVED: dict = {}
+DEVICES = ("cpu", "cuda")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cpu", choices=DEVICES,
+                     help="the device of the tests that take one (the `device` fixture; selected by -m device): "
+                          "cpu (default) or cuda. tools/gpu/check.sh runs them with --device cuda")
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that asks for the ``device`` fixture is a device test: marked ``device``, so that
+    ``-m device --device cuda`` runs exactly the tests that can take a GPU."""
+    for item in items:
+        if "device" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.device)
+
+
+@pytest.fixture
+def device(request) -> torch.device:
+    """The device under test (``--device``; the CPU by default). Tests put the computation there and
+    keep their references (brute force, pysdd) on the CPU."""
+    return torch.device(request.config.getoption("--device"))
 
 
 def pytest_configure(config):
     """Every test session compiles circuits, builds the C passes and lets matplotlib cache its
     fonts in a directory of its own, never the user's. Set here, before any test module is imported (a session fixture would
     come too late for what runs at collection)."""
+    if config.getoption("--device") == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
     _SAVED["old"] = {name: os.environ.get(name) for name in ("PROBMOE_CACHE", "MPLCONFIGDIR")}
     _SAVED["path"] = tempfile.mkdtemp(prefix="probmoe-test-cache-")
     os.environ["PROBMOE_CACHE"] = _SAVED["path"]

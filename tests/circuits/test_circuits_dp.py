@@ -16,46 +16,48 @@ SPECS = [circuits.ExactlyK(1, 0), circuits.ExactlyK(1, 1), circuits.ExactlyK(6, 
          circuits.RangeK(6, 0, 6), circuits.RangeK(7, 2, 4), circuits.RangeK(8, 0, 1), circuits.RangeK(5, 4, 5)]
 
 
-def _logits(n, T=5, seed=0, dtype=torch.float64):
-    return torch.randn(T, n, generator=torch.Generator().manual_seed(seed), dtype=dtype) * 2
+def _logits(n, T=5, seed=0, dtype=torch.float64, device="cpu"):
+    """[T, n] N(0, 4) logits, drawn on the CPU (the same on every device), then moved to ``device``."""
+    return (torch.randn(T, n, generator=torch.Generator().manual_seed(seed), dtype=dtype) * 2).to(device)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.describe())
-def test_queries_match_brute_force(spec):
+def test_queries_match_brute_force(spec, device):
     dp = circuits.engine(spec, algorithm="dp")
     assert isinstance(dp, circuits.CardinalityDP) and (dp.kmin, dp.kmax) == (spec.cardinalities[0],
                                                                             spec.cardinalities[-1])
-    r = _logits(spec.n).requires_grad_()
-    want = exact(r.detach(), masks(spec.n, spec.cardinalities))
+    r = _logits(spec.n, device=device).requires_grad_()
+    want = exact(r.detach().cpu(), masks(spec.n, spec.cardinalities))
     log_z = dp.log_partition(r)
-    torch.testing.assert_close(log_z, want.log_partition, atol=1e-9, rtol=0)
+    torch.testing.assert_close(log_z.cpu(), want.log_partition, atol=1e-9, rtol=0)
     grad, = torch.autograd.grad(log_z.sum(), r)  # d log Z / d r = m - sigmoid(r)
-    torch.testing.assert_close(grad, want.marginals - torch.sigmoid(r.detach()), atol=1e-9, rtol=0)
-    torch.testing.assert_close(dp.marginals(r), want.marginals, atol=1e-9, rtol=0)
-    assert torch.equal(dp.map(r), want.map)
+    torch.testing.assert_close(grad.cpu(), want.marginals - torch.sigmoid(r.detach().cpu()), atol=1e-9, rtol=0)
+    torch.testing.assert_close(dp.marginals(r).cpu(), want.marginals, atol=1e-9, rtol=0)
+    assert torch.equal(dp.map(r).cpu(), want.map)
     # log Z_j: the natural log-partition of each size
-    counts = dp.log_counts(r)
+    counts = dp.log_counts(r).cpu()
     sizes = list(spec.cardinalities)
-    direct = torch.stack([torch.logsumexp(r.detach() @ masks(spec.n, [j]).T, dim=-1) for j in sizes], -1)
+    rc = r.detach().cpu()
+    direct = torch.stack([torch.logsumexp(rc @ masks(spec.n, [j]).T, dim=-1) for j in sizes], -1)
     torch.testing.assert_close(counts, direct, atol=1e-9, rtol=0)
 
 
 @pytest.mark.parametrize("spec", [circuits.ExactlyK(6, 2), circuits.RangeK(6, 1, 4)], ids=lambda s: s.describe())
-def test_jacobian_of_marginals_is_covariance(spec):
+def test_jacobian_of_marginals_is_covariance(spec, device):
     dp = circuits.CardinalityDP(spec)
     r = _logits(spec.n, T=1)[0]
-    jac = torch.autograd.functional.jacobian(dp.marginals, r)
+    jac = torch.autograd.functional.jacobian(dp.marginals, r.to(device)).cpu()
     torch.testing.assert_close(jac, exact(r[None], masks(spec.n, spec.cardinalities)).cov[0], atol=1e-9, rtol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("spec", [circuits.ExactlyK(64, 8), circuits.RangeK(64, 4, 8)], ids=lambda s: s.describe())
-def test_the_two_algorithms_agree(spec, dtype):
+def test_the_two_algorithms_agree(spec, dtype, device):
     """The DP and the compiled circuit: log Z, marginals, their backward and the MAP (leading dims kept)."""
-    dp, circuit = circuits.engine(spec, algorithm="dp"), circuits.engine(spec)
-    r = _logits(64, T=24, dtype=dtype).reshape(2, 12, 64).requires_grad_()
+    dp, circuit = circuits.engine(spec, algorithm="dp"), circuits.engine(spec, device=device)
+    r = _logits(64, T=24, dtype=dtype, device=device).reshape(2, 12, 64).requires_grad_()
     tol = 1e-9 if dtype == torch.float64 else 2e-5
-    v = torch.randn(r.shape, dtype=dtype)
+    v = torch.randn(r.shape, dtype=dtype).to(device)
     for query in ("log_partition", "marginals"):
         a, b = getattr(dp, query)(r), getattr(circuit, query)(r)
         assert a.shape == b.shape and a.dtype == dtype
@@ -67,23 +69,24 @@ def test_the_two_algorithms_agree(spec, dtype):
     assert torch.equal(dp.map(r), circuit.map(r))
 
 
-def test_draws_follow_the_marginals_and_are_seeded():
+def test_draws_follow_the_marginals_and_are_seeded(device):
     """Empirical frequencies of 40,000 draws within 5 standard errors of the exact marginals, and each
     draw allowed; the same generator seed gives the same draws, as ``marginals_and_sample`` does."""
     spec = circuits.RangeK(6, 2, 4)
     dp = circuits.CardinalityDP(spec)
     r = _logits(6, T=1, dtype=torch.float32)
-    z = dp.sample(r.expand(40000, 6), torch.Generator().manual_seed(0))
+    rd = r.to(device).expand(40000, 6)
+    z = dp.sample(rd, torch.Generator(device).manual_seed(0)).cpu()
     sizes = z.sum(-1)
     assert ((sizes >= 2) & (sizes <= 4)).all() and ((z == 0) | (z == 1)).all()
     m = exact(r, masks(6, spec.cardinalities)).marginals[0].float()
     assert ((z.mean(0) - m).abs() < 5 * (m * (1 - m) / 40000).sqrt() + 1e-6).all()
     assert not ((z.mean(0) - torch.full_like(m, 0.5)).abs() < 5 * (0.25 / 40000) ** 0.5).all()  # it can fail
-    again = dp.sample(r.expand(40000, 6), torch.Generator().manual_seed(0))
+    again = dp.sample(rd, torch.Generator(device).manual_seed(0)).cpu()
     assert torch.equal(z, again)
-    m2, z2 = dp.marginals_and_sample(r.expand(40000, 6), torch.Generator().manual_seed(0))
-    assert torch.equal(z2, z)
-    torch.testing.assert_close(m2[0], m, atol=1e-5, rtol=0)
+    m2, z2 = dp.marginals_and_sample(rd, torch.Generator(device).manual_seed(0))
+    assert torch.equal(z2.cpu(), z)
+    torch.testing.assert_close(m2[0].cpu(), m, atol=1e-5, rtol=0)
 
 
 def test_half_precision_and_validation():

@@ -18,29 +18,31 @@ EXACT_SPECS = [(n, k) for n in range(1, 11) for k in range(n + 1)]
 RANGE_SPECS = [(n, lo, hi) for n in range(1, 11) for lo, hi in {(0, n), (1, max(1, n - 1)), (n // 3, (2 * n) // 3), (0, 1), (n - 1, n)}]
 
 
-def _check(spec, cards, T=6, scale=2.0, seed=0):
+def _check(spec, cards, device, T=6, scale=2.0, seed=0):
+    """The circuit on ``device`` against brute force on the CPU: r [T, n] float64."""
     g = torch.Generator().manual_seed(seed)
     r = torch.randn(T, spec.n, generator=g, dtype=torch.float64) * scale
-    c = circuits.compile_circuit(spec)
+    c = circuits.compile_circuit(spec, device=device)
     want = exact(r, masks(spec.n, cards))
-    torch.testing.assert_close(c.log_partition(r), want.log_partition, atol=1e-9, rtol=0)
-    torch.testing.assert_close(c.marginals(r), want.marginals, atol=1e-9, rtol=0)
-    assert torch.equal(c.map(r), want.map)
+    rd = r.to(device)
+    torch.testing.assert_close(c.log_partition(rd).cpu(), want.log_partition, atol=1e-9, rtol=0)
+    torch.testing.assert_close(c.marginals(rd).cpu(), want.marginals, atol=1e-9, rtol=0)
+    assert torch.equal(c.map(rd).cpu(), want.map)
 
 
 @pytest.mark.parametrize("n,k", EXACT_SPECS)
-def test_exactly_k_matches_brute_force(n, k):
-    _check(circuits.ExactlyK(n, k), [k])
+def test_exactly_k_matches_brute_force(n, k, device):
+    _check(circuits.ExactlyK(n, k), [k], device)
 
 
 @pytest.mark.parametrize("n,lo,hi", sorted(RANGE_SPECS))
-def test_range_k_matches_brute_force(n, lo, hi):
-    _check(circuits.RangeK(n, lo, hi), range(lo, hi + 1))
+def test_range_k_matches_brute_force(n, lo, hi, device):
+    _check(circuits.RangeK(n, lo, hi), range(lo, hi + 1), device)
 
 
 @pytest.mark.parametrize("spec,cards", [(circuits.ExactlyK(12, 5), [5]), (circuits.RangeK(12, 3, 7), range(3, 8))])
-def test_n12_matches_brute_force(spec, cards):
-    _check(spec, cards, T=3)
+def test_n12_matches_brute_force(spec, cards, device):
+    _check(spec, cards, device, T=3)
 
 
 @pytest.mark.parametrize(
@@ -48,15 +50,15 @@ def test_n12_matches_brute_force(spec, cards):
     [(circuits.ExactlyK(6, 3), [3]), (circuits.ExactlyK(8, 2), [2]), (circuits.RangeK(7, 2, 4), range(2, 5)),
      (circuits.RangeK(8, 0, 3), range(4)), (circuits.ExactlyK(5, 5), [5])],
 )
-def test_jacobian_of_marginals_is_covariance(spec, cards):
+def test_jacobian_of_marginals_is_covariance(spec, cards, device):
     r = torch.randn(spec.n) * 1.5
-    c = circuits.compile_circuit(spec)
-    jac = torch.autograd.functional.jacobian(c.marginals, r)
+    c = circuits.compile_circuit(spec, device=device)
+    jac = torch.autograd.functional.jacobian(c.marginals, r.to(device)).cpu()
     cov = exact(r[None], masks(spec.n, cards)).cov[0]
     torch.testing.assert_close(jac, cov, atol=1e-9, rtol=0)
     # log Z is twice differentiable: Hessian = Cov - diag(p (1 - p))
     p = torch.sigmoid(r)
-    hess = torch.autograd.functional.hessian(c.log_partition, r)
+    hess = torch.autograd.functional.hessian(c.log_partition, r.to(device)).cpu()
     torch.testing.assert_close(hess, cov - torch.diag(p * (1 - p)), atol=1e-9, rtol=0)
 
 
@@ -73,10 +75,10 @@ def _pysdd_wmc(spec, r):
 
 
 @pytest.mark.parametrize("spec", [circuits.ExactlyK(64, 8), circuits.RangeK(64, 4, 8)])
-def test_n64_matches_pysdd_wmc(spec):
-    c = circuits.compile_circuit(spec)
+def test_n64_matches_pysdd_wmc(spec, device):
+    c = circuits.compile_circuit(spec, device=device)
     r = torch.randn(3, 64) * 2
-    lz, m = c.log_partition(r), c.marginals(r)
+    lz, m = c.log_partition(r.to(device)).cpu(), c.marginals(r.to(device)).cpu()
     for t in range(3):
         want_lz, want_m = _pysdd_wmc(spec, r[t])
         torch.testing.assert_close(lz[t], want_lz, atol=1e-9, rtol=1e-12)
@@ -100,18 +102,18 @@ def test_torch_passes_match_the_node_by_node_definition(spec):
     torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
 
 
-def test_exactly_k_map_is_top_k():
-    c = circuits.compile_circuit(circuits.ExactlyK(64, 8))
-    r = torch.randn(200, 64)
+def test_exactly_k_map_is_top_k(device):
+    c = circuits.compile_circuit(circuits.ExactlyK(64, 8), device=device)
+    r = torch.randn(200, 64, device=device)
     top = torch.zeros_like(r).scatter_(1, r.topk(8, dim=-1).indices, 1.0)
     assert torch.equal(c.map(r), top)
 
 
-def test_range_k_map_rule():
+def test_range_k_map_rule(device):
     """Range MAP: the top clamp(#{r > 0}, kmin, kmax) logits."""
-    c = circuits.compile_circuit(circuits.RangeK(64, 4, 8))
+    c = circuits.compile_circuit(circuits.RangeK(64, 4, 8), device=device)
     r = torch.randn(300, 64) - 1.3  # about 6 positive logits per row, spread over the band
-    z = c.map(r)
+    z = c.map(r.to(device)).cpu()
     k = (r > 0).sum(-1).clamp(4, 8)
     assert set(k.tolist()) >= {4, 8} and torch.equal(z.sum(-1).long(), k)
     order = r.argsort(dim=-1, descending=True)

@@ -18,11 +18,11 @@ DRAWS = 200_000
         (circuits.ExactlyK(5, 2), [2], [3.0, -2.5, 0.0, 1.5, -4.0]),  # skewed
     ],
 )
-def test_chi_squared(spec, cards, logits):
+def test_chi_squared(spec, cards, logits, device):
     r = torch.tensor(logits)
-    c = circuits.compile_circuit(spec)
+    c = circuits.compile_circuit(spec, device=device)
+    draws = c.sample(r.to(device).expand(DRAWS, -1), generator=torch.Generator(device).manual_seed(1234)).cpu()
     gen = torch.Generator().manual_seed(1234)
-    draws = c.sample(r.expand(DRAWS, -1), generator=gen)
     allowed = masks(spec.n, cards)
     probs = exact(r[None], allowed).probs[0]
     assert chi2_pvalue(mask_counts(draws, allowed), probs) > 1e-3
@@ -31,37 +31,37 @@ def test_chi_squared(spec, cards, logits):
     assert chi2_pvalue(mask_counts(draws, allowed), wrong) < 1e-6
 
 
-def test_n64_every_draw_has_exactly_k_ones():
-    c = circuits.compile_circuit(circuits.ExactlyK(64, 8))
-    z = c.sample(torch.randn(4096, 64) * 3)
+def test_n64_every_draw_has_exactly_k_ones(device):
+    c = circuits.compile_circuit(circuits.ExactlyK(64, 8), device=device)
+    z = c.sample(torch.randn(4096, 64, device=device) * 3)
     assert z.dtype == torch.float32 and set(z.unique().tolist()) <= {0.0, 1.0}
     assert bool((z.sum(-1) == 8).all())
 
 
-def test_range_draws_stay_in_range_and_match_marginals():
-    c = circuits.compile_circuit(circuits.RangeK(64, 4, 8))
-    r = torch.randn(64, dtype=torch.float64) - 2.0
-    z = c.sample(r.expand(100_000, -1), generator=torch.Generator().manual_seed(0))
+def test_range_draws_stay_in_range_and_match_marginals(device):
+    c = circuits.compile_circuit(circuits.RangeK(64, 4, 8), device=device)
+    r = torch.randn(64, dtype=torch.float64, device=device) - 2.0
+    z = c.sample(r.expand(100_000, -1), generator=torch.Generator(device).manual_seed(0))
     k = z.sum(-1)
     assert bool(((k >= 4) & (k <= 8)).all()) and len(k.unique()) == 5
     m = c.marginals(r)
     assert (z.mean(0) - m).abs().max() < 5 * (m * (1 - m) / 100_000).sqrt().max()
 
 
-def test_sampling_is_reproducible_and_avoids_minus_inf():
-    c = circuits.compile_circuit(circuits.ExactlyK(10, 4))
-    r = torch.randn(1000, 10)
+def test_sampling_is_reproducible_and_avoids_minus_inf(device):
+    c = circuits.compile_circuit(circuits.ExactlyK(10, 4), device=device)
+    r = torch.randn(1000, 10, device=device)
     r[:, [1, 7]] = -torch.inf
-    a = c.sample(r, generator=torch.Generator().manual_seed(5))
-    b = c.sample(r, generator=torch.Generator().manual_seed(5))
+    a = c.sample(r, generator=torch.Generator(device).manual_seed(5))
+    b = c.sample(r, generator=torch.Generator(device).manual_seed(5))
     assert torch.equal(a, b)
     assert a[:, [1, 7]].sum() == 0 and bool((a.sum(-1) == 4).all())
 
 
-def test_fused_marginals_and_sample():
-    c = circuits.compile_circuit(circuits.RangeK(12, 2, 6))
-    r = torch.randn(50, 12, requires_grad=True)
-    m, z = c.marginals_and_sample(r, generator=torch.Generator().manual_seed(0))
+def test_fused_marginals_and_sample(device):
+    c = circuits.compile_circuit(circuits.RangeK(12, 2, 6), device=device)
+    r = torch.randn(50, 12, device=device, requires_grad=True)
+    m, z = c.marginals_and_sample(r, generator=torch.Generator(device).manual_seed(0))
     torch.testing.assert_close(m, c.marginals(r))
     assert not z.requires_grad and bool(((z.sum(-1) >= 2) & (z.sum(-1) <= 6)).all())
     v = torch.randn_like(m)

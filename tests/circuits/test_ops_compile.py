@@ -168,20 +168,21 @@ def test_compiled_circuit_checks_raise_inside_the_graph():
 # --- compiled equals eager ------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", ["circuit", "dp"])
 @pytest.mark.parametrize("case", ["exactly 8", "range 4..8"])
-def test_compiled_route_equals_eager(case, backend):
+def test_compiled_route_equals_eager(case, backend, device):
     """fullgraph=True: the same draws from the same global seed (the seed is drawn by an operator),
-    the same weights and the same logit gradients."""
+    the same weights and the same logit gradients. On the CPU through aot_eager (tracing and
+    autograd, no C++ build); on CUDA through inductor, whose Triton code is what users run."""
     torch._dynamo.reset()
-    weights = torch.randn(64, 8)
+    weights = torch.randn(64, 8, device=device)
 
     def f(x):
         out = probmoe.route(x, **CASES[case], training=True, backend=backend)
         return out.indices, out.weights, (out.weights * weights).sum()
 
-    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(f, fullgraph=True, backend="inductor" if device.type == "cuda" else "aot_eager")
     results = []
     for fn in (f, compiled):
-        x = logits(seed=3).requires_grad_()
+        x = logits(seed=3).to(device).requires_grad_()
         torch.manual_seed(11)
         idx, w, loss = fn(x)
         (grad,) = torch.autograd.grad(loss, x)
@@ -231,7 +232,7 @@ def test_compiled_validation_raises_inside_the_graph():
     assert g(x).shape == (64, 8)  # garbage in, no check
 
 
-def test_patched_decoder_layer_compiles_with_fullgraph():
+def test_patched_decoder_layer_compiles_with_fullgraph(device):
     """A patched tiny OLMoE decoder layer, forward + backward, compiled with fullgraph=True (inductor),
     equals the eager layer: the same draws, output and router gradient."""
     pytest.importorskip("transformers", minversion="5.0")
@@ -239,10 +240,10 @@ def test_patched_decoder_layer_compiles_with_fullgraph():
     from probmoe.integrations.transformers.testing import tiny_model
 
     torch._dynamo.reset()
-    model = pt.patch_model(tiny_model("olmoe"), "probmoe").train()
+    model = pt.patch_model(tiny_model("olmoe").to(device), "probmoe").train()
     layer = model.model.layers[0]
-    h = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(0))
-    positions = torch.arange(8).unsqueeze(0)
+    h = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(0)).to(device)
+    positions = torch.arange(8, device=device).unsqueeze(0)
     emb = model.model.rotary_emb(h, positions)
 
     def step(fn):

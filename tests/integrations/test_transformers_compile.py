@@ -50,15 +50,16 @@ def test_compiled_equals_eager(method):
 
 
 @pytest.mark.parametrize("method", ["conventional", "probmoe", "probmoe-dynamic"])
-def test_inductor_training_step_equals_eager(method):
-    """The default backend (inductor, C++ on the CPU): loss and router gradients of one training
-    step equal the eager model's, with the same draws from the routers' generator."""
+def test_inductor_training_step_equals_eager(method, device):
+    """The default backend (inductor: C++ on the CPU, Triton on CUDA): loss and router gradients of
+    one training step equal the eager model's, with the same draws from the routers' generator (a
+    generator object is a graph break: fullgraph=True is the global RNG's, test_ops_compile.py)."""
     torch._dynamo.reset()
-    model, twin = tiny_model("olmoe").train(), tiny_model("olmoe").train()
+    model, twin = tiny_model("olmoe").to(device).train(), tiny_model("olmoe").to(device).train()
     if method != "conventional":
-        pt.patch_model(model, method, generator=torch.Generator().manual_seed(1))
-        pt.patch_model(twin, method, generator=torch.Generator().manual_seed(1))
-    x = batch(1)
+        pt.patch_model(model, method, generator=torch.Generator(device).manual_seed(1))
+        pt.patch_model(twin, method, generator=torch.Generator(device).manual_seed(1))
+    x = batch(1).to(device)
     out = torch.compile(model)(x, labels=x)
     want = twin(x, labels=x)
     torch.testing.assert_close(out.loss, want.loss, atol=1e-5, rtol=0)

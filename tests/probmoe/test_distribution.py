@@ -36,23 +36,23 @@ def cov_paper(ex, r):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("grad", ["exact", "paper"])
 @pytest.mark.parametrize("n,kmin,kmax", CASES)
-def test_against_brute_force(backend, grad, n, kmin, kmax):
+def test_against_brute_force(backend, grad, n, kmin, kmax, device):
     r = logits_for(n, kmin)
     ex, allowed = brute(r, kmin, kmax)
-    d = probmoe.SubsetDistribution(r, kmin=kmin, kmax=kmax, backend=backend, grad=grad)
+    d = probmoe.SubsetDistribution(r.to(device), kmin=kmin, kmax=kmax, backend=backend, grad=grad)
     tol = dict(atol=1e-8, rtol=0)
-    torch.testing.assert_close(d.mean, ex.marginals, **tol)
-    torch.testing.assert_close(d.log_partition, ex.log_partition, **tol)
-    torch.testing.assert_close(d.mode, ex.map, **tol)
-    lp = d.log_prob(allowed[:, None, :])  # [M, T]
+    torch.testing.assert_close(d.mean.cpu(), ex.marginals, **tol)
+    torch.testing.assert_close(d.log_partition.cpu(), ex.log_partition, **tol)
+    torch.testing.assert_close(d.mode.cpu(), ex.map, **tol)
+    lp = d.log_prob(allowed[:, None, :].to(device)).cpu()  # [M, T]
     torch.testing.assert_close(lp.exp().T, ex.probs, **tol)
     torch.testing.assert_close(torch.logsumexp(lp, dim=0), torch.zeros(4, dtype=torch.float64), **tol)
     sizes = allowed.sum(-1).long() - kmin  # [M]
     card = torch.zeros(4, kmax - kmin + 1, dtype=torch.float64).index_add_(1, sizes, ex.probs)
-    torch.testing.assert_close(d.cardinality_probs, card, **tol)
+    torch.testing.assert_close(d.cardinality_probs.cpu(), card, **tol)
     h = -(ex.probs * torch.where(ex.probs > 0, ex.probs.log(), 0.0)).sum(-1)
-    torch.testing.assert_close(d.entropy(), h, **tol)
-    torch.testing.assert_close(d.variance, ex.marginals * (1 - ex.marginals), **tol)
+    torch.testing.assert_close(d.entropy().cpu(), h, **tol)
+    torch.testing.assert_close(d.variance.cpu(), ex.marginals * (1 - ex.marginals), **tol)
 
 
 def block_jacobian(f, r):
@@ -64,10 +64,11 @@ def block_jacobian(f, r):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("grad", ["exact", "paper"])
 @pytest.mark.parametrize("n,kmin,kmax", [(6, 3, 3), (9, 2, 5), (8, 0, 8), (10, 6, 9)])
-def test_jacobian_of_mean(backend, grad, n, kmin, kmax):
+def test_jacobian_of_mean(backend, grad, n, kmin, kmax, device):
     r = logits_for(n, kmin, seed=1)
     ex, _ = brute(r, kmin, kmax)
-    J = block_jacobian(lambda x: probmoe.SubsetDistribution(x, kmin=kmin, kmax=kmax, backend=backend, grad=grad).mean, r)
+    J = block_jacobian(lambda x: probmoe.SubsetDistribution(x, kmin=kmin, kmax=kmax, backend=backend, grad=grad).mean,
+                       r.to(device)).cpu()
     want = ex.cov if grad == "exact" else cov_paper(ex, r)
     torch.testing.assert_close(J, want, atol=1e-8, rtol=0)
 
