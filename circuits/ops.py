@@ -23,7 +23,9 @@ differentiable ones have their autograd registered here.
     chosen_scores(r, seed, kmin, kmax, circuit, slots, kind, paper)
                                                 -> (weights [T, slots], indices [T, slots] long,
                                                    mask [T, slots] bool, π [T, n]): one draw, the
-                                                   drawn variables by score π = softmax(r) or
+                                                   drawn variables (then the lowest undrawn ones,
+                                                   weight 0: a row never repeats a variable)
+                                                   by score π = softmax(r) or
                                                    sigmoid(r), weights π there with the straight-
                                                    through gradient (``circuits.straight_through``)
                                                    d/dr: ``chosen_scores_backward``
@@ -311,9 +313,9 @@ def chosen_scores(r: Tensor, seed: Tensor, kmin: int, kmax: int, circuit: int, s
         if isinstance(passes, CPasses):
             return (*passes.chosen(r, *draw_uniforms(c.program, r, seed), p, slots, c.shift_size), p)
         z = passes.sample(r, *draw_uniforms(c.program, r, seed), shift=c._shift(r))[0].contiguous()
-    top, idx = select.topk_chosen(z, p, slots)  # the drawn by π, then -1
+    top, idx = select.topk_chosen(z, p, slots)  # the drawn by π, then the undrawn by index (value -1)
     mask = top >= 0
-    return torch.where(mask, top, 0.0), torch.where(mask, idx, idx[:, :1]), mask, p
+    return torch.where(mask, top, 0.0), idx.contiguous(), mask, p  # the reference slices a sort
 
 
 @chosen_scores.register_fake

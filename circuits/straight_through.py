@@ -37,10 +37,10 @@ def reference(r: Tensor, z: Tensor, tangent: Tensor, slots: int, kind: str) -> t
     tangent [T, n] zeros whose Jacobian is the marginals' (e.g. m - m.detach()), 1 <= slots <= n
     -> (weights [T, slots], indices [T, slots] long, mask [T, slots] bool, π [T, n] detached), in
     the operator's order.
-    Slots past the draw's size hold slot 0's variable, weight 0 and mask False."""
+    Slots past the draw's size hold the lowest undrawn variables, ascending (so no row repeats a
+    variable), weight 0 and mask False."""
     p = scores(r, kind)
-    top, idx = topk_chosen_reference(z.to(p.dtype), p.detach(), slots)  # the drawn by π, then -1
+    top, idx = topk_chosen_reference(z.to(p.dtype), p.detach(), slots)  # the drawn by π, then the rest by index
     mask = top >= 0
-    idx = torch.where(mask, idx, idx[:, :1])
     w = torch.where(mask, p.gather(-1, idx) * (1 + tangent.gather(-1, idx)), 0.0)
     return w, idx, mask, p.detach()

@@ -35,8 +35,10 @@ class Routing:
     """The routing of T tokens: ``kmax`` slots per token, the first ``counts`` of them used.
 
     indices: [T, kmax] long, the used slots in descending softmax probability (ties of
-        underflowed probabilities in descending logit for a range at eval); unused slots
-        repeat slot 0's expert (a valid index everywhere) with weight 0.
+        underflowed probabilities in descending logit for a range at eval). The routing contract
+        (docs/router.md): no row repeats an expert; unused slots hold experts the token does not
+        use (after a draw or a circuit's MAP the lowest-numbered ones, ascending; after a range's
+        MAP the next ones by logit), with weight exactly 0.
     weights: [T, kmax]; exactly 0, with no gradient, on unused slots.
     mask: [T, kmax] bool, the used slots.
     probs: [T, N] the gate scores π: softmax(logits), or sigmoid(logits) (``config.scores``);
@@ -112,7 +114,6 @@ def route(logits: Tensor, config: RoutingConfig | None = None, *, training: bool
         probs = gate_scores(r, config.scores)  # [T, N]
     tangent, idx, mask = _select(dist, r, probs, config, training, generator)
     w = _weights(r, tangent, idx, mask, probs, config)
-    idx = torch.where(mask, idx, idx[:, :1])
     return Routing(idx, w, mask, probs, dist, config)
 
 

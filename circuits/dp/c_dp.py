@@ -101,7 +101,8 @@ def chosen_scores(r: Tensor, p: Tensor, seed: Tensor, kmin: int, kmax: int, slot
     ``seed`` (the uniforms and the draw of ``forward_marginals``, bit for bit), then the drawn
     variables by their score p descending (ties to the lower index) in ``slots`` slots.
     r, p [T, N] float32 (p: the scores, read at the drawn variables) -> (indices [T, slots] long,
-    weights [T, slots] = p there, mask [T, slots] bool); unused slots hold slot 0's variable, weight 0."""
+    weights [T, slots] = p there, mask [T, slots] bool); unused slots hold the
+    lowest undrawn variables, ascending (distinct), weight 0."""
     r = _checked(r, kmin, kmax)
     T, N = r.shape
     p = p.to(torch.float32).contiguous()

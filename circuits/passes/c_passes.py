@@ -143,7 +143,7 @@ class CPasses(Passes):
         """``sample``'s draw, then each token's drawn variables by the scores p [T, n] descending (ties
         to the lower index) in ``slots`` slots, in the same pass (``circuits::chosen_scores``): ->
         (weights [T, slots] = p there, indices [T, slots] long, mask [T, slots] bool); unused slots
-        hold slot 0's variable and weight 0. shift_k > 0: the passes' shift is each token's
+        hold the lowest undrawn variables, ascending (distinct), weight 0. shift_k > 0: the passes' shift is each token's
         shift_k-th largest logit (``Circuit._shift``), made inside the pass."""
         uniforms, p = uniforms.contiguous(), p.contiguous()
         fill = None if fill is None else fill.contiguous()

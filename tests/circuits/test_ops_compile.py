@@ -35,11 +35,11 @@ ALIVE = []
 
 
 def chosen_slots(slots: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices [7, slots] int32 (distinct per row, unused slots repeating slot 0) and their mask
-    [7, slots], as ``chosen_scores`` makes them."""
+    """Indices [7, slots] int32 (distinct per row, unused slots too) and their mask [7, slots], as
+    ``chosen_scores`` makes them."""
     idx = torch.stack([torch.randperm(n, generator=torch.Generator().manual_seed(t))[:slots] for t in range(7)])
     mask = torch.arange(slots) < torch.tensor([slots, 2, 3, slots, 1, slots, 2]).clamp(max=slots).unsqueeze(-1)
-    return torch.where(mask, idx, idx[:, :1]).to(torch.int32), mask
+    return idx.to(torch.int32), mask
 
 
 def circuit_samples(dtype):

@@ -138,7 +138,7 @@ def test_eval_range_does_not_tie_probabilities_that_underflow(backend):
     out = probmoe.route(r, kmin=2, kmax=3, training=False, backend=backend)
     assert torch.equal(out.selected(), torch.tensor([[True, False, True], [True, True, False]]))
     assert torch.equal(out.selected().float(), out.distribution.mode)
-    assert out.indices.tolist() == [[0, 2, 0], [0, 1, 0]]
+    assert out.indices.tolist() == [[0, 2, 1], [0, 1, 2]]  # the unused slot: the next expert by logit
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -190,7 +190,7 @@ def test_unused_slots_carry_no_gradient(backend):
     (g1,) = torch.autograd.grad((out.weights * c).sum(), r, retain_graph=True)
     (g2,) = torch.autograd.grad((out.weights * torch.where(out.mask, c, 0.0)).sum(), r)
     assert torch.equal(g1, g2)
-    assert torch.equal(out.indices[~out.mask], out.indices[:, :1].expand_as(out.indices)[~out.mask])
+    assert (out.indices.sort(dim=-1).values.diff(dim=-1) > 0).all()  # the contract: no row repeats an expert
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

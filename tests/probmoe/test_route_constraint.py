@@ -113,7 +113,7 @@ def test_range_constraint_slots_and_map():
     assert torch.equal(out.selected().double(), want)
     assert set(out.counts.tolist()) >= {2, 5}
     unused = ~out.mask
-    assert torch.equal(out.indices[unused], out.indices[:, :1].expand_as(out.indices)[unused])
+    assert (out.indices.sort(dim=-1).values.diff(dim=-1) > 0).all()  # the contract: distinct, unused ones too
     assert bool((out.weights[unused] == 0).all())
 
 

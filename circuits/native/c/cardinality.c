@@ -624,7 +624,7 @@ static int64_t cov_tile(const Dims *d, const float *r, const float *v, float *ou
  * same bits dp_forward reads from U (so the same draw), and then, per token, the drawn variables
  * by their score p descending, ties to the lower index (pm_topk_chosen's order), in `slots` slots:
  * idx [T, slots] int64, wv [T, slots] = p there, mask [T, slots] (1: a used slot). Unused slots hold
- * slot 0's variable (0 when nothing was drawn), weight 0, mask 0. */
+ * the lowest undrawn variables, ascending (distinct), weight 0, mask 0. */
 void pm_uniforms_serial(int64_t seed, int64_t offset, int64_t count, float *out); /* uniforms.c */
 
 /* The uniforms [B] of tokens t0..t0+nt at `offset` of the draw (the sizes at 0, variable i at

@@ -35,8 +35,8 @@ void pm_chosen_bits(const float *z, int64_t n, int64_t B, uint64_t *bits) {
 
 /* Token t's drawn variables (lane t of pm_chosen_bits' bits [W][B]), by p [n] descending, ties to
  * the lower index (pm_topk_chosen's order), into its `slots` slots: idx [slots] int64, wv [slots] =
- * p there, mask [slots] 1. Slots past the draw hold slot 0's variable (0 when nothing was drawn),
- * weight 0, mask 0. At most `cap` drawn variables are taken (the draw's largest size); at: scratch
+ * p there, mask [slots] 1. Slots past the draw hold the lowest undrawn variables, ascending (so a
+ * token's slots never repeat a variable), weight 0, mask 0. At most `cap` drawn variables are taken (the draw's largest size); at: scratch
  * of 2 cap int32 (their indices, then their scores). */
 void pm_put_chosen(const uint64_t *bits, int64_t B, int64_t t, int64_t n, const float *p, int64_t slots,
                    int64_t cap, int64_t *idx, float *wv, uint8_t *mask, int32_t *at) {
@@ -60,7 +60,12 @@ void pm_put_chosen(const uint64_t *bits, int64_t B, int64_t t, int64_t n, const 
             mask[rank] = 1;
         }
     }
-    for (int64_t s = c; s < slots; s++) idx[s] = idx[0];
+    int64_t v = 0; /* the unused slots: the lowest variables not drawn, ascending (distinct, weight 0) */
+    for (int64_t s = c < slots ? c : slots; s < slots; s++) {
+        while (v < n && (bits[(v / 64) * B + t] >> (v % 64)) & 1) v++;
+        idx[s] = v < n ? v : 0;
+        v++;
+    }
 }
 
 /* The scores of a tile's logits, in place: p [n][B] = sigmoid(r) (`sigmoid`), or the softmax over

@@ -1,19 +1,21 @@
 """Patched experts: Dynamic-k and ReMoE experts that never compute the slots a token does not
 use, and DefaultMoE's experts that add the default outputs of the unselected experts.
 
-``probmoe.route`` hands out kmax slots per token; the unused ones repeat slot 0's expert with
-weight 0. The stock experts would compute them (a valid index with weight 0 is safe under every
-experts implementation, but costs a full expert MLP per unused slot). The patched experts drop
+``probmoe.route`` hands out kmax slots per token; the unused ones hold distinct experts the token
+does not use, with weight exactly 0 (the routing contract, docs/router.md). The stock experts
+would compute them (a valid index with weight 0 is safe under every experts implementation, but
+costs a full expert MLP per unused slot). The patched experts drop
 them before dispatch: the A active (token, slot) pairs become A rows of one slot each, which the
 stock implementation the config selects ("eager", "grouped_mm", "batched_mm") computes as usual,
 so every implementation skips for real and no new kernel is needed. Equivalent to
 
     out[t] = Σ_{s active} w[t, s] · expert_{idx[t, s]}(h[t])
 
-Active slots are read off the indices (slot 0, and every slot whose expert differs from slot 0's:
-used slots hold distinct experts), so nothing has to pass between the router and the experts and
-a checkpoint recomputation finds the same rows. ReMoE hands out all N experts per token with
-their ReLU gates as weights; there the active slots are those of nonzero weight
+Active slots are read off the weights (the nonzero ones; a used slot whose score underflowed to
+exactly 0 adds 0 to the value and, its weight's gradient being proportional to that score, 0 to
+every gradient, so skipping it changes nothing), so nothing has to pass between the router and the
+experts and a checkpoint recomputation finds the same rows. ReMoE hands out all N experts per
+token with their ReLU gates as weights; there too the active slots are those of nonzero weight
 (``WeightSkippingExperts``).
 
 DefaultMoE (``DefaultExperts``, see ``defaultmoe``) gets all N slots in training, the k selected
@@ -34,11 +36,10 @@ from . import pickling
 from .defaultmoe import update_defaults
 
 
-def active_slots(top_k_index: Tensor) -> Tensor:
-    """The used slots of a ``probmoe.Routing``'s indices: [T, kmax] long -> [T, kmax] bool."""
-    active = top_k_index != top_k_index[:, :1]  # unused slots repeat slot 0's expert
-    active[:, 0] = True  # slot 0 is always used (kmin >= 1)
-    return active
+def active_slots(top_k_weights: Tensor) -> Tensor:
+    """The slots to compute, from a ``probmoe.Routing``'s weights: [T, kmax] -> [T, kmax] bool (the
+    nonzero ones: unused slots carry weight exactly 0)."""
+    return top_k_weights != 0
 
 
 class SkippingExperts:
@@ -53,7 +54,7 @@ class SkippingExperts:
 
     def probmoe_active(self, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
         """The slots to compute: [T, kmax] bool."""
-        return active_slots(top_k_index)
+        return active_slots(top_k_weights)
 
     def probmoe_dispatch(self, hidden_states: Tensor, token: Tensor, expert: Tensor, weight: Tensor) -> Tensor:
         """The weighted expert outputs of the active rows: hidden_states [T, D], token / expert /
