@@ -292,7 +292,7 @@ class Trainer:
         return epoch, batches
 
     def _train_step(self, batches) -> dict:
-        from probmoe.integrations.transformers.controls import after_step
+        from probmoe.integrations.transformers.controls import after_step, attach, remoe_penalties
 
         cfg, world, dev = self.cfg, self.world, self.world.device
         tokens = distributed.all_sum(torch.stack([(b["labels"][:, 1:] != data.IGNORE).sum() for b in batches]).sum()
@@ -306,11 +306,11 @@ class Trainer:
             batch = {key: value.to(dev) for key, value in batch.items()}
             sync = nullcontext() if (world.size == 1 or cfg.fsdp or i == len(batches) - 1) else self.model.no_sync()
             with sync:
-                with autocast:
+                with autocast, remoe_penalties(self.net) as penalties:  # ReMoE's L1 terms, for the loss
                     out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                      output_router_logits=want_router, use_cache=False)
                 ce, _ = answer_loss_sum(out.logits, batch["labels"])
-                loss = ce * world.size / total_tokens
+                loss = attach(ce * world.size / total_tokens, penalties, 1.0 / len(batches))  # as Megatron: 1/G
                 aux = torch.zeros((), device=dev)
                 if want_router:
                     if self.plan.aux_loss:

@@ -108,56 +108,128 @@ def test_defaultmoe_eval_is_stock_and_defaults_stay_out_of_the_checkpoint(tmp_pa
 
 # -- SparseMixer -----------------------------------------------------------------------------
 
+class _V2Core(torch.autograd.Function):
+    """microsoft/SparseMixer sparsemixer_v2.py's ``v2core``, transcribed."""
+
+    @staticmethod
+    def forward(ctx, scores, multiplier, selected_experts, masked_gates, mask_for_one):
+        ctx.save_for_backward(multiplier, selected_experts, masked_gates)
+        return multiplier * mask_for_one
+
+    @staticmethod
+    def backward(ctx, grad_at_output):
+        multiplier, selected_experts, masked_gates = ctx.saved_tensors
+        grad_at_output = grad_at_output * multiplier
+        grad_at_scores_expaned = masked_gates * grad_at_output.mul(-1)
+        grad_at_scores_expaned.scatter_add_(dim=-1, index=selected_experts, src=grad_at_output)
+        return grad_at_scores_expaned, None, None, None, None
+
+
 def sparsemixer_top2_official(scores, training, eps=0.01):
-    """microsoft/SparseMixer sparsemixer_v2.py's routing for top-2, restated in plain torch: the
-    same random draws in the same order; gradient by the v2 estimator written per stage as
-    w = p_D·c (value) with ∂w/∂r = p_D (e_D − p). Returns (weights [T, 2], indices [T, 2], d)
-    where d(G) is the gradient w.r.t. the scores of Σ G ⊙ weights."""
-    stages = []
-    remaining = scores.clone()
-    for _ in range(2):
-        top, argtop = remaining.max(-1, keepdim=True)
-        far = (top - scores) / torch.maximum(scores.abs(), top) > 2 * eps
-        banded = remaining.masked_fill(far, float("-inf"))
-        if training:
-            d = (banded - torch.empty_like(banded).exponential_().log()).max(-1)[1].unsqueeze(-1)
-        else:
-            d = argtop
-        p = torch.softmax(banded, -1)
-        if training:
-            one = (d == p.max(-1, keepdim=True)[1]) | (torch.rand_like(top) > 0.75)
-            c = 0.3333 + 0.6667 * one.float()
-        else:
-            c = torch.ones_like(top)
-        stages.append((p.gather(-1, d), d, p, c))
-        remaining = remaining.scatter(-1, d, float("-inf"))
-    weights = torch.cat([g * c for g, _, _, c in stages], -1)
-    indices = torch.cat([d for _, d, _, _ in stages], -1)
-
-    def grad(G):
-        out = torch.zeros_like(scores)
-        for j, (g, d, p, _) in enumerate(stages):
-            e = torch.zeros_like(p).scatter(-1, d, 1.0)
-            out += G[:, j:j + 1] * g * (e - p)
-        return out
-    return weights, indices, grad
-
-
-@pytest.mark.parametrize("training", [True, False])
-def test_sparsemixer_top2_equals_official_transcription(training):
-    scores = torch.randn(64, N, generator=torch.Generator().manual_seed(0)) * 0.05  # many tokens with a wide band
-    G = torch.randn(64, 2, generator=torch.Generator().manual_seed(1))
-    torch.manual_seed(5)
-    want_w, want_i, grad = sparsemixer_top2_official(scores, training)
-    r = scores.clone().requires_grad_(True)
-    torch.manual_seed(5)
-    w, i = sparsemixer_weights(r, 2, training=training)
-    (w * G).sum().backward()
-    assert torch.equal(i, want_i)
-    torch.testing.assert_close(w, want_w, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(r.grad, grad(G), atol=1e-6, rtol=1e-5)
+    """microsoft/SparseMixer sparsemixer_v2.py's ``sparsemixerv2_routing(scores, 2, eps, training)``
+    (commit 1b41d56), transcribed statement by statement: the same random draws in the same order,
+    the second stage's uniform as ``torch.rand_like(max_scores).uniform_()``. Returns (multiplier
+    [T, 2], selected experts [T, 2]); the multiplier carries v2core's gradient to ``scores``."""
+    with torch.no_grad():
+        mask_logits_threshold, max_ind = scores.max(dim=-1, keepdim=True)
+        factor = scores.abs().clamp(min=mask_logits_threshold)
+        mask_logits_threshold = ((mask_logits_threshold - scores) / factor) > (2 * eps)
+    masked_gates = scores.masked_fill(mask_logits_threshold, float("-inf"))
     if training:
-        assert (w < want_w.max()).any() and r.grad.abs().sum() > 0
+        selected_experts = (masked_gates - torch.empty_like(masked_gates, memory_format=torch.legacy_contiguous_format)
+                            .exponential_().log()).max(dim=-1)[1].unsqueeze(-1)
+    else:
+        selected_experts = max_ind
+    masked_gates = torch.softmax(masked_gates, dim=-1)
+    max_scores, max_ind = masked_gates.max(dim=-1, keepdim=True)
+    mask_for_one = torch.logical_or(selected_experts == max_ind, torch.rand_like(max_scores) > 0.75)
+    mask_for_one = torch.add(0.3333, mask_for_one, alpha=0.6667).type_as(masked_gates)
+    multiplier_o = masked_gates.gather(dim=-1, index=selected_experts)
+    multiplier = _V2Core.apply(scores, multiplier_o, selected_experts, masked_gates, mask_for_one)
+    masked_scores = torch.scatter(scores, -1, selected_experts, float("-inf"))
+    with torch.no_grad():
+        mask_logits_threshold, max_ind = masked_scores.max(dim=-1, keepdim=True)
+        factor = scores.abs().clamp(min=mask_logits_threshold)
+        mask_logits_threshold = ((mask_logits_threshold - scores) / factor) > (2 * eps)
+    masked_gates_top2 = masked_scores.masked_fill(mask_logits_threshold, float("-inf"))
+    if training:
+        selected_experts_top2 = (masked_gates_top2 - torch.empty_like(
+            masked_gates_top2, memory_format=torch.legacy_contiguous_format).exponential_().log()
+        ).max(dim=-1)[1].unsqueeze(-1)
+    else:
+        selected_experts_top2 = max_ind
+    masked_gates_top2 = torch.softmax(masked_gates_top2, dim=-1)
+    max_scores, max_ind = masked_gates_top2.max(dim=-1, keepdim=True)
+    mask_for_one_top2 = torch.logical_or(selected_experts_top2 == max_ind,
+                                         torch.rand_like(max_scores).uniform_() > 0.75)
+    mask_for_one_top2 = torch.add(0.3333, mask_for_one_top2, alpha=0.6667).type_as(masked_gates_top2)
+    multiplier_top2_o = masked_gates_top2.gather(dim=-1, index=selected_experts_top2)
+    multiplier_top2 = _V2Core.apply(scores, multiplier_top2_o, selected_experts_top2, masked_gates_top2,
+                                    mask_for_one_top2)
+    return torch.concat((multiplier, multiplier_top2), dim=-1), torch.concat((selected_experts, selected_experts_top2),
+                                                                             dim=-1)
+
+
+def _wide_band_scores(seed=0, t=256):
+    """Scores near 1 (relative spread ~1%): at ε = 0.01 and 0.1 most tokens have several experts in
+    each stage's band, so the Gumbel draw and the midpoint uniform decide."""
+    return 1.0 + 0.01 * torch.randn(t, N, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("eps", [0.01, 0.1])
+@pytest.mark.parametrize("training", [True, False])
+def test_sparsemixer_top2_equals_official_code_bit_for_bit(training, eps):
+    """Ours against the official v2 code (a transcription) and against transformers' PhiMoE
+    ``sparsemixer`` itself: from one seed, the same experts, weights and score gradient, bit for
+    bit, and in training the global RNG left in the same state (the same number of draws)."""
+    from transformers.models.phimoe.modeling_phimoe import sparsemixer as phimoe_sparsemixer
+
+    scores = _wide_band_scores()
+    G = torch.randn(scores.shape[0], 2, generator=torch.Generator().manual_seed(1))
+    results = {}
+    for name, route in (("ours", lambda r: sparsemixer_weights(r, 2, training=training, jitter_eps=eps)),
+                        ("official", lambda r: sparsemixer_top2_official(r, training, eps)),
+                        ("phimoe", lambda r: phimoe_sparsemixer(r, jitter_eps=eps, training=training, top_k=2))):
+        r = scores.clone().requires_grad_(True)
+        torch.manual_seed(5)
+        w, i = route(r)
+        (w * G).sum().backward()
+        results[name] = (w.detach(), i, r.grad, torch.get_rng_state())
+    w, i, g, rng = results["ours"]
+    for name in ("official", "phimoe"):
+        want_w, want_i, want_g, want_rng = results[name]
+        assert torch.equal(i, want_i), name
+        assert torch.equal(w, want_w), name
+        if training or name == "official":  # PhiMoE's eval differentiates its band softmax; v2 and ours use v2core
+            assert torch.equal(g, want_g), name
+        if training or name == "phimoe":  # the official v2 also draws the (idle) midpoint uniform in eval
+            assert torch.equal(rng, want_rng), name
+    if training:
+        assert (w < 0.5).any() and g.abs().sum() > 0  # the 1/3 factor and the gradient are exercised
+
+
+def test_sparsemixer_jitter_eps_is_an_option(tmp_path):
+    """jitter_eps: default 0.01 (GRIN-MoE's), routes the gate, comes back from the settings file,
+    is checked; the other methods refuse it."""
+    model = pt.patch_model(tiny_model("qwen3_moe"), "sparsemixer")
+    assert model.probmoe_plan.jitter_eps == 0.01 and model.probmoe_plan.options == {"jitter_eps": 0.01}
+    wide = pt.patch_model(tiny_model("qwen3_moe"), "sparsemixer", jitter_eps=0.1).train()
+    gate = wide.model.layers[0].mlp.gate
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(3)
+    _, w, i = gate(x)
+    torch.manual_seed(3)
+    want_w, want_i = sparsemixer_weights(x @ gate.weight.T, 2, training=True, jitter_eps=0.1)
+    assert torch.equal(i, want_i) and torch.equal(w, want_w.to(w.dtype))
+    torch.manual_seed(3)
+    assert not torch.equal(sparsemixer_weights(x @ gate.weight.T, 2, training=True)[1], i)  # ε matters here
+    wide.save_pretrained(tmp_path)
+    assert pt.from_pretrained(tmp_path).probmoe_plan == wide.probmoe_plan
+    for bad in (0.0, -0.1, float("nan"), "0.1", True):
+        with pytest.raises(ValueError, match="jitter_eps must be a finite number > 0"):
+            pt.patch_model(tiny_model("qwen3_moe"), "sparsemixer", jitter_eps=bad)
+    with pytest.raises(ValueError, match="jitter_eps applies only to method 'sparsemixer'"):
+        pt.patch_model(tiny_model("qwen3_moe"), "conventional", jitter_eps=0.1)
 
 
 def test_sparsemixer_top3_repeats_the_second_stage():
@@ -186,13 +258,14 @@ def test_sparsemixer_block_equals_reference():
     torch.manual_seed(7)
     y, g = run_block(block, x, grad_out)
     torch.manual_seed(7)
-    scores = h @ block.gate.weight.detach().T
-    w, idx, grad = sparsemixer_top2_official(scores, True)
+    scores = (h @ block.gate.weight.detach().T).requires_grad_(True)
+    w, idx = sparsemixer_top2_official(scores, True)
     outs = [[expert_out(block.experts, int(idx[t, j]), h[t]).detach() for j in range(2)] for t in range(12)]
-    want_y = torch.stack([sum(w[t, j] * outs[t][j] for j in range(2)) for t in range(12)])
+    want_y = torch.stack([sum(w[t, j].detach() * outs[t][j] for j in range(2)) for t in range(12)])
     G = torch.tensor([[float((outs[t][j] * grad_out[t]).sum()) for j in range(2)] for t in range(12)])
+    (w * G).sum().backward()
     torch.testing.assert_close(y, want_y, atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(g, grad(G).T @ h, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(g, scores.grad.T @ h, atol=1e-5, rtol=1e-4)
     assert g.abs().sum() > 0
 
 
@@ -200,7 +273,9 @@ def test_sparsemixer_block_equals_reference():
 
 def test_remoe_block_equals_reference_and_computes_only_active_rows():
     """Wang et al.: y_t = Σ_i ReLU(r_ti) E_i(x_t); the router's gradient includes that of
-    λ/L · N/(kT²) Σ_i c_i Σ_t R_ti (c_i = #{t : R_ti > 0}), which adds nothing to the value."""
+    λ · N/(kT²) Σ_i c_i Σ_t R_ti (c_i = #{t : R_ti > 0}; λ per layer, as the official code), which
+    adds nothing to the value (the block alone: no loss to ride on, so at gradient scale 1;
+    test_transformers_remoe checks the scaling against the official code)."""
     model, block, x = block_and_inputs("remoe", l1_coef=0.5)
     model.train()
     h = x.reshape(-1, 64)
@@ -224,9 +299,8 @@ def test_remoe_block_equals_reference_and_computes_only_active_rows():
     outs = {(t, i): expert_out(block.experts, i, h[t]).detach() for t in range(12) for i in range(N) if active[t, i]}
     want_y = torch.stack([sum((gates[t, i] * outs[t, i] for i in range(N) if active[t, i]), torch.zeros(64))
                           for t in range(12)])
-    layers = len(model.probmoe_family.blocks(model))
     counts = active.sum(0).float()
-    reg = 0.5 / layers * N / (K * 12 ** 2) * (counts * gates.sum(0)).sum()
+    reg = 0.5 * N / (K * 12 ** 2) * (counts * gates.sum(0)).sum()
     ((want_y * grad_out).sum() + reg).backward()
     torch.testing.assert_close(y, want_y.detach(), atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(g, w.grad, atol=1e-5, rtol=1e-4)

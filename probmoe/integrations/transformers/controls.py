@@ -10,9 +10,38 @@ a hand-written loop calls it after ``optimizer.step()``.
 
 from __future__ import annotations
 
+import contextlib
+
 from .model import PatchedModel, patched_gates
 from .balance import update_bias
-from .remoe import update_coefficient
+from .remoe import attach, collecting, update_coefficient
+
+__all__ = ["after_step", "remoe_penalties", "attach"]
+
+
+def _patched(model):
+    patched = next((m for m in model.modules() if isinstance(m, PatchedModel)), None)
+    if patched is None:
+        raise ValueError("model is not patched by probmoe.integrations.transformers.patch_model")
+    return patched
+
+
+@contextlib.contextmanager
+def remoe_penalties(model):
+    """For a loop that computes its own loss: within, a ReMoE model's L1 penalties are collected
+    into the list yielded (empty for the other methods), to ride on that loss as a loss term:
+
+        with remoe_penalties(model) as penalties:
+            out = model(input_ids)
+        loss = attach(my_loss(out) / G, penalties, 1 / G)   # G micro-batches per step
+
+    (``attach``: the loss's value unchanged; Σ penalties · weight gets the loss's gradient, so a
+    GradScaler's scale and DDP's/FSDP's averaging reach it.) Without it, and without labels
+    passed to the model, the penalties enter the gates' gradient at scale 1."""
+    patched = _patched(model)
+    gates = patched_gates(patched) if patched.probmoe_plan.method == "remoe" else []
+    with collecting(gates) as penalties:
+        yield penalties
 
 
 def after_step(model) -> dict:
@@ -21,9 +50,7 @@ def after_step(model) -> dict:
     {"balance_load_cv": mean over layers of the step's load CV} with aux-free balancing; {} if
     nothing.
     ValueError if the model is not patched."""
-    patched = next((m for m in model.modules() if isinstance(m, PatchedModel)), None)
-    if patched is None:
-        raise ValueError("model is not patched by probmoe.integrations.transformers.patch_model")
+    patched = _patched(model)
     plan = patched.probmoe_plan
     out = {}
     if plan.method == "remoe":

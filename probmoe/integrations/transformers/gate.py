@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 import probmoe
-from probmoe.replay import GeneratorReplay
+from probmoe.replay import GeneratorReplay, in_backward
 from probmoe.router import router_logits, routed
 from probmoe.scores import dense_selection
 
@@ -78,7 +78,9 @@ class PatchedGate:
     buffer ``probmoe_remoe``.
     """
 
-    ADDED = ("probmoe_plan", "probmoe_family", "probmoe_generator", "probmoe_replay", "probmoe_last", "probmoe_layers")
+    ADDED = ("probmoe_plan", "probmoe_family", "probmoe_generator", "probmoe_replay", "probmoe_last", "probmoe_layers",
+             "probmoe_penalties", "probmoe_collected")  # ReMoE's penalties collected during a CausalLM forward
+    # (model.py), and whether the last forward collected them (its checkpoint recomputation does the same)
     BUFFERS = ("probmoe_remoe", "probmoe_bias", "probmoe_load")  # ReMoE's [λ, Σ sparsity, forwards]; the
     # aux-free selection bias [N] (families without e_score_correction_bias) and loads [N]; float32, persistent
     # (runtime_state)
@@ -123,12 +125,19 @@ class PatchedGate:
         elif plan.method == "sparsemixer":
             logits = router_logits(hidden_states, self.weight)  # [T, N]
             weights, indices = sparsemixer_weights(logits, plan.top_k, training=self.training,
+                                                   jitter_eps=plan.jitter_eps,
                                                    generator=self.probmoe_generator)  # [T, k] each
             self.probmoe_last = GateRecord(indices, torch.ones_like(indices, dtype=torch.bool), plan.num_experts)
         elif plan.method == "remoe":
             logits = router_logits(hidden_states, self.weight)  # [T, N]
-            weights = remoe_gates(logits, plan.top_k, self.probmoe_remoe, self.probmoe_layers,
-                                  training=self.training)  # [T, N]
+            scale = 1.0 if plan.l1_layers == "sum" else 1.0 / self.probmoe_layers  # λ per layer, or λ/L
+            sink = getattr(self, "probmoe_penalties", None)  # set while a CausalLM forward collects (model.py)
+            if not torch.compiler.is_compiling() and in_backward():  # a checkpoint recomputation: as the forward
+                sink = [] if getattr(self, "probmoe_collected", False) else None  # it repeats (same saved tensors)
+            else:  # under reentrant checkpointing that forward ran without grad: the recomputation attaches
+                self.probmoe_collected = sink is not None and torch.is_grad_enabled()
+            weights = remoe_gates(logits, plan.top_k, self.probmoe_remoe, scale, training=self.training,
+                                  sink=sink)  # [T, N]
             indices = torch.arange(plan.num_experts, device=logits.device).expand_as(weights)  # [T, N]
             self.probmoe_last = GateRecord(indices, weights.detach() > 0, plan.num_experts)
         else:
@@ -151,7 +160,8 @@ class PatchedGate:
         return logits, weights, indices
 
     def __reduce_ex__(self, protocol):  # pickle, torch.save, deepcopy: the patched class (see pickling)
-        return pickling.reduce(self, gate_class, (pickling.stock_class(self, PatchedGate),), ("probmoe_last",))
+        return pickling.reduce(self, gate_class, (pickling.stock_class(self, PatchedGate),),
+                               ("probmoe_last", "probmoe_penalties"))
 
 
 _CLASSES: dict[type, type] = {}

@@ -25,6 +25,7 @@ import circuits
 import probmoe
 
 from . import remoe as remoe_mod
+from . import sparsemixer as sparsemixer_mod
 from ..method_names import ALL_METHODS, GROUPED_METHODS, METHODS  # noqa: F401 (their home; exported here)
 from .families import GROUPED
 
@@ -50,6 +51,9 @@ class Plan:
     aux_loss, z_loss: coefficients of the load-balancing loss and the router z-loss.
     scale: the factor the used weights are multiplied by (DeepSeek-V3's ``routed_scaling_factor``).
     l1_coef, l1_rate: ReMoE's initial L1 coefficient λ₀ and its factor α per step (0 otherwise).
+    l1_layers: ReMoE's penalty over the L layers: "sum" (λ per layer, the official code) or
+        "mean" (λ/L, the paper's formula); "" for the other methods.
+    jitter_eps: SparseMixer's band half-width ε (0 for the other methods).
     balance, balance_rate: "aux-free" (a per-expert selection bias updated after each step by
         ``balance_rate`` γ: ``balance``) or None.
     """
@@ -66,6 +70,8 @@ class Plan:
     l1_rate: float = 0.0
     balance: str | None = None
     balance_rate: float = 0.0
+    l1_layers: str = ""
+    jitter_eps: float = 0.0
 
     @property
     def kmax(self) -> int:
@@ -80,7 +86,10 @@ class Plan:
     @property
     def options(self) -> dict:
         """The method-specific ``patch_model`` keywords this plan was made with (settings file)."""
-        out = {"l1_coef": self.l1_coef, "l1_rate": self.l1_rate} if self.method == "remoe" else {}
+        out = {"l1_coef": self.l1_coef, "l1_rate": self.l1_rate, "l1_layers": self.l1_layers} \
+            if self.method == "remoe" else {}
+        if self.method == "sparsemixer":
+            out["jitter_eps"] = self.jitter_eps
         if self.balance is not None:
             out.update(balance=self.balance, balance_rate=self.balance_rate)
         return out
@@ -125,7 +134,8 @@ def _positive(name: str, value, default: float, lo_open: float) -> float:
 
 
 def make_plan(config, family, method, *, k=None, kmin=None, kmax=None, backend="circuit", grad="exact",
-              aux_loss=..., z_loss=..., l1_coef=None, l1_rate=None, balance=None, balance_rate=None) -> Plan:
+              aux_loss=..., z_loss=..., l1_coef=None, l1_rate=None, l1_layers=None, balance=None, balance_rate=None,
+              jitter_eps=None) -> Plan:
     """Check ``patch_model``'s arguments against the model's ``config``; ValueError naming the
     argument and the allowed values."""
     if method not in ALL_METHODS:
@@ -137,8 +147,13 @@ def make_plan(config, family, method, *, k=None, kmin=None, kmax=None, backend="
         raise ValueError(f"method {method!r} is not defined for model type {family.model_type!r}: it replaces the "
                          "softmax top-k gate, and this family routes by sigmoid scores within expert groups "
                          "(n_group, topk_group), which it has no form for")
-    if method != "remoe" and (l1_coef is not None or l1_rate is not None):
-        raise ValueError(f"l1_coef and l1_rate apply only to method 'remoe', not to {method!r}")
+    if method != "remoe" and (l1_coef is not None or l1_rate is not None or l1_layers is not None):
+        raise ValueError(f"l1_coef, l1_rate and l1_layers apply only to method 'remoe', not to {method!r}")
+    if l1_layers is not None and l1_layers not in remoe_mod.LAYER_REDUCTIONS:
+        raise ValueError(f"l1_layers must be one of {', '.join(repr(r) for r in remoe_mod.LAYER_REDUCTIONS)} (λ per "
+                         f"layer as the official code, or λ/L as the paper's formula), got {l1_layers!r}")
+    if method != "sparsemixer" and jitter_eps is not None:
+        raise ValueError(f"jitter_eps applies only to method 'sparsemixer', not to {method!r}")
     if balance is not None and balance not in BALANCES:
         raise ValueError(f"balance must be one of {BALANCES} or None, got {balance!r}")
     if balance is None and balance_rate is not None:
@@ -190,4 +205,7 @@ def make_plan(config, family, method, *, k=None, kmin=None, kmax=None, backend="
                 family.scale(config),
                 _positive("l1_coef", l1_coef, remoe_mod.L1_COEF, 0.0) if remoe else 0.0,
                 _positive("l1_rate", l1_rate, remoe_mod.L1_RATE, 1.0) if remoe else 0.0,
-                balance, _positive("balance_rate", balance_rate, BALANCE_RATE, 0.0) if balance else 0.0)
+                balance, _positive("balance_rate", balance_rate, BALANCE_RATE, 0.0) if balance else 0.0,
+                (l1_layers or remoe_mod.LAYER_REDUCTIONS[0]) if remoe else "",
+                _positive("jitter_eps", jitter_eps, sparsemixer_mod.JITTER_EPS, 0.0)
+                if method == "sparsemixer" else 0.0)

@@ -15,7 +15,9 @@ import functools
 import inspect
 import warnings
 
-from . import losses, pickling, resume, runtime_state, settings, trainer_resume
+import torch
+
+from . import losses, pickling, remoe, resume, runtime_state, settings, trainer_resume
 from .families import layout_error
 from .gate import PatchedGate
 
@@ -78,10 +80,29 @@ class PatchedCausalLM(PatchedModel):
     transformers) the loss gets ``aux_loss · load_balancing_loss + z_loss · router_z_loss``, both
     computed from the experts the routers actually used (``losses``), in place of HF's own
     load-balancing term. ``aux_loss`` in the output holds the load-balancing loss (as HF's does);
-    the z-loss of the last forward with router logits is kept in ``probmoe_last_z_loss``."""
+    the z-loss of the last forward with router logits is kept in ``probmoe_last_z_loss``.
+    ReMoE's L1 penalties ride on the loss this forward computes (``remoe.attach``)."""
 
     def probmoe_forward(self, arguments: dict, extra: dict):
-        """The forward, given the stock forward's named ``arguments`` and its ``**kwargs`` ``extra``."""
+        """The forward, given the stock forward's named ``arguments`` and its ``**kwargs`` ``extra``;
+        for ReMoE in training with labels, the routers' penalties are collected and attached to the
+        loss, weighted as the loss is (``remoe.micro_batch_weight``)."""
+        labels = arguments.get("labels")
+        gates = patched_gates(self) if self.probmoe_plan.method == "remoe" else []
+        collect = (gates and labels is not None and self.training and torch.is_grad_enabled()
+                   and getattr(gates[0], "probmoe_penalties", None) is None)  # not inside remoe_penalties()
+        if not collect:
+            return PatchedCausalLM.probmoe_loss_forward(self, arguments, extra)
+        weight = remoe.micro_batch_weight(labels, extra.get("num_items_in_batch"), extra.get("shift_labels"))
+        with remoe.collecting(gates) as penalties:
+            out = PatchedCausalLM.probmoe_loss_forward(self, arguments, extra)
+        if isinstance(out, tuple):
+            return (remoe.attach(out[0], penalties, weight),) + out[1:]
+        out["loss"] = remoe.attach(out["loss"], penalties, weight)
+        return out
+
+    def probmoe_loss_forward(self, arguments: dict, extra: dict):
+        """The forward with the aux losses (see the class)."""
         stock = super(PatchedCausalLM, self).forward
         labels, attention_mask = arguments.pop("labels", None), arguments.get("attention_mask")
         output_router_logits = arguments.pop("output_router_logits", extra.pop("output_router_logits", None))

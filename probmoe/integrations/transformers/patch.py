@@ -29,8 +29,8 @@ def is_patched(model) -> bool:
 
 
 def patch_model(model, method: str, *, k=None, kmin=None, kmax=None, backend: str = "circuit", grad: str = "exact",
-                aux_loss=..., z_loss=..., l1_coef=None, l1_rate=None, balance=None, balance_rate=None,
-                generator: torch.Generator | None = None):
+                aux_loss=..., z_loss=..., l1_coef=None, l1_rate=None, l1_layers=None, balance=None,
+                balance_rate=None, jitter_eps=None, generator: torch.Generator | None = None):
     """Patch every MoE block of a transformers 5.x ``olmoe``, ``qwen2_moe``, ``qwen3_moe``,
     ``mixtral`` or ``deepseek_v3`` model in place to route by ``method``; returns the model.
 
@@ -49,7 +49,10 @@ def patch_model(model, method: str, *, k=None, kmin=None, kmax=None, backend: st
         config's ``router_aux_loss_coef`` / ``router_z_loss_coef`` (0 where it has none; for
         "remoe", whose L1 penalty balances the load, aux_loss 0); 0 or None: off).
     l1_coef, l1_rate: ReMoE's initial L1 coefficient λ₀ (default 1e-8) and the factor α (> 1,
-        default 1.2) it is multiplied or divided by after each step (``controls.after_step``).
+        default 1.2) it is multiplied or divided by after each step (``controls.after_step``);
+        l1_layers: "sum" (default: λ times each layer's penalty, as the official code) or "mean"
+        (λ/L times each, L the MoE layers: the paper's formula).
+    jitter_eps: SparseMixer's band half-width ε (> 0; default 0.01, GRIN-MoE's).
     balance: "aux-free" for DeepSeek-V3's auxiliary-loss-free balancing (every method but
         "sparsemixer" and "remoe"): a per-expert bias b added to the selection scores only,
         b_i += balance_rate · sign(mean load − load_i) after each step (``controls.after_step``;
@@ -63,8 +66,8 @@ def patch_model(model, method: str, *, k=None, kmin=None, kmax=None, backend: st
     """
     family = family_of(model)
     plan = make_plan(model.config, family, method, k=k, kmin=kmin, kmax=kmax, backend=backend, grad=grad,
-                     aux_loss=aux_loss, z_loss=z_loss, l1_coef=l1_coef, l1_rate=l1_rate, balance=balance,
-                     balance_rate=balance_rate)
+                     aux_loss=aux_loss, z_loss=z_loss, l1_coef=l1_coef, l1_rate=l1_rate, l1_layers=l1_layers,
+                     balance=balance, balance_rate=balance_rate, jitter_eps=jitter_eps)
     checks.generator(generator)
     if is_patched(model):
         if model.probmoe_plan == plan and model.probmoe_generator is generator:

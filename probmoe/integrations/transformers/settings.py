@@ -5,10 +5,12 @@ plus ``probmoe_routing.json``:
 
     {"format": "probmoe-transformers-routing", "version": 2, "model_type": ..., "num_experts": N,
      "top_k": k, "method": ..., "routing": RoutingConfig.to_dict() or null, "aux_loss": ...,
-     "z_loss": ..., "options": {the other patch_model keywords given: ReMoE's l1_coef and
-     l1_rate, balance and balance_rate}, "sha256": sha256 of the canonical JSON of every other field}
+     "z_loss": ..., "options": {the other patch_model keywords given: ReMoE's l1_coef, l1_rate and
+     l1_layers, SparseMixer's jitter_eps, balance and balance_rate}, "sha256": sha256 of the
+     canonical JSON of every other field}
 
-(Version 1 files, written before "options" existed, are read as options {}.)
+(Version 1 files, written before "options" existed, are read as options {}. A ReMoE file without
+"l1_layers", written when the penalty was λ/L, is read as l1_layers "mean", what it trained with.)
 
 Reading checks everything: the file exists, parses, carries exactly these fields, its checksum
 matches (a hand edit is "tampered"), the routing config is valid (``RoutingConfig.from_dict``), and
@@ -32,7 +34,8 @@ VERSION = 2
 FIELDS_V1 = ("format", "version", "model_type", "num_experts", "top_k", "method", "routing", "aux_loss", "z_loss",
              "sha256")
 FIELDS = FIELDS_V1 + ("options",)
-OPTIONS = ("l1_coef", "l1_rate", "balance", "balance_rate")  # patch_model keywords an "options" object may carry
+OPTIONS = ("l1_coef", "l1_rate", "l1_layers", "jitter_eps", "balance",
+           "balance_rate")  # patch_model keywords an "options" object may carry
 
 
 def digest(content: dict) -> str:
@@ -104,6 +107,8 @@ def patch_arguments(data: dict) -> dict:
     """The ``patch_model`` keywords a read settings file describes."""
     r = data["routing"]
     args = {"method": data["method"], "aux_loss": data["aux_loss"], "z_loss": data["z_loss"], **data["options"]}
+    if data["method"] == "remoe" and "l1_layers" not in data["options"]:
+        args["l1_layers"] = "mean"  # written before the option existed, when the penalty was λ/L
     if r is not None:
         args.update(backend=r.backend, grad=r.grad)
         args.update({"kmin": r.kmin, "kmax": r.kmax} if data["method"] == "probmoe-dynamic" else {"k": r.k})

@@ -16,8 +16,17 @@ scores r [T, N] with the experts chosen in earlier stages removed (-inf):
 The generalisation to k > 2 repeats the official second stage: each stage removes the experts
 chosen so far and recomputes the band relative to the largest remaining score (the band's
 relative distance is measured against the original scores, as the official second stage does).
-For k ≤ 2 it is the official code, draw for draw (same order of the random draws: a [T, N]
-exponential for the Gumbel noise, then a [T, 1] uniform, per stage).
+For k ≤ 2 it is the official code, draw for draw: per stage a [T, N] exponential for the Gumbel
+noise, then the uniform of the midpoint rule, which the official second stage draws as
+``torch.rand_like(max_scores).uniform_()``: two [T, 1] uniform draws, the second used
+(``sparsemixer_v2.py``, and transformers' PhiMoE ``sparsemixer`` in ``modeling_phimoe.py``); the first
+stage draws it once. Stages after the second repeat the second's two draws. So from one seed the
+weights and experts are PhiMoE's ``sparsemixer``'s, bit for bit (tested by calling it).
+
+ε (``jitter_eps``) defaults to 0.01, GRIN-MoE's ``router_jitter_noise`` (its config and PhiMoE's);
+the official ``SparseMixerV2`` class defaults to 0.1. In eval the official v2 function still draws
+the midpoint uniform (a no-op on the weights: the chosen expert is the band's argmax, factor 1);
+PhiMoE's and ours draw nothing in eval.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-JITTER_EPS = 0.01  # GRIN-MoE's router_jitter_noise (the band half-width ε)
+JITTER_EPS = 0.01  # GRIN-MoE's router_jitter_noise (the band half-width ε); SparseMixerV2's default is 0.1
 
 
 class _Midpoint(torch.autograd.Function):
@@ -52,7 +61,7 @@ def sparsemixer_weights(logits: Tensor, k: int, *, training: bool, jitter_eps: f
     scores = logits.float()  # [T, N]
     remaining = scores
     weights, indices = [], []
-    for _ in range(k):
+    for stage in range(k):
         with torch.no_grad():
             top, argtop = remaining.max(dim=-1, keepdim=True)  # [T, 1] each
             far = (top - scores) / scores.abs().clamp(min=top) > 2 * jitter_eps  # [T, N]
@@ -66,6 +75,8 @@ def sparsemixer_weights(logits: Tensor, k: int, *, training: bool, jitter_eps: f
             if training:
                 best = probs.argmax(dim=-1, keepdim=True)
                 u = torch.rand(best.shape, generator=generator, device=best.device)  # [T, 1]
+                if stage > 0:  # the official second stage: torch.rand_like(x).uniform_(), the second draw used
+                    u.uniform_(generator=generator)
                 factor = 0.3333 + 0.6667 * ((chosen == best) | (u > 0.75)).float()
             else:
                 factor = torch.ones_like(top)
