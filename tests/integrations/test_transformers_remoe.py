@@ -403,3 +403,55 @@ def test_probmoe_train_gradient_accumulation(tmp_path, monkeypatch):
     got = seen["grads"][0] - seen["grads"][1]
     assert len(seen["batches"]) == 3
     assert_close_rel(got, official_penalty_grad(seen["model"], seen["batches"]), 1e-5)
+
+
+# -- DDP and FSDP2: 2 gloo processes (slow) --------------------------------------------------------
+
+def _distributed_rank(rank, port, out, mode):
+    """One of 2 gloo ranks: the model's own loss on this rank's micro-batch under DDP or FSDP2
+    (fully_shard per decoder layer and the whole), with λ and with λ = 0; saves the full router
+    gradients (averaged over the ranks by the wrapper)."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        ids = micro_batches(2)[rank]
+        grads = []
+        for coef in (LAMBDA, 0.0):
+            model = remoe_model()
+            set_coef(model, coef)
+            if mode == "ddp":
+                wrapped = torch.nn.parallel.DistributedDataParallel(model)
+            else:
+                from torch.distributed.fsdp import fully_shard
+
+                for layer in model.model.layers:
+                    fully_shard(layer)
+                wrapped = fully_shard(model)
+            wrapped(ids, labels=ids).loss.backward()
+            full = [g.weight.grad.full_tensor() if hasattr(g.weight.grad, "full_tensor") else g.weight.grad
+                    for g in patched_gates(model)]
+            grads.append(torch.stack([g.detach().float().clone() for g in full]))
+        torch.save(grads[0] - grads[1], os.path.join(out, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
+def test_distributed(mode, tmp_path):
+    """DDP / FSDP2 over 2 gloo ranks, one micro-batch each: both ranks step with the official
+    penalty's gradient, Megatron's data-parallel average of the ranks' penalties."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_distributed_rank, args=(port, str(tmp_path), mode), nprocs=2)
+    got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    want = official_penalty_grad(remoe_model(), micro_batches(2))  # (∇P_0 + ∇P_1) / 2
+    for g in got:
+        assert_close_rel(g, want, 1e-5)
