@@ -150,7 +150,7 @@ class Entry(NamedTuple):
 
 
 def compile_circuit(spec, *, cache_dir=None, force: bool = False, device="cpu", size_limit: bool = True,
-                    compiler: str | None = None) -> "Circuit":
+                    compiler: str | None = None, time_limit: float | None = None) -> "Circuit":
     """Compile ``spec`` on first use; from then on load it from the disk cache.
 
     spec: ``ExactlyK``, ``RangeK``, ``GroupLimited``, ``GroupCapacity``, ``SddFile``, ``CnfFile``, a
@@ -166,6 +166,10 @@ def compile_circuit(spec, *, cache_dir=None, force: bool = False, device="cpu", 
         non-default compiler is cached beside the default one's. A CNF without d4 installed raises
         ``circuits.cnf.MissingExtra`` (an ImportError) naming the ``cnf`` extra; an unsatisfiable
         CNF raises ValueError.
+    time_limit: seconds d4 may take on a CNF (None: no limit), the bound the size estimate cannot
+        give for a CNF; past it the compile stops with ``circuits.cnf.TimeLimit`` (a RuntimeError).
+        d4 runs in a child process, so Ctrl-C (KeyboardInterrupt) stops it at once, too. Only
+        for compiler "d4": counting specs are bounded by ``size_limit``, pysdd runs in this process.
 
     ``circuit.info`` says what happened: ``cache_hit``, ``cache_path`` (None if compiled in
     memory), ``compile_seconds`` (this compile; on a hit the stored one), ``load_seconds`` (a hit's
@@ -175,17 +179,20 @@ def compile_circuit(spec, *, cache_dir=None, force: bool = False, device="cpu", 
     from .circuit import Circuit  # the evaluator (and torch) are loaded here, not by compile_entry
 
     return Circuit(*compile_entry(spec, cache_dir=cache_dir, force=force, size_limit=size_limit,
-                                  compiler=compiler), device)
+                                  compiler=compiler, time_limit=time_limit), device)
 
 
 def compile_entry(spec, *, cache_dir=None, force: bool = False, size_limit: bool = True,
-                  compiler: str | None = None) -> Entry:
+                  compiler: str | None = None, time_limit: float | None = None) -> Entry:
     """``compile_circuit`` without the evaluator: the same compile, cache and checks, returning
     ``Entry(layout, spec, info)``; torch is not imported."""
     if not isinstance(size_limit, bool):
         raise ValueError(f"size_limit must be True or False, got {size_limit!r}")
     spec = _as_spec(spec)
     compiler = check_compiler(spec, compiler)
+    if time_limit is not None and compiler != "d4":
+        raise ValueError(f"time_limit applies to a CNF compiled by d4 (in a child process it can stop), not to "
+                         f"compiler {compiler!r}: counting specs are bounded by size_limit; got {time_limit!r}")
     variant = None if compiler == default_compiler(spec) else compiler
     t0 = time.perf_counter()
     if not force:
@@ -203,7 +210,7 @@ def compile_entry(spec, *, cache_dir=None, force: bool = False, size_limit: bool
             layout = count_tree.counting_layout(spec, tick)
         files, extra = {}, {}
     elif compiler == "d4":
-        d4 = cnf.compile_d4(spec.path)
+        d4 = cnf.compile_d4(spec.path, time_limit)
         parsed = nnf.parse(d4.nnf, d4.n)
         if parsed.unsatisfiable:
             raise ValueError(f"{spec.path} is unsatisfiable (d4 proved it in {d4.seconds:.2f} s): "

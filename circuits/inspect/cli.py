@@ -20,10 +20,12 @@ whole cache, the compiled circuits and the native libraries built for the evalua
 A counting circuit whose estimated compile cost passes the size limit (``circuits.estimate``:
 ``MAX_STEPS``, about 20 s on a 2-core AMD EPYC) is refused before any compiling, naming the
 estimate; ``--force`` compiles it anyway (and recompiles it if cached). A long compile shows
-progress bars on stderr.
+progress bars on stderr. A CNF has no estimate: d4 runs in a child process, which Ctrl-C stops
+at once and ``--time-limit SECONDS`` bounds.
 
-Exit status: 0 done, 1 the circuit could not be compiled, 2 bad arguments or a circuit past the
-size limit. Errors and cache warnings are one line each on stderr, never a traceback.
+Exit status: 0 done, 1 the circuit could not be compiled (or ran past --time-limit), 2 bad
+arguments or a circuit past the size limit, 130 Ctrl-C. Errors and cache warnings are one line each
+on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from pathlib import Path
 
 from .. import file_checks
 from ..cache import CacheWarning, read_entry
-from ..cnf import MissingExtra
+from ..cnf import MissingExtra, TimeLimit
 from ..compile import COMPILERS, check_compiler, compile_entry
 from ..estimate import MAX_STEPS, CircuitTooLarge
 from ..spec import CnfFile, ExactlyK, GroupCapacity, GroupLimited, RangeK, SddFile
@@ -84,6 +86,9 @@ def _parser(prog: str, description: str) -> _Parser:
     p.add_argument("--compiler", choices=COMPILERS,
                    help="direct (default for --n ...: the count tree built directly), d4 (default for --cnf: the "
                         "d-DNNF compiler, the 'cnf' extra) or pysdd (an SDD; slow on large CNFs)")
+    p.add_argument("--time-limit", type=_seconds, metavar="SECONDS",
+                   help="stop d4 on a --cnf after this many seconds (> 0; default: no limit; Ctrl-C stops it too): "
+                        "the size estimate bounds counting circuits, not CNF files")
     p.add_argument("--cache-dir", metavar="DIR",
                    help="cache root for compiled circuits and native libraries (default: $PROBMOE_CACHE, else "
                         "$XDG_CACHE_HOME/probmoe, else ~/.cache/probmoe)")
@@ -106,6 +111,17 @@ def _cache_root(args):
             del os.environ["PROBMOE_CACHE"]
         else:
             os.environ["PROBMOE_CACHE"] = old
+
+
+def _seconds(text: str) -> float:
+    """--time-limit: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
 
 
 def _groups(text: str):
@@ -150,12 +166,14 @@ def _spec(p: _Parser, args, entry: bool = False):
             p.error(f"{'--cnf' if args.cnf is not None else '--sdd/--vtree'}: {exc}")
     try:
         spec = _build_spec(args, counting)
-        if args.compiler is not None:
-            check_compiler(spec, args.compiler)
-        return spec
+        compiler = check_compiler(spec, args.compiler)
     except ValueError as exc:
         name, _, rest = str(exc).partition(" ")
         p.error(f"{_FLAG.get(name, name)} {rest}")
+    if args.time_limit is not None and compiler != "d4":
+        p.error(f"--time-limit applies to --cnf compiled by d4 (the default), not to compiler {compiler!r}: the size "
+                "estimate bounds counting circuits, and pysdd runs where it cannot be stopped")
+    return spec
 
 
 def _build_spec(args, counting: bool):
@@ -191,19 +209,27 @@ def _stdout_to_stderr():
         os.close(saved)
 
 
-_FORCE_HELP = (f"recompile, overwriting the cache entry, even past the size limit (an estimated "
-               f"{MAX_STEPS:,} compile steps, about 20 s on a 2-core AMD EPYC; larger circuits are "
-               f"refused otherwise)")
+_FORCE_HELP = (f"recompile, overwriting the cache entry; a counting circuit (--n ...) also past the size limit "
+               f"(an estimated {MAX_STEPS:,} compile steps, about 20 s on a 2-core AMD EPYC), which refuses larger "
+               f"ones otherwise (CNF and SDD files have no size limit: see --time-limit)")
 
 
-def _compile(p: _Parser, spec, cache_dir, force: bool = False, compiler: str | None = None):
+def _compile(p: _Parser, spec, cache_dir, force: bool = False, compiler: str | None = None,
+             time_limit: float | None = None):
     """compile_entry with cache warnings printed as one line each; returns (entry, warnings).
-    ``force``: recompile and lift the size limit; a circuit past it ends in exit status 2."""
+    ``force``: recompile and lift the size limit; a circuit past it ends in exit status 2. Ctrl-C
+    ends the command with one line and status 130 (nothing is cached: entries are renamed into
+    place whole)."""
     with warnings.catch_warnings(record=True) as caught, _stdout_to_stderr():
         warnings.simplefilter("always", CacheWarning)
         try:
             entry = compile_entry(spec, cache_dir=cache_dir, force=force, size_limit=not force,
-                                  compiler=compiler)
+                                  compiler=compiler, time_limit=time_limit)
+        except KeyboardInterrupt:
+            p.exit(130, f"{p.prog}: interrupted (SIGINT) while compiling {spec.describe()}; nothing was cached\n")
+        except TimeLimit as exc:
+            p.exit(1, f"{p.prog}: error: d4 did not finish compiling {spec.describe()} within --time-limit "
+                      f"{exc.seconds:g} s and was stopped; nothing was cached\n")
         except MissingExtra as exc:
             p.exit(1, f"{p.prog}: error: {_one_line(exc)}\n")
         except CircuitTooLarge as exc:
@@ -229,7 +255,7 @@ def compile_main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     with _cache_root(args):
         spec = _spec(p, args)
-        entry, notes = _compile(p, spec, args.cache_dir, args.force, args.compiler)
+        entry, notes = _compile(p, spec, args.cache_dir, args.force, args.compiler, args.time_limit)
         try:
             facts = compile_facts(entry, notes)
         except RuntimeError as exc:
@@ -263,8 +289,9 @@ def _inspect(p: _Parser, args) -> int:
     if fmt in ("png", "svg") and not args.output:
         p.error(f"--format {fmt} needs --output FILE")
     spec = _spec(p, args, entry=True)
-    if spec is None and args.force:
-        p.error("--force compiles a circuit given by flags; --entry DIR is read as it is")
+    if spec is None and (args.force or args.time_limit is not None):
+        p.error(f"{'--force' if args.force else '--time-limit'} applies to a circuit given by flags; --entry DIR is "
+                "read as it is")
     if spec is None:
         try:
             layout, manifest = read_entry(Path(args.entry))
@@ -272,7 +299,7 @@ def _inspect(p: _Parser, args) -> int:
             p.error(f"--entry must be a valid cache entry directory: {args.entry!r}: {_one_line(exc)}")
         circuit = Circuit(layout, None, {**manifest, "cache_hit": True, "cache_path": str(Path(args.entry))})
     else:
-        circuit = Circuit(*_compile(p, spec, args.cache_dir, args.force, args.compiler)[0])
+        circuit = Circuit(*_compile(p, spec, args.cache_dir, args.force, args.compiler, args.time_limit)[0])
     whole = True if args.whole else False if args.summary else None
     try:
         if fmt in ("png", "svg"):
