@@ -215,3 +215,34 @@ def test_family_without_plugin_support(tmp_path):
     config.model_type = "gpt_oss"
     with pytest.raises(settings.ServingSettingsError, match="model type 'gpt_oss' has no probmoe serving support"):
         settings.serving_rule(path, config)
+
+
+@pytest.mark.parametrize("family", ["olmoe", "mixtral"])
+@pytest.mark.parametrize("method,kw", [
+    ("probmoe-dynamic", {"kmin": 1, "kmax": 4}),
+    ("probmoe-dynamic", {"kmin": 2, "kmax": 6, "balance": "aux-free"}),
+    ("probmoe", {"balance": "aux-free"}),
+    ("topk-marginal", {"k": 3}),
+    ("conventional", {"balance": "aux-free"}),
+    ("defaultmoe", {"balance": "aux-free"}),
+    ("sparsemixer", {}),
+    ("remoe", {}),
+])
+def test_rule_routes_as_the_patched_gate(tmp_path, family, method, kw):
+    """The rule read from a saved checkpoint routes the patched model's own router logits as its
+    patched gate does in eval: the same experts with the same weights, token by token."""
+    path, config = _saved(tmp_path, family=family, method=method, **kw)
+    model = pt.from_pretrained(path).eval()
+    rule = settings.serving_rule(path, config)
+    g = torch.Generator().manual_seed(8)
+    hidden = torch.randn(40, config.hidden_size, generator=g) * 3
+    from probmoe.integrations.transformers.gate import PatchedGate
+
+    for layer, block in enumerate(m for m in model.modules() if isinstance(m, PatchedGate)):
+        logits, ref_w, ref_ids = block(hidden)
+        bias = None if rule.bias is None else torch.tensor(rule.bias[layer])
+        w, ids = routing.routing_function(rule, bias)(hidden_states=hidden, gating_output=logits, topk=2,
+                                                       renormalize=False)
+        assert _distinct(ids)
+        torch.testing.assert_close(_by_expert(w, ids, 8), _by_expert(ref_w.float(), ref_ids, 8), rtol=1e-6,
+                                   atol=1e-7)

@@ -44,7 +44,10 @@ PROMPTS = ([1, 72, 101, 108, 108, 111], [1, 50, 43, 50, 61], [1, 7, 200, 13, 99,
 NEW_TOKENS = 16
 # head size 32 (vLLM's CPU attention needs >= 32): hidden 64 over 2 heads; the byte tokenizer's 259 ids
 OVERRIDES = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32, vocab_size=259)
-DEEPSEEK_OVERRIDES = dict(vocab_size=259, qk_nope_head_dim=24, qk_rope_head_dim=8, v_head_dim=32)
+# DeepSeek-V3's own config.json fields that transformers' config leaves out and vLLM reads (without
+# topk_method "noaux_tc" vLLM builds no e_score_correction_bias and refuses the checkpoint's key)
+DEEPSEEK_OVERRIDES = dict(vocab_size=259, qk_nope_head_dim=24, qk_rope_head_dim=8, v_head_dim=32,
+                          topk_method="noaux_tc", scoring_func="sigmoid")
 
 
 def cases():

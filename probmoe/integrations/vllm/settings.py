@@ -51,9 +51,10 @@ class ServingSettingsError(ValueError):
 class Rule:
     """How a checkpoint routes at inference, in vLLM's terms.
 
-    kind: "topk" (the top-k of π(r) + bias, weights π(r): the stock rule when bias is None),
-        "range" (ProbMoE Dynamic-k's MAP: the top clamp(#{r + b > 0}, kmin, kmax) of r + b,
-        weights π(r)), "sparsemixer" (SparseMixer's deterministic eval weights) or "remoe"
+    kind: "topk" (the top-k of π(r) + bias, weights π(r): the stock rule when bias is None; the
+        bias of the top-k methods is in score units), "range" (the ProbMoE methods' MAP: the top
+        clamp(#{r + b > 0}, kmin, kmax) of r + b, weights π(r); exactly k when kmin = kmax; their
+        bias is a logit shift), "sparsemixer" (SparseMixer's deterministic eval weights) or "remoe"
         (ReLU(r) over every expert).
     slots: the width handed to vLLM's FusedMoE (its top_k): k, kmax, or N for ReMoE.
     kmin: the fewest used slots (range; = slots otherwise).
@@ -224,6 +225,7 @@ def serving_rule(directory, hf_config) -> Rule | None:
     if routing.scores != "softmax" or routing.normalize != normalize:
         raise ServingSettingsError(f"{path}: routing scores {routing.scores!r} / normalize {routing.normalize} do "
                                    f"not match the {model_type} family's softmax / normalize {normalize}")
-    if routing.k is not None:
-        return Rule("topk", routing.k, routing.k, normalize, n, method, path, bias)
+    if routing.k is not None and bias is None:
+        return Rule("topk", routing.k, routing.k, normalize, n, method, path)  # MAP = top-k: stock
+    # a range, or exactly k with the aux-free bias: the bias shifts the logits (the MAP of r + b), not π
     return Rule("range", routing.kmax, routing.kmin, normalize, n, method, path, bias)
