@@ -54,9 +54,9 @@ def answer_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.T
 
 
 def routing_summary(model, attention_mask: torch.Tensor) -> list[dict]:
-    """Per MoE layer, over the real (non-pad) tokens of the last forward: mean experts per token,
-    expert-load coefficient of variation and MaxVio (these two only where the layer sent some token
-    to an expert: a ReMoE layer may send none)."""
+    """Per MoE layer, over the real (non-pad) tokens of the last forward: mean experts per token
+    (where there is a real token), expert-load coefficient of variation and MaxVio (these two only
+    where the layer sent some token to an expert: a ReMoE layer may send none); never NaN."""
     from probmoe.analysis.metrics import load_cv, max_vio
     from probmoe.integrations.transformers import router_stats
 
@@ -67,7 +67,9 @@ def routing_summary(model, attention_mask: torch.Tensor) -> list[dict]:
             continue
         selected = layer["selected"][keep.to(layer["selected"].device)]  # [T, N] bool
         load = selected.sum(dim=0).float()  # [N]
-        record = {"layer": layer["layer"], "experts_per_token": selected.sum(dim=-1).float().mean().item()}
+        record = {"layer": layer["layer"]}
+        if selected.shape[0]:
+            record["experts_per_token"] = selected.sum(dim=-1).float().mean().item()
         if bool(load.sum() > 0):
             record.update(load_cv=load_cv(load), max_vio=max_vio(load))
         out.append(record)

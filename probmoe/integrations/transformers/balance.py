@@ -63,8 +63,9 @@ def probmoe_weights(routing, logits: Tensor, shifted: Tensor, scores: str, norma
 
 def update_bias(gates, rate: float) -> list[float] | None:
     """After an optimizer step: b_i += rate · sign(mean load − load_i) in every router, from its
-    ``probmoe_load`` (then reset); returns the loads' coefficient of variation per router, or None
-    if no training forward ran since the last update."""
+    ``probmoe_load`` (then reset); returns the loads' coefficient of variation per router that was
+    sent some token (a router that saw none has no CV, and its bias moves by +γ everywhere), or
+    None if no training forward ran since the last update."""
     loads = torch.stack([g.probmoe_load for g in gates])  # [L, N]
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.all_reduce(loads)
@@ -75,4 +76,4 @@ def update_bias(gates, rate: float) -> list[float] | None:
             bias = selection_bias(gate)
             bias.add_(rate * torch.sign(load.mean() - load).to(bias.device, bias.dtype))
             gate.probmoe_load.zero_()
-    return [float(load.std(unbiased=False) / load.mean()) for load in loads]
+    return [float(load.std(unbiased=False) / load.mean()) for load in loads if float(load.sum()) > 0]

@@ -47,8 +47,8 @@ def remoe_penalties(model):
 def after_step(model) -> dict:
     """Apply the per-step updates of a patched ``model`` (a wrapper around one is searched);
     returns what was done: {"remoe_sparsity": S, "remoe_l1_coef": λ} for ReMoE,
-    {"balance_load_cv": mean over layers of the step's load CV} with aux-free balancing; {} if
-    nothing.
+    {"balance_load_cv": mean of the step's load CV over the layers sent some token} with aux-free
+    balancing; {} if nothing. Every value is a number (a statistic with no data is absent).
     ValueError if the model is not patched."""
     patched = _patched(model)
     plan = patched.probmoe_plan
@@ -60,6 +60,6 @@ def after_step(model) -> dict:
             out.update(remoe_sparsity=sparsity, remoe_l1_coef=float(states[0][0]))
     if plan.balance is not None:
         cv = update_bias(patched_gates(patched), plan.balance_rate)
-        if cv is not None:
+        if cv:
             out["balance_load_cv"] = sum(cv) / len(cv)
     return out

@@ -54,6 +54,7 @@ def load_balancing_loss(router_logits, selected, attention_mask: Tensor | None =
             fractions = fractions + (used * mask.unsqueeze(-1)).sum(dim=0)
             probs = probs + (p * mask.unsqueeze(-1)).sum(dim=0)
             rows = rows + mask.sum()
+    rows = rows.clamp(min=1)  # no (unmasked) token: fractions and probs are 0, and so is the loss
     return n * torch.sum((fractions / rows) * (probs / rows))
 
 
@@ -65,4 +66,4 @@ def router_z_loss(router_logits, attention_mask: Tensor | None = None) -> Tensor
         mask = _token_mask(attention_mask, z.shape[0], z.device)
         total = total + (z.sum() if mask is None else (z * mask).sum())
         rows = rows + (z.shape[0] if mask is None else mask.sum())
-    return total / rows
+    return total / max(rows, 1)  # no (unmasked) token: 0
