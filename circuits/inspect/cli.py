@@ -290,8 +290,8 @@ def _inspect(p: _Parser, args) -> int:
         p.error(f"--format {fmt} needs --output FILE")
     spec = _spec(p, args, entry=True)
     if spec is None and (args.force or args.time_limit is not None):
-        p.error(f"{'--force' if args.force else '--time-limit'} applies to a circuit given by flags; --entry DIR is "
-                "read as it is")
+        p.error(f"{'--force compiles' if args.force else '--time-limit bounds compiling'} a circuit given by flags; "
+                "--entry DIR is read as it is")
     if spec is None:
         try:
             layout, manifest = read_entry(Path(args.entry))
