@@ -1,8 +1,9 @@
 """Benchmark one training step of an MoE language model per routing method (the paper's Fig. 7).
 
     python tools/bench_step.py [--tokens 2048] [--seq 256] [--hidden 128] [--experts 64] [--top-k 8]
-                               [--layers 2] [--repeats 15] [--threads 2] [--devices cpu,cuda]
-                               [--methods LABEL ...]
+                               [--layers 2] [--heads 4] [--vocab 512] [--dtype float32|bfloat16]
+                               [--repeats 15] [--threads 2] [--devices cpu,cuda]
+                               [--methods LABEL ...] [--json FILE]
 
 An OLMoE-proportioned model scaled down for the CPU (64 experts, top-8; OLMoE-1B-7B has hidden
 2048, 16 layers), randomly initialised, one copy per method from the same weights. A step is
@@ -17,8 +18,12 @@ makes its tokens use fewer experts, as a trained router can (c = -3 gives about 
 ReMoE runs the experts whose ReLU gate is positive: about half of them with an untrained router
 (its L1 penalty brings that to top-k only over training), so its row is read together with its
 experts-per-token column, or with a negative offset that puts it near top-k. Peak memory is the peak resident set of a fresh process that
-runs two steps (CPU; the whole process: torch, transformers and the model included) or
-``torch.cuda.max_memory_allocated`` over one step (CUDA).
+runs two steps (CPU; the whole process: torch, transformers and the model included) or, on
+CUDA, the method's own parameters and AdamW state plus the most ``torch.cuda.max_memory_allocated``
+rose above what was allocated before one step (every method's model lives on the GPU at once,
+so the device's whole peak would count the others too). ``--dtype bfloat16`` keeps the
+parameters and AdamW state in bf16 (the model computes in bf16); ``--no-memory`` leaves memory
+out (NaN); ``--json`` writes the rows.
 """
 
 from __future__ import annotations
@@ -54,9 +59,9 @@ def build(args, device: torch.device, labels=tuple(METHODS)) -> dict:
     from probmoe.integrations.transformers.testing import tiny_model
 
     base = tiny_model("olmoe", seed=0, hidden_size=args.hidden, intermediate_size=args.hidden // 2,
-                      num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=4,
-                      num_experts=args.experts, num_experts_per_tok=args.top_k, vocab_size=512,
-                      max_position_embeddings=args.seq)
+                      num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.heads,
+                      num_experts=args.experts, num_experts_per_tok=args.top_k, vocab_size=args.vocab,
+                      max_position_embeddings=args.seq).to(DTYPES[args.dtype])
     if args.router_offset:
         offset_routers(base, args.router_offset)
     out = {}
@@ -85,6 +90,17 @@ def offset_routers(model, offset: float) -> None:
         gate.register_forward_pre_hook(constant_feature)
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def static_mib(model, opt) -> float:
+    """MiB of ``model``'s parameters and buffers and ``opt``'s state tensors (what stays allocated
+    between steps; the gradients are freed by ``zero_grad(set_to_none=True)``)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    tensors += [t for state in opt.state.values() for t in state.values() if torch.is_tensor(t)]
+    return sum(t.numel() * t.element_size() for t in tensors) / 2**20
+
+
 def step(model, opt, ids: torch.Tensor) -> None:
     model(input_ids=ids, labels=ids).loss.backward()
     opt.step()
@@ -105,7 +121,7 @@ def peak_rss_mib(args, label: str) -> float:
     """Peak resident set (MiB) of a fresh process that builds the ``label`` model and runs two steps."""
     code = ("import sys, json; sys.argv = json.loads(sys.argv[1]); import bench_step; bench_step.rss_child()")
     argv = [sys.argv[0], *[f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-                           if k not in ("methods", "child")], f"--child={label}"]
+                           if k not in ("methods", "child", "json", "no_memory")], f"--child={label}"]
     run = subprocess.run([sys.executable, "-c", code, json.dumps(argv)], capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(os.path.abspath(__file__)))
     return float(run.stdout.strip().splitlines()[-1])
@@ -115,7 +131,7 @@ def rss_child() -> None:
     args = parse()
     torch.set_num_threads(args.threads)
     model, opt = build(args, torch.device("cpu"), [args.child])[args.child]
-    ids = torch.randint(3, 512, (args.tokens // args.seq, args.seq))
+    ids = torch.randint(3, args.vocab, (args.tokens // args.seq, args.seq))
     for _ in range(2):
         step(model, opt, ids)
     print(peak_resident_mib())
@@ -130,9 +146,10 @@ def peak_resident_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # no /proc: the best there is
 
 
-def bench(args, device: torch.device) -> None:
+def bench(args, device: torch.device) -> list[dict]:
+    """Time, tokens/s and peak memory per method on ``device``; print the table, return its rows."""
     models = build(args, device, ["conventional", *[m for m in args.methods if m != "conventional"]])
-    ids = torch.randint(3, 512, (args.tokens // args.seq, args.seq), device=device)
+    ids = torch.randint(3, args.vocab, (args.tokens // args.seq, args.seq), device=device)
 
     def run(label):
         model, opt = models[label]
@@ -143,23 +160,35 @@ def bench(args, device: torch.device) -> None:
     times = interleaved({label: run(label) for label in models}, repeats=args.repeats, warmup=2)
     memory = {}
     for label in models:
-        if device.type == "cuda":
+        if args.no_memory:
+            memory[label] = float("nan")
+        elif device.type == "cuda":
+            torch.cuda.synchronize(device)
+            before = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
             run(label)()
-            memory[label] = torch.cuda.max_memory_allocated(device) / 2**20
+            rise = (torch.cuda.max_memory_allocated(device) - before) / 2**20
+            memory[label] = static_mib(*models[label]) + rise
         else:
             memory[label] = peak_rss_mib(args, label)
     base_t, base_m = times["conventional"], memory["conventional"]
-    rows = []
+    rows, records = [], []
     for label, (model, _) in models.items():
         t = times[label]
-        rows.append((label, f"{t * 1e3:.0f}", f"{t / base_t:.2f}x", f"{args.tokens / t:,.0f}",
-                     f"{memory[label]:.0f}", f"{memory[label] / base_m:.2f}x", f"{experts_per_token(model, args.top_k):.2f}"))
+        used = experts_per_token(model, args.top_k)
+        rows.append((label, f"{t * 1e3:.0f}", f"{t / base_t:.3f}x", f"{args.tokens / t:,.0f}",
+                     f"{memory[label]:.0f}", f"{memory[label] / base_m:.3f}x", f"{used:.2f}"))
+        measured = not args.no_memory
+        records.append(dict(device=str(device), method=label, seconds=t, step_ratio=t / base_t,
+                            tokens_per_s=args.tokens / t, peak_mib=memory[label] if measured else None,
+                            memory_ratio=memory[label] / base_m if measured else None, experts_per_token=used))
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"\n{where}: {args.tokens} tokens per step ({args.tokens // args.seq} x {args.seq}), hidden {args.hidden}, "
-          f"{args.layers} layers, {args.experts} experts, top-{args.top_k}, router offset {args.router_offset:g}")
+          f"{args.layers} layers, {args.experts} experts, top-{args.top_k}, {args.dtype}, "
+          f"router offset {args.router_offset:g}")
     print(table(rows, ("method", "step (ms)", "step / conventional", "tokens/s", "peak memory (MiB)",
                        "memory / conventional", "experts per token")))
+    return records
 
 
 def parse():
@@ -170,6 +199,10 @@ def parse():
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4, help="attention heads (and key/value heads)")
+    ap.add_argument("--vocab", type=int, default=512)
+    ap.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
+                    help="the parameters' and AdamW state's dtype (the model computes in it)")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--router-offset", type=float, default=0.0,
@@ -177,6 +210,9 @@ def parse():
     ap.add_argument("--devices", default="cpu,cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--methods", nargs="+", choices=tuple(METHODS), default=list(METHODS),
                     help="the rows to measure (conventional, the baseline of the ratios, always)")
+    ap.add_argument("--no-memory", action="store_true",
+                    help="leave peak memory out (on the CPU it costs a fresh process per method)")
+    ap.add_argument("--json", help="also write the rows (method, seconds, ratios, peak memory) here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     return ap.parse_args()
 
@@ -188,12 +224,17 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}; load average {os.getloadavg()[0]:.2f} at start")
+    records = []
     for name in args.devices.split(","):
         device = torch.device(name)
         if device.type == "cuda" and not torch.cuda.is_available():
             print(f"\n{name}: skipped (no CUDA device)")
             continue
-        bench(args, device)
+        records += bench(args, device)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(settings={k: v for k, v in vars(args).items() if k != "child"}, rows=records), f,
+                          indent=1)
     print(f"\nload average {os.getloadavg()[0]:.2f} at end (the machine may be shared: compare ratios, not times)")
 
 

@@ -1,0 +1,121 @@
+"""The parts of the device check, as commands: what runs on CUDA, and the same at tiny sizes on
+the CPU for the rehearsal (``--rehearse``).
+
+Each ``Part`` is a name, a share of the budget, the least time it needs to be worth starting, and
+``steps``: (label, argv, extra environment) run in order in the repository root, each writing its
+results where ``files`` says. ``plan(device, work)`` lists them; ``check.py`` runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PY = sys.executable
+STEP_METHODS = ["conventional", "ProbMoE (dp)", "ProbMoE (circuit)", "ProbMoE Dynamic-k (circuit)", "DenseMixer"]
+# the rehearsal's device tests: one or two of each kind (brute force, DP, draws, Jacobians,
+# compiled equals eager, host synchronisation), a minute on two cores
+REHEARSAL_TESTS = ("n12_matches or (test_the_two_algorithms_agree and float32) or test_chi_squared "
+                   "or (test_jacobian_of_mean and dp and exact) or (test_compiled_route_equals_eager and exactly) "
+                   "or host_synchronisation")
+REHEARSAL_TRITON = "(test_brute_force and ExactlyK and 3) or test_no_host_synchronisation"
+
+
+@dataclass
+class Part:
+    name: str
+    share: float  # of the whole budget
+    least_s: float  # skipped (not failed) when less than this is left
+    steps: list = field(default_factory=list)  # (label, argv, env)
+    files: dict = field(default_factory=dict)  # what -> path of a result file
+    skip: str = ""  # a reason to skip before starting
+
+
+def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
+    """The parts, on CUDA (``cuda``) or rehearsed on the CPU; ``work`` holds their files."""
+    record = ["-p", "gpu_record", "-p", "no:cacheprovider", "-q", "-rfEs", "--record-to", str(work / "tests.jsonl")]
+    tests = Part("tests", 0.40, 30, files={"tests": work / "tests.jsonl"})
+    if cuda:
+        tests.steps = [
+            ("device tests on cuda", [PY, "-m", "pytest", "-m", "device", "--device", "cuda", *record,
+                                      "--record-suite", "device"], {}),
+            ("Triton checks, compiled", [PY, "-m", "pytest", "tests/circuits/circuits_triton_checks.py", *record,
+                                         "--record-suite", "triton"], {}),
+        ]
+    else:
+        tests.steps = [
+            ("device tests on cpu (a selection)", [PY, "-m", "pytest", "-m", "device and not slow", "--device", "cpu",
+                                                   "-k", REHEARSAL_TESTS, *record, "--record-suite", "device"], {}),
+            ("Triton checks, interpreted (a selection)", [PY, "-m", "pytest", "tests/circuits/circuits_triton_checks.py",
+                                                          "-k", REHEARSAL_TRITON, *record, "--record-suite", "triton"],
+             {"TRITON_INTERPRET": "1"}),
+        ]
+
+    router = Part("bench_router", 0.20, 30, files={"bench_router": work / "bench_router.json"})
+    common = ["--dtypes", "fp32,bf16", "--json", str(work / "bench_router.json")]
+    if cuda:
+        router.steps = [("routing at T = 65,536", [PY, "tools/bench_router.py", "--devices", "cuda", "--tokens", "65536",
+                                                   "--sizes", "64:8,64:4-8,256:16", "--passes", "torch,triton",
+                                                   "--repeats", "10", *common], {})]
+    else:
+        router.steps = [("routing at T = 64", [PY, "tools/bench_router.py", "--devices", "cpu", "--tokens", "64",
+                                               "--sizes", "8:2,8:1-3,16:4", "--passes", "torch,c", "--repeats", "1",
+                                               *common], {})]
+
+    step = Part("bench_step", 0.22, 45, files={"bench_step": work / "bench_step.json"})
+    shape = (["--hidden", "2048", "--experts", "64", "--top-k", "8", "--heads", "16", "--vocab", "50304",
+              "--layers", str(olmoe_layers), "--tokens", "16384", "--seq", "2048", "--repeats", "8"] if cuda else
+             ["--hidden", "64", "--experts", "8", "--top-k", "2", "--heads", "2", "--vocab", "512", "--layers", "1",
+              "--tokens", "128", "--seq", "64", "--repeats", "1", "--no-memory"])
+    step.steps = [("training step per method" + (", OLMoE-1B-7B widths" if cuda else ", tiny"),
+                   [PY, "tools/bench_step.py", "--devices", "cuda" if cuda else "cpu", *shape, "--dtype", "bfloat16",
+                    "--methods", *STEP_METHODS, "--json", str(work / "bench_step.json")], {})]
+
+    commands = Part("commands", 0.18, 40, files={"eval": work / "eval" / "summary.json",
+                                                 "analysis": work / "analysis" / "analysis.json"})
+    data = write_problems(work / "problems.jsonl")
+    device = ["--device", "cuda" if cuda else "cpu"]
+    quiet = ["--no-progress"]
+    commands.steps = [
+        ("probmoe-train", [*command("train"), "--model", "tiny-olmoe", "--data", data, "--output-dir",
+                           str(work / "run"), "--method", "probmoe", "--max-steps", "8" if cuda else "2",
+                           "--batch-size", "4", "--bf16", *device, *quiet], {}),
+        ("probmoe-eval", [*command("eval"), "--checkpoint", str(work / "run"), "--data", data, "--limit", "4",
+                          "--max-new-tokens", "16" if cuda else "4", "--output", str(work / "eval"),
+                          "--dtype", "bfloat16", *device, *quiet], {}),
+        ("probmoe-analyze", [*command("analyze"), "--checkpoint", str(work / "run"), "--data", data, "--limit", "8",
+                             "--output", str(work / "analysis"), "--dtype", "bfloat16", *device, *quiet], {}),
+    ]
+    return [tests, router, step, commands]
+
+
+def command(name: str) -> list[str]:
+    """probmoe-train / -eval / -analyze as a module run (the device image has the repository on
+    PYTHONPATH, not an installed package with its scripts)."""
+    module = {"train": "train", "eval": "evaluate", "analyze": "analyze"}[name]
+    return [PY, "-m", f"probmoe.cli.{module}"]
+
+
+def write_problems(path: Path, count: int = 24) -> str:
+    """Question/answer records with GSM8K's '#### <number>' answers (the device has no data sets)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(count):
+            a, b = rng.randint(2, 60), rng.randint(2, 60)
+            f.write(json.dumps({"question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
+                                "answer": f"He has {a} + {b} = {a + b} apples.\n#### {a + b}"}) + "\n")
+    return str(path)
+
+
+def olmoe_layers(free_bytes: int, copies: int = len(STEP_METHODS)) -> int:
+    """How many OLMoE-1B-7B-wide decoder layers fit ``copies`` bf16 models with AdamW on a device
+    with ``free_bytes`` free: per layer and copy about 420M parameters at 8 bytes (bf16 weights,
+    gradients and two AdamW moments), the embeddings and head (206M parameters) once per copy, and
+    about 2 GiB of activations per layer and 10 GiB for the logits and loss of 16,384 tokens."""
+    per_layer = copies * 420e6 * 8 + 2 * 2**30
+    fixed = copies * 206e6 * 8 + 10 * 2**30
+    return max(1, min(16, int((0.85 * free_bytes - fixed) // per_layer)))
