@@ -115,6 +115,10 @@ class TrainConfig:
     l1_rate: float | None = option(None, "remoe: factor (> 1) λ is multiplied or divided by after each step to steer "
                                    "the mean number of active experts to the model's top-k (default 1.2)",
                                    type=positive_float)
+    l1_layers: str | None = option(None, "remoe: the penalty over the layers, sum (λ per layer, the official code; "
+                                   "default) or mean (λ/L, the paper's formula)", choices=("sum", "mean"))
+    jitter_eps: float | None = option(None, "sparsemixer: the band half-width ε (default 0.01, GRIN-MoE's)",
+                                      type=positive_float)
     balance: str | None = option(None, "aux-free: DeepSeek-V3's auxiliary-loss-free balancing, a per-expert bias on "
                                  "the selection scores updated after each step (not for sparsemixer, remoe; default "
                                  "none)", choices=BALANCES, to_value=_balance)

@@ -43,14 +43,16 @@ CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 RESUME_KEYS = ("model", "method", "k", "kmin", "kmax", "backend", "grad", "aux_loss", "z_loss", "seed", "lr",
                "lr_schedule", "warmup_steps", "weight_decay", "max_grad_norm", "batch_size", "grad_accum",
                "max_length", "bf16", "data_sha256", "world_size", "device_type", "schedule_steps", "fsdp",
-               "param_dtype", "layers", "data_format", "l1_coef", "l1_rate", "balance", "balance_rate")
+               "param_dtype", "layers", "data_format", "l1_coef", "l1_rate", "balance", "balance_rate",
+               "l1_layers", "jitter_eps")
 # how a resume's refusal names a fingerprint field that is not a flag of the same name (the others: --max-grad-norm ...)
 RESUME_NAMES = {"schedule_steps": "the learning-rate schedule's steps (--max-steps or --epochs)",
                 "data_sha256": "the --data file's contents (SHA-256)", "world_size": "processes (world size)",
                 "device_type": "device type"}
 # what a checkpoint written before a setting existed ran with
 RESUME_DEFAULTS = {"fsdp": False, "param_dtype": "float32", "layers": None, "data_format": "question-answer",
-                   "l1_coef": None, "l1_rate": None, "balance": None, "balance_rate": None}
+                   "l1_coef": None, "l1_rate": None, "balance": None, "balance_rate": None,
+                   "l1_layers": None, "jitter_eps": None}
 
 
 def sha256_file(path: str) -> str:

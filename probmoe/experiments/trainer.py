@@ -201,7 +201,8 @@ class Trainer:
 
         def patch(net):
             patch_model(net, cfg.method, k=cfg.k, kmin=cfg.kmin, kmax=cfg.kmax, backend=cfg.backend, grad=cfg.grad,
-                        l1_coef=cfg.l1_coef, l1_rate=cfg.l1_rate, balance=cfg.balance, balance_rate=cfg.balance_rate,
+                        l1_coef=cfg.l1_coef, l1_rate=cfg.l1_rate, l1_layers=cfg.l1_layers, jitter_eps=cfg.jitter_eps,
+                        balance=cfg.balance, balance_rate=cfg.balance_rate,
                         generator=self.generator, **aux, **zl)
 
         dtype = getattr(torch, cfg.param_dtype)

@@ -328,12 +328,13 @@ def test_remoe_coefficient_update_follows_the_sign_rule():
 @pytest.mark.slow
 def test_remoe_sparsity_control_reaches_k():
     """From a dense start (ReLU of random logits: about half the experts), 50 steps with the
-    adaptive L1 penalty (λ0 = 1e-2, α = 1.2; Adam without momentum at lr 3e-4, on one batch the
+    adaptive L1 penalty (λ0 = 5e-3 per layer, i.e. the paper's mean over the 2 layers at 1e-2;
+    α = 1.2; Adam without momentum at lr 3e-4, on one batch the
     model can learn, so the language-model loss pushes back against the penalty) bring the mean
     number of active experts per token within 10 % of k (the mean over the last 5 steps and the
     50th step itself)."""
     torch.manual_seed(0)
-    model = pt.patch_model(tiny_model("olmoe"), "remoe", l1_coef=1e-2, l1_rate=1.2).train()
+    model = pt.patch_model(tiny_model("olmoe"), "remoe", l1_coef=5e-3, l1_rate=1.2).train()
     opt = torch.optim.Adam(model.parameters(), lr=3e-4, betas=(0.0, 0.99))
     ids = torch.randint(3, 256, (8, 32), generator=torch.Generator().manual_seed(0))
     history = []
@@ -435,3 +436,21 @@ def test_probmoe_train_runs_each_baseline_and_resumes_remoe_exactly(tmp_path):
     assert [r["loss"] for r in logs["whole"]] == pytest.approx([r["loss"] for r in logs["parts"]], rel=1e-6)
     coefs = [r["remoe_l1_coef"] for r in logs["whole"]]
     assert all(b / a in (pytest.approx(1.5), pytest.approx(1 / 1.5)) for a, b in zip(coefs, coefs[1:]))
+
+
+def test_probmoe_train_takes_jitter_eps_and_l1_layers(tmp_path):
+    """--jitter-eps (sparsemixer) and --l1-layers (remoe) reach the plan and the saved settings;
+    given to another method they are refused naming the option."""
+    from gsm8k_data import write
+    from probmoe.cli import train
+
+    data = write(tmp_path, "train.jsonl", 4)
+    common = ["--model", "tiny-olmoe", "--data", str(data), "--batch-size", "2", "--max-steps", "1", "--no-progress"]
+    assert train.main([*common, "--output-dir", str(tmp_path / "sm"), "--method", "sparsemixer",
+                       "--jitter-eps", "0.1"]) == 0
+    assert pt.from_pretrained(tmp_path / "sm").probmoe_plan.jitter_eps == 0.1
+    assert train.main([*common, "--output-dir", str(tmp_path / "re"), "--method", "remoe", "--l1-layers", "mean"]) == 0
+    assert pt.from_pretrained(tmp_path / "re").probmoe_plan.l1_layers == "mean"
+    with pytest.raises(SystemExit) as refused:
+        train.main([*common, "--output-dir", str(tmp_path / "bad"), "--method", "remoe", "--jitter-eps", "0.1"])
+    assert refused.value.code == 2
