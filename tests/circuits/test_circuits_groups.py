@@ -33,21 +33,22 @@ SPECS = [
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=str)
-def test_matches_brute_force(spec):
+def test_matches_brute_force(spec, device):
     allowed = models(spec)
-    c = circuits.compile_circuit(spec)
+    c = circuits.compile_circuit(spec, device=device)
     assert c.layout.model_count() == len(allowed) == spec.model_count() == int(c.info["model_count"])
     r = torch.randn(7, spec.n, generator=torch.Generator().manual_seed(spec.n), dtype=torch.float64) * 2
     want = exact(r, allowed)
-    torch.testing.assert_close(c.log_partition(r), want.log_partition, atol=1e-9, rtol=0)
-    torch.testing.assert_close(c.marginals(r), want.marginals, atol=1e-9, rtol=0)
-    assert torch.equal(c.map(r), want.map)
+    rd = r.to(device)
+    torch.testing.assert_close(c.log_partition(rd).cpu(), want.log_partition, atol=1e-9, rtol=0)
+    torch.testing.assert_close(c.marginals(rd).cpu(), want.marginals, atol=1e-9, rtol=0)
+    assert torch.equal(c.map(rd).cpu(), want.map)
     torch.testing.assert_close(torch.from_numpy(groups.log_partition_reference(spec, r)), want.log_partition, atol=1e-9, rtol=0)
-    # fp32 takes the fused C passes where they are built
-    r32 = r.float()
-    torch.testing.assert_close(c.log_partition(r32).double(), want.log_partition, atol=1e-4, rtol=1e-5)
-    torch.testing.assert_close(c.marginals(r32).double(), want.marginals, atol=1e-5, rtol=0)
-    assert torch.equal(c.map(r32).double(), want.map)
+    # fp32 takes the fused C passes where they are built (the Triton passes on CUDA)
+    r32 = rd.float()
+    torch.testing.assert_close(c.log_partition(r32).cpu().double(), want.log_partition, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(c.marginals(r32).cpu().double(), want.marginals, atol=1e-5, rtol=0)
+    assert torch.equal(c.map(r32).cpu().double(), want.map)
 
 
 def test_some_group_circuits_are_not_smooth():
@@ -88,11 +89,12 @@ BIG = [GroupLimited(64, 8, 8, 2), GroupCapacity(64, 8, [4] * 8 + [8] * 4, 1), Gr
 
 @pytest.mark.parametrize("spec", BIG, ids=str)
 @pytest.mark.parametrize("scale", [1.0, 1e4])
-def test_draws_and_map_never_violate_the_constraint(spec, scale):
-    """At logit scales up to ±1e4 in fp32, with -inf logits, on the C passes and the torch passes."""
-    c = circuits.compile_circuit(spec)
-    gen = torch.Generator().manual_seed(int(scale))
-    r = torch.randn(512, spec.n, generator=gen) * scale
+def test_draws_and_map_never_violate_the_constraint(spec, scale, device):
+    """At logit scales up to ±1e4 in fp32, with -inf logits, on the C passes (the Triton passes on
+    CUDA) and the torch passes."""
+    c = circuits.compile_circuit(spec, device=device)
+    gen = torch.Generator(device).manual_seed(int(scale))
+    r = torch.randn(512, spec.n, generator=gen, device=device) * scale
     r[::3, 8:16] = -torch.inf  # a whole group, or half of the small ones, never chosen
     r[1::3, 0::5] = -torch.inf
     r[2::3] += 3 * scale  # everything likely: only the constraint limits the draws
@@ -103,7 +105,7 @@ def test_draws_and_map_never_violate_the_constraint(spec, scale):
     m = c.marginals(r)
     assert bool(torch.isfinite(m).all()) and not m[r == -torch.inf].any()
     if spec.fixed_cardinality:
-        torch.testing.assert_close(m.sum(-1), torch.full((512,), float(spec.k)), atol=1e-3, rtol=0)
+        torch.testing.assert_close(m.sum(-1), torch.full((512,), float(spec.k), device=device), atol=1e-3, rtol=0)
     torch_passes = TorchPasses(c.program)  # fp32 through the torch passes too
     rs = c.shifted(r)
     zt, log_z = torch_passes.sample(rs, *draw_uniforms(c.program, rs, gen))

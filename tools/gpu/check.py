@@ -9,7 +9,8 @@ cuda and the Triton checks compiled (pass/fail per test), ``tools/bench_router.p
 a tiny model in bf16. A part that the budget cannot hold is skipped with the reason, and a step
 that runs past its time is stopped (its process group killed) and reported as cut short, with
 what it had measured. ``--rehearse`` runs the same parts on the CPU at tiny sizes (Triton
-interpreted; what needs CUDA reported as skipped with the reason).
+interpreted; what needs CUDA reported as skipped with the reason), with the packages the device
+image lacks hidden (tools/gpu/image/sitecustomize.py).
 
 Writes OUT_DIR/gpu.json (everything), OUT_DIR/gpu.md (the tables) and one log per part: at most
 8 files, none in a subfolder (what comes back from a device machine).
@@ -115,6 +116,9 @@ def main() -> int:
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
            "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     env.pop("TRITON_INTERPRET", None)
+    if args.rehearse:  # the packages the device image lacks (and the wheels do not bring) are absent here too
+        env["PYTHONPATH"] = os.pathsep.join([str(HERE / "image"), env["PYTHONPATH"]])
+        env["PROBMOE_CHECK_HIDE"] = ",".join(parts.IMAGE_LACKS)
     layers = parts.olmoe_layers(torch.cuda.mem_get_info()[0]) if cuda else 1
     plan = parts.plan(cuda, work, layers)
     if not cuda and not args.rehearse:

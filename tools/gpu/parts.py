@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PY = sys.executable
+# importable here, absent on the device image and not carried by tools/gpu/wheels.txt: hidden
+# from the rehearsal's processes, so that it fails where the device would
+IMAGE_LACKS = ("pyganak", "trl", "lm_eval", "wandb", "vllm", "torchtitan")
 STEP_METHODS = ["conventional", "ProbMoE (dp)", "ProbMoE (circuit)", "ProbMoE Dynamic-k (circuit)", "DenseMixer"]
 # the rehearsal's device tests: one or two of each kind (brute force, DP, draws, Jacobians,
 # compiled equals eager, host synchronisation), a minute on two cores
