@@ -11,7 +11,10 @@ use.
 g is the stock gate: π = softmax(r) (sigmoid(r) for DeepSeek-V3), or with renormalisation the
 DenseMixer form π·(1 − mask)/stopgrad(norm) + π·mask/norm, times DeepSeek-V3's scaling factor.
 The update runs in each training forward before the term is formed (so Ê includes this forward's
-outputs), not in a checkpoint recomputation.
+outputs), not in a checkpoint recomputation; also under ``torch.no_grad()`` in train mode (as
+BatchNorm's running statistics; reentrant checkpointing's first pass runs so). β, this order, the
+zero start and the no_grad behaviour are our reading of the paper: its code (vatsal0/default-moe)
+could not be read to confirm them (docs/transformers.md, "DefaultMoE").
 
 As router output (``defaultmoe_weights``): all N slots, the k selected first; the weights'
 forward value is the stock top-k weights on the selected slots and exactly 0 on the others, the
