@@ -51,24 +51,38 @@ def version(name: str) -> str | None:
         return None
 
 
+def carried() -> list[str]:
+    """The names of the packages tools/gpu/wheels.txt carries."""
+    lines = (ROOT / "tools" / "gpu" / "wheels.txt").read_text(encoding="utf-8").splitlines()
+    return [line.split("#")[0].split("==")[0].strip() for line in lines if line.split("#")[0].strip()]
+
+
 def unmet_requirements() -> list[str]:
-    """probmoe's declared requirements (core and EXTRAS) that this environment does not meet."""
+    """probmoe's declared requirements (core and EXTRAS), and those of the carried packages, that
+    this environment does not meet (the wheels are installed without their dependencies)."""
     import tomllib
 
     from packaging.requirements import Requirement
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    wanted = list(project["dependencies"])
+    wanted = [("probmoe", text) for text in project["dependencies"]]
     for extra in EXTRAS:
-        wanted += project["optional-dependencies"].get(extra, [])
+        wanted += [("probmoe", text) for text in project["optional-dependencies"].get(extra, [])]
+    for name in carried():
+        try:
+            wanted += [(name, text) for text in metadata.requires(name) or []]
+        except metadata.PackageNotFoundError:
+            wanted.append(("tools/gpu/wheels.txt", name))
     unmet = []
-    for text in wanted:
+    for owner, text in wanted:
         req = Requirement(text)
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue  # an optional extra's, or another platform's
         have = version(req.name)
         if have is None:
-            unmet.append(f"{req}: not installed")
+            unmet.append(f"{req} ({owner}): not installed")
         elif req.specifier and not req.specifier.contains(have, prereleases=True):
-            unmet.append(f"{req}: {have} installed")
+            unmet.append(f"{req} ({owner}): {have} installed")
     return unmet
 
 

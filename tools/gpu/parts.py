@@ -40,21 +40,25 @@ class Part:
 def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
     """The parts, on CUDA (``cuda``) or rehearsed on the CPU; ``work`` holds their files."""
     record = ["-p", "gpu_record", "-p", "no:cacheprovider", "-q", "-rfEs", "--record-to", str(work / "tests.jsonl")]
-    tests = Part("tests", 0.40, 30, files={"tests": work / "tests.jsonl"})
+    # the Triton checks first (nothing else tests the kernels compiled), then the device tests,
+    # the slow ones (inductor compiling a model) last, each step in what the part has left
+    tests = Part("tests", 0.42, 30, files={"tests": work / "tests.jsonl"})
     if cuda:
         tests.steps = [
-            ("device tests on cuda", [PY, "-m", "pytest", "-m", "device", "--device", "cuda", *record,
-                                      "--record-suite", "device"], {}),
             ("Triton checks, compiled", [PY, "-m", "pytest", "tests/circuits/circuits_triton_checks.py", *record,
                                          "--record-suite", "triton"], {}),
+            ("device tests on cuda", [PY, "-m", "pytest", "-m", "device and not slow", "--device", "cuda", *record,
+                                      "--record-suite", "device"], {}),
+            ("slow device tests on cuda", [PY, "-m", "pytest", "-m", "device and slow", "--device", "cuda", *record,
+                                           "--record-suite", "device (slow)"], {}),
         ]
     else:
         tests.steps = [
-            ("device tests on cpu (a selection)", [PY, "-m", "pytest", "-m", "device and not slow", "--device", "cpu",
-                                                   "-k", REHEARSAL_TESTS, *record, "--record-suite", "device"], {}),
             ("Triton checks, interpreted (a selection)", [PY, "-m", "pytest", "tests/circuits/circuits_triton_checks.py",
                                                           "-k", REHEARSAL_TRITON, *record, "--record-suite", "triton"],
              {"TRITON_INTERPRET": "1"}),
+            ("device tests on cpu (a selection)", [PY, "-m", "pytest", "-m", "device and not slow", "--device", "cpu",
+                                                   "-k", REHEARSAL_TESTS, *record, "--record-suite", "device"], {}),
         ]
 
     router = Part("bench_router", 0.20, 30, files={"bench_router": work / "bench_router.json"})
@@ -68,7 +72,7 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
                                                "--sizes", "8:2,8:1-3,16:4", "--passes", "torch,c", "--repeats", "1",
                                                *common], {})]
 
-    step = Part("bench_step", 0.22, 45, files={"bench_step": work / "bench_step.json"})
+    step = Part("bench_step", 0.21, 45, files={"bench_step": work / "bench_step.json"})
     shape = (["--hidden", "2048", "--experts", "64", "--top-k", "8", "--heads", "16", "--vocab", "50304",
               "--layers", str(olmoe_layers), "--tokens", "16384", "--seq", "2048", "--repeats", "8"] if cuda else
              ["--hidden", "64", "--experts", "8", "--top-k", "2", "--heads", "2", "--vocab", "512", "--layers", "1",
@@ -77,7 +81,7 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
                    [PY, "tools/bench_step.py", "--devices", "cuda" if cuda else "cpu", *shape, "--dtype", "bfloat16",
                     "--methods", *STEP_METHODS, "--json", str(work / "bench_step.json")], {})]
 
-    commands = Part("commands", 0.18, 40, files={"eval": work / "eval" / "summary.json",
+    commands = Part("commands", 0.17, 40, files={"eval": work / "eval" / "summary.json",
                                                  "analysis": work / "analysis" / "analysis.json"})
     data = write_problems(work / "problems.jsonl")
     device = ["--device", "cuda" if cuda else "cpu"]
