@@ -31,11 +31,12 @@ def softmax_vjp(pi, v):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("grad", ["exact", "paper"])
 @pytest.mark.parametrize("size", SIZES)
-def test_training_forward_and_eq8_gradient(backend, grad, size):
+def test_training_forward_and_eq8_gradient(backend, grad, size, device):
     g = torch.Generator().manual_seed(0)
-    r = (torch.randn(64, 8, generator=g, dtype=torch.float64) * 2).requires_grad_()
-    c = torch.randn(64, bounds(size)[1], generator=g, dtype=torch.float64)
-    out = probmoe.route(r, **size, training=True, generator=g, backend=backend, grad=grad)
+    r = (torch.randn(64, 8, generator=g, dtype=torch.float64) * 2).to(device).requires_grad_()
+    c = torch.randn(64, bounds(size)[1], generator=g, dtype=torch.float64).to(device)
+    out = probmoe.route(r, **size, training=True, generator=torch.Generator(device).manual_seed(0), backend=backend,
+                        grad=grad)
     pi = torch.softmax(r.detach(), -1)
     # forward: exactly softmax at the drawn experts, 0 on unused slots
     torch.testing.assert_close(out.weights, torch.where(out.mask, pi.gather(-1, out.indices), 0.0), atol=1e-12, rtol=0)
@@ -45,13 +46,13 @@ def test_training_forward_and_eq8_gradient(backend, grad, size):
     assert ((z.sum(-1) >= kmin) & (z.sum(-1) <= kmax)).all() and torch.equal(out.counts, z.sum(-1))
     # backward: J_pi^T c + J_m^T (c ⊙ pi) with J_m = Cov (exact) or Cov diag(1 - p) (paper), Eq. 8
     (got,) = torch.autograd.grad((out.weights * c).sum(), r)
-    ex = exact(r.detach(), masks(8, range(kmin, kmax + 1)))
+    ex = exact(r.detach().cpu(), masks(8, range(kmin, kmax + 1)))  # brute force on the CPU
     cd = dense(out, c)
-    u = torch.einsum("tij,tj->ti", ex.cov, cd * pi)
+    u = torch.einsum("tij,tj->ti", ex.cov.to(device), cd * pi)
     if grad == "paper":
         u = u * torch.sigmoid(-r.detach())
     torch.testing.assert_close(got, softmax_vjp(pi, cd) + u, atol=1e-10, rtol=0)
-    torch.testing.assert_close(out.marginals, ex.marginals, atol=1e-10, rtol=0)
+    torch.testing.assert_close(out.marginals, ex.marginals.to(device), atol=1e-10, rtol=0)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -103,19 +104,19 @@ def test_ablation_methods(backend):
 @pytest.mark.parametrize("size,row", [(dict(k=3), [0.3, -0.2, 1.0, 0.0, -1.1, 0.5]),
                                       (dict(kmin=1, kmax=4), [0.8, -0.5, 1.5, -2.0, 0.1, -0.4])])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])  # float32 runs the circuit's C passes
-def test_chi_squared_of_training_draws(backend, size, row, dtype):
+def test_chi_squared_of_training_draws(backend, size, row, dtype, device):
     r = torch.tensor(row, dtype=dtype)
-    out = probmoe.route(r.expand(40_000, 6), **size, training=True, generator=torch.Generator().manual_seed(3),
-                        backend=backend)
+    out = probmoe.route(r.to(device).expand(40_000, 6), **size, training=True,
+                        generator=torch.Generator(device).manual_seed(3), backend=backend)
     kmin, kmax = bounds(size)
     allowed = masks(6, range(kmin, kmax + 1))
     probs = exact(r[None].double(), allowed).probs[0]
-    assert chi2_pvalue(mask_counts(out.selected().double(), allowed), probs) > 1e-3
+    assert chi2_pvalue(mask_counts(out.selected().double().cpu(), allowed), probs) > 1e-3
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_eval_exact_k_is_softmax_topk(backend):
-    r = torch.randn(512, 64) * 2
+def test_eval_exact_k_is_softmax_topk(backend, device):
+    r = torch.randn(512, 64, device=device) * 2
     out = probmoe.route(r, k=8, training=False, backend=backend)
     vals, idx = torch.topk(torch.softmax(r, -1), 8)
     assert torch.equal(out.indices, idx) and torch.equal(out.weights, vals) and out.mask.all()
