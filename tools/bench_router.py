@@ -113,7 +113,7 @@ def bench_device(device: torch.device, sizes: list[str], T: int, repeats: int, c
         kmin = size.get("k", size.get("kmin"))
         r = (torch.randn(T, N, generator=gen, device=device) * 2).to(dtype).requires_grad_()
         c = torch.randn(T, kmax, generator=gen, device=device, dtype=dtype)
-        circuit = constraints.cardinality(N, kmin, kmax, str(device))
+        circuit = constraints.cardinality(N, kmin, kmax, r.device)  # route's own: keyed by "cuda:0", not "cuda"
         fwd = {"softmax + topk": lambda: softmax_topk(r, kmax)}
         for impl in ["dp", *implementations(device, list(passes_wanted))]:
             backend = "dp" if impl == "dp" else "circuit"
