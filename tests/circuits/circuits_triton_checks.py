@@ -22,6 +22,7 @@ import circuits
 import circuits.passes
 from brute import exact, masks
 from circuits.passes import TorchPasses, draw_uniforms
+from host_sync import no_host_synchronisation
 
 pytest.importorskip("triton", reason="triton is not installed (the optional extra: pip install -e '.[triton]')")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -187,12 +188,8 @@ def test_no_host_synchronisation():
         fast.log_partition(r, True), fast.sample(r, uniforms, fill), fast.map(r), fast.marginals_jvp(r, v)
 
     every_pass()  # compiles the kernels
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_synchronisation():
         every_pass()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
 
 
 def test_fp32_exact_at_every_scale():
