@@ -217,16 +217,18 @@ def test_family_without_plugin_support(tmp_path):
         settings.serving_rule(path, config)
 
 
-@pytest.mark.parametrize("family", ["olmoe", "mixtral"])
-@pytest.mark.parametrize("method,kw", [
-    ("probmoe-dynamic", {"kmin": 1, "kmax": 4}),
-    ("probmoe-dynamic", {"kmin": 2, "kmax": 6, "balance": "aux-free"}),
-    ("probmoe", {"balance": "aux-free"}),
-    ("topk-marginal", {"k": 3}),
-    ("conventional", {"balance": "aux-free"}),
-    ("defaultmoe", {"balance": "aux-free"}),
-    ("sparsemixer", {}),
-    ("remoe", {}),
+@pytest.mark.parametrize("family,method,kw", [
+    ("olmoe", "probmoe-dynamic", {"kmin": 1, "kmax": 4}),
+    ("olmoe", "probmoe-dynamic", {"kmin": 2, "kmax": 6, "balance": "aux-free"}),
+    ("olmoe", "probmoe", {"balance": "aux-free"}),
+    ("olmoe", "topk-marginal", {"k": 3}),
+    ("olmoe", "conventional", {"balance": "aux-free"}),
+    ("olmoe", "defaultmoe", {"balance": "aux-free"}),
+    ("olmoe", "sparsemixer", {}),
+    ("olmoe", "remoe", {}),
+    ("mixtral", "probmoe-dynamic", {"kmin": 2, "kmax": 6, "balance": "aux-free"}),  # always renormalises
+    ("mixtral", "probmoe", {"balance": "aux-free"}),
+    ("mixtral", "sparsemixer", {}),
 ])
 def test_rule_routes_as_the_patched_gate(tmp_path, family, method, kw):
     """The rule read from a saved checkpoint routes the patched model's own router logits as its
