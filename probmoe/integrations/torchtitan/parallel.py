@@ -1,11 +1,11 @@
 """Expert parallelism around the ProbMoE router: the per-rank sampling generator, the EP degree check,
 and torchtitan's own EP sharding applied to one model (its ``parallelize``), also on a CPU.
 
-Draws under data parallelism: a router with ``seed`` s draws on global rank r from a generator
-seeded s · 1,000,003 + r, so a run repeats its draws and two data-parallel ranks (which see
-different tokens, EP ranks included: torchtitan's EP borrows the data-parallel ranks) draw
-independently. Ranks that see the same tokens (tensor parallelism) would need the same seed: not
-supported here (the router needs plain, not DTensor, hidden states).
+Draws under data parallelism (``probmoe.integrations.scale_out``): a router with ``seed`` s draws on
+global rank r from a generator seeded s · 1,000,003 + r, so a run repeats its draws and two
+data-parallel ranks (which see different tokens, EP ranks included: torchtitan's EP borrows the
+data-parallel ranks) draw independently. Ranks that see the same tokens (tensor parallelism) would
+need the same seed: not supported here (the router needs plain, not DTensor, hidden states).
 """
 
 from __future__ import annotations
@@ -13,19 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-RANK_STRIDE = 1_000_003
-
-
-def rank_seed(seed: int, rank: int | None = None) -> int:
-    """The seed of ``rank`` (default: this process's global rank, 0 without torch.distributed)."""
-    if rank is None:
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    return (seed * RANK_STRIDE + rank) % 2**63
-
-
-def rank_generator(seed: int, device: torch.device | str = "cpu", rank: int | None = None) -> torch.Generator:
-    """A generator on ``device`` seeded ``rank_seed(seed, rank)``."""
-    return torch.Generator(device=device).manual_seed(rank_seed(seed, rank))
+from probmoe.integrations.scale_out import rank_generator, rank_seed  # noqa: F401 (re-exported)
 
 
 def check_expert_parallel(num_experts: int, ep_degree: int, where: str = "") -> None:
@@ -36,6 +24,14 @@ def check_expert_parallel(num_experts: int, ep_degree: int, where: str = "") -> 
         at = f" of {where}" if where else ""
         raise ValueError(f"expert_parallel_degree = {ep_degree} must divide num_experts = {num_experts}{at} "
                          f"(each EP rank holds num_experts / expert_parallel_degree experts)")
+
+
+def is_expert_parameter(p: torch.Tensor) -> bool:
+    """Whether ``p`` is sharded over the expert-parallel ranks (a DTensor on a mesh with an "ep" axis):
+    its gradient already sums the tokens of every rank (the all-to-all brought them), so it needs no
+    data-parallel reduction, where a dense parameter's does."""
+    mesh = getattr(p, "device_mesh", None)
+    return mesh is not None and "ep" in (mesh.mesh_dim_names or ())
 
 
 def use_cpu_device() -> None:

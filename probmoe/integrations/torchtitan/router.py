@@ -13,7 +13,7 @@ builds it and every existing field keeps its meaning:
                         constraint on P(S), where the stock router picks groups by their top-2 scores)
     method, backend, grad   as ``probmoe.RoutingConfig``
     seed                None: draws from torch's default generator; an int: from a generator seeded
-                        per rank (``parallel.rank_generator``), so draws repeat run to run and differ
+                        per rank (``scale_out.rank_generator``), so draws repeat run to run and differ
                         across data-parallel ranks
 
 forward(x [..., D], expert_bias_E [E] or None) -> (weights [..., K], expert ids [..., K], scores
@@ -36,12 +36,11 @@ from torch import Tensor
 
 import circuits
 import probmoe
+from probmoe.integrations.scale_out import rank_generator, unbiased_weights
 from probmoe.replay import GeneratorReplay
 from probmoe.router import routed
 from probmoe.scores import gate_scores
 from torchtitan.models.common.moe import TokenChoiceTopKRouter
-
-from .parallel import rank_generator
 
 
 class ProbMoERouter(TokenChoiceTopKRouter):
@@ -135,19 +134,3 @@ def routing_config(config: ProbMoERouter.Config) -> probmoe.RoutingConfig:
                          f"{E // groups}")
     spec = circuits.GroupLimited(E, None, groups, limited, kmin=kmin, kmax=kmax)
     return probmoe.RoutingConfig(E, constraint=spec, **{**fields, "backend": "circuit"})
-
-
-def unbiased_weights(routing: probmoe.Routing, logits: Tensor, shifted: Tensor, score_func: str,
-                     normalize: bool) -> Tensor:
-    """The weights [T, K] of a routing drawn from the shifted logits r + b [T, E] (routed without
-    normalisation), carried over to the unbiased scores π(r), r = ``logits`` [T, E]: each used slot's
-    w' = (1 + δ) π(r + b), δ the straight-through term (value 0), becomes w' / π(r + b) · π(r), whose
-    value and gradient are (1 + δ) π(r)'s (the π(r + b) factors cancel in both); unused slots stay
-    exactly 0. Normalised over the used slots if asked."""
-    idx, mask = routing.indices, routing.mask  # [T, K]
-    pi = gate_scores(logits, score_func).gather(-1, idx)  # [T, K]
-    pi_shifted = gate_scores(shifted, score_func).gather(-1, idx).clamp_min(torch.finfo(torch.float32).tiny)
-    w = torch.where(mask, routing.weights / pi_shifted * pi, torch.zeros_like(pi))
-    if normalize:
-        w = w / w.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
-    return w
