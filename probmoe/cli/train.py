@@ -89,7 +89,10 @@ def _train(cfg: TrainConfig, trainer) -> int:
             print(f"warning: --max-length {cfg.max_length} leaves no answer token in {trainer.no_answer} of "
                   f"{len(trainer.encoded)} examples; they add nothing to the loss (raise --max-length to keep them)",
                   file=sys.stderr)
-        if trainer.resume_dir is not None:
+        if trainer.repair is not None:
+            print(f"the final model in {cfg.output_dir} is damaged ({trainer.repair}); writing it again from "
+                  f"{trainer.resume_dir}", file=sys.stderr)
+        elif trainer.resume_dir is not None:
             print(f"resumed from {trainer.resume_dir} at step {trainer.step} of {trainer.total_steps}", file=sys.stderr)
         os.makedirs(cfg.output_dir, exist_ok=True)
         config_parser.write(cfg, os.path.join(cfg.output_dir, "config.yaml"))
@@ -100,6 +103,8 @@ def _train(cfg: TrainConfig, trainer) -> int:
     finally:
         if trainer.tracker is not None:
             trainer.tracker.close()
+    if trainer.world.main and trainer.repair is not None:
+        print(f"final model in {cfg.output_dir}, written again from {trainer.resume_dir}", file=sys.stderr)
     if trainer.world.main and last:
         where = f"model in {cfg.output_dir}" if trainer.step == trainer.total_steps else \
             f"stopped at step {trainer.step} of {trainer.total_steps}: resume with --resume latest"

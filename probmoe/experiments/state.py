@@ -20,6 +20,11 @@ file (weights included) before anything is loaded, the fingerprint against the r
 decaying schedule), and every .pt file is read with ``weights_only=True``. ``--resume latest``
 takes the newest checkpoint that passes these checks (``newest_valid``); the trainer sets the
 damaged newer ones aside (``set_aside``).
+
+The final model in ``output_dir`` (``save_final``) is vouched for by ``final_model.json`` (its
+step and the sha256 of each file), written last; ``check_final`` reads it back, so that a
+``--resume latest`` of a finished run notices a damaged or missing final file and rewrites the
+final model from the last checkpoint instead of reporting the run complete.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ FORMAT = "probmoe-training-state"
 VERSION = 1
 STATE = "training_state.pt"
 MANIFEST = "training_state.json"
+FINAL = "final_model.json"  # in the output folder: the final model's step and checksums
+FINAL_FORMAT = "probmoe-final-model"
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 # fingerprint fields that must match for a resume to continue the same trajectory
 RESUME_KEYS = ("model", "method", "k", "kmin", "kmax", "backend", "grad", "aux_loss", "z_loss", "seed", "lr",
@@ -200,10 +207,11 @@ def _write(directory: str, tmp: str, *, step, fingerprint, world, model, tokeniz
     distributed.barrier()
 
 
-def save_final(directory: str, world, write) -> None:
+def save_final(directory: str, world, write, step: int | None = None) -> None:
     """The final model into ``directory`` (every rank calls this): ``write(tmp)`` (collective under
     FSDP; rank 0 writes) fills ``directory/.final.tmp``, then rank 0 syncs it and renames each file
-    up into ``directory``, so a forced interrupt leaves each file whole or absent, never truncated."""
+    up into ``directory``, so a forced interrupt leaves each file whole or absent, never truncated;
+    ``FINAL`` (``step`` and the files' checksums) is written last (``check_final``)."""
     from . import distributed
 
     tmp = os.path.join(directory, ".final.tmp")
@@ -216,13 +224,46 @@ def save_final(directory: str, world, write) -> None:
         distributed.barrier()
         if world.main:
             _sync_tree(tmp)
-            for name in sorted(os.listdir(tmp)):
+            names = sorted(os.listdir(tmp))
+            sums = {name: sha256_file(os.path.join(tmp, name)) for name in names}
+            if os.path.exists(os.path.join(directory, FINAL)):  # the files change: the old vouching goes first
+                os.remove(os.path.join(directory, FINAL))
+            for name in names:
                 os.replace(os.path.join(tmp, name), os.path.join(directory, name))
             os.rmdir(tmp)
+            with open(os.path.join(directory, FINAL + ".tmp"), "w", encoding="utf-8") as f:
+                json.dump({"format": FINAL_FORMAT, "step": step, "sha256": sums}, f, indent=2, sort_keys=True)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(os.path.join(directory, FINAL + ".tmp"), os.path.join(directory, FINAL))
     except BaseException:
         if world.main:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def check_final(directory: str, step: int) -> str | None:
+    """None when the final model in ``directory`` is whole: ``FINAL`` is there, for ``step``, and
+    every file it lists matches its checksum; else what is wrong, in a few words."""
+    path = os.path.join(directory, FINAL)
+    try:
+        with open(path, encoding="utf-8") as f:
+            final = json.load(f)
+    except (OSError, ValueError):
+        return f"{FINAL} is missing or unreadable"
+    if not isinstance(final, dict) or final.get("format") != FINAL_FORMAT or not isinstance(final.get("sha256"), dict) \
+            or not final["sha256"]:
+        return f"{FINAL} is malformed"
+    if final.get("step") != step:
+        return f"{FINAL} is for step {final.get('step')!r}, the last checkpoint for step {step}"
+    for name, digest in sorted(final["sha256"].items()):
+        if os.path.basename(name) != name:
+            return f"{FINAL} is malformed"
+        file = os.path.join(directory, name)
+        if not os.path.isfile(file) or sha256_file(file) != digest:
+            return f"{name} is missing or does not match its checksum in {FINAL} (damaged or modified)"
+    return None
 
 
 def read_manifest(directory: str) -> dict:

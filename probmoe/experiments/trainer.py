@@ -161,9 +161,12 @@ class Trainer:
         self.end = self.total_steps if cfg.stop_after is None else cfg.stop_after
         self.fingerprint = fingerprint(cfg, world, self.total_steps, self.records.format)
 
+    repair = None  # why the final model of a finished run is rewritten from its last checkpoint
+
     def _check_resume(self) -> bool:
         """The resume checkpoint's manifest, settings and checksums (``--resume latest`` read and
-        verified it already); True, with ``nothing_to_do`` set, when it is at or past this run's end."""
+        verified it already); True, with ``nothing_to_do`` set, when it is at or past this run's end
+        (and a finished run's final files are whole: else ``repair`` says why they are rewritten)."""
         cfg = self.cfg
         if self.resume_dir is None:
             return False
@@ -175,6 +178,10 @@ class Trainer:
             state.verify(self.resume_dir, self.manifest, self.world.rank)
         if self.manifest["step"] < self.end:
             return False
+        if self.manifest["step"] == self.total_steps == self.end:  # finished: are the final files whole?
+            self.repair = state.check_final(cfg.output_dir, self.total_steps)
+            if self.repair is not None:
+                return False  # resumed at the last step: no step to train, then save_final writes them again
         self.step = self.manifest["step"]
         where = f"already complete at step {self.step}" if self.step == self.total_steps else \
             f"at step {self.step}, past this run's last step {self.end}" if self.step > self.end else \
@@ -391,7 +398,8 @@ class Trainer:
             return {}
         if world.main:
             os.makedirs(cfg.output_dir, exist_ok=True)
-            self._log({"event": "resume" if self.resume_dir else "start", "step": self.step,
+            event = "repair" if self.repair else "resume" if self.resume_dir else "start"
+            self._log({"event": event, "step": self.step,
                        "total_steps": self.total_steps, "world_size": world.size, "examples": len(self.encoded),
                        "examples_without_answer_tokens": self.no_answer, "config": asdict(cfg)})
         self.model.train()
@@ -416,7 +424,7 @@ class Trainer:
         if self.step > self.start_step or self.resume_dir is None:
             self.save(state.checkpoint_dir(cfg.output_dir, self.step))
         if self.step == self.total_steps:
-            state.save_final(cfg.output_dir, world, self._write_final)
+            state.save_final(cfg.output_dir, world, self._write_final, step=self.step)
         distributed.barrier()
 
     def _write_final(self, directory: str) -> None:
