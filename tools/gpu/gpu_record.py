@@ -1,7 +1,7 @@
 """A pytest plugin for the device check: one JSON line per test outcome, written as each test
 ends, so that a run stopped by the check's time budget still reports every test it finished.
 
-    python -m pytest -p gpu_record --record-to FILE --record-suite NAME ...
+    python -m pytest -p gpu_record --record-to=FILE --record-suite=NAME ...
 
 (tools/gpu on PYTHONPATH). Each line: {"suite", "test", "outcome": passed | failed | skipped |
 error, "seconds", "message"} where message is the skip reason or the failure's last line.

@@ -39,26 +39,28 @@ class Part:
 
 def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
     """The parts, on CUDA (``cuda``) or rehearsed on the CPU; ``work`` holds their files."""
-    record = ["-p", "gpu_record", "-p", "no:cacheprovider", "-q", "-rfEs", "--record-to", str(work / "tests.jsonl")]
+    # --record-to=FILE as one word: as two, pytest's first look at the command line (before the
+    # plugin adds the option) takes FILE for a test path and roots the run in its folder
+    record = ["-p", "gpu_record", "-p", "no:cacheprovider", "-q", "-rfEs", f"--record-to={work / 'tests.jsonl'}"]
     # the Triton checks first (nothing else tests the kernels compiled), then the device tests,
     # the slow ones (inductor compiling a model) last, each step in what the part has left
     tests = Part("tests", 0.42, 30, files={"tests": work / "tests.jsonl"})
     if cuda:
         tests.steps = [
             ("Triton checks, compiled", [PY, "-m", "pytest", "tests/circuits/circuits_triton_checks.py", *record,
-                                         "--record-suite", "triton"], {}),
-            ("device tests on cuda", [PY, "-m", "pytest", "-m", "device and not slow", "--device", "cuda", *record,
-                                      "--record-suite", "device"], {}),
-            ("slow device tests on cuda", [PY, "-m", "pytest", "-m", "device and slow", "--device", "cuda", *record,
-                                           "--record-suite", "device (slow)"], {}),
+                                         "--record-suite=triton"], {}),
+            ("device tests on cuda", [PY, "-m", "pytest", "tests", "-m", "device and not slow", "--device", "cuda", *record,
+                                      "--record-suite=device"], {}),
+            ("slow device tests on cuda", [PY, "-m", "pytest", "tests", "-m", "device and slow", "--device", "cuda", *record,
+                                           "--record-suite=device (slow)"], {}),
         ]
     else:
         tests.steps = [
             ("Triton checks, interpreted (a selection)", [PY, "-m", "pytest", "tests/circuits/circuits_triton_checks.py",
-                                                          "-k", REHEARSAL_TRITON, *record, "--record-suite", "triton"],
+                                                          "-k", REHEARSAL_TRITON, *record, "--record-suite=triton"],
              {"TRITON_INTERPRET": "1"}),
-            ("device tests on cpu (a selection)", [PY, "-m", "pytest", "-m", "device and not slow", "--device", "cpu",
-                                                   "-k", REHEARSAL_TESTS, *record, "--record-suite", "device"], {}),
+            ("device tests on cpu (a selection)", [PY, "-m", "pytest", "tests", "-m", "device and not slow", "--device", "cpu",
+                                                   "-k", REHEARSAL_TESTS, *record, "--record-suite=device"], {}),
         ]
 
     router = Part("bench_router", 0.20, 30, files={"bench_router": work / "bench_router.json"})
