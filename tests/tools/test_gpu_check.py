@@ -40,7 +40,8 @@ def test_budget_shares_cut_short_and_skip(tmp_path):
     assert status["slow"]["status"] == "cut short" and status["slow"]["steps"][0]["status"] == "cut short"
     assert 10 <= status["slow"]["steps"][0]["seconds"] < 25  # its 10 s share plus what "quick" left
     assert status["slow"]["steps"][1]["status"] == "skipped"
-    assert status["fails"]["status"] == "failed"
+    assert status["fails"]["status"] == "failed" and status["fails"]["steps"][0]["returncode"] == 3
+    assert "tail" in status["fails"]["steps"][0] and "tail" not in status["quick"]["steps"][0]
     assert status["hungry"]["status"] == "skipped" and "needs 1000 s" in status["hungry"]["reason"]
     assert status["told"] == {**status["told"], "status": "skipped", "reason": "no CUDA device"}
     assert (tmp_path / "slow.log").read_text().count("cut short") == 1
@@ -66,11 +67,13 @@ def test_report_reads_what_the_parts_wrote(tmp_path):
     md = report.markdown(dict(mode="cuda", budget_s=420, seconds=400, olmoe_layers=2, about=dict(
         nvidia_smi=dict(gpus=[dict(name="NVIDIA H100 80GB HBM3", driver="580.1", memory="81559 MiB")]),
         torch="2.11.0", cuda="13.0", triton="3.6.0", python="3.12.3", cpu=dict(name="x", cores=16)),
-        parts=[dict(part="tests", status="failed", steps=[dict(step="s", status="failed", seconds=3)])],
+        parts=[dict(part="tests", status="failed", steps=[dict(step="s", status="failed", seconds=3, returncode=2,
+                                                               tail=["ERROR collecting tests/x.py"])])],
         results=got))
     assert "NVIDIA H100 80GB HBM3 (driver 580.1" in md and "| device | 1 | 1 | 0 | 0 |" in md
     assert "`b`: AssertionError: 2 != 3" in md and "1 × CUDA only" in md
     assert "met (≤ 1.5×)" in md and "missed (≤ 2.0×)" in md
+    assert "tests, s: failed (return code 2)" in md and "ERROR collecting tests/x.py" in md
 
 
 def test_layers_that_fit():

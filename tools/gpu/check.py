@@ -44,6 +44,7 @@ def run_step(argv: list[str], env: dict, timeout: float, log) -> dict:
     t0 = time.monotonic()
     log.write(f"\n$ {' '.join(argv)}\n")
     log.flush()
+    start = log.tell()
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         rc = proc.wait(timeout=max(1.0, timeout))
@@ -57,9 +58,15 @@ def run_step(argv: list[str], env: dict, timeout: float, log) -> dict:
             proc.wait()
         rc, status = None, "cut short"
     seconds = time.monotonic() - t0
+    log.flush()
+    entry = dict(status=status, seconds=round(seconds, 1), returncode=rc)
+    if status == "failed":  # the step's last lines, for the report
+        with open(log.name, encoding="utf-8", errors="replace") as f:
+            f.seek(start)
+            entry["tail"] = [line.rstrip()[:300] for line in f.read().splitlines()[-12:]]
     log.write(f"[{status} after {seconds:.0f} s, return code {rc}]\n")
     log.flush()
-    return dict(status=status, seconds=round(seconds, 1), returncode=rc)
+    return entry
 
 
 def run_parts(plan: list, budget_s: float, started: float, out: Path, env: dict) -> list[dict]:

@@ -113,6 +113,11 @@ def markdown(summary: dict) -> str:
                                                              f" in {s.get('seconds', 0):.0f} s") for s in p["steps"])
         rows.append([p["part"], p["status"], p.get("reason", "") or steps])
     lines += _table(["part", "status", "steps or reason"], rows)
+    for p in summary["parts"]:
+        for step in p["steps"]:
+            if step.get("tail"):
+                lines += ["", f"{p['part']}, {step['step']}: failed (return code {step['returncode']}); its last lines:",
+                          "", "```", *step["tail"], "```"]
     if res.get("tests"):
         lines += ["", "## Tests", "", *_tests(res["tests"])]
     if res.get("bench_router"):
