@@ -214,3 +214,37 @@ def test_vllm_serve_command(tmp_path, name):
             server.kill()
             server.wait()
         log.close()
+
+
+_STOCK_RUN = r"""
+import json, sys
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+path, prompts, n = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+llm = LLM(path, dtype="float32", enforce_eager=True, max_model_len=128, max_num_seqs=8, seed=0,
+          kv_cache_memory_bytes=64 << 20)
+print("CLASS", llm.apply_model(lambda m: type(m).__module__)[0])
+outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                    SamplingParams(temperature=0, max_tokens=n, min_tokens=n), use_tqdm=False)
+print("TOKENS", json.dumps([list(o.outputs[0].token_ids) for o in outs]))
+"""
+
+
+@pytest.mark.parametrize("name", ["olmoe-probmoe"])
+def test_exact_k_checkpoint_serves_in_stock_vllm(name):
+    """Without the plugin (vLLM's VLLM_PLUGINS allow-list leaving it out), an exact-k ProbMoE
+    checkpoint serves as stock: vLLM's own model class, the transformers model's tokens."""
+    import subprocess
+    import sys
+
+    if name not in NAMES:
+        pytest.skip(f"{name} not among the fixtures")
+    exp = expected(name)
+    env = dict(os.environ, VLLM_PLUGINS="lora_filesystem_resolver", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    out = subprocess.run([sys.executable, "-c", _STOCK_RUN, ckpt(name), json.dumps(exp["prompts"]),
+                          str(len(exp["tokens"][0]))], env=env, capture_output=True, text=True, timeout=600)
+    lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in out.stdout.splitlines()
+             if line.startswith(("CLASS ", "TOKENS "))}
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert lines["CLASS"] == "vllm.model_executor.models.olmoe"
+    assert json.loads(lines["TOKENS"]) == exp["tokens"]
