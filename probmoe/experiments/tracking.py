@@ -2,9 +2,10 @@
 
 Every step record ``Trainer`` logs (``--log-every``) is sent as scalars at its step:
 
-    train/loss, train/learning_rate, train/grad_norm, train/tokens_per_s, train/aux_loss
+    train/loss, train/learning_rate, train/grad_norm, train/tokens_per_s
+    train/router_loss       the router terms added to the loss: aux coefficient x aux loss + z coefficient x z-loss
     routing/experts_per_token, routing/load_cv, routing/max_vio, routing/entropy   (mean over layers)
-    routing/aux_loss                              (when the load-balancing loss is trained)
+    routing/aux_loss        the load-balancing loss itself, unweighted (when it is trained)
     routing/layer{i}/<the four statistics>        (each MoE layer)
 
 The routing keys are ``RoutingStatsCallback``'s (``probmoe.integrations.transformers.callback``),
@@ -31,7 +32,7 @@ from .run_config import REPORT_TO
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 WANDB_ID_FILE = "wandb_run_id"  # in the output folder
 TRAIN_KEYS = {"loss": "train/loss", "lr": "train/learning_rate", "grad_norm": "train/grad_norm",
-              "tokens_per_s": "train/tokens_per_s", "aux_loss": "train/aux_loss"}
+              "tokens_per_s": "train/tokens_per_s", "router_loss": "train/router_loss"}
 
 
 def check(report_to: str, output_dir: str) -> None:

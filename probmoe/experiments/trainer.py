@@ -339,8 +339,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         control = after_step(self.net)  # per-step routing updates (ReMoE's λ, the aux-free bias)
         real = distributed.all_sum(torch.stack([b["attention_mask"].sum() for b in batches]).sum().to(dev))
-        stats = {"loss": distributed.all_sum(ce_sum).item() / total_tokens,
-                 "aux_loss": distributed.all_sum(aux_sum).item() / world.size, "lr": lr,
+        stats = {"loss": distributed.all_sum(ce_sum).item() / total_tokens,  # router_loss: the weighted aux + z terms
+                 "router_loss": distributed.all_sum(aux_sum).item() / world.size, "lr": lr,
                  "answer_tokens": total_tokens, "tokens": int(real.item())}
         if norm is not None:
             stats["grad_norm"] = float(norm)
@@ -356,6 +356,32 @@ class Trainer:
                 f.write(json.dumps(record) + "\n")
             if self.tracker is not None and "event" not in record:
                 self.tracker.log(record)
+
+    def _trim_log(self) -> int:
+        """On resume: the step records past the resumed step (steps trained after that checkpoint,
+        which this run trains again) move from train_log.jsonl to train_log.superseded.jsonl, so
+        that the log holds each step once; returns how many moved. Lines that are not step records
+        (events, anything unreadable) stay."""
+        path = self.log_path
+        if not os.path.isfile(path):
+            return 0
+        keep, drop = [], []
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    record = None
+                past = isinstance(record, dict) and "event" not in record and isinstance(record.get("step"), int) \
+                    and record["step"] > self.step
+                (drop if past else keep).append(line if line.endswith("\n") else line + "\n")
+        if drop:
+            with open(path.removesuffix(".jsonl") + ".superseded.jsonl", "a", encoding="utf-8") as f:
+                f.writelines(drop)
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                f.writelines(keep)
+            os.replace(path + ".tmp", path)
+        return len(drop)
 
     def save(self, directory: str) -> None:
         state.save(directory, step=self.step, fingerprint=self.fingerprint, world=self.world, model=self.net,
@@ -399,7 +425,8 @@ class Trainer:
         if world.main:
             os.makedirs(cfg.output_dir, exist_ok=True)
             event = "repair" if self.repair else "resume" if self.resume_dir else "start"
-            self._log({"event": event, "step": self.step,
+            superseded = {} if self.resume_dir is None else {"superseded_steps": self._trim_log()}
+            self._log({"event": event, "step": self.step, **superseded,
                        "total_steps": self.total_steps, "world_size": world.size, "examples": len(self.encoded),
                        "examples_without_answer_tokens": self.no_answer, "config": asdict(cfg)})
         self.model.train()
