@@ -72,12 +72,12 @@ def test_sizes_keep_the_contract(backend, sizes, method, scores, dtype):
             assert out.counts[0] == sizes["kmin"] and out.counts[1] == sizes["kmax"]
 
 
-@pytest.mark.parametrize("normalize", [False, True])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fused", "composed"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("spec", CONSTRAINTS, ids=str)
-def test_constraints_keep_the_contract(spec, method, dtype, normalize):
-    r = logits(dtype)
+def test_constraints_keep_the_contract(spec, method, dtype):
+    normalize = method == "probmoe"  # normalised weights too (unused slots stay 0)
+    r = logits(dtype, T=97)
     r[2] = 0.0  # group constraints may exclude a row's only finite experts: no -inf row here
     r.requires_grad_()
     for training in (True, False):
