@@ -149,6 +149,27 @@ def test_expert_bias_moves_the_draws_not_the_weights():
     torch.testing.assert_close(g0, g1, rtol=1e-5, atol=1e-7)
 
 
+def test_load_counter_counts_used_slots_only():
+    cfg = use_probmoe(moe_config(), kmin=1, top_k=5, seed=4)
+    moe = built(cfg).train()
+    x = torch.randn(2, 30, D, generator=torch.Generator().manual_seed(6))
+    moe(x)
+    routing = moe.router.last_routing
+    every_slot = torch.bincount(routing.indices.flatten(), minlength=E).float()
+    assert torch.equal(moe.tokens_per_expert_E, every_slot)  # torchtitan counts the unused slots too
+    assert not routing.mask.all()
+    moe.tokens_per_expert_E.zero_()
+    handles = tt.count_used_slots(moe)
+    moe(x)
+    routing = moe.router.last_routing
+    assert torch.equal(moe.tokens_per_expert_E, routing.selected().sum(0).float())
+    with torch.no_grad():
+        moe.eval()(x)  # eval forwards count nothing, before or after
+    assert torch.equal(moe.tokens_per_expert_E, routing.selected().sum(0).float())
+    for h in handles:
+        h.remove()
+
+
 def test_eval_is_the_stock_top_k_for_exact_k():
     """Exact-k softmax at eval is the MAP = the stock router's top-k (same experts, same weights)."""
     stock = built(moe_config(top_k=3)).eval()

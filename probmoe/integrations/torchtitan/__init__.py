@@ -4,6 +4,7 @@
                          Dynamic-k, softmax or sigmoid scores, group-limited, the aux-free bias)
     use_probmoe          swap every router of a model config for it, in one call
     router_stats         experts per token, load CV and MaxVio of each ProbMoE router's last forward
+    count_used_slots     make MoE.tokens_per_expert_E (the aux-free bias update's input) count used slots only
     parallel             the per-rank generator, the EP degree check, torchtitan's EP plan on a model
     reference.dense_moe  every expert on every token, masked by the routing weights (the test oracle)
 
@@ -19,7 +20,7 @@ _version.check(_version.installed())
 
 from .parallel import check_expert_parallel, rank_generator, rank_seed  # noqa: E402
 from .router import ProbMoERouter  # noqa: E402
-from .stats import router_stats  # noqa: E402
+from .stats import count_used_slots, router_stats  # noqa: E402
 from .swap import use_probmoe  # noqa: E402
 
-__all__ = ["ProbMoERouter", "use_probmoe", "router_stats", "check_expert_parallel", "rank_generator", "rank_seed"]
+__all__ = ["ProbMoERouter", "use_probmoe", "router_stats", "count_used_slots", "check_expert_parallel", "rank_generator", "rank_seed"]
