@@ -455,3 +455,68 @@ def test_distributed(mode, tmp_path):
     want = official_penalty_grad(remoe_model(), micro_batches(2))  # (∇P_0 + ∇P_1) / 2
     for g in got:
         assert_close_rel(g, want, 1e-5)
+
+
+TRAINER_DDP_SCRIPT = """
+import sys, torch, datasets
+from transformers import Trainer, TrainerCallback, TrainingArguments
+import probmoe.integrations.transformers as pt
+from probmoe.integrations.transformers.model import patched_gates
+from probmoe.integrations.transformers.testing import tiny_model
+
+out, rows = sys.argv[1], torch.load(sys.argv[2])
+data = datasets.Dataset.from_dict({"input_ids": rows.tolist(), "labels": rows.tolist()})
+grads, seen = [], []
+
+class Grab(TrainerCallback):
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        grads.append(torch.stack([g.weight.grad.detach().clone() for g in patched_gates(model)]))
+
+for coef in (1.0, 0.0):
+    model = pt.patch_model(tiny_model("olmoe", seed=0), "remoe", l1_coef=1.0)
+    for g in patched_gates(model):
+        g.probmoe_remoe[0] = coef
+    model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].clone()), with_kwargs=True)
+    args = TrainingArguments(output_dir=out + "/run", max_steps=1, gradient_accumulation_steps=2,
+                             per_device_train_batch_size=2, report_to=[], use_cpu=True, disable_tqdm=True, seed=0,
+                             learning_rate=0.0, max_grad_norm=0.0, save_strategy="no")
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[Grab()])
+    trainer.train()
+rank = torch.distributed.get_rank()
+torch.save({"grad": grads[0] - grads[1], "batches": seen[-2:], "first": seen[:2]}, f"{out}/rank{rank}.pt")
+"""
+
+
+@pytest.mark.slow
+def test_trainer_ddp_gradient_accumulation(tmp_path):
+    """transformers.Trainer under torchrun (2 gloo processes, DDP), 2 micro-batches each:
+    num_items_in_batch counts the label tokens of all processes and the Trainer multiplies the loss
+    by 2; the penalty follows the loss, so both ranks step with Megatron's (1/(G·W)) Σ of the 4
+    micro-batches' penalties. (torchrun, not `accelerate launch`: accelerate 1.15 launches a
+    MULTI_CPU config as one plain process unless mpirun is used.)"""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("accelerate")
+    pytest.importorskip("datasets")
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "run.py").write_text(TRAINER_DDP_SCRIPT)
+    torch.save(torch.cat(micro_batches(4)), tmp_path / "rows.pt")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+               str(tmp_path / "run.py"), str(tmp_path), str(tmp_path / "rows.pt")]
+    env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    done = subprocess.run(command, capture_output=True, text=True, cwd=root, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert all((tmp_path / f"rank{r}.pt").exists() for r in range(2)), done.stdout[-3000:] + done.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    batches = [b for r in ranks for b in r["batches"]]
+    assert all(torch.equal(a, b) for r in ranks for a, b in zip(r["first"], r["batches"]))  # same data both runs
+    assert len({tuple(b.flatten().tolist()) for b in batches}) == 4  # 4 distinct micro-batches
+    want = official_penalty_grad(remoe_model(), batches, num_microbatches=4)  # Σ_r Σ_b P / (G·W)
+    for r in ranks:
+        assert_close_rel(r["grad"], want, 1e-5)
