@@ -211,6 +211,25 @@ def test_gradient_accumulation_hand_loop():
     assert_close_rel(got, official_penalty_grad(remoe_model(), batches), 1e-5)
 
 
+def test_accumulation_equals_one_large_batch_where_micro_batches_route_alike():
+    """3 micro-batches that route alike (copies of one) accumulate to the penalty gradient of the
+    one large batch of all their tokens in fp32 (where they differ, each counts c_i over its own
+    tokens, as Megatron's: test_gradient_accumulation_hand_loop)."""
+    ids = micro_batches(1)[0]
+
+    def accumulated(model):
+        for _ in range(3):
+            (model(ids, labels=ids).loss / 3).backward()
+        return router_grads(model)
+
+    def large(model):
+        big = ids.repeat(3, 1)
+        model(big, labels=big).loss.backward()
+        return router_grads(model)
+
+    assert_close_rel(penalty_grad(accumulated, remoe_model), penalty_grad(large, remoe_model), 1e-5)
+
+
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_gradient_checkpointing(reentrant):
     """Gradient checkpointing: non-reentrant (transformers 5.x's default) recomputes as the forward
