@@ -135,6 +135,9 @@ class TrainConfig:
     max_length: int = option(1024, "tokens per example, at most", type=positive_int)
     seed: int = option(0, "seed of the initial weights, the data order and the routing's sampling",
                        type=nonnegative_int)
+    deterministic: str = option("auto", "deterministic kernels, so that the same seeded run repeats bit for bit: "
+                                "auto (on for the CPU, where they cost nothing measurable; off on CUDA), on, off "
+                                "(experiments.determinism)", choices=("auto", "on", "off"))
     bf16: bool = option(False, "bf16 autocast", switch=True)
     gradient_checkpointing: bool = option(False, "recompute each decoder layer's activations in the backward "
                                           "pass: less memory, more time", switch=True)

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import data, distributed, formats, fsdp, interrupts, memory_plan, models, state
+from . import data, determinism, distributed, formats, fsdp, interrupts, memory_plan, models, state
 from .run_config import TrainConfig
 
 
@@ -433,8 +433,8 @@ class Trainer:
         bar = tqdm(total=self.total_steps, initial=self.step, desc=f"train {cfg.method}", unit="step",
                    disable=not (world.main and cfg.progress), dynamic_ncols=True)
         try:
-            with interrupts.deferred():  # a signal from here on waits for the next step boundary, or the end
-                record = self._loop(bar)
+            with interrupts.deferred(), determinism.kernels(cfg.deterministic, world.device):
+                record = self._loop(bar)  # a signal from here on waits for the next step boundary, or the end
                 bar.close()
                 self._save_end()
         except interrupts.Interrupted as e:  # a second Ctrl-C: the step or save under way is dropped
