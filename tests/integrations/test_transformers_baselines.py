@@ -438,6 +438,7 @@ def test_probmoe_train_runs_each_baseline_and_resumes_remoe_exactly(tmp_path):
     assert all(b / a in (pytest.approx(1.5), pytest.approx(1 / 1.5)) for a, b in zip(coefs, coefs[1:]))
 
 
+@pytest.mark.slow
 def test_probmoe_train_takes_jitter_eps_and_l1_layers(tmp_path):
     """--jitter-eps (sparsemixer) and --l1-layers (remoe) reach the plan and the saved settings;
     given to another method they are refused naming the option."""
