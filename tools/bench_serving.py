@@ -14,7 +14,8 @@ twice: without a settings file (stock: vLLM's own softmax + top-k) and with the
 
 Each engine (``enforce_eager``, fp32) greedily generates ``--tokens`` tokens for ``--prompts``
 prompts; the engines take turns ``--repeats`` times and the median tokens/s of each is printed,
-with the ratio plugin / stock, in one run. The CPU is named from /proc/cpuinfo.
+with the ratio plugin / stock, in one run; then each routing function alone against vLLM's CPU
+softmax + top-k on the same logits (best of 200 calls). The CPU is named from /proc/cpuinfo.
 """
 
 from __future__ import annotations
@@ -106,6 +107,36 @@ def tokens_per_s(llm, prompts, n_tokens: int) -> float:
     return sum(len(o.outputs[0].token_ids) for o in outs) / dt
 
 
+def routing_micro(rules: list[str], tokens: int = 256, calls: int = 200) -> dict:
+    """Per-call time (best of ``calls``, microseconds) of each rule's routing function and of
+    vLLM's CPU softmax + top-k (``_softmax_topk``) on the same [tokens, N] logits: the routing's
+    own cost, which a loaded machine blurs less than tokens/s."""
+    import torch
+    from vllm.model_executor.layers.fused_moe.router.cpu_router import _softmax_topk
+
+    from probmoe.integrations.vllm import routing, settings
+
+    n, k = CONFIG["num_experts"], CONFIG["num_experts_per_tok"]
+    logits = torch.randn(tokens, n, generator=torch.Generator().manual_seed(0))
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(1)) * 0.01
+    fns = {"stock": lambda: _softmax_topk(logits, k, False)}
+    for rule in rules:
+        r = {"dynamic": settings.Rule("range", k, 1, False, n, "probmoe-dynamic", ""),
+             "aux-free": settings.Rule("topk", k, k, False, n, "conventional", "", {0: bias.tolist()}),
+             "remoe": settings.Rule("remoe", n, 0, False, n, "remoe", "")}[rule]
+        f = routing.routing_function(r, bias if rule == "aux-free" else None)
+        fns[rule] = lambda f=f: f(hidden_states=None, gating_output=logits, topk=k, renormalize=False)
+    out = {}
+    for name, fn in fns.items():
+        best = float("inf")
+        for _ in range(calls):
+            t = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t)
+        out[name] = best * 1e6
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rule", nargs="+", choices=("dynamic", "aux-free", "remoe"), default=["dynamic", "aux-free"])
@@ -139,11 +170,15 @@ def main(argv=None) -> int:
           f"{CONFIG['num_experts']} experts, top-{CONFIG['num_experts_per_tok']}, fp32, enforce_eager; "
           f"{args.prompts} prompts x {args.prompt_len} tokens, {args.tokens} new tokens each, median of "
           f"{args.repeats}")
+    micro = routing_micro(args.rule)
     base = statistics.median(runs["stock"])
     print(f"{'routing':10s} {'tokens/s':>10s} {'/ stock':>8s}   runs")
     for name, r in runs.items():
         med = statistics.median(r)
         print(f"{name:10s} {med:10.1f} {med / base:8.3f}   {' '.join(f'{x:.1f}' for x in r)}")
+    print(f"routing function alone, [256, {CONFIG['num_experts']}] logits, best of 200 calls:")
+    for name, us in micro.items():
+        print(f"{name:10s} {us:8.1f} us  {us / micro['stock']:6.2f}x stock softmax + top-k")
     return 0
 
 

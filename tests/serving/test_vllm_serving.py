@@ -55,7 +55,12 @@ def greedy(llm, prompts, n):
 
 
 def close(llm) -> None:
-    del llm
+    """Shut the in-process engine down now: left to the garbage collector (a failed test's traceback
+    holds it), its teardown would destroy the distributed groups of the next test's engine."""
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    llm.llm_engine.engine_core.shutdown()
+    cleanup_dist_env_and_memory()
     gc.collect()
 
 

@@ -11,7 +11,8 @@ byte tokenizer, reloads it with ``pt.from_pretrained`` and writes the greedy tok
 ``OUT/expected/NAME.json``:
 
     {"family": ..., "method": ..., "options": {...}, "prompts": [[ids...], ...],
-     "tokens": [[16 ids], ...], "experts_per_token": [per layer, the distinct counts seen]}
+     "tokens": [[16 ids], ...], "experts_per_token": [per layer, the distinct counts seen over the
+     prompt and the generated tokens but the last, the positions a server runs the model on]}
 
     python tools/serving/make_checkpoints.py OUT [--set default|all] [--only NAME ...] [--list]
 
@@ -102,7 +103,7 @@ def reference(model) -> tuple[list, list]:
             out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,
                                  min_new_tokens=NEW_TOKENS, do_sample=False)
             tokens.append(out[0, len(prompt):].tolist())
-            model(out)  # one forward over the whole sequence, for the experts-per-token counts
+            model(out[:, :-1])  # the positions a server runs (never the last token), for the counts
             seen = [sorted(set(s["experts_per_token"].tolist())) for s in pt.router_stats(model)]
             counts = seen if counts is None else [sorted(set(a) | set(b)) for a, b in zip(counts, seen)]
     return tokens, counts
