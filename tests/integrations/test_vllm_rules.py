@@ -47,6 +47,8 @@ def test_range_map_is_probmoe_route_eval(kmin, kmax, normalize):
     assert torch.equal(_by_expert(w, ids, 8), _by_expert(ref.weights, ref.indices, 8))
     assert _distinct(ids) and ids.dtype == torch.int32 and w.dtype == torch.float32
     assert (w[~used] == 0).all()
+    # route's contract (docs/router.md): a range's unused slots hold the next experts by logit
+    assert torch.equal(ids.long(), ref.indices) and torch.equal(w, ref.weights)
     if kmin < kmax:  # the logits give rows of several sizes
         assert len(set(used.sum(-1).tolist())) > 1
 
