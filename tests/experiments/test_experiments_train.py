@@ -102,10 +102,11 @@ def test_resume_refuses_other_settings_and_damaged_state(tmp_path, data, capsys)
     ckpt = tmp_path / "a" / "checkpoint-000002"
     with pytest.raises(SystemExit) as e:
         run(*args, "--max-steps", 2, "--output-dir", tmp_path / "b", "--resume", ckpt, "--lr", "0.5")
-    assert e.value.code == 2 and "lr: checkpoint 0.001, now 0.5" in capsys.readouterr().err
+    assert e.value.code == 2 and "--lr: checkpoint 0.001, now 0.5" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # a linear schedule over 2 steps does not continue to 3
         run(*args, "--max-steps", 3, "--output-dir", tmp_path / "b", "--resume", ckpt)
-    assert "schedule_steps: checkpoint 2, now 3" in capsys.readouterr().err
+    assert "the learning-rate schedule's steps (--max-steps or --epochs): checkpoint 2, now 3" in \
+        capsys.readouterr().err
 
     before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "a").rglob("*")}
     with pytest.raises(SystemExit):  # the same folder again without --resume
