@@ -42,7 +42,8 @@ class GateRecord:
     """What one router did in its last forward (detached; for statistics and the aux losses).
 
     indices: [T, kmax] long, the experts whose outputs enter the forward value, by slot;
-    mask: [T, kmax] bool, the used slots (unused ones repeat slot 0's expert);
+    mask: [T, kmax] bool, the used slots (unused ones hold distinct unused experts at weight 0: the
+        routing contract, docs/router.md);
     routing: the ``probmoe.Routing`` of the ProbMoE methods (it holds the autograd graph until the
         next forward), None for the stock methods.
     """
