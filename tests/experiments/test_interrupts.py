@@ -130,7 +130,8 @@ def test_the_final_model_is_moved_in_whole_or_not_at_all(tmp_path):
         state.save_final(str(tmp_path), world, cut_short)
     assert os.listdir(tmp_path) == []
     state.save_final(str(tmp_path), world, lambda d: (Path(d) / "model.safetensors").write_bytes(b"whole"))
-    assert os.listdir(tmp_path) == ["model.safetensors"] and (tmp_path / "model.safetensors").read_bytes() == b"whole"
+    assert sorted(os.listdir(tmp_path)) == [state.FINAL, "model.safetensors"]  # the final files and their checksums
+    assert (tmp_path / "model.safetensors").read_bytes() == b"whole" and state.check_final(str(tmp_path), None) is None
 
 
 # ---- probmoe-train under a signal
