@@ -211,6 +211,12 @@ def test_family_without_plugin_support(tmp_path):
     with pytest.raises(settings.ServingSettingsError, match="refuses a custom routing function together with "
                                                             "grouped top-k"):
         settings.serving_rule(path, config)
+    path, config = _saved(tmp_path, family="deepseek_v3", method="conventional", balance="aux-free")
+    assert settings.serving_rule(path, config).stock  # its bias is the stock e_score_correction_bias
+    path, config = _saved(tmp_path, family="deepseek_v3", method="probmoe", balance="aux-free")
+    with pytest.raises(settings.ServingSettingsError, match="'probmoe' with aux-free balancing on model type "
+                                                            "'deepseek_v3' is not served"):
+        settings.serving_rule(path, config)  # there the bias is a logit shift: not the stock rule
     path, config = _saved(tmp_path, family="deepseek_v3", method="conventional")
     assert settings.serving_rule(path, config).stock
     _rewrite(path, model_type="gpt_oss")

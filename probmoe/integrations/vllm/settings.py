@@ -200,9 +200,10 @@ def serving_rule(directory, hf_config) -> Rule | None:
     model_type = hf_config.model_type
     balanced = options.get("balance") == "aux-free"
     if model_type not in SERVED:  # DeepSeek-V3: its stock router already has the bias (e_score_correction_bias)
-        if method in ("conventional", "frozen", "densemixer", "defaultmoe", "probmoe", "sample-dense-ste",
-                      "topk-marginal") and not balanced and (routing is None or routing.k == top_k):
-            return Rule("topk", top_k, top_k, True, n, method, path)  # stock: vLLM's own grouped routing
+        top_k_method = method in ("conventional", "frozen", "densemixer", "defaultmoe")
+        map_is_top_k = method in ("probmoe", "sample-dense-ste", "topk-marginal") and routing.k == top_k
+        if top_k_method or (map_is_top_k and not balanced):  # the top-k methods' aux-free bias is the stock
+            return Rule("topk", top_k, top_k, True, n, method, path)  # e_score_correction_bias: stock routing
         raise ServingSettingsError(
             f"{path}: method {method!r}{' with aux-free balancing' if balanced else ''} on model type "
             f"{model_type!r} is not served: its rule selects within expert groups (n_group, topk_group), and "
