@@ -24,7 +24,7 @@ def main(p: argparse.ArgumentParser, cfg) -> int:
     if importlib.util.find_spec("lm_eval") is None:
         p.error("--tasks needs the LM Evaluation Harness: pip install 'probmoe[eval]'")
 
-    def body():
+    def body(unreachable):
         from probmoe.eval import harness
         from probmoe.experiments import checkpoints
 
@@ -33,6 +33,7 @@ def main(p: argparse.ArgumentParser, cfg) -> int:
         manager = harness.task_manager(tasks, cfg.include_path)
         out = cfg.output or os.path.join(cfg.checkpoint, f"tasks-{cfg.method or 'saved'}")
         options.check_output_folder(out, harness.FILES, cfg.overwrite)
+        harness.check_data(tasks, manager, unreachable)  # offline: the data from the cache, or one line now
         lm = harness.ProbMoELM(cfg.checkpoint, method=cfg.method, k=cfg.k, kmin=cfg.kmin, kmax=cfg.kmax,
                                backend=cfg.backend, grad=cfg.grad, device=options.device(cfg.device),
                                dtype=cfg.dtype, batch_size=cfg.batch_size, progress=cfg.progress)
@@ -42,10 +43,11 @@ def main(p: argparse.ArgumentParser, cfg) -> int:
     from probmoe.experiments import interrupts
 
     def run() -> int:
-        tasks, manager, out, lm = options.run_or_exit(p, body)
         from probmoe.eval import harness
 
-        results = options.run_or_exit(p, lambda: _evaluate(harness, lm, tasks, manager, cfg))
+        with harness.offline_when_unreachable() as unreachable:  # no minute of retries without a network
+            tasks, manager, out, lm = options.run_or_exit(p, lambda: body(unreachable))
+            results = options.run_or_exit(p, lambda: _evaluate(harness, lm, tasks, manager, cfg))
         with interrupts.deferred():  # the files written whole
             lines = harness.write_results(out, results)
         for line in lines:

@@ -28,6 +28,7 @@ import contextlib
 import difflib
 import json
 import os
+import socket
 
 import torch
 from lm_eval.api.registry import register_model
@@ -155,6 +156,68 @@ def task_manager(tasks: list[str], include_path: str | None = None):
             + (f"; task YAML under {include_path!r} is included" if include_path else
                "; pass --include-path DIR for your own task YAML"))
     return manager
+
+
+OFFLINE = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+def hub_unreachable(timeout: float = 3.0) -> str | None:
+    """Why the Hugging Face Hub (``HF_ENDPOINT``) cannot be reached from here, or None: one TCP
+    connection tried for at most ``timeout`` seconds (the hub's client retries for most of a minute)."""
+    from urllib.parse import urlsplit
+
+    offline = [name for name in OFFLINE if os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE")]
+    if offline:
+        return f"{offline[0]} is set"
+    url = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+        return f"{host}:{port}: {e.strerror or e}"
+    return None
+
+
+@contextlib.contextmanager
+def offline_when_unreachable():
+    """Yields why the hub is unreachable (None when it is reachable). Meanwhile, when it is not, the
+    hub client and ``datasets`` run offline (from the local cache, with no retries); the process's
+    settings are restored after."""
+    why = hub_unreachable()
+    if why is None:
+        yield None
+        return
+    import datasets
+    import huggingface_hub.constants as hub
+
+    saved = {name: os.environ.get(name) for name in OFFLINE}, hub.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE
+    os.environ.update({name: "1" for name in OFFLINE})
+    hub.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = True
+    try:
+        yield why
+    finally:
+        for name, value in saved[0].items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        hub.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE = saved[1], saved[2]
+
+
+def check_data(tasks: list[str], manager, unreachable: str | None) -> None:
+    """With the hub ``unreachable`` (why, from ``offline_when_unreachable``): build ``tasks`` (their
+    data from the local cache) before any model loads; ValueError at once, naming the tasks, when
+    one's data is not there. Reachable: nothing to check here (the harness downloads it)."""
+    if unreachable is None:
+        return
+    from lm_eval.tasks import get_task_dict
+
+    try:
+        get_task_dict(tasks, manager)
+    except ConnectionError as e:  # datasets' / the hub client's OfflineModeIsEnabled, "Couldn't reach"
+        raise ValueError(f"--tasks {','.join(tasks)}: a task's data is not in the local cache and the Hugging Face "
+                         f"Hub cannot be reached ({unreachable}; {e}); run once with network access to download "
+                         "and cache it") from None
 
 
 def evaluate(lm: ProbMoELM, tasks: list[str], manager, *, limit=None, num_fewshot=None,

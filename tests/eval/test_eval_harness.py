@@ -216,3 +216,53 @@ def test_a_task_whose_data_cannot_be_downloaded_is_one_line(setup, capsys, monke
     err = capsys.readouterr().err
     assert e.value.code == 2 and "could not download a task's data (Couldn't reach 'cais/mmlu'" in err
     assert "Traceback" not in err
+
+
+
+def _remote_task(folder):
+    folder.mkdir()
+    (folder / "remote_mc.yaml").write_text("task: remote_mc\ndataset_path: nobody-here/no-such-data-set\n"
+                                           "test_split: test\n" + MC)
+    return folder
+
+
+def test_offline_a_task_whose_data_is_not_cached_is_one_error_at_once(setup, tmp_path, monkeypatch):
+    """Without a network (here: told so) a Hub data set that is not cached is a ValueError at once
+    (issue 42, point 5.4: `--tasks mmlu` offline retried for 49 s first); a local one builds; the
+    process's offline settings are restored after."""
+    import os
+
+    from lm_eval.tasks import TaskManager
+
+    before = {name: os.environ.get(name) for name in harness.OFFLINE}
+    manager = TaskManager(include_path=[str(_remote_task(tmp_path / "remote")), str(setup / "tasks")],
+                          include_defaults=False)
+    monkeypatch.setattr(harness, "hub_unreachable", lambda timeout=3.0: "huggingface.co:443: no network in this test")
+    with harness.offline_when_unreachable() as why:
+        assert why == "huggingface.co:443: no network in this test" and os.environ["HF_HUB_OFFLINE"] == "1"
+        harness.check_data(["tiny_mc"], manager, why)  # local data: fine offline
+        with pytest.raises(ValueError, match=r"^--tasks remote_mc: a task's data is not in the local cache and the "
+                                             r"Hugging Face Hub cannot be reached \(huggingface.co:443: no network"):
+            harness.check_data(["remote_mc"], manager, why)
+    assert {name: os.environ.get(name) for name in harness.OFFLINE} == before
+    monkeypatch.undo()  # the real check: an offline setting is reason enough, no connection is tried
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    assert harness.hub_unreachable() == "HF_DATASETS_OFFLINE is set"
+
+
+@pytest.mark.slow
+def test_the_command_fails_before_the_model_loads(setup, tmp_path, monkeypatch, capsys):
+    """The same through probmoe-eval --tasks: one line, status 2, no model loaded, nothing written
+    (slow: the harness indexes its own tasks first, 1-2 minutes on 2 busy cores)."""
+    tasks = _remote_task(tmp_path / "remote")
+    monkeypatch.setattr(harness, "hub_unreachable", lambda timeout=3.0: "huggingface.co:443: no network in this test")
+    monkeypatch.setattr(harness, "ProbMoELM", lambda *a, **k: pytest.fail("the model loaded before the data check"))
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["--checkpoint", str(setup / "ckpt"), "--tasks", "remote_mc", "--include-path", str(tasks),
+                       "--output", str(tmp_path / "out"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert "--tasks remote_mc: a task's data is not in the local cache and the Hugging Face Hub cannot be reached " \
+           "(huggingface.co:443: no network in this test;" in err
+    assert not (tmp_path / "out").exists()
