@@ -12,6 +12,8 @@ circuit (log Z, marginals, exact draws, the MAP).
     compiled(constraint, device) -> the circuit on a device, input checks off (cached)
     cardinality(n, kmin, kmax, device, algorithm)
                                 -> the evaluator of kmin..kmax of n (a circuit or the DP; cached)
+    native_cardinality(n, kmin, kmax, algorithm)
+                                -> whether its float32 CPU routing takes the fused C kernels
     Allowed(circuit)            -> the support, a torch.distributions constraint
 """
 
@@ -126,6 +128,8 @@ def compiled(constraint, device) -> circuits.Circuit:
     Under torch.compile the compiling runs while tracing (``_ensure``, whose result is a constant)
     and the circuit is then a dictionary look-up that the graph guards on: no graph break, also on a
     cold cache and with ``fullgraph=True``."""
+    if isinstance(constraint, GROUP_SPECS):  # by value: fields that every supported torch passes as constants
+        return _CIRCUITS[_ensure_described(_description(constraint), str(device))][1]
     return _CIRCUITS[_ensure(constraint, str(device))][1]
 
 
@@ -155,6 +159,32 @@ def _ensure_cardinality(n: int, kmin: int, kmax: int, device: str, algorithm: st
         return n, kmin, kmax, device, algorithm
     spec = circuits.ExactlyK(n, kmin) if kmin == kmax else circuits.RangeK(n, kmin, kmax)
     return _ensure(spec, device, (n, kmin, kmax, device, algorithm), algorithm)
+
+
+def _description(spec) -> tuple:
+    """A group spec as a tuple of python constants: ((field, value), ...), groups as a tuple. torch
+    2.11's dynamo passes only such constants to an assume-constant function (a spec with its own
+    ``__init__`` is not one there)."""
+    return tuple((name, tuple(value) if isinstance(value, list) else value)
+                 for name, value in circuits.spec_to_dict(spec).items())
+
+
+@_assume_constant_result
+def _ensure_described(description: tuple, device: str) -> tuple:
+    """``_ensure`` for the group spec ``description`` gives (``_description``), under a key of constants."""
+    spec = circuits.spec_from_dict({name: list(v) if isinstance(v, tuple) else v for name, v in description})
+    return _ensure(spec, device, ("described", description, device))
+
+
+def native_cardinality(n: int, kmin: int, kmax: int, algorithm: str) -> bool:
+    """Whether float32 routing of kmin..kmax of n on the CPU by ``algorithm`` has the fused C kernels
+    (``circuits.native_kernels`` of ``cardinality``'s evaluator), a constant under torch.compile."""
+    return _native_cardinality(operator.index(n), operator.index(kmin), operator.index(kmax), algorithm)
+
+
+@_assume_constant_result
+def _native_cardinality(n: int, kmin: int, kmax: int, algorithm: str) -> bool:
+    return circuits.native_kernels(cardinality(n, kmin, kmax, "cpu", algorithm), torch.float32, torch.device("cpu"))
 
 
 @_assume_constant_result

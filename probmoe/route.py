@@ -25,6 +25,7 @@ import circuits
 from circuits import map_size  # importing circuits registers torch.ops.circuits
 
 from . import _validate
+from . import constraints as subset_constraints
 from .config import RoutingConfig
 from .distribution import SubsetDistribution
 from .gate_weights import gate_weights
@@ -125,7 +126,7 @@ def _fused(dist: SubsetDistribution, r: Tensor, config: RoutingConfig) -> bool:
     same computation from the distribution's operators (``_select``, ``_weights``)."""
     if config.method != "probmoe" or config.constraint is not None or r.dtype != torch.float32 or r.device.type != "cpu":
         return False
-    return circuits.native_kernels(dist._engine, r.dtype, r.device)
+    return subset_constraints.native_cardinality(r.shape[-1], config.kmin, config.kmax, config.backend)
 
 
 def _route_fused(dist: SubsetDistribution, r: Tensor, config: RoutingConfig, generator) -> Routing:
