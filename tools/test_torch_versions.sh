@@ -4,6 +4,7 @@
 # is the oldest release pyproject.toml admits (and the one on the GPU machines); the newest, 2.13.0,
 # is what CI installs for everything else.
 #   bash tools/test_torch_versions.sh [VERSION] [pytest args...]
+#   bash tools/test_torch_versions.sh VERSION --build-only     (the venv and torch only: CI makes it while other tests run)
 # PyPI's Linux wheels of torch before 2.13 are CUDA builds (several GB with their nvidia-* packages);
 # they run on a machine without a GPU, which is all the core suite needs.
 set -euo pipefail
@@ -16,6 +17,7 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import torch, sys; sy
   python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check "torch==$version"
 fi
+[ "${1:-}" = "--build-only" ] && exit 0  # the project is installed by the run itself: never two builds at once
 # the project and its test extra, torch left as installed (the project's range must admit it)
 "$venv/bin/pip" install --quiet --disable-pip-version-check -e ".[test]"
 "$venv/bin/python" -c "import torch; print('torch', torch.__version__, 'from', torch.__file__)"
