@@ -1,5 +1,6 @@
 import os
 import shutil
+import signal
 import tempfile
 import zlib
 
@@ -52,6 +53,21 @@ def pytest_unconfigure(config):
             os.environ.pop(name, None)
         else:
             os.environ[name] = old
+
+
+@pytest.fixture(autouse=True)
+def _process_state_restored():
+    """What a test may change for the whole process is put back after it: torch.distributions'
+    default validation (torch.compile and torch._dynamo turn it off, e.g. the docs' compiled
+    snippets) and the SIGINT / SIGTERM handlers (a library a test loads may install its own), so
+    that no test's outcome depends on the tests that ran before it."""
+    validate = torch.distributions.Distribution._validate_args
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    torch.distributions.Distribution.set_default_validate_args(validate)
+    for s, handler in handlers.items():
+        if signal.getsignal(s) is not handler and handler is not None:
+            signal.signal(s, handler)
 
 
 @pytest.fixture(autouse=True)

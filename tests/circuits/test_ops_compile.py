@@ -10,15 +10,6 @@ import torch
 import circuits
 import probmoe
 
-@pytest.fixture(autouse=True)
-def distributions_validation_default():
-    """torch.compile and dynamo.explain turn torch.distributions' global default validation off
-    (torch's doing); restore it so that the tests after these still see the default."""
-    default = torch.distributions.Distribution._validate_args
-    yield
-    torch.distributions.Distribution.set_default_validate_args(default)
-
-
 CASES = {
     "exactly 8": dict(k=8),
     "range 4..8": dict(kmin=4, kmax=8),
