@@ -38,6 +38,8 @@ def pytest_configure(config):
     come too late for what runs at collection)."""
     if config.getoption("--device") == "cuda" and not torch.cuda.is_available():
         raise pytest.UsageError("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
+    _SAVED["validate"] = torch.distributions.Distribution._validate_args  # before any test module is imported
+    _SAVED["handlers"] = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     _SAVED["old"] = {name: os.environ.get(name) for name in ("PROBMOE_CACHE", "MPLCONFIGDIR")}
     _SAVED["path"] = tempfile.mkdtemp(prefix="probmoe-test-cache-")
     os.environ["PROBMOE_CACHE"] = _SAVED["path"]
@@ -57,17 +59,15 @@ def pytest_unconfigure(config):
 
 @pytest.fixture(autouse=True)
 def _process_state_restored():
-    """What a test may change for the whole process is put back after it: torch.distributions'
-    default validation (torch.compile and torch._dynamo turn it off, e.g. the docs' compiled
-    snippets) and the SIGINT / SIGTERM handlers (a library a test loads may install its own), so
-    that no test's outcome depends on the tests that ran before it."""
-    validate = torch.distributions.Distribution._validate_args
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    yield
-    torch.distributions.Distribution.set_default_validate_args(validate)
-    for s, handler in handlers.items():
+    """What a test, a test module's import or a library it loads may change for the whole process is
+    as the session started before every test: torch.distributions' default validation (torch.compile
+    and importing torch._dynamo turn it off, e.g. the docs' compiled snippets) and the SIGINT /
+    SIGTERM handlers, so that no test's outcome depends on what ran or was imported before it."""
+    torch.distributions.Distribution.set_default_validate_args(_SAVED["validate"])
+    for s, handler in _SAVED["handlers"].items():
         if signal.getsignal(s) is not handler and handler is not None:
             signal.signal(s, handler)
+    yield
 
 
 @pytest.fixture(autouse=True)
