@@ -40,6 +40,7 @@ def pytest_configure(config):
         raise pytest.UsageError("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
     _SAVED["validate"] = torch.distributions.Distribution._validate_args  # before any test module is imported
     _SAVED["handlers"] = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    _SAVED["sigmask"] = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     _SAVED["old"] = {name: os.environ.get(name) for name in ("PROBMOE_CACHE", "MPLCONFIGDIR")}
     _SAVED["path"] = tempfile.mkdtemp(prefix="probmoe-test-cache-")
     os.environ["PROBMOE_CACHE"] = _SAVED["path"]
@@ -67,6 +68,7 @@ def _process_state_restored():
     for s, handler in _SAVED["handlers"].items():
         if signal.getsignal(s) is not handler and handler is not None:
             signal.signal(s, handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, _SAVED["sigmask"])  # a library may block signals in this thread
     yield
 
 
