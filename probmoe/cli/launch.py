@@ -59,8 +59,14 @@ def check_nproc(argv) -> str | None:
 def failed(e) -> int:
     """The status of a run whose rank failed (``ChildFailedError``): the first failed rank's own
     status (128 + the signal that ended it); one line unless it was a rank's input error (status 2,
-    which the rank has said in one line)."""
-    rank, failure = min(e.failures.items())
+    which the rank has said in one line).
+
+    A rank that ended with a status of its own caused the failure; ranks ended by a signal are
+    usually the ones torchrun stopped because of it (SIGTERM), so they count only when no rank
+    ended by itself. Among the causes, the earliest (then the lowest rank) is the one reported."""
+    ended_by_themselves = {r: f for r, f in e.failures.items() if f.exitcode > 0}
+    causes = ended_by_themselves or e.failures
+    rank, failure = min(causes.items(), key=lambda item: (item[1].timestamp, item[0]))
     code = failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
     if code != 2:
         how = f"status {code}" if failure.exitcode > 0 else f"signal {-failure.exitcode}"

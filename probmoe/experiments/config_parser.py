@@ -15,9 +15,11 @@ import argparse
 import difflib
 import os
 import re
+import time
 from dataclasses import fields
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".toml")
+RANK_ERROR_WAIT_S = 10.0  # how long a rank other than 0 waits for rank 0 to say an input error
 
 
 def flag(f) -> str:
@@ -39,7 +41,12 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         text = as_flags(" ".join(str(message).split()), self.flags)
         line = f"{self.prog}: error: {text} (see {self.prog} --help)\n"
-        self.exit(2, line if os.environ.get("RANK", "0") == "0" else None)
+        if os.environ.get("RANK", "0") != "0":
+            # Rank 0 says the line. Ending first would make torchrun stop rank 0 (SIGTERM) before it
+            # has: so wait for it, a few seconds at most (torchrun stops this rank once rank 0 ends)
+            time.sleep(RANK_ERROR_WAIT_S)
+            self.exit(2)
+        self.exit(2, line)
 
 
 def as_flags(message: str, flags: dict) -> str:

@@ -51,3 +51,25 @@ def test_another_failure_names_the_rank_and_its_status(tmp_path):
     code, lines, err = run("--standalone", "--nproc_per_node", "1", str(script))
     assert code == 3, err[-4000:]
     assert lines == ["rank went wrong", "probmoe-launch: rank 0 failed (status 3); its output above says why"], err
+
+
+class _Failure:
+    def __init__(self, exitcode, timestamp):
+        self.exitcode, self.timestamp = exitcode, timestamp
+
+
+class _Failed:
+    def __init__(self, **failures):
+        self.failures = {int(rank[1:]): failure for rank, failure in failures.items()}
+
+
+def test_the_rank_that_ended_by_itself_is_reported_not_the_one_torchrun_stopped(capsys):
+    # rank 1's input error (status 2); torchrun then ended rank 0 with SIGTERM: status 2, no line
+    assert launch.failed(_Failed(r0=_Failure(-15, 10.0), r1=_Failure(2, 11.0))) == 2
+    assert capsys.readouterr().err == ""
+    # two ranks ended by themselves: the earlier one
+    assert launch.failed(_Failed(r0=_Failure(3, 12.0), r1=_Failure(4, 11.0))) == 4
+    assert "rank 1 failed (status 4)" in capsys.readouterr().err
+    # only signals (a rank killed from outside): the earliest, as 128 + the signal
+    assert launch.failed(_Failed(r0=_Failure(-15, 12.0), r1=_Failure(-9, 11.0))) == 137
+    assert "rank 1 failed (signal 9)" in capsys.readouterr().err
