@@ -29,8 +29,9 @@ def check_algorithm(algorithm, constraint=None) -> str:
     return algorithm
 
 
-def engine(constraint: Spec | Circuit, device="cpu", algorithm: str = "circuit", **compile_args
-           ) -> Circuit | CardinalityDP:
+def engine(
+    constraint: Spec | Circuit, device="cpu", algorithm: str = "circuit", **compile_args
+) -> Circuit | CardinalityDP:
     """The evaluator of ``constraint`` (a spec, or a compiled ``Circuit``, then moved to ``device``)
     by ``algorithm``; ``compile_args`` go to ``compile_circuit`` (cache_dir, size_limit, ...)."""
     check_algorithm(algorithm, constraint.spec if isinstance(constraint, Circuit) else constraint)

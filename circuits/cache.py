@@ -24,6 +24,7 @@ into place, so readers never see half an entry and concurrent writers all succee
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -151,8 +152,15 @@ def make_manifest(spec: Spec, layout: Layout, info: dict) -> dict:
     }
 
 
-def store(spec: Spec, layout: Layout, files: dict[str, bytes], manifest: dict, root: Path | str | None = None,
-          replace: bool = False, variant: str | None = None):
+def store(
+    spec: Spec,
+    layout: Layout,
+    files: dict[str, bytes],
+    manifest: dict,
+    root: Path | str | None = None,
+    replace: bool = False,
+    variant: str | None = None,
+):
     """Write an entry atomically; returns its path, or None (with a CacheWarning) if unwritable.
 
     ``manifest`` comes from ``make_manifest`` (its "compiler" names the ``FILES``); the files'
@@ -166,8 +174,11 @@ def store(spec: Spec, layout: Layout, files: dict[str, bytes], manifest: dict, r
     try:
         tmp.mkdir(parents=True)
         np.savez(
-            tmp / "layout.npz", n=np.int64(layout.n), groups=layout.groups,
-            children=layout.children, implicit=layout.implicit,
+            tmp / "layout.npz",
+            n=np.int64(layout.n),
+            groups=layout.groups,
+            children=layout.children,
+            implicit=layout.implicit,
         )
         for name, data in files.items():
             (tmp / name).write_bytes(data)
@@ -179,7 +190,9 @@ def store(spec: Spec, layout: Layout, files: dict[str, bytes], manifest: dict, r
         shutil.rmtree(tmp, ignore_errors=True)
         warnings.warn(
             f"probmoe cache directory {final.parent} is not writable ({exc.strerror or exc}); "
-            "using the circuit compiled in memory", CacheWarning, stacklevel=3,
+            "using the circuit compiled in memory",
+            CacheWarning,
+            stacklevel=3,
         )
         return None
 
@@ -202,9 +215,7 @@ def _install(tmp: Path, final: Path, spec: Spec, replace: bool) -> None:
                 except ValueError:
                     pass
             trash = final.parent / f".trash-{spec.key}-{uuid.uuid4().hex}"
-            try:
+            with contextlib.suppress(OSError):
                 os.rename(final, trash)
-            except OSError:
-                pass
             shutil.rmtree(trash, ignore_errors=True)
     raise OSError(f"could not install the cache entry {final}")

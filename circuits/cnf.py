@@ -147,10 +147,12 @@ def compile_d4(path, time_limit: float | None = None) -> D4Result:
         raise MissingExtra(
             f"compiling a CNF needs the d-DNNF compiler d4 (package d4solver): pip install 'probmoe[{EXTRA}]'; "
             "or pass compiler='pysdd' (probmoe-compile --compiler pysdd) to compile it with pysdd, which "
-            "manages only small CNFs") from None
+            "manages only small CNFs"
+        ) from None
     del py_d4  # the child imports it; here it was only the check that it is installed
-    if time_limit is not None and not (isinstance(time_limit, (int, float)) and not isinstance(time_limit, bool)
-                                       and 0 < time_limit < float("inf")):
+    if time_limit is not None and not (
+        isinstance(time_limit, (int, float)) and not isinstance(time_limit, bool) and 0 < time_limit < float("inf")
+    ):
         raise ValueError(f"time_limit must be a number of seconds > 0 or None, got {time_limit!r}")
     n, clauses = read_clauses(path)
     with tempfile.TemporaryDirectory(prefix="probmoe-d4-") as work:
@@ -158,8 +160,13 @@ def compile_d4(path, time_limit: float | None = None) -> D4Result:
         with open(given, "w") as f:
             json.dump([n, clauses], f)
         with open(os.path.join(work, "stderr"), "w+") as err:
-            proc = subprocess.Popen([sys.executable, "-c", _WORKER, given, result, str(os.getpid())], cwd=work,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _WORKER, given, result, str(os.getpid())],
+                cwd=work,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
             try:
                 proc.wait(timeout=time_limit)
             except subprocess.TimeoutExpired:

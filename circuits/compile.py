@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from pysdd.sdd import SddManager, SddNode, Vtree
 
@@ -40,6 +40,9 @@ from .groups import Progress
 from .layout import Layout, build_layout
 from .spec import GROUP_SPECS, CnfFile, ExactlyK, RangeK, SddFile, Spec
 
+if TYPE_CHECKING:  # the evaluator imports torch, which compiling does not need
+    from .circuit import Circuit
+
 SPECS = (ExactlyK, RangeK, SddFile, CnfFile, *GROUP_SPECS)
 SPEC_NAMES = "ExactlyK, RangeK, SddFile, CnfFile, GroupLimited, GroupCapacity"
 COMPILERS = ("direct", "d4", "pysdd")
@@ -47,7 +50,7 @@ COUNTING = (ExactlyK, RangeK, *GROUP_SPECS)
 
 
 def default_compiler(spec: Spec) -> str:
-    """"direct" for the counting specs, "d4" for a CNF, "pysdd" for an SDD file."""
+    """ "direct" for the counting specs, "d4" for a CNF, "pysdd" for an SDD file."""
     if isinstance(spec, COUNTING):
         return "direct"
     return "d4" if isinstance(spec, CnfFile) else "pysdd"
@@ -57,11 +60,18 @@ def check_compiler(spec: Spec, compiler) -> str:
     """``compiler`` (None: the spec's default) if it can compile ``spec``, else ValueError."""
     if compiler is None:
         return default_compiler(spec)
-    allowed = ("direct", "pysdd") if isinstance(spec, COUNTING) else ("d4", "pysdd") if isinstance(
-        spec, CnfFile) else ("pysdd",)
+    allowed = (
+        ("direct", "pysdd")
+        if isinstance(spec, COUNTING)
+        else ("d4", "pysdd")
+        if isinstance(spec, CnfFile)
+        else ("pysdd",)
+    )
     if compiler not in allowed:
-        raise ValueError(f"compiler must be one of {', '.join(map(repr, allowed))} for {type(spec).__name__} "
-                         f"(or None for {default_compiler(spec)!r}), got {compiler!r}")
+        raise ValueError(
+            f"compiler must be one of {', '.join(map(repr, allowed))} for {type(spec).__name__} "
+            f"(or None for {default_compiler(spec)!r}), got {compiler!r}"
+        )
     return compiler
 
 
@@ -105,9 +115,7 @@ def _as_spec(spec) -> Spec:
         return CnfFile(os.fspath(spec))
     if isinstance(spec, tuple) and len(spec) == 2:
         return SddFile(*map(os.fspath, spec))
-    raise ValueError(
-        f"spec must be {SPEC_NAMES}, a DIMACS file path or an (sdd, vtree) path pair; got {spec!r}"
-    )
+    raise ValueError(f"spec must be {SPEC_NAMES}, a DIMACS file path or an (sdd, vtree) path pair; got {spec!r}")
 
 
 def _sdd_files(mgr: SddManager, root: SddNode) -> dict[str, bytes]:
@@ -149,8 +157,16 @@ class Entry(NamedTuple):
         return self.layout.sizes()
 
 
-def compile_circuit(spec, *, cache_dir=None, force: bool = False, device="cpu", size_limit: bool = True,
-                    compiler: str | None = None, time_limit: float | None = None) -> "Circuit":
+def compile_circuit(
+    spec,
+    *,
+    cache_dir=None,
+    force: bool = False,
+    device="cpu",
+    size_limit: bool = True,
+    compiler: str | None = None,
+    time_limit: float | None = None,
+) -> Circuit:
     """Compile ``spec`` on first use; from then on load it from the disk cache.
 
     spec: ``ExactlyK``, ``RangeK``, ``GroupLimited``, ``GroupCapacity``, ``SddFile``, ``CnfFile``, a
@@ -178,12 +194,23 @@ def compile_circuit(spec, *, cache_dir=None, force: bool = False, device="cpu", 
     """
     from .circuit import Circuit  # the evaluator (and torch) are loaded here, not by compile_entry
 
-    return Circuit(*compile_entry(spec, cache_dir=cache_dir, force=force, size_limit=size_limit,
-                                  compiler=compiler, time_limit=time_limit), device)
+    return Circuit(
+        *compile_entry(
+            spec, cache_dir=cache_dir, force=force, size_limit=size_limit, compiler=compiler, time_limit=time_limit
+        ),
+        device,
+    )
 
 
-def compile_entry(spec, *, cache_dir=None, force: bool = False, size_limit: bool = True,
-                  compiler: str | None = None, time_limit: float | None = None) -> Entry:
+def compile_entry(
+    spec,
+    *,
+    cache_dir=None,
+    force: bool = False,
+    size_limit: bool = True,
+    compiler: str | None = None,
+    time_limit: float | None = None,
+) -> Entry:
     """``compile_circuit`` without the evaluator: the same compile, cache and checks, returning
     ``Entry(layout, spec, info)``; torch is not imported."""
     if not isinstance(size_limit, bool):
@@ -191,16 +218,22 @@ def compile_entry(spec, *, cache_dir=None, force: bool = False, size_limit: bool
     spec = _as_spec(spec)
     compiler = check_compiler(spec, compiler)
     if time_limit is not None and compiler != "d4":
-        raise ValueError(f"time_limit applies to a CNF compiled by d4 (in a child process it can stop), not to "
-                         f"compiler {compiler!r}: counting specs are bounded by size_limit; got {time_limit!r}")
+        raise ValueError(
+            f"time_limit applies to a CNF compiled by d4 (in a child process it can stop), not to "
+            f"compiler {compiler!r}: counting specs are bounded by size_limit; got {time_limit!r}"
+        )
     variant = None if compiler == default_compiler(spec) else compiler
     t0 = time.perf_counter()
     if not force:
         hit = cache.load(spec, cache_dir, variant)
         if hit is not None:
             layout, manifest = hit
-            info = {**manifest, "cache_hit": True, "cache_path": str(cache.entry_dir(spec, cache_dir, variant)),
-                    "load_seconds": time.perf_counter() - t0}
+            info = {
+                **manifest,
+                "cache_hit": True,
+                "cache_path": str(cache.entry_dir(spec, cache_dir, variant)),
+                "load_seconds": time.perf_counter() - t0,
+            }
             return Entry(layout, spec, info)
     insist = "pass size_limit=False to compile_circuit to compile it anyway"
     est = estimate.check(spec, insist, compiler) if size_limit else estimate.estimate(spec, compiler)
@@ -213,8 +246,10 @@ def compile_entry(spec, *, cache_dir=None, force: bool = False, size_limit: bool
         d4 = cnf.compile_d4(spec.path, time_limit)
         parsed = nnf.parse(d4.nnf, d4.n)
         if parsed.unsatisfiable:
-            raise ValueError(f"{spec.path} is unsatisfiable (d4 proved it in {d4.seconds:.2f} s): "
-                             "there is no distribution over its models")
+            raise ValueError(
+                f"{spec.path} is unsatisfiable (d4 proved it in {d4.seconds:.2f} s): "
+                "there is no distribution over its models"
+            )
         layout = nnf.to_layout(parsed)
         if layout.model_count() != d4.count:
             raise RuntimeError(f"the layout counts {layout.model_count()} models, d4 {d4.count}, for {spec.describe()}")
@@ -229,13 +264,17 @@ def compile_entry(spec, *, cache_dir=None, force: bool = False, size_limit: bool
         files = _sdd_files(mgr, root)
         extra = {"sdd_size": root.size(), "sdd_count": root.count(), "pysdd_version": _pysdd_version()}
     seconds = time.perf_counter() - t0
-    manifest = cache.make_manifest(spec, layout, {
-        "compiler": compiler,
-        "compile_seconds": seconds,
-        **extra,
-        **({"vtree": "grouped"} if isinstance(spec, GROUP_SPECS) else {}),
-        **({"vtree": None} if compiler == "d4" else {}),
-    })
+    manifest = cache.make_manifest(
+        spec,
+        layout,
+        {
+            "compiler": compiler,
+            "compile_seconds": seconds,
+            **extra,
+            **({"vtree": "grouped"} if isinstance(spec, GROUP_SPECS) else {}),
+            **({"vtree": None} if compiler == "d4" else {}),
+        },
+    )
     expected = spec.model_count()
     if expected is not None and int(manifest["model_count"]) != expected:
         raise RuntimeError(f"compiled model count {manifest['model_count']} != {expected} for {spec.describe()}")

@@ -158,8 +158,7 @@ class _Vnode:
     """A node of the group vtree over variables first..last-1: its kind ("in": inside a group,
     "group": a group's top, "above": over whole groups), children, and reachable states."""
 
-    def __init__(self, first: int, last: int, kind: str, left: "_Vnode | None" = None,
-                 right: "_Vnode | None" = None):
+    def __init__(self, first: int, last: int, kind: str, left: _Vnode | None = None, right: _Vnode | None = None):
         self.first, self.last, self.kind, self.left, self.right = first, last, kind, left, right
         self.states: frozenset = frozenset()  # reachable states other than OVER
         self.ordered: tuple = ()  # the same, sorted
@@ -237,7 +236,7 @@ def grouped_layout(spec: GroupLimited | GroupCapacity, progress: Progress | None
         """The node of "v's state is in S" (S a subset of v.states)."""
         if not S:
             return FALSE_SLOT
-        if S == v.states and not v.over:
+        if v.states == S and not v.over:
             return TRUE_SLOT
         if v.left is None:
             return spans.dag.literal(v.first, next(iter(S))[0] == 1)
@@ -276,11 +275,11 @@ def counting_layout(spec, progress: Progress | None = None) -> Layout:
     Python's cyclic garbage collector is paused meanwhile: the builders allocate ~10^5 small
     acyclic objects, and its full passes over them cost up to half the time."""
     if isinstance(spec, ExactlyK):
-        build = lambda: exactly_layout(spec.n, spec.k, progress)  # noqa: E731
+        build = lambda: exactly_layout(spec.n, spec.k, progress)
     elif isinstance(spec, RangeK):
-        build = lambda: interval_layout(spec.n, spec.kmin, spec.kmax, progress)  # noqa: E731
+        build = lambda: interval_layout(spec.n, spec.kmin, spec.kmax, progress)
     elif isinstance(spec, (GroupLimited, GroupCapacity)):
-        build = lambda: grouped_layout(spec, progress)  # noqa: E731
+        build = lambda: grouped_layout(spec, progress)
     else:
         raise TypeError(f"spec must be ExactlyK, RangeK, GroupLimited or GroupCapacity, got {type(spec).__name__}")
     paused = gc.isenabled()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layout import _buckets, FALSE_SLOT, TRUE_SLOT, Layout
+from .layout import FALSE_SLOT, TRUE_SLOT, Layout, _buckets
 
 Ref = int
 
@@ -62,8 +62,14 @@ class Dag:
     def height_of(self, ref: Ref) -> int:
         return 0 if ref < self.leaves else self.height[ref - self.leaves]
 
-    def add(self, elems: list[tuple[Ref, Ref]], scope: int | None = None, *,
-            implicit: list[tuple[int, int]] | None = None, height: int | None = None) -> Ref:
+    def add(
+        self,
+        elems: list[tuple[Ref, Ref]],
+        scope: int | None = None,
+        *,
+        implicit: list[tuple[int, int]] | None = None,
+        height: int | None = None,
+    ) -> Ref:
         """A new node OR over ``elems`` (AND of each pair). ``scope`` defaults to the union of the
         children's (a smooth node); a wider scope records the missing variables as implicit
         (element index, variable) pairs. A compiler that knows them passes ``implicit`` (and the
@@ -96,15 +102,24 @@ class Dag:
         lengths = np.fromiter(map(len, self.elems), dtype=np.int64, count=len(self.elems))
         ptr = np.concatenate(([0], np.cumsum(lengths)))
         elems = np.array([e for node in self.elems for e in node], dtype=np.int64).reshape(-1, 2)
-        implicit = np.array([(ptr[j] + k, v) for j, imp in enumerate(self.implicit) if imp for k, v in imp],
-                            dtype=np.int64).reshape(-1, 2)
+        implicit = np.array(
+            [(ptr[j] + k, v) for j, imp in enumerate(self.implicit) if imp for k, v in imp], dtype=np.int64
+        ).reshape(-1, 2)
         missing = ((1 << self.n) - 1) & ~(self.scope_of(root) if root_scope is None else root_scope)
-        return place(self.n, ptr, elems, np.asarray(self.height, dtype=np.int64), implicit, root,
-                     np.asarray(_members(missing), dtype=np.int64))
+        return place(
+            self.n,
+            ptr,
+            elems,
+            np.asarray(self.height, dtype=np.int64),
+            implicit,
+            root,
+            np.asarray(_members(missing), dtype=np.int64),
+        )
 
 
-def place(n: int, ptr: np.ndarray, elems: np.ndarray, height: np.ndarray, implicit: np.ndarray, root: Ref,
-          missing: np.ndarray) -> Layout:
+def place(
+    n: int, ptr: np.ndarray, elems: np.ndarray, height: np.ndarray, implicit: np.ndarray, root: Ref, missing: np.ndarray
+) -> Layout:
     """The Layout of nodes given as arrays (see the module docstring for the placement).
 
     ptr: int64 [K + 1], node j's elements are elems[ptr[j]:ptr[j+1]]; elems: int64 [M, 2] refs;

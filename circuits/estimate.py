@@ -177,8 +177,7 @@ def _depth(n: int) -> int:
     return (n - 1).bit_length()
 
 
-def _estimate(nodes: int, elements: int, levels: int, built_elements: int, state_steps: int,
-              exact: bool) -> Estimate:
+def _estimate(nodes: int, elements: int, levels: int, built_elements: int, state_steps: int, exact: bool) -> Estimate:
     """The estimate with the pysdd compiler's steps (``estimate`` swaps in the direct one's)."""
     steps = state_steps + LAYOUT_STEPS_PER_ELEMENT * built_elements
     return Estimate(nodes, elements, levels, built_elements, state_steps, steps, exact)
@@ -205,8 +204,12 @@ def _grouped(spec) -> Estimate:
             cr, gr, *right = above(sizes[mid:])
             A, B, C = min(cl, K), min(cr, K), min(cl + cr, K)
             Ag, Bg, Gm = min(gl, M), min(gr, M), min(gl + gr, M)
-            here = ((C + 1) * (Gm + 1), _pairs(A, B, 0, C) * _pairs(Ag, Bg, 0, Gm),
-                    _terms_squared(A, B, C) * _terms_squared(Ag, Bg, Gm), (C + 1) * (Gm + 1) * (A + 1) * (Ag + 1))
+            here = (
+                (C + 1) * (Gm + 1),
+                _pairs(A, B, 0, C) * _pairs(Ag, Bg, 0, Gm),
+                _terms_squared(A, B, C) * _terms_squared(Ag, Bg, Gm),
+                (C + 1) * (Gm + 1) * (A + 1) * (Ag + 1),
+            )
             out = (cl + cr, gl + gr, *(x + y + z for x, y, z in zip(left, right, here)))
         memo[sizes] = out
         return out
@@ -227,8 +230,9 @@ def estimate(spec, compiler: str | None = None) -> Estimate | None:
         return None
     compiler = "direct" if compiler is None else compiler
     if compiler not in COMPILERS:
-        raise ValueError(f"compiler must be one of {', '.join(map(repr, COMPILERS))} for a counting spec, "
-                         f"got {compiler!r}")
+        raise ValueError(
+            f"compiler must be one of {', '.join(map(repr, COMPILERS))} for a counting spec, got {compiler!r}"
+        )
     est = _pysdd(spec)
     if compiler == "direct":
         est = replace(est, steps=DIRECT_STEPS_PER_ELEMENT * est.elements + SCAN_STEPS * est.scan)
@@ -239,16 +243,17 @@ def _pysdd(spec) -> Estimate:
     """The estimate of a counting spec with the pysdd compiler's steps."""
     if isinstance(spec, ExactlyK):
         t = _count_tree(spec.n, spec.k, spec.k)
-        return _estimate(t.nodes + 1, t.elements + 1, _depth(spec.n) + 1, t.built_elements, t.state_steps,
-                         exact=True)
+        return _estimate(t.nodes + 1, t.elements + 1, _depth(spec.n) + 1, t.built_elements, t.state_steps, exact=True)
     if isinstance(spec, RangeK):
         t = _count_tree(spec.n, spec.kmax)
-        return _estimate(t.built_nodes + 1, t.built_elements + 1, _depth(spec.n) + 1, t.built_elements,
-                         t.state_steps, exact=False)
+        return _estimate(
+            t.built_nodes + 1, t.built_elements + 1, _depth(spec.n) + 1, t.built_elements, t.state_steps, exact=False
+        )
     if isinstance(spec, GROUP_SPECS):
         return _grouped(spec)
-    raise TypeError(f"spec must be ExactlyK, RangeK, GroupLimited, GroupCapacity, SddFile or CnfFile, "
-                    f"got {type(spec).__name__}")
+    raise TypeError(
+        f"spec must be ExactlyK, RangeK, GroupLimited, GroupCapacity, SddFile or CnfFile, got {type(spec).__name__}"
+    )
 
 
 def _number(x: float) -> str:
@@ -272,7 +277,9 @@ def check(spec, insist: str, compiler: str | None = None) -> Estimate | None:
     if est is None or est.steps <= limit:
         return est
     layout = f"{_number(est.elements)} live elements"
-    summary = (f"{spec.describe()} is too large to compile: estimated layout {layout}, "
-               f"{_number(est.steps)} compile steps (about {_duration(est.seconds)} on a 2-core AMD EPYC); "
-               f"the limit is {_number(limit)} steps (about {_duration(limit * SECONDS_PER_STEP)})")
+    summary = (
+        f"{spec.describe()} is too large to compile: estimated layout {layout}, "
+        f"{_number(est.steps)} compile steps (about {_duration(est.seconds)} on a 2-core AMD EPYC); "
+        f"the limit is {_number(limit)} steps (about {_duration(limit * SECONDS_PER_STEP)})"
+    )
     raise CircuitTooLarge(summary, insist, est, limit)

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
 from collections.abc import Callable
@@ -27,7 +28,6 @@ from pysdd.sdd import SddManager, SddNode, Vtree
 from . import self_check as _self_check
 from .layout import Layout
 from .spec import GroupCapacity, GroupLimited
-
 
 Progress = Callable[[int], None]  # told the compile steps done (circuits.estimate: f^2 per state of f terms)
 
@@ -81,7 +81,7 @@ def group_vtree(sizes: tuple[int, ...]) -> Vtree:
         return me
 
     starts = np.cumsum((0,) + tuple(sizes))
-    tree([list(range(int(s) + 1, int(e) + 1)) for s, e in zip(starts[:-1], starts[1:])])
+    tree([list(range(int(s) + 1, int(e) + 1)) for s, e in itertools.pairwise(starts)])
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "groups.vtree")
         with open(path, "w") as f:

@@ -85,7 +85,7 @@ class Layout:
         for h in range(1, int(self.groups[:, 4].max()) + 1):
             sel = self.groups[self.groups[:, 4] == h]
             real = 0
-            for s, nodes, fanin, off, _ in sel:
+            for _s, nodes, fanin, off, _ in sel:
                 block = self.children[off : off + nodes * fanin, 0]
                 real += int(np.count_nonzero(block != FALSE_SLOT))
             rows.append(
@@ -231,8 +231,12 @@ def _walk(root: SddNode, vvars: dict[int, frozenset], progress) -> dict[int, dic
             if not sp <= left or not ss <= right:
                 raise ValueError("the SDD is not normalised for its vtree")
             imp.append(sorted((left - sp) | (right - ss)))
-        nodes[node.id] = {"elems": elems, "implicit": imp, "scope": vvars[v.position()],
-                          "height": 1 + max(max(height(p), height(s)) for p, s in elems)}
+        nodes[node.id] = {
+            "elems": elems,
+            "implicit": imp,
+            "scope": vvars[v.position()],
+            "height": 1 + max(max(height(p), height(s)) for p, s in elems),
+        }
         if progress is not None:
             progress(1)
     return nodes

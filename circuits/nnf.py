@@ -30,7 +30,6 @@ from .dag import place, ranges
 from .layout import FALSE_SLOT, TRUE_SLOT, Layout
 from .nnf_parse import AND, FALSE, OR, TRUE, Nnf, parse  # noqa: F401 (parse: the module's reader)
 
-
 _KEY = 1 << 31  # products are memoised on lo * _KEY + hi (refs below 2^31)
 
 
@@ -59,8 +58,9 @@ class _Nodes:
             raise ValueError(f"the d-DNNF needs more than {_KEY:,} layout slots")
         if need > self.height.size:
             size = max(need, 2 * self.height.size)
-            self.scope = np.concatenate([self.scope, np.zeros((size - self.scope.shape[0], self.scope.shape[1]),
-                                                              dtype=np.uint64)])
+            self.scope = np.concatenate(
+                [self.scope, np.zeros((size - self.scope.shape[0], self.scope.shape[1]), dtype=np.uint64)]
+            )
             self.height = np.concatenate([self.height, np.zeros(size - self.height.size, dtype=np.int64)])
 
     def add(self, lengths: np.ndarray, elems: np.ndarray, smooth: bool) -> np.ndarray:
@@ -160,8 +160,14 @@ def _by_level(nnf: Nnf) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
     levels = np.split(nodes, cuts)
     edges = ranges(nnf.edge_ptr[nodes], nnf.edge_ptr[nodes + 1])
     per_node = np.diff(nnf.edge_ptr)[nodes]
-    bounds = np.concatenate(([0], np.cumsum([per_node[a:b].sum() for a, b in zip(
-        np.concatenate(([0], cuts)), np.concatenate((cuts, [nodes.size])))])))
+    bounds = np.concatenate(
+        (
+            [0],
+            np.cumsum(
+                [per_node[a:b].sum() for a, b in zip(np.concatenate(([0], cuts)), np.concatenate((cuts, [nodes.size])))]
+            ),
+        )
+    )
     return levels, edges, bounds.astype(np.int64)
 
 
@@ -196,7 +202,7 @@ def to_layout(nnf: Nnf) -> Layout:
         pair = np.stack([lit_ref[e], ref[nnf.child[e]]], axis=1)
         ors = level[kind == OR]
         # OR nodes: an element per edge whose child is not FALSE
-        oe, opair, oowner = e[is_or], pair[is_or], owner[is_or]
+        _oe, opair, oowner = e[is_or], pair[is_or], owner[is_or]
         live = opair[:, 1] != FALSE_SLOT
         oowner, opair = oowner[live], opair[live]
         a, b = opair[:, 0], opair[:, 1]

@@ -91,14 +91,18 @@ def _parse_fast(text: str, n: int) -> Nnf | None:
     line_ntok = np.diff(np.append(line_start, ts.size))
     line_end = line_start + line_ntok - 1  # its last token
     minus = np.flatnonzero(b == ord("-"))
-    if (np.any(letter & ((length != 1) | ~first)) or np.any(length > _MAX_DIGITS)
-            or np.any(~letter & (head == ord("0")) & (length > 1))  # leading zeros
-            or np.count_nonzero(_KIND_CODE[b] >= 0) != np.count_nonzero(letter)  # letters only as kinds
-            or not np.all(start[minus]) or np.any(~np.isin(b[minus + 1], np.frombuffer(b"123456789", np.uint8)))):
+    if (
+        np.any(letter & ((length != 1) | ~first))
+        or np.any(length > _MAX_DIGITS)
+        or np.any(~letter & (head == ord("0")) & (length > 1))  # leading zeros
+        or np.count_nonzero(_KIND_CODE[b] >= 0) != np.count_nonzero(letter)  # letters only as kinds
+        or not np.all(start[minus])
+        or np.any(~np.isin(b[minus + 1], np.frombuffer(b"123456789", np.uint8)))
+    ):
         return None
     digits = b.copy()
     digits[ts[letter]] = ord("0")
-    vals = np.fromstring(digits.tobytes(), dtype=np.int64, sep=" ")  # noqa: NPY201 (text mode)
+    vals = np.fromstring(digits.tobytes(), dtype=np.int64, sep=" ")
     if vals.size != ts.size or np.any(vals[line_end] != 0) or np.count_nonzero(vals[~letter] == 0) != line_start.size:
         return None
     is_node = letter[line_start]
@@ -164,7 +168,7 @@ def _parse_lines(text: str, n: int) -> Nnf:
         lits.extend(edge_lits)
     if not kind:
         raise ValueError("the NNF has no nodes")
-    as_array = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
+    as_array = lambda x: np.asarray(x, dtype=np.int64)
     return _build(n, as_array(kind), as_array(parent), as_array(child), as_array(counts), as_array(lits))
 
 
@@ -176,8 +180,15 @@ def _build(n: int, kind, parent, child, counts, lits) -> Nnf:
     counts = counts[order]
     lits = lits[ranges(lit_ptr[order], lit_ptr[order] + counts)]
     child = child[order]
-    return Nnf(n, kind, edge_ptr, child, np.concatenate(([0], np.cumsum(counts))).astype(np.int64), lits,
-               _levels(edge_ptr, child))
+    return Nnf(
+        n,
+        kind,
+        edge_ptr,
+        child,
+        np.concatenate(([0], np.cumsum(counts))).astype(np.int64),
+        lits,
+        _levels(edge_ptr, child),
+    )
 
 
 def _levels(edge_ptr: np.ndarray, child: np.ndarray) -> np.ndarray:

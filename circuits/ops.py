@@ -54,15 +54,17 @@ import weakref
 import torch
 from torch import Tensor
 
-from .native import select, uniforms
-from .passes import draw_uniforms  # before the DP: see circuits/passes/__init__.py
-from .passes import CPasses
-from .passes import select as select_passes
-from .dp.cardinality import Lattice  # noqa: I001
-from .dp import c_dp  # noqa: I001
 from . import straight_through
+from .dp import c_dp
+from .dp.cardinality import Lattice
+from .native import select, uniforms
+from .passes import (
+    CPasses,
+    draw_uniforms,  # before the DP: see circuits/passes/__init__.py
+)
+from .passes import select as select_passes
 
-_CIRCUITS: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
+_CIRCUITS: weakref.WeakValueDictionary[int, object] = weakref.WeakValueDictionary()
 _HANDLES = itertools.count(1)
 _LOCK = threading.Lock()
 
@@ -78,8 +80,10 @@ def register(circuit) -> int:
 def _circuit(handle: int):
     circuit = _CIRCUITS.get(handle)
     if circuit is None:
-        raise RuntimeError(f"circuits: no live circuit has handle {handle} (handles belong to the process and "
-                           "the Circuit object that registered them)")
+        raise RuntimeError(
+            f"circuits: no live circuit has handle {handle} (handles belong to the process and "
+            "the Circuit object that registered them)"
+        )
     return circuit
 
 
@@ -122,8 +126,9 @@ log_partition.register_autograd(_log_partition_backward, setup_context=_log_part
 
 # --- the marginals (and one draw), differentiable with Jacobian Cov(z) -------------------------------
 @torch.library.custom_op("circuits::marginals", mutates_args=())
-def marginals(r: Tensor, shift: Tensor | None, seed: Tensor | None, circuit: int, values: bool,
-              want_log_z: bool) -> tuple[Tensor, Tensor, Tensor]:
+def marginals(
+    r: Tensor, shift: Tensor | None, seed: Tensor | None, circuit: int, values: bool, want_log_z: bool
+) -> tuple[Tensor, Tensor, Tensor]:
     """(m [T, n] (zeros unless ``values``), one draw z [T, n] when a seed is given else [0],
     log Z [T] when ``values`` or ``want_log_z`` else [0]).
 
@@ -291,8 +296,9 @@ def _(r, g, kmin, kmax, paper):
 
 # --- the straight-through selection: one draw, the drawn by score, Eq. 7's gradient -------------------
 @torch.library.custom_op("circuits::chosen_scores", mutates_args=())
-def chosen_scores(r: Tensor, seed: Tensor, kmin: int, kmax: int, circuit: int, slots: int, kind: str,
-                  paper: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def chosen_scores(
+    r: Tensor, seed: Tensor, kmin: int, kmax: int, circuit: int, slots: int, kind: str, paper: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """One draw z ~ P(z | C, r) and, for the drawn variables by score descending (ties to the lower
     index), their scores π = softmax(r) or sigmoid(r) (``kind``), with the straight-through gradient
     (``circuits.straight_through``): (weights [T, slots], indices [T, slots] long, mask [T, slots]
@@ -321,8 +327,12 @@ def chosen_scores(r: Tensor, seed: Tensor, kmin: int, kmax: int, circuit: int, s
 @chosen_scores.register_fake
 def _(r, seed, kmin, kmax, circuit, slots, kind, paper):
     T = r.shape[0]
-    return (r.new_empty(T, slots), r.new_empty(T, slots, dtype=torch.int64), r.new_empty(T, slots, dtype=torch.bool),
-            torch.empty_like(r))
+    return (
+        r.new_empty(T, slots),
+        r.new_empty(T, slots, dtype=torch.int64),
+        r.new_empty(T, slots, dtype=torch.bool),
+        torch.empty_like(r),
+    )
 
 
 def _chosen_scores_setup(ctx, inputs, output):
@@ -346,8 +356,9 @@ chosen_scores.register_autograd(_chosen_scores_backward, setup_context=_chosen_s
 
 
 @torch.library.custom_op("circuits::chosen_scores_backward", mutates_args=())
-def chosen_scores_backward(r: Tensor, indices: Tensor, mask: Tensor, g: Tensor, kmin: int, kmax: int, circuit: int,
-                           kind: str, paper: bool) -> Tensor:
+def chosen_scores_backward(
+    r: Tensor, indices: Tensor, mask: Tensor, g: Tensor, kmin: int, kmax: int, circuit: int, kind: str, paper: bool
+) -> Tensor:
     """The gradient of ``chosen_scores``' weights: r [T, n], indices [T, slots] (int32 or long), mask
     [T, slots] bool, g [T, slots] -> [T, n] = J(g_t) + the scores' backward of g (softmax: g_t - π Σ g_t;
     sigmoid: g_t (1 - π)), g_t = (g at the used slots, scattered to their variables) ⊙ π, J the

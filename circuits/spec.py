@@ -173,12 +173,15 @@ def _group_sizes(n: int, groups) -> tuple[int, ...]:
     if isinstance(groups, numbers.Integral) and not isinstance(groups, bool):
         g = _check_int("groups", groups, 1, n, "n")
         if n % g:
-            raise ValueError(f"groups = {g} must divide n = {n} into equal groups (or give a list of group sizes "
-                             "summing to n)")
+            raise ValueError(
+                f"groups = {g} must divide n = {n} into equal groups (or give a list of group sizes summing to n)"
+            )
         return (n // g,) * g
     if isinstance(groups, (str, bytes)) or not hasattr(groups, "__iter__"):
-        raise ValueError(f"groups must be an integer (that many equal groups) or a list of group sizes summing to "
-                         f"n = {n}, got {groups!r}")
+        raise ValueError(
+            f"groups must be an integer (that many equal groups) or a list of group sizes summing to "
+            f"n = {n}, got {groups!r}"
+        )
     sizes = tuple(groups)
     if not sizes:
         raise ValueError(f"groups must list at least one group size (sizes >= 1 summing to n = {n})")
@@ -220,8 +223,10 @@ def _check_reach(name: str, value, reach: int, sizes, max_groups: int, capacity:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     if not 0 <= value <= reach:
-        raise ValueError(f"{name} must be in [0, {reach}], got {value}: groups {_sizes_text(sizes)} with "
-                         f"max_groups = {max_groups} and capacity = {capacity} hold at most {reach} true variables")
+        raise ValueError(
+            f"{name} must be in [0, {reach}], got {value}: groups {_sizes_text(sizes)} with "
+            f"max_groups = {max_groups} and capacity = {capacity} hold at most {reach} true variables"
+        )
     return int(value)
 
 
@@ -256,8 +261,14 @@ class _Grouped:
         else:
             kmax = _check_reach("kmax", reach if kmax is None else kmax, reach, sizes, max_groups, capacity)
             kmin = _check_int("kmin", 0 if kmin is None else kmin, 0, kmax, "kmax")
-        for name, value in (("n", n), ("kmin", kmin), ("kmax", kmax), ("groups", sizes), ("max_groups", max_groups),
-                            ("capacity", capacity)):
+        for name, value in (
+            ("n", n),
+            ("kmin", kmin),
+            ("kmax", kmax),
+            ("groups", sizes),
+            ("max_groups", max_groups),
+            ("capacity", capacity),
+        ):
             object.__setattr__(self, name, value)
 
     @property
@@ -284,8 +295,10 @@ class _Grouped:
             code = ".".join(map(str, sizes))
         else:
             code = hashlib.sha256(",".join(map(str, sizes)).encode()).hexdigest()[:16]
-        return (f"{type(self).__name__.lower()}-n{self.n}-k{self.kmin}-{self.kmax}-g{code}-m{self.max_groups}"
-                f"-c{self.capacity}")
+        return (
+            f"{type(self).__name__.lower()}-n{self.n}-k{self.kmin}-{self.kmax}-g{code}-m{self.max_groups}"
+            f"-c{self.capacity}"
+        )
 
     @property
     def fixed_cardinality(self) -> bool:
@@ -324,11 +337,22 @@ class GroupLimited(_Grouped):
     ``capacity``). A missing kmin is 0, a missing kmax that most.
     """
 
-    def __init__(self, n: int, k: int | None = None, groups=None, max_groups: int | None = None, *,
-                 kmin: int | None = None, kmax: int | None = None, capacity: int | None = None):
+    def __init__(
+        self,
+        n: int,
+        k: int | None = None,
+        groups=None,
+        max_groups: int | None = None,
+        *,
+        kmin: int | None = None,
+        kmax: int | None = None,
+        capacity: int | None = None,
+    ):
         if max_groups is None:
-            raise ValueError("max_groups must be given: GroupLimited(n, k, groups, max_groups) with "
-                             "1 <= max_groups <= the number of groups")
+            raise ValueError(
+                "max_groups must be given: GroupLimited(n, k, groups, max_groups) with "
+                "1 <= max_groups <= the number of groups"
+            )
         self._setup(n, k, groups, max_groups, capacity, kmin, kmax)
 
     def _limits(self) -> dict:
@@ -340,11 +364,21 @@ class GroupCapacity(_Grouped):
     """Exactly ``k`` of ``n`` variables (or ``kmin``..``kmax``), at most ``capacity`` in each of the
     contiguous groups; optionally also from at most ``max_groups`` groups. Ranges as ``GroupLimited``."""
 
-    def __init__(self, n: int, k: int | None = None, groups=None, capacity: int | None = None, *,
-                 kmin: int | None = None, kmax: int | None = None, max_groups: int | None = None):
+    def __init__(
+        self,
+        n: int,
+        k: int | None = None,
+        groups=None,
+        capacity: int | None = None,
+        *,
+        kmin: int | None = None,
+        kmax: int | None = None,
+        max_groups: int | None = None,
+    ):
         if capacity is None:
-            raise ValueError("capacity must be given: GroupCapacity(n, k, groups, capacity) with "
-                             "1 <= capacity <= the largest group")
+            raise ValueError(
+                "capacity must be given: GroupCapacity(n, k, groups, capacity) with 1 <= capacity <= the largest group"
+            )
         self._setup(n, k, groups, max_groups, capacity, kmin, kmax)
 
     def _limits(self) -> dict:
@@ -368,15 +402,26 @@ def spec_to_dict(spec: Spec) -> dict:
     if isinstance(spec, CnfFile):
         return {"type": "CnfFile", "digest": spec.digest}
     if isinstance(spec, GROUP_SPECS):
-        return {"type": type(spec).__name__, "n": spec.n, "kmin": spec.kmin, "kmax": spec.kmax,
-                "groups": list(spec.groups), "max_groups": spec.max_groups, "capacity": spec.capacity}
-    raise TypeError(f"spec must be ExactlyK, RangeK, SddFile, CnfFile, GroupLimited or GroupCapacity, "
-                    f"got {type(spec).__name__}")
+        return {
+            "type": type(spec).__name__,
+            "n": spec.n,
+            "kmin": spec.kmin,
+            "kmax": spec.kmax,
+            "groups": list(spec.groups),
+            "max_groups": spec.max_groups,
+            "capacity": spec.capacity,
+        }
+    raise TypeError(
+        f"spec must be ExactlyK, RangeK, SddFile, CnfFile, GroupLimited or GroupCapacity, got {type(spec).__name__}"
+    )
 
 
-_REBUILT = {"ExactlyK": ("n", "k"), "RangeK": ("n", "kmin", "kmax"),
-            "GroupLimited": ("n", "kmin", "kmax", "groups", "max_groups", "capacity"),
-            "GroupCapacity": ("n", "kmin", "kmax", "groups", "max_groups", "capacity")}
+_REBUILT = {
+    "ExactlyK": ("n", "k"),
+    "RangeK": ("n", "kmin", "kmax"),
+    "GroupLimited": ("n", "kmin", "kmax", "groups", "max_groups", "capacity"),
+    "GroupCapacity": ("n", "kmin", "kmax", "groups", "max_groups", "capacity"),
+}
 
 
 def spec_from_dict(data) -> Spec:

@@ -1,10 +1,10 @@
 """probmoe: differentiable probabilistic routing for Mixture-of-Experts.
 
-    RoutingConfig (sizes or a structured constraint, estimator, backend, gradient convention, gate
-        scores; validated once)
-    SubsetDistribution (P(S) ∝ exp(Σ_{i∈S} r_i), |S| = k or kmin..kmax, or S allowed by any compiled
-        circuit such as circuits.GroupLimited; backends "circuit", "dp")
-        -> route (straight-through training weights, MAP at eval) -> ProbMoERouter (nn.Module)
+RoutingConfig (sizes or a structured constraint, estimator, backend, gradient convention, gate
+    scores; validated once)
+SubsetDistribution (P(S) ∝ exp(Σ_{i∈S} r_i), |S| = k or kmin..kmax, or S allowed by any compiled
+    circuit such as circuits.GroupLimited; backends "circuit", "dp")
+    -> route (straight-through training weights, MAP at eval) -> ProbMoERouter (nn.Module)
 """
 
 from circuits import map_mask, map_size  # the MAP of a size range, in closed form
@@ -18,10 +18,10 @@ __all__ = [
     "BACKENDS",
     "GRADS",
     "METHODS",
+    "SCORES",
     "ProbMoERouter",
     "Routing",
     "RoutingConfig",
-    "SCORES",
     "SubsetDistribution",
     "Subsets",
     "map_mask",

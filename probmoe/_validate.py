@@ -55,8 +55,9 @@ def logits_values(logits: Tensor, kmin: int) -> bool:
         checks.no_nan_or_posinf(logits)
     low = bottom if bottom > -math.inf else torch.where(logits > -torch.inf, logits, 0.0).amin().item()
     if max(top, -low) >= MAX_ABS_LOGIT:
-        raise ValueError(f"logits must be -inf or finite with |logits| < {MAX_ABS_LOGIT:g}, "
-                         f"got {top if top >= -low else low:g}")
+        raise ValueError(
+            f"logits must be -inf or finite with |logits| < {MAX_ABS_LOGIT:g}, got {top if top >= -low else low:g}"
+        )
     if bottom > -math.inf or kmin == 0:
         return bottom == -math.inf
     live = (logits > -torch.inf).sum(-1)  # [...]
@@ -74,8 +75,12 @@ def _traced_logits_values(logits: Tensor, kmin: int) -> None:
     host synchronisation (``checks.require``); ``validate_args=False`` leaves them out."""
     checks.no_nan_or_posinf(logits)
     finite = torch.where(logits > -torch.inf, logits, 0.0)  # [..., N]
-    checks.require(finite.abs().amax() < MAX_ABS_LOGIT, f"logits must be -inf or finite with |logits| < {MAX_ABS_LOGIT:g}")
+    checks.require(
+        finite.abs().amax() < MAX_ABS_LOGIT, f"logits must be -inf or finite with |logits| < {MAX_ABS_LOGIT:g}"
+    )
     if kmin > 0:
         live = (logits > -torch.inf).sum(-1)  # [...]
-        checks.require(live.amin() >= kmin, f"some row of the logits has fewer than kmin = {kmin} experts above "
-                                            "-inf: the constraint is infeasible")
+        checks.require(
+            live.amin() >= kmin,
+            f"some row of the logits has fewer than kmin = {kmin} experts above -inf: the constraint is infeasible",
+        )

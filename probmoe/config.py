@@ -78,8 +78,13 @@ class RoutingConfig:
         _validate.choice("scores", self.scores, SCORES)
         if not isinstance(self.normalize, bool):
             raise ValueError(f"normalize must be True or False, got {self.normalize!r}")
-        for name, value in (("num_experts", n), ("kmin", kmin), ("kmax", kmax),
-                            ("k", kmin if kmin == kmax else None), ("constraint", constraint)):
+        for name, value in (
+            ("num_experts", n),
+            ("kmin", kmin),
+            ("kmax", kmax),
+            ("k", kmin if kmin == kmax else None),
+            ("constraint", constraint),
+        ):
             object.__setattr__(self, name, value)
 
     @property
@@ -101,7 +106,7 @@ class RoutingConfig:
         return data
 
     @classmethod
-    def resolve(cls, num_experts: int, config: "RoutingConfig | None" = None, **fields) -> "RoutingConfig":
+    def resolve(cls, num_experts: int, config: RoutingConfig | None = None, **fields) -> RoutingConfig:
         """``config`` checked against ``num_experts``, or, when it is None, the config the keyword
         ``fields`` describe (those given as None take their defaults). Passing both is an error."""
         given = {name: value for name, value in fields.items() if value is not None}
@@ -116,7 +121,7 @@ class RoutingConfig:
         return config
 
     @classmethod
-    def from_dict(cls, data) -> "RoutingConfig":
+    def from_dict(cls, data) -> RoutingConfig:
         """The config a ``to_dict`` dict describes (e.g. read from disk); ValueError for anything
         else: not a dict, unknown or missing keys, or values out of range."""
         if not isinstance(data, dict):

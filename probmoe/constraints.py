@@ -59,8 +59,9 @@ def resolve(constraint, n: int):
         if size is None:  # a file spec: its variable count is the compiled circuit's
             size = compiled(constraint, "cpu").n
         if size != n:
-            raise ValueError(f"constraint {constraint.describe()} is over n = {size} variables, but there are "
-                             f"N = {n} experts")
+            raise ValueError(
+                f"constraint {constraint.describe()} is over n = {size} variables, but there are N = {n} experts"
+            )
     if isinstance(constraint, CARDINALITY):
         return None, (constraint.cardinalities[0], constraint.cardinalities[-1])
     cards = getattr(constraint, "cardinalities", None) if isinstance(constraint, SPECS) else None
@@ -77,11 +78,15 @@ def settle(constraint, n: int, backend: str, k=None, kmin=None, kmax=None, lowes
     want = {"k": lo if lo == hi else None, "kmin": lo, "kmax": hi}
     for key, value in {"k": k, "kmin": kmin, "kmax": kmax}.items():
         if value is not None and value != want[key]:
-            raise ValueError(f"{key} = {value!r} disagrees with constraint {name}, whose subsets have {lo}..{hi} "
-                             "experts; give the constraint alone")
+            raise ValueError(
+                f"{key} = {value!r} disagrees with constraint {name}, whose subsets have {lo}..{hi} "
+                "experts; give the constraint alone"
+            )
     if lo < lowest:
-        raise ValueError(f"constraint {name} allows subsets of {lo} experts; routing needs at least {lowest} expert "
-                         f"per token (kmin >= {lowest})")
+        raise ValueError(
+            f"constraint {name} allows subsets of {lo} experts; routing needs at least {lowest} expert "
+            f"per token (kmin >= {lowest})"
+        )
     if constraint is not None and backend == "dp":  # circuits.check_algorithm's rule, in routing's words
         raise ValueError(f"backend 'dp' handles only k or kmin/kmax; constraint {name} needs backend 'circuit'")
     return constraint, lo, hi
@@ -102,8 +107,10 @@ def to_dict(constraint):
         return None
     if isinstance(constraint, GROUP_SPECS):
         return circuits.spec_to_dict(constraint)
-    raise ValueError(f"constraint {describe(constraint)} cannot be written to a dict: only GroupLimited and "
-                     "GroupCapacity specs (and k / kmin / kmax) can; pass the spec instead of a compiled circuit")
+    raise ValueError(
+        f"constraint {describe(constraint)} cannot be written to a dict: only GroupLimited and "
+        "GroupCapacity specs (and k / kmin / kmax) can; pass the spec instead of a compiled circuit"
+    )
 
 
 def from_dict(data):
@@ -165,8 +172,10 @@ def _description(spec) -> tuple:
     """A group spec as a tuple of python constants: ((field, value), ...), groups as a tuple. torch
     2.11's dynamo passes only such constants to an assume-constant function (a spec with its own
     ``__init__`` is not one there)."""
-    return tuple((name, tuple(value) if isinstance(value, list) else value)
-                 for name, value in circuits.spec_to_dict(spec).items())
+    return tuple(
+        (name, tuple(value) if isinstance(value, list) else value)
+        for name, value in circuits.spec_to_dict(spec).items()
+    )
 
 
 @_assume_constant_result

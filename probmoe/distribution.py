@@ -101,8 +101,18 @@ class SubsetDistribution(Distribution):
     arg_constraints = {"logits": constraints.real_vector}
     has_rsample = False
 
-    def __init__(self, logits: Tensor, k=None, *, kmin=None, kmax=None, constraint=None, backend: str = "circuit",
-                 grad: str = "exact", validate_args=None):
+    def __init__(
+        self,
+        logits: Tensor,
+        k=None,
+        *,
+        kmin=None,
+        kmax=None,
+        constraint=None,
+        backend: str = "circuit",
+        grad: str = "exact",
+        validate_args=None,
+    ):
         logits = _validate.logits_tensor(logits)
         backend = _validate.choice("backend", backend, BACKENDS)
         if constraint is not None:
@@ -112,7 +122,7 @@ class SubsetDistribution(Distribution):
         self._setup(logits, kmin, kmax, backend, _validate.choice("grad", grad, GRADS), validate_args, constraint)
 
     @classmethod
-    def from_config(cls, logits: Tensor, config: RoutingConfig, validate_args=None) -> "SubsetDistribution":
+    def from_config(cls, logits: Tensor, config: RoutingConfig, validate_args=None) -> SubsetDistribution:
         """The distribution a router with ``config`` draws from (its sizes or constraint, backend and grad).
 
         logits: [..., N] with N = ``config.num_experts``; the config was validated when it was
@@ -120,19 +130,21 @@ class SubsetDistribution(Distribution):
         """
         logits = _validate.logits_tensor(logits)
         if logits.shape[-1] != config.num_experts:
-            raise ValueError(f"logits have N = {logits.shape[-1]} experts but config.num_experts = "
-                             f"{config.num_experts}")
+            raise ValueError(
+                f"logits have N = {logits.shape[-1]} experts but config.num_experts = {config.num_experts}"
+            )
         return cls._checked(logits, config, validate_args)
 
     @classmethod
-    def _checked(cls, logits: Tensor, config: RoutingConfig, validate_args) -> "SubsetDistribution":
+    def _checked(cls, logits: Tensor, config: RoutingConfig, validate_args) -> SubsetDistribution:
         """``from_config`` for a caller that has checked the logits against the config (``route``)."""
         self = cls.__new__(cls)
         self._setup(logits, config.kmin, config.kmax, config.backend, config.grad, validate_args, config.constraint)
         return self
 
-    def _setup(self, logits: Tensor, kmin: int, kmax: int, backend: str, grad: str, validate_args,
-               constraint=None) -> None:
+    def _setup(
+        self, logits: Tensor, kmin: int, kmax: int, backend: str, grad: str, validate_args, constraint=None
+    ) -> None:
         """Initialise from checked arguments (``constraint`` resolved by ``probmoe.constraints``); the
         logit values are checked here (``validate_args``)."""
         n = logits.shape[-1]
@@ -198,9 +210,11 @@ class SubsetDistribution(Distribution):
         if self.kmin == self.kmax:
             return self._engine
         if not hasattr(self.constraint, "with_cardinality"):
-            raise ValueError(f"cardinality_probs needs a constraint spec with a size range (GroupLimited, "
-                             f"GroupCapacity); {subset_constraints.describe(self.constraint)} allows "
-                             f"{self.kmin}..{self.kmax} experts and cannot be split by size")
+            raise ValueError(
+                f"cardinality_probs needs a constraint spec with a size range (GroupLimited, "
+                f"GroupCapacity); {subset_constraints.describe(self.constraint)} allows "
+                f"{self.kmin}..{self.kmax} experts and cannot be split by size"
+            )
         return subset_constraints.compiled(self.constraint.with_cardinality(j, j), self.logits.device)
 
     # --- torch.distributions interface ---------------------------------------------------------
@@ -228,7 +242,7 @@ class SubsetDistribution(Distribution):
         with torch.no_grad():
             return self._out(self._engine.map(self._r), self.event_shape[0])
 
-    def sample(self, sample_shape=torch.Size(), generator: torch.Generator | None = None) -> Tensor:
+    def sample(self, sample_shape=(), generator: torch.Generator | None = None) -> Tensor:
         """Exact draws: [*sample_shape, *batch_shape, N] in {0, 1}, not differentiable.
 
         generator: a ``torch.Generator`` on the logits' device, for reproducible draws.
@@ -304,5 +318,7 @@ class SubsetDistribution(Distribution):
         size = f"k={self.kmin}" if self.k is not None else f"kmin={self.kmin}, kmax={self.kmax}"
         if self.constraint is not None:
             size = f"constraint={subset_constraints.describe(self.constraint)}"
-        return (f"SubsetDistribution(batch_shape={tuple(self.batch_shape)}, N={self.event_shape[0]}, {size}, "
-                f"backend={self.backend!r}, grad={self.grad!r})")
+        return (
+            f"SubsetDistribution(batch_shape={tuple(self.batch_shape)}, N={self.event_shape[0]}, {size}, "
+            f"backend={self.backend!r}, grad={self.grad!r})"
+        )

@@ -55,8 +55,9 @@ class GateWeights(torch.autograd.Function):
         return g_r, g_t if ctx.needs_input_grad[1] else None, None, None, None, None
 
 
-def gate_weights(r: Tensor, t: Tensor | None, idx: Tensor, mask: Tensor, kind: str,
-                 scores: Tensor | None = None) -> Tensor:
+def gate_weights(
+    r: Tensor, t: Tensor | None, idx: Tensor, mask: Tensor, kind: str, scores: Tensor | None = None
+) -> Tensor:
     """The weights of the used slots: r [T, N] logits, t [T, N] tangent (None: no straight-through
     gradient), idx [T, kmax] long, mask [T, kmax] bool, kind "softmax" or "sigmoid" -> [T, kmax].
     scores: the caller's π = softmax(r) or sigmoid(r) [T, N], detached, to save computing it again

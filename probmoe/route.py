@@ -31,6 +31,7 @@ from .distribution import SubsetDistribution
 from .gate_weights import gate_weights
 from .scores import dense_selection, gate_scores
 
+
 @dataclass
 class Routing:
     """The routing of T tokens: ``kmax`` slots per token, the first ``counts`` of them used.
@@ -71,10 +72,23 @@ class Routing:
         return dense_selection(self.indices, self.mask, self.probs.shape[-1])
 
 
-def route(logits: Tensor, config: RoutingConfig | None = None, *, training: bool, k=None, kmin=None, kmax=None,
-          constraint=None, method: str | None = None, generator: torch.Generator | None = None,
-          normalize: bool | None = None, backend: str | None = None, grad: str | None = None, scores: str | None = None,
-          validate_args=None) -> Routing:
+def route(
+    logits: Tensor,
+    config: RoutingConfig | None = None,
+    *,
+    training: bool,
+    k=None,
+    kmin=None,
+    kmax=None,
+    constraint=None,
+    method: str | None = None,
+    generator: torch.Generator | None = None,
+    normalize: bool | None = None,
+    backend: str | None = None,
+    grad: str | None = None,
+    scores: str | None = None,
+    validate_args=None,
+) -> Routing:
     """Route tokens with ProbMoE. logits: [T, N] router logits (-inf: never route there).
 
     config: a ``RoutingConfig`` with N = ``num_experts``; or give its fields as keywords (k or
@@ -102,8 +116,19 @@ def route(logits: Tensor, config: RoutingConfig | None = None, *, training: bool
         ``SubsetDistribution``. float16/bfloat16 logits are routed in float32.
     """
     logits = _validate.logits_tensor(logits, dim=2)
-    config = RoutingConfig.resolve(logits.shape[-1], config, k=k, kmin=kmin, kmax=kmax, constraint=constraint,
-                                   method=method, normalize=normalize, backend=backend, grad=grad, scores=scores)
+    config = RoutingConfig.resolve(
+        logits.shape[-1],
+        config,
+        k=k,
+        kmin=kmin,
+        kmax=kmax,
+        constraint=constraint,
+        method=method,
+        normalize=normalize,
+        backend=backend,
+        grad=grad,
+        scores=scores,
+    )
     if not isinstance(training, bool):
         raise ValueError(f"training must be True or False, got {training!r}")
     _validate.generator(generator, logits.device)
@@ -124,7 +149,12 @@ def _fused(dist: SubsetDistribution, r: Tensor, config: RoutingConfig) -> bool:
     marginals' gradient ("probmoe"), sizes (no structured constraint), float32 logits on the CPU and
     the C kernels of the backend (the fused C DP or C circuit passes). Elsewhere route composes the
     same computation from the distribution's operators (``_select``, ``_weights``)."""
-    if config.method != "probmoe" or config.constraint is not None or r.dtype != torch.float32 or r.device.type != "cpu":
+    if (
+        config.method != "probmoe"
+        or config.constraint is not None
+        or r.dtype != torch.float32
+        or r.device.type != "cpu"
+    ):
         return False
     return subset_constraints.native_cardinality(r.shape[-1], config.kmin, config.kmax, config.backend)
 
@@ -135,15 +165,23 @@ def _route_fused(dist: SubsetDistribution, r: Tensor, config: RoutingConfig, gen
     handle = getattr(dist._engine, "handle", 0)  # 0: the DP
     r = r.contiguous()  # as the evaluators make it (the operators take contiguous rows)
     w, idx, mask, probs = torch.ops.circuits.chosen_scores(
-        r, circuits.ops.seed(generator, r), config.kmin, config.kmax, handle, config.kmax, config.scores,
-        config.grad == "paper")
+        r,
+        circuits.ops.seed(generator, r),
+        config.kmin,
+        config.kmax,
+        handle,
+        config.kmax,
+        config.scores,
+        config.grad == "paper",
+    )
     if config.normalize:
         w = _normalized(w)
     return Routing(idx, w, mask, probs, dist, config)
 
 
-def _select(dist: SubsetDistribution, r: Tensor, probs: Tensor, config: RoutingConfig, training: bool,
-            generator) -> tuple[Tensor | None, Tensor, Tensor]:
+def _select(
+    dist: SubsetDistribution, r: Tensor, probs: Tensor, config: RoutingConfig, training: bool, generator
+) -> tuple[Tensor | None, Tensor, Tensor]:
     """The used experts and what carries the backward: (tangent, idx, mask).
 
     tangent: zeros [T, N] whose Jacobian is the straight-through estimator's (z ≈ m, or z ≈ π for
@@ -174,8 +212,9 @@ def _select(dist: SubsetDistribution, r: Tensor, probs: Tensor, config: RoutingC
     return tangent, idx, mask
 
 
-def _weights(r: Tensor, tangent: Tensor | None, idx: Tensor, mask: Tensor, probs: Tensor,
-             config: RoutingConfig) -> Tensor:
+def _weights(
+    r: Tensor, tangent: Tensor | None, idx: Tensor, mask: Tensor, probs: Tensor, config: RoutingConfig
+) -> Tensor:
     """Eq. 7 at the used slots (value π, gradient through the tangent), normalised if the config
     says so: [T, kmax], exactly 0 on unused slots."""
     w = gate_weights(r, tangent, idx, mask, config.scores, probs)

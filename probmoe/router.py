@@ -23,8 +23,15 @@ def router_logits(hidden_states: Tensor, weight: Tensor, *, float32: bool = Fals
     return F.linear(h, weight.to(h.dtype))
 
 
-def routed(logits: Tensor, config: RoutingConfig, *, training: bool, generator: torch.Generator | None,
-           replay: GeneratorReplay, validate_args=None) -> Routing:
+def routed(
+    logits: Tensor,
+    config: RoutingConfig,
+    *,
+    training: bool,
+    generator: torch.Generator | None,
+    replay: GeneratorReplay,
+    validate_args=None,
+) -> Routing:
     """One router forward's ``route`` of logits [T, N] (float16/bfloat16 are routed in float32),
     drawing from ``generator`` through ``replay`` in training (the same draws when activation
     checkpointing recomputes the forward). Under torch.compile the generator is used as it is: the
@@ -57,16 +64,42 @@ class ProbMoERouter(nn.Module):
 
     FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
-    def __init__(self, hidden_size: int, num_experts: int, *, config: RoutingConfig | None = None, k=None,
-                 kmin=None, kmax=None, constraint=None, method: str | None = None, backend: str | None = None,
-                 grad: str | None = None, normalize: bool | None = None, scores: str | None = None,
-                 generator: torch.Generator | None = None, validate_args=None, device=None, dtype=None):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_experts: int,
+        *,
+        config: RoutingConfig | None = None,
+        k=None,
+        kmin=None,
+        kmax=None,
+        constraint=None,
+        method: str | None = None,
+        backend: str | None = None,
+        grad: str | None = None,
+        normalize: bool | None = None,
+        scores: str | None = None,
+        generator: torch.Generator | None = None,
+        validate_args=None,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         hidden_size = _validate.int_in("hidden_size", hidden_size, 1, 2**31)
         num_experts = _validate.int_in("num_experts", num_experts, 1, 2**31)
-        self.config = RoutingConfig.resolve(num_experts, config, k=k, kmin=kmin, kmax=kmax, constraint=constraint,
-                                            method=method, backend=backend, grad=grad, normalize=normalize,
-                                            scores=scores)
+        self.config = RoutingConfig.resolve(
+            num_experts,
+            config,
+            k=k,
+            kmin=kmin,
+            kmax=kmax,
+            constraint=constraint,
+            method=method,
+            backend=backend,
+            grad=grad,
+            normalize=normalize,
+            scores=scores,
+        )
         _validate.generator(generator)
         self.hidden_dim, self.num_experts, self.top_k = hidden_size, num_experts, self.config.kmax  # HF's names
         self.generator, self.validate_args = generator, validate_args
@@ -77,20 +110,27 @@ class ProbMoERouter(nn.Module):
 
     def extra_repr(self) -> str:
         c = self.config
-        return (f"hidden_size={self.hidden_dim}, num_experts={self.num_experts}, {c.describe()}, method={c.method!r}, "
-                f"backend={c.backend!r}, grad={c.grad!r}, normalize={c.normalize}, scores={c.scores!r}")
+        return (
+            f"hidden_size={self.hidden_dim}, num_experts={self.num_experts}, {c.describe()}, method={c.method!r}, "
+            f"backend={c.backend!r}, grad={c.grad!r}, normalize={c.normalize}, scores={c.scores!r}"
+        )
 
     def forward(self, hidden_states: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         if not isinstance(hidden_states, Tensor) or hidden_states.dtype not in self.FLOATS:
             got = hidden_states.dtype if isinstance(hidden_states, Tensor) else type(hidden_states).__name__
-            raise ValueError(f"hidden_states must be a tensor of dtype float16, bfloat16, float32 or float64, "
-                             f"got {got}")
-        if hidden_states.dim() == 0 or hidden_states.shape[-1] != self.hidden_dim:
             raise ValueError(
-                f"hidden_states must have shape [..., {self.hidden_dim}], got {list(hidden_states.shape)}"
+                f"hidden_states must be a tensor of dtype float16, bfloat16, float32 or float64, got {got}"
             )
+        if hidden_states.dim() == 0 or hidden_states.shape[-1] != self.hidden_dim:
+            raise ValueError(f"hidden_states must have shape [..., {self.hidden_dim}], got {list(hidden_states.shape)}")
         logits = router_logits(hidden_states, self.weight)  # [T, N]
-        routing = routed(logits, self.config, training=self.training, generator=self.generator, replay=self.replay,
-                         validate_args=self.validate_args)
+        routing = routed(
+            logits,
+            self.config,
+            training=self.training,
+            generator=self.generator,
+            replay=self.replay,
+            validate_args=self.validate_args,
+        )
         self.last_routing = routing
         return logits, routing.weights, routing.indices

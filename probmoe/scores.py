@@ -1,10 +1,10 @@
 """Two decisions every router and statistic makes, each made here once.
 
-    gate_scores(r, kind)                 the gate scores π [T, N]: softmax(r), or sigmoid(r) for
-                                         sigmoid gates (DeepSeek-V3); ``normalized``: scaled to
-                                         sum to 1 per token, the routing distribution that
-                                         statistics and the load-balancing loss read
-    dense_selection(idx, mask, n)        the used experts [T, kmax] slots -> [T, N] bool
+gate_scores(r, kind)                 the gate scores π [T, N]: softmax(r), or sigmoid(r) for
+                                     sigmoid gates (DeepSeek-V3); ``normalized``: scaled to
+                                     sum to 1 per token, the routing distribution that
+                                     statistics and the load-balancing loss read
+dense_selection(idx, mask, n)        the used experts [T, kmax] slots -> [T, N] bool
 """
 
 from __future__ import annotations

@@ -12,9 +12,13 @@ DEVICES = ("cpu", "cuda")
 
 
 def pytest_addoption(parser):
-    parser.addoption("--device", default="cpu", choices=DEVICES,
-                     help="the device of the tests that take one (the `device` fixture; selected by -m device): "
-                          "cpu (default) or cuda. tools/gpu/check.sh runs them with --device cuda")
+    parser.addoption(
+        "--device",
+        default="cpu",
+        choices=DEVICES,
+        help="the device of the tests that take one (the `device` fixture; selected by -m device): "
+        "cpu (default) or cuda. tools/gpu/check.sh runs them with --device cuda",
+    )
 
 
 def pytest_collection_modifyitems(config, items):

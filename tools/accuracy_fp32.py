@@ -144,18 +144,32 @@ def constraints(quick: bool = False) -> list[dict]:
             continue
         spec = ExactlyK(n, kmin) if kmin == kmax else RangeK(n, kmin, kmax)
         name = f"exactly {kmin} of {n}" if kmin == kmax else f"range {kmin}..{kmax} of {n}"
-        out.append({"name": name, "spec": spec, "dp": (kmin, kmax),
-                    "log_norm": lambda r, a=kmin, b=kmax: cardinality_log_norm(r, a, b)})
-    for spec, name in ((GroupLimited(64, 8, 8, 2), "GroupLimited 8 of 64, 2 of 8 groups"),
-                       (GroupCapacity(64, None, 8, 2, kmin=0, kmax=8), "GroupCapacity 0..8 of 64, 2 per group")):
+        out.append(
+            {
+                "name": name,
+                "spec": spec,
+                "dp": (kmin, kmax),
+                "log_norm": lambda r, a=kmin, b=kmax: cardinality_log_norm(r, a, b),
+            }
+        )
+    for spec, name in (
+        (GroupLimited(64, 8, 8, 2), "GroupLimited 8 of 64, 2 of 8 groups"),
+        (GroupCapacity(64, None, 8, 2, kmin=0, kmax=8), "GroupCapacity 0..8 of 64, 2 per group"),
+    ):
         out.append({"name": name, "spec": spec, "dp": None, "log_norm": lambda r, s=spec: group_log_norm(r, s)})
     n, clauses = 20, random_cnf(20, 50, seed=7)
     path = os.path.join(tempfile.mkdtemp(prefix="accuracy-fp32-"), "random.cnf")
     with open(path, "w") as f:
         f.write(f"p cnf {n} {len(clauses)}\n" + "".join(" ".join(map(str, c)) + " 0\n" for c in clauses))
     models = cnf_models(n, clauses)
-    out.append({"name": f"CNF, 20 variables, 50 clauses ({len(models)} models)", "spec": circuits.CnfFile(path),
-                "dp": None, "log_norm": lambda r, m=models: models_log_norm(r, m)})
+    out.append(
+        {
+            "name": f"CNF, 20 variables, 50 clauses ({len(models)} models)",
+            "spec": circuits.CnfFile(path),
+            "dp": None,
+            "log_norm": lambda r, m=models: models_log_norm(r, m),
+        }
+    )
     return out
 
 
@@ -184,8 +198,9 @@ def dp_runner(kmin: int, kmax: int, impl: str = "dp"):
         import circuits.dp
         import circuits.passes
 
-        sweeps = circuits.passes.select(circuits.dp.Lattice(0, kmin, kmax, torch.device("cpu")), torch.float32,
-                                        prefer="torch")
+        sweeps = circuits.passes.select(
+            circuits.dp.Lattice(0, kmin, kmax, torch.device("cpu")), torch.float32, prefer="torch"
+        )
 
         def run_torch(r: Tensor) -> tuple[Tensor, Tensor]:
             log_z = torch.logsumexp(sweeps.log_counts(r, True), dim=-1)
@@ -215,8 +230,9 @@ def errors(run, log_norm, r: Tensor) -> tuple[float, float]:
     return m_err, z_err
 
 
-def measure(impls: list[str], count: int, triton_count: int, quick: bool, progress: bool = True,
-            only: str = "") -> list[tuple]:
+def measure(
+    impls: list[str], count: int, triton_count: int, quick: bool, progress: bool = True, only: str = ""
+) -> list[tuple]:
     """One row per (constraint, implementation, scale): the worst errors over the kinds of rows
     (``only``: the constraints whose name contains it)."""
     import circuits
@@ -241,7 +257,9 @@ def measure(impls: list[str], count: int, triton_count: int, quick: bool, progre
                 r = rows(n or _cnf_n(c), s, kind, triton_count if impl == "triton" else count, seed=1000 * j + int(s))
                 m_err, z_err = errors(run, c["log_norm"], r)
                 worst_m, worst_z = max(worst_m, m_err), max(worst_z, z_err)
-            out.append((c["name"], {"dp": "DP", "dp-torch": "DP (torch)"}.get(impl, f"circuit ({impl})"), s, worst_m, worst_z))
+            out.append(
+                (c["name"], {"dp": "DP", "dp-torch": "DP (torch)"}.get(impl, f"circuit ({impl})"), s, worst_m, worst_z)
+            )
             if bar:
                 bar.update(1)
     if bar:
@@ -273,8 +291,7 @@ def markdown(results: list[tuple]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--impl", default="torch,c,triton,dp,dp-torch",
-                    help="comma list of torch, c, triton, dp, dp-torch")
+    ap.add_argument("--impl", default="torch,c,triton,dp,dp-torch", help="comma list of torch, c, triton, dp, dp-torch")
     ap.add_argument("--rows", type=int, default=256, help="rows per (scale, kind)")
     ap.add_argument("--triton-rows", type=int, default=32, help="rows per (scale, kind) for Triton (interpreted)")
     ap.add_argument("--quick", action="store_true", help="skip the n = 256 constraints")
@@ -287,8 +304,10 @@ def main(argv=None) -> int:
     if "triton" in impls and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         os.environ["TRITON_INTERPRET"] = "1"  # before triton_passes is imported: kernels on the CPU
     results = measure(impls, args.rows, args.triton_rows, args.quick, only=args.only)
-    print(f"worst marginal error (absolute) / log Z error (relative) over the rows {', '.join(KINDS)}; "
-          f"bounds {MARGINAL_BOUND:g} / {LOG_Z_BOUND:g} (**!**: above)")
+    print(
+        f"worst marginal error (absolute) / log Z error (relative) over the rows {', '.join(KINDS)}; "
+        f"bounds {MARGINAL_BOUND:g} / {LOG_Z_BOUND:g} (**!**: above)"
+    )
     print(markdown(results))
     worst = max((m > MARGINAL_BOUND or z > LOG_Z_BOUND) for *_, m, z in results)
     return 1 if worst else 0

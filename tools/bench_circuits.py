@@ -19,8 +19,9 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-import circuits  # noqa: E402
-from timing import circuit_passes, interleaved, table  # noqa: E402
+from timing import circuit_passes, interleaved, table
+
+import circuits
 
 
 def compile_times(spec, repeats: int) -> tuple[float, float]:
@@ -45,11 +46,20 @@ def process_times(repeats: int) -> tuple[float, float]:
     process on a cache hit and of ``python -c "import torch"``, interleaved."""
     with tempfile.TemporaryDirectory() as d:
         env = {**os.environ, "PROBMOE_CACHE": d}
-        command = [sys.executable, "-c", "from circuits.inspect.cli import compile_main; compile_main()",
-                   "--n", "64", "--k", "8"]
+        command = [
+            sys.executable,
+            "-c",
+            "from circuits.inspect.cli import compile_main; compile_main()",
+            "--n",
+            "64",
+            "--k",
+            "8",
+        ]
         subprocess.run(command, env=env, check=True, capture_output=True)  # compile once: later runs hit
-        runs = {"command": lambda: subprocess.run(command, env=env, check=True, capture_output=True),
-                "torch": lambda: subprocess.run([sys.executable, "-c", "import torch"], check=True)}
+        runs = {
+            "command": lambda: subprocess.run(command, env=env, check=True, capture_output=True),
+            "torch": lambda: subprocess.run([sys.executable, "-c", "import torch"], check=True),
+        }
         times = interleaved(runs, repeats=repeats, warmup=1)
     return times["command"], times["torch"]
 
@@ -69,8 +79,10 @@ def main() -> None:
     print("## Compile\n")
     print(table(rows, ("spec", "cold compile", "cache hit", "cold / hit")))
     command, torch_import = process_times(7)
-    print(f"\nprobmoe-compile --n 64 --k 8 on a cache hit, the whole process: {command:.2f} s, "
-          f"{command / torch_import:.2f}x python -c 'import torch' ({torch_import:.2f} s)")
+    print(
+        f"\nprobmoe-compile --n 64 --k 8 on a cache hit, the whole process: {command:.2f} s, "
+        f"{command / torch_import:.2f}x python -c 'import torch' ({torch_import:.2f} s)"
+    )
 
     T, k = args.tokens, 8
     gen = torch.Generator().manual_seed(0)
@@ -85,28 +97,33 @@ def main() -> None:
     def lz_fwd_bwd(c):
         def run():
             c.log_partition(r).sum().backward()  # upward pass, then the downward pass (r.grad = m - p)
+
         return run
 
     def lz_and_m(c):
         def run():
             (c.log_partition(r).sum() + (c.marginals(r) * v).sum()).backward()
+
         return run
 
     def m_only(c):
         def run():
             (c.marginals(r) * v).sum().backward()
+
         return run
 
     def fused(c):
         def run():
             m, _ = c.marginals_and_sample(r)
             (m * v).sum().backward()
+
         return run
 
     def no_grad(f):
         def run():
             with torch.no_grad():
                 f(r)
+
         return run
 
     fns = {"softmax + topk (fwd+bwd)": topk}

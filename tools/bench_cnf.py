@@ -40,9 +40,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-import circuits  # noqa: E402
-from circuits import cnf  # noqa: E402
-from timing import table  # noqa: E402
+from timing import table
+
+import circuits
+from circuits import cnf
 
 PYSDD = """
 import sys, time
@@ -79,7 +80,9 @@ print(json.dumps(best))
 """
 STAGE_NAMES = ("parse", "flatten", "count", "nnf log Z", "layout log Z", "total")
 
-COMMAND = "import sys; from circuits.inspect.cli import compile_main; raise SystemExit(compile_main())"  # = probmoe-compile
+COMMAND = (
+    "import sys; from circuits.inspect.cli import compile_main; raise SystemExit(compile_main())"  # = probmoe-compile
+)
 IMPORT = "import time, circuits.inspect.cli; print(time.process_time())"
 
 
@@ -112,8 +115,13 @@ def pysdd_run(path: Path, timeout: float) -> tuple[str, str]:
     if timeout <= 0:
         return "not run", "-"
     try:
-        res = subprocess.run([sys.executable, "-c", PYSDD, str(path)], capture_output=True, text=True,
-                             timeout=timeout, cwd=Path(__file__).parent.parent)
+        res = subprocess.run(
+            [sys.executable, "-c", PYSDD, str(path)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=Path(__file__).parent.parent,
+        )
     except subprocess.TimeoutExpired:
         return f"> {timeout:.0f} s", "-"
     if res.returncode != 0:
@@ -139,8 +147,15 @@ def d4_run(path: Path) -> dict:
             count = c.layout.model_count()
             logz = c.log_partition(torch.zeros(1, n, dtype=torch.float64))[0].item()
             assert abs(logz - (math.log(count) - n * math.log(2))) < 1e-9, (path, logz)
-            row.update(compile=c.info["compile_seconds"], d4=c.info["d4_seconds"], nnf=c.info["nnf_nodes"],
-                       nodes=f"{s['nodes']:,}", elements=f"{s['elements']:,}", levels=s["levels"], count=count)
+            row.update(
+                compile=c.info["compile_seconds"],
+                d4=c.info["d4_seconds"],
+                nnf=c.info["nnf_nodes"],
+                nodes=f"{s['nodes']:,}",
+                elements=f"{s['elements']:,}",
+                levels=s["levels"],
+                count=count,
+            )
     g = ganak(n, clauses)
     row["ganak"] = "-" if g is None else ("ok" if g[0] == row["count"] else f"MISMATCH {g[0]}")
     row["ganak_seconds"] = None if g is None else g[1]
@@ -155,13 +170,34 @@ def cardinality(repeats: int) -> list[tuple]:
     for _ in range(repeats):
         t = time.perf_counter()
         res = subprocess.run([sys.executable, "-c", IMPORT], check=True, capture_output=True, text=True, cwd=root)
-        rows.append(("(baseline: import the command)", "-", "-", f"{time.perf_counter() - t:.2f}",
-                     f"{float(res.stdout):.2f}", "-"))
+        rows.append(
+            (
+                "(baseline: import the command)",
+                "-",
+                "-",
+                f"{time.perf_counter() - t:.2f}",
+                f"{float(res.stdout):.2f}",
+                "-",
+            )
+        )
     for n, k, compiler in ((1024, 128, "direct"), (4096, 64, "direct"), (1024, 128, "pysdd")):
         for _ in range(1 if compiler == "pysdd" else repeats):
             with tempfile.TemporaryDirectory() as d:
-                cmd = [sys.executable, "-c", COMMAND, "--n", str(n), "--k", str(k), "--compiler", compiler,
-                       "--cache-dir", d, "--force", "--json"]
+                cmd = [
+                    sys.executable,
+                    "-c",
+                    COMMAND,
+                    "--n",
+                    str(n),
+                    "--k",
+                    str(k),
+                    "--compiler",
+                    compiler,
+                    "--cache-dir",
+                    d,
+                    "--force",
+                    "--json",
+                ]
                 before = os.times()
                 t = time.perf_counter()
                 res = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=900)
@@ -172,16 +208,30 @@ def cardinality(repeats: int) -> list[tuple]:
                 entry = Path(facts["cache_path"])
                 size = sum(f.stat().st_size for f in entry.iterdir())
                 cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
-                rows.append((f"ExactlyK({n}, {k})", compiler, f"{facts['compile_seconds']:.2f}", f"{wall:.2f}",
-                             f"{cpu:.2f}", f"{size / 2**20:.1f}"))
+                rows.append(
+                    (
+                        f"ExactlyK({n}, {k})",
+                        compiler,
+                        f"{facts['compile_seconds']:.2f}",
+                        f"{wall:.2f}",
+                        f"{cpu:.2f}",
+                        f"{size / 2**20:.1f}",
+                    )
+                )
     return rows
 
 
 def stages_in(tree: Path, nnf_path: Path, n: int, repeats: int) -> dict:
     """The best times of each stage (``STAGES``) on one NNF text, by the code in ``tree``."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    res = subprocess.run([sys.executable, "-c", STAGES, str(nnf_path), str(n), str(repeats)], env=env, cwd=tree,
-                         capture_output=True, text=True, check=True)
+    res = subprocess.run(
+        [sys.executable, "-c", STAGES, str(nnf_path), str(n), str(repeats)],
+        env=env,
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(res.stdout)
 
 
@@ -208,17 +258,25 @@ def stages(files: list[Path], repeats: int, baseline: str | None) -> str:
                 cells = [f"{new_t[name] * 1e3:.1f}"]
                 if old_t is not None:
                     cells = [f"{old_t[name] * 1e3:.1f}", *cells, f"{old_t[name] / new_t[name]:.1f}x"]
-                rows.append((path.name if name == "parse" else "", f"{d4.nodes:,}" if name == "parse" else "",
-                             name, *cells))
+                rows.append(
+                    (path.name if name == "parse" else "", f"{d4.nodes:,}" if name == "parse" else "", name, *cells)
+                )
     header = ("file", "d4 nodes", "stage")
-    header += ((f"{baseline} ms", "this tree ms", "speed-up") if baseline is not None else ("ms",))
+    header += (f"{baseline} ms", "this tree ms", "speed-up") if baseline is not None else ("ms",)
     return table(rows, header)
 
 
 ESTIMATED = (
-    circuits.ExactlyK(64, 8), circuits.ExactlyK(1024, 128), circuits.ExactlyK(4096, 64), circuits.ExactlyK(16384, 16),
-    circuits.ExactlyK(100000, 2), circuits.RangeK(512, 100, 400), circuits.RangeK(1024, 0, 128),
-    circuits.GroupLimited(256, 64, 8, 4), circuits.GroupCapacity(1024, 128, 64, 4), circuits.GroupCapacity(2048, 64, 256, 1),
+    circuits.ExactlyK(64, 8),
+    circuits.ExactlyK(1024, 128),
+    circuits.ExactlyK(4096, 64),
+    circuits.ExactlyK(16384, 16),
+    circuits.ExactlyK(100000, 2),
+    circuits.RangeK(512, 100, 400),
+    circuits.RangeK(1024, 0, 128),
+    circuits.GroupLimited(256, 64, 8, 4),
+    circuits.GroupCapacity(1024, 128, 64, 4),
+    circuits.GroupCapacity(2048, 64, 256, 1),
     circuits.GroupCapacity(48, groups=[8, 16, 4, 20], capacity=3, kmin=2, kmax=9),
 )
 
@@ -237,20 +295,36 @@ def estimates() -> str:
                 times.append(c.info["compile_seconds"])
                 real = c.sizes()["elements"]
         measured = sorted(times)[1]
-        rows.append((spec.describe(), f"{'' if est.exact else '≤ '}{est.elements:,}", f"{real:,}",
-                     f"{est.steps / 1e6:.2f}M", f"{est.seconds:.2f}", f"{measured:.2f}", f"{est.seconds / measured:.1f}"))
-    return table(rows, ("spec", "estimated elements", "real elements", "steps", "estimated s", "measured s",
-                        "estimated / measured"))
+        rows.append(
+            (
+                spec.describe(),
+                f"{'' if est.exact else '≤ '}{est.elements:,}",
+                f"{real:,}",
+                f"{est.steps / 1e6:.2f}M",
+                f"{est.seconds:.2f}",
+                f"{measured:.2f}",
+                f"{est.seconds / measured:.1f}",
+            )
+        )
+    return table(
+        rows,
+        ("spec", "estimated elements", "real elements", "steps", "estimated s", "measured s", "estimated / measured"),
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("paths", nargs="*", help="DIMACS files or folders of *.cnf")
-    ap.add_argument("--pysdd-timeout", type=float, default=60.0,
-                    help="seconds before pysdd is stopped (default 60; 0: do not run pysdd)")
+    ap.add_argument(
+        "--pysdd-timeout",
+        type=float,
+        default=60.0,
+        help="seconds before pysdd is stopped (default 60; 0: do not run pysdd)",
+    )
     ap.add_argument("--cardinality", action="store_true", help="also time ExactlyK(1024, 128) and (4096, 64)")
-    ap.add_argument("--repeats", type=int, default=3,
-                    help="fresh processes per cardinality row, or repeats per stage (default 3)")
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="fresh processes per cardinality row, or repeats per stage (default 3)"
+    )
     ap.add_argument("--estimates", action="store_true", help="the size estimate against the direct compiler")
     ap.add_argument("--stages", action="store_true", help="time the Python stages of the d4 path instead")
     ap.add_argument("--baseline", metavar="REV", help="with --stages: also time the code at git revision REV")
@@ -271,18 +345,52 @@ def main() -> None:
         print(f"[{i}/{len(files)}] {path.name}", file=sys.stderr, flush=True)
         r = d4_run(path)
         pysdd_time, pysdd_size = pysdd_run(path, args.pysdd_timeout)
-        rows.append((r["file"], r["n"], r["clauses"], f"{r['compile']:.2f} s",
-                     "-" if r["cpu"] is None else f"{r['cpu']:.2f} s",
-                     "-" if r["d4"] is None else f"{r['d4']:.2f} s", r["nodes"], r["elements"], f"{r['count']:,}",
-                     r["ganak"], "-" if r["ganak_seconds"] is None else f"{r['ganak_seconds']:.2f} s",
-                     pysdd_time, pysdd_size))
+        rows.append(
+            (
+                r["file"],
+                r["n"],
+                r["clauses"],
+                f"{r['compile']:.2f} s",
+                "-" if r["cpu"] is None else f"{r['cpu']:.2f} s",
+                "-" if r["d4"] is None else f"{r['d4']:.2f} s",
+                r["nodes"],
+                r["elements"],
+                f"{r['count']:,}",
+                r["ganak"],
+                "-" if r["ganak_seconds"] is None else f"{r['ganak_seconds']:.2f} s",
+                pysdd_time,
+                pysdd_size,
+            )
+        )
     if rows:
-        print(table(rows, ("file", "vars", "clauses", "d4 compile", "its CPU", "of it d4", "layout nodes", "elements",
-                           "models", "= Ganak", "Ganak time", "pysdd compile", "SDD size")))
+        print(
+            table(
+                rows,
+                (
+                    "file",
+                    "vars",
+                    "clauses",
+                    "d4 compile",
+                    "its CPU",
+                    "of it d4",
+                    "layout nodes",
+                    "elements",
+                    "models",
+                    "= Ganak",
+                    "Ganak time",
+                    "pysdd compile",
+                    "SDD size",
+                ),
+            )
+        )
     if args.cardinality:
         print()
-        print(table(cardinality(args.repeats), ("spec", "compiler", "compile s", "process wall s",
-                                                "process CPU s", "entry MB")))
+        print(
+            table(
+                cardinality(args.repeats),
+                ("spec", "compiler", "compile s", "process wall s", "process CPU s", "entry MB"),
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -26,10 +26,10 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import interleaved, table  # noqa: E402
+from timing import interleaved, table
 
-import circuits  # noqa: E402
-import probmoe  # noqa: E402
+import circuits
+import probmoe
 
 
 def grouped_topk(r: torch.Tensor, n_group: int, topk_group: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,8 +59,19 @@ def compile_rows(specs, repeats: int) -> list[tuple]:
                 cold.append(t1 - t0)
         s = c.sizes()
         shapes = " ".join(f"{lv['nodes']}x{lv['max_fanin']}" for lv in c.layout.levels())
-        rows.append((spec.describe(), f"{statistics.median(cold) * 1e3:.0f}", f"{statistics.median(hit) * 1e3:.1f}",
-                     c.info.get("sdd_size", "-"), s["levels"], s["nodes"], s["elements"], f"{s['padding']:.2f}", shapes))
+        rows.append(
+            (
+                spec.describe(),
+                f"{statistics.median(cold) * 1e3:.0f}",
+                f"{statistics.median(hit) * 1e3:.1f}",
+                c.info.get("sdd_size", "-"),
+                s["levels"],
+                s["nodes"],
+                s["elements"],
+                f"{s['padding']:.2f}",
+                shapes,
+            )
+        )
     return rows
 
 
@@ -76,10 +87,13 @@ def routing_rows(N: int, args) -> tuple[list[tuple], float]:
         "route, GroupLimited (ProbMoE)": lambda: probmoe.route(r, constraint=spec, training=True, **common).weights,
         "route, exactly k, no groups": lambda: probmoe.route(r, k=k, training=True, **common).weights,
     }
-    times = interleaved({name: lambda f=f: (f() * c).sum().backward() for name, f in train.items()},
-                        repeats=args.repeats)
-    rows = [(N, "train fwd+bwd", name, f"{t * 1e3:.2f}", f"{t / times['stock grouped top-k']:.1f}x")
-            for name, t in times.items()]
+    times = interleaved(
+        {name: lambda f=f: (f() * c).sum().backward() for name, f in train.items()}, repeats=args.repeats
+    )
+    rows = [
+        (N, "train fwd+bwd", name, f"{t * 1e3:.2f}", f"{t / times['stock grouped top-k']:.1f}x")
+        for name, t in times.items()
+    ]
     with torch.no_grad():
         rd = r.detach()
         evals = {
@@ -87,8 +101,10 @@ def routing_rows(N: int, args) -> tuple[list[tuple], float]:
             "route, GroupLimited (MAP)": lambda: probmoe.route(rd, constraint=spec, training=False, **common),
         }
         times = interleaved(evals, repeats=args.repeats)
-        rows += [(N, "eval fwd", name, f"{t * 1e3:.2f}", f"{t / times['stock grouped top-k']:.1f}x")
-                 for name, t in times.items()]
+        rows += [
+            (N, "eval fwd", name, f"{t * 1e3:.2f}", f"{t / times['stock grouped top-k']:.1f}x")
+            for name, t in times.items()
+        ]
         stock = torch.zeros_like(rd).scatter_(-1, grouped_topk(rd, G, M, k)[1], 1.0)
         best = probmoe.route(rd, constraint=spec, training=False, **common).selected().float()
         agree = float((stock == best).all(-1).float().mean())
@@ -111,17 +127,35 @@ def main() -> None:
     import circuits.passes
 
     sizes = [int(x) for x in args.sizes.split(",")]
-    print(f"T = {args.tokens}, fp32, CPU, {args.threads} threads, torch {torch.__version__}; "
-          f"{circuits.passes.describe()}; load average {os.getloadavg()[0]:.2f} at start")
+    print(
+        f"T = {args.tokens}, fp32, CPU, {args.threads} threads, torch {torch.__version__}; "
+        f"{circuits.passes.describe()}; load average {os.getloadavg()[0]:.2f} at start"
+    )
     G, M, k, C = args.groups, args.max_groups, args.k, args.capacity
     specs = []
     for N in sizes:
-        specs += [circuits.GroupLimited(N, k, G, M), circuits.GroupCapacity(N, k, G, C),
-                  circuits.GroupLimited(N, k, G, M, capacity=C)]
+        specs += [
+            circuits.GroupLimited(N, k, G, M),
+            circuits.GroupCapacity(N, k, G, C),
+            circuits.GroupLimited(N, k, G, M, capacity=C),
+        ]
     print("\nCompile (median of fresh cache directories) and the level layout (level: nodes x max fan-in)")
-    print(table(compile_rows(specs, args.compile_repeats),
-                ("spec", "cold (ms)", "hit (ms)", "SDD size", "levels", "nodes", "elements", "padding",
-                 "levels (nodes x fan-in)")))
+    print(
+        table(
+            compile_rows(specs, args.compile_repeats),
+            (
+                "spec",
+                "cold (ms)",
+                "hit (ms)",
+                "SDD size",
+                "levels",
+                "nodes",
+                "elements",
+                "padding",
+                "levels (nodes x fan-in)",
+            ),
+        )
+    )
     rows, agree = [], []
     for N in sizes:
         r, a = routing_rows(N, args)

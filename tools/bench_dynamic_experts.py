@@ -22,10 +22,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from timing import interleaved, table  # noqa: E402
+from timing import interleaved, table
 
-import probmoe  # noqa: E402
-from probmoe.integrations.transformers import experts as skipping  # noqa: E402
+import probmoe
+from probmoe.integrations.transformers import experts as skipping
 
 
 def experts_module(hidden: int, intermediate: int, n: int, impl: str):
@@ -75,15 +75,43 @@ def main():
                     module.zero_grad(set_to_none=True)
                     x.grad = None
                     module(x, idx, w).square().sum().backward()
+
                 return run
 
             t = interleaved({"skip": step(skip, x_skip), "full": step(full, x_full)}, repeats=a.repeats)
-            rows.append((shift, f"{active / a.tokens:.2f}", impl, active, idx.numel(), f"{active / idx.numel():.2f}",
-                         f"{t['skip'] * 1e3:.1f}", f"{t['full'] * 1e3:.1f}", f"{t['skip'] / t['full']:.2f}"))
-    print(f"T={a.tokens}, D={a.hidden}, I={a.intermediate}, N={a.experts}, k in [{a.kmin}, {a.kmax}], fp32, "
-          f"{a.threads} threads, forward + backward, median of {a.repeats}")
-    print(table(rows, ("logit shift", "experts/token", "implementation", "rows skip", "rows all kmax", "row ratio",
-                       "skip ms", "all-kmax ms", "time ratio")))
+            rows.append(
+                (
+                    shift,
+                    f"{active / a.tokens:.2f}",
+                    impl,
+                    active,
+                    idx.numel(),
+                    f"{active / idx.numel():.2f}",
+                    f"{t['skip'] * 1e3:.1f}",
+                    f"{t['full'] * 1e3:.1f}",
+                    f"{t['skip'] / t['full']:.2f}",
+                )
+            )
+    print(
+        f"T={a.tokens}, D={a.hidden}, I={a.intermediate}, N={a.experts}, k in [{a.kmin}, {a.kmax}], fp32, "
+        f"{a.threads} threads, forward + backward, median of {a.repeats}"
+    )
+    print(
+        table(
+            rows,
+            (
+                "logit shift",
+                "experts/token",
+                "implementation",
+                "rows skip",
+                "rows all kmax",
+                "row ratio",
+                "skip ms",
+                "all-kmax ms",
+                "time ratio",
+            ),
+        )
+    )
 
 
 if __name__ == "__main__":

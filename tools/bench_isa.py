@@ -33,14 +33,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_router import parse_size, softmax_topk  # noqa: E402
-from timing import table  # noqa: E402
+from bench_router import parse_size, softmax_topk
+from timing import table
 
-import probmoe  # noqa: E402
-from circuits.native import build, rows  # noqa: E402
-from circuits.passes import CPasses, c_library  # noqa: E402
-from circuits.dp import c_dp  # noqa: E402
-from probmoe import constraints  # noqa: E402
+import probmoe
+from circuits.dp import c_dp
+from circuits.native import build, rows
+from circuits.passes import CPasses, c_library
+from probmoe import constraints
 
 LIBS = (c_library.NATIVE, rows.ROWS, c_dp.NATIVE)
 
@@ -69,8 +69,18 @@ ATEN = {"avx512": "avx512", "avx2": "avx2", "portable": "default"}  # ATEN_CPU_C
 
 def run_matched(args: argparse.Namespace, isas: list[str]) -> None:
     """This script once per ISA in a child process whose torch kernels use that ISA too."""
-    same = ["--tokens", str(args.tokens), "--sizes", args.sizes, "--backends", args.backends,
-            "--repeats", str(args.repeats), "--threads", str(args.threads)]
+    same = [
+        "--tokens",
+        str(args.tokens),
+        "--sizes",
+        args.sizes,
+        "--backends",
+        args.backends,
+        "--repeats",
+        str(args.repeats),
+        "--threads",
+        str(args.threads),
+    ]
     for isa in isas:
         env = {**os.environ, "ATEN_CPU_CAPABILITY": ATEN[isa]}
         print(f"--- {isa} build, torch kernels at ATEN_CPU_CAPABILITY={ATEN[isa]} ---", flush=True)
@@ -96,10 +106,13 @@ def main() -> None:
     for isa in isas:
         for lib in LIBS:
             lib.variant(isa)
-    print(f"{cpu_name()}; ISAs: {', '.join(isas)}" + (f" (skipped, the CPU lacks them: {', '.join(skipped)})" if skipped else "")
-          + f"; torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()} kernels), {args.threads} threads, "
-          f"T = {args.tokens}; "
-          f"load average {os.getloadavg()[0]:.2f} at start")
+    print(
+        f"{cpu_name()}; ISAs: {', '.join(isas)}"
+        + (f" (skipped, the CPU lacks them: {', '.join(skipped)})" if skipped else "")
+        + f"; torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()} kernels), {args.threads} threads, "
+        f"T = {args.tokens}; "
+        f"load average {os.getloadavg()[0]:.2f} at start"
+    )
     gen = torch.Generator().manual_seed(0)
     out = []
     for text in args.sizes.split(","):
@@ -114,8 +127,18 @@ def main() -> None:
         fns = {"softmax + topk": (None, lambda: (softmax_topk(r, kmax) * c).sum().backward())}
         for backend in args.backends.split(","):
             for isa in isas:
-                fns[f"{backend} [{isa}]"] = (isa, (lambda b: lambda: (probmoe.route(
-                    r, **size, training=True, backend=b, generator=gen).weights * c).sum().backward())(backend))
+                fns[f"{backend} [{isa}]"] = (
+                    isa,
+                    (
+                        lambda b: (
+                            lambda: (
+                                (probmoe.route(r, **size, training=True, backend=b, generator=gen).weights * c)
+                                .sum()
+                                .backward()
+                            )
+                        )
+                    )(backend),
+                )
         times: dict[str, list[float]] = {k: [] for k in fns}
         for rep in range(args.repeats + 2):
             for name, (isa, f) in fns.items():
@@ -131,11 +154,22 @@ def main() -> None:
                 continue
             ratios = sorted(t / b for t, b in zip(times[name], base))  # per round: the same moment's load
             med = statistics.median(times[name]) / statistics.median(base)
-            out.append((label, name, f"{statistics.median(times[name]) * 1e3:.2f}", f"{med:.2f}x",
-                        f"{ratios[len(ratios) // 4]:.2f}–{ratios[(3 * len(ratios)) // 4]:.2f}x"))
+            out.append(
+                (
+                    label,
+                    name,
+                    f"{statistics.median(times[name]) * 1e3:.2f}",
+                    f"{med:.2f}x",
+                    f"{ratios[len(ratios) // 4]:.2f}–{ratios[(3 * len(ratios)) // 4]:.2f}x",
+                )
+            )
         out.append((label, "softmax + topk", f"{statistics.median(base) * 1e3:.2f}", "1.00x", ""))
-    print(table(out, ("constraint", "routine [ISA]", "median fwd+bwd (ms)", "ratio of medians",
-                      "per-round ratio, quartiles")))
+    print(
+        table(
+            out,
+            ("constraint", "routine [ISA]", "median fwd+bwd (ms)", "ratio of medians", "per-round ratio, quartiles"),
+        )
+    )
     print(f"load average {os.getloadavg()[0]:.2f} at end")
 
 

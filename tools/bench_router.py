@@ -29,12 +29,11 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import interleaved, table  # noqa: E402
+from timing import interleaved, table
 
-import circuits.passes  # noqa: E402
-import probmoe  # noqa: E402
-from probmoe import constraints  # noqa: E402
-
+import circuits.passes
+import probmoe
+from probmoe import constraints
 
 STATS = {"median": statistics.median, "min": min}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -101,8 +100,16 @@ def implementations(device: torch.device, wanted: list[str]) -> list[str]:
     return [w for w in wanted if w in runs]
 
 
-def bench_device(device: torch.device, sizes: list[str], T: int, repeats: int, compiled: bool = False,
-                 stat: str = "median", dtype: torch.dtype = torch.float32, passes_wanted=("auto",)) -> list[dict]:
+def bench_device(
+    device: torch.device,
+    sizes: list[str],
+    T: int,
+    repeats: int,
+    compiled: bool = False,
+    stat: str = "median",
+    dtype: torch.dtype = torch.float32,
+    passes_wanted=("auto",),
+) -> list[dict]:
     """Time every routine for each constraint in ``sizes`` on logits r [T, N] of ``dtype``; print one
     table and return its rows as dicts."""
     gen = torch.Generator(device=device).manual_seed(0)
@@ -118,7 +125,7 @@ def bench_device(device: torch.device, sizes: list[str], T: int, repeats: int, c
         for impl in ["dp", *implementations(device, list(passes_wanted))]:
             backend = "dp" if impl == "dp" else "circuit"
             name = "route dp" if impl == "dp" else f"route circuit ({impl})" if impl != "auto" else "route circuit"
-            route = (lambda b: lambda: probmoe.route(r, **size, training=True, backend=b, generator=gen).weights)
+            route = lambda b: lambda: probmoe.route(r, **size, training=True, backend=b, generator=gen).weights
             if impl in ("dp", "auto"):
                 fwd[name] = route(backend)
             else:  # the circuit's float32 passes swapped for this routine's calls only
@@ -129,20 +136,38 @@ def bench_device(device: torch.device, sizes: list[str], T: int, repeats: int, c
                 fn(r)  # compile outside the timed runs
                 fwd[f"{name} compiled"] = (lambda g: lambda: g(r))(fn)
         names.add(circuit.passes(torch.float32).name)
-        times = interleaved({name: timed(lambda f=f: (f() * c).sum().backward(), device)
-                             for name, f in fwd.items()}, repeats=repeats, stat=STATS[stat])
+        times = interleaved(
+            {name: timed(lambda f=f: (f() * c).sum().backward(), device) for name, f in fwd.items()},
+            repeats=repeats,
+            stat=STATS[stat],
+        )
         base = times["softmax + topk"]
         for name, f in fwd.items():
             mib = saved_bytes(f) / 2**20
             rows.append((label, name, f"{times[name] * 1e3:.2f}", f"{times[name] / base:.2f}x", f"{mib:.2f}"))
-            records.append(dict(device=str(device), dtype=str(dtype).removeprefix("torch."), tokens=T,
-                                constraint=label, routine=name, seconds=times[name], ratio=times[name] / base,
-                                saved_mib=mib))
+            records.append(
+                dict(
+                    device=str(device),
+                    dtype=str(dtype).removeprefix("torch."),
+                    tokens=T,
+                    constraint=label,
+                    routine=name,
+                    seconds=times[name],
+                    ratio=times[name] / base,
+                    saved_mib=mib,
+                )
+            )
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"\n{device.type}: {where}; {str(dtype).removeprefix('torch.')} logits; T = {T} tokens; "
-          f"circuit passes picked: {', '.join(sorted(names))}")
-    print(table(rows, ("constraint", "routine", f"{stat} fwd+bwd (ms)", "ratio to softmax + topk",
-                       "saved for backward (MiB)")))
+    print(
+        f"\n{device.type}: {where}; {str(dtype).removeprefix('torch.')} logits; T = {T} tokens; "
+        f"circuit passes picked: {', '.join(sorted(names))}"
+    )
+    print(
+        table(
+            rows,
+            ("constraint", "routine", f"{stat} fwd+bwd (ms)", "ratio to softmax + topk", "saved for backward (MiB)"),
+        )
+    )
     return records
 
 
@@ -154,21 +179,33 @@ def _with(circuit, passes, fn):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens", type=int, default=None, help="tokens per call (default: 4096 on the CPU, 65536 on CUDA)")
-    ap.add_argument("--sizes", default="64:8,64:4-8,128:8,256:16",
-                    help="comma-separated N:k (exactly k of N) or N:a-b (a..b of N)")
+    ap.add_argument(
+        "--tokens", type=int, default=None, help="tokens per call (default: 4096 on the CPU, 65536 on CUDA)"
+    )
+    ap.add_argument(
+        "--sizes", default="64:8,64:4-8,128:8,256:16", help="comma-separated N:k (exactly k of N) or N:a-b (a..b of N)"
+    )
     ap.add_argument("--devices", default="cpu,cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--stat", choices=tuple(STATS), default="median",
-                    help="the statistic of each routine's repeats: median, or min (the least disturbed run, "
-                         "for a loaded machine)")
-    ap.add_argument("--compiled", action="store_true",
-                    help="also time route under torch.compile(fullgraph=True) (inductor; compiling takes minutes)")
+    ap.add_argument(
+        "--stat",
+        choices=tuple(STATS),
+        default="median",
+        help="the statistic of each routine's repeats: median, or min (the least disturbed run, for a loaded machine)",
+    )
+    ap.add_argument(
+        "--compiled",
+        action="store_true",
+        help="also time route under torch.compile(fullgraph=True) (inductor; compiling takes minutes)",
+    )
     ap.add_argument("--dtypes", default="fp32", help=f"comma-separated logits dtypes, of {', '.join(DTYPES)}")
-    ap.add_argument("--passes", default="auto",
-                    help="comma-separated circuit pass implementations to time: auto (select's pick), torch, c (CPU), "
-                         "triton (CUDA); those that do not run on a device are left out there")
+    ap.add_argument(
+        "--passes",
+        default="auto",
+        help="comma-separated circuit pass implementations to time: auto (select's pick), torch, c (CPU), "
+        "triton (CUDA); those that do not run on a device are left out there",
+    )
     ap.add_argument("--json", help="also write every row (device, dtype, constraint, routine, seconds, ratio) here")
     args = ap.parse_args()
     dtypes = args.dtypes.split(",")
@@ -181,8 +218,10 @@ def main() -> None:
     from circuits.dp import c_dp
 
     dp_where = f"the fused C DP ({c_dp.describe()})" if c_dp.library() else f"the torch DP ({c_dp.describe()})"
-    print(f"fp32, torch {torch.__version__}; fp32 CPU calls take the "
-          f"{circuits.passes.describe()} and {dp_where}; load average {os.getloadavg()[0]:.2f} at start")
+    print(
+        f"fp32, torch {torch.__version__}; fp32 CPU calls take the "
+        f"{circuits.passes.describe()} and {dp_where}; load average {os.getloadavg()[0]:.2f} at start"
+    )
     records = []
     for name in args.devices.split(","):
         device = torch.device(name)
@@ -191,8 +230,9 @@ def main() -> None:
             continue
         tokens = args.tokens or (65536 if device.type == "cuda" else 4096)
         for dtype in dtypes:
-            records += bench_device(device, args.sizes.split(","), tokens, args.repeats, args.compiled, args.stat,
-                                    DTYPES[dtype], wanted)
+            records += bench_device(
+                device, args.sizes.split(","), tokens, args.repeats, args.compiled, args.stat, DTYPES[dtype], wanted
+            )
             if args.json:  # after each table: a run cut short keeps what it measured
                 with open(args.json, "w") as f:
                     json.dump(records, f, indent=1)

@@ -30,9 +30,21 @@ import time
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-CONFIG = dict(vocab_size=259, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=64, num_experts=32, num_experts_per_tok=4, max_position_embeddings=512,
-              pad_token_id=0, bos_token_id=1, eos_token_id=2)
+CONFIG = dict(
+    vocab_size=259,
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    num_experts=32,
+    num_experts_per_tok=4,
+    max_position_embeddings=512,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 
 def cpu_name() -> str:
@@ -54,10 +66,18 @@ def settings_file(method: str, routing, options: dict) -> dict:
     """The ``probmoe_routing.json`` content save_pretrained of a patched model writes (format 2)."""
     from probmoe.integrations.vllm import settings
 
-    data = {"format": settings.FORMAT, "version": 2, "model_type": "olmoe", "num_experts": CONFIG["num_experts"],
-            "top_k": CONFIG["num_experts_per_tok"], "method": method,
-            "routing": None if routing is None else routing.to_dict(), "aux_loss": 0.0, "z_loss": 0.0,
-            "options": options}
+    data = {
+        "format": settings.FORMAT,
+        "version": 2,
+        "model_type": "olmoe",
+        "num_experts": CONFIG["num_experts"],
+        "top_k": CONFIG["num_experts_per_tok"],
+        "method": method,
+        "routing": None if routing is None else routing.to_dict(),
+        "aux_loss": 0.0,
+        "z_loss": 0.0,
+        "options": options,
+    }
     data["sha256"] = settings._digest(data)
     return data
 
@@ -86,8 +106,10 @@ def build(root: str, rules: list[str]) -> dict:
         elif rule == "aux-free":
             data = settings_file("conventional", None, {"balance": "aux-free", "balance_rate": 0.001})
             g = torch.Generator().manual_seed(1)
-            save_file({f"model.layers.{i}.mlp.gate.probmoe_bias": torch.randn(n, generator=g) * 0.01
-                       for i in range(layers)}, os.path.join(path, "probmoe_state.safetensors"))
+            save_file(
+                {f"model.layers.{i}.mlp.gate.probmoe_bias": torch.randn(n, generator=g) * 0.01 for i in range(layers)},
+                os.path.join(path, "probmoe_state.safetensors"),
+            )
         else:
             data = settings_file("remoe", None, {"l1_coef": 1e-8, "l1_rate": 1.2})
         with open(os.path.join(path, "probmoe_routing.json"), "w") as f:
@@ -121,9 +143,11 @@ def routing_micro(rules: list[str], tokens: int = 256, calls: int = 200) -> dict
     bias = torch.randn(n, generator=torch.Generator().manual_seed(1)) * 0.01
     fns = {"stock": lambda: _softmax_topk(logits, k, False)}
     for rule in rules:
-        r = {"dynamic": settings.Rule("range", k, 1, False, n, "probmoe-dynamic", ""),
-             "aux-free": settings.Rule("topk", k, k, False, n, "conventional", "", {0: bias.tolist()}),
-             "remoe": settings.Rule("remoe", n, 0, False, n, "remoe", "")}[rule]
+        r = {
+            "dynamic": settings.Rule("range", k, 1, False, n, "probmoe-dynamic", ""),
+            "aux-free": settings.Rule("topk", k, k, False, n, "conventional", "", {0: bias.tolist()}),
+            "remoe": settings.Rule("remoe", n, 0, False, n, "remoe", ""),
+        }[rule]
         f = routing.routing_function(r, bias if rule == "aux-free" else None)
         fns[rule] = lambda f=f: f(hidden_states=None, gating_output=logits, topk=k, renormalize=False)
     out = {}
@@ -154,29 +178,43 @@ def main(argv=None) -> int:
         paths = build(root, args.rule)
         llms = {}
         for name, path in paths.items():
-            llms[name] = LLM(path, dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=args.prompts,
-                             seed=0, kv_cache_memory_bytes=256 << 20, skip_tokenizer_init=True)
+            llms[name] = LLM(
+                path,
+                dtype="float32",
+                enforce_eager=True,
+                max_model_len=256,
+                max_num_seqs=args.prompts,
+                seed=0,
+                kv_cache_memory_bytes=256 << 20,
+                skip_tokenizer_init=True,
+            )
             rule = llms[name].apply_model(lambda m: getattr(m, "probmoe_rule", "no plugin"))[0]
             if (rule is None) != (name == "stock"):
-                raise SystemExit(f"{name}: the engine was built with rule {rule!r}: is the plugin's entry point "
-                                 "installed (docs/serving.md)?")
+                raise SystemExit(
+                    f"{name}: the engine was built with rule {rule!r}: is the plugin's entry point "
+                    "installed (docs/serving.md)?"
+                )
             tokens_per_s(llms[name], prompts[:2], 4)  # warm-up
         runs = {name: [] for name in paths}
         for _ in range(args.repeats):
             for name in paths:  # taking turns, so that load on the machine hits each alike
                 runs[name].append(tokens_per_s(llms[name], prompts, args.tokens))
     print(f"CPU: {cpu_name()}; torch threads {torch.get_num_threads()}")
-    print(f"model: OLMoE {CONFIG['num_hidden_layers']} layers, hidden {CONFIG['hidden_size']}, "
-          f"{CONFIG['num_experts']} experts, top-{CONFIG['num_experts_per_tok']}, fp32, enforce_eager; "
-          f"{args.prompts} prompts x {args.prompt_len} tokens, {args.tokens} new tokens each, median of "
-          f"{args.repeats}")
+    print(
+        f"model: OLMoE {CONFIG['num_hidden_layers']} layers, hidden {CONFIG['hidden_size']}, "
+        f"{CONFIG['num_experts']} experts, top-{CONFIG['num_experts_per_tok']}, fp32, enforce_eager; "
+        f"{args.prompts} prompts x {args.prompt_len} tokens, {args.tokens} new tokens each, median of "
+        f"{args.repeats}"
+    )
     micro = routing_micro(args.rule)
     base, top = statistics.median(runs["stock"]), max(runs["stock"])
     print(f"{'routing':10s} {'median':>8s} {'/ stock':>8s} {'best':>8s} {'/ stock':>8s}   runs (tokens/s)")
     for name, r in runs.items():
         med = statistics.median(r)
-        print(f"{name:10s} {med:8.1f} {med / base:8.3f} {max(r):8.1f} {max(r) / top:8.3f}   "
-              f"{' '.join(f'{x:.1f}' for x in r)}")
+        print(
+            f"{name:10s} {med:8.1f} {med / base:8.3f} {max(r):8.1f} {max(r) / top:8.3f}   "
+            f"{' '.join(f'{x:.1f}' for x in r)}"
+        )
     print(f"routing function alone, [256, {CONFIG['num_experts']}] logits, best of 200 calls:")
     for name, us in micro.items():
         print(f"{name:10s} {us:8.1f} us  {us / micro['stock']:6.2f}x stock softmax + top-k")

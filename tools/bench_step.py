@@ -39,7 +39,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import interleaved, table  # noqa: E402
+from timing import interleaved, table
 
 METHODS = {  # label -> patch_model arguments (None: the stock model)
     "conventional": None,
@@ -58,10 +58,19 @@ def build(args, device: torch.device, labels=tuple(METHODS)) -> dict:
     from probmoe.integrations.transformers import patch_model
     from probmoe.integrations.transformers.testing import tiny_model
 
-    base = tiny_model("olmoe", seed=0, hidden_size=args.hidden, intermediate_size=args.hidden // 2,
-                      num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.heads,
-                      num_experts=args.experts, num_experts_per_tok=args.top_k, vocab_size=args.vocab,
-                      max_position_embeddings=args.seq).to(DTYPES[args.dtype])
+    base = tiny_model(
+        "olmoe",
+        seed=0,
+        hidden_size=args.hidden,
+        intermediate_size=args.hidden // 2,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.heads,
+        num_experts=args.experts,
+        num_experts_per_tok=args.top_k,
+        vocab_size=args.vocab,
+        max_position_embeddings=args.seq,
+    ).to(DTYPES[args.dtype])
     if args.router_offset:
         offset_routers(base, args.router_offset)
     out = {}
@@ -119,11 +128,23 @@ def experts_per_token(model, top_k: int) -> float:
 
 def peak_rss_mib(args, label: str) -> float:
     """Peak resident set (MiB) of a fresh process that builds the ``label`` model and runs two steps."""
-    code = ("import sys, json; sys.argv = json.loads(sys.argv[1]); import bench_step; bench_step.rss_child()")
-    argv = [sys.argv[0], *[f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-                           if k not in ("methods", "child", "json", "no_memory")], f"--child={label}"]
-    run = subprocess.run([sys.executable, "-c", code, json.dumps(argv)], capture_output=True, text=True, check=True,
-                         cwd=os.path.dirname(os.path.abspath(__file__)))
+    code = "import sys, json; sys.argv = json.loads(sys.argv[1]); import bench_step; bench_step.rss_child()"
+    argv = [
+        sys.argv[0],
+        *[
+            f"--{k.replace('_', '-')}={v}"
+            for k, v in vars(args).items()
+            if k not in ("methods", "child", "json", "no_memory")
+        ],
+        f"--child={label}",
+    ]
+    run = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(argv)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+    )
     return float(run.stdout.strip().splitlines()[-1])
 
 
@@ -176,18 +197,50 @@ def bench(args, device: torch.device) -> list[dict]:
     for label, (model, _) in models.items():
         t = times[label]
         used = experts_per_token(model, args.top_k)
-        rows.append((label, f"{t * 1e3:.0f}", f"{t / base_t:.3f}x", f"{args.tokens / t:,.0f}",
-                     f"{memory[label]:.0f}", f"{memory[label] / base_m:.3f}x", f"{used:.2f}"))
+        rows.append(
+            (
+                label,
+                f"{t * 1e3:.0f}",
+                f"{t / base_t:.3f}x",
+                f"{args.tokens / t:,.0f}",
+                f"{memory[label]:.0f}",
+                f"{memory[label] / base_m:.3f}x",
+                f"{used:.2f}",
+            )
+        )
         measured = not args.no_memory
-        records.append(dict(device=str(device), method=label, seconds=t, step_ratio=t / base_t,
-                            tokens_per_s=args.tokens / t, peak_mib=memory[label] if measured else None,
-                            memory_ratio=memory[label] / base_m if measured else None, experts_per_token=used))
+        records.append(
+            dict(
+                device=str(device),
+                method=label,
+                seconds=t,
+                step_ratio=t / base_t,
+                tokens_per_s=args.tokens / t,
+                peak_mib=memory[label] if measured else None,
+                memory_ratio=memory[label] / base_m if measured else None,
+                experts_per_token=used,
+            )
+        )
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"\n{where}: {args.tokens} tokens per step ({args.tokens // args.seq} x {args.seq}), hidden {args.hidden}, "
-          f"{args.layers} layers, {args.experts} experts, top-{args.top_k}, {args.dtype}, "
-          f"router offset {args.router_offset:g}")
-    print(table(rows, ("method", "step (ms)", "step / conventional", "tokens/s", "peak memory (MiB)",
-                       "memory / conventional", "experts per token")))
+    print(
+        f"\n{where}: {args.tokens} tokens per step ({args.tokens // args.seq} x {args.seq}), hidden {args.hidden}, "
+        f"{args.layers} layers, {args.experts} experts, top-{args.top_k}, {args.dtype}, "
+        f"router offset {args.router_offset:g}"
+    )
+    print(
+        table(
+            rows,
+            (
+                "method",
+                "step (ms)",
+                "step / conventional",
+                "tokens/s",
+                "peak memory (MiB)",
+                "memory / conventional",
+                "experts per token",
+            ),
+        )
+    )
     return records
 
 
@@ -201,17 +254,33 @@ def parse():
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--heads", type=int, default=4, help="attention heads (and key/value heads)")
     ap.add_argument("--vocab", type=int, default=512)
-    ap.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
-                    help="the parameters' and AdamW state's dtype (the model computes in it)")
+    ap.add_argument(
+        "--dtype",
+        choices=tuple(DTYPES),
+        default="float32",
+        help="the parameters' and AdamW state's dtype (the model computes in it)",
+    )
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--router-offset", type=float, default=0.0,
-                    help="add this to every router logit (negative: Dynamic-k tokens use fewer experts)")
+    ap.add_argument(
+        "--router-offset",
+        type=float,
+        default=0.0,
+        help="add this to every router logit (negative: Dynamic-k tokens use fewer experts)",
+    )
     ap.add_argument("--devices", default="cpu,cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--methods", nargs="+", choices=tuple(METHODS), default=list(METHODS),
-                    help="the rows to measure (conventional, the baseline of the ratios, always)")
-    ap.add_argument("--no-memory", action="store_true",
-                    help="leave peak memory out (on the CPU it costs a fresh process per method)")
+    ap.add_argument(
+        "--methods",
+        nargs="+",
+        choices=tuple(METHODS),
+        default=list(METHODS),
+        help="the rows to measure (conventional, the baseline of the ratios, always)",
+    )
+    ap.add_argument(
+        "--no-memory",
+        action="store_true",
+        help="leave peak memory out (on the CPU it costs a fresh process per method)",
+    )
     ap.add_argument("--json", help="also write the rows (method, seconds, ratios, peak memory) here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     return ap.parse_args()
@@ -233,8 +302,9 @@ def main() -> None:
         records += bench(args, device)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump(dict(settings={k: v for k, v in vars(args).items() if k != "child"}, rows=records), f,
-                          indent=1)
+                json.dump(
+                    dict(settings={k: v for k, v in vars(args).items() if k != "child"}, rows=records), f, indent=1
+                )
     print(f"\nload average {os.getloadavg()[0]:.2f} at end (the machine may be shared: compare ratios, not times)")
 
 

@@ -31,11 +31,17 @@ FILES = ("study.csv", "study.md", "study.json")
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dynamic_k_study.py", description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", action="append", required=True, metavar="[NAME=]DIR",
-                   help="a checkpoint directory, optionally named (repeat: one row each)")
+    p.add_argument(
+        "--checkpoint",
+        action="append",
+        required=True,
+        metavar="[NAME=]DIR",
+        help="a checkpoint directory, optionally named (repeat: one row each)",
+    )
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--data", help="GSM8K records with question and answer (.jsonl, .json or .parquet): "
-                        "greedy exact match")
+    source.add_argument(
+        "--data", help="GSM8K records with question and answer (.jsonl, .json or .parquet): greedy exact match"
+    )
     source.add_argument("--tasks", help="comma-separated LM Evaluation Harness tasks (pip install 'probmoe[eval]')")
     p.add_argument("--include-path", help="a folder of your own task YAML (with --tasks)")
     p.add_argument("--output", required=True, help="folder for study.csv, study.md and study.json")
@@ -88,9 +94,10 @@ def gsm8k_scores(model, tokenizer, records: list[dict], args) -> dict[str, float
 
     correct = {"flexible": 0, "strict": 0}
     for start in tqdm(range(0, len(records), args.batch_size), desc="generate", leave=False, dynamic_ncols=True):
-        chunk = records[start:start + args.batch_size]
-        for record, text in zip(chunk, generation.complete(model, tokenizer, [r["question"] for r in chunk],
-                                                           args.max_new_tokens)):
+        chunk = records[start : start + args.batch_size]
+        for record, text in zip(
+            chunk, generation.complete(model, tokenizer, [r["question"] for r in chunk], args.max_new_tokens)
+        ):
             scored = generation.score(record, text)
             for mode in correct:
                 correct[mode] += scored[f"correct_{mode}"]
@@ -111,8 +118,11 @@ def evaluate_one(path: str, args) -> tuple[dict[str, float], dict, str]:
         lm = harness.ProbMoELM(path, device=args.device, dtype=args.dtype, batch_size=args.batch_size, **routing)
         manager = harness.task_manager(harness.parse_tasks(args.tasks), args.include_path)
         results = harness.evaluate(lm, harness.parse_tasks(args.tasks), manager, limit=args.limit)
-        scores = {f"{task}:{m[0]}": m[1] for task, values in results["results"].items()
-                  if (m := harness.headline(values)) is not None}
+        scores = {
+            f"{task}:{m[0]}": m[1]
+            for task, values in results["results"].items()
+            if (m := harness.headline(values)) is not None
+        }
         return scores, results["probmoe"]["routing_statistics"], lm.routing
     model, tokenizer = checkpoints.load(path, device=args.device, dtype=getattr(torch, args.dtype), **routing)
     tally = RoutingTally(model)
@@ -128,9 +138,16 @@ def rows(results: dict) -> tuple[list[str], list[list]]:
     table = []
     for name, r in results.items():
         stats = r["routing_statistics"]
-        table.append([name, r["trained_with"], *(r["scores"].get(k, "") for k in score_keys),
-                      stats["experts_per_token"], *(layer["experts_per_token"] for layer in stats["layers"]),
-                      stats["tokens"]])
+        table.append(
+            [
+                name,
+                r["trained_with"],
+                *(r["scores"].get(k, "") for k in score_keys),
+                stats["experts_per_token"],
+                *(layer["experts_per_token"] for layer in stats["layers"]),
+                stats["tokens"],
+            ]
+        )
     return header, table
 
 
@@ -138,9 +155,17 @@ def markdown(header: list[str], table: list[list], args, rule: str) -> str:
     def cell(value):
         return f"{value:.4f}" if isinstance(value, float) else str(value)
 
-    lines = [f"Inference rule: {rule}; " + (f"GSM8K {args.data}, {len(args.records)} problems, greedy, "
-                                           f"{args.max_new_tokens} new tokens" if args.data else f"tasks {args.tasks}"),
-             "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [
+        f"Inference rule: {rule}; "
+        + (
+            f"GSM8K {args.data}, {len(args.records)} problems, greedy, {args.max_new_tokens} new tokens"
+            if args.data
+            else f"tasks {args.tasks}"
+        ),
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table]
     return "\n".join(lines) + "\n"
 
@@ -150,8 +175,12 @@ def main(argv=None) -> int:
     results = {}
     for name, path in tqdm(args.runs.items(), desc="checkpoints", dynamic_ncols=True):
         scores, stats, rule = options.run_or_exit(args.parser, lambda: evaluate_one(path, args))
-        results[name] = {"checkpoint": path, "trained_with": trained_with(path), "scores": scores,
-                         "routing_statistics": stats}
+        results[name] = {
+            "checkpoint": path,
+            "trained_with": trained_with(path),
+            "scores": scores,
+            "routing_statistics": stats,
+        }
     os.makedirs(args.output, exist_ok=True)  # only once every checkpoint has been evaluated
     header, table = rows(results)
     with open(os.path.join(args.output, "study.csv"), "w", encoding="utf-8", newline="") as f:
@@ -160,8 +189,9 @@ def main(argv=None) -> int:
     with open(os.path.join(args.output, "study.md"), "w", encoding="utf-8") as f:
         f.write(text)
     with open(os.path.join(args.output, "study.json"), "w", encoding="utf-8") as f:
-        json.dump({"rule": rule, "data": args.data, "tasks": args.tasks, "limit": args.limit, "runs": results}, f,
-                  indent=1)
+        json.dump(
+            {"rule": rule, "data": args.data, "tasks": args.tasks, "limit": args.limit, "runs": results}, f, indent=1
+        )
         f.write("\n")
     print(text)
     print(f"study.csv, study.md and study.json in {args.output}", file=sys.stderr)

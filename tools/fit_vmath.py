@@ -83,8 +83,9 @@ def main() -> None:
     for name, (f, w, a, deg, fixed) in fits.items():
         coef = rounded_fit(f, w, a, deg, fixed)
         same = coef == in_vmath(name)
-        print(f"{name}: relative error {max_error(f, w, a, coef):.2g}; "
-              f"{'equal to' if same else 'DIFFERENT from'} vmath.c")
+        print(
+            f"{name}: relative error {max_error(f, w, a, coef):.2g}; {'equal to' if same else 'DIFFERENT from'} vmath.c"
+        )
         print("   {" + ", ".join(f"{np.float32(c)}f" for c in coef) + "}")
 
 

@@ -69,9 +69,9 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -79,14 +79,22 @@ from torch import Tensor
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import table  # noqa: E402
+from timing import table
 
-import probmoe  # noqa: E402
+import probmoe
 
 DTYPE = torch.float64
 MAX_N = 16  # the Gumbel-top-k objective sums C(n, k) · 2^k terms per token: 3.3 million at n = 16, k = 8
 DRAW_SEED = 1_000_000  # the draws of seed s start from a generator seeded with DRAW_SEED + s
-ROWS = ("probmoe", "probmoe-exact", "densemixer", "defaultmoe", "sparsemixer", "remoe", "gumbel-st")  # the estimators, in the table's order
+ROWS = (
+    "probmoe",
+    "probmoe-exact",
+    "densemixer",
+    "defaultmoe",
+    "sparsemixer",
+    "remoe",
+    "gumbel-st",
+)  # the estimators, in the table's order
 READINGS = ("ours", "per-token", "token-axis", "sampled-densemixer", "logits-per-sample")
 EXACT_CHUNK = 4096  # tokens per enumeration batch of the per-sample exact gradients
 METRICS = ("bias", "variance", "error", "mse")
@@ -106,8 +114,9 @@ class Problem:
 def make_problem(seed: int, n: int, tokens: int, dim: int) -> Problem:
     """Logits, expert outputs and targets, all standard normal, drawn from a generator seeded with ``seed``."""
     g = torch.Generator().manual_seed(seed)
-    return Problem(*(torch.randn(*shape, generator=g, dtype=DTYPE) for shape in ((tokens, n), (tokens, n, dim),
-                                                                                  (tokens, dim))))
+    return Problem(
+        *(torch.randn(*shape, generator=g, dtype=DTYPE) for shape in ((tokens, n), (tokens, n, dim), (tokens, dim)))
+    )
 
 
 def token_losses(weights: Tensor, experts: Tensor, targets: Tensor, extra: Tensor | None = None) -> Tensor:
@@ -158,8 +167,8 @@ def exact_gradient(problem: Problem, k: int, subset_probs=probmoe_probs) -> Tens
     masks = subset_masks(problem.logits.shape[-1], k)
     rows = []
     for t in range(len(problem.logits)):
-        r = problem.logits[t:t + 1].clone().requires_grad_()
-        loss = expected_loss(r, problem.experts[t:t + 1], problem.targets[t:t + 1], masks, subset_probs)
+        r = problem.logits[t : t + 1].clone().requires_grad_()
+        loss = expected_loss(r, problem.experts[t : t + 1], problem.targets[t : t + 1], masks, subset_probs)
         rows.append(torch.autograd.grad(loss, r)[0])
     return torch.cat(rows)
 
@@ -174,7 +183,7 @@ def exact_gradients(logits: Tensor, experts: Tensor, targets: Tensor, k: int) ->
     flat = logits.reshape(-1, n)
     rows = []
     for start in range(0, len(flat), EXACT_CHUNK):
-        r = flat[start:start + EXACT_CHUNK].clone().requires_grad_()
+        r = flat[start : start + EXACT_CHUNK].clone().requires_grad_()
         t = torch.arange(start, start + len(r)) % tokens  # the token each row is
         loss = expected_loss(r, experts[t], targets[t], masks, probmoe_probs)
         rows.append(torch.autograd.grad(loss, r)[0])
@@ -242,13 +251,30 @@ def gumbel_st_weights(logits: Tensor, k: int, generator: torch.Generator, tau: f
 def estimators(tau: float, reading: str = "ours") -> dict[str, Estimator]:
     """Row label -> estimator, in the order of ``ROWS`` (DenseMixer on drawn subsets for "sampled-densemixer")."""
     densemixer = sampled_densemixer_weights if reading == "sampled-densemixer" else densemixer_weights
-    return dict(zip(ROWS, (partial(probmoe_weights, grad="paper"), partial(probmoe_weights, grad="exact"),
-                           densemixer, defaultmoe_weights, sparsemixer_weights, remoe_weights,
-                           partial(gumbel_st_weights, tau=tau))))
+    return dict(
+        zip(
+            ROWS,
+            (
+                partial(probmoe_weights, grad="paper"),
+                partial(probmoe_weights, grad="exact"),
+                densemixer,
+                defaultmoe_weights,
+                sparsemixer_weights,
+                remoe_weights,
+                partial(gumbel_st_weights, tau=tau),
+            ),
+        )
+    )
 
 
-def draws(problem: Problem, estimator: Estimator, k: int, samples: int, generator: torch.Generator,
-          logits: Tensor | None = None) -> Tensor:
+def draws(
+    problem: Problem,
+    estimator: Estimator,
+    k: int,
+    samples: int,
+    generator: torch.Generator,
+    logits: Tensor | None = None,
+) -> Tensor:
     """``samples`` single-draw gradients of the loss w.r.t. the logits, in one batch: [samples, T, n].
 
     The batch holds ``samples`` copies of the T tokens (row s·T + t is token t of draw s), or the
@@ -285,10 +311,12 @@ def metrics(grads: Tensor, exact: Tensor, axis: str = "flat") -> dict[str, float
     mean, mean_exact = g.mean(dim=0), e.mean(dim=0)
     cos_to_mean = F.cosine_similarity(g, mean.unsqueeze(0), dim=dim)  # [S] or [S, T] or [S, n]
     bias_dim = 0 if axis == "token-axis" else -1  # the same axis of the means [T·n] or [T, n]
-    return {"bias": (1.0 - F.cosine_similarity(mean, mean_exact, dim=bias_dim)).mean().item(),
-            "variance": (cos_to_mean.var() if axis == "token-axis" else cos_to_mean.var(dim=0).mean()).item(),
-            "error": (1.0 - F.cosine_similarity(g, e, dim=dim)).mean().item(),
-            "mse": ((g - mean).square().flatten(1).sum(dim=1).mean() / mean_exact.square().sum()).item()}
+    return {
+        "bias": (1.0 - F.cosine_similarity(mean, mean_exact, dim=bias_dim)).mean().item(),
+        "variance": (cos_to_mean.var() if axis == "token-axis" else cos_to_mean.var(dim=0).mean()).item(),
+        "error": (1.0 - F.cosine_similarity(g, e, dim=dim)).mean().item(),
+        "mse": ((g - mean).square().flatten(1).sum(dim=1).mean() / mean_exact.square().sum()).item(),
+    }
 
 
 def evaluate_seed(seed: int, args: argparse.Namespace) -> dict[str, dict[str, float]]:
@@ -304,12 +332,15 @@ def evaluate_seed(seed: int, args: argparse.Namespace) -> dict[str, dict[str, fl
         exact = exact_gradients(logits, problem.experts, problem.targets, args.k)
     else:
         exact = exact_gradient(problem, args.k)
-    grads = {name: draws(problem, estimator, args.k, args.samples, torch.Generator().manual_seed(DRAW_SEED + seed),
-                         logits) for name, estimator in estimators(args.tau, reading).items()}
+    grads = {
+        name: draws(problem, estimator, args.k, args.samples, torch.Generator().manual_seed(DRAW_SEED + seed), logits)
+        for name, estimator in estimators(args.tau, reading).items()
+    }
     rows = {name: metrics(g, exact, axis) for name, g in grads.items()}
     if logits is None:
-        rows["gumbel-st (own objective)"] = metrics(grads["gumbel-st"], exact_gradient(problem, args.k,
-                                                                                        gumbel_topk_probs), axis)
+        rows["gumbel-st (own objective)"] = metrics(
+            grads["gumbel-st"], exact_gradient(problem, args.k, gumbel_topk_probs), axis
+        )
     return rows
 
 
@@ -334,12 +365,16 @@ def results_json(summary: dict[str, dict[str, tuple[float, float]]]) -> dict[str
 
 def report(summary: dict[str, dict[str, tuple[float, float]]], args: argparse.Namespace, seconds: float) -> str:
     """The markdown table (mean ± std over seeds) and the run's settings and wall time."""
-    rows = [(name, *(f"{mean:.2e} ± {std:.1e}" for mean, std in (stats[m] for m in METRICS)))
-            for name, stats in summary.items()]
+    rows = [
+        (name, *(f"{mean:.2e} ± {std:.1e}" for mean, std in (stats[m] for m in METRICS)))
+        for name, stats in summary.items()
+    ]
     header = ("estimator", "bias", "variance", "error", "mse / ||exact||²")
-    return (f"reading {args.reading}: n = {args.n}, k = {args.k}, T = {args.tokens}, d = {args.dim}, tau = {args.tau}, "
-            f"{args.samples} draws x {args.seeds} seeds\n\n{table(rows, header)}\n\n"
-            f"{seconds:.1f} s on {torch.get_num_threads()} threads")
+    return (
+        f"reading {args.reading}: n = {args.n}, k = {args.k}, T = {args.tokens}, d = {args.dim}, tau = {args.tau}, "
+        f"{args.samples} draws x {args.seeds} seeds\n\n{table(rows, header)}\n\n"
+        f"{seconds:.1f} s on {torch.get_num_threads()} threads"
+    )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -358,12 +393,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=10, help="tokens, each with its own logits")
     p.add_argument("--dim", type=int, default=8, help="width d of the expert outputs")
     p.add_argument("--tau", type=float, default=1.0, help="Gumbel-ST's softmax temperature")
-    p.add_argument("--reading", choices=READINGS, default="ours", help="a reading of the paper's protocol "
-                   "(module docstring)")
+    p.add_argument(
+        "--reading", choices=READINGS, default="ours", help="a reading of the paper's protocol (module docstring)"
+    )
     p.add_argument("--json", metavar="PATH", help="write {estimator: {bias, variance, error}} (means over seeds)")
     args = p.parse_args(argv)
-    for name, low, high in (("samples", 2, None), ("seeds", 2, None), ("n", 2, MAX_N), ("k", 1, args.n - 1),
-                            ("tokens", 1, None), ("dim", 1, None)):
+    for name, low, high in (
+        ("samples", 2, None),
+        ("seeds", 2, None),
+        ("n", 2, MAX_N),
+        ("k", 1, args.n - 1),
+        ("tokens", 1, None),
+        ("dim", 1, None),
+    ):
         value = getattr(args, name)
         if value < low or (high is not None and value > high):
             allowed = f"{low}..{high}" if high is not None else f">= {low}"

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
 import subprocess
@@ -44,12 +43,49 @@ def run_one(args, method: str, seed: int, log) -> dict:
     if not summary.exists():
         start = time.perf_counter()
         if not (out / "model.safetensors").exists():
-            sh(["probmoe-train", "--model", args.model, "--data", str(args.train), "--output-dir", str(out),
-                "--method", method, "--max-steps", str(args.steps), "--batch-size", str(args.batch_size),
-                "--lr", str(args.lr), "--max-length", str(args.max_length), "--seed", str(seed), "--no-progress"], log)
+            sh(
+                [
+                    "probmoe-train",
+                    "--model",
+                    args.model,
+                    "--data",
+                    str(args.train),
+                    "--output-dir",
+                    str(out),
+                    "--method",
+                    method,
+                    "--max-steps",
+                    str(args.steps),
+                    "--batch-size",
+                    str(args.batch_size),
+                    "--lr",
+                    str(args.lr),
+                    "--max-length",
+                    str(args.max_length),
+                    "--seed",
+                    str(seed),
+                    "--no-progress",
+                ],
+                log,
+            )
         train_s = time.perf_counter() - start
-        sh(["probmoe-eval", "--checkpoint", str(out), "--data", str(args.test), "--limit", str(args.eval_problems),
-            "--max-new-tokens", str(args.max_new_tokens), "--batch-size", "16", "--no-progress"], log)
+        sh(
+            [
+                "probmoe-eval",
+                "--checkpoint",
+                str(out),
+                "--data",
+                str(args.test),
+                "--limit",
+                str(args.eval_problems),
+                "--max-new-tokens",
+                str(args.max_new_tokens),
+                "--batch-size",
+                "16",
+                "--no-progress",
+            ],
+            log,
+        )
         data = json.loads(summary.read_text())
         data["train_s"] = train_s
         summary.write_text(json.dumps(data, indent=2) + "\n")
@@ -94,23 +130,28 @@ def train_time(runs: list[dict]) -> str:
 
 
 def table(results: dict) -> str:
-    lines = ["| method | seeds | test answer loss (mean ± sd over seeds) | exact match (flexible) | experts/token | "
-             "final train loss | train time / run |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| method | seeds | test answer loss (mean ± sd over seeds) | exact match (flexible) | experts/token | "
+        "final train loss | train time / run |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for method, runs in results.items():
         loss = [r["answer_loss"] for r in runs]
         em = [r.get("exact_match_flexible", 0.0) for r in runs]
         sd = statistics.stdev(loss) if len(loss) > 1 else 0.0
         seeds = ", ".join(str(r.get("seed", "?")) for r in runs)
-        lines.append(f"| {method} | {seeds} | {statistics.mean(loss):.4f} ± {sd:.4f} | {statistics.mean(em):.2%} | "
-                     f"{statistics.mean(r['experts_per_token'] for r in runs):.2f} | "
-                     f"{statistics.mean(r['train_loss'][-1] for r in runs):.4f} | "
-                     f"{train_time(runs)} |")
+        lines.append(
+            f"| {method} | {seeds} | {statistics.mean(loss):.4f} ± {sd:.4f} | {statistics.mean(em):.2%} | "
+            f"{statistics.mean(r['experts_per_token'] for r in runs):.2f} | "
+            f"{statistics.mean(r['train_loss'][-1] for r in runs):.4f} | "
+            f"{train_time(runs)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def _smooth(values: list[float], window: int) -> list[float]:
     """The trailing mean over ``window`` steps (fewer at the start)."""
-    return [statistics.mean(values[max(0, i + 1 - window):i + 1]) for i in range(len(values))]
+    return [statistics.mean(values[max(0, i + 1 - window) : i + 1]) for i in range(len(values))]
 
 
 def plot(results: dict, path: Path) -> None:
@@ -130,8 +171,9 @@ def plot(results: dict, path: Path) -> None:
         mean = [statistics.mean(column) for column in zip(*smoothed)]
         xs = range(1, steps + 1)
         curves.plot(xs, mean, color=f"C{i}", linestyle=styles[i % len(styles)], lw=1.5, label=method)
-        curves.fill_between(xs, [min(c) for c in zip(*smoothed)], [max(c) for c in zip(*smoothed)], color=f"C{i}",
-                            alpha=0.12, lw=0)
+        curves.fill_between(
+            xs, [min(c) for c in zip(*smoothed)], [max(c) for c in zip(*smoothed)], color=f"C{i}", alpha=0.12, lw=0
+        )
         loss = [r["answer_loss"] for r in runs]
         sd = statistics.stdev(loss) if len(loss) > 1 else 0.0
         points.errorbar(i, statistics.mean(loss), yerr=sd, fmt="_", color=f"C{i}", markersize=18, capsize=5, lw=1.5)
@@ -142,14 +184,20 @@ def plot(results: dict, path: Path) -> None:
     curves.legend(fontsize=8, ncols=2)
     curves.grid(alpha=0.3)
     points.set_xticks(range(len(results)), list(results), rotation=30, ha="right")
-    points.set(ylabel="test answer loss (nats per token)",
-               title="GSM8K test answer loss: seeds (dots), mean ± sd\n(y axis zoomed to the data, not from 0)")
+    points.set(
+        ylabel="test answer loss (nats per token)",
+        title="GSM8K test answer loss: seeds (dots), mean ± sd\n(y axis zoomed to the data, not from 0)",
+    )
     points.grid(alpha=0.3, axis="y")
     fig.savefig(path, dpi=150)
 
 
-ABLATION = {"probmoe": "Sample +\nMarginal\n(ProbMoE)", "densemixer": "Top-k +\nDense STE\n(DenseMixer)",
-            "sample-dense-ste": "Sample +\nDense STE", "topk-marginal": "Top-k +\nMarginal"}
+ABLATION = {
+    "probmoe": "Sample +\nMarginal\n(ProbMoE)",
+    "densemixer": "Top-k +\nDense STE\n(DenseMixer)",
+    "sample-dense-ste": "Sample +\nDense STE",
+    "topk-marginal": "Top-k +\nMarginal",
+}
 
 
 def plot_ablation(results: dict, path: Path) -> bool:
@@ -165,21 +213,31 @@ def plot_ablation(results: dict, path: Path) -> bool:
     FigureCanvasAgg(fig)
     em_ax, loss_ax = fig.subplots(1, 2)
     seeds = "/".join(str(len(results[m])) for m in ABLATION)  # runs per box
-    for ax, key, scale, label in ((em_ax, "exact_match_flexible", 100, "exact match, flexible (%)"),
-                                  (loss_ax, "answer_loss", 1, "test answer loss (nats per token)")):
+    for ax, key, scale, label in (
+        (em_ax, "exact_match_flexible", 100, "exact match, flexible (%)"),
+        (loss_ax, "answer_loss", 1, "test answer loss (nats per token)"),
+    ):
         data = [[scale * r.get(key, 0.0) for r in results[m]] for m in ABLATION]  # [4 methods][seeds]
         if max(max(values) for values in data) == 0:
             ax.set_ylim(-1, 5)  # all zero: a visible flat line at 0, not a squashed axis
-        ax.boxplot(data, tick_labels=list(ABLATION.values()), widths=0.5, showmeans=True,
-                   meanprops=dict(marker="D", markerfacecolor="white", markeredgecolor="black", markersize=5))
+        ax.boxplot(
+            data,
+            tick_labels=list(ABLATION.values()),
+            widths=0.5,
+            showmeans=True,
+            meanprops=dict(marker="D", markerfacecolor="white", markeredgecolor="black", markersize=5),
+        )
         for i, values in enumerate(data):
             ax.scatter([i + 1] * len(values), values, color=f"C{i}", s=18, zorder=3)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3, axis="y")
     em_ax.set_title(f"Exact match ({seeds} seeds; higher is better)", fontsize="medium")
     loss_ax.set_title(f"Test answer loss ({seeds} seeds; lower is better)", fontsize="medium")
-    fig.suptitle("Ablation: forward routing x backward estimator, exact-k (box: quartiles; line: median; "
-                 "diamond: mean; dots: seeds)", fontsize="medium")
+    fig.suptitle(
+        "Ablation: forward routing x backward estimator, exact-k (box: quartiles; line: median; "
+        "diamond: mean; dots: seeds)",
+        fontsize="medium",
+    )
     fig.savefig(path, dpi=150)
     return True
 
@@ -198,16 +256,25 @@ def main(argv=None) -> int:
     p.add_argument("--max-length", type=int, default=512)
     p.add_argument("--eval-problems", type=int, default=200)
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--no-analysis", action="store_true", help="train and evaluate, but run no probmoe-analyze "
-                   "(when the study is split over several processes, or analysed separately)")
-    p.add_argument("--finished", action="store_true", help="train and evaluate nothing: summarise and draw the "
-                   "runs already finished under --output")
+    p.add_argument(
+        "--no-analysis",
+        action="store_true",
+        help="train and evaluate, but run no probmoe-analyze "
+        "(when the study is split over several processes, or analysed separately)",
+    )
+    p.add_argument(
+        "--finished",
+        action="store_true",
+        help="train and evaluate nothing: summarise and draw the runs already finished under --output",
+    )
     args = p.parse_args(argv)
     if args.finished:
         results = finished(args)
         if not results:
-            p.error(f"--finished: no finished run of {', '.join(args.methods)} with seeds "
-                    f"{', '.join(map(str, args.seeds))} under {args.output / 'runs'}")
+            p.error(
+                f"--finished: no finished run of {', '.join(args.methods)} with seeds "
+                f"{', '.join(map(str, args.seeds))} under {args.output / 'runs'}"
+            )
         write_summary(results, args.output)
         return 0
     for path in (args.train, args.test):
@@ -223,8 +290,21 @@ def main(argv=None) -> int:
             results.setdefault(method, []).append(run_one(args, method, seed, log))
         runs = [f"{m}={args.output / 'runs' / f'{m}-seed{args.seeds[0]}'}" for m in args.methods]
         if not args.no_analysis:
-            sh(["probmoe-analyze", *[a for r in runs for a in ("--checkpoint", r)], "--data", str(args.test),
-                "--limit", "64", "--output", str(args.output / "analysis"), "--overwrite", "--no-progress"], log)
+            sh(
+                [
+                    "probmoe-analyze",
+                    *[a for r in runs for a in ("--checkpoint", r)],
+                    "--data",
+                    str(args.test),
+                    "--limit",
+                    "64",
+                    "--output",
+                    str(args.output / "analysis"),
+                    "--overwrite",
+                    "--no-progress",
+                ],
+                log,
+            )
     write_summary(results, args.output)
     return 0
 

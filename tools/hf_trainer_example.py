@@ -26,7 +26,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     import datasets
-    from transformers import Trainer, TrainingArguments, TrainerCallback
+    from transformers import Trainer, TrainerCallback, TrainingArguments
 
     import probmoe.integrations.transformers as pt
     from probmoe.integrations.transformers.callback import RoutingStatsCallback
@@ -36,10 +36,19 @@ def main(argv=None) -> None:
     model.config.output_router_logits = True  # the aux loss enters the Trainer's loss
     ids = torch.randint(3, 40, (32, 16), generator=torch.Generator().manual_seed(0)).tolist()
     data = datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})
-    training = TrainingArguments(output_dir=args.output, max_steps=args.steps, per_device_train_batch_size=4,
-                                 learning_rate=3e-3, logging_steps=1, save_strategy="no", report_to=[],
-                                 disable_tqdm=True, gradient_checkpointing=args.gradient_checkpointing,
-                                 use_cpu=not torch.cuda.is_available(), seed=0)
+    training = TrainingArguments(
+        output_dir=args.output,
+        max_steps=args.steps,
+        per_device_train_batch_size=4,
+        learning_rate=3e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        gradient_checkpointing=args.gradient_checkpointing,
+        use_cpu=not torch.cuda.is_available(),
+        seed=0,
+    )
 
     class PrintLogs(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):

@@ -56,24 +56,52 @@ distributed.teardown()
 """
 
 
-def measure(model: str, method: str, batch_size: int, max_length: int, steps: int, data: str, *,
-            checkpointing: bool = False, nproc: int = 1, fsdp: bool = False, layers: int | None = None,
-            param_dtype: str = "float32", bf16: bool = False) -> dict:
+def measure(
+    model: str,
+    method: str,
+    batch_size: int,
+    max_length: int,
+    steps: int,
+    data: str,
+    *,
+    checkpointing: bool = False,
+    nproc: int = 1,
+    fsdp: bool = False,
+    layers: int | None = None,
+    param_dtype: str = "float32",
+    bf16: bool = False,
+) -> dict:
     """{"measured", "plan", "state", "activations"} in bytes per process (the rank of the largest
     measured peak) for one run."""
     with tempfile.TemporaryDirectory() as out:
-        args = dict(model=model, data=data, output_dir=os.path.join(out, "run"), method=method,
-                    batch_size=batch_size, max_length=max_length, max_steps=steps, aux_loss=0.0,
-                    gradient_checkpointing=checkpointing, device="cpu", fsdp=fsdp, layers=layers,
-                    param_dtype=param_dtype, bf16=bf16)
+        args = dict(
+            model=model,
+            data=data,
+            output_dir=os.path.join(out, "run"),
+            method=method,
+            batch_size=batch_size,
+            max_length=max_length,
+            max_steps=steps,
+            aux_loss=0.0,
+            gradient_checkpointing=checkpointing,
+            device="cpu",
+            fsdp=fsdp,
+            layers=layers,
+            param_dtype=param_dtype,
+            bf16=bf16,
+        )
         script = os.path.join(out, "child.py")
         with open(script, "w", encoding="utf-8") as f:
             f.write(CHILD)
         env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] \
-            if nproc > 1 or fsdp else [sys.executable]
-        done = subprocess.run([*launcher, script, json.dumps(args)], env=env, capture_output=True, text=True,
-                              timeout=1800)
+        launcher = (
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+            if nproc > 1 or fsdp
+            else [sys.executable]
+        )
+        done = subprocess.run(
+            [*launcher, script, json.dumps(args)], env=env, capture_output=True, text=True, timeout=1800
+        )
         if done.returncode:
             raise RuntimeError(done.stderr[-3000:])
         results = []
@@ -100,16 +128,31 @@ def main() -> None:
     args = p.parse_args()
     from probmoe.experiments.models import TINY
 
-    print(f"CPU: 2-core AMD EPYC with AVX-512 (this machine's); {args.nproc} process(es)"
-          f"{', FSDP' if args.fsdp else ''}; batch {args.batch_size} x {args.max_length}; MiB per process")
+    print(
+        f"CPU: 2-core AMD EPYC with AVX-512 (this machine's); {args.nproc} process(es)"
+        f"{', FSDP' if args.fsdp else ''}; batch {args.batch_size} x {args.max_length}; MiB per process"
+    )
     print(f"{'model':<18}{'plan':>9}{'state':>9}{'activ.':>9}{'measured':>10}{'meas/plan':>11}")
     for model in args.model or list(TINY):
-        r = measure(model, args.method, args.batch_size, args.max_length, args.steps, args.data,
-                    checkpointing=args.gradient_checkpointing, nproc=args.nproc, fsdp=args.fsdp, layers=args.layers,
-                    param_dtype=args.param_dtype, bf16=args.bf16)
+        r = measure(
+            model,
+            args.method,
+            args.batch_size,
+            args.max_length,
+            args.steps,
+            args.data,
+            checkpointing=args.gradient_checkpointing,
+            nproc=args.nproc,
+            fsdp=args.fsdp,
+            layers=args.layers,
+            param_dtype=args.param_dtype,
+            bf16=args.bf16,
+        )
         mib = {k: v / 2**20 for k, v in r.items()}
-        print(f"{model:<18}{mib['plan']:>9.1f}{mib['state']:>9.1f}{mib['activations']:>9.1f}{mib['measured']:>10.1f}"
-              f"{r['measured'] / r['plan']:>11.2f}")
+        print(
+            f"{model:<18}{mib['plan']:>9.1f}{mib['state']:>9.1f}{mib['activations']:>9.1f}{mib['measured']:>10.1f}"
+            f"{r['measured'] / r['plan']:>11.2f}"
+        )
 
 
 if __name__ == "__main__":

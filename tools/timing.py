@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
-def interleaved(fns: dict[str, Callable[[], object]], repeats: int = 15, warmup: int = 2,
-                stat: Callable[[list[float]], float] = statistics.median) -> dict[str, float]:
+def interleaved(
+    fns: dict[str, Callable[[], object]],
+    repeats: int = 15,
+    warmup: int = 2,
+    stat: Callable[[list[float]], float] = statistics.median,
+) -> dict[str, float]:
     """Median seconds of each function (or another ``stat`` of its repeats, e.g. ``min`` on a loaded
     machine), running them round-robin so drift hits all alike."""
     for _ in range(warmup):

@@ -52,13 +52,26 @@ def model_config(num_experts: int, top_k: int, kmin: int, seed: int, ep: int):
     from probmoe.integrations.torchtitan.parallel import expert_parallel_config
 
     cfg = qwen3.Qwen3Model.Config(
-        vocab_size=V, dim=DIM, norm=qwen3._qwen3_norm(DIM),
+        vocab_size=V,
+        dim=DIM,
+        norm=qwen3._qwen3_norm(DIM),
         tok_embeddings=Embedding.Config(num_embeddings=V, embedding_dim=DIM, param_init=qwen3._EMBEDDING_INIT),
         lm_head=Linear.Config(in_features=DIM, out_features=V, param_init=qwen3._LINEAR_INIT),
         layers=qwen3._build_qwen3_moe_layers(
-            fuse_qkv=True, n_layers=2, dim=DIM, n_heads=4, n_kv_heads=2, head_dim=HEAD_DIM, moe_hidden_dim=64,
-            num_experts=num_experts, top_k=top_k, attn_backend="flex", moe_comm_backend="standard",
-            rope=CosSinRoPE.Config(dim=HEAD_DIM, max_seq_len=1024, theta=1e6)))
+            fuse_qkv=True,
+            n_layers=2,
+            dim=DIM,
+            n_heads=4,
+            n_kv_heads=2,
+            head_dim=HEAD_DIM,
+            moe_hidden_dim=64,
+            num_experts=num_experts,
+            top_k=top_k,
+            attn_backend="flex",
+            moe_comm_backend="standard",
+            rope=CosSinRoPE.Config(dim=HEAD_DIM, max_seq_len=1024, theta=1e6),
+        ),
+    )
     for _, _, parent, attr in list(cfg.traverse(FlexAttention.Config)):  # no flex backward on the CPU
         setattr(parent, attr, ScaledDotProductAttention.Config())
     use_probmoe(cfg, kmin=kmin, top_k=top_k, seed=seed, expert_parallel_degree=ep)
@@ -117,9 +130,11 @@ def step(model, opt, batch, world):
     opt.step()
     loads = torch.stack([r.last_routing.selected().sum(0) for _, r in routers(model)]).double()  # [layers, E]
     counts = torch.stack([r.last_routing.counts.double().sum() for _, r in routers(model)])
-    t = torch.cat([loss.detach().double().view(1), loads.flatten(), counts, torch.tensor([tokens.numel()], dtype=torch.double)])
+    t = torch.cat(
+        [loss.detach().double().view(1), loads.flatten(), counts, torch.tensor([tokens.numel()], dtype=torch.double)]
+    )
     dist.all_reduce(t)
-    return float(t[0]) / world, t[1:1 + loads.numel()].view_as(loads), t[1 + loads.numel():-1] / t[-1]
+    return float(t[0]) / world, t[1 : 1 + loads.numel()].view_as(loads), t[1 + loads.numel() : -1] / t[-1]
 
 
 def tensors(model) -> dict:
@@ -130,9 +145,13 @@ def tensors(model) -> dict:
 
 
 def state(model, opt, done: int) -> dict:
-    return {"model": {k: v.detach().clone() for k, v in tensors(model).items()},
-            "opt": opt.state_dict(), "step": done, "rng": torch.get_rng_state(),
-            "generators": {n: r.generator.get_state() for n, r in routers(model)}}
+    return {
+        "model": {k: v.detach().clone() for k, v in tensors(model).items()},
+        "opt": opt.state_dict(),
+        "step": done,
+        "rng": torch.get_rng_state(),
+        "generators": {n: r.generator.get_state() for n, r in routers(model)},
+    }
 
 
 def load(model, opt, saved: dict) -> None:
@@ -155,9 +174,20 @@ def train(model, opt, data, start: int, stop: int, args, world, log=None, at_sav
         loss, loads, per_token = step(model, opt, batch, world)
         losses.append(loss)
         if log is not None and (s % args.log_every == 0 or s == stop - 1):
-            log({"step": s + 1, "loss": loss, "layers": [
-                {"experts_per_token": float(per_token[i]), "load_cv": load_cv(loads[i]), "max_vio": max_vio(loads[i])}
-                for i in range(loads.shape[0])]})
+            log(
+                {
+                    "step": s + 1,
+                    "loss": loss,
+                    "layers": [
+                        {
+                            "experts_per_token": float(per_token[i]),
+                            "load_cv": load_cv(loads[i]),
+                            "max_vio": max_vio(loads[i]),
+                        }
+                        for i in range(loads.shape[0])
+                    ],
+                }
+            )
         if at_save is not None and s + 1 == args.save_at:
             at_save(s + 1)
     return losses
@@ -199,8 +229,17 @@ def main(argv=None) -> None:
     ckpt = os.path.join(args.out, f"checkpoint-{args.save_at}-rank{rank}.pt")
     model, opt = build(args, world)
     t0 = time.perf_counter()
-    first = train(model, opt, data, 0, args.steps, args, world, log,
-                  at_save=lambda done: torch.save(state(model, opt, done), ckpt))
+    first = train(
+        model,
+        opt,
+        data,
+        0,
+        args.steps,
+        args,
+        world,
+        log,
+        at_save=lambda done: torch.save(state(model, opt, done), ckpt),
+    )
     seconds = time.perf_counter() - t0
     final = {k: v.detach().clone() for k, v in tensors(model).items()}
 
@@ -208,12 +247,23 @@ def main(argv=None) -> None:
     load(model, opt, torch.load(ckpt, weights_only=False))
     again = train(model, opt, data, args.save_at, args.steps, args, world)
     same_params = all(torch.equal(final[k], v) for k, v in tensors(model).items())
-    flags = torch.tensor([again == first[args.save_at:], same_params], dtype=torch.int32)
+    flags = torch.tensor([again == first[args.save_at :], same_params], dtype=torch.int32)
     dist.all_reduce(flags, op=dist.ReduceOp.MIN)
-    log({"resume_check": {"losses_equal": bool(flags[0]), "params_equal": bool(flags[1]),
-                          "resumed_from": args.save_at, "steps": args.steps},
-         "first_loss": first[0], "last_loss": first[-1], "train_seconds": round(seconds, 1), "ranks": world,
-         "threads_per_rank": torch.get_num_threads()})
+    log(
+        {
+            "resume_check": {
+                "losses_equal": bool(flags[0]),
+                "params_equal": bool(flags[1]),
+                "resumed_from": args.save_at,
+                "steps": args.steps,
+            },
+            "first_loss": first[0],
+            "last_loss": first[-1],
+            "train_seconds": round(seconds, 1),
+            "ranks": world,
+            "threads_per_rank": torch.get_num_threads(),
+        }
+    )
     dist.destroy_process_group()
 
 

@@ -17,4 +17,4 @@ from .cardinality import SPECS, CardinalityDP, Lattice
 from .map_rule import map_mask, map_size
 from .torch_dp import TorchDP
 
-__all__ = ["CDP", "CardinalityDP", "Lattice", "SPECS", "TorchDP", "map_mask", "map_size"]
+__all__ = ["CDP", "SPECS", "CardinalityDP", "Lattice", "TorchDP", "map_mask", "map_size"]

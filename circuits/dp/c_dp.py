@@ -12,6 +12,7 @@ draws either way) and ``cov_vec`` is ``torch_dp.cov_vec``. The library is a
 from __future__ import annotations
 
 import ctypes
+
 import torch
 from torch import Tensor
 
@@ -31,9 +32,18 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn.restype = i64
 
 
-NATIVE = NativeLibrary("cardinality", [SCRATCH.with_name("cardinality.c"), SCRATCH.with_name("uniforms.c"),
-                                       SCRATCH.with_name("chosen.c"), SCRATCH,
-                                       VMATH], _declare, label="C DP")
+NATIVE = NativeLibrary(
+    "cardinality",
+    [
+        SCRATCH.with_name("cardinality.c"),
+        SCRATCH.with_name("uniforms.c"),
+        SCRATCH.with_name("chosen.c"),
+        SCRATCH,
+        VMATH,
+    ],
+    _declare,
+    label="C DP",
+)
 library = NATIVE.library
 describe = NATIVE.describe
 
@@ -60,8 +70,9 @@ def _ptr(x: Tensor | None):
     return None if x is None else x.data_ptr()
 
 
-def forward_marginals(r: Tensor, kmin: int, kmax: int, seed: Tensor | None, values: bool, *,
-                      linear: bool = True) -> tuple[Tensor, Tensor]:
+def forward_marginals(
+    r: Tensor, kmin: int, kmax: int, seed: Tensor | None, values: bool, *, linear: bool = True
+) -> tuple[Tensor, Tensor]:
     """(m [T, N] or zeros, one draw z [T, N] or an empty tensor) for r [T, N] float32 on the CPU.
 
     m: the marginals P(i ∈ S | C) when ``values`` (else zeros). z: one exact draw in {0, 1} when
@@ -90,13 +101,23 @@ def cov_vec(r: Tensor, v: Tensor, kmin: int, kmax: int, *, linear: bool = True) 
         raise ValueError(f"cov_vec: v {tuple(v.shape)} must have the shape of r {tuple(r.shape)}")
     v = v.to(torch.float32).contiguous()
     out = torch.empty_like(r)
-    _run(library().dp_cov_vec, r.data_ptr(), v.data_ptr(), out.data_ptr(), r.shape[0], r.shape[1], kmin, kmax,
-         int(linear))
+    _run(
+        library().dp_cov_vec,
+        r.data_ptr(),
+        v.data_ptr(),
+        out.data_ptr(),
+        r.shape[0],
+        r.shape[1],
+        kmin,
+        kmax,
+        int(linear),
+    )
     return out
 
 
-def chosen_scores(r: Tensor, p: Tensor, seed: Tensor, kmin: int, kmax: int, slots: int
-                  ) -> tuple[Tensor, Tensor, Tensor]:
+def chosen_scores(
+    r: Tensor, p: Tensor, seed: Tensor, kmin: int, kmax: int, slots: int
+) -> tuple[Tensor, Tensor, Tensor]:
     """The forward of ``circuits::chosen_scores`` in one pass over the tiles: one draw z from
     ``seed`` (the uniforms and the draw of ``forward_marginals``, bit for bit), then the drawn
     variables by their score p descending (ties to the lower index) in ``slots`` slots.
@@ -110,13 +131,27 @@ def chosen_scores(r: Tensor, p: Tensor, seed: Tensor, kmin: int, kmax: int, slot
     w = torch.empty(T, slots, dtype=torch.float32)
     mask = torch.empty(T, slots, dtype=torch.bool)
     if T and slots:
-        _run(library().dp_chosen, r.data_ptr(), int(seed), p.data_ptr(), idx.data_ptr(), w.data_ptr(),
-             mask.data_ptr(), T, N, kmin, kmax, slots, 1)
+        _run(
+            library().dp_chosen,
+            r.data_ptr(),
+            int(seed),
+            p.data_ptr(),
+            idx.data_ptr(),
+            w.data_ptr(),
+            mask.data_ptr(),
+            T,
+            N,
+            kmin,
+            kmax,
+            slots,
+            1,
+        )
     return idx, w, mask
 
 
-def chosen_scores_backward(r: Tensor, idx: Tensor, mask: Tensor, g: Tensor, kmin: int, kmax: int, sigmoid: bool
-                           ) -> Tensor:
+def chosen_scores_backward(
+    r: Tensor, idx: Tensor, mask: Tensor, g: Tensor, kmin: int, kmax: int, sigmoid: bool
+) -> Tensor:
     """The gradient of ``chosen_scores``' weights (the exact convention): r [T, N]; idx [T, slots]
     (int32 or long), mask [T, slots] bool, g [T, slots] the weights' gradient -> [T, N]: Cov(z) g_t +
     the scores' backward, g_t = (g scattered to idx) ⊙ p, p = softmax(r) (or sigmoid(r)) recomputed."""
@@ -127,8 +162,21 @@ def chosen_scores_backward(r: Tensor, idx: Tensor, mask: Tensor, g: Tensor, kmin
     mask = mask.to(torch.bool).contiguous()
     out = torch.empty_like(r)
     if T:
-        _run(library().dp_chosen_backward, r.data_ptr(), idx.data_ptr(), g.data_ptr(), mask.data_ptr(),
-             out.data_ptr(), T, N, kmin, kmax, idx.shape[1], int(sigmoid), 1)
+        _run(
+            library().dp_chosen_backward,
+            r.data_ptr(),
+            idx.data_ptr(),
+            g.data_ptr(),
+            mask.data_ptr(),
+            out.data_ptr(),
+            T,
+            N,
+            kmin,
+            kmax,
+            idx.shape[1],
+            int(sigmoid),
+            1,
+        )
     return out
 
 

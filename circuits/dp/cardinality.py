@@ -41,8 +41,10 @@ class CardinalityDP:
 
     def __init__(self, spec: ExactlyK | RangeK):
         if not isinstance(spec, SPECS):
-            raise ValueError(f"the DP evaluates ExactlyK and RangeK specs, got {type(spec).__name__}; other "
-                             "constraints need a compiled circuit (circuits.compile_circuit)")
+            raise ValueError(
+                f"the DP evaluates ExactlyK and RangeK specs, got {type(spec).__name__}; other "
+                "constraints need a compiled circuit (circuits.compile_circuit)"
+            )
         self.spec = spec
         self.n = spec.n
         self.kmin, self.kmax = spec.cardinalities[0], spec.cardinalities[-1]
@@ -73,8 +75,11 @@ class CardinalityDP:
         checks.no_nan_or_posinf(r)
         if self.kmin:
             live = (r > -torch.inf).sum(-1)  # [T]
-            checks.require(live.amin() >= self.kmin, f"some row of the logits has fewer than kmin = {self.kmin} "
-                                                     f"logits above -inf: {self.spec.describe()} is unsatisfiable")
+            checks.require(
+                live.amin() >= self.kmin,
+                f"some row of the logits has fewer than kmin = {self.kmin} "
+                f"logits above -inf: {self.spec.describe()} is unsatisfiable",
+            )
 
     def _marginals(self, r: Tensor, seed: Tensor | None, values: bool) -> tuple[Tensor, Tensor]:
         return torch.ops.circuits.dp_marginals(r, seed, self.kmin, self.kmax, values)
@@ -114,8 +119,7 @@ class CardinalityDP:
         with torch.no_grad():
             return map_mask(r, self.kmin, self.kmax).reshape(*lead, self.n).to(logits.dtype)
 
-    def marginals_and_sample(self, logits: Tensor, generator: torch.Generator | None = None, *,
-                             values: bool = True):
+    def marginals_and_sample(self, logits: Tensor, generator: torch.Generator | None = None, *, values: bool = True):
         """(marginals, sample) from one up and one down sweep (``Circuit.marginals_and_sample``)."""
         r, lead = self._inputs(logits, generator)
         m, z = self._marginals(r, ops.seed(generator, r), values)

@@ -49,8 +49,19 @@ from .report import compile_facts, render_compile
 from .text import render_text, to_dot
 
 # The spec constructors name their fields in ValueError messages; the user typed flags.
-_FLAG = {"n": "--n", "k": "--k", "kmin": "--kmin", "kmax": "--kmax", "sdd": "--sdd", "vtree": "--vtree",
-         "path": "--cnf", "compiler": "--compiler", "groups": "--groups", "max_groups": "--max-groups", "capacity": "--capacity"}
+_FLAG = {
+    "n": "--n",
+    "k": "--k",
+    "kmin": "--kmin",
+    "kmax": "--kmax",
+    "sdd": "--sdd",
+    "vtree": "--vtree",
+    "path": "--cnf",
+    "compiler": "--compiler",
+    "groups": "--groups",
+    "max_groups": "--max-groups",
+    "capacity": "--capacity",
+}
 _FORMATS = {".png": "png", ".svg": "svg", ".dot": "dot", ".gv": "dot", ".txt": "text"}
 
 
@@ -72,26 +83,48 @@ def _parser(prog: str, description: str) -> _Parser:
     g.add_argument("--k", type=int, metavar="K", help="exactly K of N are true (0 <= K <= N)")
     g.add_argument("--kmin", type=int, metavar="A", help="at least A are true (0 <= A <= kmax; default 0)")
     g.add_argument("--kmax", type=int, metavar="B", help="at most B are true (A <= B <= N; default N)")
-    g.add_argument("--groups", type=_groups, metavar="G",
-                   help="contiguous groups of the N variables: G equal groups, or sizes 'a,b,...' summing to N "
-                        "(with --max-groups and/or --capacity)")
-    g.add_argument("--max-groups", type=int, metavar="M", help="the true variables lie in at most M groups "
-                   "(1 <= M <= number of groups)")
-    g.add_argument("--capacity", type=int, metavar="C", help="at most C true variables per group "
-                   "(1 <= C <= largest group)")
-    g.add_argument("--cnf", metavar="FILE", help="a DIMACS CNF file (compiled by d4 into a d-DNNF, the 'cnf' extra; "
-                   "--compiler pysdd: an SDD)")
+    g.add_argument(
+        "--groups",
+        type=_groups,
+        metavar="G",
+        help="contiguous groups of the N variables: G equal groups, or sizes 'a,b,...' summing to N "
+        "(with --max-groups and/or --capacity)",
+    )
+    g.add_argument(
+        "--max-groups",
+        type=int,
+        metavar="M",
+        help="the true variables lie in at most M groups (1 <= M <= number of groups)",
+    )
+    g.add_argument(
+        "--capacity", type=int, metavar="C", help="at most C true variables per group (1 <= C <= largest group)"
+    )
+    g.add_argument(
+        "--cnf",
+        metavar="FILE",
+        help="a DIMACS CNF file (compiled by d4 into a d-DNNF, the 'cnf' extra; --compiler pysdd: an SDD)",
+    )
     g.add_argument("--sdd", metavar="FILE", help="an SDD file saved by pysdd/libsdd (needs --vtree)")
     g.add_argument("--vtree", metavar="FILE", help="the vtree file the --sdd was saved with")
-    p.add_argument("--compiler", choices=COMPILERS,
-                   help="direct (default for --n ...: the count tree built directly), d4 (default for --cnf: the "
-                        "d-DNNF compiler, the 'cnf' extra) or pysdd (an SDD; slow on large CNFs)")
-    p.add_argument("--time-limit", type=_seconds, metavar="SECONDS",
-                   help="stop d4 on a --cnf after this many seconds (> 0; default: no limit; Ctrl-C stops it too): "
-                        "the size estimate bounds counting circuits, not CNF files")
-    p.add_argument("--cache-dir", metavar="DIR",
-                   help="cache root for compiled circuits and native libraries (default: $PROBMOE_CACHE, else "
-                        "$XDG_CACHE_HOME/probmoe, else ~/.cache/probmoe)")
+    p.add_argument(
+        "--compiler",
+        choices=COMPILERS,
+        help="direct (default for --n ...: the count tree built directly), d4 (default for --cnf: the "
+        "d-DNNF compiler, the 'cnf' extra) or pysdd (an SDD; slow on large CNFs)",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=_seconds,
+        metavar="SECONDS",
+        help="stop d4 on a --cnf after this many seconds (> 0; default: no limit; Ctrl-C stops it too): "
+        "the size estimate bounds counting circuits, not CNF files",
+    )
+    p.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="cache root for compiled circuits and native libraries (default: $PROBMOE_CACHE, else "
+        "$XDG_CACHE_HOME/probmoe, else ~/.cache/probmoe)",
+    )
     return p
 
 
@@ -129,7 +162,9 @@ def _groups(text: str):
     try:
         sizes = [int(x) for x in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of equal groups or comma-separated sizes, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"must be a number of equal groups or comma-separated sizes, got {text!r}"
+        ) from None
     return sizes[0] if len(sizes) == 1 else sizes
 
 
@@ -137,12 +172,19 @@ def _spec(p: _Parser, args, entry: bool = False):
     """The spec the flags name, or None for ``--entry``; bad flags end in ``p.error`` (exit 2)."""
     grouping = [getattr(args, a) is not None for a in ("groups", "max_groups", "capacity")]
     counting = any(getattr(args, a) is not None for a in ("n", "k", "kmin", "kmax")) or any(grouping)
-    chosen = [counting, args.cnf is not None, args.sdd is not None or args.vtree is not None,
-              entry and args.entry is not None]
+    chosen = [
+        counting,
+        args.cnf is not None,
+        args.sdd is not None or args.vtree is not None,
+        entry and args.entry is not None,
+    ]
     if sum(chosen) != 1:
         what = "--n with --k or --kmin/--kmax, or --cnf FILE, or --sdd FILE --vtree FILE"
-        p.error(("give only one circuit: " if sum(chosen) else "give a circuit: ") + what
-                + (", or --entry DIR" if entry else ""))
+        p.error(
+            ("give only one circuit: " if sum(chosen) else "give a circuit: ")
+            + what
+            + (", or --entry DIR" if entry else "")
+        )
     if entry and args.entry is not None:
         return None
     if counting:
@@ -171,8 +213,10 @@ def _spec(p: _Parser, args, entry: bool = False):
         name, _, rest = str(exc).partition(" ")
         p.error(f"{_FLAG.get(name, name)} {rest}")
     if args.time_limit is not None and compiler != "d4":
-        p.error(f"--time-limit applies to --cnf compiled by d4 (the default), not to compiler {compiler!r}: the size "
-                "estimate bounds counting circuits, and pysdd runs where it cannot be stopped")
+        p.error(
+            f"--time-limit applies to --cnf compiled by d4 (the default), not to compiler {compiler!r}: the size "
+            "estimate bounds counting circuits, and pysdd runs where it cannot be stopped"
+        )
     return spec
 
 
@@ -209,13 +253,16 @@ def _stdout_to_stderr():
         os.close(saved)
 
 
-_FORCE_HELP = (f"recompile, overwriting the cache entry; a counting circuit (--n ...) also past the size limit "
-               f"(an estimated {MAX_STEPS:,} compile steps, about 20 s on a 2-core AMD EPYC), which refuses larger "
-               f"ones otherwise (CNF and SDD files have no size limit: see --time-limit)")
+_FORCE_HELP = (
+    f"recompile, overwriting the cache entry; a counting circuit (--n ...) also past the size limit "
+    f"(an estimated {MAX_STEPS:,} compile steps, about 20 s on a 2-core AMD EPYC), which refuses larger "
+    f"ones otherwise (CNF and SDD files have no size limit: see --time-limit)"
+)
 
 
-def _compile(p: _Parser, spec, cache_dir, force: bool = False, compiler: str | None = None,
-             time_limit: float | None = None):
+def _compile(
+    p: _Parser, spec, cache_dir, force: bool = False, compiler: str | None = None, time_limit: float | None = None
+):
     """compile_entry with cache warnings printed as one line each; returns (entry, warnings).
     ``force``: recompile and lift the size limit; a circuit past it ends in exit status 2. Ctrl-C
     ends the command with one line and status 130 (nothing is cached: entries are renamed into
@@ -223,13 +270,17 @@ def _compile(p: _Parser, spec, cache_dir, force: bool = False, compiler: str | N
     with warnings.catch_warnings(record=True) as caught, _stdout_to_stderr():
         warnings.simplefilter("always", CacheWarning)
         try:
-            entry = compile_entry(spec, cache_dir=cache_dir, force=force, size_limit=not force,
-                                  compiler=compiler, time_limit=time_limit)
+            entry = compile_entry(
+                spec, cache_dir=cache_dir, force=force, size_limit=not force, compiler=compiler, time_limit=time_limit
+            )
         except KeyboardInterrupt:
             p.exit(130, f"{p.prog}: interrupted (SIGINT) while compiling {spec.describe()}; nothing was cached\n")
         except TimeLimit as exc:
-            p.exit(1, f"{p.prog}: error: d4 did not finish compiling {spec.describe()} within --time-limit "
-                      f"{exc.seconds:g} s and was stopped; nothing was cached\n")
+            p.exit(
+                1,
+                f"{p.prog}: error: d4 did not finish compiling {spec.describe()} within --time-limit "
+                f"{exc.seconds:g} s and was stopped; nothing was cached\n",
+            )
         except MissingExtra as exc:
             p.exit(1, f"{p.prog}: error: {_one_line(exc)}\n")
         except CircuitTooLarge as exc:
@@ -248,8 +299,10 @@ def _compile(p: _Parser, spec, cache_dir, force: bool = False, compiler: str | N
 
 def compile_main(argv: list[str] | None = None) -> int:
     """``probmoe-compile``: compile a circuit (or load it from the cache) and say what was built."""
-    p = _parser("probmoe-compile", "Compile a constraint into a probabilistic circuit, once; "
-                "later runs load it from the disk cache.")
+    p = _parser(
+        "probmoe-compile",
+        "Compile a constraint into a probabilistic circuit, once; later runs load it from the disk cache.",
+    )
     p.add_argument("--force", action="store_true", help=_FORCE_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = p.parse_args(argv)
@@ -266,11 +319,17 @@ def compile_main(argv: list[str] | None = None) -> int:
 
 def inspect_main(argv: list[str] | None = None) -> int:
     """``probmoe-inspect``: show a compiled circuit as a text table, DOT, or a png/svg picture."""
-    p = _parser("probmoe-inspect", "Show a compiled circuit: its levels as text, its graph as DOT, "
-                "or a picture (the whole circuit when small, a per-level summary when large).")
+    p = _parser(
+        "probmoe-inspect",
+        "Show a compiled circuit: its levels as text, its graph as DOT, "
+        "or a picture (the whole circuit when small, a per-level summary when large).",
+    )
     p.add_argument("--entry", metavar="DIR", help="a cache entry directory (instead of the circuit flags)")
-    p.add_argument("--format", choices=("text", "dot", "png", "svg"),
-                   help="what to show (default: from the --output suffix, else text)")
+    p.add_argument(
+        "--format",
+        choices=("text", "dot", "png", "svg"),
+        help="what to show (default: from the --output suffix, else text)",
+    )
     p.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout (required for png/svg)")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--whole", action="store_true", help="draw / list every node, however large")
@@ -290,8 +349,10 @@ def _inspect(p: _Parser, args) -> int:
         p.error(f"--format {fmt} needs --output FILE")
     spec = _spec(p, args, entry=True)
     if spec is None and (args.force or args.time_limit is not None):
-        p.error(f"{'--force compiles' if args.force else '--time-limit bounds compiling'} a circuit given by flags; "
-                "--entry DIR is read as it is")
+        p.error(
+            f"{'--force compiles' if args.force else '--time-limit bounds compiling'} a circuit given by flags; "
+            "--entry DIR is read as it is"
+        )
     if spec is None:
         try:
             layout, manifest = read_entry(Path(args.entry))

@@ -16,11 +16,11 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
-import networkx as nx  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import networkx as nx
+import numpy as np
 
-from .text import groups_text, is_small, padded_elements, title  # noqa: E402
+from .text import groups_text, is_small, padded_elements, title
 
 PRIME, SUB = "tab:blue", "tab:orange"
 
@@ -46,6 +46,7 @@ def _ordered_layers(G: nx.DiGraph, sweeps: int = 4) -> dict[int, list]:
         def centre(v):
             xs = [x[u] for u in neighbours(v)]
             return sum(xs) / len(xs) if xs else x[v]
+
         layers[level].sort(key=centre)
         place(level)
 
@@ -81,8 +82,7 @@ def draw_whole(circuit, path, fmt: str | None = None) -> None:
     fig, ax = plt.subplots(figsize=(min(max(0.62 * width, 6.0), 30.0), min(0.75 * len(layers) + 1.2, 30.0)))
     # multipartite_layout rescales to [-1, 1]; keep node sizes fixed in points instead.
     edges = list(G.edges())
-    nx.draw_networkx_edges(G, pos, edgelist=edges, edge_color=_edge_colors(G, edges), width=1.0,
-                           arrows=False, ax=ax)
+    nx.draw_networkx_edges(G, pos, edgelist=edges, edge_color=_edge_colors(G, edges), width=1.0, arrows=False, ax=ax)
     kinds = {
         "or": dict(node_shape="o", node_size=420, node_color="white", edgecolors="black"),
         "and": dict(node_shape="o", node_size=200, node_color="0.92", edgecolors="0.3"),
@@ -106,8 +106,9 @@ def draw_whole(circuit, path, fmt: str | None = None) -> None:
     for side in ax.spines.values():
         side.set_visible(False)
     s = circuit.sizes()
-    ax.set_title(f"{title(circuit)}: {s['levels']} levels, {s['nodes']} OR nodes (⊕), "
-                 f"{s['elements']} AND nodes (⊗)", fontsize=11)
+    ax.set_title(
+        f"{title(circuit)}: {s['levels']} levels, {s['nodes']} OR nodes (⊕), {s['elements']} AND nodes (⊗)", fontsize=11
+    )
     ax.plot([], [], color=PRIME, label="prime")
     ax.plot([], [], color=SUB, label="sub")
     ax.legend(loc="upper right", fontsize=8, frameon=False)
@@ -128,8 +129,7 @@ def draw_summary(circuit, path, fmt: str | None = None) -> None:
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.6), gridspec_kw={"width_ratios": [3, 2]})
     w = 0.38
     ax.bar(h - w / 2, nodes, w, color="tab:blue", label="OR nodes")
-    ax.bar(h + w / 2, padded, w, color="none", edgecolor="0.4", hatch="///", linewidth=0.8,
-           label="padded elements")
+    ax.bar(h + w / 2, padded, w, color="none", edgecolor="0.4", hatch="///", linewidth=0.8, label="padded elements")
     ax.bar(h + w / 2, elems, w, color="tab:orange", label="live elements (AND)")
     for x, e, p in zip(h, elems, padded):
         ax.annotate(f"{p / max(e, 1):.2f}x", (x + w / 2, p), ha="center", va="bottom", fontsize=8)
@@ -157,8 +157,11 @@ def draw_summary(circuit, path, fmt: str | None = None) -> None:
         bx.annotate(str(f), (x, f), ha="center", va="bottom", fontsize=8)
     sdd = circuit.info.get("sdd_size")
     sdd_text = f"; SDD size {sdd:,} ({circuit.info.get('sdd_count', 0):,} decision nodes)" if sdd else ""
-    fig.suptitle(f"{title(circuit)}: {s['levels']} levels, {s['nodes']:,} nodes, {s['elements']:,} elements, "
-                 f"padding {s['padding']:.2f}x{sdd_text}", fontsize=11)
+    fig.suptitle(
+        f"{title(circuit)}: {s['levels']} levels, {s['nodes']:,} nodes, {s['elements']:,} elements, "
+        f"padding {s['padding']:.2f}x{sdd_text}",
+        fontsize=11,
+    )
     fig.tight_layout()
     _save(fig, path, fmt)
 

@@ -35,8 +35,10 @@ def evaluator() -> str:
         return f"torch passes (C passes {why})"
     where = build.build_dir()
     if not build.writable(where):
-        return f"fused C passes ({isa}, built on first use into a temporary folder for each process: {where} is " \
-               "not writable)"
+        return (
+            f"fused C passes ({isa}, built on first use into a temporary folder for each process: {where} is "
+            "not writable)"
+        )
     return f"fused C passes ({isa}, built on first use into {where})"
 
 
@@ -101,16 +103,20 @@ def _compiler_line(f: dict) -> str:
         return f"  SDD          size {f['sdd_size']:,}, {f['sdd_count']:,} decision nodes ({f['vtree']} vtree)"
     if f["compiler"] == "d4":
         return f"  d-DNNF       {f['nnf_nodes']:,} nodes from d4, smoothed into the layout"
-    return (f"  SDD          the pruned SDD of the count tree ({f['vtree']} vtree), built directly "
-            "(--compiler pysdd keeps the whole SDD)")
+    return (
+        f"  SDD          the pruned SDD of the count tree ({f['vtree']} vtree), built directly "
+        "(--compiler pysdd keeps the whole SDD)"
+    )
 
 
 def render_compile(facts: dict) -> str:
     """The text ``probmoe-compile`` prints: what was built, its sizes, count, timings, cache path."""
     f, s = facts, facts["sizes"]
     if f["cache_hit"]:
-        head = (f"cache hit: loaded {f['spec']['describe']} in {_seconds(f['load_seconds'])} "
-                f"(compiling it took {_seconds(f['stored_compile_seconds'])})")
+        head = (
+            f"cache hit: loaded {f['spec']['describe']} in {_seconds(f['load_seconds'])} "
+            f"(compiling it took {_seconds(f['stored_compile_seconds'])})"
+        )
     else:
         head = f"compiled {f['spec']['describe']} in {_seconds(f['compile_seconds'])} ({_compiler_name(f)})"
     if f["model_count_checked"]:

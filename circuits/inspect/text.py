@@ -71,8 +71,18 @@ def level_table(levels: list[dict]) -> str:
     for i, (lv, padded) in enumerate(zip(levels, padded_elements(levels).tolist())):
         groups = groups_text(lv["buckets"])
         note = "(root)" if i == len(levels) - 1 else ""
-        rows.append((str(lv["level"]), f"{lv['nodes']:,}", f"{lv['elements']:,}", str(lv["max_fanin"]),
-                     groups, f"{padded:,}", f"{lv['padding']:.2f}x", note))
+        rows.append(
+            (
+                str(lv["level"]),
+                f"{lv['nodes']:,}",
+                f"{lv['elements']:,}",
+                str(lv["max_fanin"]),
+                groups,
+                f"{padded:,}",
+                f"{lv['padding']:.2f}x",
+                note,
+            )
+        )
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)] + [0]
     left = {4, 7}  # groups and the root note read better left-aligned
 
@@ -118,8 +128,7 @@ def render_text(circuit, nodes: bool | None = None) -> str:
     layout = circuit.layout
     parts = [summary_line(circuit), "", level_table(layout.levels())]
     if nodes or (nodes is None and is_small(layout)):
-        parts += ["", "nodes: name: (prime, sub) per element; x<i> is logit column i, ⊤ is TRUE",
-                  node_listing(layout)]
+        parts += ["", "nodes: name: (prime, sub) per element; x<i> is logit column i, ⊤ is TRUE", node_listing(layout)]
     return "\n".join(parts) + "\n"
 
 

@@ -15,4 +15,4 @@ and its fallback where the library is not built (no compiler, not Linux, PROBMOE
 
 from .build import SCRATCH, VMATH, NativeLibrary, build_dir
 
-__all__ = ["NativeLibrary", "SCRATCH", "VMATH", "build_dir"]
+__all__ = ["SCRATCH", "VMATH", "NativeLibrary", "build_dir"]

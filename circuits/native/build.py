@@ -27,8 +27,9 @@ import subprocess
 import tempfile
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from ..cache_dir import default_cache_dir
 
@@ -87,7 +88,7 @@ def isa_flags(isa: str) -> list[str]:
         return ["-march=x86-64-v4", "-mtune=native", "-mprefer-vector-width=512"]
     if isa == "avx2":
         return ["-march=x86-64-v3", "-mtune=native"]
-    v2 = _V2 <= (_cpu_flags() or set())
+    v2 = (_cpu_flags() or set()) >= _V2
     return ["-march=x86-64-v2" if v2 else "-march=x86-64", "-mtune=native"]
 
 
@@ -172,8 +173,14 @@ class NativeLibrary:
     loads any other this CPU runs (tests and benchmarks compare them); ``describe()`` says where it
     is or why it is not used."""
 
-    def __init__(self, name: str, sources: list[Path], declare: Callable[[ctypes.CDLL], None],
-                 fast_math: Path | None = VMATH, label: str = "C library"):
+    def __init__(
+        self,
+        name: str,
+        sources: list[Path],
+        declare: Callable[[ctypes.CDLL], None],
+        fast_math: Path | None = VMATH,
+        label: str = "C library",
+    ):
         self.name, self.sources, self.declare, self.fast_math = name, sorted(sources), declare, fast_math
         self.label = label  # what reports call it: "C passes unavailable: ..."
         self.lock = threading.Lock()  # taken to load, and by anything that caches what points into it
@@ -279,7 +286,9 @@ class NativeLibrary:
             if isa is None:
                 where = why
                 if why.startswith("unavailable"):
-                    warnings.warn(f"{self.name}: {self.label} {where}; using the torch code", RuntimeWarning)
+                    warnings.warn(
+                        f"{self.name}: {self.label} {where}; using the torch code", RuntimeWarning, stacklevel=2
+                    )
             else:
                 try:
                     lib, path = self._load_or_build(cc, isa)
@@ -287,7 +296,9 @@ class NativeLibrary:
                 except (OSError, RuntimeError, ValueError, subprocess.CalledProcessError) as err:
                     detail = (getattr(err, "stderr", b"") or b"").decode(errors="replace")[-300:]
                     where = f"unavailable: {err}{'; ' + detail if detail else ''}"
-                    warnings.warn(f"{self.name}: {self.label} {where}; using the torch code", RuntimeWarning)
+                    warnings.warn(
+                        f"{self.name}: {self.label} {where}; using the torch code", RuntimeWarning, stacklevel=2
+                    )
                     isa = None
             self.state["lib"], self.state["where"], self.state["isa"] = lib, where, isa
             return lib

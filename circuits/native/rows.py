@@ -27,8 +27,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn.restype, fn.argtypes = i64, args
 
 
-ROWS = NativeLibrary("rows", [SOURCES / "select.c", SOURCES / "uniforms.c"], _declare, fast_math=None,
-                     label="C row operations")
+ROWS = NativeLibrary(
+    "rows", [SOURCES / "select.c", SOURCES / "uniforms.c"], _declare, fast_math=None, label="C row operations"
+)
 library = ROWS.library
 describe = ROWS.describe
 

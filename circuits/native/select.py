@@ -42,8 +42,9 @@ def topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
         return topk_reference(x, k)
     x = x.detach().contiguous()
     values, indices = x.new_empty(x.shape[0], k), torch.empty(x.shape[0], k, dtype=torch.int64)
-    if lib.pm_topk(x.data_ptr(), x.shape[0], x.shape[1], k, values.data_ptr(), indices.data_ptr(),
-                   torch.get_num_threads()):
+    if lib.pm_topk(
+        x.data_ptr(), x.shape[0], x.shape[1], k, values.data_ptr(), indices.data_ptr(), torch.get_num_threads()
+    ):
         raise MemoryError("circuits: topk could not allocate its scratch")
     return values, indices
 
@@ -60,15 +61,25 @@ def topk_chosen(z: Tensor, x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     for float32 CPU rows without building the keys or sorting every entry (O(n + c^2) per row with
     c chosen, where ``topk`` takes O(n k))."""
     if z.dim() != 2 or z.shape != x.shape or not 0 <= k <= z.shape[1]:
-        raise ValueError(f"topk_chosen takes z, x [T, n] of one shape and 0 <= k <= n, got shapes "
-                         f"{list(z.shape)}, {list(x.shape)} and k = {k}")
+        raise ValueError(
+            f"topk_chosen takes z, x [T, n] of one shape and 0 <= k <= n, got shapes "
+            f"{list(z.shape)}, {list(x.shape)} and k = {k}"
+        )
     lib = _library(x)
     if lib is None or z.dtype != x.dtype or k == 0 or x.shape[0] == 0:
         return topk_chosen_reference(z, x, k)
     z, x = z.detach().contiguous(), x.detach().contiguous()
     values, indices = x.new_empty(x.shape[0], k), torch.empty(x.shape[0], k, dtype=torch.int64)
-    if lib.pm_topk_chosen(z.data_ptr(), x.data_ptr(), x.shape[0], x.shape[1], k, values.data_ptr(),
-                          indices.data_ptr(), torch.get_num_threads()):
+    if lib.pm_topk_chosen(
+        z.data_ptr(),
+        x.data_ptr(),
+        x.shape[0],
+        x.shape[1],
+        k,
+        values.data_ptr(),
+        indices.data_ptr(),
+        torch.get_num_threads(),
+    ):
         raise MemoryError("circuits: topk_chosen could not allocate its scratch")
     return values, indices
 
@@ -76,8 +87,9 @@ def topk_chosen(z: Tensor, x: Tensor, k: int) -> tuple[Tensor, Tensor]:
 def kth_largest(x: Tensor, k: int) -> Tensor:
     """x [T, n] float, 1 <= k <= n -> [T] (the C loop would read before its buffer otherwise)."""
     if x.dim() != 2 or not 1 <= k <= x.shape[1]:
-        raise ValueError(f"kth_largest takes x [T, n] and k in [1, n = {x.shape[-1]}], got shape "
-                         f"{list(x.shape)} and k = {k}")
+        raise ValueError(
+            f"kth_largest takes x [T, n] and k in [1, n = {x.shape[-1]}], got shape {list(x.shape)} and k = {k}"
+        )
     lib = _library(x)
     if lib is None or x.shape[0] == 0:
         return kth_largest_reference(x, k)

@@ -34,9 +34,17 @@ from .interface import Passes
 from .program import Program, draw_uniforms
 from .torch_passes import TorchPasses
 
-
-__all__ = ["CPasses", "IMPLEMENTATIONS", "Passes", "Program", "TorchPasses", "describe", "draw_uniforms",
-           "native_kernels", "select"]
+__all__ = [
+    "IMPLEMENTATIONS",
+    "CPasses",
+    "Passes",
+    "Program",
+    "TorchPasses",
+    "describe",
+    "draw_uniforms",
+    "native_kernels",
+    "select",
+]
 
 IMPLEMENTATIONS = ("torch", "c", "triton")
 
@@ -63,8 +71,10 @@ def select(program, dtype: torch.dtype, prefer: str | None = None):
     if prefer is None:
         prefer = _default(program, dtype, c_dp.NATIVE if dp else c_library.NATIVE)
     elif prefer not in IMPLEMENTATIONS or (dp and prefer == "triton"):
-        raise ValueError(f"prefer must be None, {', '.join(map(repr, IMPLEMENTATIONS[:2 if dp else 3]))}, got "
-                         f"{prefer!r}{' (the DP has no Triton sweeps)' if dp and prefer == 'triton' else ''}")
+        raise ValueError(
+            f"prefer must be None, {', '.join(map(repr, IMPLEMENTATIONS[: 2 if dp else 3]))}, got "
+            f"{prefer!r}{' (the DP has no Triton sweeps)' if dp and prefer == 'triton' else ''}"
+        )
     elif prefer != "torch" and dtype != torch.float32:
         raise ValueError(f"the {prefer} passes take float32 logits, got {dtype}")
     elif prefer == "c" and program.device.type != "cpu":

@@ -34,8 +34,10 @@ class CPasses(Passes):
         if self.lib is None:
             raise RuntimeError("the C passes are not available (circuits.passes.describe() says why)")
         prog = program
-        nodes = torch.tensor([[g.start + j, g.rows.start + j * g.fanin, g.fanin] for g in prog.groups
-                              for j in range(g.nodes)], dtype=torch.int64)  # [D, 3], bottom-up
+        nodes = torch.tensor(
+            [[g.start + j, g.rows.start + j * g.fanin, g.fanin] for g in prog.groups for j in range(g.nodes)],
+            dtype=torch.int64,
+        )  # [D, 3], bottom-up
         ids, _ = prog.scope_ids
         self.uid = torch.zeros(prog.num_slots, dtype=torch.int64)  # [S]: a decision slot's row of the uniforms
         for g in prog.groups:
@@ -50,15 +52,40 @@ class CPasses(Passes):
         coef = None if lin is None or (real.numel() and float(real.min()) < FLOAT_COEF_MIN) else coef_d.float()
         tilt = prog.tilt  # the tilt of the pass on logarithms (torch_passes.tilt)
         up, down = tilt.up.float().cpu().contiguous(), tilt.down.float().cpu().contiguous()
-        self._keep = (nodes, prog.prime, prog.sub, imp_off, imp_var, coef, coef_d, up, down)  # what the struct points into
+        self._keep = (
+            nodes,
+            prog.prime,
+            prog.sub,
+            imp_off,
+            imp_var,
+            coef,
+            coef_d,
+            up,
+            down,
+        )  # what the struct points into
         self._coef_d = coef_d
         scalars = (0.0,) * 5 + (-1.0,) if lin is None else lin[1:]
         self.struct = c_library.ProgStruct(
-            prog.n, prog.num_slots, prog.num_rows, len(nodes), int(prog.smooth), nodes.data_ptr(),
-            prog.prime.data_ptr(), prog.sub.data_ptr(), imp_off.data_ptr(), imp_var.data_ptr(),
-            None if coef is None else coef.data_ptr(), *scalars,
-            up.data_ptr(), down.data_ptr(), tilt.kmin, tilt.kmax, int(not tilt.uniform),
-            None if coef_d is None else coef_d.data_ptr(), *scalars[:4])
+            prog.n,
+            prog.num_slots,
+            prog.num_rows,
+            len(nodes),
+            int(prog.smooth),
+            nodes.data_ptr(),
+            prog.prime.data_ptr(),
+            prog.sub.data_ptr(),
+            imp_off.data_ptr(),
+            imp_var.data_ptr(),
+            None if coef is None else coef.data_ptr(),
+            *scalars,
+            up.data_ptr(),
+            down.data_ptr(),
+            tilt.kmin,
+            tilt.kmax,
+            int(not tilt.uniform),
+            None if coef_d is None else coef_d.data_ptr(),
+            *scalars[:4],
+        )
 
     def _run(self, fn, *args) -> int:
         """Call a pass with torch's thread count (OpenMP threads inside); returns how many tiles of
@@ -75,24 +102,32 @@ class CPasses(Passes):
         logarithms. For diagnostics and tests."""
         n = self.program.n
         if r.dim() != 2 or r.shape[1] != n or r.dtype != torch.float32 or r.device.type != "cpu":
-            raise ValueError(f"linear_tiles takes float32 CPU logits [T, {n}], got {r.dtype} {list(r.shape)} on "
-                             f"{r.device}")
+            raise ValueError(
+                f"linear_tiles takes float32 CPU logits [T, {n}], got {r.dtype} {list(r.shape)} on {r.device}"
+            )
         r = r.contiguous()
         if shift is not None and shift.shape[0] != r.shape[0]:
             raise ValueError(f"shift must have one row per token ({r.shape[0]}), got {list(shift.shape)}")
         log_z = r.new_empty(r.shape[0])
-        done = self._run(self.lib.pm_marginals, r.data_ptr(), _pointer(shift), None, log_z.data_ptr(), None,
-                         r.shape[0])
+        done = self._run(self.lib.pm_marginals, r.data_ptr(), _pointer(shift), None, log_z.data_ptr(), None, r.shape[0])
         return done, -(-r.shape[0] // self.lib.pm_tile_tokens())
 
-    def log_partition(self, r: Tensor, marginals: bool, shift: Tensor | None = None, *,
-                      accurate: bool = True, refine: bool = True) -> tuple[Tensor, Tensor | None]:
+    def log_partition(
+        self, r: Tensor, marginals: bool, shift: Tensor | None = None, *, accurate: bool = True, refine: bool = True
+    ) -> tuple[Tensor, Tensor | None]:
         log_z, m = r.new_empty(r.shape[0]), torch.empty_like(r) if marginals else None
         refine = marginals and refine and self.program.float64_rows
         lin = torch.empty(r.shape[0], dtype=torch.uint8) if refine else None  # 1: the token's tile was linear
         if marginals or not accurate:
-            self._run(self.lib.pm_marginals, r.data_ptr(), _pointer(shift), None if m is None else m.data_ptr(),
-                      log_z.data_ptr(), None if lin is None else lin.data_ptr(), r.shape[0])
+            self._run(
+                self.lib.pm_marginals,
+                r.data_ptr(),
+                _pointer(shift),
+                None if m is None else m.data_ptr(),
+                log_z.data_ptr(),
+                None if lin is None else lin.data_ptr(),
+                r.shape[0],
+            )
         if refine:  # the linear pass keeps 24 bits relative to each value; the pass on logarithms does not
             rows = (lin == 0).nonzero().squeeze(1)
             if rows.numel():
@@ -117,14 +152,23 @@ class CPasses(Passes):
             x = shifted(r[rows], None if shift is None else shift[rows])
             log_z[rows] = torch_passes.accurate_log_z(self.program, x)
 
-    def sample(self, r: Tensor, uniforms: Tensor, fill: Tensor | None,
-               shift: Tensor | None = None, log_z: bool = True) -> tuple[Tensor, Tensor | None]:
+    def sample(
+        self, r: Tensor, uniforms: Tensor, fill: Tensor | None, shift: Tensor | None = None, log_z: bool = True
+    ) -> tuple[Tensor, Tensor | None]:
         uniforms = uniforms.contiguous()
         fill = None if fill is None else fill.contiguous()
         z, lz = torch.empty_like(r), r.new_empty(r.shape[0]) if log_z else None
-        self._run(self.lib.pm_sample, r.data_ptr(), _pointer(shift), uniforms.data_ptr(), self.uid.data_ptr(),
-                  None if fill is None else fill.data_ptr(), z.data_ptr(), None if lz is None else lz.data_ptr(),
-                  r.shape[0])
+        self._run(
+            self.lib.pm_sample,
+            r.data_ptr(),
+            _pointer(shift),
+            uniforms.data_ptr(),
+            self.uid.data_ptr(),
+            None if fill is None else fill.data_ptr(),
+            z.data_ptr(),
+            None if lz is None else lz.data_ptr(),
+            r.shape[0],
+        )
         return z, lz
 
     def map(self, r: Tensor, shift: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -138,8 +182,9 @@ class CPasses(Passes):
         self._run(self.lib.pm_jvp, r.data_ptr(), _pointer(shift), v.data_ptr(), out.data_ptr(), r.shape[0])
         return out
 
-    def chosen(self, r: Tensor, uniforms: Tensor, fill: Tensor | None, p: Tensor, slots: int, shift_k: int = 0
-               ) -> tuple[Tensor, Tensor, Tensor]:
+    def chosen(
+        self, r: Tensor, uniforms: Tensor, fill: Tensor | None, p: Tensor, slots: int, shift_k: int = 0
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """``sample``'s draw, then each token's drawn variables by the scores p [T, n] descending (ties
         to the lower index) in ``slots`` slots, in the same pass (``circuits::chosen_scores``): ->
         (weights [T, slots] = p there, indices [T, slots] long, mask [T, slots] bool); unused slots
@@ -152,13 +197,26 @@ class CPasses(Passes):
         mask = torch.empty(T, slots, dtype=torch.bool)
         shift = r.new_empty(T) if shift_k else None  # the pass's scratch
         if T and slots:
-            self._run(self.lib.pm_chosen, r.data_ptr(), shift_k, _pointer(shift), uniforms.data_ptr(),
-                      self.uid.data_ptr(), None if fill is None else fill.data_ptr(), p.data_ptr(), slots,
-                      idx.data_ptr(), w.data_ptr(), mask.data_ptr(), T)
+            self._run(
+                self.lib.pm_chosen,
+                r.data_ptr(),
+                shift_k,
+                _pointer(shift),
+                uniforms.data_ptr(),
+                self.uid.data_ptr(),
+                None if fill is None else fill.data_ptr(),
+                p.data_ptr(),
+                slots,
+                idx.data_ptr(),
+                w.data_ptr(),
+                mask.data_ptr(),
+                T,
+            )
         return w, idx, mask
 
-    def chosen_backward(self, r: Tensor, indices: Tensor, mask: Tensor, g: Tensor, sigmoid: bool, shift_k: int = 0
-                        ) -> Tensor:
+    def chosen_backward(
+        self, r: Tensor, indices: Tensor, mask: Tensor, g: Tensor, sigmoid: bool, shift_k: int = 0
+    ) -> Tensor:
         """The gradient of ``chosen``'s weights in one pass: r [T, n], indices [T, slots], mask [T, slots]
         bool, g [T, slots] -> [T, n] = Cov(z) g_t + the scores' backward, g_t = (g at the used slots,
         scattered to their variables) ⊙ p, p = softmax(r) (or sigmoid(r)) recomputed; shift_k as
@@ -168,8 +226,19 @@ class CPasses(Passes):
         out = torch.empty_like(r)
         shift = r.new_empty(r.shape[0]) if shift_k else None
         if r.shape[0]:
-            self._run(self.lib.pm_chosen_backward, r.data_ptr(), shift_k, _pointer(shift), indices.data_ptr(),
-                      g.data_ptr(), mask.data_ptr(), indices.shape[1], int(sigmoid), out.data_ptr(), r.shape[0])
+            self._run(
+                self.lib.pm_chosen_backward,
+                r.data_ptr(),
+                shift_k,
+                _pointer(shift),
+                indices.data_ptr(),
+                g.data_ptr(),
+                mask.data_ptr(),
+                indices.shape[1],
+                int(sigmoid),
+                out.data_ptr(),
+                r.shape[0],
+            )
         return out
 
 
@@ -219,8 +288,15 @@ def linear_constants(prog: Program) -> tuple[Tensor, float, float, float, float,
     coef = log_c.exp().cpu().contiguous()
     soft = math.log1p(math.exp(-abs(r0)))  # log sigma(+-r0) = min(+-r0, 0) - soft
     pos, neg = min(r0, 0.0) - soft, min(-r0, 0.0) - soft
-    return (coef, math.exp(LINEAR_OFFSET - pos), math.exp(LINEAR_OFFSET - neg), math.exp(LINEAR_OFFSET),
-            float(b[prog.num_slots - 1]) - LINEAR_OFFSET, r0, _fixed_cardinality(prog, k))
+    return (
+        coef,
+        math.exp(LINEAR_OFFSET - pos),
+        math.exp(LINEAR_OFFSET - neg),
+        math.exp(LINEAR_OFFSET),
+        float(b[prog.num_slots - 1]) - LINEAR_OFFSET,
+        r0,
+        _fixed_cardinality(prog, k),
+    )
 
 
 def _fixed_cardinality(prog: Program, k: float) -> float:

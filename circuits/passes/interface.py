@@ -38,8 +38,9 @@ class Passes:
     def __init__(self, program: Program):
         self.program = program
 
-    def log_partition(self, r: Tensor, marginals: bool, shift: Tensor | None = None, *,
-                      accurate: bool = True, refine: bool = True) -> tuple[Tensor, Tensor | None]:
+    def log_partition(
+        self, r: Tensor, marginals: bool, shift: Tensor | None = None, *, accurate: bool = True, refine: bool = True
+    ) -> tuple[Tensor, Tensor | None]:
         """(log Z [T], P(x_i = 1 | C) [T, n] when ``marginals``, else None): upward, downward.
         ``accurate``: log Z accumulated in float64 (fp32 within 1e-6 relative of a float64
         reference); False: in r's dtype, for callers that only check it is finite. ``refine``:
@@ -48,8 +49,9 @@ class Passes:
         pass; the C passes' linear tiles keep theirs)."""
         raise NotImplementedError
 
-    def sample(self, r: Tensor, uniforms: Tensor, fill: Tensor | None,
-               shift: Tensor | None = None, log_z: bool = True) -> tuple[Tensor, Tensor | None]:
+    def sample(
+        self, r: Tensor, uniforms: Tensor, fill: Tensor | None, shift: Tensor | None = None, log_z: bool = True
+    ) -> tuple[Tensor, Tensor | None]:
         """(one exact draw z [T, n] in {0, 1}, log Z [T]) from the uniforms of
         ``program.draw_uniforms``: [count, T] and [T, n] (None for a smooth circuit). ``log_z``
         False: log Z is not wanted (None, or computed anyway where it costs nothing more)."""
@@ -63,4 +65,3 @@ class Passes:
     def marginals_jvp(self, r: Tensor, v: Tensor, shift: Tensor | None = None) -> Tensor:
         """Cov(z) v = (d marginals / d r) v: r, v [T, n] -> [T, n]."""
         raise NotImplementedError
-

@@ -108,7 +108,7 @@ class Program:
         return out, len(ids)
 
     @functools.cached_property
-    def tilt(self) -> "Tilt":
+    def tilt(self) -> Tilt:
         """The model sizes the tilted passes need (``Tilt``). Computed on first use: one walk over
         the elements, bottom-up."""
         prime, sub = self.prime.cpu().numpy(), self.sub.cpu().numpy()
@@ -129,24 +129,37 @@ class Program:
             up[rows] = np.where(live, e_hi - n_hi[:, None], 0).ravel()
             down[rows] = np.where(live, e_lo - n_lo[:, None], 0).ravel()
         dev = self.prime.device
-        return Tilt(int(lo[-1]), int(hi[-1]), torch.as_tensor(up, dtype=torch.float64, device=dev),
-                    torch.as_tensor(down, dtype=torch.float64, device=dev),
-                    bool(not up.any() and not down.any() and self.smooth))
+        return Tilt(
+            int(lo[-1]),
+            int(hi[-1]),
+            torch.as_tensor(up, dtype=torch.float64, device=dev),
+            torch.as_tensor(down, dtype=torch.float64, device=dev),
+            bool(not up.any() and not down.any() and self.smooth),
+        )
 
     @staticmethod
-    def from_layout(layout: Layout, device: torch.device | str = "cpu") -> "Program":
+    def from_layout(layout: Layout, device: torch.device | str = "cpu") -> Program:
         ch = torch.as_tensor(layout.children, dtype=torch.long, device=device)
         groups = []
         for start, nodes, fanin, off, _ in layout.groups.tolist():
             rows = slice(off, off + nodes * fanin)
             groups.append(Group(start, nodes, fanin, ch[rows, 0].contiguous(), ch[rows, 1].contiguous(), rows))
         imp = torch.as_tensor(layout.implicit, dtype=torch.long, device=device)
-        return Program(layout.n, layout.num_slots, len(ch), groups, ch[:, 0].contiguous(),
-                       ch[:, 1].contiguous(), imp[:, 0].contiguous(), imp[:, 1].contiguous())
+        return Program(
+            layout.n,
+            layout.num_slots,
+            len(ch),
+            groups,
+            ch[:, 0].contiguous(),
+            ch[:, 1].contiguous(),
+            imp[:, 0].contiguous(),
+            imp[:, 1].contiguous(),
+        )
 
 
-def draw_uniforms(prog: Program, r: Tensor, seed: Tensor | torch.Generator | None = None
-                  ) -> tuple[Tensor, Tensor | None]:
+def draw_uniforms(
+    prog: Program, r: Tensor, seed: Tensor | torch.Generator | None = None
+) -> tuple[Tensor, Tensor | None]:
     """The uniforms one draw per token uses, in this order: [count, T], one per vtree node and token
     (``Program.scope_ids``), then [T, n] for the implicit variables (None for a smooth circuit); all
     from one seed (``circuits.native.uniforms``): a 0-dim int64 tensor, or a generator (None: the

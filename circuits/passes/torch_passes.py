@@ -115,7 +115,7 @@ def tilt_constant(r: Tensor, kmin: int, kmax: int, refine: bool = True) -> Tenso
     T, n = r.shape
     inf = torch.full((T,), torch.inf, dtype=r.dtype, device=r.device)
     top = torch.topk(r, min(kmax, n), dim=1).values  # [T, min(kmax, n)]; a k-th largest past n is -inf
-    kth = lambda k: top[:, k - 1] if k <= n else -inf  # noqa: E731
+    kth = lambda k: top[:, k - 1] if k <= n else -inf
     r_max = kth(kmax) if kmax > 0 else inf
     r_min = kth(kmin) if kmin > 0 else inf
     c = torch.minimum(r_min, r_max.clamp(min=0.0))
@@ -148,7 +148,7 @@ def tilt(prog: Program, r: Tensor, elements: bool = True, refine: bool = True) -
     g = torch.where(cc == 0, torch.zeros_like(g), g)  # [T, n]
     cp, cn = c.clamp(min=0.0).double(), c.clamp(max=0.0).double()
     # sum_i sp(x_i) - sp(r_i) in float64: equal logits round alike, and n alike roundings add up;
-    sp = lambda z: F.softplus(z.double(), threshold=40.0)  # noqa: E731 (exact in float64 past 40)
+    sp = lambda z: F.softplus(z.double(), threshold=40.0)
     # x in float64, not the rounded fp32 x: a leaf far from c hardly feels that rounding (log sigma is
     # flat there), the offset would take all of it (2e-3 at logits 2e4 from c)
     offset = t.kmax * cp + t.kmin * cn + (sp(r.double() - c.double().unsqueeze(1)) - sp(r)).sum(1)  # [T]
@@ -195,8 +195,15 @@ def _gather_elements(val: Tensor, g: Group, out: Tensor, tmp: Tensor) -> Tensor:
     return e.view(g.nodes, g.fanin, -1)
 
 
-def upward(prog: Program, r: Tensor, *, mode: str = "sum", gap: Tensor | None = None,
-           v: Tensor | None = None, dgap: Tensor | None = None) -> Upward:
+def upward(
+    prog: Program,
+    r: Tensor,
+    *,
+    mode: str = "sum",
+    gap: Tensor | None = None,
+    v: Tensor | None = None,
+    dgap: Tensor | None = None,
+) -> Upward:
     """Every node's log-value: logsumexp ("sum") or max ("max") over its elements.
 
     r: [T, n] the leaves' logits (the tilted ones x of ``tilt`` in the sum passes). gap: optional
@@ -258,8 +265,11 @@ def downward(prog: Program, up: Upward) -> Tensor:
             flow.copy_(g[grp.slots])
         else:
             coef = g[grp.slots] / up.norm[grp.slots]  # [nodes, T]
-            torch.mul(up.ex[grp.rows].view(grp.nodes, grp.fanin, -1), coef.unsqueeze(1),
-                      out=flow.view(grp.nodes, grp.fanin, -1))
+            torch.mul(
+                up.ex[grp.rows].view(grp.nodes, grp.fanin, -1),
+                coef.unsqueeze(1),
+                out=flow.view(grp.nodes, grp.fanin, -1),
+            )
         g.index_add_(0, grp.prime, flow)
         g.index_add_(0, grp.sub, flow)
     return g
@@ -429,8 +439,9 @@ class TorchPasses(Passes):
 
     name = "torch"
 
-    def log_partition(self, r: Tensor, marginals: bool, shift: Tensor | None = None, *,
-                      accurate: bool = True, refine: bool = True) -> tuple[Tensor, Tensor | None]:
+    def log_partition(
+        self, r: Tensor, marginals: bool, shift: Tensor | None = None, *, accurate: bool = True, refine: bool = True
+    ) -> tuple[Tensor, Tensor | None]:
         if marginals and refine and self.program.float64_rows and r.dtype == torch.float32:
             log_z, m = self.log_partition(shifted(r, shift, torch.float64), True)  # every row is on logarithms here
             return log_z.float(), m.float()
@@ -443,8 +454,9 @@ class TorchPasses(Passes):
         m = marginals_from_flows(self.program, downward(self.program, up), torch.sigmoid(r)) if marginals else None
         return accurate_log_z(self.program, r) if again else _log_z(up, tl), m
 
-    def sample(self, r: Tensor, uniforms: Tensor, fill: Tensor | None,
-               shift: Tensor | None = None, log_z: bool = True) -> tuple[Tensor, Tensor]:
+    def sample(
+        self, r: Tensor, uniforms: Tensor, fill: Tensor | None, shift: Tensor | None = None, log_z: bool = True
+    ) -> tuple[Tensor, Tensor]:
         r = shifted(r, shift)
         tl = tilt(self.program, r)
         up = upward(self.program, tl.x, gap=tl.gap)

@@ -94,8 +94,32 @@ def _tilt_tangent(e, tok, live, n, dg, imp_off, imp_var, B: tl.constexpr):
 
 
 @triton.jit
-def _upward(val, ex, norm, dval, de, nodes, prime, sub, D, B: tl.constexpr, TANGENTS: tl.constexpr,
-            tok, live, n, cp, cn, g, dg, up, down, imp_off, imp_var, TILT: tl.constexpr, SMOOTH: tl.constexpr):
+def _upward(
+    val,
+    ex,
+    norm,
+    dval,
+    de,
+    nodes,
+    prime,
+    sub,
+    D,
+    B: tl.constexpr,
+    TANGENTS: tl.constexpr,
+    tok,
+    live,
+    n,
+    cp,
+    cn,
+    g,
+    dg,
+    up,
+    down,
+    imp_off,
+    imp_var,
+    TILT: tl.constexpr,
+    SMOOTH: tl.constexpr,
+):
     """The "sum" upward pass (``torch_passes.upward``): node log-values into val; for fan-in > 1 the
     element weights exp(e - node max) into ex and their sum (at least TINY) into norm. TANGENTS: also
     dval (d node = E_w[d e]) and the element tangents de. A product (fan-in 1) is its element's value,
@@ -155,9 +179,34 @@ def _root_rows(buf, S, root: tl.constexpr, B: tl.constexpr):
 
 
 @triton.jit
-def marginals_kernel(r, pr, c, tg, m, logz, val, ex, norm, g, nodes, prime, sub, up, down, imp_off, imp_var,
-                     T, n, S, R, D, B: tl.constexpr, SMOOTH: tl.constexpr, MARGINALS: tl.constexpr,
-                     TILT: tl.constexpr):
+def marginals_kernel(
+    r,
+    pr,
+    c,
+    tg,
+    m,
+    logz,
+    val,
+    ex,
+    norm,
+    g,
+    nodes,
+    prime,
+    sub,
+    up,
+    down,
+    imp_off,
+    imp_var,
+    T,
+    n,
+    S,
+    R,
+    D,
+    B: tl.constexpr,
+    SMOOTH: tl.constexpr,
+    MARGINALS: tl.constexpr,
+    TILT: tl.constexpr,
+):
     """log Z [T] (of the tilted pass: the caller adds the tilt's offset) and, when MARGINALS, m [T, n] =
     P(x_i = 1 | C) (``torch_passes.upward``, ``downward``, ``marginals_from_flows``). r: the tilted
     logits x [T, n], pr: the logits [T, n], c [T] the tilt, tg [T, n] its implicit terms (see
@@ -167,8 +216,32 @@ def marginals_kernel(r, pr, c, tg, m, logz, val, ex, norm, g, nodes, prime, sub,
         tok, live = _tokens(blk, T, B)
         _leaves(r, val, val, r, tok, live, n, B, False)
         ct = tl.load(c + tok, mask=live, other=0.0)
-        _upward(val, ex, norm, val, ex, nodes, prime, sub, D, B, False, tok, live, n, tl.maximum(ct, 0.0),
-                tl.minimum(ct, 0.0), tg, tg, up, down, imp_off, imp_var, TILT, SMOOTH)
+        _upward(
+            val,
+            ex,
+            norm,
+            val,
+            ex,
+            nodes,
+            prime,
+            sub,
+            D,
+            B,
+            False,
+            tok,
+            live,
+            n,
+            tl.maximum(ct, 0.0),
+            tl.minimum(ct, 0.0),
+            tg,
+            tg,
+            up,
+            down,
+            imp_off,
+            imp_var,
+            TILT,
+            SMOOTH,
+        )
         tl.store(logz + tok, tl.load(val + (S - 1) * B), mask=live)
         if MARGINALS:
             _root_rows(g, S, 1.0, B)
@@ -192,8 +265,35 @@ def marginals_kernel(r, pr, c, tg, m, logz, val, ex, norm, g, nodes, prime, sub,
 
 
 @triton.jit
-def sample_kernel(r, pr, c, tg, uniforms, fill, z, logz, val, ex, norm, act, nodes, prime, sub, up, down, imp_off,
-                  imp_var, T, n, S, R, D, B: tl.constexpr, SMOOTH: tl.constexpr, TILT: tl.constexpr):
+def sample_kernel(
+    r,
+    pr,
+    c,
+    tg,
+    uniforms,
+    fill,
+    z,
+    logz,
+    val,
+    ex,
+    norm,
+    act,
+    nodes,
+    prime,
+    sub,
+    up,
+    down,
+    imp_off,
+    imp_var,
+    T,
+    n,
+    S,
+    R,
+    D,
+    B: tl.constexpr,
+    SMOOTH: tl.constexpr,
+    TILT: tl.constexpr,
+):
     """One exact draw z [T, n] and log Z [T] (tilted, as ``marginals_kernel``) (``torch_passes.sample``):
     each active node picks its element by inverse CDF with the uniform of its row of uniforms [count, T];
     an implicit variable is 1 when its fill [T, n] < sigmoid(pr). r, pr, c, tg as ``marginals_kernel``.
@@ -203,8 +303,32 @@ def sample_kernel(r, pr, c, tg, uniforms, fill, z, logz, val, ex, norm, act, nod
         tok, live = _tokens(blk, T, B)
         _leaves(r, val, val, r, tok, live, n, B, False)
         ct = tl.load(c + tok, mask=live, other=0.0)
-        _upward(val, ex, norm, val, ex, nodes, prime, sub, D, B, False, tok, live, n, tl.maximum(ct, 0.0),
-                tl.minimum(ct, 0.0), tg, tg, up, down, imp_off, imp_var, TILT, SMOOTH)
+        _upward(
+            val,
+            ex,
+            norm,
+            val,
+            ex,
+            nodes,
+            prime,
+            sub,
+            D,
+            B,
+            False,
+            tok,
+            live,
+            n,
+            tl.maximum(ct, 0.0),
+            tl.minimum(ct, 0.0),
+            tg,
+            tg,
+            up,
+            down,
+            imp_off,
+            imp_var,
+            TILT,
+            SMOOTH,
+        )
         tl.store(logz + tok, tl.load(val + (S - 1) * B), mask=live)
         _root_rows(act, S, 1.0, B)
         for k in range(D):  # top-down: an active node (activity 1) passes 1 to its chosen element's prime and sub
@@ -235,8 +359,32 @@ def sample_kernel(r, pr, c, tg, uniforms, fill, z, logz, val, ex, norm, act, nod
 
 
 @triton.jit
-def map_kernel(r, pr, c, hm, z, best, val, ex, act, nodes, prime, sub, up, down, imp_off, imp_var, T, n, S, R, D,
-               B: tl.constexpr, SMOOTH: tl.constexpr, TILT: tl.constexpr):
+def map_kernel(
+    r,
+    pr,
+    c,
+    hm,
+    z,
+    best,
+    val,
+    ex,
+    act,
+    nodes,
+    prime,
+    sub,
+    up,
+    down,
+    imp_off,
+    imp_var,
+    T,
+    n,
+    S,
+    R,
+    D,
+    B: tl.constexpr,
+    SMOOTH: tl.constexpr,
+    TILT: tl.constexpr,
+):
     """The most probable assignment z [T, n] and its log-value best [T] (of the tilted pass: the caller
     adds the tilt's offset) (``torch_passes.max_upward``, ``map_assignment``): max-product upward, an
     implicit variable adding its best value hm [T, n] (``torch_passes.max_terms``) to its element
@@ -285,20 +433,78 @@ def map_kernel(r, pr, c, hm, z, best, val, ex, act, nodes, prime, sub, up, down,
 
 
 @triton.jit
-def jvp_kernel(r, pr, c, tg, tdg, v, out, val, ex, norm, dval, de, g, dg, nodes, prime, sub, up, down, imp_off,
-               imp_var, T, n, S, R, D, B: tl.constexpr, SMOOTH: tl.constexpr, TILT: tl.constexpr):
+def jvp_kernel(
+    r,
+    pr,
+    c,
+    tg,
+    tdg,
+    v,
+    out,
+    val,
+    ex,
+    norm,
+    dval,
+    de,
+    g,
+    dg,
+    nodes,
+    prime,
+    sub,
+    up,
+    down,
+    imp_off,
+    imp_var,
+    T,
+    n,
+    S,
+    R,
+    D,
+    B: tl.constexpr,
+    SMOOTH: tl.constexpr,
+    TILT: tl.constexpr,
+):
     """out [T, n] = Cov(z) v for pr, v [T, n] (``torch_passes.marginals_jvp``): tangents up, then the
     flows g and their tangents dg down. r, c, tg as ``marginals_kernel``; tdg [T, n] the tangents of
     the tilt's implicit terms. Scratch: val, norm, dval, g, dg [programs, S, B]; ex, de [programs, R, B]."""
-    val, norm, dval, g, dg = _scratch(val, S, B), _scratch(norm, S, B), _scratch(dval, S, B), _scratch(g, S, B), \
-        _scratch(dg, S, B)
+    val, norm, dval, g, dg = (
+        _scratch(val, S, B),
+        _scratch(norm, S, B),
+        _scratch(dval, S, B),
+        _scratch(g, S, B),
+        _scratch(dg, S, B),
+    )
     ex, de = _scratch(ex, R, B), _scratch(de, R, B)
     for blk in range(tl.program_id(0), tl.cdiv(T, B), tl.num_programs(0)):  # blocks of B tokens
         tok, live = _tokens(blk, T, B)
         _leaves(r, val, dval, v, tok, live, n, B, True)
         ct = tl.load(c + tok, mask=live, other=0.0)
-        _upward(val, ex, norm, dval, de, nodes, prime, sub, D, B, True, tok, live, n, tl.maximum(ct, 0.0),
-                tl.minimum(ct, 0.0), tg, tdg, up, down, imp_off, imp_var, TILT, SMOOTH)
+        _upward(
+            val,
+            ex,
+            norm,
+            dval,
+            de,
+            nodes,
+            prime,
+            sub,
+            D,
+            B,
+            True,
+            tok,
+            live,
+            n,
+            tl.maximum(ct, 0.0),
+            tl.minimum(ct, 0.0),
+            tg,
+            tdg,
+            up,
+            down,
+            imp_off,
+            imp_var,
+            TILT,
+            SMOOTH,
+        )
         _root_rows(g, S, 1.0, B)
         _root_rows(dg, S, 0.0, B)
         for k in range(D):  # flow = w coef, d flow = w ((de - d node) coef + d coef), to prime and sub

@@ -35,11 +35,24 @@ class TritonPasses(Passes):
         self.block, self.scratch_bytes = block, scratch_bytes
         prog, dev = program, program.device
         ids, _ = prog.scope_ids
-        self.nodes = torch.cat([  # [D, 4] bottom-up: slot, first element row, fan-in, row of the uniforms
-            torch.stack([torch.arange(g.start, g.start + g.nodes, device=dev),
-                         torch.arange(g.rows.start, g.rows.stop, g.fanin, device=dev),
-                         torch.full((g.nodes,), g.fanin, device=dev), ids[g.start]], dim=1)
-            for g in prog.groups]).to(torch.int32).contiguous()
+        self.nodes = (
+            torch.cat(
+                [  # [D, 4] bottom-up: slot, first element row, fan-in, row of the uniforms
+                    torch.stack(
+                        [
+                            torch.arange(g.start, g.start + g.nodes, device=dev),
+                            torch.arange(g.rows.start, g.rows.stop, g.fanin, device=dev),
+                            torch.full((g.nodes,), g.fanin, device=dev),
+                            ids[g.start],
+                        ],
+                        dim=1,
+                    )
+                    for g in prog.groups
+                ]
+            )
+            .to(torch.int32)
+            .contiguous()
+        )
         self.prime = prog.prime.to(torch.int32).contiguous()  # [R]
         self.sub = prog.sub.to(torch.int32).contiguous()  # [R]
         order = torch.argsort(prog.implicit_row, stable=True)  # implicit pairs by element row, CSR
@@ -70,12 +83,28 @@ class TritonPasses(Passes):
         programs = min(blocks, max(1, self.scratch_bytes // per_program))  # each loops over its share of blocks
         buffers = [r.new_empty(programs, rows[kind], self.block) for kind in scratch]
         # no fused multiply-add: products round as in the torch passes (and the C passes, -ffp-contract=off)
-        kernel[(programs,)](*args, *buffers, self.nodes, self.prime, self.sub, *tables, T, prog.n, prog.num_slots,
-                            prog.num_rows, len(self.nodes), B=self.block, SMOOTH=prog.smooth,
-                            num_warps=self.block // 32, enable_fp_fusion=False, **flags)
+        kernel[(programs,)](
+            *args,
+            *buffers,
+            self.nodes,
+            self.prime,
+            self.sub,
+            *tables,
+            T,
+            prog.n,
+            prog.num_slots,
+            prog.num_rows,
+            len(self.nodes),
+            B=self.block,
+            SMOOTH=prog.smooth,
+            num_warps=self.block // 32,
+            enable_fp_fusion=False,
+            **flags,
+        )
 
-    def log_partition(self, r: Tensor, marginals: bool, shift: Tensor | None = None, *,
-                      accurate: bool = True, refine: bool = True) -> tuple[Tensor, Tensor | None]:
+    def log_partition(
+        self, r: Tensor, marginals: bool, shift: Tensor | None = None, *, accurate: bool = True, refine: bool = True
+    ) -> tuple[Tensor, Tensor | None]:
         if marginals and refine and self.program.float64_rows:  # the torch passes in float64 (Passes)
             return torch_passes.TorchPasses(self.program).log_partition(r, True, shift)
         r = shifted(r, shift)
@@ -84,26 +113,41 @@ class TritonPasses(Passes):
             return torch_passes.accurate_log_z(self.program, r), m
         tl, _ = self._tilt(r)
         log_z, m = r.new_empty(r.shape[0]), torch.empty_like(r) if marginals else None
-        self._launch(K.marginals_kernel, r, (tl.x, r, tl.c, tl.g, log_z if m is None else m, log_z), "srss",
-                     self.tilt_tables, MARGINALS=marginals, TILT=self.tilt_moves)
+        self._launch(
+            K.marginals_kernel,
+            r,
+            (tl.x, r, tl.c, tl.g, log_z if m is None else m, log_z),
+            "srss",
+            self.tilt_tables,
+            MARGINALS=marginals,
+            TILT=self.tilt_moves,
+        )
         return (log_z.double() + tl.offset).to(r.dtype), m
 
-    def sample(self, r: Tensor, uniforms: Tensor, fill: Tensor | None,
-               shift: Tensor | None = None, log_z: bool = True) -> tuple[Tensor, Tensor]:
+    def sample(
+        self, r: Tensor, uniforms: Tensor, fill: Tensor | None, shift: Tensor | None = None, log_z: bool = True
+    ) -> tuple[Tensor, Tensor]:
         r = shifted(r, shift)
         tl, _ = self._tilt(r)
         z, log_z = torch.empty_like(r), r.new_empty(r.shape[0])
         fill = uniforms if fill is None else fill.contiguous()  # unread when the circuit is smooth
-        self._launch(K.sample_kernel, r, (tl.x, r, tl.c, tl.g, uniforms.contiguous(), fill, z, log_z), "srss",
-                     self.tilt_tables, TILT=self.tilt_moves)
+        self._launch(
+            K.sample_kernel,
+            r,
+            (tl.x, r, tl.c, tl.g, uniforms.contiguous(), fill, z, log_z),
+            "srss",
+            self.tilt_tables,
+            TILT=self.tilt_moves,
+        )
         return z, (log_z.double() + tl.offset).to(r.dtype)
 
     def map(self, r: Tensor, shift: Tensor | None = None) -> tuple[Tensor, Tensor]:
         r = shifted(r, shift)
         z, best = torch.empty_like(r), r.new_empty(r.shape[0])
         if not self.tilt_moves:  # exactly-k: not tilted (``torch_passes.max_upward``)
-            self._launch(K.map_kernel, r, (r, r, r.new_zeros(r.shape[0]), r, z, best), "srs", self.tilt_tables,
-                         TILT=False)
+            self._launch(
+                K.map_kernel, r, (r, r, r.new_zeros(r.shape[0]), r, z, best), "srs", self.tilt_tables, TILT=False
+            )
             return z, best
         tl = torch_passes.tilt(self.program, r, elements=False, refine=False)
         hm = torch_passes.max_terms(tl.x, tl.c).contiguous()  # [T, n]
@@ -115,6 +159,7 @@ class TritonPasses(Passes):
         v = v.contiguous()
         tl, dg = self._tilt(r, None if self.program.smooth else v)
         out = torch.empty_like(r)
-        self._launch(K.jvp_kernel, r, (tl.x, r, tl.c, tl.g, dg, v, out), "srssrss", self.tilt_tables,
-                     TILT=self.tilt_moves)
+        self._launch(
+            K.jvp_kernel, r, (tl.x, r, tl.c, tl.g, dg, v, out), "srssrss", self.tilt_tables, TILT=self.tilt_moves
+        )
         return out

@@ -47,8 +47,10 @@ def _probs(probs) -> Tensor:
         raise ValueError("probs must be finite and >= 0")
     worst = float((p.sum(-1) - 1).abs().max())
     if worst > ROW_SUM_TOL:
-        raise ValueError(f"probs rows must sum to 1 (within {ROW_SUM_TOL:g}; take the softmax in float32), "
-                         f"got a row off by {worst:.3g}")
+        raise ValueError(
+            f"probs rows must sum to 1 (within {ROW_SUM_TOL:g}; take the softmax in float32), "
+            f"got a row off by {worst:.3g}"
+        )
     return p
 
 
@@ -57,8 +59,9 @@ def _selected(selected) -> Tensor:
     if not isinstance(selected, Tensor) or selected.dtype != torch.bool:
         raise ValueError(f"selected must be a bool torch.Tensor [tokens, experts], got {_describe(selected)}")
     if selected.dim() != 2 or selected.shape[0] == 0 or selected.shape[1] == 0:
-        raise ValueError(f"selected must have shape [T, N] with T >= 1 tokens and N >= 1 experts, "
-                         f"got {list(selected.shape)}")
+        raise ValueError(
+            f"selected must have shape [T, N] with T >= 1 tokens and N >= 1 experts, got {list(selected.shape)}"
+        )
     return selected
 
 
@@ -258,15 +261,21 @@ def frequency_vs_active(token_ids: Tensor, experts_per_token: Tensor) -> tuple[T
         (ids [U] long, sorted; counts [U] long, occurrences of each id; mean_active [U] float64,
         the mean of ``experts_per_token`` over the occurrences of each id).
     """
-    if (not isinstance(token_ids, Tensor) or token_ids.dtype == torch.bool
-            or token_ids.is_floating_point() or token_ids.is_complex()):
+    if (
+        not isinstance(token_ids, Tensor)
+        or token_ids.dtype == torch.bool
+        or token_ids.is_floating_point()
+        or token_ids.is_complex()
+    ):
         raise ValueError(f"token_ids must be an integer torch.Tensor [T], got {_describe(token_ids)}")
     if token_ids.dim() != 1 or token_ids.shape[0] == 0:
         raise ValueError(f"token_ids must have shape [T] with T >= 1, got {list(token_ids.shape)}")
     active = _counts("experts_per_token", experts_per_token, "T")
     if active.shape != token_ids.shape or active.device != token_ids.device:
-        raise ValueError(f"experts_per_token must match token_ids (shape {list(token_ids.shape)} on "
-                         f"{token_ids.device}), got shape {list(active.shape)} on {active.device}")
+        raise ValueError(
+            f"experts_per_token must match token_ids (shape {list(token_ids.shape)} on "
+            f"{token_ids.device}), got shape {list(active.shape)} on {active.device}"
+        )
     ids, inverse, counts = torch.unique(token_ids, return_inverse=True, return_counts=True)  # [U], [T], [U]
     total = torch.zeros(ids.shape[0], dtype=torch.float64, device=ids.device).index_add_(0, inverse, active)
     return ids, counts, total / counts
@@ -310,8 +319,13 @@ def frequency_ranked(counts: Tensor, mean_active: Tensor, num_bins: int = 40) ->
     ids = per_group(torch.ones_like(c))  # [B], every group non-empty as B <= U
     high = ids.cumsum(0).long()  # [B], 1-based last rank
     occurrences = per_group(c)
-    return {"rank_low": high - ids.long() + 1, "rank_high": high, "frequency": occurrences / ids,
-            "occurrences": occurrences.round().long(), "mean_active": per_group(c * active) / occurrences}
+    return {
+        "rank_low": high - ids.long() + 1,
+        "rank_high": high,
+        "frequency": occurrences / ids,
+        "occurrences": occurrences.round().long(),
+        "mean_active": per_group(c * active) / occurrences,
+    }
 
 
 def token_ranking(token_ids: Tensor, experts_per_token: Tensor, min_count: int = 1) -> tuple[Tensor, Tensor, Tensor]:
@@ -329,8 +343,9 @@ def token_ranking(token_ids: Tensor, experts_per_token: Tensor, min_count: int =
         more frequent id, then to the smaller id.
     """
     if not isinstance(experts_per_token, Tensor) or experts_per_token.dim() != 2 or experts_per_token.shape[0] == 0:
-        raise ValueError(f"experts_per_token must be a tensor [L, T] with L >= 1 layers, got "
-                         f"{_describe(experts_per_token)}")
+        raise ValueError(
+            f"experts_per_token must be a tensor [L, T] with L >= 1 layers, got {_describe(experts_per_token)}"
+        )
     min_count = _validate.int_in("min_count", min_count, 1, sys.maxsize)
     ids, counts, mean_active = frequency_vs_active(token_ids, experts_per_token.double().mean(dim=0))
     kept = counts >= min_count
@@ -344,8 +359,15 @@ def token_ranking(token_ids: Tensor, experts_per_token: Tensor, min_count: int =
 # Everything for one layer
 
 
-def layer_summary(probs: Tensor, selected: Tensor, token_ids: Tensor | None = None, *,
-                  alphas: Sequence[float] = (0.5, 0.9, 0.99), m: int = 4, num_bins: int = 40) -> dict:
+def layer_summary(
+    probs: Tensor,
+    selected: Tensor,
+    token_ids: Tensor | None = None,
+    *,
+    alphas: Sequence[float] = (0.5, 0.9, 0.99),
+    m: int = 4,
+    num_bins: int = 40,
+) -> dict:
     """The statistics of one MoE layer over T tokens, as JSON-able numbers.
 
     Args:

@@ -35,8 +35,13 @@ _SPREAD = 0.3  # the runs' x offsets span at most this much of a layer
 def _style(i: int, runs: int) -> dict:
     """Line style of run ``i`` of ``runs``: colour, marker, line style, a marker size shrinking from 7 to 3."""
     size = 7 - 4 * i / max(runs - 1, 1)
-    return dict(color=f"C{i % 10}", marker=_MARKERS[i % len(_MARKERS)], linestyle=_LINESTYLES[i % len(_LINESTYLES)],
-                markersize=size, linewidth=1.4)
+    return dict(
+        color=f"C{i % 10}",
+        marker=_MARKERS[i % len(_MARKERS)],
+        linestyle=_LINESTYLES[i % len(_LINESTYLES)],
+        markersize=size,
+        linewidth=1.4,
+    )
 
 
 def _offset(i: int, runs: int) -> float:
@@ -53,8 +58,10 @@ def _headroom(ax, values) -> None:
 def _check(summaries, keys: Sequence[str]) -> dict[str, list[dict]]:
     """``summaries`` as {run: [layer dicts]}, each layer dict holding ``keys``; ValueError otherwise."""
     if not isinstance(summaries, Mapping) or not summaries:
-        raise ValueError(f"summaries must be a non-empty mapping {{run name: [layer_summary per layer]}}, "
-                         f"got {type(summaries).__name__}")
+        raise ValueError(
+            f"summaries must be a non-empty mapping {{run name: [layer_summary per layer]}}, "
+            f"got {type(summaries).__name__}"
+        )
     for run, layers in summaries.items():
         if not isinstance(run, str) or isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence):
             raise ValueError(f"summaries must map run names (str) to lists of layer summaries, got {run!r}")
@@ -106,8 +113,13 @@ def _per_layer(ax, runs: dict[str, list[dict]], value, ylabel: str, title: str) 
 def _save(fig, path) -> Path:
     """Write ``fig`` to ``path`` as PNG, with one legend of the runs below the panels."""
     handles, labels = fig.axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=_legend_columns(fig.get_figwidth(), len(labels)),
-               frameon=False)
+    fig.legend(
+        handles,
+        labels,
+        loc="outside lower center",
+        ncols=_legend_columns(fig.get_figwidth(), len(labels)),
+        frameon=False,
+    )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI)
@@ -122,8 +134,9 @@ def plot_coverage(summaries: Mapping[str, Sequence[dict]], path) -> Path:
         raise ValueError(f"summaries must all hold coverage for the same alphas, {alphas}")
     fig, axes = _figure(len(alphas), "Experts needed to cover a fraction α of the routing probability", len(runs))
     for ax, alpha in zip(axes, alphas):
-        _headroom(ax, _per_layer(ax, runs, lambda layer: layer["coverage"][alpha], "mean experts per token",
-                                 f"α = {alpha}"))
+        _headroom(
+            ax, _per_layer(ax, runs, lambda layer: layer["coverage"][alpha], "mean experts per token", f"α = {alpha}")
+        )
     return _save(fig, path)
 
 
@@ -136,12 +149,22 @@ def plot_concentration(summaries: Mapping[str, Sequence[dict]], path) -> Path:
     m = top_ms[0] if len(top_ms) == 1 else "m"
     experts = sorted({layer["experts"] for layers in runs.values() for layer in layers})
     balanced = f"; dotted: balanced, {m}/{experts[0]}" if len(top_ms) == 1 and len(experts) == 1 else ""
-    _per_layer(axes[0], runs, lambda layer: layer["assignment_top_mass"], "share of assignments",
-               f"Top-{m} assignment mass{balanced}")
+    _per_layer(
+        axes[0],
+        runs,
+        lambda layer: layer["assignment_top_mass"],
+        "share of assignments",
+        f"Top-{m} assignment mass{balanced}",
+    )
     if balanced:
         axes[0].axhline(m / experts[0], color="0.5", linestyle=":", linewidth=1.2)
-    _per_layer(axes[1], runs, lambda layer: layer["assignment_entropy"], "H(load share) / log N",
-               "Normalised assignment entropy")
+    _per_layer(
+        axes[1],
+        runs,
+        lambda layer: layer["assignment_entropy"],
+        "H(load share) / log N",
+        "Normalised assignment entropy",
+    )
     for ax in axes:
         ax.set_ylim(0, _HEADROOM)  # both are fractions in [0, 1]
     return _save(fig, path)
@@ -151,8 +174,10 @@ def plot_cardinality(summaries: Mapping[str, Sequence[dict]], path) -> Path:
     """Mean experts per token per layer, and the share of tokens sent to c experts over all layers."""
     runs = _check(summaries, ["cardinality_mean", "cardinality_hist"])
     fig, axes = _figure(2, "Experts activated per token", len(runs))
-    _headroom(axes[0], _per_layer(axes[0], runs, lambda layer: layer["cardinality_mean"], "mean experts per token",
-                                  "Mean per layer"))
+    _headroom(
+        axes[0],
+        _per_layer(axes[0], runs, lambda layer: layer["cardinality_mean"], "mean experts per token", "Mean per layer"),
+    )
     shares = {}
     for run, layers in runs.items():
         hist = [0] * max(len(layer["cardinality_hist"]) for layer in layers)  # tokens with 0, 1, ... experts
@@ -164,13 +189,18 @@ def plot_cardinality(summaries: Mapping[str, Sequence[dict]], path) -> Path:
     xs = range(min(used), max(used) + 1)
     width = 0.8 / len(shares)
     for i, (run, share) in enumerate(shares.items()):
-        axes[1].bar([c - 0.4 + width * (i + 0.5) for c in xs], [share[c] if c < len(share) else 0 for c in xs],
-                    width=width, color=f"C{i}", label=run)
+        axes[1].bar(
+            [c - 0.4 + width * (i + 0.5) for c in xs],
+            [share[c] if c < len(share) else 0 for c in xs],
+            width=width,
+            color=f"C{i}",
+            label=run,
+        )
     axes[1].set_xlabel("experts per token")
     axes[1].set_ylabel("share of tokens (all layers)")
     axes[1].set_title("Distribution over all layers", fontsize="medium")
     axes[1].set_xlim(min(xs) - 0.7, max(xs) + 0.7)  # whole counts only, with room beside the outer bars
-    axes[1].set_xticks(list(xs) if len(xs) <= 12 else list(xs)[::-(-len(xs) // 12)])  # whole counts, at most 12
+    axes[1].set_xticks(list(xs) if len(xs) <= 12 else list(xs)[:: -(-len(xs) // 12)])  # whole counts, at most 12
     axes[1].set_ylim(0, _HEADROOM * max(s for share in shares.values() for s in share))
     axes[1].grid(alpha=0.3, axis="y")
     return _save(fig, path)
@@ -192,9 +222,15 @@ def plot_frequency(summaries: Mapping[str, Sequence[dict]], path) -> Path:
     counts = ax.twinx()
     first = next(iter(runs.values()))[0]["frequency"]
     low, high = first["rank_low"], first["rank_high"]
-    counts.bar([(a + b) / 2 for a, b in zip(low, high)], first["frequency"],
-               width=[b - a + 1 for a, b in zip(low, high)], color="0.6", alpha=0.35, linewidth=0,
-               label="_token frequency")
+    counts.bar(
+        [(a + b) / 2 for a, b in zip(low, high)],
+        first["frequency"],
+        width=[b - a + 1 for a, b in zip(low, high)],
+        color="0.6",
+        alpha=0.35,
+        linewidth=0,
+        label="_token frequency",
+    )
     counts.set_yscale("log")
     counts.set_ylabel("token frequency (occurrences; shaded)")
     ax.set_zorder(counts.get_zorder() + 1)  # the curves over the histogram
@@ -207,8 +243,7 @@ def plot_frequency(summaries: Mapping[str, Sequence[dict]], path) -> Path:
         style = dict(_style(i, len(runs)), linestyle="-")  # solid: dashed is the uniform expectation
         ax.plot([x + _offset(i, len(runs)) for x in ranks], ys, label=run, **style)
         uniform = sum(layer["cardinality_mean"] for layer in layers) / len(layers)
-        ax.axhline(uniform, color=style["color"], linestyle="--", linewidth=1.0,
-                   label=f"_uniform expectation {run}")
+        ax.axhline(uniform, color=style["color"], linestyle="--", linewidth=1.0, label=f"_uniform expectation {run}")
         drawn += ys + [uniform]
     _headroom(ax, drawn)
     ax.set_xlabel("tokens by increasing frequency (rank)")
@@ -222,10 +257,11 @@ def plot_load(summaries: Mapping[str, Sequence[dict]], path) -> Path:
     """Load imbalance per layer: the coefficient of variation of the expert load, and MaxVio."""
     runs = _check(summaries, ["load_cv", "max_vio"])
     fig, axes = _figure(2, "Expert load balance (0 = perfectly balanced)", len(runs))
-    _headroom(axes[0], _per_layer(axes[0], runs, lambda layer: layer["load_cv"], "std / mean of the load",
-                                  "Coefficient of variation"))
-    _headroom(axes[1], _per_layer(axes[1], runs, lambda layer: layer["max_vio"], "(max − mean) / mean load",
-                                  "MaxVio"))
+    _headroom(
+        axes[0],
+        _per_layer(axes[0], runs, lambda layer: layer["load_cv"], "std / mean of the load", "Coefficient of variation"),
+    )
+    _headroom(axes[1], _per_layer(axes[1], runs, lambda layer: layer["max_vio"], "(max − mean) / mean load", "MaxVio"))
     return _save(fig, path)
 
 
@@ -234,10 +270,12 @@ def plot_all(summaries: Mapping[str, Sequence[dict]], folder) -> list[Path]:
     and frequency.png when every layer summary has token frequencies); the paths written."""
     runs = _check(summaries, [])
     folder = Path(folder)
-    paths = [plot_coverage(runs, folder / "coverage.png"),
-             plot_concentration(runs, folder / "concentration.png"),
-             plot_cardinality(runs, folder / "cardinality.png"),
-             plot_load(runs, folder / "load.png")]
+    paths = [
+        plot_coverage(runs, folder / "coverage.png"),
+        plot_concentration(runs, folder / "concentration.png"),
+        plot_cardinality(runs, folder / "cardinality.png"),
+        plot_load(runs, folder / "load.png"),
+    ]
     if all("frequency" in layer for layers in runs.values() for layer in layers):
         paths.append(plot_frequency(runs, folder / "frequency.png"))
     return paths

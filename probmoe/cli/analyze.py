@@ -30,8 +30,12 @@ from . import common
 
 
 def parser() -> argparse.ArgumentParser:
-    return config_parser.parser(AnalyzeConfig, "probmoe-analyze", "Routing analyses per layer (the ProbMoE paper's "
-                                "Figs. 3-6, load balance) of checkpoints, side by side: JSON, CSV, PNG.")
+    return config_parser.parser(
+        AnalyzeConfig,
+        "probmoe-analyze",
+        "Routing analyses per layer (the ProbMoE paper's "
+        "Figs. 3-6, load balance) of checkpoints, side by side: JSON, CSV, PNG.",
+    )
 
 
 def main(argv=None) -> int:
@@ -42,8 +46,9 @@ def main(argv=None) -> int:
     from probmoe.experiments import interrupts
 
     # a signal before report.write, which runs deferred, ends it with nothing written
-    return interrupts.run_or_end(lambda: _analyze(p, cfg), "analysing the routing",
-                                 lambda: f"nothing was written to {cfg.output}")
+    return interrupts.run_or_end(
+        lambda: _analyze(p, cfg), "analysing the routing", lambda: f"nothing was written to {cfg.output}"
+    )
 
 
 def _analyze(p: argparse.ArgumentParser, cfg: AnalyzeConfig) -> int:
@@ -68,19 +73,38 @@ def _analyze(p: argparse.ArgumentParser, cfg: AnalyzeConfig) -> int:
     from probmoe.experiments import capture, checkpoints
 
     def load(path):
-        return checkpoints.load(path, method=cfg.method, device=device, dtype=dtype, k=cfg.k, kmin=cfg.kmin,
-                                kmax=cfg.kmax, backend=cfg.backend, grad=cfg.grad)
+        return checkpoints.load(
+            path,
+            method=cfg.method,
+            device=device,
+            dtype=dtype,
+            k=cfg.k,
+            kmin=cfg.kmin,
+            kmax=cfg.kmax,
+            backend=cfg.backend,
+            grad=cfg.grad,
+        )
 
-    results, described, tokens = options.run_or_exit(p, lambda: capture.analyze(
-        runs, data_records, cfg, load, common.progress_bar(cfg.progress)))
+    results, described, tokens = options.run_or_exit(
+        p, lambda: capture.analyze(runs, data_records, cfg, load, common.progress_bar(cfg.progress))
+    )
     with interrupts.deferred():  # the output folder only once every model has loaded and routed, written whole
-        figures = report.write(cfg.output, results, tokens, {
-            "data": files, "records": {name: len(r) for name, r in data_records.items()},
-            "format": {name: r.format for name, r in data_records.items()}, "routing": described})
+        figures = report.write(
+            cfg.output,
+            results,
+            tokens,
+            {
+                "data": files,
+                "records": {name: len(r) for name, r in data_records.items()},
+                "format": {name: r.format for name, r in data_records.items()},
+                "routing": described,
+            },
+        )
     for line in report.summary_lines(results, tokens, described):
         print(line)
     print(f"{len(figures)} figures, analysis.json, analysis.csv and tokens.csv in {cfg.output}", file=sys.stderr)
     return interrupts.after_writing("the analysis", cfg.output)
+
 
 if __name__ == "__main__":
     sys.exit(main())

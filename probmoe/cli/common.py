@@ -34,4 +34,5 @@ def progress_bar(enabled: bool):
 
     def progress(iterable, desc):
         return tqdm(iterable, desc=desc, disable=not enabled, dynamic_ncols=True)
+
     return progress

@@ -24,9 +24,13 @@ FILES = ("results.jsonl", "summary.json")
 
 
 def parser() -> argparse.ArgumentParser:
-    return config_parser.parser(EvalConfig, "probmoe-eval", "GSM8K exact match with greedy generation, and the loss "
-                                "on the reference answers, of a checkpoint written by probmoe-train (or any local "
-                                "transformers MoE checkpoint); or LM Evaluation Harness tasks (--tasks).")
+    return config_parser.parser(
+        EvalConfig,
+        "probmoe-eval",
+        "GSM8K exact match with greedy generation, and the loss "
+        "on the reference answers, of a checkpoint written by probmoe-train (or any local "
+        "transformers MoE checkpoint); or LM Evaluation Harness tasks (--tasks).",
+    )
 
 
 def main(argv=None) -> int:
@@ -37,11 +41,20 @@ def main(argv=None) -> int:
     if (cfg.data is None) == (cfg.tasks is None):
         p.error("give either --data (GSM8K exact match) or --tasks (LM Evaluation Harness tasks)")
     if cfg.tasks is not None:
-        given = [flag for flag, value in (("--max-new-tokens", cfg.max_new_tokens), ("--max-length", cfg.max_length),
-                                          ("--skip-generation", cfg.skip_generation or None)) if value is not None]
+        given = [
+            flag
+            for flag, value in (
+                ("--max-new-tokens", cfg.max_new_tokens),
+                ("--max-length", cfg.max_length),
+                ("--skip-generation", cfg.skip_generation or None),
+            )
+            if value is not None
+        ]
         if given:
-            p.error(f"{', '.join(given)} apply to --data (GSM8K) only; with --tasks the harness's task settings "
-                    "decide generation lengths")
+            p.error(
+                f"{', '.join(given)} apply to --data (GSM8K) only; with --tasks the harness's task settings "
+                "decide generation lengths"
+            )
         return evaluate_tasks.main(p, cfg)
     cfg.max_new_tokens = cfg.max_new_tokens or 256
     cfg.max_length = cfg.max_length or 1024
@@ -49,17 +62,17 @@ def main(argv=None) -> int:
     from probmoe.experiments import interrupts
 
     started = []  # the problems, once the evaluation has started writing into ``out``
-    return interrupts.run_or_end(lambda: _evaluate(p, cfg, out, started), f"evaluating {cfg.checkpoint}",
-                                 lambda: _written(out, started))
+    return interrupts.run_or_end(
+        lambda: _evaluate(p, cfg, out, started), f"evaluating {cfg.checkpoint}", lambda: _written(out, started)
+    )
 
 
 def _evaluate(p: argparse.ArgumentParser, cfg: EvalConfig, out: str, started: list) -> int:
     def body():
         import torch
 
-        from probmoe.experiments import checkpoints, formats
-
         from probmoe.eval import gsm8k
+        from probmoe.experiments import checkpoints, formats
 
         records = formats.read(cfg.data, "question-answer").head(cfg.limit)
         if not cfg.skip_generation:
@@ -67,9 +80,17 @@ def _evaluate(p: argparse.ArgumentParser, cfg: EvalConfig, out: str, started: li
         records = records.rows
         checkpoints.check(cfg.checkpoint)
         options.check_output_folder(out, FILES, cfg.overwrite)
-        model, tokenizer = checkpoints.load(cfg.checkpoint, method=cfg.method, device=options.device(cfg.device),
-                                            dtype=getattr(torch, cfg.dtype), k=cfg.k, kmin=cfg.kmin, kmax=cfg.kmax,
-                                            backend=cfg.backend, grad=cfg.grad)
+        model, tokenizer = checkpoints.load(
+            cfg.checkpoint,
+            method=cfg.method,
+            device=options.device(cfg.device),
+            dtype=getattr(torch, cfg.dtype),
+            k=cfg.k,
+            kmin=cfg.kmin,
+            kmax=cfg.kmax,
+            backend=cfg.backend,
+            grad=cfg.grad,
+        )
         os.makedirs(out, exist_ok=True)  # only once the model has loaded
         return records, model, tokenizer
 
@@ -83,21 +104,32 @@ def _evaluate(p: argparse.ArgumentParser, cfg: EvalConfig, out: str, started: li
     started.append(len(records))
     try:
         summary = generation.evaluate(
-            model, tokenizer, records, out, batch_size=cfg.batch_size, max_length=cfg.max_length,
-            max_new_tokens=cfg.max_new_tokens, generate=not cfg.skip_generation,
+            model,
+            tokenizer,
+            records,
+            out,
+            batch_size=cfg.batch_size,
+            max_length=cfg.max_length,
+            max_new_tokens=cfg.max_new_tokens,
+            generate=not cfg.skip_generation,
             progress=common.progress_bar(cfg.progress),
-            about={"checkpoint": cfg.checkpoint, "data": cfg.data, "routing": checkpoints.describe(model)})
+            about={"checkpoint": cfg.checkpoint, "data": cfg.data, "routing": checkpoints.describe(model)},
+        )
     except Exception:  # a failure (not a signal: interrupts.ended says what is there) leaves no partial results
         started.clear()
         for name in FILES:
             if os.path.exists(os.path.join(out, name)):
                 os.remove(os.path.join(out, name))
         raise
-    line = f"{summary['routing']}: answer loss {summary['answer_loss']:.4f}, {summary['experts_per_token']:.2f} " \
-           f"experts/token"
+    line = (
+        f"{summary['routing']}: answer loss {summary['answer_loss']:.4f}, {summary['experts_per_token']:.2f} "
+        f"experts/token"
+    )
     if not cfg.skip_generation and records:
-        line += f", exact match {summary['exact_match_flexible']:.2%} (flexible), " \
-                f"{summary['exact_match_strict']:.2%} (strict) on {len(records)} problems"
+        line += (
+            f", exact match {summary['exact_match_flexible']:.2%} (flexible), "
+            f"{summary['exact_match_strict']:.2%} (strict) on {len(records)} problems"
+        )
     print(line)
     print(f"results in {out}", file=sys.stderr)
     return 0
@@ -109,8 +141,11 @@ def _written(out: str, started: list) -> str:
         return "nothing was written"
     path = os.path.join(out, "results.jsonl")
     done = sum(1 for _ in open(path, encoding="utf-8")) if os.path.exists(path) else 0
-    return f"{path} holds {done} of the {started[0]} problems and there is no summary.json: run the same command " \
-           "with --overwrite to evaluate them all"
+    return (
+        f"{path} holds {done} of the {started[0]} problems and there is no summary.json: run the same command "
+        "with --overwrite to evaluate them all"
+    )
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -34,9 +34,19 @@ def main(p: argparse.ArgumentParser, cfg) -> int:
         out = cfg.output or os.path.join(cfg.checkpoint, f"tasks-{cfg.method or 'saved'}")
         options.check_output_folder(out, harness.FILES, cfg.overwrite)
         harness.check_data(tasks, manager, unreachable)  # offline: the data from the cache, or one line now
-        lm = harness.ProbMoELM(cfg.checkpoint, method=cfg.method, k=cfg.k, kmin=cfg.kmin, kmax=cfg.kmax,
-                               backend=cfg.backend, grad=cfg.grad, device=options.device(cfg.device),
-                               dtype=cfg.dtype, batch_size=cfg.batch_size, progress=cfg.progress)
+        lm = harness.ProbMoELM(
+            cfg.checkpoint,
+            method=cfg.method,
+            k=cfg.k,
+            kmin=cfg.kmin,
+            kmax=cfg.kmax,
+            backend=cfg.backend,
+            grad=cfg.grad,
+            device=options.device(cfg.device),
+            dtype=cfg.dtype,
+            batch_size=cfg.batch_size,
+            progress=cfg.progress,
+        )
         os.makedirs(out, exist_ok=True)  # only once the model has loaded
         return tasks, manager, out, lm
 
@@ -62,10 +72,19 @@ def main(p: argparse.ArgumentParser, cfg) -> int:
 def _evaluate(harness, lm, tasks, manager, cfg) -> dict:
     """``harness.evaluate``; a task whose data cannot be downloaded is a ValueError saying why."""
     try:
-        return harness.evaluate(lm, tasks, manager, limit=cfg.limit, num_fewshot=cfg.num_fewshot,
-                                allow_code_execution=cfg.allow_code_execution, log_samples=cfg.log_samples,
-                                seed=cfg.seed)
+        return harness.evaluate(
+            lm,
+            tasks,
+            manager,
+            limit=cfg.limit,
+            num_fewshot=cfg.num_fewshot,
+            allow_code_execution=cfg.allow_code_execution,
+            log_samples=cfg.log_samples,
+            seed=cfg.seed,
+        )
     except ConnectionError as e:  # datasets' "Couldn't reach 'cais/mmlu' on the Hub"
-        raise ValueError(f"--tasks {cfg.tasks}: the harness could not download a task's data ({e}); it fetches it "
-                         "from the Hugging Face Hub on first use and caches it: run once with network access, or "
-                         "with HF_DATASETS_OFFLINE=1 where the cache has it") from None
+        raise ValueError(
+            f"--tasks {cfg.tasks}: the harness could not download a task's data ({e}); it fetches it "
+            "from the Hugging Face Hub on first use and caches it: run once with network access, or "
+            "with HF_DATASETS_OFFLINE=1 where the cache has it"
+        ) from None

@@ -27,10 +27,15 @@ import sys
 NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")  # torchrun's --nproc_per_node besides a count
 
 # torchrun's log lines about the signal, left out: the ranks' line says it (other log lines stay)
-QUIET = {"torch.distributed.elastic.agent.server.api": "Received %s death signal, shutting down workers",
-         "torch.distributed.elastic.multiprocessing.api": "Sending process %s closing signal %s"}
+QUIET = {
+    "torch.distributed.elastic.agent.server.api": "Received %s death signal, shutting down workers",
+    "torch.distributed.elastic.multiprocessing.api": "Sending process %s closing signal %s",
+}
 # torchrun's log line about a failed rank, left out: the rank said why, the launcher says which
-FAILED = ("torch.distributed.elastic.multiprocessing.api", "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s")
+FAILED = (
+    "torch.distributed.elastic.multiprocessing.api",
+    "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s",
+)
 
 
 def _quiet(record: logging.LogRecord) -> bool:
@@ -50,10 +55,16 @@ def check_nproc(argv) -> str | None:
     try:
         count = int(value)
     except ValueError:
-        return None if value in NPROC_WORDS else \
-            f"--nproc_per_node must be a number of processes >= 1 or one of {', '.join(NPROC_WORDS)}, got {value!r}"
-    return None if count >= 1 else f"--nproc_per_node must be a number of processes >= 1 (or one of " \
-        f"{', '.join(NPROC_WORDS)}), got {count}"
+        return (
+            None
+            if value in NPROC_WORDS
+            else f"--nproc_per_node must be a number of processes >= 1 or one of {', '.join(NPROC_WORDS)}, got {value!r}"
+        )
+    return (
+        None
+        if count >= 1
+        else f"--nproc_per_node must be a number of processes >= 1 (or one of {', '.join(NPROC_WORDS)}), got {count}"
+    )
 
 
 def failed(e) -> int:

@@ -25,10 +25,14 @@ from . import common
 
 
 def parser() -> argparse.ArgumentParser:
-    return config_parser.parser(TrainConfig, "probmoe-train", "Fine-tune a transformers MoE model (OLMoE, Qwen2-MoE, "
-                                "Qwen3-MoE, Mixtral, DeepSeek-V3) on instruction data (question/answer, prompt/"
-                                "completion, chat messages or plain text) with ProbMoE or a baseline router. Runs "
-                                "alone or under torchrun (DDP, or FSDP2 with --fsdp).")
+    return config_parser.parser(
+        TrainConfig,
+        "probmoe-train",
+        "Fine-tune a transformers MoE model (OLMoE, Qwen2-MoE, "
+        "Qwen3-MoE, Mixtral, DeepSeek-V3) on instruction data (question/answer, prompt/"
+        "completion, chat messages or plain text) with ProbMoE or a baseline router. Runs "
+        "alone or under torchrun (DDP, or FSDP2 with --fsdp).",
+    )
 
 
 def plan(p: argparse.ArgumentParser, cfg: TrainConfig) -> int:
@@ -86,18 +90,24 @@ def _train(cfg: TrainConfig, trainer) -> int:
         return 0
     if trainer.world.main:
         if trainer.no_answer:
-            print(f"warning: --max-length {cfg.max_length} leaves no answer token in {trainer.no_answer} of "
-                  f"{len(trainer.encoded)} examples; they add nothing to the loss (raise --max-length to keep them)",
-                  file=sys.stderr)
+            print(
+                f"warning: --max-length {cfg.max_length} leaves no answer token in {trainer.no_answer} of "
+                f"{len(trainer.encoded)} examples; they add nothing to the loss (raise --max-length to keep them)",
+                file=sys.stderr,
+            )
         if trainer.repair is not None:
-            print(f"the final model in {cfg.output_dir} is damaged ({trainer.repair}); writing it again from "
-                  f"{trainer.resume_dir}", file=sys.stderr)
+            print(
+                f"the final model in {cfg.output_dir} is damaged ({trainer.repair}); writing it again from "
+                f"{trainer.resume_dir}",
+                file=sys.stderr,
+            )
         elif trainer.resume_dir is not None:
             print(f"resumed from {trainer.resume_dir} at step {trainer.step} of {trainer.total_steps}", file=sys.stderr)
         os.makedirs(cfg.output_dir, exist_ok=True)
         config_parser.write(cfg, os.path.join(cfg.output_dir, "config.yaml"))
-        trainer.tracker = tracking.start(cfg.report_to, cfg.output_dir, config_parser.as_file(cfg), trainer.net,
-                                         trainer.step)
+        trainer.tracker = tracking.start(
+            cfg.report_to, cfg.output_dir, config_parser.as_file(cfg), trainer.net, trainer.step
+        )
     try:
         last = trainer.run()
     finally:
@@ -106,8 +116,11 @@ def _train(cfg: TrainConfig, trainer) -> int:
     if trainer.world.main and trainer.repair is not None:
         print(f"final model in {cfg.output_dir}, written again from {trainer.resume_dir}", file=sys.stderr)
     if trainer.world.main and last:
-        where = f"model in {cfg.output_dir}" if trainer.step == trainer.total_steps else \
-            f"stopped at step {trainer.step} of {trainer.total_steps}: resume with --resume latest"
+        where = (
+            f"model in {cfg.output_dir}"
+            if trainer.step == trainer.total_steps
+            else f"stopped at step {trainer.step} of {trainer.total_steps}: resume with --resume latest"
+        )
         print(f"step {last['step']}: loss {last['loss']:.4f}; {where}", file=sys.stderr)
     distributed.teardown()
     return 0

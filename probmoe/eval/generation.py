@@ -29,8 +29,8 @@ def left_padded(prompts: list[list[int]], pad_id: int) -> dict[str, torch.Tensor
     ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), length), dtype=torch.long)
     for row, p in enumerate(prompts):
-        ids[row, length - len(p):] = torch.tensor(p)
-        mask[row, length - len(p):] = 1
+        ids[row, length - len(p) :] = torch.tensor(p)
+        mask[row, length - len(p) :] = 1
     return {"input_ids": ids, "attention_mask": mask}
 
 
@@ -40,9 +40,16 @@ def complete(model, tokenizer, questions: list[str], max_new_tokens: int) -> lis
     enc = left_padded([data.prompt_ids(tokenizer, q) for q in questions], tokenizer.pad_token_id)
     enc = {key: value.to(model.device) for key, value in enc.items()}
     with torch.no_grad():
-        out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, use_cache=True,
-                             pad_token_id=tokenizer.pad_token_id, stop_strings=[STOP], tokenizer=tokenizer)
-    texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        out = model.generate(
+            **enc,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            use_cache=True,
+            pad_token_id=tokenizer.pad_token_id,
+            stop_strings=[STOP],
+            tokenizer=tokenizer,
+        )
+    texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     return [t.split(STOP)[0].strip() for t in texts]
 
 
@@ -63,7 +70,7 @@ def answer_loss(model, tokenizer, records: list[dict], batch_size: int, max_leng
     encoded = [data.encode(tokenizer, r, max_length) for r in records]
     with torch.no_grad():
         for start in progress(range(0, len(encoded), batch_size), desc="answer loss"):
-            batch = data.collate(encoded[start:start + batch_size], tokenizer.pad_token_id)
+            batch = data.collate(encoded[start : start + batch_size], tokenizer.pad_token_id)
             batch = {key: value.to(model.device) for key, value in batch.items()}
             out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
             s, n = answer_loss_sum(out.logits, batch["labels"])
@@ -72,12 +79,22 @@ def answer_loss(model, tokenizer, records: list[dict], batch_size: int, max_leng
             real = int(batch["attention_mask"].sum())
             experts += sum(layer["experts_per_token"] for layer in summary) * real
             layers += len(summary) * real
-    return {"answer_loss": total / max(count, 1), "answer_tokens": count,
-            "experts_per_token": experts / max(layers, 1)}
+    return {"answer_loss": total / max(count, 1), "answer_tokens": count, "experts_per_token": experts / max(layers, 1)}
 
 
-def evaluate(model, tokenizer, records: list[dict], out: str, *, batch_size: int, max_length: int,
-             max_new_tokens: int, generate: bool, progress, about: dict) -> dict:
+def evaluate(
+    model,
+    tokenizer,
+    records: list[dict],
+    out: str,
+    *,
+    batch_size: int,
+    max_length: int,
+    max_new_tokens: int,
+    generate: bool,
+    progress,
+    about: dict,
+) -> dict:
     """``probmoe-eval --data``: the answer loss over ``records`` and (``generate``) greedy exact
     match, one line per problem into ``out``/results.jsonl as it goes, the summary (``about``: the
     checkpoint, data, routing, first) into ``out``/summary.json; returns the summary."""
@@ -86,7 +103,7 @@ def evaluate(model, tokenizer, records: list[dict], out: str, *, batch_size: int
     results = []
     with open(os.path.join(out, "results.jsonl"), "w", encoding="utf-8") as f:
         for start in progress(range(0, len(records), batch_size) if generate else [], desc="generate"):
-            chunk = records[start:start + batch_size]
+            chunk = records[start : start + batch_size]
             completions = complete(model, tokenizer, [r["question"] for r in chunk], max_new_tokens)
             for i, (record, completion) in enumerate(zip(chunk, completions)):
                 results.append(dict(index=start + i, **score(record, completion)))

@@ -80,9 +80,11 @@ def check_references(records) -> None:
         try:
             gold_answer(row["answer"])
         except ValueError:
-            raise ValueError(f"--data {records.where(index)}: exact match needs the answer to end in '#### <number>' "
-                             f"(GSM8K's form), got {row['answer'][-60:]!r}; --skip-generation scores the answer "
-                             "loss alone") from None
+            raise ValueError(
+                f"--data {records.where(index)}: exact match needs the answer to end in '#### <number>' "
+                f"(GSM8K's form), got {row['answer'][-60:]!r}; --skip-generation scores the answer "
+                "loss alone"
+            ) from None
 
 
 def is_correct(completion: str, reference_answer: str, mode: str = "flexible") -> bool:
@@ -100,7 +102,9 @@ def is_correct(completion: str, reference_answer: str, mode: str = "flexible") -
     else:
         reference = _decimal(_normalise(reference_answer.strip()))
         if reference is None:
-            raise ValueError("reference_answer must be a GSM8K answer field (with '#### ') or a bare number, "
-                             f"got {reference_answer[-80:]!r}")
+            raise ValueError(
+                "reference_answer must be a GSM8K answer field (with '#### ') or a bare number, "
+                f"got {reference_answer[-80:]!r}"
+            )
     answer = extract_answer(completion, mode)
     return answer is not None and _decimal(answer) == reference

@@ -55,9 +55,21 @@ class ProbMoELM(HFLM):
         batch_size, max_batch_size, and the rest: as ``HFLM``'s (``pretrained`` is the loaded model).
     """
 
-    def __init__(self, checkpoint: str, method: str | None = None, k=None, kmin=None, kmax=None,
-                 backend: str = "circuit", grad: str = "exact", device: str | None = None, dtype: str = "float32",
-                 batch_size=1, progress: bool = True, **kwargs):
+    def __init__(
+        self,
+        checkpoint: str,
+        method: str | None = None,
+        k=None,
+        kmin=None,
+        kmax=None,
+        backend: str = "circuit",
+        grad: str = "exact",
+        device: str | None = None,
+        dtype: str = "float32",
+        batch_size=1,
+        progress: bool = True,
+        **kwargs,
+    ):
         from probmoe.experiments import checkpoints
 
         if dtype not in DTYPES:
@@ -65,8 +77,17 @@ class ProbMoELM(HFLM):
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device {device!r}: no CUDA device is available")
-        model, tokenizer = checkpoints.load(str(checkpoint), method=method, k=k, kmin=kmin, kmax=kmax,
-                                            backend=backend, grad=grad, device=device, dtype=getattr(torch, dtype))
+        model, tokenizer = checkpoints.load(
+            str(checkpoint),
+            method=method,
+            k=k,
+            kmin=kmin,
+            kmax=kmax,
+            backend=backend,
+            grad=grad,
+            device=device,
+            dtype=getattr(torch, dtype),
+        )
         super().__init__(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, **kwargs)
         self.checkpoint = str(checkpoint)
         self.routing = checkpoints.describe(model)
@@ -151,10 +172,15 @@ def task_manager(tasks: list[str], include_path: str | None = None):
     unknown = [t for t in tasks if t not in known and not manager.match_tasks([t])]
     if unknown:
         hints = {t: difflib.get_close_matches(t, sorted(known), n=3) for t in unknown}
-        raise ValueError("--tasks: unknown task(s) " + "; ".join(
-            f"{t!r}" + (f" (did you mean {', '.join(h)}?)" if h else "") for t, h in hints.items())
-            + (f"; task YAML under {include_path!r} is included" if include_path else
-               "; pass --include-path DIR for your own task YAML"))
+        raise ValueError(
+            "--tasks: unknown task(s) "
+            + "; ".join(f"{t!r}" + (f" (did you mean {', '.join(h)}?)" if h else "") for t, h in hints.items())
+            + (
+                f"; task YAML under {include_path!r} is included"
+                if include_path
+                else "; pass --include-path DIR for your own task YAML"
+            )
+        )
     return manager
 
 
@@ -215,13 +241,24 @@ def check_data(tasks: list[str], manager, unreachable: str | None) -> None:
     try:
         get_task_dict(tasks, manager)
     except ConnectionError as e:  # datasets' / the hub client's OfflineModeIsEnabled, "Couldn't reach"
-        raise ValueError(f"--tasks {','.join(tasks)}: a task's data is not in the local cache and the Hugging Face "
-                         f"Hub cannot be reached ({unreachable}; {e}); run once with network access to download "
-                         "and cache it") from None
+        raise ValueError(
+            f"--tasks {','.join(tasks)}: a task's data is not in the local cache and the Hugging Face "
+            f"Hub cannot be reached ({unreachable}; {e}); run once with network access to download "
+            "and cache it"
+        ) from None
 
 
-def evaluate(lm: ProbMoELM, tasks: list[str], manager, *, limit=None, num_fewshot=None,
-             allow_code_execution: bool = False, log_samples: bool = False, seed: int = 0) -> dict:
+def evaluate(
+    lm: ProbMoELM,
+    tasks: list[str],
+    manager,
+    *,
+    limit=None,
+    num_fewshot=None,
+    allow_code_execution: bool = False,
+    log_samples: bool = False,
+    seed: int = 0,
+) -> dict:
     """Run ``tasks`` on ``lm``: the harness's results dict (``samples`` only with ``log_samples``) with
     ``"probmoe"``: {"checkpoint", "routing", "routing_statistics": ``RoutingTally.summary()``} of these tasks.
 
@@ -234,12 +271,20 @@ def evaluate(lm: ProbMoELM, tasks: list[str], manager, *, limit=None, num_fewsho
         os.environ["HF_ALLOW_CODE_EVAL"] = "1"
     lm.tally.reset()
     with _context_bars(lm.progress):
-        results = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
-                                          num_fewshot=num_fewshot, log_samples=log_samples,
-                                          confirm_run_unsafe_code=allow_code_execution, random_seed=seed,
-                                          numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
-    results["probmoe"] = {"checkpoint": lm.checkpoint, "routing": lm.routing,
-                          "routing_statistics": lm.tally.summary()}
+        results = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=tasks,
+            task_manager=manager,
+            limit=limit,
+            num_fewshot=num_fewshot,
+            log_samples=log_samples,
+            confirm_run_unsafe_code=allow_code_execution,
+            random_seed=seed,
+            numpy_random_seed=seed,
+            torch_random_seed=seed,
+            fewshot_random_seed=seed,
+        )
+    results["probmoe"] = {"checkpoint": lm.checkpoint, "routing": lm.routing, "routing_statistics": lm.tally.summary()}
     return results
 
 
@@ -267,8 +312,10 @@ def write_results(out: str, results: dict) -> list[str]:
             lines.append(f"{task}: {metric[0]} {metric[1]:.4f}")
     stats = routing["routing_statistics"]
     per_layer = ", ".join(f"{layer['experts_per_token']:.2f}" for layer in stats["layers"])
-    lines.append(f"{routing['routing']}: {stats['experts_per_token']:.3f} experts/token over {stats['tokens']} tokens "
-                 f"(per layer {per_layer})")
+    lines.append(
+        f"{routing['routing']}: {stats['experts_per_token']:.3f} experts/token over {stats['tokens']} tokens "
+        f"(per layer {per_layer})"
+    )
     return lines
 
 

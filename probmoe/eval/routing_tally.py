@@ -54,19 +54,28 @@ class RoutingTally:
         real = self._real(ids, kwargs.get("attention_mask")).reshape(-1)  # [B·L]
         stats = self._stats()
         width = stats[0]["selected"].shape[-1] + 1
-        counts = torch.stack([torch.bincount(s["experts_per_token"][real].long(), minlength=width)[:width]
-                              for s in stats]).cpu()  # [layers, N + 1]
+        counts = torch.stack(
+            [torch.bincount(s["experts_per_token"][real].long(), minlength=width)[:width] for s in stats]
+        ).cpu()  # [layers, N + 1]
         self.experts = counts if self.experts is None else self.experts + counts
 
     def summary(self) -> dict:
         """{"tokens": real tokens routed, "experts_per_token": mean over layers and tokens,
         "layers": [{"name", "experts_per_token", "cardinality_hist"}]} (tokens and means 0 before any forward)."""
         if self.experts is None:
-            return {"tokens": 0, "experts_per_token": 0.0,
-                    "layers": [{"name": n, "experts_per_token": 0.0, "cardinality_hist": []} for n in self.names]}
+            return {
+                "tokens": 0,
+                "experts_per_token": 0.0,
+                "layers": [{"name": n, "experts_per_token": 0.0, "cardinality_hist": []} for n in self.names],
+            }
         values = torch.arange(self.experts.shape[1], dtype=torch.float64)
         tokens = self.experts.sum(dim=1)  # [layers], the same in every layer
         means = (self.experts.double() @ values) / tokens.clamp(min=1)
-        return {"tokens": int(tokens[0]), "experts_per_token": float(means.mean()),
-                "layers": [{"name": n, "experts_per_token": float(m), "cardinality_hist": h.tolist()}
-                           for n, m, h in zip(self.names, means, self.experts)]}
+        return {
+            "tokens": int(tokens[0]),
+            "experts_per_token": float(means.mean()),
+            "layers": [
+                {"name": n, "experts_per_token": float(m), "cardinality_hist": h.tolist()}
+                for n, m, h in zip(self.names, means, self.experts)
+            ],
+        }

@@ -36,7 +36,7 @@ def capture(model, tokenizer, encoded: list[data.Encoded], batch_size: int, prog
     probs, selected, ids, names = None, None, [], None
     with torch.no_grad():
         for start in progress(range(0, len(encoded), batch_size), desc="route"):
-            batch = data.collate(encoded[start:start + batch_size], tokenizer.pad_token_id)
+            batch = data.collate(encoded[start : start + batch_size], tokenizer.pad_token_id)
             batch = {key: value.to(model.device) for key, value in batch.items()}
             out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_router_logits=True)
             keep = batch["attention_mask"].reshape(-1).bool()  # [B·L]
@@ -71,7 +71,9 @@ def analyze(runs: dict[str, str], data_sets: dict, cfg, load, progress) -> tuple
             described[run] = checkpoints.describe(model)
             encoded = data.encode_all(tokenizer, records, cfg.max_length)
             layers = capture(model, tokenizer, encoded, cfg.batch_size, progress)
-            results[run] = [dict(name=layer.name, **metrics.layer_summary(layer.probs, layer.selected, layer.token_ids))
-                            for layer in layers]
+            results[run] = [
+                dict(name=layer.name, **metrics.layer_summary(layer.probs, layer.selected, layer.token_ids))
+                for layer in layers
+            ]
             tokens += report.token_rows(run, layers, tokenizer.decode, cfg.token_min_count)
     return results, described, tokens

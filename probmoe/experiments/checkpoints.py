@@ -28,8 +28,18 @@ def check(path: str, flag: str = "--checkpoint") -> str:
     return model_type
 
 
-def load(path: str, *, method: str | None = None, k=None, kmin=None, kmax=None, backend="circuit", grad="exact",
-         device="cpu", dtype: torch.dtype = torch.float32):
+def load(
+    path: str,
+    *,
+    method: str | None = None,
+    k=None,
+    kmin=None,
+    kmax=None,
+    backend="circuit",
+    grad="exact",
+    device="cpu",
+    dtype: torch.dtype = torch.float32,
+):
     """(model in eval mode on ``device`` with weights in ``dtype``, tokenizer) from checkpoint
     ``path``; ``method`` and the rest as ``patch_model``'s arguments (None: the saved routing)."""
     from transformers import AutoModelForCausalLM
@@ -51,8 +61,9 @@ def load(path: str, *, method: str | None = None, k=None, kmin=None, kmax=None, 
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
             method = method or "conventional"
     except (SafetensorError, OSError) as e:  # what the header check cannot see, e.g. no weights file at all
-        raise ValueError(f"--checkpoint {path!r}: the weights cannot be loaded ({str(e).strip().splitlines()[0]})") \
-            from None
+        raise ValueError(
+            f"--checkpoint {path!r}: the weights cannot be loaded ({str(e).strip().splitlines()[0]})"
+        ) from None
     if method is not None:
         pt.patch_model(model, method, k=k, kmin=kmin, kmax=kmax, backend=backend, grad=grad)
     return model.to(device).eval(), tokenizer

@@ -68,8 +68,12 @@ def parser(config_cls, prog: str, description: str) -> Parser:
     the file or the defaults give. Errors are one line (``Parser``)."""
     p = Parser(prog=prog, description=description, argument_default=argparse.SUPPRESS)
     p.flags = {f.name: flag(f) for f in fields(config_cls)}
-    p.add_argument("--config", metavar="FILE", help="a YAML (.yaml, .yml) or TOML (.toml) file setting any of these "
-                   "options, keys named as the flags (max-steps: 200); flags given here override it")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a YAML (.yaml, .yml) or TOML (.toml) file setting any of these "
+        "options, keys named as the flags (max-steps: 200); flags given here override it",
+    )
     groups, exclusive = {}, {}
     for f in sorted(fields(config_cls), key=lambda f: bool(f.metadata.get("group"))):  # sections after the rest
         meta = f.metadata
@@ -127,8 +131,9 @@ def read_file(path: str) -> dict:
     if values is None:
         return {}
     if not isinstance(values, dict):
-        raise ValueError(f"--config {path!r}: must hold a mapping of option names to values, got a "
-                         f"{type(values).__name__}")
+        raise ValueError(
+            f"--config {path!r}: must hold a mapping of option names to values, got a {type(values).__name__}"
+        )
     return values
 
 
@@ -228,8 +233,9 @@ def write(cfg, path: str) -> None:
     """The resolved ``cfg`` as YAML at ``path`` (written whole, then renamed into place)."""
     import yaml
 
-    text = "# the resolved options of this run (--config reads this file back)\n" + \
-        yaml.safe_dump(as_file(cfg), sort_keys=False, allow_unicode=True)
+    text = "# the resolved options of this run (--config reads this file back)\n" + yaml.safe_dump(
+        as_file(cfg), sort_keys=False, allow_unicode=True
+    )
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)

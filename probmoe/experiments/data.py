@@ -48,7 +48,7 @@ def special_prefix(tokenizer) -> list[int]:
     plain = tokenizer("x", add_special_tokens=False)["input_ids"]
     full = tokenizer("x", add_special_tokens=True)["input_ids"]
     for start in range(len(full) - len(plain) + 1):
-        if full[start:start + len(plain)] == plain:
+        if full[start : start + len(plain)] == plain:
             return full[:start]
     return []
 
@@ -75,10 +75,12 @@ def chat_segments(tokenizer, messages: list[dict]) -> list[tuple[str, bool]]:
     """The chat template's rendering of ``messages``, cut into turns without loss and assistant
     turns with loss. ValueError if the tokenizer has no chat template, the template fails on the
     conversation, or its renderings are not prefixes of one another."""
+
     def render(upto: int, generation_prompt: bool = False) -> str:
         try:
-            return tokenizer.apply_chat_template(messages[:upto], tokenize=False,
-                                                 add_generation_prompt=generation_prompt)
+            return tokenizer.apply_chat_template(
+                messages[:upto], tokenize=False, add_generation_prompt=generation_prompt
+            )
         except Exception as e:  # jinja2's TemplateError and raise_exception's message
             raise ValueError(f"the chat template fails on this conversation ({e})") from None
 
@@ -89,21 +91,25 @@ def chat_segments(tokenizer, messages: list[dict]) -> list[tuple[str, bool]]:
             continue
         before, after = render(i, True), render(i + 1)
         if not before.startswith(done) or not after.startswith(before):
-            raise ValueError("the chat template does not render a conversation as a prefix of its continuation "
-                             f"(at messages[{i}]), so the assistant turns cannot be told apart")
-        out += [(before[len(done):], False), (after[len(before):], True)]
+            raise ValueError(
+                "the chat template does not render a conversation as a prefix of its continuation "
+                f"(at messages[{i}]), so the assistant turns cannot be told apart"
+            )
+        out += [(before[len(done) :], False), (after[len(before) :], True)]
         done = after
     rest = render(len(messages))
     if not rest.startswith(done):
         raise ValueError("the chat template does not render a conversation as a prefix of its continuation")
-    return out + ([(rest[len(done):], False)] if len(rest) > len(done) else [])  # turns after the last answer
+    return out + ([(rest[len(done) :], False)] if len(rest) > len(done) else [])  # turns after the last answer
 
 
 def check_chat_template(tokenizer, name: str = "the tokenizer") -> None:
     """ValueError if ``tokenizer`` has no chat template (the messages format needs one)."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"{name} has no chat template, which the 'messages' data format needs; give the tokenizer "
-                         "one (tokenizer.chat_template, saved with it), or write the data as prompt/completion")
+        raise ValueError(
+            f"{name} has no chat template, which the 'messages' data format needs; give the tokenizer "
+            "one (tokenizer.chat_template, saved with it), or write the data as prompt/completion"
+        )
 
 
 def encode(tokenizer, record: dict, max_length: int, data_format: str = "question-answer") -> Encoded:
@@ -145,9 +151,11 @@ def check_loss_tokens(encoded: list[Encoded], max_length: int, path: str) -> int
     at least ``EMPTY_LIMIT`` of them (training would learn from almost nothing)."""
     empty = without_loss(encoded)
     if empty >= EMPTY_LIMIT * len(encoded):
-        raise ValueError(f"--max-length {max_length} leaves no answer token in {empty} of {len(encoded)} examples of "
-                         f"{path} (refused at {EMPTY_LIMIT:.0%} or more: examples are cut to --max-length tokens from "
-                         "the end); raise --max-length")
+        raise ValueError(
+            f"--max-length {max_length} leaves no answer token in {empty} of {len(encoded)} examples of "
+            f"{path} (refused at {EMPTY_LIMIT:.0%} or more: examples are cut to --max-length tokens from "
+            "the end); raise --max-length"
+        )
     return empty
 
 

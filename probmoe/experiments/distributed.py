@@ -45,8 +45,10 @@ def setup(device: str | None = None) -> World:
     if use_cuda and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available")
     if use_cuda and local_rank >= torch.cuda.device_count():
-        raise ValueError(f"LOCAL_RANK {local_rank} has no GPU: this node shows {torch.cuda.device_count()}; start "
-                         "at most that many processes per node")
+        raise ValueError(
+            f"LOCAL_RANK {local_rank} has no GPU: this node shows {torch.cuda.device_count()}; start "
+            "at most that many processes per node"
+        )
     dev = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(dev)
@@ -97,4 +99,3 @@ def any_signal(signum: int | None) -> int | None:
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return int(value.item()) or None
-

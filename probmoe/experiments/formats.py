@@ -26,8 +26,12 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-FORMATS = {"question-answer": ("question", "answer"), "prompt-completion": ("prompt", "completion"),
-           "messages": ("messages",), "text": ("text",)}
+FORMATS = {
+    "question-answer": ("question", "answer"),
+    "prompt-completion": ("prompt", "completion"),
+    "messages": ("messages",),
+    "text": ("text",),
+}
 SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}  # file suffix -> datasets builder
 
 
@@ -48,7 +52,7 @@ class Records:
         """``path:line`` or ``path: record index`` of row ``index``."""
         return f"{self.path}:{self.lines[index]}" if self.lines is not None else f"{self.path}: record {index}"
 
-    def head(self, count: int | None) -> "Records":
+    def head(self, count: int | None) -> Records:
         """The first ``count`` records (all for None)."""
         return Records(self.path, self.format, self.rows[:count], None if self.lines is None else self.lines[:count])
 
@@ -65,8 +69,9 @@ def read(path, data_format: str | None = None) -> Records:
         raise ValueError(f"--data-format must be one of {', '.join(FORMATS)}; got {data_format!r}")
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in SUFFIXES:
-        raise ValueError(f"data file {path!r}: the suffix must be one of {', '.join(SUFFIXES)} (JSON lines, JSON, "
-                         "Parquet)")
+        raise ValueError(
+            f"data file {path!r}: the suffix must be one of {', '.join(SUFFIXES)} (JSON lines, JSON, Parquet)"
+        )
     parquet = SUFFIXES[suffix] == "parquet"
     lines = None if parquet or _is_array(path) else _record_lines(path)
     try:
@@ -115,10 +120,13 @@ def detect(rows: list[dict], path: str) -> str:
         return found[0]
     expected = "; ".join(f"{name}: {' + '.join(fields)}" for name, fields in FORMATS.items())
     if found:
-        raise ValueError(f"data file {path!r} has the fields of several formats ({', '.join(found)}); choose one "
-                         "with --data-format")
-    raise ValueError(f"data file {path!r}: cannot tell the data format from its fields {sorted(present)}; expected "
-                     f"{expected} (or pass --data-format)")
+        raise ValueError(
+            f"data file {path!r} has the fields of several formats ({', '.join(found)}); choose one with --data-format"
+        )
+    raise ValueError(
+        f"data file {path!r}: cannot tell the data format from its fields {sorted(present)}; expected "
+        f"{expected} (or pass --data-format)"
+    )
 
 
 def check(row, data_format: str) -> str | None:
@@ -143,8 +151,12 @@ def _check_messages(messages) -> str | None:
         if isinstance(message, dict):
             for key in [key for key, value in message.items() if value is None]:
                 del message[key]
-        if not (isinstance(message, dict) and isinstance(message.get("role"), str) and message["role"]
-                and isinstance(message.get("content"), str)):
+        if not (
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and message["role"]
+            and isinstance(message.get("content"), str)
+        ):
             return f"messages[{i}] must be an object with a string 'role' and a string 'content'; got {_short(message)}"
     if not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
         return "'messages' has no assistant message with content (the loss is on the assistant turns)"
@@ -184,8 +196,9 @@ def _load(path: str, builder: str) -> list[dict]:
     import datasets
 
     with tempfile.TemporaryDirectory(prefix="probmoe-data-") as cache, _quiet_datasets():
-        return datasets.load_dataset(builder, data_files=path, split="train", cache_dir=cache,
-                                     keep_in_memory=True).to_list()
+        return datasets.load_dataset(
+            builder, data_files=path, split="train", cache_dir=cache, keep_in_memory=True
+        ).to_list()
 
 
 def _text(path: str) -> str:
@@ -236,8 +249,9 @@ def _read_json(path: str) -> tuple[list, list[int] | None]:
             rows.append(json.loads(line))
         except json.JSONDecodeError as e:
             if not rows and _is_object(text):
-                raise ValueError(f"data file {path!r} holds one JSON object; expected an array of records or one "
-                                 "record per line") from None
+                raise ValueError(
+                    f"data file {path!r} holds one JSON object; expected an array of records or one record per line"
+                ) from None
             raise ValueError(f"{path}:{number}: not valid JSON ({e.msg})") from None
         if not isinstance(rows[-1], dict):
             raise ValueError(f"{path}:{number}: each line must be a JSON object, got {type(rows[-1]).__name__}")

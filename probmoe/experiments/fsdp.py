@@ -29,8 +29,10 @@ from . import models
 def require_torchrun() -> None:
     """ValueError unless this process was started by torchrun (``WORLD_SIZE`` set)."""
     if "WORLD_SIZE" not in os.environ:
-        raise ValueError("--fsdp shards the model over processes: start it under torchrun, e.g. `torchrun "
-                         "--nproc_per_node 8 -m probmoe.cli.train ... --fsdp`, or drop --fsdp to train in one process")
+        raise ValueError(
+            "--fsdp shards the model over processes: start it under torchrun, e.g. `torchrun "
+            "--nproc_per_node 8 -m probmoe.cli.train ... --fsdp`, or drop --fsdp to train in one process"
+        )
 
 
 def shard(model, world, bf16: bool) -> None:
@@ -40,8 +42,9 @@ def shard(model, world, bf16: bool) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(world.device.type, (world.size,))
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else \
-        MixedPrecisionPolicy()
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    )
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
@@ -59,8 +62,18 @@ def weights_source(path: str, seed: int, dtype: torch.dtype, meta_model, layers:
     return weights.__getitem__
 
 
-def build(path: str, *, seed: int, dtype: torch.dtype, layers: int | None, world, patch, checkpointing: bool,
-          bf16: bool, fresh: bool):
+def build(
+    path: str,
+    *,
+    seed: int,
+    dtype: torch.dtype,
+    layers: int | None,
+    world,
+    patch,
+    checkpointing: bool,
+    bf16: bool,
+    fresh: bool,
+):
     """The sharded model on ``world.device``: meta build, ``patch(model)``, activation checkpointing,
     ``shard``, then ``materialize``; no rank holds all of it at any point (rank 0 one tensor at a
     time, plus the whole source model when it is a checkpoint or a tiny model)."""
@@ -123,9 +136,12 @@ def _without_missing_routing_state(state: dict, metadata, directory: str) -> boo
     import torch.distributed as dist
 
     if dist.get_rank() == 0:
-        print(f"warning: {directory} was written before FSDP checkpoints kept the routing state "
-              f"({len(missing)} buffers, e.g. {missing[0]}): it starts from its initial values, so this "
-              "resume is not exact", file=sys.stderr)
+        print(
+            f"warning: {directory} was written before FSDP checkpoints kept the routing state "
+            f"({len(missing)} buffers, e.g. {missing[0]}): it starts from its initial values, so this "
+            "resume is not exact",
+            file=sys.stderr,
+        )
     return True
 
 

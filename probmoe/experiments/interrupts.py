@@ -96,12 +96,15 @@ def requested() -> int | None:
 
 def message(error: Interrupted, last_checkpoint: str | None) -> str:
     """The one line a command prints for ``error``: where it stopped, and what to run next."""
-    where = f"interrupted ({signal.Signals(error.signum).name})" + \
-        (f" after step {error.step}" if error.step is not None else "")
+    where = f"interrupted ({signal.Signals(error.signum).name})" + (
+        f" after step {error.step}" if error.step is not None else ""
+    )
     if last_checkpoint is None:
         return f"{where}; no checkpoint was written: run the command again to start over"
-    return f"{where}; the last complete checkpoint is {last_checkpoint}: run the same command with --resume latest " \
-           "to continue from it"
+    return (
+        f"{where}; the last complete checkpoint is {last_checkpoint}: run the same command with --resume latest "
+        "to continue from it"
+    )
 
 
 def report(error: Interrupted, output_dir: str) -> int:

@@ -62,12 +62,22 @@ def shape_of(model) -> Shape:
     else:
         kv = 2 * c.num_key_value_heads * head_dim
     expert_width = getattr(c, "moe_intermediate_size", None) or c.intermediate_size
-    shared = getattr(c, "shared_expert_intermediate_size", 0) or \
-        (getattr(c, "n_shared_experts", 0) or 0) * expert_width
-    return Shape(params=total, root_params=total - sum(sizes), layer_params=max(sizes),
-                 largest_tensor=max(p.numel() for p in model.parameters()), layers=len(layers),
-                 hidden=c.hidden_size, heads=c.num_attention_heads, kv_width=kv, experts=int(experts),
-                 top_k=c.num_experts_per_tok, expert_width=expert_width, shared_width=shared, vocab=c.vocab_size)
+    shared = getattr(c, "shared_expert_intermediate_size", 0) or (getattr(c, "n_shared_experts", 0) or 0) * expert_width
+    return Shape(
+        params=total,
+        root_params=total - sum(sizes),
+        layer_params=max(sizes),
+        largest_tensor=max(p.numel() for p in model.parameters()),
+        layers=len(layers),
+        hidden=c.hidden_size,
+        heads=c.num_attention_heads,
+        kv_width=kv,
+        experts=int(experts),
+        top_k=c.num_experts_per_tok,
+        expert_width=expert_width,
+        shared_width=shared,
+        vocab=c.vocab_size,
+    )
 
 
 def experts_per_token(shape: Shape, method: str, k: int | None, kmax: int | None) -> int:
@@ -79,16 +89,25 @@ def experts_per_token(shape: Shape, method: str, k: int | None, kmax: int | None
     return k or shape.top_k
 
 
-def layer_activation_bytes(shape: Shape, tokens: int, seq_len: int, experts: int, act_bytes: int,
-                           attention_scores: bool) -> int:
+def layer_activation_bytes(
+    shape: Shape, tokens: int, seq_len: int, experts: int, act_bytes: int, attention_scores: bool
+) -> int:
     """Bytes autograd keeps for one decoder layer's backward over ``tokens`` tokens: norms and
     residuals (4 H), q/k/v and the attention output (2 H + kv), the routing (logits, probabilities,
     weights: 3 N in fp32), each of ``experts`` experts' input, gate/up, activation and product
     (H + 4 I), the shared expert likewise; the attention probabilities (heads · L per token) when
     ``attention_scores`` (the math attention of the CPU; flash attention on a GPU keeps none)."""
     s = shape
-    per_token = act_bytes * (6 * s.hidden + s.kv_width + experts * (s.hidden + 4 * s.expert_width)
-                             + (s.hidden + 4 * s.shared_width if s.shared_width else 0)) + 4 * 3 * s.experts
+    per_token = (
+        act_bytes
+        * (
+            6 * s.hidden
+            + s.kv_width
+            + experts * (s.hidden + 4 * s.expert_width)
+            + (s.hidden + 4 * s.shared_width if s.shared_width else 0)
+        )
+        + 4 * 3 * s.experts
+    )
     if attention_scores:
         per_token += act_bytes * s.heads * seq_len
     return tokens * per_token
@@ -106,9 +125,22 @@ class Estimate:
         return self.parameters + self.gradients + self.optimizer + self.activations
 
 
-def estimate(shape: Shape, *, world_size: int, fsdp: bool, batch_size: int, max_length: int, method: str,
-             k: int | None = None, kmax: int | None = None, param_bytes: int = 4, compute_bytes: int | None = None,
-             checkpointing: bool = False, attention_scores: bool = False, foreach: bool = True) -> Estimate:
+def estimate(
+    shape: Shape,
+    *,
+    world_size: int,
+    fsdp: bool,
+    batch_size: int,
+    max_length: int,
+    method: str,
+    k: int | None = None,
+    kmax: int | None = None,
+    param_bytes: int = 4,
+    compute_bytes: int | None = None,
+    checkpointing: bool = False,
+    attention_scores: bool = False,
+    foreach: bool = True,
+) -> Estimate:
     """Per-process bytes of one run (see the module docstring). ``compute_bytes``: the activations'
     and FSDP's unsharded parameters' bytes per value (2 under bf16; default ``param_bytes``);
     ``foreach``: AdamW's multi-tensor step (torch's default on CUDA), else one tensor at a time
@@ -121,16 +153,21 @@ def estimate(shape: Shape, *, world_size: int, fsdp: bool, batch_size: int, max_
     gathered = (shape.root_params + min(2, shape.layers) * shape.layer_params) * compute_bytes if fsdp else 0
     unreduced = (shape.root_params + shape.layer_params) * compute_bytes if fsdp else 0
     tokens = batch_size * max_length
-    layer = layer_activation_bytes(shape, tokens, max_length, experts_per_token(shape, method, k, kmax), compute_bytes,
-                                   attention_scores)
+    layer = layer_activation_bytes(
+        shape, tokens, max_length, experts_per_token(shape, method, k, kmax), compute_bytes, attention_scores
+    )
     kept = shape.layers * tokens * shape.hidden * compute_bytes + layer if checkpointing else shape.layers * layer
     logits = tokens * shape.vocab * (compute_bytes + 3 * 4)  # logits, fp32 copy, log-softmax, its gradient
     # the step's temporaries: foreach, about one more copy of the (local) parameters; one tensor at a
     # time, two of the largest local tensor (the denominator and the update)
     largest = -(-shape.largest_tensor // world_size) if fsdp else shape.largest_tensor
     step = stored * param_bytes if foreach else 2 * largest * param_bytes
-    return Estimate(parameters=stored * param_bytes + gathered, gradients=stored * param_bytes + unreduced,
-                    optimizer=2 * stored * param_bytes + step, activations=kept + logits)
+    return Estimate(
+        parameters=stored * param_bytes + gathered,
+        gradients=stored * param_bytes + unreduced,
+        optimizer=2 * stored * param_bytes + step,
+        activations=kept + logits,
+    )
 
 
 def gib(n: int) -> str:
@@ -144,21 +181,30 @@ def fits(total: int, gpus=GPUS_GB) -> list[int]:
 
 def report(name: str, shape: Shape, *, world_size: int, method: str, **kwargs) -> str:
     """The table ``--plan`` prints: DDP and FSDP side by side, and which GPU sizes each fits."""
-    rows = {mode: estimate(shape, world_size=world_size, fsdp=mode == "FSDP", method=method, **kwargs)
-            for mode in ("DDP", "FSDP")}
-    lines = [f"memory plan: {name}, {shape.params / 1e9:.3f} B parameters ({shape.layers} layers), {method}, "
-             f"{world_size} process(es), batch {kwargs['batch_size']} x {kwargs['max_length']} tokens per process",
-             f"{'per GPU':<14}{'DDP':>14}{'FSDP':>14}"]
+    rows = {
+        mode: estimate(shape, world_size=world_size, fsdp=mode == "FSDP", method=method, **kwargs)
+        for mode in ("DDP", "FSDP")
+    }
+    lines = [
+        f"memory plan: {name}, {shape.params / 1e9:.3f} B parameters ({shape.layers} layers), {method}, "
+        f"{world_size} process(es), batch {kwargs['batch_size']} x {kwargs['max_length']} tokens per process",
+        f"{'per GPU':<14}{'DDP':>14}{'FSDP':>14}",
+    ]
     for field in ("parameters", "gradients", "optimizer", "activations", "total"):
         lines.append(f"{field:<14}{gib(getattr(rows['DDP'], field)):>14}{gib(getattr(rows['FSDP'], field)):>14}")
     for mode, row in rows.items():
         ok = fits(row.total)
-        lines.append(f"{mode}: fits on " + (", ".join(f"{g} GB" for g in ok) if ok else
-                                            f"none of {', '.join(f'{g} GB' for g in GPUS_GB)}") + " GPUs")
+        lines.append(
+            f"{mode}: fits on "
+            + (", ".join(f"{g} GB" for g in ok) if ok else f"none of {', '.join(f'{g} GB' for g in GPUS_GB)}")
+            + " GPUs"
+        )
     if world_size == 1:
-        lines.append("note: with one process FSDP shards nothing, so it needs more than DDP: the whole model "
-                     "stored, plus the gathered copies of the root and two layers and their unreduced gradients; "
-                     "it saves memory from two processes on")
+        lines.append(
+            "note: with one process FSDP shards nothing, so it needs more than DDP: the whole model "
+            "stored, plus the gathered copies of the root and two layers and their unreduced gradients; "
+            "it saves memory from two processes on"
+        )
     return "\n".join(lines)
 
 
@@ -167,9 +213,11 @@ def per_process_batch(global_batch: int, world_size: int, grad_accum: int) -> in
     ValueError (saying what to change) unless it divides evenly."""
     per, rest = divmod(global_batch, world_size * grad_accum)
     if rest or per == 0:
-        raise ValueError(f"--global-batch-size {global_batch} does not split over {world_size} process(es) x "
-                         f"--grad-accum {grad_accum}: use a multiple of {world_size * grad_accum}, or change "
-                         "--nproc_per_node / --grad-accum")
+        raise ValueError(
+            f"--global-batch-size {global_batch} does not split over {world_size} process(es) x "
+            f"--grad-accum {grad_accum}: use a multiple of {world_size * grad_accum}, or change "
+            "--nproc_per_node / --grad-accum"
+        )
     return per
 
 
@@ -182,10 +230,18 @@ def for_run(cfg, world_size: int, device_type: str) -> tuple[Shape, dict]:
     dtype = getattr(torch, cfg.param_dtype)
     shape = shape_of(models.empty_model(models.model_config(cfg.model, cfg.layers), dtype))
     param_bytes = dtype.itemsize
-    return shape, dict(batch_size=cfg.batch_size, max_length=cfg.max_length, method=cfg.method, k=cfg.k,
-                       kmax=cfg.kmax, param_bytes=param_bytes, compute_bytes=2 if cfg.bf16 else param_bytes,
-                       checkpointing=cfg.gradient_checkpointing, attention_scores=device_type == "cpu",
-                       foreach=device_type == "cuda")
+    return shape, dict(
+        batch_size=cfg.batch_size,
+        max_length=cfg.max_length,
+        method=cfg.method,
+        k=cfg.k,
+        kmax=cfg.kmax,
+        param_bytes=param_bytes,
+        compute_bytes=2 if cfg.bf16 else param_bytes,
+        checkpointing=cfg.gradient_checkpointing,
+        attention_scores=device_type == "cpu",
+        foreach=device_type == "cuda",
+    )
 
 
 def device_bytes(world) -> tuple[int, str]:
@@ -214,8 +270,15 @@ def check_fits(cfg, world) -> None:
         return
     mode = "FSDP" if cfg.fsdp else "DDP"
     sharded = estimate(shape, world_size=world.size, fsdp=True, **kwargs)
-    hint = "add --fsdp (" + gib(sharded.parameters + sharded.gradients + sharded.optimizer) + \
-        " per process at this world size) or start more processes" if not cfg.fsdp else "start more processes"
-    raise ValueError(f"--model {cfg.model} will not fit: parameters, gradients and AdamW state need "
-                     f"{gib(state)} per process under {mode} with {world.size} process(es), more than {what}; "
-                     f"{hint}, or use --param-dtype bfloat16 (see --plan)")
+    hint = (
+        "add --fsdp ("
+        + gib(sharded.parameters + sharded.gradients + sharded.optimizer)
+        + " per process at this world size) or start more processes"
+        if not cfg.fsdp
+        else "start more processes"
+    )
+    raise ValueError(
+        f"--model {cfg.model} will not fit: parameters, gradients and AdamW state need "
+        f"{gib(state)} per process under {mode} with {world.size} process(es), more than {what}; "
+        f"{hint}, or use --param-dtype bfloat16 (see --plan)"
+    )

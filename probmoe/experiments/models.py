@@ -21,8 +21,13 @@ import torch
 
 from .shapes import SHAPES, shape_config
 
-TINY = {"tiny-olmoe": "olmoe", "tiny-qwen2-moe": "qwen2_moe", "tiny-qwen3-moe": "qwen3_moe",
-        "tiny-mixtral": "mixtral", "tiny-deepseek-v3": "deepseek_v3"}
+TINY = {
+    "tiny-olmoe": "olmoe",
+    "tiny-qwen2-moe": "qwen2_moe",
+    "tiny-qwen3-moe": "qwen3_moe",
+    "tiny-mixtral": "mixtral",
+    "tiny-deepseek-v3": "deepseek_v3",
+}
 BUILT_IN = (*TINY, *SHAPES)
 MAX_POSITIONS = 2048  # the tiny models' context: every GSM8K question + answer fits, in bytes
 INIT_CHUNK = 1 << 24  # values drawn at once by ``initial_tensor`` (64 MiB in fp32)
@@ -34,8 +39,11 @@ def check_checkpoint(path: str, flag: str = "--model") -> str:
     from probmoe.integrations.transformers import ALL_FAMILIES
 
     if not os.path.isdir(path):
-        allowed = f"one of {list(BUILT_IN)} or a local checkpoint directory" if flag == "--model" else \
-            "a local checkpoint directory"
+        allowed = (
+            f"one of {list(BUILT_IN)} or a local checkpoint directory"
+            if flag == "--model"
+            else "a local checkpoint directory"
+        )
         raise ValueError(f"{flag} must be {allowed}; {path!r} is not")
     config_path = os.path.join(path, "config.json")
     try:
@@ -44,8 +52,7 @@ def check_checkpoint(path: str, flag: str = "--model") -> str:
     except (OSError, ValueError, AttributeError) as e:
         raise ValueError(f"{flag} {path!r}: config.json is missing or unreadable ({e})") from None
     if model_type not in ALL_FAMILIES:
-        raise ValueError(f"{flag} {path!r} is a {model_type!r} model; supported model types: "
-                         f"{', '.join(ALL_FAMILIES)}")
+        raise ValueError(f"{flag} {path!r} is a {model_type!r} model; supported model types: {', '.join(ALL_FAMILIES)}")
     return model_type
 
 
@@ -122,7 +129,7 @@ def initial_tensor(model, name: str, seed: int) -> torch.Tensor:
     value = torch.empty(meta.shape, dtype=meta.dtype)
     rows = max(1, INIT_CHUNK // max(1, value[0].numel()))  # drawn in fp32 a block of rows at a time
     for start in range(0, value.shape[0], rows):
-        block = value[start:start + rows]
+        block = value[start : start + rows]
         block.copy_(torch.empty(block.shape).normal_(0.0, model.config.initializer_range, generator=generator))
     if isinstance(owner, torch.nn.Embedding) and owner.padding_idx is not None:
         value[owner.padding_idx] = 0
@@ -149,8 +156,7 @@ def materialize(model, source, device: torch.device) -> None:
         if source is None or name not in persistent or runtime_state.is_state_key(name):
             continue
         if isinstance(tensor, DTensor):
-            full = source(name) if tensor.device_mesh.get_rank() == 0 else \
-                torch.empty(tensor.shape, dtype=tensor.dtype)
+            full = source(name) if tensor.device_mesh.get_rank() == 0 else torch.empty(tensor.shape, dtype=tensor.dtype)
             shard = distribute_tensor(full.to(device, tensor.dtype), tensor.device_mesh, tensor.placements)
             tensor.to_local().copy_(shard.to_local())
             del full, shard  # one full tensor at a time

@@ -27,6 +27,7 @@ def _bounded(convert, what: str, low: float, inclusive: bool):
         if not (value >= low if inclusive else value > low) or value == float("inf"):
             raise argparse.ArgumentTypeError(f"must be {what} {bound} (finite), got {text}")
         return value
+
     return parse
 
 
@@ -53,8 +54,9 @@ def check_output_folder(path: str, files: tuple[str, ...], overwrite: bool) -> s
         raise ValueError(f"--output {path!r} exists and is not a directory")
     taken = [f for f in files if os.path.exists(os.path.join(path, f))]
     if taken and not overwrite:
-        raise ValueError(f"--output {path!r} already holds {', '.join(taken)}; pass --overwrite or choose another "
-                         "folder")
+        raise ValueError(
+            f"--output {path!r} already holds {', '.join(taken)}; pass --overwrite or choose another folder"
+        )
     return path
 
 

@@ -47,19 +47,61 @@ FINAL = "final_model.json"  # in the output folder: the final model's step and c
 FINAL_FORMAT = "probmoe-final-model"
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 # fingerprint fields that must match for a resume to continue the same trajectory
-RESUME_KEYS = ("model", "method", "k", "kmin", "kmax", "backend", "grad", "aux_loss", "z_loss", "seed", "lr",
-               "lr_schedule", "warmup_steps", "weight_decay", "max_grad_norm", "batch_size", "grad_accum",
-               "max_length", "bf16", "data_sha256", "world_size", "device_type", "schedule_steps", "fsdp",
-               "param_dtype", "layers", "data_format", "l1_coef", "l1_rate", "balance", "balance_rate",
-               "l1_layers", "jitter_eps")
+RESUME_KEYS = (
+    "model",
+    "method",
+    "k",
+    "kmin",
+    "kmax",
+    "backend",
+    "grad",
+    "aux_loss",
+    "z_loss",
+    "seed",
+    "lr",
+    "lr_schedule",
+    "warmup_steps",
+    "weight_decay",
+    "max_grad_norm",
+    "batch_size",
+    "grad_accum",
+    "max_length",
+    "bf16",
+    "data_sha256",
+    "world_size",
+    "device_type",
+    "schedule_steps",
+    "fsdp",
+    "param_dtype",
+    "layers",
+    "data_format",
+    "l1_coef",
+    "l1_rate",
+    "balance",
+    "balance_rate",
+    "l1_layers",
+    "jitter_eps",
+)
 # how a resume's refusal names a fingerprint field that is not a flag of the same name (the others: --max-grad-norm ...)
-RESUME_NAMES = {"schedule_steps": "the learning-rate schedule's steps (--max-steps or --epochs)",
-                "data_sha256": "the --data file's contents (SHA-256)", "world_size": "processes (world size)",
-                "device_type": "device type"}
+RESUME_NAMES = {
+    "schedule_steps": "the learning-rate schedule's steps (--max-steps or --epochs)",
+    "data_sha256": "the --data file's contents (SHA-256)",
+    "world_size": "processes (world size)",
+    "device_type": "device type",
+}
 # what a checkpoint written before a setting existed ran with
-RESUME_DEFAULTS = {"fsdp": False, "param_dtype": "float32", "layers": None, "data_format": "question-answer",
-                   "l1_coef": None, "l1_rate": None, "balance": None, "balance_rate": None,
-                   "l1_layers": None, "jitter_eps": None}
+RESUME_DEFAULTS = {
+    "fsdp": False,
+    "param_dtype": "float32",
+    "layers": None,
+    "data_format": "question-answer",
+    "l1_coef": None,
+    "l1_rate": None,
+    "balance": None,
+    "balance_rate": None,
+    "l1_layers": None,
+    "jitter_eps": None,
+}
 
 
 def sha256_file(path: str) -> str:
@@ -103,8 +145,11 @@ def newest_valid(output_dir: str, rank: int) -> tuple[str, dict, list[tuple[str,
         return directory, manifest, skipped
     if not skipped:
         raise ValueError(f"--resume latest: no checkpoint-* in --output-dir {output_dir!r}")
-    raise ValueError(f"--resume latest: no checkpoint in --output-dir {output_dir!r} passes its checks ("
-                     + "; ".join(f"{directory}: {why}" for directory, why in skipped) + ")")
+    raise ValueError(
+        f"--resume latest: no checkpoint in --output-dir {output_dir!r} passes its checks ("
+        + "; ".join(f"{directory}: {why}" for directory, why in skipped)
+        + ")"
+    )
 
 
 def set_aside(directory: str) -> str:
@@ -123,10 +168,12 @@ def rng_state(generator: torch.Generator | None, device: torch.device) -> dict:
     ``weights_only=True``). The routing generator may be None (the routers draw from the global RNG)."""
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {"python": [version, torch.tensor(internal, dtype=torch.int64), gauss],
-             "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
-             "torch": torch.get_rng_state(),
-             "routing": generator.get_state() if generator is not None else None}
+    state = {
+        "python": [version, torch.tensor(internal, dtype=torch.int64), gauss],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state(),
+        "routing": generator.get_state() if generator is not None else None,
+    }
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -158,8 +205,19 @@ def _sync_tree(directory: str) -> None:
         os.close(fd)
 
 
-def save(directory: str, *, step: int, fingerprint: dict, world, model, tokenizer, optimizer, scheduler,
-         generator, sharded: bool = False) -> None:
+def save(
+    directory: str,
+    *,
+    step: int,
+    fingerprint: dict,
+    world,
+    model,
+    tokenizer,
+    optimizer,
+    scheduler,
+    generator,
+    sharded: bool = False,
+) -> None:
     """Write the checkpoint of ``step`` to ``directory``, which must not exist (every rank calls
     this; rank 0 writes the model, the optimizer and the manifest, each rank its own RNG file;
     ``sharded``: each rank its model and optimizer shards)."""
@@ -167,16 +225,28 @@ def save(directory: str, *, step: int, fingerprint: dict, world, model, tokenize
         raise FileExistsError(f"{directory} exists already; a checkpoint is never overwritten")
     tmp = f"{directory}.tmp"
     try:
-        _write(directory, tmp, step=step, fingerprint=fingerprint, world=world, model=model, tokenizer=tokenizer,
-               optimizer=optimizer, scheduler=scheduler, generator=generator, sharded=sharded)
+        _write(
+            directory,
+            tmp,
+            step=step,
+            fingerprint=fingerprint,
+            world=world,
+            model=model,
+            tokenizer=tokenizer,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            generator=generator,
+            sharded=sharded,
+        )
     except BaseException:  # a forced interrupt (interrupts.Interrupted) or a failure: no half checkpoint stays
         if world.main:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def _write(directory: str, tmp: str, *, step, fingerprint, world, model, tokenizer, optimizer, scheduler, generator,
-           sharded) -> None:
+def _write(
+    directory: str, tmp: str, *, step, fingerprint, world, model, tokenizer, optimizer, scheduler, generator, sharded
+) -> None:
     """``save``'s body: everything into ``tmp``, synced, then renamed to ``directory``."""
     from . import distributed, fsdp
 
@@ -197,8 +267,14 @@ def _write(directory: str, tmp: str, *, step, fingerprint, world, model, tokeniz
     distributed.barrier()
     if world.main:
         files = sorted(os.listdir(tmp))
-        manifest = {"format": FORMAT, "version": VERSION, "step": step, "world_size": world.size,
-                    "fingerprint": fingerprint, "sha256": {f: sha256_file(os.path.join(tmp, f)) for f in files}}
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "step": step,
+            "world_size": world.size,
+            "fingerprint": fingerprint,
+            "sha256": {f: sha256_file(os.path.join(tmp, f)) for f in files},
+        }
         with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=2, sort_keys=True)
             f.write("\n")
@@ -252,8 +328,12 @@ def check_final(directory: str, step: int) -> str | None:
             final = json.load(f)
     except (OSError, ValueError):
         return f"{FINAL} is missing or unreadable"
-    if not isinstance(final, dict) or final.get("format") != FINAL_FORMAT or not isinstance(final.get("sha256"), dict) \
-            or not final["sha256"]:
+    if (
+        not isinstance(final, dict)
+        or final.get("format") != FINAL_FORMAT
+        or not isinstance(final.get("sha256"), dict)
+        or not final["sha256"]
+    ):
         return f"{FINAL} is malformed"
     if final.get("step") != step:
         return f"{FINAL} is for step {final.get('step')!r}, the last checkpoint for step {step}"
@@ -273,14 +353,15 @@ def read_manifest(directory: str) -> dict:
         with open(path, encoding="utf-8") as f:
             manifest = json.load(f)
     except (OSError, ValueError) as e:
-        raise ValueError(f"--resume {directory!r}: {MANIFEST} is missing or unreadable ({e}); "
-                         "it is not a checkpoint written by probmoe-train") from None
+        raise ValueError(
+            f"--resume {directory!r}: {MANIFEST} is missing or unreadable ({e}); "
+            "it is not a checkpoint written by probmoe-train"
+        ) from None
     fields = {"format", "version", "step", "world_size", "fingerprint", "sha256"}
     if not isinstance(manifest, dict) or set(manifest) != fields:
         raise ValueError(f"{path}: must be an object with the fields {sorted(fields)}")
     if manifest["format"] != FORMAT or manifest["version"] != VERSION:
-        raise ValueError(f"{path}: format {manifest['format']!r} v{manifest['version']!r} is not {FORMAT} "
-                         f"v{VERSION}")
+        raise ValueError(f"{path}: format {manifest['format']!r} v{manifest['version']!r} is not {FORMAT} v{VERSION}")
     if not isinstance(manifest["step"], int) or manifest["step"] < 0:
         raise ValueError(f"{path}: step must be an integer >= 0, got {manifest['step']!r}")
     if not isinstance(manifest["fingerprint"], dict) or not isinstance(manifest["sha256"], dict):
@@ -301,18 +382,26 @@ def verify(directory: str, manifest: dict, rank: int) -> None:
     for name, expected in listed.items():
         path = os.path.join(directory, name)
         if not os.path.isfile(path) or sha256_file(path) != expected:
-            raise ValueError(f"--resume {directory!r}: {name} is missing or does not match its checksum in "
-                             f"{MANIFEST} (damaged or modified)")
+            raise ValueError(
+                f"--resume {directory!r}: {name} is missing or does not match its checksum in "
+                f"{MANIFEST} (damaged or modified)"
+            )
 
 
 def check_resume(manifest: dict, fingerprint: dict, directory: str) -> None:
     """ValueError listing every trajectory setting in which the resuming run differs."""
     saved = {**RESUME_DEFAULTS, **manifest["fingerprint"]}
-    diffs = [f"{RESUME_NAMES.get(key) or '--' + key.replace('_', '-')}: checkpoint {saved.get(key)!r}, now "
-             f"{fingerprint.get(key)!r}" for key in RESUME_KEYS if saved.get(key) != fingerprint.get(key)]
+    diffs = [
+        f"{RESUME_NAMES.get(key) or '--' + key.replace('_', '-')}: checkpoint {saved.get(key)!r}, now "
+        f"{fingerprint.get(key)!r}"
+        for key in RESUME_KEYS
+        if saved.get(key) != fingerprint.get(key)
+    ]
     if diffs:
-        raise ValueError(f"--resume {directory!r} was written by a run with other settings; an exact resume needs "
-                         f"the same ones ({'; '.join(diffs)})")
+        raise ValueError(
+            f"--resume {directory!r} was written by a run with other settings; an exact resume needs "
+            f"the same ones ({'; '.join(diffs)})"
+        )
 
 
 def load(directory: str, manifest: dict, *, world, optimizer, scheduler, generator, sharded_model=None) -> int:
@@ -321,12 +410,15 @@ def load(directory: str, manifest: dict, *, world, optimizer, scheduler, generat
     returns the step."""
     from . import fsdp
 
-    files = {name: torch.load(os.path.join(directory, name), map_location="cpu", weights_only=True)
-             for name in (STATE, f"rng_rank{world.rank}.pt")}
+    files = {
+        name: torch.load(os.path.join(directory, name), map_location="cpu", weights_only=True)
+        for name in (STATE, f"rng_rank{world.rank}.pt")
+    }
     state = files[STATE]
     if state.get("step") != manifest["step"]:
-        raise ValueError(f"--resume {directory!r}: {STATE} is for step {state.get('step')}, "
-                         f"{MANIFEST} says {manifest['step']}")
+        raise ValueError(
+            f"--resume {directory!r}: {STATE} is for step {state.get('step')}, {MANIFEST} says {manifest['step']}"
+        )
     if sharded_model is not None:
         fsdp.load_shards(directory, sharded_model, optimizer)
     else:

@@ -32,8 +32,9 @@ CHAT_TEMPLATE = (
 
 def _bytes_to_unicode() -> list[str]:
     """GPT-2's reversible byte -> printable character map, as a list indexed by byte value."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars, extra = {}, 0
     for b in range(256):
         if b in printable:
@@ -57,7 +58,8 @@ def byte_tokenizer():
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
     core.add_special_tokens(list(SPECIAL))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                        padding_side="left")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>", padding_side="left"
+    )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer

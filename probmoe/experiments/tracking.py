@@ -31,8 +31,13 @@ from .run_config import REPORT_TO
 
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 WANDB_ID_FILE = "wandb_run_id"  # in the output folder
-TRAIN_KEYS = {"loss": "train/loss", "lr": "train/learning_rate", "grad_norm": "train/grad_norm",
-              "tokens_per_s": "train/tokens_per_s", "router_loss": "train/router_loss"}
+TRAIN_KEYS = {
+    "loss": "train/loss",
+    "lr": "train/learning_rate",
+    "grad_norm": "train/grad_norm",
+    "tokens_per_s": "train/tokens_per_s",
+    "router_loss": "train/router_loss",
+}
 
 
 def check(report_to: str, output_dir: str) -> None:
@@ -41,8 +46,9 @@ def check(report_to: str, output_dir: str) -> None:
     if report_to not in REPORT_TO:
         raise ValueError(f"--report-to must be one of {', '.join(REPORT_TO)}, got {report_to!r}")
     if report_to != "none" and importlib.util.find_spec(PACKAGES[report_to]) is None:
-        raise ValueError(f"--report-to {report_to} needs the {PACKAGES[report_to]} package: "
-                         "pip install 'probmoe[tracking]'")
+        raise ValueError(
+            f"--report-to {report_to} needs the {PACKAGES[report_to]} package: pip install 'probmoe[tracking]'"
+        )
     if report_to == "wandb":
         saved_wandb_run_id(output_dir)
 
@@ -99,10 +105,14 @@ class Wandb(Tracker):
         super().__init__(model, step)
         import wandb
 
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "probmoe"),
-                              dir=os.environ.get("WANDB_DIR", output_dir), config=config,
-                              name=os.path.basename(os.path.normpath(output_dir)), id=wandb_run_id(output_dir),
-                              resume="allow")
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "probmoe"),
+            dir=os.environ.get("WANDB_DIR", output_dir),
+            config=config,
+            name=os.path.basename(os.path.normpath(output_dir)),
+            id=wandb_run_id(output_dir),
+            resume="allow",
+        )
 
     def write(self, scalars: dict, step: int) -> None:
         self.run.log(scalars, step=step)
@@ -137,8 +147,10 @@ def saved_wandb_run_id(output_dir: str) -> str | None:
     with open(path, encoding="utf-8", errors="replace") as f:
         run_id = f.read(200).strip()
     if not re.fullmatch(r"[a-z0-9]{1,64}", run_id):
-        raise ValueError(f"{path} must hold a W&B run id (lowercase letters and digits), got {run_id[:80]!r}; delete "
-                         "it to start a new W&B run")
+        raise ValueError(
+            f"{path} must hold a W&B run id (lowercase letters and digits), got {run_id[:80]!r}; delete "
+            "it to start a new W&B run"
+        )
     return run_id
 
 

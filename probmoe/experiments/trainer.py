@@ -34,6 +34,7 @@ from .run_config import TrainConfig
 def lr_factor(schedule: str, warmup: int, total: int):
     """The LR multiplier of step s (LambdaLR): linear warm-up over ``warmup`` steps, then constant,
     linear decay to 0 at ``total``, or cosine decay to 0 at ``total``."""
+
     def factor(s: int) -> float:
         if s < warmup:
             return (s + 1) / warmup
@@ -41,6 +42,7 @@ def lr_factor(schedule: str, warmup: int, total: int):
             return 1.0
         frac = min(1.0, (s - warmup) / max(1, total - warmup))
         return 1.0 - frac if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))
+
     return factor
 
 
@@ -48,8 +50,12 @@ def answer_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.T
     """(sum of next-token cross-entropies over the answer tokens, their number):
     logits [B, L, V], labels [B, L] (``data.IGNORE`` off the answer) -> ([], [])."""
     shift_logits, shift_labels = logits[:, :-1].float(), labels[:, 1:]  # position t predicts token t + 1
-    total = F.cross_entropy(shift_logits.reshape(-1, shift_logits.shape[-1]), shift_labels.reshape(-1),
-                            ignore_index=data.IGNORE, reduction="sum")
+    total = F.cross_entropy(
+        shift_logits.reshape(-1, shift_logits.shape[-1]),
+        shift_labels.reshape(-1),
+        ignore_index=data.IGNORE,
+        reduction="sum",
+    )
     return total, (shift_labels != data.IGNORE).sum()
 
 
@@ -83,8 +89,11 @@ def fingerprint(cfg: TrainConfig, world, total_steps: int, data_format: str) -> 
     fields = {**asdict(cfg), "data_format": data_format}
     with open(cfg.data, "rb") as f:
         fields["data_sha256"] = hashlib.sha256(f.read()).hexdigest()
-    fields.update(world_size=world.size, device_type=world.device.type,
-                  schedule_steps=None if cfg.lr_schedule == "constant" else total_steps)
+    fields.update(
+        world_size=world.size,
+        device_type=world.device.type,
+        schedule_steps=None if cfg.lr_schedule == "constant" else total_steps,
+    )
     return {key: fields[key] for key in state.RESUME_KEYS}
 
 
@@ -109,8 +118,9 @@ class Trainer:
         self.model = self.net
         if self.world.size > 1 and not cfg.fsdp:
             ids = [self.world.local_rank] if self.world.device.type == "cuda" else None
-            self.model = torch.nn.parallel.DistributedDataParallel(self.net, device_ids=ids,
-                                                                   gradient_as_bucket_view=True)
+            self.model = torch.nn.parallel.DistributedDataParallel(
+                self.net, device_ids=ids, gradient_as_bucket_view=True
+            )
 
     def _check_and_build(self) -> None:
         """Every check, then the model, the optimizer and the resumed state, in this order."""
@@ -150,14 +160,19 @@ class Trainer:
         self.global_batch = cfg.batch_size * world.size * cfg.grad_accum
         self.steps_per_epoch = len(self.encoded) // self.global_batch
         if self.steps_per_epoch == 0:
-            raise ValueError(f"{cfg.data} has {len(self.encoded)} examples, fewer than one global batch "
-                             f"(--batch-size {cfg.batch_size} × {world.size} processes × --grad-accum "
-                             f"{cfg.grad_accum} = {self.global_batch})")
-        self.total_steps = cfg.max_steps if cfg.max_steps is not None else \
-            max(1, math.floor(cfg.epochs * self.steps_per_epoch))
+            raise ValueError(
+                f"{cfg.data} has {len(self.encoded)} examples, fewer than one global batch "
+                f"(--batch-size {cfg.batch_size} × {world.size} processes × --grad-accum "
+                f"{cfg.grad_accum} = {self.global_batch})"
+            )
+        self.total_steps = (
+            cfg.max_steps if cfg.max_steps is not None else max(1, math.floor(cfg.epochs * self.steps_per_epoch))
+        )
         if cfg.stop_after is not None and cfg.stop_after > self.total_steps:
-            raise ValueError(f"--stop-after must be between 1 and the run's last step {self.total_steps} ("
-                             f"{'--max-steps' if cfg.max_steps is not None else '--epochs'}), got {cfg.stop_after}")
+            raise ValueError(
+                f"--stop-after must be between 1 and the run's last step {self.total_steps} ("
+                f"{'--max-steps' if cfg.max_steps is not None else '--epochs'}), got {cfg.stop_after}"
+            )
         self.end = self.total_steps if cfg.stop_after is None else cfg.stop_after
         self.fingerprint = fingerprint(cfg, world, self.total_steps, self.records.format)
 
@@ -183,9 +198,13 @@ class Trainer:
             if self.repair is not None:
                 return False  # resumed at the last step: no step to train, then save_final writes them again
         self.step = self.manifest["step"]
-        where = f"already complete at step {self.step}" if self.step == self.total_steps else \
-            f"at step {self.step}, past this run's last step {self.end}" if self.step > self.end else \
-            f"at step {self.step}, where --stop-after {cfg.stop_after} ends this run"
+        where = (
+            f"already complete at step {self.step}"
+            if self.step == self.total_steps
+            else f"at step {self.step}, past this run's last step {self.end}"
+            if self.step > self.end
+            else f"at step {self.step}, where --stop-after {cfg.stop_after} ends this run"
+        )
         self.nothing_to_do = f"{self.resume_dir}: {where}; nothing trained or written"
         return True
 
@@ -207,17 +226,43 @@ class Trainer:
         zl = {} if cfg.z_loss is None else {"z_loss": cfg.z_loss}
 
         def patch(net):
-            patch_model(net, cfg.method, k=cfg.k, kmin=cfg.kmin, kmax=cfg.kmax, backend=cfg.backend, grad=cfg.grad,
-                        l1_coef=cfg.l1_coef, l1_rate=cfg.l1_rate, l1_layers=cfg.l1_layers, jitter_eps=cfg.jitter_eps,
-                        balance=cfg.balance, balance_rate=cfg.balance_rate,
-                        generator=self.generator, **aux, **zl)
+            patch_model(
+                net,
+                cfg.method,
+                k=cfg.k,
+                kmin=cfg.kmin,
+                kmax=cfg.kmax,
+                backend=cfg.backend,
+                grad=cfg.grad,
+                l1_coef=cfg.l1_coef,
+                l1_rate=cfg.l1_rate,
+                l1_layers=cfg.l1_layers,
+                jitter_eps=cfg.jitter_eps,
+                balance=cfg.balance,
+                balance_rate=cfg.balance_rate,
+                generator=self.generator,
+                **aux,
+                **zl,
+            )
 
         dtype = getattr(torch, cfg.param_dtype)
         if cfg.fsdp:
-            return fsdp.build(cfg.model, seed=cfg.seed, dtype=dtype, layers=cfg.layers, world=world, patch=patch,
-                              checkpointing=cfg.gradient_checkpointing, bf16=cfg.bf16, fresh=self.resume_dir is None)
-        net = models.load_model(cfg.model, cfg.seed, dtype, cfg.layers) if self.resume_dir is None else \
-            self._weights_from(self.resume_dir, dtype)
+            return fsdp.build(
+                cfg.model,
+                seed=cfg.seed,
+                dtype=dtype,
+                layers=cfg.layers,
+                world=world,
+                patch=patch,
+                checkpointing=cfg.gradient_checkpointing,
+                bf16=cfg.bf16,
+                fresh=self.resume_dir is None,
+            )
+        net = (
+            models.load_model(cfg.model, cfg.seed, dtype, cfg.layers)
+            if self.resume_dir is None
+            else self._weights_from(self.resume_dir, dtype)
+        )
         patch(net)
         if self.resume_dir is not None:  # the routing state (ReMoE's λ, DefaultMoE's defaults, the bias)
             runtime_state.load(net, self.resume_dir)
@@ -232,12 +277,19 @@ class Trainer:
         params = [p for p in self.net.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_factor(cfg.lr_schedule, cfg.warmup_steps, self.total_steps))
+            self.optimizer, lr_factor(cfg.lr_schedule, cfg.warmup_steps, self.total_steps)
+        )
         self.step = 0
         if self.resume_dir is not None:
-            self.step = state.load(self.resume_dir, self.manifest, world=self.world, optimizer=self.optimizer,
-                                   scheduler=self.scheduler, generator=self.generator,
-                                   sharded_model=self.net if cfg.fsdp else None)
+            self.step = state.load(
+                self.resume_dir,
+                self.manifest,
+                world=self.world,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                generator=self.generator,
+                sharded_model=self.net if cfg.fsdp else None,
+            )
         self.start_step = self.step
 
     def _resume_dir(self) -> str | None:
@@ -260,8 +312,9 @@ class Trainer:
         if self.world.main:
             for directory, why in self.damaged:
                 moved = state.set_aside(directory)
-                print(f"warning: skipped the damaged checkpoint {directory} ({why}); moved it to {moved}",
-                      file=sys.stderr)
+                print(
+                    f"warning: skipped the damaged checkpoint {directory} ({why}); moved it to {moved}", file=sys.stderr
+                )
         if self.damaged:
             distributed.barrier()
 
@@ -274,13 +327,17 @@ class Trainer:
         if not os.path.isdir(out) or not os.listdir(out):
             return
         if self.resume_dir is None:
-            raise ValueError(f"--output-dir {out!r} is not empty; choose a new folder, or pass --resume latest to "
-                             "continue the run in it")
+            raise ValueError(
+                f"--output-dir {out!r} is not empty; choose a new folder, or pass --resume latest to "
+                "continue the run in it"
+            )
         damaged = {directory for directory, _ in self.damaged}
         latest = next((c for c in state.checkpoints(out) if c not in damaged), None)
         if latest is None or os.path.realpath(latest) != os.path.realpath(self.resume_dir):
-            raise ValueError(f"--output-dir {out!r} is not empty and --resume {self.cfg.resume!r} is not its newest "
-                             f"checkpoint ({latest}); resume into an empty folder, or from the newest checkpoint")
+            raise ValueError(
+                f"--output-dir {out!r} is not empty and --resume {self.cfg.resume!r} is not its newest "
+                f"checkpoint ({latest}); resume into an empty folder, or from the newest checkpoint"
+            )
 
     def _weights_from(self, directory: str, dtype: torch.dtype):
         from transformers import AutoModelForCausalLM
@@ -292,12 +349,13 @@ class Trainer:
         cfg, world = self.cfg, self.world
         epoch, index = divmod(step, self.steps_per_epoch)
         order = data.epoch_order(len(self.encoded), cfg.seed, epoch)
-        chosen = order[index * self.global_batch:(index + 1) * self.global_batch]
+        chosen = order[index * self.global_batch : (index + 1) * self.global_batch]
         per_micro = cfg.batch_size * world.size
         batches = []
         for a in range(cfg.grad_accum):
-            rows = chosen[a * per_micro:(a + 1) * per_micro][world.rank * cfg.batch_size:
-                                                             (world.rank + 1) * cfg.batch_size]
+            rows = chosen[a * per_micro : (a + 1) * per_micro][
+                world.rank * cfg.batch_size : (world.rank + 1) * cfg.batch_size
+            ]
             batches.append(data.collate([self.encoded[i] for i in rows], self.tokenizer.pad_token_id))
         return epoch, batches
 
@@ -305,8 +363,9 @@ class Trainer:
         from probmoe.integrations.transformers.controls import after_step, attach, remoe_penalties
 
         cfg, world, dev = self.cfg, self.world, self.world.device
-        tokens = distributed.all_sum(torch.stack([(b["labels"][:, 1:] != data.IGNORE).sum() for b in batches]).sum()
-                                     .to(dev))
+        tokens = distributed.all_sum(
+            torch.stack([(b["labels"][:, 1:] != data.IGNORE).sum() for b in batches]).sum().to(dev)
+        )
         total_tokens = max(1, int(tokens.item()))
         want_router = bool(self.plan.aux_loss or self.plan.z_loss)
         ce_sum, aux_sum = torch.zeros((), device=dev), torch.zeros((), device=dev)
@@ -317,8 +376,12 @@ class Trainer:
             sync = nullcontext() if (world.size == 1 or cfg.fsdp or i == len(batches) - 1) else self.model.no_sync()
             with sync:
                 with autocast, remoe_penalties(self.net) as penalties:  # ReMoE's L1 terms, for the loss
-                    out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                     output_router_logits=want_router, use_cache=False)
+                    out = self.model(
+                        input_ids=batch["input_ids"],
+                        attention_mask=batch["attention_mask"],
+                        output_router_logits=want_router,
+                        use_cache=False,
+                    )
                 ce, _ = answer_loss_sum(out.logits, batch["labels"])
                 loss = attach(ce * world.size / total_tokens, penalties, 1.0 / len(batches))  # as Megatron: 1/G
                 aux = torch.zeros((), device=dev)
@@ -331,17 +394,20 @@ class Trainer:
                 loss.backward()
             ce_sum += ce.detach()
             aux_sum += aux.detach() / len(batches)
-        norm = torch.nn.utils.clip_grad_norm_(self.net.parameters(), cfg.max_grad_norm) if cfg.max_grad_norm \
-            else None
+        norm = torch.nn.utils.clip_grad_norm_(self.net.parameters(), cfg.max_grad_norm) if cfg.max_grad_norm else None
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         control = after_step(self.net)  # per-step routing updates (ReMoE's λ, the aux-free bias)
         real = distributed.all_sum(torch.stack([b["attention_mask"].sum() for b in batches]).sum().to(dev))
-        stats = {"loss": distributed.all_sum(ce_sum).item() / total_tokens,  # router_loss: the weighted aux + z terms
-                 "router_loss": distributed.all_sum(aux_sum).item() / world.size, "lr": lr,
-                 "answer_tokens": total_tokens, "tokens": int(real.item())}
+        stats = {
+            "loss": distributed.all_sum(ce_sum).item() / total_tokens,  # router_loss: the weighted aux + z terms
+            "router_loss": distributed.all_sum(aux_sum).item() / world.size,
+            "lr": lr,
+            "answer_tokens": total_tokens,
+            "tokens": int(real.item()),
+        }
         if norm is not None:
             stats["grad_norm"] = float(norm)
         stats["routing"] = routing_summary(self.net, batch["attention_mask"])
@@ -372,8 +438,12 @@ class Trainer:
                     record = json.loads(line)
                 except ValueError:
                     record = None
-                past = isinstance(record, dict) and "event" not in record and isinstance(record.get("step"), int) \
+                past = (
+                    isinstance(record, dict)
+                    and "event" not in record
+                    and isinstance(record.get("step"), int)
                     and record["step"] > self.step
+                )
                 (drop if past else keep).append(line if line.endswith("\n") else line + "\n")
         if drop:
             with open(path.removesuffix(".jsonl") + ".superseded.jsonl", "a", encoding="utf-8") as f:
@@ -384,9 +454,18 @@ class Trainer:
         return len(drop)
 
     def save(self, directory: str) -> None:
-        state.save(directory, step=self.step, fingerprint=self.fingerprint, world=self.world, model=self.net,
-                   tokenizer=self.tokenizer, optimizer=self.optimizer, scheduler=self.scheduler,
-                   generator=self.generator, sharded=self.cfg.fsdp)
+        state.save(
+            directory,
+            step=self.step,
+            fingerprint=self.fingerprint,
+            world=self.world,
+            model=self.net,
+            tokenizer=self.tokenizer,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            generator=self.generator,
+            sharded=self.cfg.fsdp,
+        )
 
     def _loop(self, bar) -> dict:
         """The steps from ``step`` to ``end``, logging and saving as told; the last step's record.
@@ -400,8 +479,13 @@ class Trainer:
             stats = self._train_step(batches)
             self.step += 1
             elapsed = time.perf_counter() - start
-            record = {"step": self.step, "epoch": epoch, **stats, "tokens_per_s": stats["tokens"] / elapsed,
-                      "step_s": elapsed}
+            record = {
+                "step": self.step,
+                "epoch": epoch,
+                **stats,
+                "tokens_per_s": stats["tokens"] / elapsed,
+                "step_s": elapsed,
+            }
             if self.step % cfg.log_every == 0 or self.step == self.total_steps:
                 self._log(record)
             bar.set_postfix(loss=f"{stats['loss']:.4f}", lr=f"{stats['lr']:.2e}")
@@ -426,12 +510,27 @@ class Trainer:
             os.makedirs(cfg.output_dir, exist_ok=True)
             event = "repair" if self.repair else "resume" if self.resume_dir else "start"
             superseded = {} if self.resume_dir is None else {"superseded_steps": self._trim_log()}
-            self._log({"event": event, "step": self.step, **superseded,
-                       "total_steps": self.total_steps, "world_size": world.size, "examples": len(self.encoded),
-                       "examples_without_answer_tokens": self.no_answer, "config": asdict(cfg)})
+            self._log(
+                {
+                    "event": event,
+                    "step": self.step,
+                    **superseded,
+                    "total_steps": self.total_steps,
+                    "world_size": world.size,
+                    "examples": len(self.encoded),
+                    "examples_without_answer_tokens": self.no_answer,
+                    "config": asdict(cfg),
+                }
+            )
         self.model.train()
-        bar = tqdm(total=self.total_steps, initial=self.step, desc=f"train {cfg.method}", unit="step",
-                   disable=not (world.main and cfg.progress), dynamic_ncols=True)
+        bar = tqdm(
+            total=self.total_steps,
+            initial=self.step,
+            desc=f"train {cfg.method}",
+            unit="step",
+            disable=not (world.main and cfg.progress),
+            dynamic_ncols=True,
+        )
         try:
             with interrupts.deferred(), determinism.kernels(cfg.deterministic, world.device):
                 record = self._loop(bar)  # a signal from here on waits for the next step boundary, or the end

@@ -5,7 +5,17 @@ them (``--help``) before it imports transformers. What each
 method does: ``probmoe.integrations.transformers.methods``.
 """
 
-METHODS = ("conventional", "frozen", "densemixer", "probmoe", "probmoe-dynamic", "sample-dense-ste",
-           "topk-marginal", "defaultmoe", "sparsemixer", "remoe")
+METHODS = (
+    "conventional",
+    "frozen",
+    "densemixer",
+    "probmoe",
+    "probmoe-dynamic",
+    "sample-dense-ste",
+    "topk-marginal",
+    "defaultmoe",
+    "sparsemixer",
+    "remoe",
+)
 GROUPED_METHODS = ("probmoe-grouped",)  # for the grouped families only
 ALL_METHODS = METHODS + GROUPED_METHODS

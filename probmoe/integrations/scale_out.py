@@ -31,8 +31,9 @@ def rank_generator(seed: int, device: torch.device | str = "cpu", rank: int | No
     return torch.Generator(device=device).manual_seed(rank_seed(seed, rank))
 
 
-def unbiased_weights(routing: probmoe.Routing, logits: Tensor, shifted: Tensor, score_func: str,
-                     normalize: bool) -> Tensor:
+def unbiased_weights(
+    routing: probmoe.Routing, logits: Tensor, shifted: Tensor, score_func: str, normalize: bool
+) -> Tensor:
     """The weights [T, K] of a routing drawn from the shifted logits r + b [T, E] (routed without
     normalisation), carried over to the unbiased scores π(r), r = ``logits`` [T, E]: each used slot's
     w' = (1 + δ) π(r + b), δ the straight-through term (value 0), becomes w' / π(r + b) · π(r), whose

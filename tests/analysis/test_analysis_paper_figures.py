@@ -68,10 +68,14 @@ def test_fig4_counts_assignments_not_token_sharpness():
 def test_fig3_routing_breadth_by_hand():
     """fig:routing_breadth: "the minimum number of experts required to cumulatively account for 99% of
     the routing probability mass per token", per layer, aggregated (averaged) over tokens."""
-    probs = torch.tensor([[0.99, 0.01, 0.0, 0.0],   # 1 expert reaches 0.99
-                          [0.05, 0.5, 0.15, 0.3],    # 0.5, 0.8, 0.95 < 0.99: all 4
-                          [0.25, 0.25, 0.25, 0.25],  # 0.75 < 0.99 <= 1.0: 4
-                          [0.39, 0.0, 0.6, 0.01]])   # 0.6 + 0.39 = 0.99: 2
+    probs = torch.tensor(
+        [
+            [0.99, 0.01, 0.0, 0.0],  # 1 expert reaches 0.99
+            [0.05, 0.5, 0.15, 0.3],  # 0.5, 0.8, 0.95 < 0.99: all 4
+            [0.25, 0.25, 0.25, 0.25],  # 0.75 < 0.99 <= 1.0: 4
+            [0.39, 0.0, 0.6, 0.01],
+        ]
+    )  # 0.6 + 0.39 = 0.99: 2
     expected = []
     for row in probs.tolist():
         mass, k = 0.0, 0
@@ -92,8 +96,10 @@ def test_fig5_mean_cardinality_per_layer_and_data_set(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     from probmoe.analysis import plots
 
-    layers = {"gsm": [[[0, 1], [2], [0, 3, 4]], [[1], [1, 2], [5]]],  # 3 tokens, 2 layers, experts per token
-              "law": [[[0, 1, 2, 3], [4, 5]], [[6, 7, 0], [1, 2, 3]]]}
+    layers = {
+        "gsm": [[[0, 1], [2], [0, 3, 4]], [[1], [1, 2], [5]]],  # 3 tokens, 2 layers, experts per token
+        "law": [[[0, 1, 2, 3], [4, 5]], [[6, 7, 0], [1, 2, 3]]],
+    }
     expected = {"gsm": [(2 + 1 + 3) / 3, (1 + 2 + 1) / 3], "law": [(4 + 2) / 2, (3 + 3) / 2]}
     summaries = {}
     for data, per_layer in layers.items():
@@ -125,13 +131,14 @@ def test_fig6_frequency_curve_histogram_and_uniform_line(tmp_path, monkeypatch):
     assert order == [5, 9, 3, 7]
     mean = [sum(e for i, e in zip(ids, experts) if i == t) / counts[t] for t in order]  # 8, 6, 4, 2.4
     overall = sum(experts) / len(experts)
-    layer = layer_summary(torch.full((10, 8), 1 / 8),
-                          torch.arange(8)[None, :] < torch.tensor(experts)[:, None], torch.tensor(ids))
+    layer = layer_summary(
+        torch.full((10, 8), 1 / 8), torch.arange(8)[None, :] < torch.tensor(experts)[:, None], torch.tensor(ids)
+    )
     kept = []
     monkeypatch.setattr(plots, "_save", lambda fig, path: kept.append(fig) or path)
     plots.plot_frequency({"dynamic": [layer, layer]}, tmp_path / "f.png")
     ax, right = kept[0].axes
-    curve = [line for line in ax.get_lines() if line.get_label() == "dynamic"][0]
+    curve = next(line for line in ax.get_lines() if line.get_label() == "dynamic")
     assert list(curve.get_xdata()) == [1, 2, 3, 4] and list(curve.get_ydata()) == pytest.approx(mean)
     assert curve.get_linestyle() == "-"
     dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]

@@ -5,7 +5,7 @@ import torch
 
 pytest.importorskip("matplotlib")
 
-from probmoe.analysis import layer_summary, plots  # noqa: E402
+from probmoe.analysis import layer_summary, plots
 
 
 def _top2(seed: int, n: int = 8) -> list[dict]:

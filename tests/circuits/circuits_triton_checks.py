@@ -17,18 +17,20 @@ import os
 
 import pytest
 import torch
+from brute import exact, masks
+from host_sync import no_host_synchronisation
 
 import circuits
 import circuits.passes
-from brute import exact, masks
 from circuits.passes import TorchPasses, draw_uniforms
-from host_sync import no_host_synchronisation
 
 pytest.importorskip("triton", reason="triton is not installed (the optional extra: pip install -e '.[triton]')")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("without CUDA these checks need TRITON_INTERPRET=1 (tests/circuits/test_circuits_triton.py sets it)",
-                allow_module_level=True)
+    pytest.skip(
+        "without CUDA these checks need TRITON_INTERPRET=1 (tests/circuits/test_circuits_triton.py sets it)",
+        allow_module_level=True,
+    )
 
 from circuits.passes.triton_passes import TritonPasses  # noqa: E402 (after the skips)
 
@@ -129,8 +131,16 @@ def test_many_draws_equal_the_torch_passes(spec):
     assert torch.equal(z, TorchPasses(c.program).sample(r, uniforms, fill)[0])
 
 
-@pytest.mark.parametrize("spec,cards", [(circuits.ExactlyK(6, 3), [3]), (circuits.RangeK(7, 2, 4), range(2, 5)),
-                                        (circuits.ExactlyK(5, 5), [5]), (circuits.RangeK(6, 0, 6), range(7))], ids=str)
+@pytest.mark.parametrize(
+    "spec,cards",
+    [
+        (circuits.ExactlyK(6, 3), [3]),
+        (circuits.RangeK(7, 2, 4), range(2, 5)),
+        (circuits.ExactlyK(5, 5), [5]),
+        (circuits.RangeK(6, 0, 6), range(7)),
+    ],
+    ids=str,
+)
 def test_brute_force(spec, cards):
     """log Z, the marginals, Cov(z) v and the MAP against enumeration in float64, -inf and +-1e4 logits included."""
     c = compiled(spec)
@@ -200,8 +210,12 @@ def test_fp32_exact_at_every_scale():
     import importlib.util
     import sys
 
-    spec_ = importlib.util.spec_from_file_location("accuracy_fp32", os.path.join(
-        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools", "accuracy_fp32.py"))
+    spec_ = importlib.util.spec_from_file_location(
+        "accuracy_fp32",
+        os.path.join(
+            os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools", "accuracy_fp32.py"
+        ),
+    )
     A = importlib.util.module_from_spec(spec_)
     sys.modules["accuracy_fp32"] = A
     spec_.loader.exec_module(A)
@@ -220,5 +234,6 @@ def test_fp32_exact_at_every_scale():
         r = A.rows(n, 3.0, "+1e4", 8, seed=4).to(DEVICE)
         v = torch.randn(8, n, generator=torch.Generator().manual_seed(5)).to(DEVICE)
         fast = TritonPasses(c.program)
-        torch.testing.assert_close(fast.marginals_jvp(r, v), TorchPasses(c.program).marginals_jvp(r, v),
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            fast.marginals_jvp(r, v), TorchPasses(c.program).marginals_jvp(r, v), atol=1e-5, rtol=0
+        )

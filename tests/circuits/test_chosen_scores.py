@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import circuits
 from brute import exact, masks
-from circuits import straight_through
-from circuits.dp import c_dp, torch_dp
 from hard_rows import hard_logits
 from stats import chi2_pvalue, mask_counts
+
+import circuits
+from circuits import straight_through
+from circuits.dp import c_dp, torch_dp
 
 KINDS = ["softmax", "sigmoid"]
 
@@ -26,7 +26,9 @@ def handle(backend: str, kmin: int, kmax: int, n: int) -> int:
     """The ``circuit`` argument for ``backend``: 0 (the DP), or a compiled circuit's handle."""
     if backend == "dp":
         return 0
-    ALIVE.append(circuits.compile_circuit(circuits.ExactlyK(n, kmin) if kmin == kmax else circuits.RangeK(n, kmin, kmax)))
+    ALIVE.append(
+        circuits.compile_circuit(circuits.ExactlyK(n, kmin) if kmin == kmax else circuits.RangeK(n, kmin, kmax))
+    )
     return ALIVE[-1].handle
 
 
@@ -155,8 +157,9 @@ def test_draw_frequencies(backend, size):
     row = torch.tensor([0.3, -0.2, 1.0, 0.0, -1.1, 0.5])
     r = row.expand(40_000, 6).contiguous()
     seed = circuits.ops.seed(torch.Generator().manual_seed(9), r)
-    _, idx, mask, _ = torch.ops.circuits.chosen_scores(r, seed, kmin, kmax, handle(backend, kmin, kmax, 6), kmax,
-                                                       "softmax", False)
+    _, idx, mask, _ = torch.ops.circuits.chosen_scores(
+        r, seed, kmin, kmax, handle(backend, kmin, kmax, 6), kmax, "softmax", False
+    )
     chosen = dense(idx, mask, torch.ones(idx.shape), 6)
     allowed = masks(6, range(kmin, kmax + 1))
     assert chi2_pvalue(mask_counts(chosen, allowed), exact(row[None].double(), allowed).probs[0]) > 1e-3

@@ -246,8 +246,12 @@ WORKER = textwrap.dedent(
 def test_eight_processes_compile_the_same_spec(tmp_path):
     go = tmp_path / "go"
     procs = [
-        subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path / "cache"), str(go)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, str(tmp_path / "cache"), str(go)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(8)
     ]
     go.touch()
@@ -257,7 +261,8 @@ def test_eight_processes_compile_the_same_spec(tmp_path):
         assert p.returncode == 0, err
         results.append(json.loads(out))
     want = circuits.compile_circuit(circuits.ExactlyK(96, 12), cache_dir=None, force=True).marginals(
-        torch.linspace(-3, 3, 96, dtype=torch.float64))
+        torch.linspace(-3, 3, 96, dtype=torch.float64)
+    )
     for res in results:
         torch.testing.assert_close(torch.tensor(res["m"], dtype=torch.float64), want)
     entry = cache.entry_dir(circuits.ExactlyK(96, 12), tmp_path / "cache")

@@ -6,14 +6,22 @@ import math
 
 import pytest
 import torch
+from brute import exact, masks
 
 import circuits
-from brute import exact, masks
 from circuits.dp import CDP, Lattice, TorchDP
 from circuits.native import rows
 
-SPECS = [circuits.ExactlyK(1, 0), circuits.ExactlyK(1, 1), circuits.ExactlyK(6, 3), circuits.ExactlyK(7, 7),
-         circuits.RangeK(6, 0, 6), circuits.RangeK(7, 2, 4), circuits.RangeK(8, 0, 1), circuits.RangeK(5, 4, 5)]
+SPECS = [
+    circuits.ExactlyK(1, 0),
+    circuits.ExactlyK(1, 1),
+    circuits.ExactlyK(6, 3),
+    circuits.ExactlyK(7, 7),
+    circuits.RangeK(6, 0, 6),
+    circuits.RangeK(7, 2, 4),
+    circuits.RangeK(8, 0, 1),
+    circuits.RangeK(5, 4, 5),
+]
 
 
 def _logits(n, T=5, seed=0, dtype=torch.float64, device="cpu"):
@@ -24,13 +32,15 @@ def _logits(n, T=5, seed=0, dtype=torch.float64, device="cpu"):
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.describe())
 def test_queries_match_brute_force(spec, device):
     dp = circuits.engine(spec, algorithm="dp")
-    assert isinstance(dp, circuits.CardinalityDP) and (dp.kmin, dp.kmax) == (spec.cardinalities[0],
-                                                                            spec.cardinalities[-1])
+    assert isinstance(dp, circuits.CardinalityDP) and (dp.kmin, dp.kmax) == (
+        spec.cardinalities[0],
+        spec.cardinalities[-1],
+    )
     r = _logits(spec.n, device=device).requires_grad_()
     want = exact(r.detach().cpu(), masks(spec.n, spec.cardinalities))
     log_z = dp.log_partition(r)
     torch.testing.assert_close(log_z.cpu(), want.log_partition, atol=1e-9, rtol=0)
-    grad, = torch.autograd.grad(log_z.sum(), r)  # d log Z / d r = m - sigmoid(r)
+    (grad,) = torch.autograd.grad(log_z.sum(), r)  # d log Z / d r = m - sigmoid(r)
     torch.testing.assert_close(grad.cpu(), want.marginals - torch.sigmoid(r.detach().cpu()), atol=1e-9, rtol=0)
     torch.testing.assert_close(dp.marginals(r).cpu(), want.marginals, atol=1e-9, rtol=0)
     assert torch.equal(dp.map(r).cpu(), want.map)
@@ -63,8 +73,8 @@ def test_the_two_algorithms_agree(spec, dtype, device):
         assert a.shape == b.shape and a.dtype == dtype
         torch.testing.assert_close(a, b, atol=tol * 10 if query == "log_partition" else tol, rtol=0)
         va = v if query == "marginals" else v[..., 0]
-        ga, = torch.autograd.grad(a, r, va)
-        gb, = torch.autograd.grad(b, r, va)
+        (ga,) = torch.autograd.grad(a, r, va)
+        (gb,) = torch.autograd.grad(b, r, va)
         torch.testing.assert_close(ga, gb, atol=tol * 10, rtol=0)
     assert torch.equal(dp.map(r), circuit.map(r))
 

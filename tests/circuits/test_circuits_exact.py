@@ -5,17 +5,19 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from brute import exact, masks
 
 import circuits
 from circuits.passes import by_node as reference
-from brute import exact, masks
-
-
 
 pytestmark = pytest.mark.usefixtures("float64")  # 1e-9 tolerances need float64 defaults
 
 EXACT_SPECS = [(n, k) for n in range(1, 11) for k in range(n + 1)]
-RANGE_SPECS = [(n, lo, hi) for n in range(1, 11) for lo, hi in {(0, n), (1, max(1, n - 1)), (n // 3, (2 * n) // 3), (0, 1), (n - 1, n)}]
+RANGE_SPECS = [
+    (n, lo, hi)
+    for n in range(1, 11)
+    for lo, hi in {(0, n), (1, max(1, n - 1)), (n // 3, (2 * n) // 3), (0, 1), (n - 1, n)}
+]
 
 
 def _check(spec, cards, device, T=6, scale=2.0, seed=0):
@@ -47,8 +49,13 @@ def test_n12_matches_brute_force(spec, cards, device):
 
 @pytest.mark.parametrize(
     "spec,cards",
-    [(circuits.ExactlyK(6, 3), [3]), (circuits.ExactlyK(8, 2), [2]), (circuits.RangeK(7, 2, 4), range(2, 5)),
-     (circuits.RangeK(8, 0, 3), range(4)), (circuits.ExactlyK(5, 5), [5])],
+    [
+        (circuits.ExactlyK(6, 3), [3]),
+        (circuits.ExactlyK(8, 2), [2]),
+        (circuits.RangeK(7, 2, 4), range(2, 5)),
+        (circuits.RangeK(8, 0, 3), range(4)),
+        (circuits.ExactlyK(5, 5), [5]),
+    ],
 )
 def test_jacobian_of_marginals_is_covariance(spec, cards, device):
     r = torch.randn(spec.n) * 1.5

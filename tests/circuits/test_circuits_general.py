@@ -5,13 +5,11 @@ import warnings
 
 import pytest
 import torch
-from pysdd.sdd import SddManager, Vtree
-
-import circuits
 from brute import exact
+from pysdd.sdd import SddManager, Vtree
 from stats import chi2_pvalue, mask_counts
 
-
+import circuits
 
 pytestmark = pytest.mark.usefixtures("float64")  # 1e-9 tolerances need float64 defaults
 
@@ -21,15 +19,20 @@ N = 6
 
 
 def _models(n, clauses):
-    rows = [m for m in itertools.product((0.0, 1.0), repeat=n)
-            if all(any((m[abs(l) - 1] == 1.0) == (l > 0) for l in c) for c in clauses)]
+    rows = [
+        m
+        for m in itertools.product((0.0, 1.0), repeat=n)
+        if all(any((m[abs(l) - 1] == 1.0) == (l > 0) for l in c) for c in clauses)
+    ]
     return torch.tensor(rows)
 
 
 @pytest.fixture
 def cnf_file(tmp_path):
     path = tmp_path / "f.cnf"
-    path.write_text(f"c a small test formula\np cnf {N} {len(CLAUSES)}\n" + "".join(" ".join(map(str, c)) + " 0\n" for c in CLAUSES))
+    path.write_text(
+        f"c a small test formula\np cnf {N} {len(CLAUSES)}\n" + "".join(" ".join(map(str, c)) + " 0\n" for c in CLAUSES)
+    )
     return path
 
 
@@ -66,8 +69,9 @@ def test_sdd_file_with_a_right_linear_vtree(tmp_path):
     _check_all(c, _models(N, CLAUSES), torch.randn(5, N) * 1.5)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        again = circuits.compile_circuit(circuits.SddFile(str(tmp_path / "f.sdd"), str(tmp_path / "f.vtree")),
-                                         cache_dir=tmp_path / "cache")
+        again = circuits.compile_circuit(
+            circuits.SddFile(str(tmp_path / "f.sdd"), str(tmp_path / "f.vtree")), cache_dir=tmp_path / "cache"
+        )
     assert again.info["cache_hit"]
 
 
@@ -75,8 +79,9 @@ def test_cached_sdd_of_a_range_roundtrips(tmp_path):
     spec = circuits.RangeK(9, 2, 5)
     first = circuits.compile_circuit(spec, cache_dir=tmp_path, compiler="pysdd")  # its entry keeps the SDD
     entry = tmp_path / f"{spec.key}-pysdd"
-    c = circuits.compile_circuit(circuits.SddFile(str(entry / "circuit.sdd"), str(entry / "circuit.vtree")),
-                                 cache_dir=tmp_path)
+    c = circuits.compile_circuit(
+        circuits.SddFile(str(entry / "circuit.sdd"), str(entry / "circuit.vtree")), cache_dir=tmp_path
+    )
     r = torch.randn(4, 9)
     torch.testing.assert_close(c.marginals(r), first.marginals(r))
 
@@ -129,7 +134,9 @@ def _saved_pair(tmp_path, name, vtree_type, order, build):
 
 
 def test_bad_sdd_files_raise_instead_of_crashing(tmp_path):
-    sdd, _ = _saved_pair(tmp_path, "a", "balanced", [1, 2, 3, 4], lambda m: (m.literal(1) | m.literal(2)) & m.literal(4))
+    sdd, _ = _saved_pair(
+        tmp_path, "a", "balanced", [1, 2, 3, 4], lambda m: (m.literal(1) | m.literal(2)) & m.literal(4)
+    )
     _, other = _saved_pair(tmp_path, "b", "right", [4, 3, 2, 1], lambda m: m.literal(1) & m.literal(3))
     with pytest.raises(ValueError, match="wrong vtree file"):
         circuits.compile_circuit((sdd, other), cache_dir=tmp_path / "cache")

@@ -6,14 +6,16 @@ import math
 
 import pytest
 import torch
+from brute import exact
+from brute import group_models as models
+from brute import satisfies_groups as satisfies
+from stats import chi2_pvalue, mask_counts
 
 import circuits
-from brute import exact, group_models as models, satisfies_groups as satisfies
 from circuits import GroupCapacity, GroupLimited, groups
 from circuits.inspect.cli import compile_main, inspect_main
 from circuits.passes import TorchPasses, draw_uniforms
 from circuits.spec import spec_from_dict, spec_to_dict
-from stats import chi2_pvalue, mask_counts
 
 SPECS = [
     GroupLimited(6, 2, 3, 1),  # 3 groups of 2; both from one group
@@ -43,7 +45,9 @@ def test_matches_brute_force(spec, device):
     torch.testing.assert_close(c.log_partition(rd).cpu(), want.log_partition, atol=1e-9, rtol=0)
     torch.testing.assert_close(c.marginals(rd).cpu(), want.marginals, atol=1e-9, rtol=0)
     assert torch.equal(c.map(rd).cpu(), want.map)
-    torch.testing.assert_close(torch.from_numpy(groups.log_partition_reference(spec, r)), want.log_partition, atol=1e-9, rtol=0)
+    torch.testing.assert_close(
+        torch.from_numpy(groups.log_partition_reference(spec, r)), want.log_partition, atol=1e-9, rtol=0
+    )
     # fp32 takes the fused C passes where they are built (the Triton passes on CUDA)
     r32 = rd.float()
     torch.testing.assert_close(c.log_partition(r32).cpu().double(), want.log_partition, atol=1e-4, rtol=1e-5)
@@ -83,8 +87,12 @@ def test_chi_squared(spec, dtype):
     assert chi2_pvalue(counts, torch.softmax(torch.randn(len(probs), generator=gen), 0)) < 1e-6  # it can fail
 
 
-BIG = [GroupLimited(64, 8, 8, 2), GroupCapacity(64, 8, [4] * 8 + [8] * 4, 1), GroupLimited(64, 8, 8, 3, capacity=3),
-       GroupLimited(64, None, 8, 2, kmin=2, kmax=8)]
+BIG = [
+    GroupLimited(64, 8, 8, 2),
+    GroupCapacity(64, 8, [4] * 8 + [8] * 4, 1),
+    GroupLimited(64, 8, 8, 3, capacity=3),
+    GroupLimited(64, None, 8, 2, kmin=2, kmax=8),
+]
 
 
 @pytest.mark.parametrize("spec", BIG, ids=str)
@@ -117,8 +125,11 @@ def test_unsatisfiable_rows_are_value_errors():
     r = torch.randn(5, 16)
     r[2, :] = -torch.inf
     r[2, [0, 1, 4, 5, 8, 9, 12, 13]] = 0.0  # 8 finite logits, but at most 2 in any one group
-    with pytest.raises(ValueError, match=r"GroupLimited\(n=16, k=3, groups=4x4, max_groups=1\) unsatisfiable at "
-                       r"row 2: no subset of its 8 finite logits satisfies it$"):
+    with pytest.raises(
+        ValueError,
+        match=r"GroupLimited\(n=16, k=3, groups=4x4, max_groups=1\) unsatisfiable at "
+        r"row 2: no subset of its 8 finite logits satisfies it$",
+    ):
         c.sample(r)
 
 
@@ -147,9 +158,15 @@ def _sdd_count(mgr, root) -> int:
     return c * 2 ** (mgr.var_count() - v)
 
 
-@pytest.mark.parametrize("spec", [GroupLimited(256, 8, 8, 4), GroupCapacity(256, 64, 8, 16),
-                                  GroupLimited(256, None, [16] * 8 + [32] * 4, 3, capacity=6, kmin=4, kmax=12)],
-                         ids=str)
+@pytest.mark.parametrize(
+    "spec",
+    [
+        GroupLimited(256, 8, 8, 4),
+        GroupCapacity(256, 64, 8, 16),
+        GroupLimited(256, None, [16] * 8 + [32] * 4, 3, capacity=6, kmin=4, kmax=12),
+    ],
+    ids=str,
+)
 def test_n256_counts_against_pysdd(spec):
     mgr, root = circuits.compile_sdd(spec)
     count = _sdd_count(mgr, root)
@@ -167,8 +184,10 @@ def test_n256_counts_against_pysdd(spec):
 def test_model_count_closed_forms():
     # exactly k from at most M of G equal groups of s: inclusion-exclusion over which groups are used
     G, s, k, M = 8, 32, 8, 4
-    closed = sum(math.comb(G, g) * sum((-1) ** (g - h) * math.comb(g, h) * math.comb(h * s, k) for h in range(g + 1))
-                 for g in range(1, M + 1))
+    closed = sum(
+        math.comb(G, g) * sum((-1) ** (g - h) * math.comb(g, h) * math.comb(h * s, k) for h in range(g + 1))
+        for g in range(1, M + 1)
+    )
     assert GroupLimited(G * s, k, G, M).model_count() == closed
     # at most c per group: the coefficient of x^k in (sum_{j<=c} C(s, j) x^j)^G
     poly = [1]
@@ -231,16 +250,28 @@ def test_spec_values_keys_and_dicts():
     assert a != GroupCapacity(64, 8, 8, 8, max_groups=4)  # the same set, another spec (and cache entry)
     assert a.k == 8 and a.cardinalities == range(8, 9) and a.fixed_cardinality
     assert a.describe() == "GroupLimited(n=64, k=8, groups=8x8, max_groups=4)"
-    keys = {s.key for s in [a, GroupLimited(64, 8, [4] * 16, 4), GroupLimited(64, 8, 8, 3), GroupCapacity(64, 8, 8, 2),
-                            GroupLimited(64, 8, 8, 4, capacity=2), GroupLimited(64, None, 8, 4, kmin=7, kmax=8)]}
+    keys = {
+        s.key
+        for s in [
+            a,
+            GroupLimited(64, 8, [4] * 16, 4),
+            GroupLimited(64, 8, 8, 3),
+            GroupCapacity(64, 8, 8, 2),
+            GroupLimited(64, 8, 8, 4, capacity=2),
+            GroupLimited(64, None, 8, 4, kmin=7, kmax=8),
+        ]
+    }
     assert len(keys) == 6
     assert a.with_cardinality(3, 5) == GroupLimited(64, None, 8, 4, kmin=3, kmax=5)
     for spec in SPECS + BIG:
         assert spec_from_dict(json.loads(json.dumps(spec_to_dict(spec)))) == spec
-    for data, match in [({"type": "GroupLimited"}, "exactly the keys"), ([1], "must be a dict"),
-                        ({"type": "SddFile", "digest": "x"}, "type must be one of"),
-                        ({**spec_to_dict(a), "max_groups": 9}, "max_groups must be in"),
-                        ({**spec_to_dict(a), "groups": 8}, "groups must be a list")]:
+    for data, match in [
+        ({"type": "GroupLimited"}, "exactly the keys"),
+        ([1], "must be a dict"),
+        ({"type": "SddFile", "digest": "x"}, "type must be one of"),
+        ({**spec_to_dict(a), "max_groups": 9}, "max_groups must be in"),
+        ({**spec_to_dict(a), "groups": 8}, "groups must be a list"),
+    ]:
         with pytest.raises(ValueError, match=match):
             spec_from_dict(data)
 
@@ -265,18 +296,56 @@ def test_commands(tmp_path, capsys):
     assert compile_main(argv) == 0
     hit = json.loads(capsys.readouterr().out)
     assert hit["cache_hit"] and hit["load_seconds"] is not None
-    assert compile_main(["--n", "12", "--kmin", "2", "--kmax", "4", "--groups", "3,4,5", "--capacity", "2",
-                         "--max-groups", "2", "--cache-dir", str(tmp_path)]) == 0
+    assert (
+        compile_main(
+            [
+                "--n",
+                "12",
+                "--kmin",
+                "2",
+                "--kmax",
+                "4",
+                "--groups",
+                "3,4,5",
+                "--capacity",
+                "2",
+                "--max-groups",
+                "2",
+                "--cache-dir",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     assert "GroupLimited(n=12, kmin=2, kmax=4, groups=[3, 4, 5], max_groups=2, capacity=2)" in capsys.readouterr().out
-    assert inspect_main(["--n", "8", "--k", "2", "--groups", "4", "--max-groups", "1", "--cache-dir", str(tmp_path),
-                         "--format", "dot"]) == 0
+    assert (
+        inspect_main(
+            [
+                "--n",
+                "8",
+                "--k",
+                "2",
+                "--groups",
+                "4",
+                "--max-groups",
+                "1",
+                "--cache-dir",
+                str(tmp_path),
+                "--format",
+                "dot",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out.startswith("digraph")
-    for bad, message in [(["--n", "64", "--k", "8", "--groups", "3", "--max-groups", "2"], "--groups = 3 must divide"),
-                         (["--n", "64", "--k", "8", "--groups", "8"], "at least one of --max-groups"),
-                         (["--n", "64", "--k", "8", "--max-groups", "2"], "group limits need --groups"),
-                         (["--n", "64", "--k", "8", "--groups", "8", "--max-groups", "9"], "--max-groups must be in"),
-                         (["--n", "64", "--k", "9", "--groups", "8", "--capacity", "1"], "--k must be in [0, 8]"),
-                         (["--n", "64", "--k", "9", "--groups", "a,b", "--capacity", "1"], "--groups")]:
+    for bad, message in [
+        (["--n", "64", "--k", "8", "--groups", "3", "--max-groups", "2"], "--groups = 3 must divide"),
+        (["--n", "64", "--k", "8", "--groups", "8"], "at least one of --max-groups"),
+        (["--n", "64", "--k", "8", "--max-groups", "2"], "group limits need --groups"),
+        (["--n", "64", "--k", "8", "--groups", "8", "--max-groups", "9"], "--max-groups must be in"),
+        (["--n", "64", "--k", "9", "--groups", "8", "--capacity", "1"], "--k must be in [0, 8]"),
+        (["--n", "64", "--k", "9", "--groups", "a,b", "--capacity", "1"], "--groups"),
+    ]:
         with pytest.raises(SystemExit) as exit_:
             compile_main(bad + ["--cache-dir", str(tmp_path)])
         assert exit_.value.code == 2

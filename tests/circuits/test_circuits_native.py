@@ -10,19 +10,18 @@ import shutil
 
 import pytest
 import torch
+from brute import exact, masks
+from stats import chi2_pvalue, mask_counts
 
 import circuits
-from circuits.native import build as native
-from brute import exact, masks
 import circuits.passes
+from circuits.native import build as native
 from circuits.native import select
 from circuits.passes import CPasses, TorchPasses, c_library, c_passes, draw_uniforms
 from circuits.passes import torch_passes as kernels
-from stats import chi2_pvalue, mask_counts
 
 # (x1 or x2) and (not x1 or x3) and (x2 or not x4 or x5) and (not x3 or not x5); x6 is unconstrained
 CLAUSES = [[1, 2], [-1, 3], [2, -4, 5], [-3, -5]]
-
 
 
 needs_native = pytest.mark.usefixtures("c_passes_built")
@@ -42,8 +41,11 @@ def _cnf(tmp_path):
 def _cnf_models():
     import itertools
 
-    rows = [m for m in itertools.product((0.0, 1.0), repeat=6)
-            if all(any((m[abs(x) - 1] == 1.0) == (x > 0) for x in c) for c in CLAUSES)]
+    rows = [
+        m
+        for m in itertools.product((0.0, 1.0), repeat=6)
+        if all(any((m[abs(x) - 1] == 1.0) == (x > 0) for x in c) for c in CLAUSES)
+    ]
     return torch.tensor(rows, dtype=torch.float64)
 
 
@@ -131,7 +133,9 @@ def test_the_shift_is_subtracted_as_the_torch_passes_do(T):
 
 
 @needs_native
-@pytest.mark.parametrize("spec,cards", [(circuits.ExactlyK(6, 3), [3]), (circuits.RangeK(6, 2, 4), range(2, 5)), ("cnf", None)])
+@pytest.mark.parametrize(
+    "spec,cards", [(circuits.ExactlyK(6, 3), [3]), (circuits.RangeK(6, 2, 4), range(2, 5)), ("cnf", None)]
+)
 def test_brute_force_fp32(spec, cards, tmp_path):
     """Through the public API in fp32: log Z, the marginals, their Jacobian Cov(z) (the C backward)
     and the MAP agree with brute force, and the C sampler passes chi-squared; the CNF circuit has implicit
@@ -164,13 +168,16 @@ def _all_passes(passes, r, v, uniforms, fill):
 
 
 @needs_native
-@pytest.mark.parametrize("spec,scale,T", [
-    (circuits.ExactlyK(64, 8), 3.0, 300),
-    (circuits.RangeK(60, 4, 8), 2.0, 300),
-    (circuits.ExactlyK(256, 16), 2.5, 260),
-    (circuits.GroupLimited(16, 4, [4, 4, 4, 4], 2), 2.0, 200),
-    ("cnf", 1.0, 200),  # not smooth: implicit variables
-])
+@pytest.mark.parametrize(
+    "spec,scale,T",
+    [
+        (circuits.ExactlyK(64, 8), 3.0, 300),
+        (circuits.RangeK(60, 4, 8), 2.0, 300),
+        (circuits.ExactlyK(256, 16), 2.5, 260),
+        (circuits.GroupLimited(16, 4, [4, 4, 4, 4], 2), 2.0, 200),
+        ("cnf", 1.0, 200),  # not smooth: implicit variables
+    ],
+)
 def test_the_linear_upward_matches_the_log_upward(spec, scale, T, tmp_path):
     """Tiles whose values allow it run the upward pass on numbers scaled by constants of the
     circuit (no exp or log per element): log Z, the marginals, Cov(z) v and the draws equal those of
@@ -206,10 +213,12 @@ def test_the_linear_upward_centres_logits_of_a_fixed_cardinality():
     below 0 that no shift moved, and a row whose log Z is about -100 (the root's stored value
     times e^-20 was a subnormal float there: log Z off by 3e-3) all take the linear pass and
     match the float64 torch passes; a range circuit is not centred."""
-    cases = [(circuits.ExactlyK(256, 16), torch.randn(130, 256, generator=torch.Generator().manual_seed(3)) * 0.05),
-             (circuits.ExactlyK(64, 8), torch.randn(130, 64, generator=torch.Generator().manual_seed(4)) * 0.5 + 50),
-             (circuits.ExactlyK(64, 8), torch.randn(130, 64, generator=torch.Generator().manual_seed(5)) * 0.5 - 50),
-             (circuits.ExactlyK(24, 1), torch.tensor([[-30.0] * 8 + [0.0] * 16]).expand(130, 24).contiguous())]
+    cases = [
+        (circuits.ExactlyK(256, 16), torch.randn(130, 256, generator=torch.Generator().manual_seed(3)) * 0.05),
+        (circuits.ExactlyK(64, 8), torch.randn(130, 64, generator=torch.Generator().manual_seed(4)) * 0.5 + 50),
+        (circuits.ExactlyK(64, 8), torch.randn(130, 64, generator=torch.Generator().manual_seed(5)) * 0.5 - 50),
+        (circuits.ExactlyK(24, 1), torch.tensor([[-30.0] * 8 + [0.0] * 16]).expand(130, 24).contiguous()),
+    ]
     for spec, r in cases:
         c = circuits.compile_circuit(spec)
         prog, passes = c.program, CPasses(c.program)

@@ -2,16 +2,23 @@
 
 import pytest
 import torch
+from brute import exact, masks
 
 import circuits
-from brute import exact, masks
 
 K8 = circuits.ExactlyK(64, 8)
 R48 = circuits.RangeK(64, 4, 8)
 
 
-@pytest.mark.parametrize("dtype,shift,tol", [(torch.float32, 30.0, 2e-5), (torch.float32, -30.0, 2e-5),
-                                             (torch.float64, 1000.0, 1e-9), (torch.float64, -1000.0, 1e-9)])
+@pytest.mark.parametrize(
+    "dtype,shift,tol",
+    [
+        (torch.float32, 30.0, 2e-5),
+        (torch.float32, -30.0, 2e-5),
+        (torch.float64, 1000.0, 1e-9),
+        (torch.float64, -1000.0, 1e-9),
+    ],
+)
 def test_exactly_k_marginals_are_shift_invariant(dtype, shift, tol):
     c = circuits.compile_circuit(K8)
     r = torch.randn(256, 64, dtype=dtype) * 2
@@ -40,7 +47,9 @@ def test_fp32_agrees_with_fp64():
         r = torch.randn(512, 64, dtype=torch.float64) * 3
         m32, m64 = c.marginals(r.float()), c.marginals(r)
         assert (m32.double() - m64).abs().max() < 1e-5
-        assert (c.log_partition(r.float()).double() - c.log_partition(r)).abs().max() < 1e-5 * c.log_partition(r).abs().max()
+        assert (c.log_partition(r.float()).double() - c.log_partition(r)).abs().max() < 1e-5 * c.log_partition(
+            r
+        ).abs().max()
 
 
 @pytest.mark.parametrize("spec,cards", [(circuits.ExactlyK(8, 3), [3]), (circuits.RangeK(8, 2, 5), range(2, 6))])

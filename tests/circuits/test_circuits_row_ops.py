@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import circuits
-from circuits.native import rows, uniforms as counter_uniforms
-from circuits.native.select import topk, topk_chosen, topk_chosen_reference, topk_reference
-from circuits.passes import draw_uniforms
 from stats import chi2_pvalue
 
+import circuits
+from circuits.native import rows
+from circuits.native import uniforms as counter_uniforms
+from circuits.native.select import topk, topk_chosen, topk_chosen_reference, topk_reference
+from circuits.passes import draw_uniforms
 
 needs_native = pytest.mark.usefixtures("c_passes_built")
 
@@ -31,8 +31,9 @@ def awkward_rows(T: int, n: int) -> torch.Tensor:
 
 
 @needs_native
-@pytest.mark.parametrize("T,n,k", [(0, 4, 2), (1, 1, 1), (5, 3, 0), (7, 3, 3), (33, 10, 3), (4097, 64, 8),
-                                   (300, 256, 16), (40, 300, 300)])
+@pytest.mark.parametrize(
+    "T,n,k", [(0, 4, 2), (1, 1, 1), (5, 3, 0), (7, 3, 3), (33, 10, 3), (4097, 64, 8), (300, 256, 16), (40, 300, 300)]
+)
 def test_topk_in_c_equals_a_stable_sort(T, n, k):
     x = awkward_rows(T, n)
     values, indices = topk(x, k)
@@ -43,8 +44,19 @@ def test_topk_in_c_equals_a_stable_sort(T, n, k):
 
 
 @needs_native
-@pytest.mark.parametrize("T,n,k,p", [(0, 4, 2, 0.5), (5, 3, 0, 0.5), (300, 64, 8, 0.125), (300, 64, 8, 0.3),
-                                     (200, 256, 16, 0.0625), (50, 10, 10, 0.5), (50, 7, 3, 1.0), (50, 7, 3, 0.0)])
+@pytest.mark.parametrize(
+    "T,n,k,p",
+    [
+        (0, 4, 2, 0.5),
+        (5, 3, 0, 0.5),
+        (300, 64, 8, 0.125),
+        (300, 64, 8, 0.3),
+        (200, 256, 16, 0.0625),
+        (50, 10, 10, 0.5),
+        (50, 7, 3, 1.0),
+        (50, 7, 3, 0.0),
+    ],
+)
 def test_topk_chosen_in_c_equals_the_topk_of_its_keys(T, n, k, p):
     """The chosen entries by value (ties to the lower index, zeros included), then the unchosen by
     index, bit for bit as a stable sort of (z - 1) + x z; more chosen than k keeps the k largest,
@@ -122,9 +134,11 @@ def test_uniforms_follow_the_uniform_law(seed):
 
 def test_uniforms_reproduce_with_a_seeded_generator_with_and_without_c(monkeypatch):
     cpu = torch.device("cpu")
+
     def draw(seed, count=5000, dtype=torch.float32):
-        return counter_uniforms.uniforms(counter_uniforms.seed_tensor(torch.Generator().manual_seed(seed)), count,
-                                         cpu, dtype)
+        return counter_uniforms.uniforms(
+            counter_uniforms.seed_tensor(torch.Generator().manual_seed(seed)), count, cpu, dtype
+        )
 
     fast = draw(3)
     monkeypatch.setattr(rows.ROWS, "state", {"lib": None, "where": "turned off in this test"})

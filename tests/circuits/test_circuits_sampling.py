@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-
-import circuits
 from brute import exact, masks
 from stats import chi2_pvalue, mask_counts
+
+import circuits
 
 DRAWS = 200_000
 

@@ -5,10 +5,10 @@ import concurrent.futures
 
 import pytest
 import torch
+from brute import exact, masks
 
 import circuits
 import circuits.passes
-from brute import exact, masks
 from circuits.native import rows, select
 from circuits.passes import CPasses, TorchPasses, c_library
 
@@ -17,8 +17,13 @@ def test_passes_are_picked_once_per_dtype(monkeypatch):
     calls = []
     select = circuits.passes.select
     # the circuit's passes (the row operations and uniforms ask select on every call: they hold no state)
-    monkeypatch.setattr(circuits.passes, "select", lambda prog, dtype: (calls.append(dtype) if isinstance(
-        prog, circuits.passes.Program) else None) or select(prog, dtype))
+    monkeypatch.setattr(
+        circuits.passes,
+        "select",
+        lambda prog, dtype: (
+            (calls.append(dtype) if isinstance(prog, circuits.passes.Program) else None) or select(prog, dtype)
+        ),
+    )
     c = circuits.compile_circuit(circuits.RangeK(12, 2, 5))
     r = torch.randn(40, 12)
     for _ in range(3):

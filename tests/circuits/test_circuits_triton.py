@@ -23,7 +23,7 @@ from circuits.passes import CPasses, TorchPasses
 
 pytest.importorskip("triton", reason="triton is not installed (the optional extra: pip install -e '.[triton]')")
 
-from circuits.passes.triton_passes import TritonPasses  # noqa: E402 (after the skip)
+from circuits.passes.triton_passes import TritonPasses
 
 HERE = Path(__file__).parent
 
@@ -38,9 +38,23 @@ def test_against_the_torch_passes_and_brute_force():
     """tests/circuits/circuits_triton_checks.py in a child process: interpreted on the CPU, compiled with CUDA.
     Everything runs but, on the CPU, the check of host synchronisations (CUDA only)."""
     cuda = torch.cuda.is_available()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs",
-                           str(HERE / "circuits_triton_checks.py")], cwd=HERE.parent.parent, env=_child_env(not cuda),
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-rfEs",
+            str(HERE / "circuits_triton_checks.py"),
+        ],
+        cwd=HERE.parent.parent,
+        env=_child_env(not cuda),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     summary = done.stdout[-6000:] + done.stderr[-3000:]
     assert done.returncode == 0, summary
     skipped = re.search(r"(\d+) skipped", done.stdout)
@@ -96,6 +110,12 @@ def test_the_kernels_compile_for_gpus():
 
     if "constexprs" not in inspect.signature(ASTSource).parameters:
         pytest.skip("this triton's ASTSource takes another signature")
-    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_GPUS], cwd=HERE.parent.parent, env=_child_env(False),
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE_FOR_GPUS],
+        cwd=HERE.parent.parent,
+        env=_child_env(False),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]

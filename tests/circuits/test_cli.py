@@ -254,8 +254,13 @@ def test_cache_dir_moves_the_native_libraries_too(tmp_path):
     """In a fresh process: --cache-dir wins over PROBMOE_CACHE for the circuits and the native
     libraries alike (the compile reports where the libraries go, and builds none)."""
     env = {**ENV, "PROBMOE_CACHE": str(tmp_path / "elsewhere")}
-    res = subprocess.run([*COMPILE, "--n", "16", "--k", "3", "--json", "--cache-dir", str(tmp_path / "mine")],
-                         capture_output=True, text=True, env=env, timeout=300)
+    res = subprocess.run(
+        [*COMPILE, "--n", "16", "--k", "3", "--json", "--cache-dir", str(tmp_path / "mine")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     facts = json.loads(_ok(res))
     if facts["evaluator"].startswith("fused C passes ("):
         assert str(tmp_path / "mine" / "native") in facts["evaluator"]

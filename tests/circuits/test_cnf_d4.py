@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from brute import exact
+from stats import chi2_pvalue, mask_counts
 
 import circuits
 from circuits import cache, cnf, nnf
 from circuits.inspect.cli import compile_main
-from brute import exact
-from stats import chi2_pvalue, mask_counts
 
 SATLIB = Path(__file__).parent.parent / "data" / "satlib"
 SATISFIABLE = ["uf20-01", "uf50-01", "flat30-2", "ais6", "par8-1-c", "2bitcomp_5"]
@@ -33,8 +33,11 @@ def write_cnf(path: Path, n: int, clauses: list[list[int]]) -> Path:
 
 def models(n: int, clauses) -> torch.Tensor:
     """Every satisfying assignment, by enumeration: [M, n] float64."""
-    rows = [m for m in itertools.product((0.0, 1.0), repeat=n)
-            if all(any((m[abs(lit) - 1] == 1.0) == (lit > 0) for lit in c) for c in clauses)]
+    rows = [
+        m
+        for m in itertools.product((0.0, 1.0), repeat=n)
+        if all(any((m[abs(lit) - 1] == 1.0) == (lit > 0) for lit in c) for c in clauses)
+    ]
     return torch.tensor(rows, dtype=torch.float64).reshape(-1, n)
 
 
@@ -130,8 +133,9 @@ def test_satlib_instance(name, tmp_path):
     count = c.layout.model_count()
     assert count == ganak_count(n, clauses)
     zero = torch.zeros(1, n)
-    torch.testing.assert_close(c.log_partition(zero), torch.tensor([math.log(count) - n * math.log(2)]),
-                               atol=1e-9, rtol=0)
+    torch.testing.assert_close(
+        c.log_partition(zero), torch.tensor([math.log(count) - n * math.log(2)]), atol=1e-9, rtol=0
+    )
     r = torch.randn(n, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(c.marginals(r[None])[0], fd_marginals(c, r), atol=1e-6, rtol=0)
     draws = c.sample(r.expand(2_000, -1), generator=torch.Generator().manual_seed(0))
@@ -192,15 +196,18 @@ def test_forged_nnf_in_the_cache_is_caught(tmp_path):
         assert circuits.compile_circuit(spec, cache_dir=tmp_path).info["cache_hit"]
 
 
-@pytest.mark.parametrize("text,match", [
-    ("", "no nodes"),
-    ("o 1 0\no 1 0\n", "expected a new node"),
-    ("o 1 0\n1 2 0\n", "two nodes defined above"),
-    ("o 1 0\nt 2 0\n1 2 7 0\n", r"literals must be in \[-3, 3\]"),
-    ("o 1 0\nt 2 0\n1 2 x 0\n", "expected 'PARENT CHILD"),
-    ("o 1 0\no 2 0\n1 2 0\n2 1 0\n", "cycle"),
-    ("t 1 0\nt 2 0\n1 2 0\n", "only OR and AND nodes"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("", "no nodes"),
+        ("o 1 0\no 1 0\n", "expected a new node"),
+        ("o 1 0\n1 2 0\n", "two nodes defined above"),
+        ("o 1 0\nt 2 0\n1 2 7 0\n", r"literals must be in \[-3, 3\]"),
+        ("o 1 0\nt 2 0\n1 2 x 0\n", "expected 'PARENT CHILD"),
+        ("o 1 0\no 2 0\n1 2 0\n2 1 0\n", "cycle"),
+        ("t 1 0\nt 2 0\n1 2 0\n", "only OR and AND nodes"),
+    ],
+)
 def test_bad_nnf_text_is_refused(text, match):
     with pytest.raises(ValueError, match=match):
         nnf.parse(text, 3)

@@ -33,36 +33,42 @@ def test_fast_reader_matches_the_line_reader_on_d4_output(name):
 D4_TEXT = "o 1 0\no 2 0\nt 3 0\n2 3 -2 0\n2 3 2 3 0\n1 2 1 0\n1 3 -1 -2 0\n"
 
 
-@pytest.mark.parametrize("text,fast", [
-    (D4_TEXT, True),
-    (D4_TEXT.rstrip("\n"), True),  # no final newline
-    ("c a comment\n" + D4_TEXT, False),
-    (D4_TEXT.replace("1 2 1 0", "1  2\t1 0"), False),  # other whitespace
-    (D4_TEXT.replace("\n", "\r\n"), False),
-    (D4_TEXT.replace("2 3 -2 0", "02 3 -2 0"), False),  # a leading zero
-    (D4_TEXT.replace("2 3 -2 0", "2 3 +2 0"), False),
-    (D4_TEXT.replace("\n2 3", "\n\n2 3"), True),  # blank lines
-    ("o 0 0\nt 5 0\n0 5 1 0\n", False),  # node id 0
-])
+@pytest.mark.parametrize(
+    "text,fast",
+    [
+        (D4_TEXT, True),
+        (D4_TEXT.rstrip("\n"), True),  # no final newline
+        ("c a comment\n" + D4_TEXT, False),
+        (D4_TEXT.replace("1 2 1 0", "1  2\t1 0"), False),  # other whitespace
+        (D4_TEXT.replace("\n", "\r\n"), False),
+        (D4_TEXT.replace("2 3 -2 0", "02 3 -2 0"), False),  # a leading zero
+        (D4_TEXT.replace("2 3 -2 0", "2 3 +2 0"), False),
+        (D4_TEXT.replace("\n2 3", "\n\n2 3"), True),  # blank lines
+        ("o 0 0\nt 5 0\n0 5 1 0\n", False),  # node id 0
+    ],
+)
 def test_other_spellings_read_as_the_line_reader_reads_them(text, fast):
     got = nnf.parse(text, 3)
     assert same(got, nnf_parse._parse_lines(text, 3))
     assert (nnf_parse._parse_fast(text, 3) is not None) == fast
 
 
-@pytest.mark.parametrize("text,match", [
-    ("o 1 0\nt 2 0\n1 2 -0 0\n", "literals must be in"),
-    ("o 1 0\nt 2 0\n1 2 1-2 0\n", "expected 'PARENT CHILD"),
-    ("o 1 0\nt 2 0\n1 2 - 0\n", "expected 'PARENT CHILD"),
-    ("o 1 0\n1 2 0\nt 2 0\n", "two nodes defined above"),  # the child is defined below the edge
-    ("o 1 0\nt 2 0\n1 2 99999999999999999999 0\n", "literals must be in"),
-    ("o 1 0\nt 2 0\n1 2 1 2\n", "two nodes defined above"),  # no final 0
-    ("o 1 0\nt 2 0\n1 2 1 0 2 0\n", "literals must be in"),  # two edges on one line
-    ("o 1 0 o 2 0\n", "expected a new node"),
-    ("o 1 0\no 1\n", "expected a new node"),
-    ("at 1 0\n", "expected 'PARENT CHILD"),
-    ("o 1 0\n1 1 0\n", "cycle"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("o 1 0\nt 2 0\n1 2 -0 0\n", "literals must be in"),
+        ("o 1 0\nt 2 0\n1 2 1-2 0\n", "expected 'PARENT CHILD"),
+        ("o 1 0\nt 2 0\n1 2 - 0\n", "expected 'PARENT CHILD"),
+        ("o 1 0\n1 2 0\nt 2 0\n", "two nodes defined above"),  # the child is defined below the edge
+        ("o 1 0\nt 2 0\n1 2 99999999999999999999 0\n", "literals must be in"),
+        ("o 1 0\nt 2 0\n1 2 1 2\n", "two nodes defined above"),  # no final 0
+        ("o 1 0\nt 2 0\n1 2 1 0 2 0\n", "literals must be in"),  # two edges on one line
+        ("o 1 0 o 2 0\n", "expected a new node"),
+        ("o 1 0\no 1\n", "expected a new node"),
+        ("at 1 0\n", "expected 'PARENT CHILD"),
+        ("o 1 0\n1 1 0\n", "cycle"),
+    ],
+)
 def test_more_bad_text_is_refused_by_line(text, match):
     with pytest.raises(ValueError, match=match):
         nnf.parse(text, 3)
@@ -138,8 +144,11 @@ class RandomDnnf:
         def ev(i: int) -> bool:
             if i not in value:
                 kind = self.nodes[i - 1]
-                terms = [ev(c) and all((x[abs(lit) - 1] == 1) == (lit > 0) for lit in lits)
-                         for p, c, lits in self.edges if p == i]
+                terms = [
+                    ev(c) and all((x[abs(lit) - 1] == 1) == (lit > 0) for lit in lits)
+                    for p, c, lits in self.edges
+                    if p == i
+                ]
                 value[i] = kind == "t" or (kind == "o" and any(terms)) or (kind == "a" and all(terms))
             return value[i]
 

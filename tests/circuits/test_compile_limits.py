@@ -26,8 +26,12 @@ def layout_sizes(spec) -> dict:
     return build_layout(mgr, root).sizes()
 
 
-EXACT_GRID = [(n, k) for n in (1, 2, 3, 5, 7, 8, 13, 16, 31, 64, 100, 129)
-              for k in sorted({0, 1, n // 3, n // 2, n - 1, n}) if 0 <= k <= n] + [(512, 16), (256, 100)]
+EXACT_GRID = [
+    (n, k)
+    for n in (1, 2, 3, 5, 7, 8, 13, 16, 31, 64, 100, 129)
+    for k in sorted({0, 1, n // 3, n // 2, n - 1, n})
+    if 0 <= k <= n
+] + [(512, 16), (256, 100)]
 
 
 @pytest.mark.parametrize("n,k", EXACT_GRID)
@@ -47,16 +51,32 @@ def test_progress_counts_the_estimated_state_steps():
 
 
 BOUND_GRID = [
-    circuits.RangeK(7, 1, 3), circuits.RangeK(16, 0, 8), circuits.RangeK(64, 4, 8), circuits.RangeK(64, 8, 56),
-    circuits.RangeK(64, 0, 32), circuits.RangeK(64, 30, 34), circuits.RangeK(64, 1, 63), circuits.RangeK(64, 0, 64),
-    circuits.RangeK(100, 10, 90), circuits.RangeK(128, 32, 96), circuits.RangeK(200, 199, 200),
+    circuits.RangeK(7, 1, 3),
+    circuits.RangeK(16, 0, 8),
+    circuits.RangeK(64, 4, 8),
+    circuits.RangeK(64, 8, 56),
+    circuits.RangeK(64, 0, 32),
+    circuits.RangeK(64, 30, 34),
+    circuits.RangeK(64, 1, 63),
+    circuits.RangeK(64, 0, 64),
+    circuits.RangeK(100, 10, 90),
+    circuits.RangeK(128, 32, 96),
+    circuits.RangeK(200, 199, 200),
     circuits.RangeK(300, 0, 20),
-    circuits.GroupLimited(64, 8, 8, 4), circuits.GroupCapacity(64, 8, 8, 2), circuits.GroupLimited(64, 8, 8, 4, capacity=2),
-    circuits.GroupLimited(256, 8, 8, 4), circuits.GroupLimited(64, 32, 8, 6),
-    circuits.GroupLimited(64, None, [8, 8, 16, 32], 2, kmin=2, kmax=8), circuits.GroupCapacity(64, None, 16, 3, kmin=0, kmax=40),
-    circuits.GroupLimited(60, 10, 60, 10), circuits.GroupLimited(64, 16, 64, 30), circuits.GroupCapacity(128, 64, 4, 20),
-    circuits.GroupLimited(128, 20, [1, 127], 1), circuits.GroupLimited(96, None, 12, 11, kmin=1, kmax=60),
-    circuits.GroupCapacity(90, None, [5, 40, 45], 30, kmin=10, kmax=65), circuits.GroupLimited(30, 5, [3, 7, 9, 11], 2),
+    circuits.GroupLimited(64, 8, 8, 4),
+    circuits.GroupCapacity(64, 8, 8, 2),
+    circuits.GroupLimited(64, 8, 8, 4, capacity=2),
+    circuits.GroupLimited(256, 8, 8, 4),
+    circuits.GroupLimited(64, 32, 8, 6),
+    circuits.GroupLimited(64, None, [8, 8, 16, 32], 2, kmin=2, kmax=8),
+    circuits.GroupCapacity(64, None, 16, 3, kmin=0, kmax=40),
+    circuits.GroupLimited(60, 10, 60, 10),
+    circuits.GroupLimited(64, 16, 64, 30),
+    circuits.GroupCapacity(128, 64, 4, 20),
+    circuits.GroupLimited(128, 20, [1, 127], 1),
+    circuits.GroupLimited(96, None, 12, 11, kmin=1, kmax=60),
+    circuits.GroupCapacity(90, None, [5, 40, 45], 30, kmin=10, kmax=65),
+    circuits.GroupLimited(30, 5, [3, 7, 9, 11], 2),
 ]
 
 
@@ -99,16 +119,22 @@ def test_library_refuses_before_any_pysdd_work(tmp_path, monkeypatch):
     assert time.perf_counter() - t0 < 0.5
     message = str(info.value)
     assert isinstance(info.value, ValueError)
-    for part in ("ExactlyK(n=100000, k=50000)", "2.5e9 live elements", f"the limit is {est_module._number(est_module.MAX_STEPS)} steps",
-                 "size_limit=False"):
+    for part in (
+        "ExactlyK(n=100000, k=50000)",
+        "2.5e9 live elements",
+        f"the limit is {est_module._number(est_module.MAX_STEPS)} steps",
+        "size_limit=False",
+    ):
         assert part in message, message
     assert list(tmp_path.iterdir()) == []  # nothing cached
     with pytest.raises(ValueError, match="size_limit must be True or False"):
         circuits.compile_circuit(circuits.ExactlyK(4, 2), cache_dir=tmp_path, size_limit="no")
 
 
-@pytest.mark.parametrize("main,extra", [(compile_main, []), (compile_main, ["--json"]),
-                                        (inspect_main, ["--format", "png", "--output", "OUT"])])
+@pytest.mark.parametrize(
+    "main,extra",
+    [(compile_main, []), (compile_main, ["--json"]), (inspect_main, ["--format", "png", "--output", "OUT"])],
+)
 def test_commands_refuse_in_one_line_with_status_2(main, extra, tmp_path, capsys):
     extra = [str(tmp_path / "c.png") if a == "OUT" else a for a in extra]
     t0 = time.perf_counter()
@@ -118,7 +144,9 @@ def test_commands_refuse_in_one_line_with_status_2(main, extra, tmp_path, capsys
     assert info.value.code == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and "Traceback" not in err
-    assert err.startswith(f"{'probmoe-compile' if main is compile_main else 'probmoe-inspect'}: error: ExactlyK(n=100000, k=50000)")
+    assert err.startswith(
+        f"{'probmoe-compile' if main is compile_main else 'probmoe-inspect'}: error: ExactlyK(n=100000, k=50000)"
+    )
     assert "2.5e9 live elements" in err and "the limit is" in err and "pass --force to compile it anyway" in err
     assert not (tmp_path / "c.png").exists()
 
@@ -169,8 +197,9 @@ def test_readme_command_is_silent_and_unchanged(tmp_path, capsys):
     assert err == "" and "ExactlyK(n=64, k=8)" in out
 
 
-@pytest.mark.parametrize("spec", [circuits.ExactlyK(32, 4), circuits.GroupLimited(32, 4, 4, 2)],
-                         ids=lambda s: s.describe())
+@pytest.mark.parametrize(
+    "spec", [circuits.ExactlyK(32, 4), circuits.GroupLimited(32, 4, 4, 2)], ids=lambda s: s.describe()
+)
 @pytest.mark.parametrize("compiler", ["direct", "pysdd"])
 def test_progress_bars_for_a_long_compile_only(spec, compiler, tmp_path, capsys, monkeypatch):
     circuits.compile_circuit(spec, cache_dir=tmp_path / "a", compiler=compiler)

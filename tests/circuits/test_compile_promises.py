@@ -28,8 +28,10 @@ def test_the_evaluator_line_names_the_temporary_folder(unusable_cache, monkeypat
     if isa is None:
         pytest.skip("no C compiler or known ISA here: the line names the torch passes")
     line = report.evaluator()
-    assert line == (f"fused C passes ({isa}, built on first use into a temporary folder for each process: "
-                    f"{unusable_cache / 'native'} is not writable)")
+    assert line == (
+        f"fused C passes ({isa}, built on first use into a temporary folder for each process: "
+        f"{unusable_cache / 'native'} is not writable)"
+    )
 
 
 def test_the_c_library_is_built_in_a_temporary_folder_without_warnings(unusable_cache):

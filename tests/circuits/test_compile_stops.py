@@ -26,8 +26,9 @@ def hard(tmp_path_factory) -> Path:
     """A random 3-CNF of 2,000 variables at clause ratio 4.26 (8,520 clauses): d4 runs for minutes."""
     rng = random.Random(0)
     n, m = 2000, 8520
-    lines = [" ".join(str(v if rng.random() < 0.5 else -v) for v in rng.sample(range(1, n + 1), 3)) + " 0"
-             for _ in range(m)]
+    lines = [
+        " ".join(str(v if rng.random() < 0.5 else -v) for v in rng.sample(range(1, n + 1), 3)) + " 0" for _ in range(m)
+    ]
     path = tmp_path_factory.mktemp("hard") / "hard.cnf"
     path.write_text(f"p cnf {n} {m}\n" + "\n".join(lines) + "\n")
     return path
@@ -59,10 +60,21 @@ def test_time_limit_stops_d4_and_leaves_no_child(hard, tmp_path):
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 def test_ctrl_c_stops_probmoe_compile_on_a_hard_cnf_at_once(hard, tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", "from circuits.inspect.cli import compile_main; "
-                             "raise SystemExit(compile_main())", "--cnf", str(hard), "--cache-dir", str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from circuits.inspect.cli import compile_main; raise SystemExit(compile_main())",
+            "--cnf",
+            str(hard),
+            "--cache-dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 60
     while not workers(proc.pid):  # d4 has started
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
@@ -80,10 +92,11 @@ def test_ctrl_c_stops_probmoe_compile_on_a_hard_cnf_at_once(hard, tmp_path):
 
 
 def test_time_limit_is_checked_in_one_line(tmp_path, hard, capsys):
-    for argv, want in ([["--n", "8", "--k", "2", "--time-limit", "5"], "--time-limit applies to --cnf compiled by d4"],
-                       [["--cnf", str(hard), "--time-limit", "0"], "argument --time-limit: must be a number of "
-                                                                    "seconds > 0, got '0'"],
-                       [["--cnf", str(hard), "--time-limit", "inf"], "must be a number of seconds > 0"]):
+    for argv, want in (
+        [["--n", "8", "--k", "2", "--time-limit", "5"], "--time-limit applies to --cnf compiled by d4"],
+        [["--cnf", str(hard), "--time-limit", "0"], "argument --time-limit: must be a number of seconds > 0, got '0'"],
+        [["--cnf", str(hard), "--time-limit", "inf"], "must be a number of seconds > 0"],
+    ):
         with pytest.raises(SystemExit) as info:
             cli.compile_main([*argv, "--cache-dir", str(tmp_path)])
         err = capsys.readouterr().err

@@ -6,18 +6,19 @@ for, in a fresh process."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 
 import pytest
 import torch
+from brute import exact, group_models, masks
 
 import circuits
 from circuits import count_tree
 from circuits.compile import compile_sdd
 from circuits.layout import FALSE_SLOT, build_layout
-from brute import exact, group_models, masks
 
 
 def canonical(layout) -> int:
@@ -49,10 +50,12 @@ def assert_same_layout(spec) -> None:
     assert canonical(got) == canonical(want), spec
 
 
-CARDINALITY = ([circuits.ExactlyK(n, k) for n in range(1, 14) for k in range(n + 1)]
-               + [circuits.ExactlyK(n, k) for n, k in ((64, 8), (100, 7), (129, 64), (256, 32))]
-               + [circuits.RangeK(n, a, b) for n in range(1, 10) for a in range(n + 1) for b in range(a, n + 1)]
-               + [circuits.RangeK(n, a, b) for n, a, b in ((64, 4, 8), (37, 3, 30), (100, 0, 10), (64, 60, 64))])
+CARDINALITY = (
+    [circuits.ExactlyK(n, k) for n in range(1, 14) for k in range(n + 1)]
+    + [circuits.ExactlyK(n, k) for n, k in ((64, 8), (100, 7), (129, 64), (256, 32))]
+    + [circuits.RangeK(n, a, b) for n in range(1, 10) for a in range(n + 1) for b in range(a, n + 1)]
+    + [circuits.RangeK(n, a, b) for n, a, b in ((64, 4, 8), (37, 3, 30), (100, 0, 10), (64, 60, 64))]
+)
 
 
 @pytest.mark.parametrize("n", sorted({s.n for s in CARDINALITY}))
@@ -70,14 +73,16 @@ def _group_specs() -> list:
             for cap in range(1, max(sizes) + 1):
                 for kmin in range(0, n + 1, 2):
                     for kmax in range(kmin, n + 1, 3):
-                        try:
-                            out.append(circuits.GroupLimited(n, None, list(sizes), limit, capacity=cap,
-                                                             kmin=kmin, kmax=kmax))
-                        except ValueError:
-                            pass  # past what the limits allow
-    return out + [circuits.GroupLimited(64, 8, 8, 2), circuits.GroupCapacity(64, 8, 8, 2),
-                  circuits.GroupCapacity(48, groups=[8, 16, 4, 20], capacity=3, kmin=2, kmax=9),
-                  circuits.GroupLimited(40, groups=10, max_groups=3, capacity=2, kmin=1, kmax=6)]
+                        with contextlib.suppress(ValueError):  # past what the limits allow
+                            out.append(
+                                circuits.GroupLimited(n, None, list(sizes), limit, capacity=cap, kmin=kmin, kmax=kmax)
+                            )
+    return out + [
+        circuits.GroupLimited(64, 8, 8, 2),
+        circuits.GroupCapacity(64, 8, 8, 2),
+        circuits.GroupCapacity(48, groups=[8, 16, 4, 20], capacity=3, kmin=2, kmax=9),
+        circuits.GroupLimited(40, groups=10, max_groups=3, capacity=2, kmin=1, kmax=6),
+    ]
 
 
 GROUPS = _group_specs()
@@ -90,9 +95,17 @@ def test_group_layouts_match_pysdd(chunk):
 
 
 @pytest.mark.usefixtures("float64")
-@pytest.mark.parametrize("spec", [circuits.ExactlyK(9, 4), circuits.RangeK(10, 2, 7), circuits.ExactlyK(5, 0),
-                                  circuits.GroupLimited(9, groups=3, max_groups=2, kmin=1, kmax=5),
-                                  circuits.GroupCapacity(10, 4, [3, 3, 4], 2)], ids=lambda s: s.describe())
+@pytest.mark.parametrize(
+    "spec",
+    [
+        circuits.ExactlyK(9, 4),
+        circuits.RangeK(10, 2, 7),
+        circuits.ExactlyK(5, 0),
+        circuits.GroupLimited(9, groups=3, max_groups=2, kmin=1, kmax=5),
+        circuits.GroupCapacity(10, 4, [3, 3, 4], 2),
+    ],
+    ids=lambda s: s.describe(),
+)
 def test_direct_circuits_against_brute_force(spec, tmp_path):
     c = circuits.compile_circuit(spec, cache_dir=tmp_path)
     assert c.info["compiler"] == "direct"
@@ -115,8 +128,9 @@ print(json.dumps({{"compile": c.info["compile_seconds"], "call": time.perf_count
 
 def _fresh_compile(n: int, k: int, cache_dir) -> tuple[dict, int]:
     """Compile ExactlyK(n, k) cold in a new process: its timings, and the entry's size in bytes."""
-    res = subprocess.run([sys.executable, "-c", FRESH.format(n=n, k=k), str(cache_dir)], capture_output=True,
-                         text=True, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-c", FRESH.format(n=n, k=k), str(cache_dir)], capture_output=True, text=True, timeout=600
+    )
     assert res.returncode == 0, res.stderr
     entry = cache_dir / circuits.ExactlyK(n, k).key
     return json.loads(res.stdout), sum(f.stat().st_size for f in entry.iterdir())

@@ -15,13 +15,11 @@ import pytest
 import torch
 
 import circuits
+import probmoe
 from circuits.dp import CDP, Lattice, TorchDP
 from circuits.dp import c_dp as dp_native
 from circuits.dp import torch_dp as dp
 from circuits.native.uniforms import seed_tensor
-
-import probmoe
-
 
 needs_native = pytest.mark.usefixtures("c_dp_built")
 
@@ -43,8 +41,9 @@ def check_against_torch(r, kmin, kmax, seed=0, dtype=torch.float64):
     feasible = ~m_ref.isnan().any(-1)  # an infeasible row (NaN marginals) has no distribution to draw from
     assert torch.equal(z.to(dtype)[feasible], z_ref[feasible])
     cov = dp_native.cov_vec(r, v, kmin, kmax)
-    torch.testing.assert_close(cov.to(dtype), dp.cov_vec(r.to(dtype), v.to(dtype), kmin, kmax), atol=1e-5, rtol=0,
-                               equal_nan=True)
+    torch.testing.assert_close(
+        cov.to(dtype), dp.cov_vec(r.to(dtype), v.to(dtype), kmin, kmax), atol=1e-5, rtol=0, equal_nan=True
+    )
     return m, z
 
 
@@ -55,19 +54,22 @@ def test_built_wherever_a_compiler_is():
 
 
 @needs_native
-@pytest.mark.parametrize("T,N,kmin,kmax", [
-    (300, 64, 8, 8),  # the tile (128 tokens) does not divide T
-    (257, 64, 4, 8),
-    (40, 256, 16, 16),  # smaller tiles: 32 tokens for the draw, 16 for Cov(z) v
-    (33, 7, 0, 7),  # kmin = 0, kmax = N
-    (17, 9, 9, 9),  # all experts
-    (20, 5, 0, 0),  # kmax = 0: the empty set only
-    (20, 1, 0, 1),  # N = 1
-    (20, 1, 1, 1),
-    (10, 3, 2, 5),  # kmax > N: the sizes past N are unreachable
-    (1, 5, 2, 3),
-    (0, 6, 2, 3),  # T = 0
-])
+@pytest.mark.parametrize(
+    "T,N,kmin,kmax",
+    [
+        (300, 64, 8, 8),  # the tile (128 tokens) does not divide T
+        (257, 64, 4, 8),
+        (40, 256, 16, 16),  # smaller tiles: 32 tokens for the draw, 16 for Cov(z) v
+        (33, 7, 0, 7),  # kmin = 0, kmax = N
+        (17, 9, 9, 9),  # all experts
+        (20, 5, 0, 0),  # kmax = 0: the empty set only
+        (20, 1, 0, 1),  # N = 1
+        (20, 1, 1, 1),
+        (10, 3, 2, 5),  # kmax > N: the sizes past N are unreachable
+        (1, 5, 2, 3),
+        (0, 6, 2, 3),  # T = 0
+    ],
+)
 def test_matches_the_torch_dp(T, N, kmin, kmax):
     r = torch.randn(T, N, generator=torch.Generator().manual_seed(T * N + kmin)) * 3
     m, z = check_against_torch(r, kmin, kmax, seed=T)
@@ -100,20 +102,24 @@ def test_extreme_logits():
 
 def log_sweep_reference(r, kmin, kmax, seed, v):
     """(m, z, Cov(z) v) of the C DP with the linear sweep turned off."""
-    m, z = dp_native.forward_marginals(r, kmin, kmax, seed_tensor(torch.Generator().manual_seed(seed)), True,
-                                       linear=False)
+    m, z = dp_native.forward_marginals(
+        r, kmin, kmax, seed_tensor(torch.Generator().manual_seed(seed)), True, linear=False
+    )
     return m, z, dp_native.cov_vec(r, v, kmin, kmax, linear=False)
 
 
 @needs_native
-@pytest.mark.parametrize("T,N,kmin,kmax,scale", [
-    (300, 64, 8, 8, 3.0),
-    (300, 64, 4, 8, 4.0),
-    (200, 256, 16, 16, 2.0),
-    (100, 256, 1, 16, 2.4),  # near the edge: some tiles sweep linearly, some do not
-    (130, 9, 0, 9, 5.0),
-    (64, 32, 3, 6, 0.0),  # ties everywhere
-])
+@pytest.mark.parametrize(
+    "T,N,kmin,kmax,scale",
+    [
+        (300, 64, 8, 8, 3.0),
+        (300, 64, 4, 8, 4.0),
+        (200, 256, 16, 16, 2.0),
+        (100, 256, 1, 16, 2.4),  # near the edge: some tiles sweep linearly, some do not
+        (130, 9, 0, 9, 5.0),
+        (64, 32, 3, 6, 0.0),  # ties everywhere
+    ],
+)
 def test_the_linear_sweep_matches_the_log_sweep(T, N, kmin, kmax, scale):
     """Tiles whose logits allow it sweep the lattice as numbers (no exp or log per state); the
     marginals, Cov(z) v and draws equal those of the log sweep and of the float64 torch DP, -inf
@@ -153,8 +159,9 @@ def test_a_state_below_the_floor_sends_its_tile_to_the_log_sweep():
     lets the linear sweep start, but the states that must take a low expert fall below 2^-120 (they
     would underflow to 0 and give marginals off by 0.5-1, found by a search); the floor check sends
     the tile to the log sweep, which matches the float64 torch DP."""
-    r = torch.tensor([[-90.0, -90.0, 0.0, 0.0, 0.0, 0.0], [-90.0, 0.0, -90.0, 0.0, 0.0, 0.0],
-                      [-60.0, -60.0, -60.0, 0.0, 0.0, 0.0]])
+    r = torch.tensor(
+        [[-90.0, -90.0, 0.0, 0.0, 0.0, 0.0], [-90.0, 0.0, -90.0, 0.0, 0.0, 0.0], [-60.0, -60.0, -60.0, 0.0, 0.0, 0.0]]
+    )
     for row in r:
         assert dp_native.linear_tiles(row[None], 5, 5) == (0, 1)
     check_against_torch(r, 5, 5, seed=8)
@@ -252,8 +259,12 @@ def test_results_do_not_depend_on_the_thread_count():
     for threads in (1, 2):
         torch.set_num_threads(threads)
         try:
-            outs.append((*dp_native.forward_marginals(r, 3, 6, seed_tensor(torch.Generator().manual_seed(0)), True),
-                         dp_native.cov_vec(r, v, 3, 6)))
+            outs.append(
+                (
+                    *dp_native.forward_marginals(r, 3, 6, seed_tensor(torch.Generator().manual_seed(0)), True),
+                    dp_native.cov_vec(r, v, 3, 6),
+                )
+            )
         finally:
             torch.set_num_threads(old)
     assert all(torch.equal(a, b) for a, b in zip(*outs))
@@ -308,8 +319,9 @@ def test_cardinality_dispatch(monkeypatch):
     with monkeypatch.context() as patch:
         patch.setattr(dp_native, "forward_marginals", refuse)
         patch.setattr(dp_native, "cov_vec", refuse)
-        m64, z64 = torch.ops.circuits.dp_marginals(r.double(), seed_tensor(torch.Generator().manual_seed(2)), 2, 4,
-                                                   True)
+        m64, z64 = torch.ops.circuits.dp_marginals(
+            r.double(), seed_tensor(torch.Generator().manual_seed(2)), 2, 4, True
+        )
         torch.ops.circuits.dp_cov_vec(r.double(), ones.double(), 2, 4)
     torch.testing.assert_close(m.double(), m64, atol=1e-5, rtol=0)
     assert torch.equal(z.double(), z64)

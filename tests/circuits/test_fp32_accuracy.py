@@ -4,22 +4,23 @@ the torch and fused C passes of the compiled circuit and for the DP, on a small 
 tools/accuracy_fp32.py (which prints the full table of docs/circuits.md). The Triton passes take
 the same grid, interpreted, in tests/circuits/circuits_triton_checks.py."""
 
-
 import pytest
 import torch
 import torch.nn.functional as F
+from tool_modules import load_tool
 
 import circuits
 import circuits.passes
 from circuits.passes import torch_passes
 
-from tool_modules import load_tool  # noqa: E402
-
 A = load_tool("accuracy_fp32")
 
 CARDINALITY = [(64, 8, 8), (64, 0, 1), (64, 4, 8), (64, 0, 8)]
-GROUPS = [circuits.GroupLimited(64, 8, 8, 2), circuits.GroupCapacity(64, None, 8, 2, kmin=0, kmax=8),
-          circuits.GroupLimited(32, None, 4, 2, kmin=1, kmax=6)]
+GROUPS = [
+    circuits.GroupLimited(64, 8, 8, 2),
+    circuits.GroupCapacity(64, None, 8, 2, kmin=0, kmax=8),
+    circuits.GroupLimited(32, None, 4, 2, kmin=1, kmax=6),
+]
 SCALES = (1.0, 100.0)
 IMPLS = ["torch"] + (["c"] if circuits.passes.c_library.library() is not None else [])
 
@@ -76,8 +77,9 @@ def test_dp(sizes, s, impl):
     n, kmin, kmax = sizes
     run = A.dp_runner(kmin, kmax, impl)
     for j, kind in enumerate(A.KINDS):
-        m_err, z_err = A.errors(run, lambda r: A.cardinality_log_norm(r, kmin, kmax),
-                                A.rows(n, s, kind, 16, seed=100 * j + int(s)))
+        m_err, z_err = A.errors(
+            run, lambda r: A.cardinality_log_norm(r, kmin, kmax), A.rows(n, s, kind, 16, seed=100 * j + int(s))
+        )
         assert m_err <= A.MARGINAL_BOUND and z_err <= A.LOG_Z_BOUND, (kind, m_err, z_err)
 
 
@@ -146,7 +148,7 @@ def test_map_at_large_shifts(impl, sizes):
         order = torch.sort(r, dim=1, descending=True, stable=True).indices
         want = (torch.arange(n).expand(len(r), n) < k.unsqueeze(1)).float()
         want = torch.zeros_like(r).scatter(1, order, want)
-        score = lambda x: torch.where(x > 0, r.double(), 0.0).sum(1)  # noqa: E731
+        score = lambda x: torch.where(x > 0, r.double(), 0.0).sum(1)
         assert torch.equal(score(z), score(want)), kind
         assert ((z.sum(1) >= kmin) & (z.sum(1) <= kmax)).all(), kind
         rs = c.shifted(r).double()  # best is the log-value of the logits the passes took
@@ -169,8 +171,9 @@ def test_dp_outliers(impl, gap):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("sizes", [(256, 16, 16), (256, 128, 128), (256, 4, 32), (128, 8, 16)],
-                         ids=lambda s: f"{s[1]}..{s[2]}-of-{s[0]}")
+@pytest.mark.parametrize(
+    "sizes", [(256, 16, 16), (256, 128, 128), (256, 4, 32), (128, 8, 16)], ids=lambda s: f"{s[1]}..{s[2]}-of-{s[0]}"
+)
 def test_log_z_of_equal_rows(impl, sizes):
     """log Z of rows whose logits repeat (every level in [-8, 8] by 1/4, some with a random part of
     them -inf) within 1e-6: a float32 pass's roundings go the same way at every variable there
@@ -236,15 +239,24 @@ def test_dp_marginals_of_nearly_equal_rows_with_a_few_odd_logits(impl):
     at every one of the 256 steps. Now W is stored as min(W, 1 - W) with a sign, and the states and
     adjoints are float64 (docs/circuits.md, "The DP's precision"). Found by an independent check."""
     cases = []
-    for level, odd, kmin, kmax in ((16.985, -0.015, 1, 256), (16.99, -0.01, 0, 256), (16.525, 0.525, 255, 256),
-                                   (16.15, 2.15, 0, 256), (21.05, 4.05, 255, 255), (-15.95, 1.05, 0, 16)):
+    for level, odd, kmin, kmax in (
+        (16.985, -0.015, 1, 256),
+        (16.99, -0.01, 0, 256),
+        (16.525, 0.525, 255, 256),
+        (16.15, 2.15, 0, 256),
+        (21.05, 4.05, 255, 255),
+        (-15.95, 1.05, 0, 16),
+    ):
         r = torch.full((1, 256), level, dtype=torch.float64)
         r[0, 0] = odd
         cases.append((kmin, kmax, r.float()))
     g = torch.Generator().manual_seed(5)
     for n, kmin, kmax in ((256, 1, 256), (256, 0, 256), (256, 252, 252), (128, 0, 128)):
-        r = 10 + 12 * torch.rand(24, 1, generator=g, dtype=torch.float64) + 0.1 * torch.randn(24, n, generator=g,
-                                                                                          dtype=torch.float64)
+        r = (
+            10
+            + 12 * torch.rand(24, 1, generator=g, dtype=torch.float64)
+            + 0.1 * torch.randn(24, n, generator=g, dtype=torch.float64)
+        )
         odd = torch.rand(24, n, generator=g).argsort(-1)[:, :2]  # two odd logits per row, N(0, 1)
         r.scatter_(1, odd, torch.randn(24, 2, generator=g, dtype=torch.float64))
         cases.append((kmin, kmax, r.float()))

@@ -8,8 +8,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
-FIRST = ["circuits.passes", "circuits.dp", "circuits.dp.cardinality", "circuits.native.select",
-         "circuits.native.uniforms", "circuits.ops"]
+FIRST = [
+    "circuits.passes",
+    "circuits.dp",
+    "circuits.dp.cardinality",
+    "circuits.native.select",
+    "circuits.native.uniforms",
+    "circuits.ops",
+]
 
 
 def _run(code: str) -> str:
@@ -25,6 +31,8 @@ def test_any_module_first(module):
 
 
 def test_compiling_loads_no_torch():
-    code = ("import sys, circuits, circuits.inspect.cli, circuits.compile; from circuits import ExactlyK; "
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys, circuits, circuits.inspect.cli, circuits.compile; from circuits import ExactlyK; "
+        "print('torch' in sys.modules)"
+    )
     assert _run(code) == "False"

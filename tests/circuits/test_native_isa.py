@@ -23,13 +23,13 @@ import torch
 import circuits
 import circuits.passes
 from circuits import GroupLimited
+from circuits.dp import Lattice, TorchDP, c_dp
+from circuits.dp import torch_dp as dp
 from circuits.native import build, rows, select
 from circuits.native import uniforms as native_uniforms
 from circuits.native.uniforms import seed_tensor
 from circuits.passes import CPasses, TorchPasses, c_library, draw_uniforms
 from circuits.passes import torch_passes as kernels
-from circuits.dp import Lattice, TorchDP, c_dp
-from circuits.dp import torch_dp as dp
 
 LIBS = {"passes": c_library.NATIVE, "rows": rows.ROWS, "dp": c_dp.NATIVE}
 
@@ -60,17 +60,23 @@ def awkward_logits(T: int, n: int, seed: int) -> torch.Tensor:
     r = torch.randn(T, n, generator=g) * 3
     q = max(T // 8, 1)
     r[0:q, : max(n // 4, 1) - (n == 1)] = -torch.inf  # never chosen (n = 1: nothing)
-    r[q:2 * q] = r[q:2 * q].round()  # ties
-    r[2 * q:3 * q] += 1e4  # a big shift
-    r[3 * q:4 * q] -= 1e4
-    r[4 * q:5 * q, ::2] = 1e4  # ±1e4 within a row
-    r[4 * q:5 * q, 1::2] = -1e4
-    r[5 * q:6 * q, 0] = 30.0  # one dominant logit
+    r[q : 2 * q] = r[q : 2 * q].round()  # ties
+    r[2 * q : 3 * q] += 1e4  # a big shift
+    r[3 * q : 4 * q] -= 1e4
+    r[4 * q : 5 * q, ::2] = 1e4  # ±1e4 within a row
+    r[4 * q : 5 * q, 1::2] = -1e4
+    r[5 * q : 6 * q, 0] = 30.0  # one dominant logit
     return r
 
 
-SPECS = [circuits.ExactlyK(64, 8), circuits.RangeK(64, 4, 8), circuits.ExactlyK(256, 16), circuits.ExactlyK(1, 1),
-         circuits.RangeK(1, 0, 1), GroupLimited(16, None, 4, 2, kmin=2, kmax=5)]
+SPECS = [
+    circuits.ExactlyK(64, 8),
+    circuits.RangeK(64, 4, 8),
+    circuits.ExactlyK(256, 16),
+    circuits.ExactlyK(1, 1),
+    circuits.RangeK(1, 0, 1),
+    GroupLimited(16, None, 4, 2, kmin=2, kmax=5),
+]
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=str)
@@ -83,7 +89,7 @@ def test_circuit_passes(isa, spec):
     native = CPasses(prog)
     assert native.lib is c_library.NATIVE.state["lib"]
     done, tiles = native.linear_tiles(r)
-    assert 0 < done and (done < tiles or n == 1)  # the awkward rows' tiles on logarithms (n = 1: no awkward
+    assert done > 0 and (done < tiles or n == 1)  # the awkward rows' tiles on logarithms (n = 1: no awkward
     # value survives the shift), the last tile's linear upward
     log_z, m = native.log_partition(r, True)
     up = kernels.upward(prog, r)
@@ -101,14 +107,14 @@ def test_circuit_passes(isa, spec):
     assert (z != z_ref).any(-1).sum() <= 1  # only rounding at a boundary may differ
     torch.testing.assert_close(log_z2, native.log_partition(r, True, accurate=False)[0], atol=0, rtol=0)
     torch.testing.assert_close(log_z.double(), log_z64, atol=1e-6, rtol=1e-6)  # pm_log_z: in double
-    assert not z[0:T // 8][r[0:T // 8] == -torch.inf].any()
+    assert not z[0 : T // 8][r[0 : T // 8] == -torch.inf].any()
     z_map, best = native.map(r)
     up_max = kernels.max_upward(prog, r)
     z_map_ref = kernels.map_assignment(prog, r, up_max)
     ties = torch.zeros(T, dtype=torch.bool)
-    ties[T // 8:2 * (T // 8)] = True  # tied logits: either maximum will do, with the same score
+    ties[T // 8 : 2 * (T // 8)] = True  # tied logits: either maximum will do, with the same score
     assert torch.equal(z_map[~ties], z_map_ref[~ties])
-    score = lambda z: torch.where(z > 0, r, 0.0).sum(-1)  # noqa: E731
+    score = lambda z: torch.where(z > 0, r, 0.0).sum(-1)
     assert torch.equal(score(z_map)[ties], score(z_map_ref)[ties])
     torch.testing.assert_close(best, up_max.val[-1], atol=1e-5, rtol=1e-6)
     jvp = native.marginals_jvp(r, v)
@@ -117,8 +123,9 @@ def test_circuit_passes(isa, spec):
     torch.testing.assert_close(jvp, kernels.marginals_jvp(prog, r, v), atol=5e-5, rtol=0)
 
 
-@pytest.mark.parametrize("T,N,kmin,kmax", [(300, 64, 8, 8), (257, 64, 4, 8), (40, 256, 16, 16), (20, 1, 0, 1),
-                                           (20, 1, 1, 1), (33, 7, 0, 7)])
+@pytest.mark.parametrize(
+    "T,N,kmin,kmax", [(300, 64, 8, 8), (257, 64, 4, 8), (40, 256, 16, 16), (20, 1, 0, 1), (20, 1, 1, 1), (33, 7, 0, 7)]
+)
 def test_cardinality_dp(isa, T, N, kmin, kmax):
     r = awkward_logits(T, N, seed=N + kmin)
     v = torch.randn(T, N, generator=torch.Generator().manual_seed(3))
@@ -163,8 +170,24 @@ def test_row_operations(isa, T, n, k):
 
 def test_the_isas_this_cpu_runs(monkeypatch):
     """Decided from the CPU's flags: x86-64-v4 for avx512, v3 for avx2; portable always."""
-    v3 = {"cx16", "lahf_lm", "popcnt", "pni", "sse4_1", "sse4_2", "ssse3", "avx", "avx2", "bmi1", "bmi2", "f16c",
-          "fma", "abm", "movbe", "xsave"}
+    v3 = {
+        "cx16",
+        "lahf_lm",
+        "popcnt",
+        "pni",
+        "sse4_1",
+        "sse4_2",
+        "ssse3",
+        "avx",
+        "avx2",
+        "bmi1",
+        "bmi2",
+        "f16c",
+        "fma",
+        "abm",
+        "movbe",
+        "xsave",
+    }
     monkeypatch.setattr(build, "X86", True)
     monkeypatch.setattr(build, "ARM", False)
     monkeypatch.setattr(build, "_cpu_flags", lambda: v3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"})
@@ -199,8 +222,9 @@ def falls_back_with_one_warning(match: str) -> None:
             warnings.simplefilter("always")
             assert native.library() is None
             assert native.library() is None  # decided once: no second warning
-        assert [str(w.message) for w in caught if w.category is RuntimeWarning and match in str(w.message)] \
-            == [str(w.message) for w in caught], caught
+        assert [str(w.message) for w in caught if w.category is RuntimeWarning and match in str(w.message)] == [
+            str(w.message) for w in caught
+        ], caught
         assert len(caught) == 1, [str(w.message) for w in caught]
         assert "using the torch code" in str(caught[0].message) and native.isa() is None
     assert circuits.passes.describe().startswith("torch passes (C passes unavailable: ")

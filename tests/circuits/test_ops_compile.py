@@ -52,8 +52,19 @@ def circuit_samples(dtype):
             (torch.ops.circuits.sample.default, (r.detach(), shift, seed, c.handle)),
             (torch.ops.circuits.map.default, (r.detach(), shift, c.handle)),
             (torch.ops.circuits.chosen_scores.default, (r, seed, kmin, kmax, c.handle, kmax, "softmax", False)),
-            (torch.ops.circuits.chosen_scores_backward.default, (r.detach(), *chosen_slots(kmax, 12), torch.randn(
-                7, kmax, dtype=dtype), kmin, kmax, c.handle, "sigmoid", kmin == kmax)),
+            (
+                torch.ops.circuits.chosen_scores_backward.default,
+                (
+                    r.detach(),
+                    *chosen_slots(kmax, 12),
+                    torch.randn(7, kmax, dtype=dtype),
+                    kmin,
+                    kmax,
+                    c.handle,
+                    "sigmoid",
+                    kmin == kmax,
+                ),
+            ),
         ]
     x = logits(9, 10, dtype=dtype).round(decimals=1)  # ties
     out += [(torch.ops.circuits.kth_largest.default, (x, 3)), (torch.ops.circuits.topk.default, (x, 4))]
@@ -71,8 +82,12 @@ def circuit_samples(dtype):
         (torch.ops.circuits.chosen_scores.default, (r, circuits.ops.seed(None, r), 3, 3, 0, 3, "sigmoid", True)),
     ]
     for kind, paper in [("softmax", False), ("sigmoid", True)]:
-        out.append((torch.ops.circuits.chosen_scores_backward.default,
-                    (r.detach(), *chosen_slots(4, 10), torch.randn(7, 4, dtype=dtype), 2, 4, 0, kind, paper)))
+        out.append(
+            (
+                torch.ops.circuits.chosen_scores_backward.default,
+                (r.detach(), *chosen_slots(4, 10), torch.randn(7, 4, dtype=dtype), 2, 4, 0, kind, paper),
+            )
+        )
     return out
 
 
@@ -82,16 +97,18 @@ def test_opcheck_every_operator(dtype):
     # seed is a fixed tensor here (as it is within one routing call)
     for op, args in circuit_samples(dtype):
         torch.library.opcheck(op, args)
-    torch.library.opcheck(torch.ops.circuits.draw_seed.default, (logits(),),
-                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(
+        torch.ops.circuits.draw_seed.default, (logits(),), test_utils=("test_schema", "test_faketensor")
+    )
 
 
 def test_every_operator_is_checked():
     """A new operator gets an opcheck sample above (or this test fails)."""
     from torch._library.custom_ops import CustomOpDef
 
-    registered = {v._qualname for module in (circuits.ops,) for v in vars(module).values()
-                  if isinstance(v, CustomOpDef)}
+    registered = {
+        v._qualname for module in (circuits.ops,) for v in vars(module).values() if isinstance(v, CustomOpDef)
+    }
     checked = {op.name().removesuffix(".default") for op, _ in circuit_samples(torch.float32)} | {"circuits::draw_seed"}
     assert registered == checked
 
@@ -207,8 +224,9 @@ def test_compiled_validation_raises_inside_the_graph():
     """Value checks are asynchronous assertions in a compiled graph: no graph break, and NaN logits
     still stop the call (a RuntimeError naming the problem); validate_args=False leaves them out."""
     torch._dynamo.reset()
-    f = torch.compile(lambda x: probmoe.route(x, k=8, training=False, validate_args=True).weights, fullgraph=True,
-                      backend="aot_eager")
+    f = torch.compile(
+        lambda x: probmoe.route(x, k=8, training=False, validate_args=True).weights, fullgraph=True, backend="aot_eager"
+    )
     x = logits()
     f(x)
     x[3, 5] = float("nan")
@@ -218,8 +236,11 @@ def test_compiled_validation_raises_inside_the_graph():
     x[7, 4:] = -torch.inf  # 4 experts left, 8 to choose
     with pytest.raises(RuntimeError, match="fewer than kmin = 8 experts above -inf"):
         f(x)
-    g = torch.compile(lambda x: probmoe.route(x, k=8, training=False, validate_args=False).weights, fullgraph=True,
-                      backend="aot_eager")
+    g = torch.compile(
+        lambda x: probmoe.route(x, k=8, training=False, validate_args=False).weights,
+        fullgraph=True,
+        backend="aot_eager",
+    )
     assert g(x).shape == (64, 8)  # garbage in, no check
 
 

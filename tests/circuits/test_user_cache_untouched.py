@@ -32,13 +32,23 @@ def test_collecting_and_running_leaves_the_user_cache_alone(tmp_path):
     env = {**os.environ, "PROBMOE_CACHE": str(user_cache), "XDG_CACHE_HOME": str(xdg), INNER: "1"}
     base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error::RuntimeWarning"]
     try:
-        collect = subprocess.run([*base, "--collect-only", str(TESTS)], env=env, capture_output=True,
-                                 text=True, timeout=300)
+        collect = subprocess.run(
+            [*base, "--collect-only", str(TESTS)], env=env, capture_output=True, text=True, timeout=300
+        )
         assert collect.returncode == 0, collect.stdout[-2000:] + collect.stderr[-2000:]
         run = subprocess.run(
-            [*base, str(HERE / "test_circuits_native.py"), str(HERE / "test_cli.py"),
-             "-k", "built_wherever or kth_largest or brute_force_fp32 or compile_json_range or second_run"],
-            env=env, capture_output=True, text=True, timeout=300)
+            [
+                *base,
+                str(HERE / "test_circuits_native.py"),
+                str(HERE / "test_cli.py"),
+                "-k",
+                "built_wherever or kth_largest or brute_force_fp32 or compile_json_range or second_run",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
         assert " passed" in run.stdout and " failed" not in run.stdout
     finally:

@@ -54,9 +54,9 @@ def bound_names(tree: ast.AST) -> set[str]:
             names.add(node.arg)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, ast.ExceptHandler) and node.name:
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or (
+            isinstance(node, ast.ExceptHandler) and node.name
+        ):
             names.add(node.name)
     return names
 
@@ -76,7 +76,7 @@ def test_every_snippet_runs_as_written(page, tmp_path, monkeypatch):
         pytest.skip("no Python snippets")
     trees = {line: ast.parse(code) for line, code, why in blocks if why != "signature"}
     bound = set().union(*map(bound_names, trees.values())) if trees else set()
-    for line, code, why in blocks:
+    for line, _code, why in blocks:
         where = f"{page.name}:{line}"
         assert why is None or why in NOT_RUN, f"{where}: 'not run ({why})' is not one of {NOT_RUN}"
         if why == "signature":
@@ -88,7 +88,7 @@ def test_every_snippet_runs_as_written(page, tmp_path, monkeypatch):
     for tree in (trees[line] for line, _, why in blocks if why is None):  # an extra not installed here
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
-                for name in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]):
+                for name in [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]:
                     if importlib.util.find_spec(name.split(".")[0]) is None:
                         pytest.skip(f"{page.name} imports {name}, which is not installed")
     monkeypatch.chdir(tmp_path)
@@ -96,7 +96,7 @@ def test_every_snippet_runs_as_written(page, tmp_path, monkeypatch):
     for line, code, why in blocks:
         if why is None:
             with contextlib.redirect_stdout(io.StringIO()):
-                exec(compile(code, f"{page.name}:{line}", "exec"), namespace)  # noqa: S102
+                exec(compile(code, f"{page.name}:{line}", "exec"), namespace)
 
 
 def test_the_marks_are_rare():

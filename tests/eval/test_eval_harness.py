@@ -8,8 +8,8 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("lm_eval")
 
-from probmoe.cli import evaluate  # noqa: E402
-from probmoe.eval import harness  # noqa: E402
+from probmoe.cli import evaluate
+from probmoe.eval import harness
 
 PROBLEMS = [(1, 2), (3, 4), (5, 6), (12, 7)]
 TASK = """task: {name}
@@ -59,16 +59,32 @@ def setup(tmp_path_factory):
     tasks.mkdir()
     with open(tasks / "arith.json", "w") as f:
         for a, b in PROBLEMS:
-            f.write(json.dumps({"q": f"{a} plus {b}?", "choices": [str(a + b), str(a * b), f"{a}{b} apples"],
-                                "label": 0}) + "\n")
+            f.write(
+                json.dumps({"q": f"{a} plus {b}?", "choices": [str(a + b), str(a * b), f"{a}{b} apples"], "label": 0})
+                + "\n"
+            )
     for name, extra in (("tiny_mc", MC), ("tiny_gen", GEN), ("tiny_unsafe", "unsafe_code: true\n" + GEN)):
         (tasks / f"{name}.yaml").write_text(TASK.format(name=name, data=tasks / "arith.json", extra=extra))
     return root
 
 
 def _run(setup, out, *extra):
-    return evaluate.main(["--checkpoint", str(setup / "ckpt"), "--include-path", str(setup / "tasks"), "--device",
-                          "cpu", "--output", str(out), "--batch-size", "3", "--log-samples", *extra])
+    return evaluate.main(
+        [
+            "--checkpoint",
+            str(setup / "ckpt"),
+            "--include-path",
+            str(setup / "tasks"),
+            "--device",
+            "cpu",
+            "--output",
+            str(out),
+            "--batch-size",
+            "3",
+            "--log-samples",
+            *extra,
+        ]
+    )
 
 
 def _loglikelihoods(folder) -> list[float]:
@@ -121,8 +137,12 @@ def test_routing_tally_counts_real_tokens_only(setup):
     from lm_eval.api.instance import Instance
 
     lm = harness.ProbMoELM(str(setup / "ckpt"), method="probmoe-dynamic", kmin=1, kmax=2, device="cpu", batch_size=4)
-    pairs = [("Question: 1 plus 2?\nAnswer:", " 3 apples"), ("Q:", " no"), ("Question: what is twelve?", " 12"),
-             ("Hi", " there, friend")]
+    pairs = [
+        ("Question: 1 plus 2?\nAnswer:", " 3 apples"),
+        ("Q:", " no"),
+        ("Question: what is twelve?", " 12"),
+        ("Hi", " there, friend"),
+    ]
     requests = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
     lm.loglikelihood(requests, disable_tqdm=True)
     batched = lm.tally.summary()
@@ -149,8 +169,15 @@ def test_registered_with_the_harness(setup):
 
     assert get_model("probmoe") is harness.ProbMoELM
     manager = harness.task_manager(["tiny_mc"], str(setup / "tasks"))
-    results = lm_eval.simple_evaluate(model="probmoe", model_args=f"checkpoint={setup / 'ckpt'},method=conventional",
-                                      tasks=["tiny_mc"], task_manager=manager, limit=2, device="cpu", batch_size=2)
+    results = lm_eval.simple_evaluate(
+        model="probmoe",
+        model_args=f"checkpoint={setup / 'ckpt'},method=conventional",
+        tasks=["tiny_mc"],
+        task_manager=manager,
+        limit=2,
+        device="cpu",
+        batch_size=2,
+    )
     assert results["config"]["model"] == "probmoe" and 0 <= results["results"]["tiny_mc"]["acc,none"] <= 1
 
 
@@ -162,32 +189,63 @@ def test_the_harness_command_line_finds_the_model(setup):
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
-           "HF_DATASETS_OFFLINE": "1"}
-    run = subprocess.run([sys.executable, "-m", "probmoe.eval.harness", "run", "--model", "probmoe", "--model_args",
-                          f"checkpoint={setup / 'ckpt'},method=probmoe,k=1", "--tasks", "tiny_mc", "--include_path",
-                          str(setup / "tasks"), "--device", "cpu", "--batch_size", "2", "--limit", "2"],
-                         capture_output=True, text=True, timeout=300, env=env, cwd=str(setup))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+        "HF_DATASETS_OFFLINE": "1",
+    }
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "probmoe.eval.harness",
+            "run",
+            "--model",
+            "probmoe",
+            "--model_args",
+            f"checkpoint={setup / 'ckpt'},method=probmoe,k=1",
+            "--tasks",
+            "tiny_mc",
+            "--include_path",
+            str(setup / "tasks"),
+            "--device",
+            "cpu",
+            "--batch_size",
+            "2",
+            "--limit",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=str(setup),
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "|tiny_mc|" in run.stdout and "probmoe (" in run.stdout
 
 
 @pytest.mark.slow  # about 12 s: the harness indexes its task YAML for each refusal
 def test_bad_input_is_refused(setup, capsys):
-    cases = [(["--tasks", "tiny_mcq"], "unknown task(s) 'tiny_mcq' (did you mean tiny_mc"),
-             (["--tasks", "tiny_mc,"], "comma-separated list"),
-             (["--tasks", "tiny_unsafe"], "unsafe"),
-             (["--tasks", "tiny_mc", "--data", "x.jsonl"], "either --data"),
-             (["--tasks", "tiny_mc", "--max-new-tokens", "8", "--skip-generation"],
-              "--max-new-tokens, --skip-generation apply to --data (GSM8K) only")]
+    cases = [
+        (["--tasks", "tiny_mcq"], "unknown task(s) 'tiny_mcq' (did you mean tiny_mc"),
+        (["--tasks", "tiny_mc,"], "comma-separated list"),
+        (["--tasks", "tiny_unsafe"], "unsafe"),
+        (["--tasks", "tiny_mc", "--data", "x.jsonl"], "either --data"),
+        (
+            ["--tasks", "tiny_mc", "--max-new-tokens", "8", "--skip-generation"],
+            "--max-new-tokens, --skip-generation apply to --data (GSM8K) only",
+        ),
+    ]
     for flags, message in cases:
         with pytest.raises(SystemExit) as e:
             _run(setup, setup / "bad", *flags)
         assert e.value.code == 2
         assert message in capsys.readouterr().err, flags
     with pytest.raises(SystemExit):
-        evaluate.main(["--checkpoint", str(setup / "ckpt"), "--tasks", "tiny_mc", "--include-path",
-                       str(setup / "none")])
+        evaluate.main(
+            ["--checkpoint", str(setup / "ckpt"), "--tasks", "tiny_mc", "--include-path", str(setup / "none")]
+        )
     assert "is not a directory" in capsys.readouterr().err
 
 
@@ -210,6 +268,7 @@ def test_a_task_whose_data_cannot_be_downloaded_is_one_line(setup, capsys, monke
 
     def offline(*args, **kwargs):
         raise ConnectionError("Couldn't reach 'cais/mmlu' on the Hub (LocalEntryNotFoundError)")
+
     monkeypatch.setattr(harness, "evaluate", offline)
     with pytest.raises(SystemExit) as e:
         _run(setup, setup / "offline", "--tasks", "tiny_mc")
@@ -218,11 +277,11 @@ def test_a_task_whose_data_cannot_be_downloaded_is_one_line(setup, capsys, monke
     assert "Traceback" not in err
 
 
-
 def _remote_task(folder):
     folder.mkdir()
-    (folder / "remote_mc.yaml").write_text("task: remote_mc\ndataset_path: nobody-here/no-such-data-set\n"
-                                           "test_split: test\n" + MC)
+    (folder / "remote_mc.yaml").write_text(
+        "task: remote_mc\ndataset_path: nobody-here/no-such-data-set\ntest_split: test\n" + MC
+    )
     return folder
 
 
@@ -235,14 +294,18 @@ def test_offline_a_task_whose_data_is_not_cached_is_one_error_at_once(setup, tmp
     from lm_eval.tasks import TaskManager
 
     before = {name: os.environ.get(name) for name in harness.OFFLINE}
-    manager = TaskManager(include_path=[str(_remote_task(tmp_path / "remote")), str(setup / "tasks")],
-                          include_defaults=False)
+    manager = TaskManager(
+        include_path=[str(_remote_task(tmp_path / "remote")), str(setup / "tasks")], include_defaults=False
+    )
     monkeypatch.setattr(harness, "hub_unreachable", lambda timeout=3.0: "huggingface.co:443: no network in this test")
     with harness.offline_when_unreachable() as why:
         assert why == "huggingface.co:443: no network in this test" and os.environ["HF_HUB_OFFLINE"] == "1"
         harness.check_data(["tiny_mc"], manager, why)  # local data: fine offline
-        with pytest.raises(ValueError, match=r"^--tasks remote_mc: a task's data is not in the local cache and the "
-                                             r"Hugging Face Hub cannot be reached \(huggingface.co:443: no network"):
+        with pytest.raises(
+            ValueError,
+            match=r"^--tasks remote_mc: a task's data is not in the local cache and the "
+            r"Hugging Face Hub cannot be reached \(huggingface.co:443: no network",
+        ):
             harness.check_data(["remote_mc"], manager, why)
     assert {name: os.environ.get(name) for name in harness.OFFLINE} == before
     monkeypatch.undo()  # the real check: an offline setting is reason enough, no connection is tried
@@ -259,10 +322,23 @@ def test_the_command_fails_before_the_model_loads(setup, tmp_path, monkeypatch, 
     monkeypatch.setattr(harness, "hub_unreachable", lambda timeout=3.0: "huggingface.co:443: no network in this test")
     monkeypatch.setattr(harness, "ProbMoELM", lambda *a, **k: pytest.fail("the model loaded before the data check"))
     with pytest.raises(SystemExit) as e:
-        evaluate.main(["--checkpoint", str(setup / "ckpt"), "--tasks", "remote_mc", "--include-path", str(tasks),
-                       "--output", str(tmp_path / "out"), "--no-progress"])
+        evaluate.main(
+            [
+                "--checkpoint",
+                str(setup / "ckpt"),
+                "--tasks",
+                "remote_mc",
+                "--include-path",
+                str(tasks),
+                "--output",
+                str(tmp_path / "out"),
+                "--no-progress",
+            ]
+        )
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1, err
-    assert "--tasks remote_mc: a task's data is not in the local cache and the Hugging Face Hub cannot be reached " \
-           "(huggingface.co:443: no network in this test;" in err
+    assert (
+        "--tasks remote_mc: a task's data is not in the local cache and the Hugging Face Hub cannot be reached "
+        "(huggingface.co:443: no network in this test;" in err
+    )
     assert not (tmp_path / "out").exists()

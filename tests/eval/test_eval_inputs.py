@@ -9,9 +9,9 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
-from probmoe.cli import evaluate, train  # noqa: E402
-from probmoe.eval import generation  # noqa: E402
-from probmoe.experiments import checkpoints  # noqa: E402
+from probmoe.cli import evaluate, train
+from probmoe.eval import generation
+from probmoe.experiments import checkpoints
 
 GOOD = [{"question": f"What is {i} plus {i}?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"} for i in range(4)]
 
@@ -26,8 +26,24 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("evalin")
     data = write_jsonl(root / "qa.jsonl", GOOD)
     out = root / "run"
-    assert train.main(["--model", "tiny-olmoe", "--data", data, "--output-dir", str(out), "--max-steps", "1",
-                       "--batch-size", "2", "--no-progress"]) == 0
+    assert (
+        train.main(
+            [
+                "--model",
+                "tiny-olmoe",
+                "--data",
+                data,
+                "--output-dir",
+                str(out),
+                "--max-steps",
+                "1",
+                "--batch-size",
+                "2",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -37,8 +53,9 @@ def test_answers_without_a_gold_number_are_refused_before_the_model_loads(tmp_pa
     monkeypatch.setattr(checkpoints, "load", lambda *a, **k: pytest.fail("the model loaded before the data check"))
     out = tmp_path / "eval"
     with pytest.raises(SystemExit) as e:
-        evaluate.main(["--checkpoint", str(tmp_path / "no-such-run"), "--data", data, "--output", str(out),
-                       "--no-progress"])
+        evaluate.main(
+            ["--checkpoint", str(tmp_path / "no-such-run"), "--data", data, "--output", str(out), "--no-progress"]
+        )
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1, err
     assert f"--data {data}:3: exact match needs the answer to end in '#### <number>'" in err and "'four'" in err
@@ -48,8 +65,12 @@ def test_answers_without_a_gold_number_are_refused_before_the_model_loads(tmp_pa
 def test_skip_generation_needs_no_gold_number(tmp_path, trained, capsys):
     data = write_jsonl(tmp_path / "qa.jsonl", [{"question": "What is 2 plus 2?", "answer": "four"}])
     out = tmp_path / "eval"
-    assert evaluate.main(["--checkpoint", str(trained), "--data", data, "--output", str(out), "--skip-generation",
-                          "--no-progress"]) == 0
+    assert (
+        evaluate.main(
+            ["--checkpoint", str(trained), "--data", data, "--output", str(out), "--skip-generation", "--no-progress"]
+        )
+        == 0
+    )
     assert json.loads((out / "summary.json").read_text())["problems"] == 1
 
 
@@ -62,10 +83,22 @@ def test_a_failed_run_leaves_no_partial_results(tmp_path, trained, monkeypatch):
         if len(calls) == 3:
             raise RuntimeError("scoring failed")
         return original(record, completion)
+
     monkeypatch.setattr(generation, "score", fails_on_the_third)
     out = tmp_path / "eval"
-    args = ["--checkpoint", str(trained), "--data", data, "--output", str(out), "--batch-size", "2",
-            "--max-new-tokens", "4", "--no-progress"]
+    args = [
+        "--checkpoint",
+        str(trained),
+        "--data",
+        data,
+        "--output",
+        str(out),
+        "--batch-size",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--no-progress",
+    ]
     with pytest.raises(RuntimeError, match="scoring failed"):
         evaluate.main(args)
     assert not (out / "results.jsonl").exists() and not (out / "summary.json").exists()

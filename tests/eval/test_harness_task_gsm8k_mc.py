@@ -5,12 +5,13 @@ import json
 import os
 
 import pytest
-
 from gsm8k_data import lines
 
 datasets = pytest.importorskip("datasets")
 
-FOLDER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools", "harness_tasks")
+FOLDER = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools", "harness_tasks"
+)
 _spec = importlib.util.spec_from_file_location("gsm8k_mc_utils", os.path.join(FOLDER, "utils.py"))
 utils = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(utils)

@@ -11,8 +11,8 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
-from probmoe.cli import train  # noqa: E402
-from probmoe.experiments import determinism  # noqa: E402
+from probmoe.cli import train
+from probmoe.experiments import determinism
 
 QA = [{"question": f"What is {i} times 3?", "answer": f"{i} times 3 is {3 * i}."} for i in range(8)]
 
@@ -27,8 +27,26 @@ def test_a_seeded_deepseek_v3_run_repeats_bit_for_bit(tmp_path):
     weights = []
     for name in ("a", "b"):
         out = tmp_path / name
-        assert train.main(["--model", "tiny-deepseek-v3", "--method", "probmoe-grouped", "--data", str(data),
-                           "--output-dir", str(out), "--max-steps", "3", "--batch-size", "4", "--no-progress"]) == 0
+        assert (
+            train.main(
+                [
+                    "--model",
+                    "tiny-deepseek-v3",
+                    "--method",
+                    "probmoe-grouped",
+                    "--data",
+                    str(data),
+                    "--output-dir",
+                    str(out),
+                    "--max-steps",
+                    "3",
+                    "--batch-size",
+                    "4",
+                    "--no-progress",
+                ]
+            )
+            == 0
+        )
         weights.append(load_file(str(out / "model.safetensors")))
     a, b = weights
     assert a.keys() == b.keys()

@@ -8,29 +8,52 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
-from probmoe.experiments import data, formats  # noqa: E402
-from probmoe.experiments.tokenizer import byte_tokenizer  # noqa: E402
+from probmoe.experiments import data, formats
+from probmoe.experiments.tokenizer import byte_tokenizer
 
 IGNORE, EOS = data.IGNORE, "</s>"
-CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
-        {"role": "assistant", "content": "4"}, {"role": "user", "content": "and 3+3?"},
-        {"role": "assistant", "content": "6"}]
+CHAT = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "2+2?"},
+    {"role": "assistant", "content": "4"},
+    {"role": "user", "content": "and 3+3?"},
+    {"role": "assistant", "content": "6"},
+]
 RECORDS = {  # per format: two records, and for each the full text and the text that carries loss
-    "question-answer": [({"question": " 1+1? ", "answer": "2 ", "id": 7},
-                         "Question: 1+1?\nAnswer: 2" + EOS, "2" + EOS),
-                        ({"question": "Why?", "answer": "Because.", "id": 8},
-                         "Question: Why?\nAnswer: Because." + EOS, "Because." + EOS)],
-    "prompt-completion": [({"prompt": "Translate: chat ->", "completion": " cat"},
-                           "Translate: chat -> cat" + EOS, " cat" + EOS),
-                          ({"prompt": "", "completion": "free text"}, "free text" + EOS, "free text" + EOS)],
-    "text": [({"text": "All of it."}, "All of it." + EOS, "All of it." + EOS),
-             ({"text": "héllo ∑"}, "héllo ∑" + EOS, "héllo ∑" + EOS)],
-    "messages": [({"messages": CHAT},
-                  "System: Be brief.\nUser: 2+2?\nAssistant: 4" + EOS + "User: and 3+3?\nAssistant: 6" + EOS,
-                  "4" + EOS + "6" + EOS),
-                 ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
-                                {"role": "user", "content": "bye"}]},
-                  "User: hi\nAssistant: yo" + EOS + "User: bye\n", "yo" + EOS)],
+    "question-answer": [
+        ({"question": " 1+1? ", "answer": "2 ", "id": 7}, "Question: 1+1?\nAnswer: 2" + EOS, "2" + EOS),
+        (
+            {"question": "Why?", "answer": "Because.", "id": 8},
+            "Question: Why?\nAnswer: Because." + EOS,
+            "Because." + EOS,
+        ),
+    ],
+    "prompt-completion": [
+        ({"prompt": "Translate: chat ->", "completion": " cat"}, "Translate: chat -> cat" + EOS, " cat" + EOS),
+        ({"prompt": "", "completion": "free text"}, "free text" + EOS, "free text" + EOS),
+    ],
+    "text": [
+        ({"text": "All of it."}, "All of it." + EOS, "All of it." + EOS),
+        ({"text": "héllo ∑"}, "héllo ∑" + EOS, "héllo ∑" + EOS),
+    ],
+    "messages": [
+        (
+            {"messages": CHAT},
+            "System: Be brief.\nUser: 2+2?\nAssistant: 4" + EOS + "User: and 3+3?\nAssistant: 6" + EOS,
+            "4" + EOS + "6" + EOS,
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "yo"},
+                    {"role": "user", "content": "bye"},
+                ]
+            },
+            "User: hi\nAssistant: yo" + EOS + "User: bye\n",
+            "yo" + EOS,
+        ),
+    ],
 }
 
 
@@ -103,7 +126,7 @@ def test_question_answer_encoding_is_unchanged(tok):
     e = data.encode(tok, {"question": "q", "answer": " a "}, 1024)
     prompt = tok("Question: q\nAnswer: ", add_special_tokens=False)["input_ids"]
     assert e.input_ids == prompt + [tok.convert_tokens_to_ids("a"), tok.eos_token_id]
-    assert e.labels == [IGNORE] * len(prompt) + e.input_ids[len(prompt):]
+    assert e.labels == [IGNORE] * len(prompt) + e.input_ids[len(prompt) :]
     assert data.encode(tok, {"question": "q", "answer": "a"}, 5).input_ids == prompt[:5]
 
 
@@ -124,13 +147,17 @@ def test_format_is_detected_or_given(tmp_path):
 BAD_JSONL = [  # (file text, the message)
     ('{"question": "q", "answer": "a"}\n\n{"question": "q", "answer": "a"\n', r"d.jsonl:3: not valid JSON"),
     ('{"question": "q", "answer": "a"}\n\n\n{"question": "q"}\n', r"d.jsonl:4: .*non-empty string 'answer'; got None"),
-    ('{"question": "q", "answer": "a"}\n{"question": "q", "answer": 5}\n',  # Arrow cannot type it: re-read
-     r"d.jsonl:2: .*non-empty string 'answer'; got 5"),
+    (
+        '{"question": "q", "answer": "a"}\n{"question": "q", "answer": 5}\n',  # Arrow cannot type it: re-read
+        r"d.jsonl:2: .*non-empty string 'answer'; got 5",
+    ),
     ('{"text": "a"}\n[1, 2]\n', r"d.jsonl:2: each line must be a JSON object, got list"),
     ('{"text": "a"}\n{"text": "  "}\n', r"d.jsonl:2: .*non-empty string 'text'"),
     ('{"messages": [{"role": "user", "content": "hi"}]}\n', r"d.jsonl:1: 'messages' has no assistant message"),
-    ('{"messages": [{"role": "user"}, {"role": "assistant", "content": "x"}]}\n',
-     r"d.jsonl:1: messages\[0\] must be an object with a string 'role' and a string 'content'"),
+    (
+        '{"messages": [{"role": "user"}, {"role": "assistant", "content": "x"}]}\n',
+        r"d.jsonl:1: messages\[0\] must be an object with a string 'role' and a string 'content'",
+    ),
     ('{"messages": "hello"}\n', r"d.jsonl:1: 'messages' must be a non-empty list"),
     ('{\n "text": ["a"]\n}\n', r"holds one JSON object; expected an array of records or one record per line"),
 ]
@@ -164,8 +191,10 @@ def test_a_malformed_record_of_an_array_or_parquet_is_named_by_index(tmp_path):
 @pytest.mark.parametrize("kind", ["jsonl", "json"])
 def test_strings_stay_as_written_where_arrow_would_retype_them(tmp_path, kind):
     """Arrow reads "2020-01-01" as a timestamp and fails on a field of two types: the strings come back as written."""
-    rows = [{"question": "2020-01-01", "answer": "1970-01-01 00:00:00", "id": 1}, {"question": "q", "answer": "a",
-                                                                                   "id": "two"}]
+    rows = [
+        {"question": "2020-01-01", "answer": "1970-01-01 00:00:00", "id": 1},
+        {"question": "q", "answer": "a", "id": "two"},
+    ]
     records = formats.read(write(tmp_path / f"d.{kind}", rows, kind))
     assert records.rows == rows and records.lines == ([1, 3] if kind == "jsonl" else None)
 
@@ -179,10 +208,16 @@ def test_arrow_filled_message_keys_are_dropped(tmp_path, tok):
 
 
 def test_chat_template_problems_are_clear(tmp_path, tok):
-    bad_role = write(tmp_path / "d.jsonl", [{"messages": [{"role": "tool", "content": "x"},
-                                                          {"role": "assistant", "content": "y"}]}], "jsonl")
-    with pytest.raises(ValueError, match=r"d.jsonl:1: the chat template fails .*knows the roles system, user and "
-                                         r"assistant; got tool"):
+    bad_role = write(
+        tmp_path / "d.jsonl",
+        [{"messages": [{"role": "tool", "content": "x"}, {"role": "assistant", "content": "y"}]}],
+        "jsonl",
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"d.jsonl:1: the chat template fails .*knows the roles system, user and "
+        r"assistant; got tool",
+    ):
         data.encode_all(tok, formats.read(bad_role), 64)
     chat = formats.read(write(tmp_path / "c.jsonl", [{"messages": CHAT}], "jsonl"))
     plain = byte_tokenizer()
@@ -199,6 +234,7 @@ def test_lost_answers_are_counted_and_refused_at_half(tok):
     encoded = [data.encode(tok, r, 30) for r in records]
     assert data.without_loss(encoded) == 1 and data.check_loss_tokens(encoded, 30, "f") == 1
     encoded[1] = data.encode(tok, {"question": "q" * 40, "answer": "a"}, 30)  # 2 of 4: refused
-    with pytest.raises(ValueError, match="--max-length 30 leaves no answer token in 2 of 4 examples of f .*50%.*raise "
-                                         "--max-length"):
+    with pytest.raises(
+        ValueError, match="--max-length 30 leaves no answer token in 2 of 4 examples of f .*50%.*raise --max-length"
+    ):
         data.check_loss_tokens(encoded, 30, "f")

@@ -6,8 +6,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from gsm8k_data import write  # noqa: E402
-from rank_runs import run_ranks  # noqa: E402
+from gsm8k_data import write
+from rank_runs import run_ranks
 
 # Runs probmoe-train's Trainer on each rank, then saves that rank's parameters for the test.
 RANK_SCRIPT = """
@@ -34,8 +34,21 @@ def launch(tmp_path, nproc, argv):
 @pytest.mark.parametrize("method", ["conventional", "probmoe"])
 def test_two_ranks_agree_and_match_one_process(tmp_path, method):
     data = write(tmp_path, "train.jsonl", 16)
-    args = ["--model", "tiny-olmoe", "--data", data, "--method", method, "--max-steps", "3", "--aux-loss", "0",
-            "--no-progress", "--seed", "3"]
+    args = [
+        "--model",
+        "tiny-olmoe",
+        "--data",
+        data,
+        "--method",
+        method,
+        "--max-steps",
+        "3",
+        "--aux-loss",
+        "0",
+        "--no-progress",
+        "--seed",
+        "3",
+    ]
     (tmp_path / "ddp").mkdir()
     (tmp_path / "one").mkdir()
     ranks = launch(tmp_path / "ddp", 2, [*args, "--batch-size", "2", "--output-dir", str(tmp_path / "ddp" / "out")])

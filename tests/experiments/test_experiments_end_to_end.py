@@ -8,8 +8,9 @@ import torch
 
 pytest.importorskip("transformers")
 
-from gsm8k_data import write  # noqa: E402
-from probmoe.cli import analyze, evaluate, train  # noqa: E402
+from gsm8k_data import write
+
+from probmoe.cli import analyze, evaluate, train
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +21,26 @@ def trained(tmp_path_factory):
     runs = {}
     for method in ("conventional", "probmoe-dynamic"):
         out = root / method
-        assert train.main(["--model", "tiny-olmoe", "--data", data, "--output-dir", str(out), "--method", method,
-                           "--max-steps", "2", "--batch-size", "4", "--no-progress"]) == 0
+        assert (
+            train.main(
+                [
+                    "--model",
+                    "tiny-olmoe",
+                    "--data",
+                    data,
+                    "--output-dir",
+                    str(out),
+                    "--method",
+                    method,
+                    "--max-steps",
+                    "2",
+                    "--batch-size",
+                    "4",
+                    "--no-progress",
+                ]
+            )
+            == 0
+        )
         runs[method] = out
     return root, runs
 
@@ -30,8 +49,24 @@ def test_eval_scores_greedy_generations_and_the_answer_loss(trained, capsys):
     root, runs = trained
     test = write(root, "test.jsonl", 6)
     out = root / "eval"
-    assert evaluate.main(["--checkpoint", str(runs["conventional"]), "--data", test, "--max-new-tokens", "8",
-                          "--batch-size", "4", "--output", str(out), "--no-progress"]) == 0
+    assert (
+        evaluate.main(
+            [
+                "--checkpoint",
+                str(runs["conventional"]),
+                "--data",
+                test,
+                "--max-new-tokens",
+                "8",
+                "--batch-size",
+                "4",
+                "--output",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     assert summary["problems"] == 6 and summary["routing"] == "conventional (top-2)"
@@ -50,8 +85,24 @@ def test_eval_with_another_inference_rule(trained):
     root, runs = trained
     test = write(root, "test.jsonl", 4)
     out = root / "eval-dyn"
-    evaluate.main(["--checkpoint", str(runs["conventional"]), "--data", test, "--skip-generation", "--method",
-                   "probmoe-dynamic", "--kmin", "1", "--kmax", "2", "--output", str(out), "--no-progress"])
+    evaluate.main(
+        [
+            "--checkpoint",
+            str(runs["conventional"]),
+            "--data",
+            test,
+            "--skip-generation",
+            "--method",
+            "probmoe-dynamic",
+            "--kmin",
+            "1",
+            "--kmax",
+            "2",
+            "--output",
+            str(out),
+            "--no-progress",
+        ]
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["routing"] == "probmoe-dynamic (kmin=1, kmax=2)"
     assert 1 <= summary["experts_per_token"] <= 2 and "exact_match_flexible" not in summary
@@ -61,12 +112,26 @@ def test_analyze_writes_json_csv_and_figures_side_by_side(trained):
     root, runs = trained
     data = write(root, "test.jsonl", 4)
     out = root / "analysis"
-    assert analyze.main(["--checkpoint", f"conv={runs['conventional']}", "--checkpoint",
-                         str(runs["probmoe-dynamic"]), "--data", data, "--output", str(out), "--no-progress"]) == 0
+    assert (
+        analyze.main(
+            [
+                "--checkpoint",
+                f"conv={runs['conventional']}",
+                "--checkpoint",
+                str(runs["probmoe-dynamic"]),
+                "--data",
+                data,
+                "--output",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     result = json.loads((out / "analysis.json").read_text())
     assert set(result["runs"]) == {"conv", "probmoe-dynamic"} and result["records"] == {"test-4": 4}
     assert result["routing"]["probmoe-dynamic"] == "probmoe-dynamic (kmin=1, kmax=2)"
-    for name, layers in result["runs"].items():
+    for _name, layers in result["runs"].items():
         assert len(layers) == 2
         for layer in layers:
             assert sum(layer["load"]) == round(layer["cardinality_mean"] * layer["tokens"])
@@ -89,16 +154,34 @@ def test_eval_and_analyze_refuse_bad_input(tmp_path, trained, capsys):
         evaluate.main(["--checkpoint", str(runs["conventional"]), "--data", data, "--kmax", "2"])
     assert "need --method" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        analyze.main(["--checkpoint", str(runs["conventional"]), "--checkpoint", str(runs["conventional"]),
-                      "--data", data, "--output", str(tmp_path / "a")])
+        analyze.main(
+            [
+                "--checkpoint",
+                str(runs["conventional"]),
+                "--checkpoint",
+                str(runs["conventional"]),
+                "--data",
+                data,
+                "--output",
+                str(tmp_path / "a"),
+            ]
+        )
     assert "two runs are named" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         evaluate.main(["--checkpoint", str(runs["conventional"]), "--data", str(tmp_path / "missing.jsonl")])
     assert "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "a").exists()
     out = tmp_path / "again"
-    args = ["--checkpoint", str(runs["conventional"]), "--data", data, "--skip-generation", "--output", str(out),
-            "--no-progress"]
+    args = [
+        "--checkpoint",
+        str(runs["conventional"]),
+        "--data",
+        data,
+        "--skip-generation",
+        "--output",
+        str(out),
+        "--no-progress",
+    ]
     evaluate.main(args)
     with pytest.raises(SystemExit):  # earlier results are never replaced silently
         evaluate.main(args)
@@ -114,8 +197,23 @@ def test_eval_and_analyze_refuse_bad_input(tmp_path, trained, capsys):
 def test_deepseek_analysis_uses_its_sigmoid_scores(tmp_path):
     """DeepSeek-V3 gates with sigmoid scores: the analysed distribution is σ(r) normalised, not softmax(r)."""
     data = write(tmp_path, "train.jsonl", 4)
-    train.main(["--model", "tiny-deepseek-v3", "--data", data, "--output-dir", str(tmp_path / "ds"), "--method",
-                "probmoe-grouped", "--max-steps", "1", "--batch-size", "4", "--no-progress"])
+    train.main(
+        [
+            "--model",
+            "tiny-deepseek-v3",
+            "--data",
+            data,
+            "--output-dir",
+            str(tmp_path / "ds"),
+            "--method",
+            "probmoe-grouped",
+            "--max-steps",
+            "1",
+            "--batch-size",
+            "4",
+            "--no-progress",
+        ]
+    )
     from probmoe.experiments import capture, checkpoints, data
 
     model, tokenizer = checkpoints.load(str(tmp_path / "ds"))
@@ -132,9 +230,14 @@ def test_commands_name_the_missing_extra(monkeypatch, capsys):
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a)
+    )
     for main in (train.main, evaluate.main, analyze.main):
         with pytest.raises(SystemExit) as e:
-            main(["--model", "m", "--data", "d", "--output-dir", "o"] if main is train.main else
-                 ["--checkpoint", "c", "--data", "d", "--output", "o"])
+            main(
+                ["--model", "m", "--data", "d", "--output-dir", "o"]
+                if main is train.main
+                else ["--checkpoint", "c", "--data", "d", "--output", "o"]
+            )
         assert e.value.code == 2 and "pip install 'probmoe[transformers]'" in capsys.readouterr().err

@@ -11,8 +11,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from gsm8k_data import write  # noqa: E402
-from rank_runs import run_ranks  # noqa: E402
+from gsm8k_data import write
+from rank_runs import run_ranks
 
 # Runs probmoe-train on each rank, then saves what the test compares: the full parameters each
 # rank gathers (every rank gets all of them), and its routing generator's state.
@@ -59,12 +59,32 @@ def test_fsdp_matches_one_process_and_saves_a_stock_checkpoint(tmp_path):
     from probmoe.integrations.transformers import from_pretrained
 
     data = write(tmp_path, "train.jsonl", 16)
-    args = ["--model", "tiny-olmoe", "--data", data, "--method", "conventional", "--max-steps", "3", "--aux-loss",
-            "0", "--no-progress", "--seed", "3"]
-    ranks = launch(tmp_path / "fsdp", 2, [*args, "--fsdp", "--global-batch-size", "4",
-                                          "--output-dir", str(tmp_path / "fsdp" / "out")])
-    (one,) = launch(tmp_path / "one", 1, [*args, "--batch-size", "4", "--output-dir", str(tmp_path / "one" / "out")],
-                    torchrun_it=False)
+    args = [
+        "--model",
+        "tiny-olmoe",
+        "--data",
+        data,
+        "--method",
+        "conventional",
+        "--max-steps",
+        "3",
+        "--aux-loss",
+        "0",
+        "--no-progress",
+        "--seed",
+        "3",
+    ]
+    ranks = launch(
+        tmp_path / "fsdp",
+        2,
+        [*args, "--fsdp", "--global-batch-size", "4", "--output-dir", str(tmp_path / "fsdp" / "out")],
+    )
+    (one,) = launch(
+        tmp_path / "one",
+        1,
+        [*args, "--batch-size", "4", "--output-dir", str(tmp_path / "one" / "out")],
+        torchrun_it=False,
+    )
     assert max_diff(ranks[0]["params"], ranks[1]["params"]) == 0  # every rank gathers the same model
     total = sum(v.numel() for v in one["params"].values())
     assert ranks[0]["local_numel"] + ranks[1]["local_numel"] <= total + 2 * 64 and ranks[0]["local_numel"] < total
@@ -91,8 +111,21 @@ def test_fsdp_probmoe_draws_per_rank_and_repeat(tmp_path):
     same seed repeats every draw (identical parameters and generator states); bf16 compute with
     fp32 reduction (MixedPrecisionPolicy) keeps fp32 shards."""
     data = write(tmp_path, "train.jsonl", 16)
-    args = ["--model", "tiny-olmoe", "--data", data, "--method", "probmoe", "--max-steps", "2", "--no-progress",
-            "--fsdp", "--batch-size", "2", "--bf16"]
+    args = [
+        "--model",
+        "tiny-olmoe",
+        "--data",
+        data,
+        "--method",
+        "probmoe",
+        "--max-steps",
+        "2",
+        "--no-progress",
+        "--fsdp",
+        "--batch-size",
+        "2",
+        "--bf16",
+    ]
     a = launch(tmp_path / "a", 2, [*args, "--output-dir", str(tmp_path / "a" / "out")])
     b = launch(tmp_path / "b", 2, [*args, "--output-dir", str(tmp_path / "b" / "out")])
     assert not torch.equal(a[0]["generator"], a[1]["generator"])
@@ -111,9 +144,26 @@ def test_fsdp_resume_is_exact_and_checkpointing_redraws_nothing(tmp_path):
     from safetensors.torch import load_file
 
     data = write(tmp_path, "train.jsonl", 16)
-    args = ["--model", "tiny-qwen2-moe", "--data", data, "--method", "probmoe-dynamic", "--max-steps", "4",
-            "--batch-size", "2", "--grad-accum", "2", "--lr-schedule", "linear", "--warmup-steps", "1",
-            "--no-progress", "--fsdp"]
+    args = [
+        "--model",
+        "tiny-qwen2-moe",
+        "--data",
+        data,
+        "--method",
+        "probmoe-dynamic",
+        "--max-steps",
+        "4",
+        "--batch-size",
+        "2",
+        "--grad-accum",
+        "2",
+        "--lr-schedule",
+        "linear",
+        "--warmup-steps",
+        "1",
+        "--no-progress",
+        "--fsdp",
+    ]
     launch(tmp_path / "a", 2, [*args, "--output-dir", str(tmp_path / "a" / "out")])
     launch(tmp_path / "b", 2, [*args, "--output-dir", str(tmp_path / "b" / "out"), "--stop-after", "2"])
     assert not (tmp_path / "b" / "out" / "model.safetensors").exists()
@@ -126,8 +176,11 @@ def test_fsdp_resume_is_exact_and_checkpointing_redraws_nothing(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", [["--method", "remoe"], ["--method", "probmoe", "--balance", "aux-free"],
-                                    ["--method", "defaultmoe"]], ids=["remoe", "aux-free", "defaultmoe"])
+@pytest.mark.parametrize(
+    "method",
+    [["--method", "remoe"], ["--method", "probmoe", "--balance", "aux-free"], ["--method", "defaultmoe"]],
+    ids=["remoe", "aux-free", "defaultmoe"],
+)
 def test_fsdp_resume_restores_the_routing_state(tmp_path, method):
     """The routing state (ReMoE's λ, the aux-free bias and loads, DefaultMoE's default outputs) is
     in the model shards: 4 uninterrupted steps = stop after 2, then resume to 4, weights and
@@ -135,8 +188,19 @@ def test_fsdp_resume_restores_the_routing_state(tmp_path, method):
     from safetensors.torch import load_file
 
     data = write(tmp_path, "train.jsonl", 16)
-    args = ["--model", "tiny-olmoe", "--data", data, *method, "--max-steps", "4", "--batch-size", "2",
-            "--no-progress", "--fsdp"]
+    args = [
+        "--model",
+        "tiny-olmoe",
+        "--data",
+        data,
+        *method,
+        "--max-steps",
+        "4",
+        "--batch-size",
+        "2",
+        "--no-progress",
+        "--fsdp",
+    ]
     launch(tmp_path / "a", 2, [*args, "--output-dir", str(tmp_path / "a" / "out")])
     launch(tmp_path / "b", 2, [*args, "--output-dir", str(tmp_path / "b" / "out"), "--stop-after", "2"])
     launch(tmp_path / "b", 2, [*args, "--output-dir", str(tmp_path / "b" / "out"), "--resume", "latest"])
@@ -166,8 +230,9 @@ def strip_routing_state(checkpoint) -> None:
     torch.save(saved, full)
     torch_save_to_dcp(full, checkpoint)
     manifest = json.loads((checkpoint / state.MANIFEST).read_text())
-    manifest["sha256"] = {f.name: state.sha256_file(str(f)) for f in sorted(checkpoint.iterdir())
-                          if f.name != state.MANIFEST}
+    manifest["sha256"] = {
+        f.name: state.sha256_file(str(f)) for f in sorted(checkpoint.iterdir()) if f.name != state.MANIFEST
+    }
     (checkpoint / state.MANIFEST).write_text(json.dumps(manifest))
 
 
@@ -177,8 +242,22 @@ def test_fsdp_resumes_a_checkpoint_without_routing_state_with_a_warning(tmp_path
     its initial values) with one warning saying the resume is not exact, not a failed load."""
     data = write(tmp_path, "train.jsonl", 16)
     out = tmp_path / "run" / "out"
-    args = ["--model", "tiny-olmoe", "--data", data, "--method", "remoe", "--max-steps", "3", "--batch-size", "2",
-            "--no-progress", "--fsdp", "--output-dir", str(out)]
+    args = [
+        "--model",
+        "tiny-olmoe",
+        "--data",
+        data,
+        "--method",
+        "remoe",
+        "--max-steps",
+        "3",
+        "--batch-size",
+        "2",
+        "--no-progress",
+        "--fsdp",
+        "--output-dir",
+        str(out),
+    ]
     launch(tmp_path / "run", 2, [*args, "--stop-after", "2"])
     strip_routing_state(out / "checkpoint-000002")
     done = run_ranks(tmp_path / "run", 2, RANK_SCRIPT, [*args, "--resume", "latest"])
@@ -186,6 +265,7 @@ def test_fsdp_resumes_a_checkpoint_without_routing_state_with_a_warning(tmp_path
     assert len(warnings) == 1 and "checkpoint-000002" in warnings[0] and "not exact" in warnings[0], done.stderr
     assert "(routing state) are not in the state dict" not in done.stderr
     assert (out / "model.safetensors").exists() and (out / "checkpoint-000003").is_dir()
+
 
 def test_fsdp_refusals_before_loading(tmp_path, capsys):
     """--fsdp without torchrun, and a global batch the processes do not divide: status 2, one line."""
@@ -206,8 +286,19 @@ def test_fsdp_refusals_before_loading(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-SMALL_SHAPE = ("olmoe", dict(hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-                             num_key_value_heads=4, num_experts=8, num_experts_per_tok=2, vocab_size=300))
+SMALL_SHAPE = (
+    "olmoe",
+    dict(
+        hidden_size=64,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        num_experts=8,
+        num_experts_per_tok=2,
+        vocab_size=300,
+    ),
+)
 
 
 def _meta_build_rank(rank, port, out):
@@ -220,8 +311,9 @@ def _meta_build_rank(rank, port, out):
     from probmoe.experiments import distributed, fsdp, models
     from probmoe.integrations.transformers import patch_model
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank)
+    )
     models.SHAPES["small-olmoe-shape"] = SMALL_SHAPE
     world = distributed.setup("cpu")
     calls, alive, most_alive = [], [], [0]
@@ -235,11 +327,27 @@ def _meta_build_rank(rank, port, out):
         return value
 
     models.initial_tensor = spy
-    net = fsdp.build("small-olmoe-shape", seed=4, dtype=torch.float32, layers=None, world=world,
-                     patch=lambda m: patch_model(m, "conventional"), checkpointing=False, bf16=False, fresh=True)
+    net = fsdp.build(
+        "small-olmoe-shape",
+        seed=4,
+        dtype=torch.float32,
+        layers=None,
+        world=world,
+        patch=lambda m: patch_model(m, "conventional"),
+        checkpointing=False,
+        bf16=False,
+        fresh=True,
+    )
     full = get_model_state_dict(net, options=StateDictOptions(full_state_dict=True))
-    torch.save({"calls": calls, "most_alive": most_alive[0], "full": full,
-                "local": sum(p.to_local().numel() for p in net.parameters())}, os.path.join(out, f"rank{rank}.pt"))
+    torch.save(
+        {
+            "calls": calls,
+            "most_alive": most_alive[0],
+            "full": full,
+            "local": sum(p.to_local().numel() for p in net.parameters()),
+        },
+        os.path.join(out, f"rank{rank}.pt"),
+    )
     distributed.teardown()
 
 
@@ -282,9 +390,30 @@ def test_fsdp_from_a_checkpoint_directory_in_bf16(tmp_path):
     load_model("tiny-mixtral", seed=6).save_pretrained(source)
     load_tokenizer("tiny-mixtral").save_pretrained(source)
     data = write(tmp_path, "train.jsonl", 8)
-    launch(tmp_path / "run", 2, ["--model", str(source), "--data", data, "--method", "conventional", "--max-steps",
-                                 "1", "--batch-size", "2", "--lr", "1e-30", "--no-progress", "--fsdp",
-                                 "--param-dtype", "bfloat16", "--output-dir", str(tmp_path / "run" / "out")])
+    launch(
+        tmp_path / "run",
+        2,
+        [
+            "--model",
+            str(source),
+            "--data",
+            data,
+            "--method",
+            "conventional",
+            "--max-steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--lr",
+            "1e-30",
+            "--no-progress",
+            "--fsdp",
+            "--param-dtype",
+            "bfloat16",
+            "--output-dir",
+            str(tmp_path / "run" / "out"),
+        ],
+    )
     saved, final = load_file(source / "model.safetensors"), load_file(tmp_path / "run" / "out" / "model.safetensors")
     assert saved.keys() == final.keys()
     for name, value in final.items():

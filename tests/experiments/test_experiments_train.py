@@ -11,9 +11,10 @@ from safetensors.torch import load_file
 
 pytest.importorskip("transformers")
 
-from gsm8k_data import write  # noqa: E402
-from probmoe.cli import analyze, evaluate, train  # noqa: E402
-from probmoe.experiments import state  # noqa: E402
+from gsm8k_data import write
+
+from probmoe.cli import analyze, evaluate, train
+from probmoe.experiments import state
 
 
 def run(*argv):
@@ -43,15 +44,37 @@ def test_cli_methods_and_backends_are_their_homes():
         assert tuple(choices["method"]) == pt.ALL_METHODS and tuple(choices["backend"]) == circuits.ALGORITHMS
 
 
-@pytest.mark.parametrize("model,method,top_k", [("tiny-olmoe", "probmoe", 2), ("tiny-qwen2-moe", "probmoe", 2),
-                                                ("tiny-qwen3-moe", "probmoe", 2), ("tiny-mixtral", "probmoe", 2),
-                                                ("tiny-deepseek-v3", "probmoe-grouped", 3)])
+@pytest.mark.parametrize(
+    "model,method,top_k",
+    [
+        ("tiny-olmoe", "probmoe", 2),
+        ("tiny-qwen2-moe", "probmoe", 2),
+        ("tiny-qwen3-moe", "probmoe", 2),
+        ("tiny-mixtral", "probmoe", 2),
+        ("tiny-deepseek-v3", "probmoe-grouped", 3),
+    ],
+)
 def test_each_family_trains_and_saves_a_loadable_checkpoint(tmp_path, data, model, method, top_k):
     import probmoe.integrations.transformers as pt
 
     out = tmp_path / "run"
-    assert run("--model", model, "--data", data, "--output-dir", out, "--max-steps", 2, "--batch-size", 2,
-               "--method", method) == 0
+    assert (
+        run(
+            "--model",
+            model,
+            "--data",
+            data,
+            "--output-dir",
+            out,
+            "--max-steps",
+            2,
+            "--batch-size",
+            2,
+            "--method",
+            method,
+        )
+        == 0
+    )
     log = [json.loads(line) for line in open(out / "train_log.jsonl")]
     assert log[0]["event"] == "start" and [r["step"] for r in log[1:]] == [1, 2]
     for r in log[1:]:
@@ -66,13 +89,31 @@ def test_each_family_trains_and_saves_a_loadable_checkpoint(tmp_path, data, mode
         assert torch.equal(loaded(ids).logits, stock(ids).logits)  # Exact-k MAP at eval is the stock top-k
 
 
-@pytest.mark.parametrize("method", ["conventional", "frozen", "densemixer", "probmoe", "probmoe-dynamic",
-                                    "sample-dense-ste", "topk-marginal"])
+@pytest.mark.parametrize(
+    "method",
+    ["conventional", "frozen", "densemixer", "probmoe", "probmoe-dynamic", "sample-dense-ste", "topk-marginal"],
+)
 def test_every_method_reduces_the_loss_on_a_repeated_batch(tmp_path, method):
     lines = write(tmp_path, "train.jsonl", 2)
     out = tmp_path / "run"
-    run("--model", "tiny-olmoe", "--data", lines, "--output-dir", out, "--method", method, "--max-steps", 8,
-        "--batch-size", 2, "--lr", "3e-3", "--lr-schedule", "constant")
+    run(
+        "--model",
+        "tiny-olmoe",
+        "--data",
+        lines,
+        "--output-dir",
+        out,
+        "--method",
+        method,
+        "--max-steps",
+        8,
+        "--batch-size",
+        2,
+        "--lr",
+        "3e-3",
+        "--lr-schedule",
+        "constant",
+    )
     losses = [r["loss"] for r in map(json.loads, open(out / "train_log.jsonl")) if "loss" in r]
     assert losses[-1] < losses[0] - 0.05, losses
 
@@ -80,8 +121,24 @@ def test_every_method_reduces_the_loss_on_a_repeated_batch(tmp_path, method):
 def test_resume_is_exact(tmp_path, data):
     """6 uninterrupted steps = stop after 3, then resume to 6 (bit for bit), with sampled Dynamic-k
     routing from the router generators, gradient accumulation and a decaying LR with warm-up."""
-    common_args = ["--model", "tiny-qwen2-moe", "--data", data, "--batch-size", 2, "--grad-accum", 2,
-                   "--method", "probmoe-dynamic", "--lr-schedule", "linear", "--warmup-steps", 2, "--max-steps", 6]
+    common_args = [
+        "--model",
+        "tiny-qwen2-moe",
+        "--data",
+        data,
+        "--batch-size",
+        2,
+        "--grad-accum",
+        2,
+        "--method",
+        "probmoe-dynamic",
+        "--lr-schedule",
+        "linear",
+        "--warmup-steps",
+        2,
+        "--max-steps",
+        6,
+    ]
     run(*common_args, "--output-dir", tmp_path / "a", "--save-every", 3)
     run(*common_args, "--output-dir", tmp_path / "b", "--stop-after", 3)
     assert not (tmp_path / "b" / "model.safetensors").exists()  # stopped: only the checkpoint
@@ -105,8 +162,9 @@ def test_resume_refuses_other_settings_and_damaged_state(tmp_path, data, capsys)
     assert e.value.code == 2 and "--lr: checkpoint 0.001, now 0.5" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # a linear schedule over 2 steps does not continue to 3
         run(*args, "--max-steps", 3, "--output-dir", tmp_path / "b", "--resume", ckpt)
-    assert "the learning-rate schedule's steps (--max-steps or --epochs): checkpoint 2, now 3" in \
-        capsys.readouterr().err
+    assert (
+        "the learning-rate schedule's steps (--max-steps or --epochs): checkpoint 2, now 3" in capsys.readouterr().err
+    )
 
     before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "a").rglob("*")}
     with pytest.raises(SystemExit):  # the same folder again without --resume
@@ -132,8 +190,20 @@ def test_resume_refuses_other_settings_and_damaged_state(tmp_path, data, capsys)
 
 
 def test_bf16_and_gradient_checkpointing_train(tmp_path, data):
-    run("--model", "tiny-qwen3-moe", "--data", data, "--output-dir", tmp_path / "r", "--max-steps", 2,
-        "--batch-size", 2, "--bf16", "--gradient-checkpointing")
+    run(
+        "--model",
+        "tiny-qwen3-moe",
+        "--data",
+        data,
+        "--output-dir",
+        tmp_path / "r",
+        "--max-steps",
+        2,
+        "--batch-size",
+        2,
+        "--bf16",
+        "--gradient-checkpointing",
+    )
     losses = [r["loss"] for r in map(json.loads, open(tmp_path / "r" / "train_log.jsonl")) if "loss" in r]
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
 
@@ -151,8 +221,13 @@ def test_resume_refuses_the_same_file_read_as_another_format(tmp_path, capsys):
     """A file with the fields of two formats, trained as question/answer, resumed as plain text:
     other examples, so refused with the difference named."""
     path = tmp_path / "both.jsonl"
-    path.write_text("".join(json.dumps({"question": f"what is {i} + 1?", "answer": f"{i + 1}",
-                                        "text": f"{i} plus one is {i + 1}"}) + "\n" for i in range(16)))
+    path.write_text(
+        "".join(
+            json.dumps({"question": f"what is {i} + 1?", "answer": f"{i + 1}", "text": f"{i} plus one is {i + 1}"})
+            + "\n"
+            for i in range(16)
+        )
+    )
     args = ["--model", "tiny-olmoe", "--data", path, "--batch-size", 2, "--max-steps", 2, "--save-every", 1]
     run(*args, "--output-dir", tmp_path / "a", "--data-format", "question-answer", "--stop-after", 1)
     with pytest.raises(SystemExit) as e:
@@ -163,8 +238,22 @@ def test_resume_refuses_the_same_file_read_as_another_format(tmp_path, capsys):
 
 def test_resume_refuses_other_balancing(tmp_path, data, capsys):
     """The balancing option and its rate change the trajectory: a resume must match them."""
-    args = ["--model", "tiny-olmoe", "--data", data, "--batch-size", 2, "--max-steps", 2, "--save-every", 1,
-            "--output-dir", tmp_path / "a", "--balance", "aux-free"]
+    args = [
+        "--model",
+        "tiny-olmoe",
+        "--data",
+        data,
+        "--batch-size",
+        2,
+        "--max-steps",
+        2,
+        "--save-every",
+        1,
+        "--output-dir",
+        tmp_path / "a",
+        "--balance",
+        "aux-free",
+    ]
     run(*args, "--balance-rate", "0.01", "--stop-after", 1)
     with pytest.raises(SystemExit) as e:
         run(*args, "--balance-rate", "0.02", "--resume", "latest")
@@ -175,7 +264,18 @@ def test_resume_refuses_other_balancing(tmp_path, data, capsys):
 def test_a_changed_max_steps_on_resume_is_named_by_its_flags(tmp_path, data, capsys):
     """The learning-rate schedule's length is the fingerprint's ``schedule_steps``; the user typed
     --max-steps (issue 42, point 5.9)."""
-    args = ["--model", "tiny-olmoe", "--data", data, "--batch-size", 2, "--save-every", 1, "--output-dir", tmp_path / "a"]
+    args = [
+        "--model",
+        "tiny-olmoe",
+        "--data",
+        data,
+        "--batch-size",
+        2,
+        "--save-every",
+        1,
+        "--output-dir",
+        tmp_path / "a",
+    ]
     run(*args, "--max-steps", 2, "--stop-after", 1)
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
@@ -208,8 +308,9 @@ def test_bad_input_is_refused_before_training(tmp_path, capsys, data):
     err = _bad(tmp_path, capsys, "--data", data, "--model", llama)
     assert "'llama'" in err and "olmoe" in err and "mixtral" in err
     assert "is not" in _bad(tmp_path, capsys, "--data", data, "--model", "tiny-gpt")
-    assert "kmin must be <= kmax" in _bad(tmp_path, capsys, "--data", data, "--method", "probmoe-dynamic",
-                                          "--kmin", 2, "--kmax", 1)
+    assert "kmin must be <= kmax" in _bad(
+        tmp_path, capsys, "--data", data, "--method", "probmoe-dynamic", "--kmin", 2, "--kmax", 1
+    )
     assert "k must be in [1, 8]" in _bad(tmp_path, capsys, "--data", data, "--k", 9)
     assert "fewer than one global batch" in _bad(tmp_path, capsys, "--data", data, "--batch-size", 17)
     assert "--batch-size" in _bad(tmp_path, capsys, "--data", data, "--batch-size", 0)

@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
-from probmoe.cli import train  # noqa: E402
-from probmoe.experiments import state  # noqa: E402
+from probmoe.cli import train
+from probmoe.experiments import state
 
 QA = [{"question": f"{i}+{i}?", "answer": f"{2 * i}"} for i in range(4)]
 
@@ -22,8 +22,19 @@ def finished(tmp_path):
     data = tmp_path / "qa.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in QA), encoding="utf-8")
     out = tmp_path / "run"
-    args = ["--model", "tiny-olmoe", "--data", str(data), "--output-dir", str(out), "--max-steps", "2",
-            "--batch-size", "2", "--no-progress"]
+    args = [
+        "--model",
+        "tiny-olmoe",
+        "--data",
+        str(data),
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--no-progress",
+    ]
     assert train.main(args) == 0
     return out, args
 

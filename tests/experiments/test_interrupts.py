@@ -14,16 +14,28 @@ import torch
 
 pytest.importorskip("transformers")
 
-from gsm8k_data import write  # noqa: E402
-from probmoe.cli import train  # noqa: E402
-from probmoe.experiments import distributed, interrupts, state  # noqa: E402
-from rank_runs import torchrun  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
+from gsm8k_data import write
+from rank_runs import torchrun
+from safetensors.torch import load_file
+
+from probmoe.cli import train
+from probmoe.experiments import distributed, interrupts, state
 
 ROOT = Path(__file__).resolve().parents[2]
 # a run long enough to be interrupted, a checkpoint each step; constant LR, so a resume may end earlier
-LONG = ["--model", "tiny-olmoe", "--method", "conventional", "--batch-size", "2", "--save-every", "1",
-        "--lr-schedule", "constant", "--no-progress"]
+LONG = [
+    "--model",
+    "tiny-olmoe",
+    "--method",
+    "conventional",
+    "--batch-size",
+    "2",
+    "--save-every",
+    "1",
+    "--lr-schedule",
+    "constant",
+    "--no-progress",
+]
 
 
 def weights(path):
@@ -58,6 +70,7 @@ def data(tmp_path_factory):
 
 
 # ---- the signal handling on its own
+
 
 @pytest.fixture
 def caught():
@@ -95,21 +108,22 @@ def test_catch_restores_the_handlers_it_replaced():
     # signal unblocked, whatever a library loaded by an earlier test left)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    with interrupts.deferred():
-        with pytest.raises(KeyboardInterrupt):
-            signal.raise_signal(signal.SIGINT)
+    with interrupts.deferred(), pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
 
 
 def test_the_line_names_the_checkpoint_and_the_way_on():
     stopped = interrupts.Interrupted(signal.SIGTERM, step=7, at_boundary=True)
     assert interrupts.message(stopped, "runs/x/checkpoint-000006") == (
         "interrupted (SIGTERM) after step 7; the last complete checkpoint is runs/x/checkpoint-000006: run the same "
-        "command with --resume latest to continue from it")
+        "command with --resume latest to continue from it"
+    )
     assert "no checkpoint was written" in interrupts.message(interrupts.Interrupted(signal.SIGINT), None)
 
 
 def test_a_save_cut_short_leaves_no_folder(tmp_path):
     """A forced interrupt in the middle of a save removes what the save wrote so far."""
+
     class Model:
         def save_pretrained(self, directory):
             (Path(directory) / "model.safetensors").write_bytes(b"half")
@@ -118,8 +132,17 @@ def test_a_save_cut_short_leaves_no_folder(tmp_path):
     world = distributed.World(rank=0, size=1, local_rank=0, device=torch.device("cpu"))
     target = state.checkpoint_dir(str(tmp_path), 3)
     with pytest.raises(interrupts.Interrupted):
-        state.save(target, step=3, fingerprint={}, world=world, model=Model(), tokenizer=None, optimizer=None,
-                   scheduler=None, generator=None)
+        state.save(
+            target,
+            step=3,
+            fingerprint={},
+            world=world,
+            model=Model(),
+            tokenizer=None,
+            optimizer=None,
+            scheduler=None,
+            generator=None,
+        )
     assert os.listdir(tmp_path) == []
 
 
@@ -140,10 +163,27 @@ def test_the_final_model_is_moved_in_whole_or_not_at_all(tmp_path):
 
 # ---- probmoe-train under a signal
 
+
 def launch(out, data, *extra):
-    return subprocess.Popen([sys.executable, "-m", "probmoe.cli.train", *LONG, "--data", data, "--output-dir",
-                             str(out), "--max-steps", "1000", *extra], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "probmoe.cli.train",
+            *LONG,
+            "--data",
+            data,
+            "--output-dir",
+            str(out),
+            "--max-steps",
+            "1000",
+            *extra,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def interrupt(out, data, signum) -> tuple[int, str]:
@@ -160,8 +200,10 @@ def interrupt(out, data, signum) -> tuple[int, str]:
     step = int(lines[0].split(" after step ")[1].split(";")[0])
     last = state.latest_checkpoint(str(out))
     assert last == state.checkpoint_dir(str(out), step)  # the step it stopped after was saved (--save-every 1)
-    assert lines[0] == (f"interrupted ({signal.Signals(signum).name}) after step {step}; the last complete "
-                        f"checkpoint is {last}: run the same command with --resume latest to continue from it")
+    assert lines[0] == (
+        f"interrupted ({signal.Signals(signum).name}) after step {step}; the last complete "
+        f"checkpoint is {last}: run the same command with --resume latest to continue from it"
+    )
     assert_only_complete_checkpoints(out)
     return step, last
 
@@ -182,6 +224,7 @@ def test_ctrl_c_stops_the_run_with_status_130_and_resume_is_exact(tmp_path, data
 
 
 # ---- damaged checkpoints
+
 
 def test_resume_latest_steps_over_damaged_checkpoints(tmp_path, data, capsys):
     args = [*LONG, "--data", data, "--max-steps", "3", "--lr-schedule", "linear", "--warmup-steps", "1"]
@@ -242,9 +285,29 @@ def test_ctrl_c_under_torchrun_stops_every_rank_cleanly(tmp_path, data):
     script.write_text(RANK_SCRIPT)
     out = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([*torchrun(), "--standalone", "--nproc_per_node", "2", str(script), str(tmp_path), *LONG,
-                             "--data", data, "--output-dir", str(out), "--max-steps", "1000"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            *torchrun(),
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(script),
+            str(tmp_path),
+            *LONG,
+            "--data",
+            data,
+            "--output-dir",
+            str(out),
+            "--max-steps",
+            "1000",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     wait_for(out / "checkpoint-000001", proc)
     os.killpg(proc.pid, signal.SIGINT)
     proc.communicate(timeout=300)
@@ -265,10 +328,31 @@ def test_the_launcher_ends_as_the_ranks_do(tmp_path, data, signum):
     rank 0's line is the only one on the terminal."""
     out = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "probmoe.cli.launch", "--standalone", "--nproc_per_node", "2",
-                             "-m", "probmoe.cli.train", *LONG, "--data", data, "--output-dir", str(out),
-                             "--max-steps", "1000"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "probmoe.cli.launch",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "probmoe.cli.train",
+            *LONG,
+            "--data",
+            data,
+            "--output-dir",
+            str(out),
+            "--max-steps",
+            "1000",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     wait_for(out / "checkpoint-000001", proc)
     os.killpg(proc.pid, signum)
     stdout, stderr = proc.communicate(timeout=300)
@@ -285,12 +369,32 @@ def test_the_launcher_runs_to_the_end(tmp_path, data):
     """Without a signal the launcher is torchrun: status 0, the final model written."""
     out = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-m", "probmoe.cli.launch", "--standalone", "--nproc_per_node", "2", "-m",
-                           "probmoe.cli.train", *LONG, "--data", data, "--output-dir", str(out), "--max-steps", "2"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "probmoe.cli.launch",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "probmoe.cli.train",
+            *LONG,
+            "--data",
+            data,
+            "--output-dir",
+            str(out),
+            "--max-steps",
+            "2",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     assert (out / "model.safetensors").exists()
-
 
 
 def test_the_launcher_is_installed_as_probmoe_launch():
@@ -302,7 +406,9 @@ def test_the_launcher_is_installed_as_probmoe_launch():
     (script,) = entry_points(group="console_scripts", name="probmoe-launch")
     assert script.load() is launch.main
 
+
 # ---- probmoe-eval and probmoe-analyze: stop at once, one line saying what was written
+
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, data):
@@ -320,6 +426,7 @@ def signal_on_call(monkeypatch, owner, name, signum, call=1):
         if len(calls) == call:
             signal.raise_signal(signum)
         return original(*args, **kwargs)
+
     monkeypatch.setattr(owner, name, wrapped)
 
 
@@ -329,12 +436,27 @@ def test_eval_interrupted_while_generating_says_what_it_wrote(tmp_path, trained,
 
     out = tmp_path / "eval"
     signal_on_call(monkeypatch, generation, "complete", signal.SIGINT, call=2)  # in the second batch of 2
-    args = ["--checkpoint", str(trained), "--data", data, "--limit", "6", "--batch-size", "2", "--max-new-tokens", "4",
-            "--no-progress", "--output", str(out)]
+    args = [
+        "--checkpoint",
+        str(trained),
+        "--data",
+        data,
+        "--limit",
+        "6",
+        "--batch-size",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--no-progress",
+        "--output",
+        str(out),
+    ]
     assert evaluate.main(args) == 130
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"interrupted (SIGINT) while evaluating {trained}; {out / 'results.jsonl'} holds 2 of the 6 "
-                   "problems and there is no summary.json: run the same command with --overwrite to evaluate them all"]
+    assert err == [
+        f"interrupted (SIGINT) while evaluating {trained}; {out / 'results.jsonl'} holds 2 of the 6 "
+        "problems and there is no summary.json: run the same command with --overwrite to evaluate them all"
+    ]
     assert len((out / "results.jsonl").read_text().splitlines()) == 2 and not (out / "summary.json").exists()
     (out / "summary.json").write_text("{}")  # an earlier run's, which an interrupted --overwrite run removes
     monkeypatch.undo()
@@ -349,10 +471,15 @@ def test_eval_interrupted_while_loading_wrote_nothing(tmp_path, trained, data, m
 
     signal_on_call(monkeypatch, checkpoints, "load", signal.SIGTERM)
     out = tmp_path / "eval"
-    assert evaluate.main(["--checkpoint", str(trained), "--data", data, "--limit", "2", "--no-progress", "--output",
-                          str(out)]) == 143
+    assert (
+        evaluate.main(
+            ["--checkpoint", str(trained), "--data", data, "--limit", "2", "--no-progress", "--output", str(out)]
+        )
+        == 143
+    )
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"interrupted (SIGTERM) while evaluating {trained}; nothing was written"]
+        f"interrupted (SIGTERM) while evaluating {trained}; nothing was written"
+    ]
     assert not out.exists()
 
 
@@ -362,10 +489,15 @@ def test_analyze_interrupted_wrote_nothing(tmp_path, trained, data, monkeypatch,
 
     signal_on_call(monkeypatch, capture, "analyze", signal.SIGINT)
     out = tmp_path / "analysis"
-    assert analyze.main(["--checkpoint", str(trained), "--data", data, "--limit", "2", "--no-progress", "--output",
-                         str(out)]) == 130
+    assert (
+        analyze.main(
+            ["--checkpoint", str(trained), "--data", data, "--limit", "2", "--no-progress", "--output", str(out)]
+        )
+        == 130
+    )
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"interrupted (SIGINT) while analysing the routing; nothing was written to {out}"]
+        f"interrupted (SIGINT) while analysing the routing; nothing was written to {out}"
+    ]
     assert not out.exists()
 
 
@@ -375,8 +507,14 @@ def test_analyze_interrupted_while_writing_finishes_the_files(tmp_path, trained,
 
     signal_on_call(monkeypatch, report, "write", signal.SIGTERM)
     out = tmp_path / "analysis"
-    assert analyze.main(["--checkpoint", str(trained), "--data", data, "--limit", "2", "--no-progress", "--output",
-                         str(out)]) == 143
-    assert capsys.readouterr().err.strip().splitlines()[-1] == \
-        f"interrupted (SIGTERM) while writing the analysis; it is complete in {out}"
+    assert (
+        analyze.main(
+            ["--checkpoint", str(trained), "--data", data, "--limit", "2", "--no-progress", "--output", str(out)]
+        )
+        == 143
+    )
+    assert (
+        capsys.readouterr().err.strip().splitlines()[-1]
+        == f"interrupted (SIGTERM) while writing the analysis; it is complete in {out}"
+    )
     assert {"analysis.json", "analysis.csv", "tokens.csv"} <= set(os.listdir(out))

@@ -16,8 +16,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run(*argv):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-m", "probmoe.cli.launch", *argv], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "probmoe.cli.launch", *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     # torchrun's own banner about OMP_NUM_THREADS is not ours to remove
     lines = [line for line in done.stderr.splitlines() if "torch/distributed/run.py" not in line]
     return done.returncode, lines, done.stderr
@@ -41,8 +47,10 @@ def test_a_ranks_input_error_is_its_one_line_and_status_2():
     pytest.importorskip("transformers")
     code, lines, err = run("--standalone", "--nproc_per_node", "2", "-m", "probmoe.cli.train", "--batch-size", "0")
     assert code == 2, err[-4000:]
-    assert lines == ["probmoe-train: error: argument --batch-size: must be an integer >= 1 (finite), got 0 "
-                     "(see probmoe-train --help)"], err[-4000:]
+    assert lines == [
+        "probmoe-train: error: argument --batch-size: must be an integer >= 1 (finite), got 0 "
+        "(see probmoe-train --help)"
+    ], err[-4000:]
 
 
 def test_another_failure_names_the_rank_and_its_status(tmp_path):

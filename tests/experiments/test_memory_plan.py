@@ -8,15 +8,29 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from probmoe.cli import train  # noqa: E402
-from probmoe.experiments import memory_plan, models  # noqa: E402
+from probmoe.cli import train
+from probmoe.experiments import memory_plan, models
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))
 
 
 def test_plan_prints_exact_state_bytes_for_olmoe(capsys):
-    assert train.main(["--model", "olmoe-1b-7b-shape", "--plan", "--world-size", "8", "--global-batch-size", "64",
-                       "--bf16", "--gradient-checkpointing"]) == 0
+    assert (
+        train.main(
+            [
+                "--model",
+                "olmoe-1b-7b-shape",
+                "--plan",
+                "--world-size",
+                "8",
+                "--global-batch-size",
+                "64",
+                "--bf16",
+                "--gradient-checkpointing",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     P = 6_919_161_856
     assert "6.919 B parameters" in out and "8 process(es), batch 8 x 1024" in out
@@ -46,8 +60,22 @@ def test_a_model_that_cannot_fit_is_refused_before_loading(tmp_path, capsys):
     data = tmp_path / "d.jsonl"
     data.write_text('{"question": "1+1?", "answer": "2"}\n' * 8)
     with pytest.raises(SystemExit) as e:
-        train.main(["--model", "deepseek-v3-shape", "--data", str(data), "--output-dir", str(tmp_path / "o"),
-                    "--device", "cpu", "--max-steps", "1", "--batch-size", "1"])
+        train.main(
+            [
+                "--model",
+                "deepseek-v3-shape",
+                "--data",
+                str(data),
+                "--output-dir",
+                str(tmp_path / "o"),
+                "--device",
+                "cpu",
+                "--max-steps",
+                "1",
+                "--batch-size",
+                "1",
+            ]
+        )
     err = capsys.readouterr().err
     assert e.value.code == 2 and "will not fit" in err and "add --fsdp" in err
     assert not (tmp_path / "o").exists()

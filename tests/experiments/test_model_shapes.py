@@ -6,13 +6,13 @@ import torch
 
 pytest.importorskip("transformers")
 
-from probmoe.experiments import models  # noqa: E402
+from probmoe.experiments import models
 
 
 def olmoe_params(layers, hidden=2048, experts=64, width=1024, vocab=50304):
     """OLMoE-1B-7B: per layer q/k/v/o (4 H²), q/k norms and the two layer norms (4 H), the router
     (N H), the experts (N · 3 H I); embeddings and LM head (2 V H) and the final norm (H)."""
-    per_layer = 4 * hidden ** 2 + 4 * hidden + experts * hidden + experts * 3 * hidden * width
+    per_layer = 4 * hidden**2 + 4 * hidden + experts * hidden + experts * 3 * hidden * width
     return layers * per_layer + 2 * vocab * hidden + hidden
 
 
@@ -24,14 +24,28 @@ def test_olmoe_shape_one_layer_on_meta_matches_the_formula():
     model = models.empty_model(models.model_config("olmoe-1b-7b-shape", 1))
     assert all(p.device.type == "meta" for p in model.parameters())
     c = model.config
-    assert (c.hidden_size, c.num_experts, c.num_experts_per_tok, c.intermediate_size, c.vocab_size,
-            c.num_attention_heads, c.num_hidden_layers) == (2048, 64, 8, 1024, 50304, 16, 1)
+    assert (
+        c.hidden_size,
+        c.num_experts,
+        c.num_experts_per_tok,
+        c.intermediate_size,
+        c.vocab_size,
+        c.num_attention_heads,
+        c.num_hidden_layers,
+    ) == (2048, 64, 8, 1024, 50304, 16, 1)
     assert sum(p.numel() for p in model.parameters()) == olmoe_params(1) == 625_616_896
     assert count("olmoe-1b-7b-shape") == olmoe_params(16) == 6_919_161_856
 
 
-@pytest.mark.parametrize("name,billions", [("qwen1.5-moe-a2.7b-shape", 14.316), ("qwen3-moe-30b-a3b-shape", 30.532),
-                                           ("mixtral-8x7b-shape", 46.703), ("deepseek-v3-shape", 671.026)])
+@pytest.mark.parametrize(
+    "name,billions",
+    [
+        ("qwen1.5-moe-a2.7b-shape", 14.316),
+        ("qwen3-moe-30b-a3b-shape", 30.532),
+        ("mixtral-8x7b-shape", 46.703),
+        ("deepseek-v3-shape", 671.026),
+    ],
+)
 def test_published_totals(name, billions):
     """The totals their model cards state: 14.3 B, 30.5 B, 46.7 B, 671 B (DeepSeek-V3 without MTP)."""
     assert abs(count(name) / 1e9 - billions) < 5e-4

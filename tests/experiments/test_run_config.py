@@ -11,9 +11,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from probmoe.cli import analyze, evaluate, train  # noqa: E402
-from probmoe.experiments import config_parser  # noqa: E402
-from probmoe.experiments.run_config import AnalyzeConfig, EvalConfig, TrainConfig  # noqa: E402
+from probmoe.cli import analyze, evaluate, train
+from probmoe.experiments import config_parser
+from probmoe.experiments.run_config import AnalyzeConfig, EvalConfig, TrainConfig
 
 COMMANDS = [(train, TrainConfig), (evaluate, EvalConfig), (analyze, AnalyzeConfig)]
 
@@ -44,14 +44,22 @@ def test_every_field_is_a_flag_with_help_and_the_defaults_are_the_fields(command
 
 def test_flags_keep_their_names_defaults_and_messages(capsys):
     cfg = parse(train, TrainConfig, ["--model", "tiny-olmoe", "--max-steps", "5", "--no-progress", "--balance", "none"])
-    assert (cfg.max_steps, cfg.epochs, cfg.progress, cfg.balance, cfg.lr, cfg.batch_size) == (5, None, False, None,
-                                                                                            1e-3, 8)
+    assert (cfg.max_steps, cfg.epochs, cfg.progress, cfg.balance, cfg.lr, cfg.batch_size) == (
+        5,
+        None,
+        False,
+        None,
+        1e-3,
+        8,
+    )
     assert parse(train, TrainConfig, ["--model", "m"]).epochs == 1.0  # neither: one epoch
     assert parse(train, TrainConfig, ["--model", "m", "--balance", "aux-free"]).balance == "aux-free"
-    assert "argument --max-steps: must be an integer >= 1 (finite), got 0" in error(capsys, train, TrainConfig,
-                                                                          ["--model", "m", "--max-steps", "0"])
-    assert "not allowed with argument" in error(capsys, train, TrainConfig,
-                                                ["--model", "m", "--max-steps", "1", "--epochs", "2"])
+    assert "argument --max-steps: must be an integer >= 1 (finite), got 0" in error(
+        capsys, train, TrainConfig, ["--model", "m", "--max-steps", "0"]
+    )
+    assert "not allowed with argument" in error(
+        capsys, train, TrainConfig, ["--model", "m", "--max-steps", "1", "--epochs", "2"]
+    )
     assert "the following arguments are required: --model" in error(capsys, train, TrainConfig, [])
     assert "required: --checkpoint, --data, --output" in error(capsys, analyze, AnalyzeConfig, [])
     assert "invalid choice: 'nope'" in error(capsys, evaluate, EvalConfig, ["--checkpoint", "c", "--method", "nope"])
@@ -61,14 +69,25 @@ def test_flags_keep_their_names_defaults_and_messages(capsys):
 def test_config_file_sets_options_and_flags_override_it(tmp_path, suffix):
     path = tmp_path / f"run{suffix}"
     if suffix == ".yaml":
-        path.write_text("model: tiny-qwen2-moe\nmax-steps: 7\nlr: 3.0e-4\nno_progress: true\nbf16: true\n"
-                        "lr_schedule: cosine\nbalance: aux-free\n")
+        path.write_text(
+            "model: tiny-qwen2-moe\nmax-steps: 7\nlr: 3.0e-4\nno_progress: true\nbf16: true\n"
+            "lr_schedule: cosine\nbalance: aux-free\n"
+        )
     else:
-        path.write_text('model = "tiny-qwen2-moe"\nmax-steps = 7\nlr = 3.0e-4\nno_progress = true\nbf16 = true\n'
-                        'lr_schedule = "cosine"\nbalance = "aux-free"\n')
+        path.write_text(
+            'model = "tiny-qwen2-moe"\nmax-steps = 7\nlr = 3.0e-4\nno_progress = true\nbf16 = true\n'
+            'lr_schedule = "cosine"\nbalance = "aux-free"\n'
+        )
     cfg = parse(train, TrainConfig, ["--config", str(path)])
-    assert (cfg.model, cfg.max_steps, cfg.lr, cfg.progress, cfg.bf16, cfg.lr_schedule, cfg.balance) == \
-        ("tiny-qwen2-moe", 7, 3e-4, False, True, "cosine", "aux-free")
+    assert (cfg.model, cfg.max_steps, cfg.lr, cfg.progress, cfg.bf16, cfg.lr_schedule, cfg.balance) == (
+        "tiny-qwen2-moe",
+        7,
+        3e-4,
+        False,
+        True,
+        "cosine",
+        "aux-free",
+    )
     cfg = parse(train, TrainConfig, ["--config", str(path), "--lr", "1e-2", "--epochs", "2", "--balance", "none"])
     assert (cfg.lr, cfg.max_steps, cfg.epochs, cfg.balance, cfg.model) == (1e-2, None, 2.0, None, "tiny-qwen2-moe")
 
@@ -81,19 +100,25 @@ def test_config_file_lists_for_repeatable_flags(tmp_path):
     assert parse(analyze, AnalyzeConfig, ["--config", str(path), "--checkpoint", "c"]).checkpoint == ["c"]
 
 
-@pytest.mark.parametrize("text,message", [
-    ("model: m\nmax_step: 3\n", "unknown key 'max_step'; did you mean 'max-steps'?"),
-    ("model: m\nlearning-rate: 3\n", "unknown key 'learning-rate'"),
-    ("model: m\nmax-steps: 0\n", "max-steps: must be an integer >= 1 (finite), got 0"),
-    ("model: m\nmax-steps: two\n", "max-steps: must be an integer >= 1, got 'two'"),
-    ("model: m\nlr-schedule: cosin\n", "lr-schedule: invalid choice 'cosin' (choose from constant, linear, cosine)"),
-    ("model: m\nbf16: 1\n", "bf16: must be true or false, got 1"),
-    ("model: m\nlr: null\n", "lr: must be set"),
-    ("model: m\nmax-steps: 2\nepochs: 1\n", "max-steps and epochs cannot both be set"),
-    ("model: m\nmax-steps: 2\nmax_steps: 3\n", "'max_steps' is set twice"),
-    ("- model\n", "must hold a mapping of option names to values, got a list"),
-    ("model: [unclosed\n", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("model: m\nmax_step: 3\n", "unknown key 'max_step'; did you mean 'max-steps'?"),
+        ("model: m\nlearning-rate: 3\n", "unknown key 'learning-rate'"),
+        ("model: m\nmax-steps: 0\n", "max-steps: must be an integer >= 1 (finite), got 0"),
+        ("model: m\nmax-steps: two\n", "max-steps: must be an integer >= 1, got 'two'"),
+        (
+            "model: m\nlr-schedule: cosin\n",
+            "lr-schedule: invalid choice 'cosin' (choose from constant, linear, cosine)",
+        ),
+        ("model: m\nbf16: 1\n", "bf16: must be true or false, got 1"),
+        ("model: m\nlr: null\n", "lr: must be set"),
+        ("model: m\nmax-steps: 2\nepochs: 1\n", "max-steps and epochs cannot both be set"),
+        ("model: m\nmax-steps: 2\nmax_steps: 3\n", "'max_steps' is set twice"),
+        ("- model\n", "must hold a mapping of option names to values, got a list"),
+        ("model: [unclosed\n", "not valid YAML"),
+    ],
+)
 def test_bad_config_files_get_one_line(tmp_path, capsys, text, message):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
@@ -110,10 +135,21 @@ def test_config_file_names_and_suffixes(tmp_path, capsys):
 
 @pytest.mark.parametrize("command,config_cls", COMMANDS)
 def test_written_config_reads_back(tmp_path, command, config_cls):
-    required = {TrainConfig: ["--model", "tiny-olmoe", "--max-steps", "3", "--no-progress", "--lr", "0.0025",
-                              "--balance", "aux-free"],
-                EvalConfig: ["--checkpoint", "c", "--tasks", "mmlu", "--num-fewshot", "0", "--dtype", "bfloat16"],
-                AnalyzeConfig: ["--checkpoint", "a", "--checkpoint", "n=b", "--data", "d", "--output", "o"]}
+    required = {
+        TrainConfig: [
+            "--model",
+            "tiny-olmoe",
+            "--max-steps",
+            "3",
+            "--no-progress",
+            "--lr",
+            "0.0025",
+            "--balance",
+            "aux-free",
+        ],
+        EvalConfig: ["--checkpoint", "c", "--tasks", "mmlu", "--num-fewshot", "0", "--dtype", "bfloat16"],
+        AnalyzeConfig: ["--checkpoint", "a", "--checkpoint", "n=b", "--data", "d", "--output", "o"],
+    }
     cfg = parse(command, config_cls, required[config_cls])
     config_parser.write(cfg, str(tmp_path / "config.yaml"))
     assert parse(command, config_cls, ["--config", str(tmp_path / "config.yaml")]) == cfg
@@ -124,8 +160,10 @@ def test_run_folder_config_resumes_and_a_changed_option_is_named(tmp_path, capsy
     data.write_text("".join(json.dumps({"question": f"{i}+{i}?", "answer": f"{2 * i}"}) + "\n" for i in range(4)))
     out = tmp_path / "run"
     config = tmp_path / "run.toml"
-    config.write_text(f'model = "tiny-olmoe"\ndata = "{data}"\noutput-dir = "{out}"\nmax-steps = 2\nbatch-size = 2\n'
-                      'no-progress = true\nstop-after = 1\n')
+    config.write_text(
+        f'model = "tiny-olmoe"\ndata = "{data}"\noutput-dir = "{out}"\nmax-steps = 2\nbatch-size = 2\n'
+        "no-progress = true\nstop-after = 1\n"
+    )
     assert train.main(["--config", str(config)]) == 0
     saved = out / "config.yaml"
     assert parse(train, TrainConfig, ["--config", str(saved)]) == parse(train, TrainConfig, ["--config", str(config)])

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from probmoe.cli import train  # noqa: E402
+from probmoe.cli import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STATS = ("experts_per_token", "load_cv", "max_vio", "entropy")  # RoutingStatsCallback's (checked below)
@@ -25,8 +25,25 @@ def write_data(tmp_path):
 
 def run(tmp_path, *flags):
     out = tmp_path / "run"
-    assert train.main(["--model", "tiny-olmoe", "--data", write_data(tmp_path), "--output-dir", str(out),
-                       "--max-steps", "3", "--batch-size", "2", "--no-progress", *flags]) == 0
+    assert (
+        train.main(
+            [
+                "--model",
+                "tiny-olmoe",
+                "--data",
+                write_data(tmp_path),
+                "--output-dir",
+                str(out),
+                "--max-steps",
+                "3",
+                "--batch-size",
+                "2",
+                "--no-progress",
+                *flags,
+            ]
+        )
+        == 0
+    )
     return out, [json.loads(line) for line in open(out / "train_log.jsonl")][1:]
 
 
@@ -44,12 +61,19 @@ def test_tensorboard_event_files_hold_the_scalars(tmp_path):
     events = EventAccumulator(str(out / "tensorboard"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    expected = {"train/loss", "train/learning_rate", "train/grad_norm", "train/tokens_per_s",
-                *(f"routing/{s}" for s in STATS), *(f"routing/layer{i}/{s}" for i in (0, 1) for s in STATS)}
+    expected = {
+        "train/loss",
+        "train/learning_rate",
+        "train/grad_norm",
+        "train/tokens_per_s",
+        *(f"routing/{s}" for s in STATS),
+        *(f"routing/layer{i}/{s}" for i in (0, 1) for s in STATS),
+    }
     assert expected <= tags, expected - tags
     for tag, key in (("train/loss", "loss"), ("train/learning_rate", "lr"), ("train/grad_norm", "grad_norm")):
-        assert [(e.step, pytest.approx(e.value, rel=1e-6)) for e in events.Scalars(tag)] == \
-            [(r["step"], r[key]) for r in log]
+        assert [(e.step, pytest.approx(e.value, rel=1e-6)) for e in events.Scalars(tag)] == [
+            (r["step"], r[key]) for r in log
+        ]
     experts = [e.value for e in events.Scalars("routing/experts_per_token")]
     assert experts == [pytest.approx(2.0)] * 3  # tiny-olmoe's top-2 under exactly-k probmoe
     for step, record in zip(events.Scalars("routing/layer1/load_cv"), log):
@@ -72,11 +96,11 @@ def wandb_records(path):
     block, pos, records, chunk = 32768, 7, [], b""
     while pos + 7 <= len(raw):
         left = block - pos % block
-        _, length, kind = struct.unpack("<IHB", raw[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+        _, length, kind = struct.unpack("<IHB", raw[pos : pos + 7]) if left >= 7 else (0, 0, 0)
         if left < 7 or (length == 0 and kind == 0):  # the block's zero padding
             pos += left
             continue
-        chunk += raw[pos + 7:pos + 7 + length]
+        chunk += raw[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()
@@ -94,11 +118,32 @@ def test_wandb_offline_writes_its_run_folder_and_a_resume_continues_the_run(tmp_
     pytest.importorskip("wandb")
     (tmp_path / "wb").mkdir()
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": ROOT, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wb"),
-           "WANDB_SILENT": "true"}
-    script = ("import sys; from probmoe.cli import train; sys.exit(train.main(sys.argv[1:]))")
-    args = [sys.executable, "-c", script, "--model", "tiny-olmoe", "--data", write_data(tmp_path), "--output-dir",
-            str(out), "--max-steps", "3", "--batch-size", "2", "--no-progress", "--report-to", "wandb"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": ROOT,
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(tmp_path / "wb"),
+        "WANDB_SILENT": "true",
+    }
+    script = "import sys; from probmoe.cli import train; sys.exit(train.main(sys.argv[1:]))"
+    args = [
+        sys.executable,
+        "-c",
+        script,
+        "--model",
+        "tiny-olmoe",
+        "--data",
+        write_data(tmp_path),
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        "3",
+        "--batch-size",
+        "2",
+        "--no-progress",
+        "--report-to",
+        "wandb",
+    ]
     for extra in (["--stop-after", "2"], ["--resume", "latest"]):
         done = subprocess.run([*args, *extra], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -110,8 +155,11 @@ def test_wandb_offline_writes_its_run_folder_and_a_resume_continues_the_run(tmp_
     for folder in folders:
         (file,) = folder.glob("run-*.wandb")
         records = wandb_records(file)
-        history += [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
-                    for r in records if r.WhichOneof("record_type") == "history"]
+        history += [
+            {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
+            for r in records
+            if r.WhichOneof("record_type") == "history"
+        ]
         runs += [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert [h["_step"] for h in history] == [r["step"] for r in log] == [1, 2, 3]
     for h, r in zip(history, log):
@@ -127,8 +175,21 @@ def test_a_damaged_wandb_run_id_file_is_one_line(tmp_path, capsys):
     out.mkdir()
     (out / "wandb_run_id").write_text("../../etc\n")
     with pytest.raises(SystemExit) as e:
-        train.main(["--model", "tiny-olmoe", "--data", write_data(tmp_path), "--output-dir", str(out), "--max-steps",
-                    "1", "--report-to", "wandb", "--no-progress"])
+        train.main(
+            [
+                "--model",
+                "tiny-olmoe",
+                "--data",
+                write_data(tmp_path),
+                "--output-dir",
+                str(out),
+                "--max-steps",
+                "1",
+                "--report-to",
+                "wandb",
+                "--no-progress",
+            ]
+        )
     err = capsys.readouterr().err
     assert e.value.code == 2 and "wandb_run_id must hold a W&B run id" in err
 
@@ -143,8 +204,9 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("wandb", "tensorboard
              or m.startswith("torch.utils.tensorboard")))
 """
     env = {**os.environ, "PYTHONPATH": ROOT}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
     # and --no-progress, in a fresh process, leaves no bar: ours, nor transformers' writing the model
@@ -157,8 +219,20 @@ def test_missing_tracker_package_is_one_line(monkeypatch, tmp_path, capsys):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     with pytest.raises(SystemExit) as e:
-        train.main(["--model", "tiny-olmoe", "--data", write_data(tmp_path), "--output-dir", str(tmp_path / "r"),
-                    "--max-steps", "1", "--report-to", "wandb"])
+        train.main(
+            [
+                "--model",
+                "tiny-olmoe",
+                "--data",
+                write_data(tmp_path),
+                "--output-dir",
+                str(tmp_path / "r"),
+                "--max-steps",
+                "1",
+                "--report-to",
+                "wandb",
+            ]
+        )
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--report-to wandb needs the wandb package: pip install 'probmoe[tracking]'" in err
     assert not (tmp_path / "r").exists()

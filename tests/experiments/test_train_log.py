@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 
-from probmoe.cli import train  # noqa: E402
-from probmoe.experiments import checkpoints, tracking  # noqa: E402
+from probmoe.cli import train
+from probmoe.experiments import checkpoints, tracking
 
 QA = [{"question": f"{i}+{i}?", "answer": f"{2 * i}"} for i in range(4)]
 
@@ -25,8 +25,21 @@ def test_a_resume_leaves_each_step_once_in_the_log(tmp_path):
     data = tmp_path / "qa.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in QA), encoding="utf-8")
     out = tmp_path / "run"
-    args = ["--model", "tiny-olmoe", "--data", str(data), "--output-dir", str(out), "--max-steps", "4",
-            "--batch-size", "2", "--save-every", "2", "--no-progress"]
+    args = [
+        "--model",
+        "tiny-olmoe",
+        "--data",
+        str(data),
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        "4",
+        "--batch-size",
+        "2",
+        "--save-every",
+        "2",
+        "--no-progress",
+    ]
     assert train.main([*args, "--stop-after", "3"]) == 0
     shutil.rmtree(out / "checkpoint-000003")  # as if the run had died after step 3, before its checkpoint
     before = records(out / "train_log.jsonl")

@@ -23,8 +23,13 @@ def satisfies_groups(z: Tensor, spec) -> Tensor:
     z = z.double()
     per_group = torch.stack([part.sum(-1) for part in z.split(list(spec.groups), dim=-1)], -1)  # [D, G]
     size = z.sum(-1)
-    return (((z == 0) | (z == 1)).all(-1) & (size >= spec.kmin) & (size <= spec.kmax)
-            & ((per_group > 0).sum(-1) <= spec.max_groups) & (per_group <= spec.capacity).all(-1))
+    return (
+        ((z == 0) | (z == 1)).all(-1)
+        & (size >= spec.kmin)
+        & (size <= spec.kmax)
+        & ((per_group > 0).sum(-1) <= spec.max_groups)
+        & (per_group <= spec.capacity).all(-1)
+    )
 
 
 def group_models(spec) -> Tensor:

@@ -20,8 +20,16 @@ from probmoe.integrations.transformers.callback import RoutingStatsCallback  # n
 from probmoe.integrations.transformers.testing import tiny_model  # noqa: E402
 
 KEYS = ("routing/experts_per_token", "routing/load_cv", "routing/max_vio", "routing/entropy")
-COMMON = dict(report_to=[], use_cpu=True, disable_tqdm=True, seed=0, logging_steps=1, learning_rate=3e-3,
-              dataloader_num_workers=0, per_device_train_batch_size=4)
+COMMON = dict(
+    report_to=[],
+    use_cpu=True,
+    disable_tqdm=True,
+    seed=0,
+    logging_steps=1,
+    learning_rate=3e-3,
+    dataloader_num_workers=0,
+    per_device_train_batch_size=4,
+)
 
 
 def token_data(rows=16, length=16):
@@ -48,8 +56,14 @@ def check_stats(logs, kmin, kmax, n=8, aux=True):
 def test_trainer_with_gradient_checkpointing_aux_loss_and_reload(tmp_path):
     model = pt.patch_model(tiny_model("olmoe"), "probmoe", aux_loss=0.01, generator=torch.Generator().manual_seed(1))
     model.config.output_router_logits = True  # the aux loss enters the Trainer's loss
-    args = TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=4, gradient_checkpointing=True,
-                             save_strategy="steps", save_steps=2, **COMMON)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "run"),
+        max_steps=4,
+        gradient_checkpointing=True,
+        save_strategy="steps",
+        save_steps=2,
+        **COMMON,
+    )
     trainer = Trainer(model=model, args=args, train_dataset=token_data())
     callback = RoutingStatsCallback(per_layer=True).attach(trainer)
     assert trainer.callback_handler.callbacks[0] is callback
@@ -86,8 +100,9 @@ def test_trainer_with_gradient_checkpointing_aux_loss_and_reload(tmp_path):
 def test_trainer_dynamic_k_with_gradient_accumulation(tmp_path):
     model = pt.patch_model(tiny_model("qwen3_moe"), "probmoe-dynamic", kmin=1, kmax=2, aux_loss=0.01)
     model.config.output_router_logits = True
-    args = TrainingArguments(output_dir=str(tmp_path), max_steps=2, gradient_accumulation_steps=2,
-                             save_strategy="no", **COMMON)
+    args = TrainingArguments(
+        output_dir=str(tmp_path), max_steps=2, gradient_accumulation_steps=2, save_strategy="no", **COMMON
+    )
     trainer = Trainer(model=model, args=args, train_dataset=token_data(), callbacks=[RoutingStatsCallback()])
     forwards = []
     model.register_forward_hook(lambda *_: forwards.append(1))
@@ -116,8 +131,12 @@ def test_callback_statistics_equal_the_analysis_metrics_on_real_tokens():
     for _ in range(2):  # two forwards before one log: their tokens pooled
         out = model(x, attention_mask=mask, labels=x, output_router_logits=True)
         keep = mask.reshape(-1).bool()
-        records.append([(torch.softmax(logits.detach().float(), -1)[keep], s["selected"][keep], out.aux_loss.item())
-                        for logits, s in zip(out.router_logits, pt.router_stats(model))])
+        records.append(
+            [
+                (torch.softmax(logits.detach().float(), -1)[keep], s["selected"][keep], out.aux_loss.item())
+                for logits, s in zip(out.router_logits, pt.router_stats(model))
+            ]
+        )
     with torch.no_grad():
         model.eval()(x, attention_mask=mask)  # eval forwards are not counted
     state, logs = TrainerState(), {"loss": 1.0}
@@ -160,10 +179,17 @@ def test_sft_trainer_prompt_completion(tmp_path):
     model = pt.patch_model(tiny_model("olmoe", vocab_size=VOCAB_SIZE), "probmoe", aux_loss=0.01)
     model.config.output_router_logits = True
     rows = [{"prompt": f"{a}+{b}=", "completion": f"{a + b}."} for a in range(4) for b in range(4)]
-    args = trl.SFTConfig(output_dir=str(tmp_path / "run"), max_steps=4, max_length=32, save_strategy="no",
-                         gradient_checkpointing=True, **COMMON)
-    trainer = trl.SFTTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(rows),
-                             processing_class=tokenizer)
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path / "run"),
+        max_steps=4,
+        max_length=32,
+        save_strategy="no",
+        gradient_checkpointing=True,
+        **COMMON,
+    )
+    trainer = trl.SFTTrainer(
+        model=model, args=args, train_dataset=datasets.Dataset.from_list(rows), processing_class=tokenizer
+    )
     RoutingStatsCallback().attach(trainer)
     assert "forward" in vars(model)  # trl's fused LM head replaces the forward (docs/transformers.md)
     trainer.train()
@@ -202,9 +228,19 @@ def test_accelerate_launch_two_cpu_processes(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     (tmp_path / "cpu.yaml").write_text(ACCELERATE_CPU)
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(tmp_path / "cpu.yaml"),
-               str(root / "tools" / "hf_trainer_example.py"), "--output", str(tmp_path / "run"), "--steps", "3",
-               "--gradient-checkpointing"]
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(tmp_path / "cpu.yaml"),
+        str(root / "tools" / "hf_trainer_example.py"),
+        "--output",
+        str(tmp_path / "run"),
+        "--steps",
+        "3",
+        "--gradient-checkpointing",
+    ]
     env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     out = subprocess.run(command, capture_output=True, text=True, cwd=root, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

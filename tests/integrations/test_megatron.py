@@ -45,28 +45,44 @@ def one_rank():
 
 
 def config(**kw):
-    return TransformerConfig(num_layers=1, hidden_size=H, ffn_hidden_size=F, moe_ffn_hidden_size=F,
-                             num_attention_heads=2, num_moe_experts=E, use_cpu_initialization=True,
-                             moe_token_dispatcher_type="allgather", add_bias_linear=False, gated_linear_unit=False,
-                             **{"moe_router_topk": 2, **kw})
+    return TransformerConfig(
+        num_layers=1,
+        hidden_size=H,
+        ffn_hidden_size=F,
+        moe_ffn_hidden_size=F,
+        num_attention_heads=2,
+        num_moe_experts=E,
+        use_cpu_initialization=True,
+        moe_token_dispatcher_type="allgather",
+        add_bias_linear=False,
+        gated_linear_unit=False,
+        **{"moe_router_topk": 2, **kw},
+    )
 
 
 def layer(cfg, **options):
     torch.manual_seed(0)
-    spec = ModuleSpec(module=SequentialMLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear,
-                                                                     linear_fc2=RowParallelLinear))
+    spec = ModuleSpec(
+        module=SequentialMLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)
+    )
     return MoELayer(cfg, submodules=MoESubmodules(experts=spec, router=probmoe_router(**options)))
 
 
 CASES = {
     "exact-2-softmax": (dict(), dict()),
     "range-1-4-softmax": (dict(moe_router_topk=4), dict(kmin=1)),
-    "range-2-4-sigmoid-scaled": (dict(moe_router_topk=4, moe_router_score_function="sigmoid",
-                                      moe_router_topk_scaling_factor=2.5), dict(kmin=2)),
-    "groups-pre-softmax": (dict(moe_router_topk=3, moe_router_num_groups=4, moe_router_group_topk=2,
-                                moe_router_pre_softmax=True), dict(kmin=1)),
-    "expert-bias": (dict(moe_router_topk=3, moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True),
-                    dict(kmin=1)),
+    "range-2-4-sigmoid-scaled": (
+        dict(moe_router_topk=4, moe_router_score_function="sigmoid", moe_router_topk_scaling_factor=2.5),
+        dict(kmin=2),
+    ),
+    "groups-pre-softmax": (
+        dict(moe_router_topk=3, moe_router_num_groups=4, moe_router_group_topk=2, moe_router_pre_softmax=True),
+        dict(kmin=1),
+    ),
+    "expert-bias": (
+        dict(moe_router_topk=3, moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True),
+        dict(kmin=1),
+    ),
 }
 
 
@@ -106,11 +122,18 @@ def test_moe_layer_equals_the_dense_reference(case, training):
         assert not routing.mask.all()  # Dynamic-k slots unused, computed at weight 0
 
 
-@pytest.mark.parametrize("fields", [dict(), dict(moe_router_pre_softmax=True), dict(moe_router_topk=3),
-                                    dict(moe_router_score_function="sigmoid", moe_router_topk=3),
-                                    dict(moe_router_score_function="sigmoid", moe_router_topk=1),
-                                    dict(moe_router_topk_scaling_factor=2.0)],
-                         ids=["softmax", "pre-softmax", "top3", "sigmoid-top3", "sigmoid-top1", "scaled"])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(),
+        dict(moe_router_pre_softmax=True),
+        dict(moe_router_topk=3),
+        dict(moe_router_score_function="sigmoid", moe_router_topk=3),
+        dict(moe_router_score_function="sigmoid", moe_router_topk=1),
+        dict(moe_router_topk_scaling_factor=2.0),
+    ],
+    ids=["softmax", "pre-softmax", "top3", "sigmoid-top3", "sigmoid-top1", "scaled"],
+)
 def test_eval_exact_k_is_megatrons_routing(fields):
     """Exact-k at eval is the MAP, top-k: Megatron's probs and routing map, to float rounding."""
     cfg = config(**fields)
@@ -120,8 +143,12 @@ def test_eval_exact_k_is_megatrons_routing(fields):
         probs, routing_map = router(x)
         logits = x.reshape(-1, H) @ router.weight.T
         want_probs, want_map = topk_routing_with_score_function(
-            logits, cfg.moe_router_topk, use_pre_softmax=cfg.moe_router_pre_softmax,
-            scaling_factor=cfg.moe_router_topk_scaling_factor, score_function=cfg.moe_router_score_function)
+            logits,
+            cfg.moe_router_topk,
+            use_pre_softmax=cfg.moe_router_pre_softmax,
+            scaling_factor=cfg.moe_router_topk_scaling_factor,
+            score_function=cfg.moe_router_score_function,
+        )
     assert torch.equal(routing_map, want_map)
     torch.testing.assert_close(probs, want_probs, rtol=1e-6, atol=1e-7)
 
@@ -137,12 +164,15 @@ def test_routing_map_has_kmax_experts_per_token():
     assert torch.equal(probs.detach() > 0, used) and (used.sum(-1) < 5).any()
 
 
-@pytest.mark.parametrize("fields,match", [
-    (dict(moe_expert_capacity_factor=1.0), "moe_expert_capacity_factor"),
-    (dict(moe_aux_loss_coeff=1e-2), "moe_aux_loss_coeff"),
-    (dict(moe_z_loss_coeff=1e-3), "moe_z_loss_coeff"),
-    (dict(moe_input_jitter_eps=0.01), "moe_input_jitter_eps"),
-])
+@pytest.mark.parametrize(
+    "fields,match",
+    [
+        (dict(moe_expert_capacity_factor=1.0), "moe_expert_capacity_factor"),
+        (dict(moe_aux_loss_coeff=1e-2), "moe_aux_loss_coeff"),
+        (dict(moe_z_loss_coeff=1e-3), "moe_z_loss_coeff"),
+        (dict(moe_input_jitter_eps=0.01), "moe_input_jitter_eps"),
+    ],
+)
 def test_unsupported_megatron_options_are_one_clear_error(fields, match):
     with pytest.raises(ValueError, match=match):
         ProbMoEMegatronRouter(config=config(**fields))

@@ -9,13 +9,13 @@ import torch
 
 pytest.importorskip("transformers", minversion="5.0")
 
-import probmoe.integrations.transformers as pt  # noqa: E402
-from probmoe.experiments.trainer import routing_summary  # noqa: E402
-from probmoe.integrations.transformers import losses  # noqa: E402
-from probmoe.integrations.transformers.callback import RoutingStatsCallback  # noqa: E402
-from probmoe.integrations.transformers.controls import after_step  # noqa: E402
-from probmoe.integrations.transformers.model import patched_gates  # noqa: E402
-from probmoe.integrations.transformers.testing import tiny_model  # noqa: E402
+import probmoe.integrations.transformers as pt
+from probmoe.experiments.trainer import routing_summary
+from probmoe.integrations.transformers import losses
+from probmoe.integrations.transformers.callback import RoutingStatsCallback
+from probmoe.integrations.transformers.controls import after_step
+from probmoe.integrations.transformers.model import patched_gates
+from probmoe.integrations.transformers.testing import tiny_model
 
 
 def all_numbers(stats: dict) -> bool:

@@ -24,11 +24,20 @@ pytestmark = pytest.mark.filterwarnings("ignore:In CPU autocast")  # the stock r
 
 def moe_config(top_k=3, score_func="softmax", **router):
     return MoE.Config(
-        num_experts=E, load_balance_coeff=1e-3,
-        routed_experts=RoutedExperts.Config(inner_experts=GroupedExperts.Config(dim=D, hidden_dim=H, num_experts=E),
-                                            token_dispatcher=LocalTokenDispatcher.Config(num_experts=E, top_k=top_k)),
-        router=TokenChoiceTopKRouter.Config(num_experts=E, gate=Linear.Config(in_features=D, out_features=E),
-                                            top_k=top_k, score_func=score_func, **router))
+        num_experts=E,
+        load_balance_coeff=1e-3,
+        routed_experts=RoutedExperts.Config(
+            inner_experts=GroupedExperts.Config(dim=D, hidden_dim=H, num_experts=E),
+            token_dispatcher=LocalTokenDispatcher.Config(num_experts=E, top_k=top_k),
+        ),
+        router=TokenChoiceTopKRouter.Config(
+            num_experts=E,
+            gate=Linear.Config(in_features=D, out_features=E),
+            top_k=top_k,
+            score_func=score_func,
+            **router,
+        ),
+    )
 
 
 def built(cfg, seed=0):
@@ -44,11 +53,15 @@ def built(cfg, seed=0):
 CASES = {
     "exact-3-softmax": (dict(top_k=3), dict()),
     "range-1-5-softmax": (dict(top_k=3), dict(kmin=1, top_k=5)),
-    "range-2-6-sigmoid-norm-scale": (dict(top_k=3, score_func="sigmoid", route_norm=True, route_scale=2.5),
-                                     dict(kmin=2, top_k=6)),
+    "range-2-6-sigmoid-norm-scale": (
+        dict(top_k=3, score_func="sigmoid", route_norm=True, route_scale=2.5),
+        dict(kmin=2, top_k=6),
+    ),
     "group-limited-exact": (dict(top_k=3, num_expert_groups=4, num_limited_groups=2), dict()),
-    "group-limited-range": (dict(top_k=4, num_expert_groups=4, num_limited_groups=2, score_func="sigmoid"),
-                            dict(kmin=1)),
+    "group-limited-range": (
+        dict(top_k=4, num_expert_groups=4, num_limited_groups=2, score_func="sigmoid"),
+        dict(kmin=1),
+    ),
 }
 
 
@@ -208,15 +221,18 @@ def test_swap_keeps_every_stock_field_and_the_model_builds():
     assert sum(isinstance(m, ProbMoERouter) for m in model.modules()) == len(routers)
 
 
-@pytest.mark.parametrize("fields,match", [
-    (dict(top_k=9), "top_k"),  # kmax above the experts
-    (dict(top_k=0), "top_k"),
-    (dict(kmin=4, top_k=3), "kmin"),
-    (dict(kmin=0), "kmin"),
-    (dict(method="dense"), "method"),
-    (dict(backend="gpu"), "backend"),
-    (dict(seed=-1), "seed"),
-])
+@pytest.mark.parametrize(
+    "fields,match",
+    [
+        (dict(top_k=9), "top_k"),  # kmax above the experts
+        (dict(top_k=0), "top_k"),
+        (dict(kmin=4, top_k=3), "kmin"),
+        (dict(kmin=0), "kmin"),
+        (dict(method="dense"), "method"),
+        (dict(backend="gpu"), "backend"),
+        (dict(seed=-1), "seed"),
+    ],
+)
 def test_bad_router_values_fail_when_the_config_is_made(fields, match):
     with pytest.raises(ValueError, match=match):
         use_probmoe(moe_config(), **fields)

@@ -11,9 +11,9 @@ import pytest
 pytest.importorskip("triton")  # torchtitan imports it, also on CPU
 pytest.importorskip("probmoe.integrations.torchtitan", exc_type=ImportError)
 
-from rank_runs import run_ranks  # noqa: E402
+from rank_runs import run_ranks
 
-RANK_SCRIPT = r'''
+RANK_SCRIPT = r"""
 import json, os, sys, warnings
 import torch
 import torch.distributed as dist
@@ -136,7 +136,7 @@ result["gate_is_sharded"] = type(moe.router.gate.weight).__name__ == "DTensor"
 with open(os.path.join(where, f"rank{rank}.json"), "w") as f:
     json.dump(result, f)
 dist.destroy_process_group()
-'''
+"""
 
 
 @pytest.mark.parametrize("case", ["range", pytest.param("sigmoid-groups", marks=pytest.mark.slow)])

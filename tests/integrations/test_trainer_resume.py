@@ -19,8 +19,19 @@ from probmoe.integrations.transformers import resume, runtime_state, trainer_res
 from probmoe.integrations.transformers.control_callback import RoutingControlCallback  # noqa: E402
 from probmoe.integrations.transformers.testing import tiny_model  # noqa: E402
 
-ARGS = dict(max_steps=2, save_strategy="steps", save_steps=1, report_to=[], use_cpu=True, disable_tqdm=True, seed=0,
-            learning_rate=3e-3, per_device_train_batch_size=4, dataloader_num_workers=0, logging_steps=1)
+ARGS = dict(
+    max_steps=2,
+    save_strategy="steps",
+    save_steps=1,
+    report_to=[],
+    use_cpu=True,
+    disable_tqdm=True,
+    seed=0,
+    learning_rate=3e-3,
+    per_device_train_batch_size=4,
+    dataloader_num_workers=0,
+    logging_steps=1,
+)
 STATEFUL = ("defaultmoe", "remoe")  # methods with routing state to resume (and balance="aux-free")
 
 
@@ -42,9 +53,15 @@ def differing(a: dict, b: dict, atol=1e-6) -> list:
     """Names whose tensors differ by more than ``atol``, or, for the routing state (ReMoE's λ starts
     at 1e-8), by more than a relative 1e-6."""
     assert a.keys() == b.keys()
-    return [name for name in a if not torch.allclose(a[name].double(), b[name].double(), rtol=0, atol=atol)
-            or (name.rsplit(".", 1)[-1] in runtime_state.NAMES
-                and not torch.allclose(a[name].double(), b[name].double(), rtol=1e-6, atol=0))]
+    return [
+        name
+        for name in a
+        if not torch.allclose(a[name].double(), b[name].double(), rtol=0, atol=atol)
+        or (
+            name.rsplit(".", 1)[-1] in runtime_state.NAMES
+            and not torch.allclose(a[name].double(), b[name].double(), rtol=1e-6, atol=0)
+        )
+    ]
 
 
 def model_for(family, method, seed, **kwargs):
@@ -58,8 +75,12 @@ def model_for(family, method, seed, **kwargs):
 def run(family, method, seed, output, resume_from=None, **kwargs):
     model = model_for(family, method, seed, **kwargs)
     callbacks = [RoutingControlCallback()] if method is not None else []
-    trainer = Trainer(model=model, args=TrainingArguments(output_dir=str(output), **ARGS),
-                      train_dataset=token_data(), callbacks=callbacks)
+    trainer = Trainer(
+        model=model,
+        args=TrainingArguments(output_dir=str(output), **ARGS),
+        train_dataset=token_data(),
+        callbacks=callbacks,
+    )
     trainer.train(resume_from_checkpoint=resume_from)
     return model, trainer
 
@@ -71,8 +92,11 @@ def check_resume(tmp_path, family, method, **kwargs):
     want, got = everything(full), everything(resumed)
     assert not differing(want, got), f"{family} {method}: {differing(want, got)} differ from the uninterrupted run"
     if method in STATEFUL or kwargs.get("balance"):  # the routing state moved in training and came back
-        state = {name: t for name, t in want.items()  # DeepSeek-V3 keeps its balance bias in a stock buffer
-                 if name.rsplit(".", 1)[-1] in runtime_state.NAMES + ("e_score_correction_bias",)}
+        state = {
+            name: t
+            for name, t in want.items()  # DeepSeek-V3 keeps its balance bias in a stock buffer
+            if name.rsplit(".", 1)[-1] in runtime_state.NAMES + ("e_score_correction_bias",)
+        }
         assert any(bool(t.abs().sum() > 0) for t in state.values()), sorted(state)
 
 
@@ -101,8 +125,9 @@ def case_id(case):
     return "-".join([case[0], case[1]] + list(case[2].values()))
 
 
-@pytest.mark.parametrize("family,method,kwargs", FAMILIES_ONE_METHOD + STATE_METHODS,
-                         ids=map(case_id, FAMILIES_ONE_METHOD + STATE_METHODS))
+@pytest.mark.parametrize(
+    "family,method,kwargs", FAMILIES_ONE_METHOD + STATE_METHODS, ids=map(case_id, FAMILIES_ONE_METHOD + STATE_METHODS)
+)
 def test_trainer_resume_is_exact(tmp_path, family, method, kwargs):
     check_resume(tmp_path, family, method, **kwargs)
 
@@ -146,8 +171,10 @@ def test_load_state_dict_takes_the_saved_layout_whole_and_sharded(tmp_path):
     import json
 
     where = json.loads(index)["weight_map"]
-    assert where["model.layers.0.block_sparse_moe.experts.0.w1.weight"] != \
-        where["model.layers.0.block_sparse_moe.experts.0.w3.weight"]  # gate_up_proj from two shards
+    assert (
+        where["model.layers.0.block_sparse_moe.experts.0.w1.weight"]
+        != where["model.layers.0.block_sparse_moe.experts.0.w3.weight"]
+    )  # gate_up_proj from two shards
     fresh = model_for("mixtral", "probmoe", 1)
     load_sharded_checkpoint(fresh, tmp_path / "sharded", strict=False)
     assert not differing(everything(trained), everything(fresh))
@@ -209,8 +236,9 @@ def test_the_state_dict_carries_the_routing_state(tmp_path):
 def test_load_best_model_restores_weights_and_routing_state(tmp_path):
     trained, directory = saved_checkpoint(tmp_path)
     fresh = model_for("olmoe", "defaultmoe", 1)
-    trainer = Trainer(model=fresh, args=TrainingArguments(output_dir=str(tmp_path / "x"), **ARGS),
-                      train_dataset=token_data())
+    trainer = Trainer(
+        model=fresh, args=TrainingArguments(output_dir=str(tmp_path / "x"), **ARGS), train_dataset=token_data()
+    )
     trainer.state.best_model_checkpoint = str(directory)
     trainer._load_best_model()
     assert not differing(everything(trained), everything(fresh))
@@ -220,8 +248,9 @@ def test_sft_trainer_resume_is_exact(tmp_path):
     trl = pytest.importorskip("trl")
     from probmoe.experiments.tokenizer import VOCAB_SIZE, byte_tokenizer
 
-    rows = datasets.Dataset.from_list([{"prompt": f"{a}+{b}=", "completion": f"{a + b}."}
-                                       for a in range(4) for b in range(4)])
+    rows = datasets.Dataset.from_list(
+        [{"prompt": f"{a}+{b}=", "completion": f"{a + b}."} for a in range(4) for b in range(4)]
+    )
 
     def sft(seed, output, resume_from=None):
         model = pt.patch_model(tiny_model("olmoe", seed=seed, vocab_size=VOCAB_SIZE), "defaultmoe", aux_loss=0.01)
@@ -237,8 +266,12 @@ def test_sft_trainer_resume_is_exact(tmp_path):
     assert not differing(everything(full), everything(resumed))
 
 
-ACCELERATE_CASES = [("olmoe", "defaultmoe", {}), ("olmoe", "remoe", {}), ("qwen3_moe", "probmoe", AUX_FREE),
-                    ("mixtral", "probmoe-dynamic", {})]
+ACCELERATE_CASES = [
+    ("olmoe", "defaultmoe", {}),
+    ("olmoe", "remoe", {}),
+    ("qwen3_moe", "probmoe", AUX_FREE),
+    ("mixtral", "probmoe-dynamic", {}),
+]
 
 
 @pytest.mark.parametrize("family,method,kwargs", ACCELERATE_CASES, ids=map(case_id, ACCELERATE_CASES))
@@ -249,8 +282,11 @@ def test_accelerate_save_state_and_load_state_are_exact(tmp_path, family, method
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family,method,kwargs", [c for c in every_case() if c not in ACCELERATE_CASES],
-                         ids=map(case_id, [c for c in every_case() if c not in ACCELERATE_CASES]))
+@pytest.mark.parametrize(
+    "family,method,kwargs",
+    [c for c in every_case() if c not in ACCELERATE_CASES],
+    ids=map(case_id, [c for c in every_case() if c not in ACCELERATE_CASES]),
+)
 def test_accelerate_resume_is_exact_for_every_family_and_method(tmp_path, family, method, kwargs):
     check_accelerate_resume(tmp_path, family, method, **kwargs)
 
@@ -290,8 +326,11 @@ def check_accelerate_resume(tmp_path, family, method, **kwargs):
     want, got = everything(full), everything(resumed)
     assert not differing(want, got), f"{family} {method}: {differing(want, got)} differ from the uninterrupted run"
     if method in STATEFUL or kwargs.get("balance"):
-        state = {name: t for name, t in want.items()
-                 if name.rsplit(".", 1)[-1] in runtime_state.NAMES + ("e_score_correction_bias",)}
+        state = {
+            name: t
+            for name, t in want.items()
+            if name.rsplit(".", 1)[-1] in runtime_state.NAMES + ("e_score_correction_bias",)
+        }
         assert any(bool(t.abs().sum() > 0) for t in state.values()), sorted(state)
 
 
@@ -360,9 +399,11 @@ def test_upstream_trainer_resume_still_loses_the_experts(tmp_path):
     trainer._load_from_checkpoint(str(tmp_path / "saved"))
     lost = differing(everything(trained), everything(fresh))
     assert lost == [name for name in everything(trained) if ".experts." in name], lost
-    assert lost, (f"transformers {transformers.__version__} resumes the experts itself ({resume.ISSUE} fixed): set "
-                  f"probmoe/integrations/transformers/resume.py FIXED_IN = {resume.release(transformers.__version__)}"
-                  " and drop the workaround when the lowest supported release has the fix")
+    assert lost, (
+        f"transformers {transformers.__version__} resumes the experts itself ({resume.ISSUE} fixed): set "
+        f"probmoe/integrations/transformers/resume.py FIXED_IN = {resume.release(transformers.__version__)}"
+        " and drop the workaround when the lowest supported release has the fix"
+    )
     assert resume.needed(transformers.__version__)
 
 

@@ -9,11 +9,11 @@ import torch
 
 pytest.importorskip("transformers", minversion="5.0")
 
-import probmoe.integrations.transformers as pt  # noqa: E402
-from probmoe.integrations.transformers.balance import selection_bias  # noqa: E402
-from probmoe.integrations.transformers.controls import after_step  # noqa: E402
-from probmoe.integrations.transformers.model import patched_gates  # noqa: E402
-from probmoe.integrations.transformers.testing import tiny_model  # noqa: E402
+import probmoe.integrations.transformers as pt
+from probmoe.integrations.transformers.balance import selection_bias
+from probmoe.integrations.transformers.controls import after_step
+from probmoe.integrations.transformers.model import patched_gates
+from probmoe.integrations.transformers.testing import tiny_model
 
 
 def ids(seed=0, shape=(4, 16)):
@@ -24,6 +24,7 @@ def skewed(model, offsets=(3.0, 3.0)):
     """Routers that prefer the first experts: their logits get ``offsets`` through a constant input
     feature (a pre-hook sets the router input's feature 0 to 1; the weight's column 0 holds the
     offsets, 0 for the others), so most tokens pick them."""
+
     def constant_feature(_, args):
         h = args[0].clone()
         h[..., 0] = 1.0
@@ -55,8 +56,10 @@ def test_load_cv_falls_with_aux_free_balancing_and_not_without(method, offset, r
     cv = {}
     for balance in (None, "aux-free"):
         kwargs = {"balance": balance, "balance_rate": rate} if balance else {}
-        model = skewed(pt.patch_model(tiny_model("olmoe"), method, generator=torch.Generator().manual_seed(0),
-                                      **kwargs), (offset, offset)).train()
+        model = skewed(
+            pt.patch_model(tiny_model("olmoe"), method, generator=torch.Generator().manual_seed(0), **kwargs),
+            (offset, offset),
+        ).train()
         history = []
         for step in range(50):
             model(ids(step, (2, 16)))
@@ -94,8 +97,9 @@ def test_probmoe_bias_shifts_the_distribution_and_keeps_unbiased_weights():
     and the router gradient is Eq. 7's through the shifted distribution's marginals."""
     import probmoe
 
-    model = pt.patch_model(tiny_model("olmoe"), "probmoe", balance="aux-free",
-                           generator=torch.Generator().manual_seed(3)).train()
+    model = pt.patch_model(
+        tiny_model("olmoe"), "probmoe", balance="aux-free", generator=torch.Generator().manual_seed(3)
+    ).train()
     gate = patched_gates(model)[0]
     with torch.no_grad():
         gate.probmoe_bias.copy_(torch.tensor([4.0, -4.0, 0, 0, 0, 0, 0, 0]))
@@ -160,20 +164,42 @@ def test_probmoe_train_resume_keeps_the_bias(tmp_path):
     """probmoe-train --balance aux-free: stopped after 2 steps and resumed to 4, the bias and the
     losses are those of an uninterrupted run; the log holds the load's CV."""
     from gsm8k_data import write
+
     from probmoe.cli import train
 
     data = write(tmp_path, "train.jsonl", 8)
 
     def run(out, *extra):
-        return train.main(["--model", "tiny-olmoe", "--data", str(data), "--output-dir", str(out), "--batch-size",
-                           "2", "--no-progress", "--method", "probmoe", "--balance", "aux-free", "--balance-rate",
-                           "0.05", "--max-steps", "4", *map(str, extra)])
+        return train.main(
+            [
+                "--model",
+                "tiny-olmoe",
+                "--data",
+                str(data),
+                "--output-dir",
+                str(out),
+                "--batch-size",
+                "2",
+                "--no-progress",
+                "--method",
+                "probmoe",
+                "--balance",
+                "aux-free",
+                "--balance-rate",
+                "0.05",
+                "--max-steps",
+                "4",
+                *map(str, extra),
+            ]
+        )
 
     assert run(tmp_path / "whole") == 0
     assert run(tmp_path / "parts", "--stop-after", 2) == 0
     assert run(tmp_path / "parts", "--resume", "latest") == 0
-    logs = {n: [r for r in map(json.loads, open(tmp_path / n / "train_log.jsonl")) if "loss" in r]
-            for n in ("whole", "parts")}
+    logs = {
+        n: [r for r in map(json.loads, open(tmp_path / n / "train_log.jsonl")) if "loss" in r]
+        for n in ("whole", "parts")
+    }
     assert [r["loss"] for r in logs["whole"]] == [r["loss"] for r in logs["parts"]]
     assert all("balance_load_cv" in r for r in logs["whole"])
     whole, parts = pt.from_pretrained(tmp_path / "whole"), pt.from_pretrained(tmp_path / "parts")

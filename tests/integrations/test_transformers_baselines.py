@@ -9,10 +9,12 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers", minversion="5.0")
 
-import probmoe.integrations.transformers as pt  # noqa: E402
-from probmoe.integrations.transformers.controls import after_step  # noqa: E402
-from probmoe.integrations.transformers.sparsemixer import sparsemixer_weights  # noqa: E402
-from probmoe.integrations.transformers.testing import tiny_model  # noqa: E402
+import itertools
+
+import probmoe.integrations.transformers as pt
+from probmoe.integrations.transformers.controls import after_step
+from probmoe.integrations.transformers.sparsemixer import sparsemixer_weights
+from probmoe.integrations.transformers.testing import tiny_model
 
 N, K = 8, 2
 
@@ -39,6 +41,7 @@ def run_block(block, x, grad_out):
 
 
 # -- DefaultMoE ------------------------------------------------------------------------------
+
 
 def defaultmoe_reference(block, x, grad_out, defaults, beta=0.9):
     """Panda et al.: y_t = Σ_{i∈A_t} π_ti E_i(x_t) (A_t the top-k of π_t = softmax(W x_t));
@@ -98,15 +101,19 @@ def test_defaultmoe_eval_is_stock_and_defaults_stay_out_of_the_checkpoint(tmp_pa
     model.eval()
     with torch.no_grad():
         assert torch.equal(model(x.argmax(-1).clamp(3, 255)).logits, stock(x.argmax(-1).clamp(3, 255)).logits)
-    assert set(model.state_dict()) - set(stock.state_dict()) == {"model.layers.0.mlp.experts.probmoe_defaults",
-                                                                   "model.layers.1.mlp.experts.probmoe_defaults"}
+    assert set(model.state_dict()) - set(stock.state_dict()) == {
+        "model.layers.0.mlp.experts.probmoe_defaults",
+        "model.layers.1.mlp.experts.probmoe_defaults",
+    }
     model.save_pretrained(tmp_path / "patched")
     stock.save_pretrained(tmp_path / "stock")
-    assert set(load_file(tmp_path / "patched" / "model.safetensors")) == \
-        set(load_file(tmp_path / "stock" / "model.safetensors"))
+    assert set(load_file(tmp_path / "patched" / "model.safetensors")) == set(
+        load_file(tmp_path / "stock" / "model.safetensors")
+    )
 
 
 # -- SparseMixer -----------------------------------------------------------------------------
+
 
 class _V2Core(torch.autograd.Function):
     """microsoft/SparseMixer sparsemixer_v2.py's ``v2core``, transcribed."""
@@ -136,8 +143,14 @@ def sparsemixer_top2_official(scores, training, eps=0.01):
         mask_logits_threshold = ((mask_logits_threshold - scores) / factor) > (2 * eps)
     masked_gates = scores.masked_fill(mask_logits_threshold, float("-inf"))
     if training:
-        selected_experts = (masked_gates - torch.empty_like(masked_gates, memory_format=torch.legacy_contiguous_format)
-                            .exponential_().log()).max(dim=-1)[1].unsqueeze(-1)
+        selected_experts = (
+            (
+                masked_gates
+                - torch.empty_like(masked_gates, memory_format=torch.legacy_contiguous_format).exponential_().log()
+            )
+            .max(dim=-1)[1]
+            .unsqueeze(-1)
+        )
     else:
         selected_experts = max_ind
     masked_gates = torch.softmax(masked_gates, dim=-1)
@@ -153,21 +166,29 @@ def sparsemixer_top2_official(scores, training, eps=0.01):
         mask_logits_threshold = ((mask_logits_threshold - scores) / factor) > (2 * eps)
     masked_gates_top2 = masked_scores.masked_fill(mask_logits_threshold, float("-inf"))
     if training:
-        selected_experts_top2 = (masked_gates_top2 - torch.empty_like(
-            masked_gates_top2, memory_format=torch.legacy_contiguous_format).exponential_().log()
-        ).max(dim=-1)[1].unsqueeze(-1)
+        selected_experts_top2 = (
+            (
+                masked_gates_top2
+                - torch.empty_like(masked_gates_top2, memory_format=torch.legacy_contiguous_format).exponential_().log()
+            )
+            .max(dim=-1)[1]
+            .unsqueeze(-1)
+        )
     else:
         selected_experts_top2 = max_ind
     masked_gates_top2 = torch.softmax(masked_gates_top2, dim=-1)
     max_scores, max_ind = masked_gates_top2.max(dim=-1, keepdim=True)
-    mask_for_one_top2 = torch.logical_or(selected_experts_top2 == max_ind,
-                                         torch.rand_like(max_scores).uniform_() > 0.75)
+    mask_for_one_top2 = torch.logical_or(
+        selected_experts_top2 == max_ind, torch.rand_like(max_scores).uniform_() > 0.75
+    )
     mask_for_one_top2 = torch.add(0.3333, mask_for_one_top2, alpha=0.6667).type_as(masked_gates_top2)
     multiplier_top2_o = masked_gates_top2.gather(dim=-1, index=selected_experts_top2)
-    multiplier_top2 = _V2Core.apply(scores, multiplier_top2_o, selected_experts_top2, masked_gates_top2,
-                                    mask_for_one_top2)
-    return torch.concat((multiplier, multiplier_top2), dim=-1), torch.concat((selected_experts, selected_experts_top2),
-                                                                             dim=-1)
+    multiplier_top2 = _V2Core.apply(
+        scores, multiplier_top2_o, selected_experts_top2, masked_gates_top2, mask_for_one_top2
+    )
+    return torch.concat((multiplier, multiplier_top2), dim=-1), torch.concat(
+        (selected_experts, selected_experts_top2), dim=-1
+    )
 
 
 def _wide_band_scores(seed=0, t=256):
@@ -187,9 +208,11 @@ def test_sparsemixer_top2_equals_official_code_bit_for_bit(training, eps):
     scores = _wide_band_scores()
     G = torch.randn(scores.shape[0], 2, generator=torch.Generator().manual_seed(1))
     results = {}
-    for name, route in (("ours", lambda r: sparsemixer_weights(r, 2, training=training, jitter_eps=eps)),
-                        ("official", lambda r: sparsemixer_top2_official(r, training, eps)),
-                        ("phimoe", lambda r: phimoe_sparsemixer(r, jitter_eps=eps, training=training, top_k=2))):
+    for name, route in (
+        ("ours", lambda r: sparsemixer_weights(r, 2, training=training, jitter_eps=eps)),
+        ("official", lambda r: sparsemixer_top2_official(r, training, eps)),
+        ("phimoe", lambda r: phimoe_sparsemixer(r, jitter_eps=eps, training=training, top_k=2)),
+    ):
         r = scores.clone().requires_grad_(True)
         torch.manual_seed(5)
         w, i = route(r)
@@ -271,6 +294,7 @@ def test_sparsemixer_block_equals_reference():
 
 # -- ReMoE -----------------------------------------------------------------------------------
 
+
 def test_remoe_block_equals_reference_and_computes_only_active_rows():
     """Wang et al.: y_t = Σ_i ReLU(r_ti) E_i(x_t); the router's gradient includes that of
     λ · N/(kT²) Σ_i c_i Σ_t R_ti (c_i = #{t : R_ti > 0}; λ per layer, as the official code), which
@@ -297,10 +321,11 @@ def test_remoe_block_equals_reference_and_computes_only_active_rows():
     gates = torch.relu(r)
     active = gates > 0
     outs = {(t, i): expert_out(block.experts, i, h[t]).detach() for t in range(12) for i in range(N) if active[t, i]}
-    want_y = torch.stack([sum((gates[t, i] * outs[t, i] for i in range(N) if active[t, i]), torch.zeros(64))
-                          for t in range(12)])
+    want_y = torch.stack(
+        [sum((gates[t, i] * outs[t, i] for i in range(N) if active[t, i]), torch.zeros(64)) for t in range(12)]
+    )
     counts = active.sum(0).float()
-    reg = 0.5 * N / (K * 12 ** 2) * (counts * gates.sum(0)).sum()
+    reg = 0.5 * N / (K * 12**2) * (counts * gates.sum(0)).sum()
     ((want_y * grad_out).sum() + reg).backward()
     torch.testing.assert_close(y, want_y.detach(), atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(g, w.grad, atol=1e-5, rtol=1e-4)
@@ -320,8 +345,9 @@ def test_remoe_coefficient_update_follows_the_sign_rule():
     assert info["remoe_sparsity"] == pytest.approx(sparsity, abs=1e-6)
     want = 1e-3 * (2.0 if sparsity < 1 - K / N else 0.5)
     assert info["remoe_l1_coef"] == pytest.approx(want, rel=1e-6)
-    assert all(float(g.probmoe_remoe[0]) == pytest.approx(want, rel=1e-6) and float(g.probmoe_remoe[2]) == 0
-               for g in gates)
+    assert all(
+        float(g.probmoe_remoe[0]) == pytest.approx(want, rel=1e-6) and float(g.probmoe_remoe[2]) == 0 for g in gates
+    )
     assert after_step(model) == {}  # no forward since: λ unchanged
 
 
@@ -371,6 +397,7 @@ def test_remoe_options_are_checked():
 
 # -- transformers.Trainer and probmoe-train --------------------------------------------------
 
+
 @pytest.mark.parametrize("method", ["defaultmoe", "sparsemixer", "remoe"])
 def test_trainer_trains_checkpoints_and_reloads(method, tmp_path):
     """transformers.Trainer with gradient checkpointing: the loss falls, RoutingControlCallback
@@ -385,9 +412,19 @@ def test_trainer_trains_checkpoints_and_reloads(method, tmp_path):
     ids = torch.randint(3, 40, (16, 16), generator=torch.Generator().manual_seed(0))
     data = datasets.Dataset.from_dict({"input_ids": ids.tolist(), "labels": ids.tolist()})
     model = pt.patch_model(tiny_model("olmoe"), method, **({"l1_coef": 1e-3} if method == "remoe" else {}))
-    args = TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=4, gradient_checkpointing=True,
-                             report_to=[], use_cpu=True, disable_tqdm=True, seed=0, logging_steps=1,
-                             learning_rate=3e-3, per_device_train_batch_size=4, save_strategy="no")
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "run"),
+        max_steps=4,
+        gradient_checkpointing=True,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+        logging_steps=1,
+        learning_rate=3e-3,
+        per_device_train_batch_size=4,
+        save_strategy="no",
+    )
     trainer = Trainer(model=model, args=args, train_dataset=data)
     trainer.add_callback(RoutingControlCallback())
     trainer.train()
@@ -396,7 +433,7 @@ def test_trainer_trains_checkpoints_and_reloads(method, tmp_path):
     if method == "remoe":
         coefs = [e["routing/remoe_l1_coef"] for e in logs]
         assert coefs[0] in (pytest.approx(1e-3 * 1.2), pytest.approx(1e-3 / 1.2))
-        assert all(b / a in (pytest.approx(1.2), pytest.approx(1 / 1.2)) for a, b in zip(coefs, coefs[1:]))
+        assert all(b / a in (pytest.approx(1.2), pytest.approx(1 / 1.2)) for a, b in itertools.pairwise(coefs))
     trainer.save_model(str(tmp_path / "final"))
     reloaded = pt.from_pretrained(tmp_path / "final")
     assert reloaded.probmoe_plan == model.probmoe_plan
@@ -415,13 +452,26 @@ def test_probmoe_train_runs_each_baseline_and_resumes_remoe_exactly(tmp_path):
     import json
 
     from gsm8k_data import write
+
     from probmoe.cli import train
 
     data = write(tmp_path, "train.jsonl", 8)
 
     def run(out, *extra):
-        return train.main(["--model", "tiny-olmoe", "--data", str(data), "--output-dir", str(out), "--batch-size",
-                           "2", "--no-progress", *map(str, extra)])
+        return train.main(
+            [
+                "--model",
+                "tiny-olmoe",
+                "--data",
+                str(data),
+                "--output-dir",
+                str(out),
+                "--batch-size",
+                "2",
+                "--no-progress",
+                *map(str, extra),
+            ]
+        )
 
     for method in ("defaultmoe", "sparsemixer"):
         assert run(tmp_path / method, "--method", method, "--max-steps", 2) == 0
@@ -430,12 +480,14 @@ def test_probmoe_train_runs_each_baseline_and_resumes_remoe_exactly(tmp_path):
     assert run(tmp_path / "whole", *remoe) == 0
     assert run(tmp_path / "parts", *remoe, "--stop-after", 2) == 0
     assert run(tmp_path / "parts", *remoe, "--resume", "latest") == 0
-    logs = {name: [r for r in map(json.loads, open(tmp_path / name / "train_log.jsonl")) if "loss" in r]
-            for name in ("whole", "parts")}
+    logs = {
+        name: [r for r in map(json.loads, open(tmp_path / name / "train_log.jsonl")) if "loss" in r]
+        for name in ("whole", "parts")
+    }
     assert [r["remoe_l1_coef"] for r in logs["whole"]] == [r["remoe_l1_coef"] for r in logs["parts"]]
     assert [r["loss"] for r in logs["whole"]] == pytest.approx([r["loss"] for r in logs["parts"]], rel=1e-6)
     coefs = [r["remoe_l1_coef"] for r in logs["whole"]]
-    assert all(b / a in (pytest.approx(1.5), pytest.approx(1 / 1.5)) for a, b in zip(coefs, coefs[1:]))
+    assert all(b / a in (pytest.approx(1.5), pytest.approx(1 / 1.5)) for a, b in itertools.pairwise(coefs))
 
 
 @pytest.mark.slow
@@ -443,12 +495,15 @@ def test_probmoe_train_takes_jitter_eps_and_l1_layers(tmp_path):
     """--jitter-eps (sparsemixer) and --l1-layers (remoe) reach the plan and the saved settings;
     given to another method they are refused naming the option."""
     from gsm8k_data import write
+
     from probmoe.cli import train
 
     data = write(tmp_path, "train.jsonl", 4)
     common = ["--model", "tiny-olmoe", "--data", str(data), "--batch-size", "2", "--max-steps", "1", "--no-progress"]
-    assert train.main([*common, "--output-dir", str(tmp_path / "sm"), "--method", "sparsemixer",
-                       "--jitter-eps", "0.1"]) == 0
+    assert (
+        train.main([*common, "--output-dir", str(tmp_path / "sm"), "--method", "sparsemixer", "--jitter-eps", "0.1"])
+        == 0
+    )
     assert pt.from_pretrained(tmp_path / "sm").probmoe_plan.jitter_eps == 0.1
     assert train.main([*common, "--output-dir", str(tmp_path / "re"), "--method", "remoe", "--l1-layers", "mean"]) == 0
     assert pt.from_pretrained(tmp_path / "re").probmoe_plan.l1_layers == "mean"

@@ -8,11 +8,11 @@ import torch
 
 pytest.importorskip("transformers", minversion="5.0")
 
-from transformers import AutoModelForCausalLM  # noqa: E402
+from transformers import AutoModelForCausalLM
 
-import probmoe  # noqa: E402
-import probmoe.integrations.transformers as pt  # noqa: E402
-from probmoe.integrations.transformers.testing import tiny_model  # noqa: E402
+import probmoe
+import probmoe.integrations.transformers as pt
+from probmoe.integrations.transformers.testing import tiny_model
 
 
 def batch(seed=0):
@@ -42,10 +42,18 @@ def test_save_loads_in_stock_transformers_and_restores_routing(family, tmp_path)
         torch.testing.assert_close(reloaded.eval()(x).logits, model(x).logits, atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("method,kwargs", [("probmoe-dynamic", dict(kmin=1, kmax=3)), ("densemixer", {}),
-                                           ("frozen", {}), ("topk-marginal", dict(k=3, grad="paper", backend="dp")),
-                                           ("defaultmoe", {}), ("sparsemixer", {}),
-                                           ("remoe", dict(l1_coef=1e-3, l1_rate=1.5))])
+@pytest.mark.parametrize(
+    "method,kwargs",
+    [
+        ("probmoe-dynamic", dict(kmin=1, kmax=3)),
+        ("densemixer", {}),
+        ("frozen", {}),
+        ("topk-marginal", dict(k=3, grad="paper", backend="dp")),
+        ("defaultmoe", {}),
+        ("sparsemixer", {}),
+        ("remoe", dict(l1_coef=1e-3, l1_rate=1.5)),
+    ],
+)
 def test_every_method_round_trips(method, kwargs, tmp_path):
     model = pt.patch_model(tiny_model("qwen2_moe"), method, **kwargs)
     model.save_pretrained(tmp_path)
@@ -92,12 +100,14 @@ def test_settings_with_valid_checksum_but_bad_content(tmp_path):
     from probmoe.integrations.transformers import settings
 
     path = saved(tmp_path)
-    for change, message in [(dict(routing={"num_experts": 8, "k": 9}), "bad routing config"),
-                            (dict(method="nope"), "method must be one of"),
-                            (dict(model_type="mixtral"), "is for model type 'mixtral'"),
-                            (dict(top_k=3), "records 8 experts, top-3"),
-                            (dict(version=3), "is not 'probmoe-transformers-routing' version 1 or 2"),
-                            (dict(options={"nope": 1}), "options must be an object with keys among")]:
+    for change, message in [
+        (dict(routing={"num_experts": 8, "k": 9}), "bad routing config"),
+        (dict(method="nope"), "method must be one of"),
+        (dict(model_type="mixtral"), "is for model type 'mixtral'"),
+        (dict(top_k=3), "records 8 experts, top-3"),
+        (dict(version=3), "is not 'probmoe-transformers-routing' version 1 or 2"),
+        (dict(options={"nope": 1}), "options must be an object with keys among"),
+    ]:
         data = settings.content(pt.patch_model(tiny_model("olmoe"), "probmoe").probmoe_plan, "olmoe")
         data.update(change)
         data["sha256"] = settings.digest(data)  # a consistent file with bad content
@@ -121,8 +131,12 @@ def test_settings_file_content_and_loader_kwargs(tmp_path):
     model.save_pretrained(tmp_path)
     data = json.loads((tmp_path / pt.SETTINGS_FILENAME).read_text())
     assert data["format"] == "probmoe-transformers-routing" and data["version"] == 2 and data["options"] == {}
-    assert (data["model_type"], data["num_experts"], data["top_k"], data["method"]) == ("mixtral", 8, 2,
-                                                                                       "probmoe-dynamic")
+    assert (data["model_type"], data["num_experts"], data["top_k"], data["method"]) == (
+        "mixtral",
+        8,
+        2,
+        "probmoe-dynamic",
+    )
     assert probmoe.RoutingConfig.from_dict(data["routing"]) == model.probmoe_plan.routing
     assert data["routing"]["normalize"] is True  # Mixtral renormalises
     reloaded = pt.from_pretrained(tmp_path, experts_implementation="eager", generator=torch.Generator())
@@ -170,8 +184,9 @@ def test_routing_state_round_trips(method, tmp_path):
     tiny_model("olmoe").save_pretrained(tmp_path / "stock")
     stock = set(load_file(tmp_path / "stock" / "model.safetensors"))
     assert set(load_file(tmp_path / "model.safetensors")) == stock  # checkpoint keys stay stock
-    assert set(reloaded.state_dict()) - set(tiny_model("olmoe").state_dict()) == \
-        set(runtime_state.state_buffers(reloaded))  # the state dict carries the routing state
+    assert set(reloaded.state_dict()) - set(tiny_model("olmoe").state_dict()) == set(
+        runtime_state.state_buffers(reloaded)
+    )  # the state dict carries the routing state
     state = tmp_path / "probmoe_state.safetensors"
     state.write_bytes(state.read_bytes()[:40])
     with pytest.raises(ValueError, match="probmoe_state.safetensors"):
@@ -179,4 +194,3 @@ def test_routing_state_round_trips(method, tmp_path):
     state.unlink()
     with pytest.raises(ValueError, match="probmoe_state.safetensors is missing"):
         pt.from_pretrained(tmp_path)
-

@@ -9,8 +9,8 @@ import torch
 
 pytest.importorskip("transformers", minversion="5.0")
 
-import probmoe.integrations.transformers as pt  # noqa: E402
-from probmoe.integrations.transformers.testing import tiny_model  # noqa: E402
+import probmoe.integrations.transformers as pt
+from probmoe.integrations.transformers.testing import tiny_model
 
 pytestmark = pytest.mark.slow
 

@@ -13,11 +13,12 @@ import torch
 
 pytest.importorskip("transformers", minversion="5.0")
 
-import circuits  # noqa: E402
-import probmoe  # noqa: E402
-import probmoe.integrations.transformers as pt  # noqa: E402
-from probmoe.integrations.transformers.testing import tiny_model  # noqa: E402
-from training_steps import train_steps  # noqa: E402
+from training_steps import train_steps
+
+import circuits
+import probmoe
+import probmoe.integrations.transformers as pt
+from probmoe.integrations.transformers.testing import tiny_model
 
 EXACT_K = ("conventional", "frozen", "densemixer", "probmoe", "sample-dense-ste", "topk-marginal", "probmoe-grouped")
 
@@ -32,8 +33,11 @@ def gates(model):
 
 def allowed_subsets(n=8, k=3, group=2, max_groups=2) -> torch.Tensor:
     """Every subset of k experts from at most max_groups groups: [M, n] float."""
-    rows = [z for z in itertools.product((0.0, 1.0), repeat=n) if sum(z) == k
-            and sum(any(z[g * group:(g + 1) * group]) for g in range(n // group)) <= max_groups]
+    rows = [
+        z
+        for z in itertools.product((0.0, 1.0), repeat=n)
+        if sum(z) == k and sum(any(z[g * group : (g + 1) * group]) for g in range(n // group)) <= max_groups
+    ]
     return torch.tensor(rows)
 
 
@@ -58,8 +62,9 @@ def test_training_reduces_loss_and_reaches_routers(method):
             groups_used = s["selected"].view(-1, 4, 2).any(-1).sum(-1)
             assert bool((groups_used <= 2).all()) and bool((s["experts_per_token"] == 3).all())
     if method == "probmoe-dynamic":
-        assert all(((s["experts_per_token"] >= 1) & (s["experts_per_token"] <= 3)).all()
-                   for s in pt.router_stats(model))
+        assert all(
+            ((s["experts_per_token"] >= 1) & (s["experts_per_token"] <= 3)).all() for s in pt.router_stats(model)
+        )
 
 
 @pytest.mark.parametrize("method", EXACT_K)
@@ -142,7 +147,14 @@ def test_checkpoint_keeps_stock_keys_and_the_constraint(tmp_path):
     model.save_pretrained(tmp_path)
     data = json.loads((tmp_path / pt.SETTINGS_FILENAME).read_text())
     assert data["method"] == "probmoe-grouped" and data["routing"]["constraint"] == {
-        "type": "GroupLimited", "n": 8, "kmin": 3, "kmax": 3, "groups": [2, 2, 2, 2], "max_groups": 2, "capacity": 2}
+        "type": "GroupLimited",
+        "n": 8,
+        "kmin": 3,
+        "kmax": 3,
+        "groups": [2, 2, 2, 2],
+        "max_groups": 2,
+        "capacity": 2,
+    }
     stock, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
     assert not any(info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
     reloaded = pt.from_pretrained(tmp_path)
@@ -223,6 +235,7 @@ def test_probmoe_router_routes_like_the_grouped_method():
         model(batch(9))
     rec = gates(model)[0].probmoe_last
     logits = rec.routing.distribution.logits
-    out = probmoe.route(logits, constraint=circuits.GroupLimited(8, 3, 4, 2), scores="sigmoid", normalize=True,
-                        training=False)
+    out = probmoe.route(
+        logits, constraint=circuits.GroupLimited(8, 3, 4, 2), scores="sigmoid", normalize=True, training=False
+    )
     assert torch.equal(out.indices, rec.indices)

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers", minversion="5.0")
 
-import probmoe.integrations.transformers as pt  # noqa: E402
-from probmoe.integrations.transformers.testing import tiny_model  # noqa: E402
+import probmoe.integrations.transformers as pt
+from probmoe.integrations.transformers.testing import tiny_model
 
 
 def reference_block(block, hidden_states, *, k, normalize):
@@ -49,8 +49,14 @@ def reference_block(block, hidden_states, *, k, normalize):
     return y.reshape(b, s, d)
 
 
-CASES = [("olmoe", {}), ("olmoe", dict(norm_topk_prob=True)), ("qwen2_moe", {}), ("qwen3_moe", {}),
-         ("qwen3_moe", dict(norm_topk_prob=True)), ("mixtral", {})]
+CASES = [
+    ("olmoe", {}),
+    ("olmoe", dict(norm_topk_prob=True)),
+    ("qwen2_moe", {}),
+    ("qwen3_moe", {}),
+    ("qwen3_moe", dict(norm_topk_prob=True)),
+    ("mixtral", {}),
+]
 
 
 @pytest.mark.parametrize("family,overrides", CASES)
@@ -61,8 +67,11 @@ def test_densemixer_equals_per_expert_reference(family, overrides):
     for block in family_.blocks(ref):
         normalize = family_.normalize(ref.config)
         block.forward = types.MethodType(
-            lambda self, x, normalize=normalize: reference_block(self, x, k=ref.config.num_experts_per_tok,
-                                                                 normalize=normalize), block)
+            lambda self, x, normalize=normalize: reference_block(
+                self, x, k=ref.config.num_experts_per_tok, normalize=normalize
+            ),
+            block,
+        )
     x = torch.randint(3, 256, (3, 10), generator=torch.Generator().manual_seed(0))
     out, want = model(x, labels=x), ref(x, labels=x)
     torch.testing.assert_close(out.logits, want.logits, atol=1e-5, rtol=0)

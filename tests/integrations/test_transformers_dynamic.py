@@ -6,10 +6,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 pytest.importorskip("transformers", minversion="5.0")
 
-import probmoe.integrations.transformers as pt  # noqa: E402
-from probmoe.integrations.transformers import experts as skipping  # noqa: E402
-from probmoe.integrations.transformers.experts import active_slots  # noqa: E402
-from probmoe.integrations.transformers.testing import tiny_model  # noqa: E402
+import probmoe.integrations.transformers as pt
+from probmoe.integrations.transformers import experts as skipping
+from probmoe.integrations.transformers.experts import active_slots
+from probmoe.integrations.transformers.testing import tiny_model
 
 IMPLEMENTATIONS = ("eager", "grouped_mm", "batched_mm")
 UP = 2 * 128  # the fused gate_up projection's width in the tiny models (2 x intermediate 128)
@@ -41,11 +41,12 @@ class RowCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
-        if "mm" in name and isinstance(out, torch.Tensor):
-            if name == "bmm" and out.dim() == 3 and out.shape[1] == UP:
-                self.rows += out.shape[0]
-            elif out.dim() == 2 and out.shape[-1] == UP:
-                self.rows += out.shape[0]
+        if (
+            "mm" in name
+            and isinstance(out, torch.Tensor)
+            and ((name == "bmm" and out.dim() == 3 and out.shape[1] == UP) or (out.dim() == 2 and out.shape[-1] == UP))
+        ):
+            self.rows += out.shape[0]
         return out
 
 

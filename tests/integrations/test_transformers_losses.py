@@ -7,10 +7,10 @@ import torch
 
 pytest.importorskip("transformers", minversion="5.0")
 
-from transformers.models.olmoe.modeling_olmoe import load_balancing_loss_func  # noqa: E402
+from transformers.models.olmoe.modeling_olmoe import load_balancing_loss_func
 
-import probmoe.integrations.transformers as pt  # noqa: E402
-from probmoe.integrations.transformers.testing import tiny_model  # noqa: E402
+import probmoe.integrations.transformers as pt
+from probmoe.integrations.transformers.testing import tiny_model
 
 
 def selected_of(pairs, n):
@@ -66,8 +66,9 @@ def test_attention_mask_excludes_padding():
     g = torch.Generator().manual_seed(0)
     pad = torch.randint(0, 2, (2, 2), generator=g)
     pad[0, 0] = 1
-    torch.testing.assert_close(pt.load_balancing_loss((collapsed,), (sel,), pad),
-                               load_balancing_loss_func((collapsed,), 4, 2, pad))
+    torch.testing.assert_close(
+        pt.load_balancing_loss((collapsed,), (sel,), pad), load_balancing_loss_func((collapsed,), 4, 2, pad)
+    )
 
 
 def test_equals_hf_for_top_k():
@@ -92,7 +93,8 @@ def test_z_loss():
     both = (torch.cat([logits[:2], big]),)  # [4, 4]
     assert pt.router_z_loss(both, mask).item() == pytest.approx(math.log(4) ** 2, rel=1e-6)
     assert pt.router_z_loss((logits, big)).item() == pytest.approx(
-        (6 * math.log(4) ** 2 + 2 * (10 + math.log(4)) ** 2) / 8, rel=1e-6)
+        (6 * math.log(4) ** 2 + 2 * (10 + math.log(4)) ** 2) / 8, rel=1e-6
+    )
 
 
 @pytest.mark.parametrize("family", pt.SUPPORTED)
@@ -109,8 +111,9 @@ def test_conventional_keeps_hf_loss(family):
 
 @pytest.mark.parametrize("family", ["qwen2_moe", "mixtral"])
 def test_losses_added_to_the_model_loss(family):
-    model = pt.patch_model(tiny_model(family), "probmoe-dynamic", z_loss=0.01,
-                           generator=torch.Generator().manual_seed(0)).train()
+    model = pt.patch_model(
+        tiny_model(family), "probmoe-dynamic", z_loss=0.01, generator=torch.Generator().manual_seed(0)
+    ).train()
     x = torch.randint(3, 256, (2, 8))
     out = model(x, labels=x, output_router_logits=True)
     selected = [s["selected"] for s in pt.router_stats(model)]

@@ -15,9 +15,10 @@ import torch
 
 pytest.importorskip("transformers", minversion="5.0")
 
-import probmoe.integrations.transformers as pt  # noqa: E402
-from probmoe.integrations.transformers.testing import tiny_model  # noqa: E402
-from training_steps import train_steps  # noqa: E402
+from training_steps import train_steps
+
+import probmoe.integrations.transformers as pt
+from probmoe.integrations.transformers.testing import tiny_model
 
 FAMILIES = pt.SUPPORTED
 EXACT_K = ("conventional", "frozen", "densemixer", "probmoe", "sample-dense-ste", "topk-marginal")
@@ -29,19 +30,34 @@ def batch(seed=0, shape=(4, 16)):
 
 
 def routers(model):
-    return [b.gate for b in model.probmoe_family.blocks(model)] if pt.is_patched(model) else \
-        [m for n, m in model.named_modules() if n.endswith("mlp.gate")]
+    return (
+        [b.gate for b in model.probmoe_family.blocks(model)]
+        if pt.is_patched(model)
+        else [m for n, m in model.named_modules() if n.endswith("mlp.gate")]
+    )
 
 
 def test_supported_and_methods():
     assert FAMILIES == ("olmoe", "qwen2_moe", "qwen3_moe", "mixtral")
-    assert pt.METHODS == ("conventional", "frozen", "densemixer", "probmoe", "probmoe-dynamic", "sample-dense-ste",
-                          "topk-marginal", "defaultmoe", "sparsemixer", "remoe")
+    assert pt.METHODS == (
+        "conventional",
+        "frozen",
+        "densemixer",
+        "probmoe",
+        "probmoe-dynamic",
+        "sample-dense-ste",
+        "topk-marginal",
+        "defaultmoe",
+        "sparsemixer",
+        "remoe",
+    )
 
 
 def test_import_probmoe_does_not_import_transformers():
-    code = ("import sys, probmoe, probmoe.integrations; "
-            "assert 'transformers' not in sys.modules, 'transformers imported'; print('ok')")
+    code = (
+        "import sys, probmoe, probmoe.integrations; "
+        "assert 'transformers' not in sys.modules, 'transformers imported'; print('ok')"
+    )
     root = Path(__file__).resolve().parents[2]  # this checkout's probmoe, not an installed one
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
     assert out.returncode == 0, out.stderr
@@ -180,8 +196,16 @@ def test_bad_arguments_are_value_errors(kwargs, message):
 def test_unsupported_models_are_value_errors():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1))
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=32,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
     with pytest.raises(ValueError, match="model type 'llama' is not supported.*olmoe, qwen2_moe, qwen3_moe, mixtral"):
         pt.patch_model(llama, "probmoe")
     with pytest.raises(ValueError, match="model must be a transformers PreTrainedModel"):
@@ -207,6 +231,7 @@ def test_version_gate_names_the_range_and_the_version():
     with pytest.raises(ImportError, match="cannot read the transformers version 'five'"):
         version.check("five")
     import warnings
+
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for good in version.TESTED + ("5.24.1", "5.23.0.dev0"):
@@ -223,8 +248,7 @@ def test_version_gate_matches_the_extra_and_runs_at_import():
     root = Path(__file__).resolve().parents[2]
     extra = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]["transformers"]
     assert f"transformers{version.REQUIRES}" in extra
-    code = ("import transformers; transformers.__version__ = '5.22.0'\n"
-            "import probmoe.integrations.transformers")
+    code = "import transformers; transformers.__version__ = '5.22.0'\nimport probmoe.integrations.transformers"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
     assert out.returncode != 0
     assert "ImportError: probmoe.integrations.transformers needs transformers>=5.23,<6" in out.stderr
@@ -269,11 +293,14 @@ def _drop_experts(block):
     del block.experts
 
 
-@pytest.mark.parametrize("damage,message", [
-    (_drop_gate, "olmoe: OlmoeSparseMoeBlock 'model.layers.0.mlp'.gate is a Identity, not a OlmoeTopKRouter"),
-    (_drop_hidden_dim, "olmoe: .*gate \\(OlmoeTopKRouter\\) has no attribute 'hidden_dim'"),
-    (_drop_experts, "olmoe: OlmoeSparseMoeBlock 'model.layers.0.mlp' has no submodule 'experts'"),
-])
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        (_drop_gate, "olmoe: OlmoeSparseMoeBlock 'model.layers.0.mlp'.gate is a Identity, not a OlmoeTopKRouter"),
+        (_drop_hidden_dim, "olmoe: .*gate \\(OlmoeTopKRouter\\) has no attribute 'hidden_dim'"),
+        (_drop_experts, "olmoe: OlmoeSparseMoeBlock 'model.layers.0.mlp' has no submodule 'experts'"),
+    ],
+)
 def test_a_moved_attribute_is_a_layout_error_before_any_change(damage, message):
     model = tiny_model("olmoe")
     damage(model.model.layers[0].mlp)
@@ -285,9 +312,9 @@ def test_a_moved_attribute_is_a_layout_error_before_any_change(damage, message):
 
 
 def test_a_renamed_class_or_config_field_is_a_layout_error(monkeypatch):
-    from transformers.models.olmoe import modeling_olmoe
-
     import dataclasses
+
+    from transformers.models.olmoe import modeling_olmoe
 
     from probmoe.integrations.transformers import families
 

@@ -11,8 +11,8 @@ import torch
 
 pytest.importorskip("transformers", minversion="5.0")
 
-import probmoe.integrations.transformers as pt  # noqa: E402
-from probmoe.integrations.transformers.testing import tiny_model  # noqa: E402
+import probmoe.integrations.transformers as pt
+from probmoe.integrations.transformers.testing import tiny_model
 
 
 def via_pickle(model):
@@ -39,14 +39,17 @@ def step(model):
 
 
 CASES = [("olmoe", "probmoe", how) for how in COPIES] + [
-    ("qwen3_moe", "probmoe-dynamic", "pickle"), ("mixtral", "densemixer", "torch.save"),
-    ("deepseek_v3", "probmoe-grouped", "deepcopy")]
+    ("qwen3_moe", "probmoe-dynamic", "pickle"),
+    ("mixtral", "densemixer", "torch.save"),
+    ("deepseek_v3", "probmoe-grouped", "deepcopy"),
+]
 
 
 @pytest.mark.parametrize("family,method,how", CASES)
 def test_copy_keeps_the_routing(family, method, how):
-    model = pt.patch_model(tiny_model(family), method, aux_loss=0.01, z_loss=0.001,
-                              generator=torch.Generator().manual_seed(3))
+    model = pt.patch_model(
+        tiny_model(family), method, aux_loss=0.01, z_loss=0.001, generator=torch.Generator().manual_seed(3)
+    )
     step(model)
     copied = COPIES[how](model)
     assert type(copied) is type(model) and pt.is_patched(copied)
@@ -76,6 +79,7 @@ def test_stock_model_copies_stay_stock():
 
 def test_unpatching_a_wrapped_model_is_a_clear_error():
     model = pt.patch_model(tiny_model("olmoe"), "probmoe")
+
     class FSDPModule:  # fully_shard swaps in a class FSDP<name>(FSDPModule, <the model's class>)
         pass
 

@@ -14,11 +14,11 @@ import torch
 
 pytest.importorskip("transformers", minversion="5.0")
 
-import probmoe.integrations.transformers as pt  # noqa: E402
-from probmoe.integrations.transformers.controls import attach, remoe_penalties  # noqa: E402
-from probmoe.integrations.transformers.model import patched_gates  # noqa: E402
-from probmoe.integrations.transformers.remoe import update_coefficient  # noqa: E402
-from probmoe.integrations.transformers.testing import tiny_model  # noqa: E402
+import probmoe.integrations.transformers as pt
+from probmoe.integrations.transformers.controls import attach, remoe_penalties
+from probmoe.integrations.transformers.model import patched_gates
+from probmoe.integrations.transformers.remoe import update_coefficient
+from probmoe.integrations.transformers.testing import tiny_model
 
 K, N = 2, 8  # the tiny OLMoE's top-k and experts
 LAMBDA = 1.0  # large enough that the penalty's router gradient dominates the language model's
@@ -26,13 +26,15 @@ LAMBDA = 1.0  # large enough that the penalty's router gradient dominates the la
 
 # -- the official code, transcribed ------------------------------------------------------------
 
+
 def switch_load_balancing_loss_func(probs, tokens_per_expert, topk, moe_aux_loss_coeff):
     """megatron/core/transformer/moe/moe_utils.py (no sequence partition group)."""
     num_tokens = probs.shape[0]
     num_experts = probs.shape[1]
     aggregated_probs_per_expert = probs.sum(dim=0)
     aux_loss = torch.sum(aggregated_probs_per_expert * tokens_per_expert) * (
-        num_experts * moe_aux_loss_coeff / (num_tokens * num_tokens * topk))
+        num_experts * moe_aux_loss_coeff / (num_tokens * num_tokens * topk)
+    )
     return aux_loss
 
 
@@ -67,8 +69,9 @@ def l1_reg_load_balancing(logits, topk, l1_reg_coeff):
     return MoEAuxLossAutoScaler.apply(probs, l1_reg)
 
 
-def official_penalty_grad(model, micro_batches, coeff=LAMBDA, num_microbatches=None, loss_scale=1.0,
-                          layers_mean=False, autocast=None):
+def official_penalty_grad(
+    model, micro_batches, coeff=LAMBDA, num_microbatches=None, loss_scale=1.0, layers_mean=False, autocast=None
+):
     """The router weights' gradient [L, N, D] from the official penalty over ``micro_batches``:
     for each, ``schedules.py`` sets the scale loss_scale / num_microbatches, each layer's router
     applies λ (λ/L: the paper's mean), and a backward pass with zero main-loss gradient leaves
@@ -113,6 +116,7 @@ def update_l1_coeff(coeff, moe_relu_sparsity, num_layers, num_microbatches, topk
 
 # -- helpers -------------------------------------------------------------------------------------
 
+
 def remoe_model(seed=0, **kwargs):
     return pt.patch_model(tiny_model("olmoe", seed=seed), "remoe", l1_coef=LAMBDA, **kwargs).train()
 
@@ -151,6 +155,7 @@ def assert_close_rel(got, want, rel):
 
 # -- per layer, the paper's mean, the λ update ---------------------------------------------------
 
+
 @pytest.mark.parametrize("layers", ["sum", "mean"])
 def test_one_batch_equals_the_official_code(layers):
     """One batch, the model's own loss: λ per layer (official, default) or λ/L (``"mean"``)."""
@@ -178,8 +183,13 @@ def test_l1_layers_default_follows_the_official_code_and_is_checked():
 def test_old_settings_file_without_l1_layers_reads_as_the_mean_it_trained_with():
     from probmoe.integrations.transformers import settings
 
-    data = {"method": "remoe", "aux_loss": 0.0, "z_loss": 0.0, "routing": None,
-            "options": {"l1_coef": 1e-8, "l1_rate": 1.2}}
+    data = {
+        "method": "remoe",
+        "aux_loss": 0.0,
+        "z_loss": 0.0,
+        "routing": None,
+        "options": {"l1_coef": 1e-8, "l1_rate": 1.2},
+    }
     assert settings.patch_arguments(data)["l1_layers"] == "mean"
     data["options"]["l1_layers"] = "sum"
     assert settings.patch_arguments(data)["l1_layers"] == "sum"
@@ -196,6 +206,7 @@ def test_coefficient_update_equals_the_official_rule(sparsity):
 
 
 # -- gradient accumulation, GradScaler, bf16: one process ---------------------------------------
+
 
 def test_gradient_accumulation_hand_loop():
     """loss / G per micro-batch (the model's own loss): the penalty's gradient is the official
@@ -262,8 +273,9 @@ def test_own_loss_with_remoe_penalties_as_probmoe_train():
         for ids in batches:
             with remoe_penalties(model) as penalties:
                 logits = model(ids).logits
-            loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                                     ids[:, 1:].reshape(-1))
+            loss = torch.nn.functional.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)
+            )
             attach(loss / len(batches), penalties, 1 / len(batches)).backward()
         return router_grads(model)
 
@@ -290,7 +302,7 @@ def test_fp16_grad_scaler():
     batches = micro_batches(3)  # 3, not L = 2: the old λ/L at scale 1 would equal λ/G
 
     def run(model):
-        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
         for ids in batches:
             with torch.autocast("cpu", dtype=torch.float16):
@@ -365,11 +377,23 @@ def test_trainer_gradient_accumulation(fp16, tmp_path):
             grads.append(router_grads(model).cpu() / (float(scaler.get_scale()) if scaler is not None else 1.0))
 
     def run(model):
-        handle = model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].cpu().clone()),
-                                                 with_kwargs=True)
-        args = TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=1, gradient_accumulation_steps=3,
-                                 per_device_train_batch_size=2, report_to=[], use_cpu=not cuda, disable_tqdm=True,
-                                 seed=0, learning_rate=0.0, max_grad_norm=0.0, save_strategy="no", fp16=fp16)
+        handle = model.register_forward_pre_hook(
+            lambda m, a, kw: seen.append(kw["input_ids"].cpu().clone()), with_kwargs=True
+        )
+        args = TrainingArguments(
+            output_dir=str(tmp_path / "run"),
+            max_steps=1,
+            gradient_accumulation_steps=3,
+            per_device_train_batch_size=2,
+            report_to=[],
+            use_cpu=not cuda,
+            disable_tqdm=True,
+            seed=0,
+            learning_rate=0.0,
+            max_grad_norm=0.0,
+            save_strategy="no",
+            fp16=fp16,
+        )
         grab = Grab()
         trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[grab])
         if fp16 and trainer.accelerator.scaler is None:
@@ -392,6 +416,7 @@ def test_probmoe_train_gradient_accumulation(tmp_path, monkeypatch):
     import copy
 
     from gsm8k_data import write
+
     from probmoe.cli import train
     from probmoe.experiments import trainer as trainer_mod
 
@@ -416,15 +441,39 @@ def test_probmoe_train_gradient_accumulation(tmp_path, monkeypatch):
 
     monkeypatch.setattr(trainer_mod.Trainer, "_train_step", spy)
     for name, coef in (("on", LAMBDA), ("off", 1e-30)):
-        assert train.main(["--model", "tiny-olmoe", "--data", str(data), "--output-dir", str(tmp_path / name),
-                           "--batch-size", "2", "--grad-accum", "3", "--max-steps", "1", "--max-grad-norm", "0",
-                           "--method", "remoe", "--l1-coef", str(coef), "--no-progress"]) == 0
+        assert (
+            train.main(
+                [
+                    "--model",
+                    "tiny-olmoe",
+                    "--data",
+                    str(data),
+                    "--output-dir",
+                    str(tmp_path / name),
+                    "--batch-size",
+                    "2",
+                    "--grad-accum",
+                    "3",
+                    "--max-steps",
+                    "1",
+                    "--max-grad-norm",
+                    "0",
+                    "--method",
+                    "remoe",
+                    "--l1-coef",
+                    str(coef),
+                    "--no-progress",
+                ]
+            )
+            == 0
+        )
     got = seen["grads"][0] - seen["grads"][1]
     assert len(seen["batches"]) == 3
     assert_close_rel(got, official_penalty_grad(seen["model"], seen["batches"]), 1e-5)
 
 
 # -- DDP and FSDP2: 2 gloo processes (slow) --------------------------------------------------------
+
 
 def _distributed_rank(rank, port, out, mode):
     """One of 2 gloo ranks: the model's own loss on this rank's micro-batch under DDP or FSDP2
@@ -449,8 +498,10 @@ def _distributed_rank(rank, port, out, mode):
                     fully_shard(layer)
                 wrapped = fully_shard(model)
             wrapped(ids, labels=ids).loss.backward()
-            full = [g.weight.grad.full_tensor() if hasattr(g.weight.grad, "full_tensor") else g.weight.grad
-                    for g in patched_gates(model)]
+            full = [
+                g.weight.grad.full_tensor() if hasattr(g.weight.grad, "full_tensor") else g.weight.grad
+                for g in patched_gates(model)
+            ]
             grads.append(torch.stack([g.detach().float().clone() for g in full]))
         torch.save(grads[0] - grads[1], os.path.join(out, f"rank{rank}.pt"))
     finally:
@@ -526,8 +577,18 @@ def test_trainer_ddp_gradient_accumulation(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-               str(tmp_path / "run.py"), str(tmp_path), str(tmp_path / "rows.pt")]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+        str(tmp_path / "run.py"),
+        str(tmp_path),
+        str(tmp_path / "rows.pt"),
+    ]
     env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     done = subprocess.run(command, capture_output=True, text=True, cwd=root, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

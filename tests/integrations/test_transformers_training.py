@@ -5,9 +5,9 @@ import torch
 
 pytest.importorskip("transformers", minversion="5.0")
 
-import probmoe  # noqa: E402
-import probmoe.integrations.transformers as pt  # noqa: E402
-from probmoe.integrations.transformers.testing import tiny_model  # noqa: E402
+import probmoe
+import probmoe.integrations.transformers as pt
+from probmoe.integrations.transformers.testing import tiny_model
 
 
 def batch(seed=0):
@@ -29,8 +29,9 @@ def grads_of(family, method, checkpointing, own_generator, **kwargs):
 
 @pytest.mark.parametrize("reentrant", [False, True])
 @pytest.mark.parametrize("own_generator", [True, False])
-@pytest.mark.parametrize("family,method", [("olmoe", "probmoe"), ("mixtral", "probmoe-dynamic"),
-                                           ("qwen2_moe", "sample-dense-ste")])
+@pytest.mark.parametrize(
+    "family,method", [("olmoe", "probmoe"), ("mixtral", "probmoe-dynamic"), ("qwen2_moe", "sample-dense-ste")]
+)
 def test_gradient_checkpointing_draws_the_same_subsets(family, method, reentrant, own_generator):
     loss, grads, idx = grads_of(family, method, None, own_generator)
     loss_ckpt, grads_ckpt, idx_ckpt = grads_of(family, method, reentrant, own_generator)
@@ -84,8 +85,9 @@ def test_bf16_model_eval_equals_stock(family):
 
 
 def test_router_stats_after_a_step():
-    model = pt.patch_model(tiny_model("qwen3_moe"), "probmoe-dynamic", kmin=1, kmax=3,
-                           generator=torch.Generator().manual_seed(0)).train()
+    model = pt.patch_model(
+        tiny_model("qwen3_moe"), "probmoe-dynamic", kmin=1, kmax=3, generator=torch.Generator().manual_seed(0)
+    ).train()
     stats = pt.router_stats(model)
     assert [s["layer"] for s in stats] == ["model.layers.0.mlp.gate", "model.layers.1.mlp.gate"]
     assert all(s["routing"] is None and s["expert_counts"] is None for s in stats)  # before any forward

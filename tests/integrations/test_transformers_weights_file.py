@@ -63,18 +63,21 @@ def test_first_8_bytes_overwritten(saved, tmp_path):
         pt.from_pretrained(tmp_path)
 
 
-@pytest.mark.parametrize("edit,message", [
-    (lambda h: h.replace(b"{", b"[", 1), "not valid JSON"),
-    (lambda h: h.replace(b'"data_offsets":[0,', b'"data_offsets":[9,', 1), "bytes for a"),
-    (lambda h: h.replace(b'"dtype":"F32"', b'"dtype":"F99"', 1), "unknown dtype"),
-])
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda h: h.replace(b"{", b"[", 1), "not valid JSON"),
+        (lambda h: h.replace(b'"data_offsets":[0,', b'"data_offsets":[9,', 1), "bytes for a"),
+        (lambda h: h.replace(b'"dtype":"F32"', b'"dtype":"F99"', 1), "unknown dtype"),
+    ],
+)
 def test_corrupted_header(saved, tmp_path, edit, message):
     weights = copy_of(saved, tmp_path)
     raw = weights.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    header = edit(raw[8:8 + n])
-    assert len(header) == n and header != raw[8:8 + n]  # the edit applied, same length
-    weights.write_bytes(raw[:8] + header + raw[8 + n:])
+    header = edit(raw[8 : 8 + n])
+    assert len(header) == n and header != raw[8 : 8 + n]  # the edit applied, same length
+    weights.write_bytes(raw[:8] + header + raw[8 + n :])
     with pytest.raises(DamagedWeightsError, match=message):
         check_weights_files(tmp_path)
 
@@ -92,8 +95,10 @@ def test_tiny_and_empty_files(tmp_path):
 def test_sharded_index_names_missing_shards(tmp_path):
     tensors = {"a": torch.zeros(3), "b": torch.ones(2, 2, dtype=torch.bfloat16)}
     safetensors_torch.save_file(tensors, str(tmp_path / "model-00001-of-00002.safetensors"))
-    index = {"metadata": {}, "weight_map": {"a": "model-00001-of-00002.safetensors",
-                                            "b": "model-00002-of-00002.safetensors"}}
+    index = {
+        "metadata": {},
+        "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"},
+    }
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(DamagedWeightsError, match="model-00002-of-00002.safetensors"):
         check_weights_files(tmp_path)

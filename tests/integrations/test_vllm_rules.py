@@ -95,11 +95,13 @@ def test_relu_all_is_remoe_eval():
     assert torch.equal(w, ref) and torch.equal(ids.long(), torch.arange(8).expand(64, 8))
 
 
-RULES = [settings.Rule("topk", 2, 2, True, 8, "conventional", "x", {0: [0.1] * 8}),
-         settings.Rule("range", 4, 1, False, 8, "probmoe-dynamic", "x"),
-         settings.Rule("range", 4, 1, True, 8, "probmoe-dynamic", "x", {0: [0.0, 0.5] * 4}),
-         settings.Rule("sparsemixer", 2, 2, False, 8, "sparsemixer", "x"),
-         settings.Rule("remoe", 8, 0, False, 8, "remoe", "x")]
+RULES = [
+    settings.Rule("topk", 2, 2, True, 8, "conventional", "x", {0: [0.1] * 8}),
+    settings.Rule("range", 4, 1, False, 8, "probmoe-dynamic", "x"),
+    settings.Rule("range", 4, 1, True, 8, "probmoe-dynamic", "x", {0: [0.0, 0.5] * 4}),
+    settings.Rule("sparsemixer", 2, 2, False, 8, "sparsemixer", "x"),
+    settings.Rule("remoe", 8, 0, False, 8, "remoe", "x"),
+]
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: f"{r.kind}-{r.bias is not None}")
@@ -123,6 +125,7 @@ def test_routing_function_has_no_host_sync_and_distinct_ids(rule):
 
 # --- the settings reader, on files the transformers integration wrote ----------------------------
 
+
 def _saved(tmp_path, family="olmoe", method="probmoe-dynamic", **kw):
     model = tiny_model(family)
     pt.patch_model(model, method, **kw)
@@ -135,15 +138,18 @@ def _saved(tmp_path, family="olmoe", method="probmoe-dynamic", **kw):
     return str(path), model.config
 
 
-@pytest.mark.parametrize("method,kw,kind,slots,kmin", [
-    ("probmoe-dynamic", {"kmin": 1, "kmax": 4}, "range", 4, 1),
-    ("probmoe", {}, "topk", 2, 2),
-    ("probmoe", {"k": 3}, "topk", 3, 3),
-    ("conventional", {}, "topk", 2, 2),
-    ("defaultmoe", {}, "topk", 2, 2),
-    ("remoe", {}, "remoe", 8, 0),
-    ("sparsemixer", {}, "sparsemixer", 2, 2),
-])
+@pytest.mark.parametrize(
+    "method,kw,kind,slots,kmin",
+    [
+        ("probmoe-dynamic", {"kmin": 1, "kmax": 4}, "range", 4, 1),
+        ("probmoe", {}, "topk", 2, 2),
+        ("probmoe", {"k": 3}, "topk", 3, 3),
+        ("conventional", {}, "topk", 2, 2),
+        ("defaultmoe", {}, "topk", 2, 2),
+        ("remoe", {}, "remoe", 8, 0),
+        ("sparsemixer", {}, "sparsemixer", 2, 2),
+    ],
+)
 def test_rule_of_saved_checkpoint(tmp_path, method, kw, kind, slots, kmin):
     path, config = _saved(tmp_path, method=method, **kw)
     rule = settings.serving_rule(path, config)
@@ -208,14 +214,17 @@ def test_bad_settings_files(tmp_path):
 
 def test_family_without_plugin_support(tmp_path):
     path, config = _saved(tmp_path, family="deepseek_v3", method="probmoe-grouped")
-    with pytest.raises(settings.ServingSettingsError, match="refuses a custom routing function together with "
-                                                            "grouped top-k"):
+    with pytest.raises(
+        settings.ServingSettingsError, match="refuses a custom routing function together with grouped top-k"
+    ):
         settings.serving_rule(path, config)
     path, config = _saved(tmp_path, family="deepseek_v3", method="conventional", balance="aux-free")
     assert settings.serving_rule(path, config).stock  # its bias is the stock e_score_correction_bias
     path, config = _saved(tmp_path, family="deepseek_v3", method="probmoe", balance="aux-free")
-    with pytest.raises(settings.ServingSettingsError, match="'probmoe' with aux-free balancing on model type "
-                                                            "'deepseek_v3' is not served"):
+    with pytest.raises(
+        settings.ServingSettingsError,
+        match="'probmoe' with aux-free balancing on model type 'deepseek_v3' is not served",
+    ):
         settings.serving_rule(path, config)  # there the bias is a logit shift: not the stock rule
     path, config = _saved(tmp_path, family="deepseek_v3", method="conventional")
     assert settings.serving_rule(path, config).stock
@@ -225,19 +234,22 @@ def test_family_without_plugin_support(tmp_path):
         settings.serving_rule(path, config)
 
 
-@pytest.mark.parametrize("family,method,kw", [
-    ("olmoe", "probmoe-dynamic", {"kmin": 1, "kmax": 4}),
-    ("olmoe", "probmoe-dynamic", {"kmin": 2, "kmax": 6, "balance": "aux-free"}),
-    ("olmoe", "probmoe", {"balance": "aux-free"}),
-    ("olmoe", "topk-marginal", {"k": 3}),
-    ("olmoe", "conventional", {"balance": "aux-free"}),
-    ("olmoe", "defaultmoe", {"balance": "aux-free"}),
-    ("olmoe", "sparsemixer", {}),
-    ("olmoe", "remoe", {}),
-    ("mixtral", "probmoe-dynamic", {"kmin": 2, "kmax": 6, "balance": "aux-free"}),  # always renormalises
-    ("mixtral", "probmoe", {"balance": "aux-free"}),
-    ("mixtral", "sparsemixer", {}),
-])
+@pytest.mark.parametrize(
+    "family,method,kw",
+    [
+        ("olmoe", "probmoe-dynamic", {"kmin": 1, "kmax": 4}),
+        ("olmoe", "probmoe-dynamic", {"kmin": 2, "kmax": 6, "balance": "aux-free"}),
+        ("olmoe", "probmoe", {"balance": "aux-free"}),
+        ("olmoe", "topk-marginal", {"k": 3}),
+        ("olmoe", "conventional", {"balance": "aux-free"}),
+        ("olmoe", "defaultmoe", {"balance": "aux-free"}),
+        ("olmoe", "sparsemixer", {}),
+        ("olmoe", "remoe", {}),
+        ("mixtral", "probmoe-dynamic", {"kmin": 2, "kmax": 6, "balance": "aux-free"}),  # always renormalises
+        ("mixtral", "probmoe", {"balance": "aux-free"}),
+        ("mixtral", "sparsemixer", {}),
+    ],
+)
 def test_rule_routes_as_the_patched_gate(tmp_path, family, method, kw):
     """The rule read from a saved checkpoint routes the patched model's own router logits as its
     patched gate does in eval: the same experts with the same weights, token by token."""
@@ -251,8 +263,8 @@ def test_rule_routes_as_the_patched_gate(tmp_path, family, method, kw):
     for layer, block in enumerate(m for m in model.modules() if isinstance(m, PatchedGate)):
         logits, ref_w, ref_ids = block(hidden)
         bias = None if rule.bias is None else torch.tensor(rule.bias[layer])
-        w, ids = routing.routing_function(rule, bias)(hidden_states=hidden, gating_output=logits, topk=2,
-                                                       renormalize=False)
+        w, ids = routing.routing_function(rule, bias)(
+            hidden_states=hidden, gating_output=logits, topk=2, renormalize=False
+        )
         assert _distinct(ids)
-        torch.testing.assert_close(_by_expert(w, ids, 8), _by_expert(ref_w.float(), ref_ids, 8), rtol=1e-6,
-                                   atol=1e-7)
+        torch.testing.assert_close(_by_expert(w, ids, 8), _by_expert(ref_w.float(), ref_ids, 8), rtol=1e-6, atol=1e-7)

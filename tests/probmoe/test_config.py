@@ -21,28 +21,35 @@ def test_resolves_sizes_and_defaults():
     assert c.describe() == "k=8" and d.describe() == "kmin=1, kmax=8"
 
 
-@pytest.mark.parametrize("config", [
-    RoutingConfig(64, k=8), RoutingConfig(64, kmin=4, kmax=8, method="topk-marginal", backend="dp"),
-    RoutingConfig(3, k=3, grad="paper", normalize=True),
-])
+@pytest.mark.parametrize(
+    "config",
+    [
+        RoutingConfig(64, k=8),
+        RoutingConfig(64, kmin=4, kmax=8, method="topk-marginal", backend="dp"),
+        RoutingConfig(3, k=3, grad="paper", normalize=True),
+    ],
+)
 def test_round_trips_through_json(config):
     assert RoutingConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
 
 
-@pytest.mark.parametrize("fields, match", [
-    (dict(num_experts=0, k=1), r"num_experts must be in \[1, "),
-    (dict(num_experts=8, k=9), r"k must be in \[1, 8\]"),
-    (dict(num_experts=8, k=0), r"k must be in \[1, 8\]"),
-    (dict(num_experts=8), "pass k"),
-    (dict(num_experts=8, k=2, kmax=4), "either k"),
-    (dict(num_experts=8, kmin=5, kmax=4), "kmin must be <= kmax"),
-    (dict(num_experts=8, k=2.0), "k must be an integer"),
-    (dict(num_experts=8, k=2, method="dense"), "method must be one of"),
-    (dict(num_experts=8, k=2, backend="gpu"), "backend must be one of"),
-    (dict(num_experts=8, k=2, grad="simple"), "grad must be one of"),
-    (dict(num_experts=8, k=2, normalize=1), "normalize must be True or False"),
-    (dict(num_experts=8, k=9, kmin=9, kmax=9), r"k must be in \[1, 8\]"),  # a tampered to_dict
-])
+@pytest.mark.parametrize(
+    "fields, match",
+    [
+        (dict(num_experts=0, k=1), r"num_experts must be in \[1, "),
+        (dict(num_experts=8, k=9), r"k must be in \[1, 8\]"),
+        (dict(num_experts=8, k=0), r"k must be in \[1, 8\]"),
+        (dict(num_experts=8), "pass k"),
+        (dict(num_experts=8, k=2, kmax=4), "either k"),
+        (dict(num_experts=8, kmin=5, kmax=4), "kmin must be <= kmax"),
+        (dict(num_experts=8, k=2.0), "k must be an integer"),
+        (dict(num_experts=8, k=2, method="dense"), "method must be one of"),
+        (dict(num_experts=8, k=2, backend="gpu"), "backend must be one of"),
+        (dict(num_experts=8, k=2, grad="simple"), "grad must be one of"),
+        (dict(num_experts=8, k=2, normalize=1), "normalize must be True or False"),
+        (dict(num_experts=8, k=9, kmin=9, kmax=9), r"k must be in \[1, 8\]"),  # a tampered to_dict
+    ],
+)
 def test_bad_fields(fields, match):
     with pytest.raises(ValueError, match=match):
         RoutingConfig(**fields)
@@ -50,11 +57,14 @@ def test_bad_fields(fields, match):
         RoutingConfig.from_dict(fields)
 
 
-@pytest.mark.parametrize("data, match", [
-    ([8, 2], "must be a dict"),
-    ({"num_experts": 8, "k": 2, "top_k": 2}, r"unknown routing config keys \['top_k'\]"),
-    ({"k": 2}, "needs num_experts"),
-])
+@pytest.mark.parametrize(
+    "data, match",
+    [
+        ([8, 2], "must be a dict"),
+        ({"num_experts": 8, "k": 2, "top_k": 2}, r"unknown routing config keys \['top_k'\]"),
+        ({"k": 2}, "needs num_experts"),
+    ],
+)
 def test_from_dict_trusts_nothing(data, match):
     with pytest.raises(ValueError, match=match):
         RoutingConfig.from_dict(data)

@@ -3,9 +3,9 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from brute import exact, masks
 
 import probmoe
-from brute import exact, masks
 from circuits.dp import torch_dp as dp
 
 BACKENDS = ["dp", "circuit"]
@@ -67,8 +67,9 @@ def block_jacobian(f, r):
 def test_jacobian_of_mean(backend, grad, n, kmin, kmax, device):
     r = logits_for(n, kmin, seed=1)
     ex, _ = brute(r, kmin, kmax)
-    J = block_jacobian(lambda x: probmoe.SubsetDistribution(x, kmin=kmin, kmax=kmax, backend=backend, grad=grad).mean,
-                       r.to(device)).cpu()
+    J = block_jacobian(
+        lambda x: probmoe.SubsetDistribution(x, kmin=kmin, kmax=kmax, backend=backend, grad=grad).mean, r.to(device)
+    ).cpu()
     want = ex.cov if grad == "exact" else cov_paper(ex, r)
     torch.testing.assert_close(J, want, atol=1e-8, rtol=0)
 
@@ -193,8 +194,9 @@ def test_shapes_and_dtypes(backend):
     for dtype in (torch.float16, torch.bfloat16):
         h = probmoe.SubsetDistribution(r.to(dtype), kmin=2, kmax=5, backend=backend)
         assert h.mean.dtype == dtype and h.sample().dtype == dtype
-        torch.testing.assert_close(h.mean.float(), probmoe.SubsetDistribution(r.to(dtype).float(), kmin=2, kmax=5).mean,
-                                   atol=1e-2, rtol=0)
+        torch.testing.assert_close(
+            h.mean.float(), probmoe.SubsetDistribution(r.to(dtype).float(), kmin=2, kmax=5).mean, atol=1e-2, rtol=0
+        )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -271,7 +273,9 @@ def test_validate_args_false_skips_the_value_checks():
 def test_dp_keeps_only_the_logits_for_backward():
     saved = []
     r = torch.randn(512, 64, requires_grad=True)
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: saved.append(t.numel() * t.element_size()) or t, lambda t: t
+    ):
         m = probmoe.SubsetDistribution(r, kmin=4, kmax=8, backend="dp").mean
     assert sum(saved) <= r.numel() * 4
     m.sum().backward()

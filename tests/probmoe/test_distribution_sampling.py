@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-
-import probmoe
 from brute import exact, masks
 from stats import chi2_pvalue, mask_counts
+
+import probmoe
 
 DRAWS = 40_000
 ROWS = [
@@ -51,8 +51,12 @@ def test_zero_draws(backend):
 
 def test_seeded_generator_is_reproducible():
     r = torch.randn(100, 64)
-    a = probmoe.SubsetDistribution(r, kmin=4, kmax=8, backend="dp").sample((3,), generator=torch.Generator().manual_seed(5))
-    b = probmoe.SubsetDistribution(r, kmin=4, kmax=8, backend="dp").sample((3,), generator=torch.Generator().manual_seed(5))
+    a = probmoe.SubsetDistribution(r, kmin=4, kmax=8, backend="dp").sample(
+        (3,), generator=torch.Generator().manual_seed(5)
+    )
+    b = probmoe.SubsetDistribution(r, kmin=4, kmax=8, backend="dp").sample(
+        (3,), generator=torch.Generator().manual_seed(5)
+    )
     assert torch.equal(a, b) and ((a.sum(-1) >= 4) & (a.sum(-1) <= 8)).all()
 
 

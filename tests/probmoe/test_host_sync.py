@@ -5,10 +5,10 @@ it with --device cuda)."""
 
 import pytest
 import torch
+from host_sync import no_host_synchronisation
 
 import circuits
 import probmoe
-from host_sync import no_host_synchronisation
 
 CASES = {
     "exactly 8 of 64": dict(k=8),

@@ -4,10 +4,10 @@ import threading
 
 import pytest
 import torch
-
-import probmoe
 from brute import exact, masks
 from stats import chi2_pvalue, mask_counts
+
+import probmoe
 
 BACKENDS = ["dp", "circuit"]
 SIZES = [dict(k=3), dict(kmin=2, kmax=5)]
@@ -35,8 +35,9 @@ def test_training_forward_and_eq8_gradient(backend, grad, size, device):
     g = torch.Generator().manual_seed(0)
     r = (torch.randn(64, 8, generator=g, dtype=torch.float64) * 2).to(device).requires_grad_()
     c = torch.randn(64, bounds(size)[1], generator=g, dtype=torch.float64).to(device)
-    out = probmoe.route(r, **size, training=True, generator=torch.Generator(device).manual_seed(0), backend=backend,
-                        grad=grad)
+    out = probmoe.route(
+        r, **size, training=True, generator=torch.Generator(device).manual_seed(0), backend=backend, grad=grad
+    )
     pi = torch.softmax(r.detach(), -1)
     # forward: exactly softmax at the drawn experts, 0 on unused slots
     torch.testing.assert_close(out.weights, torch.where(out.mask, pi.gather(-1, out.indices), 0.0), atol=1e-12, rtol=0)
@@ -101,13 +102,20 @@ def test_ablation_methods(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("size,row", [(dict(k=3), [0.3, -0.2, 1.0, 0.0, -1.1, 0.5]),
-                                      (dict(kmin=1, kmax=4), [0.8, -0.5, 1.5, -2.0, 0.1, -0.4])])
+@pytest.mark.parametrize(
+    "size,row",
+    [(dict(k=3), [0.3, -0.2, 1.0, 0.0, -1.1, 0.5]), (dict(kmin=1, kmax=4), [0.8, -0.5, 1.5, -2.0, 0.1, -0.4])],
+)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])  # float32 runs the circuit's C passes
 def test_chi_squared_of_training_draws(backend, size, row, dtype, device):
     r = torch.tensor(row, dtype=dtype)
-    out = probmoe.route(r.to(device).expand(40_000, 6), **size, training=True,
-                        generator=torch.Generator(device).manual_seed(3), backend=backend)
+    out = probmoe.route(
+        r.to(device).expand(40_000, 6),
+        **size,
+        training=True,
+        generator=torch.Generator(device).manual_seed(3),
+        backend=backend,
+    )
     kmin, kmax = bounds(size)
     allowed = masks(6, range(kmin, kmax + 1))
     probs = exact(r[None].double(), allowed).probs[0]
@@ -147,7 +155,9 @@ def test_exact_k_routing_is_shift_invariant(backend):
     r = torch.randn(128, 16, dtype=torch.float64)
     for training in (True, False):
         a = probmoe.route(r, k=4, training=training, generator=torch.Generator().manual_seed(4), backend=backend)
-        b = probmoe.route(r + 17.25, k=4, training=training, generator=torch.Generator().manual_seed(4), backend=backend)
+        b = probmoe.route(
+            r + 17.25, k=4, training=training, generator=torch.Generator().manual_seed(4), backend=backend
+        )
         assert torch.equal(a.indices, b.indices)
         torch.testing.assert_close(a.weights, b.weights, atol=1e-12, rtol=0)
         torch.testing.assert_close(a.marginals, b.marginals, atol=1e-12, rtol=0)
@@ -207,7 +217,7 @@ def test_inference_mode_first(backend):
                 probmoe.route(r, kmin=2, kmax=4, training=True, backend=backend)
             x = r.clone().requires_grad_()
             probmoe.route(x, kmin=2, kmax=4, training=True, backend=backend).weights.sum().backward()
-        except Exception as e:  # noqa: BLE001 - reported below
+        except Exception as e:
             errors.append(e)
 
     t = threading.Thread(target=run)
@@ -277,7 +287,8 @@ def test_nan_logits_without_validation_still_route_to_real_experts(backend):
     left as unwritten slots (indices like 1.4e14 and an index error in the gate weights)."""
     r = torch.randn(300, 64, generator=torch.Generator().manual_seed(0))
     r[::3, 5] = float("nan")
-    out = probmoe.route(r, k=8, training=True, backend=backend, validate_args=False,
-                        generator=torch.Generator().manual_seed(1))
+    out = probmoe.route(
+        r, k=8, training=True, backend=backend, validate_args=False, generator=torch.Generator().manual_seed(1)
+    )
     assert out.indices.min() >= 0 and out.indices.max() < 64
     assert (out.counts[1::3] == 8).all()  # rows without a NaN are routed as usual

@@ -6,13 +6,15 @@ import json
 
 import pytest
 import torch
+from brute import exact
+from brute import group_models as models
+from brute import satisfies_groups as satisfies
+from stats import chi2_pvalue, mask_counts
 
 import circuits
 import probmoe
-from brute import exact, group_models as models, satisfies_groups as satisfies
 from circuits import GroupCapacity, GroupLimited
 from probmoe import RoutingConfig, SubsetDistribution
-from stats import chi2_pvalue, mask_counts
 
 # (x1 or x2) and (not x1 or x3) and (not x4 or not x5): a CNF over 6 variables, subsets of 1..5
 CLAUSES = [[1, 2], [-1, 3], [-4, -5]]
@@ -26,8 +28,11 @@ def cnf_constraint(tmp_path):
     return circuits.compile_circuit(path, cache_dir=tmp_path / "cache"), rows[ok]
 
 
-SPECS = [GroupLimited(8, 3, 4, 2), GroupCapacity(9, 4, [3, 3, 3], 2),
-         GroupLimited(10, None, [2, 3, 5], 2, capacity=2, kmin=1, kmax=4)]
+SPECS = [
+    GroupLimited(8, 3, 4, 2),
+    GroupCapacity(9, 4, [3, 3, 3], 2),
+    GroupLimited(10, None, [2, 3, 5], 2, capacity=2, kmin=1, kmax=4),
+]
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=str)
@@ -174,7 +179,7 @@ def test_any_compiled_circuit(tmp_path):
     d = SubsetDistribution(r, constraint=c)
     torch.testing.assert_close(d.mean, exact(r, allowed).marginals, atol=1e-9, rtol=0)
     with pytest.raises(ValueError, match="cardinality_probs needs a constraint spec"):
-        d.cardinality_probs
+        _ = d.cardinality_probs
     with pytest.raises(ValueError, match="cannot be written to a dict"):
         config.to_dict()
     # a compiled group circuit is kept as its spec, which has a dict form
@@ -182,12 +187,22 @@ def test_any_compiled_circuit(tmp_path):
     assert g.constraint == GroupLimited(16, 4, 4, 2)
 
 
-@pytest.mark.parametrize("config", [
-    RoutingConfig(64, constraint=GroupLimited(64, 8, 8, 4)),
-    RoutingConfig(64, constraint=GroupCapacity(64, None, [8] * 4 + [16] * 2, 3, kmin=2, kmax=8), scores="sigmoid",
-                  normalize=True, grad="paper", method="topk-marginal"),
-    RoutingConfig(64, constraint=GroupLimited(64, 8, 8, 4, capacity=3)),
-], ids=str)
+@pytest.mark.parametrize(
+    "config",
+    [
+        RoutingConfig(64, constraint=GroupLimited(64, 8, 8, 4)),
+        RoutingConfig(
+            64,
+            constraint=GroupCapacity(64, None, [8] * 4 + [16] * 2, 3, kmin=2, kmax=8),
+            scores="sigmoid",
+            normalize=True,
+            grad="paper",
+            method="topk-marginal",
+        ),
+        RoutingConfig(64, constraint=GroupLimited(64, 8, 8, 4, capacity=3)),
+    ],
+    ids=str,
+)
 def test_config_round_trips_through_json(config):
     data = json.loads(json.dumps(config.to_dict()))
     assert RoutingConfig.from_dict(data) == config
@@ -196,8 +211,9 @@ def test_config_round_trips_through_json(config):
 
 def test_cardinality_specs_become_sizes():
     assert RoutingConfig(64, constraint=circuits.ExactlyK(64, 8)) == RoutingConfig(64, k=8)
-    assert RoutingConfig(64, constraint=circuits.RangeK(64, 2, 8), backend="dp") == RoutingConfig(64, kmin=2, kmax=8,
-                                                                                                  backend="dp")
+    assert RoutingConfig(64, constraint=circuits.RangeK(64, 2, 8), backend="dp") == RoutingConfig(
+        64, kmin=2, kmax=8, backend="dp"
+    )
     assert RoutingConfig(64, k=8, constraint=GroupLimited(64, 8, 8, 4)).k == 8  # agreeing sizes are fine
 
 
@@ -237,10 +253,14 @@ def test_bad_inputs_elsewhere(tmp_path):
         probmoe.route(r, constraint=GroupLimited(16, 4, 4, 2), training=True)
     probmoe.route(r, constraint=GroupLimited(16, 4, 4, 4), training=True)  # feasible with 4 groups
     config = RoutingConfig(16, constraint=GroupLimited(16, 4, 4, 2))
-    for data, match in [({**config.to_dict(), "constraint": {"type": "GroupLimited"}}, "constraint: a GroupLimited"),
-                        ({**config.to_dict(), "constraint": {**config.to_dict()["constraint"], "n": 8}},
-                         "constraint: groups must sum to n = 8"),
-                        ({**config.to_dict(), "k": 5, "kmin": 5, "kmax": 5}, "k = 5 disagrees")]:
+    for data, match in [
+        ({**config.to_dict(), "constraint": {"type": "GroupLimited"}}, "constraint: a GroupLimited"),
+        (
+            {**config.to_dict(), "constraint": {**config.to_dict()["constraint"], "n": 8}},
+            "constraint: groups must sum to n = 8",
+        ),
+        ({**config.to_dict(), "k": 5, "kmin": 5, "kmax": 5}, "k = 5 disagrees"),
+    ]:
         with pytest.raises(ValueError, match=match):
             RoutingConfig.from_dict(data)
 
@@ -252,7 +272,13 @@ def test_normalized_weights_stay_finite_when_every_used_score_underflows():
     out = probmoe.route(torch.full((1, 8), -120.0), k=3, scores="sigmoid", training=False, normalize=True)
     assert torch.equal(out.weights, torch.zeros(1, 3))
     r = torch.full((2, 8), -120.0, requires_grad=True)
-    out = probmoe.route(r, constraint=circuits.GroupLimited(8, 3, 4, 2), scores="sigmoid", training=True,
-                        normalize=True, generator=torch.Generator().manual_seed(0))
+    out = probmoe.route(
+        r,
+        constraint=circuits.GroupLimited(8, 3, 4, 2),
+        scores="sigmoid",
+        training=True,
+        normalize=True,
+        generator=torch.Generator().manual_seed(0),
+    )
     out.weights.sum().backward()
     assert torch.isfinite(out.weights).all() and torch.isfinite(r.grad).all()

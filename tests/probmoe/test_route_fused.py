@@ -9,15 +9,18 @@ import importlib
 
 import pytest
 import torch
+from hard_rows import hard_logits
 
 import probmoe
-from hard_rows import hard_logits
 
 route_module = importlib.import_module("probmoe.route")
 
 
-@pytest.mark.parametrize("options", [dict(), dict(scores="sigmoid"), dict(normalize=True), dict(grad="paper")],
-                         ids=["softmax", "sigmoid", "normalize", "paper"])
+@pytest.mark.parametrize(
+    "options",
+    [dict(), dict(scores="sigmoid"), dict(normalize=True), dict(grad="paper")],
+    ids=["softmax", "sigmoid", "normalize", "paper"],
+)
 @pytest.mark.parametrize("size", [dict(k=8), dict(kmin=4, kmax=8)], ids=["exactly", "range"])
 @pytest.mark.parametrize("backend", ["dp", "circuit"])
 def test_route_fused_equals_composed(backend, size, options, monkeypatch):
@@ -28,8 +31,9 @@ def test_route_fused_equals_composed(backend, size, options, monkeypatch):
 
     def routed():
         x = r.clone().requires_grad_()
-        out = probmoe.route(x, **size, training=True, backend=backend, generator=torch.Generator().manual_seed(13),
-                            **options)
+        out = probmoe.route(
+            x, **size, training=True, backend=backend, generator=torch.Generator().manual_seed(13), **options
+        )
         (grad,) = torch.autograd.grad((out.weights * g).sum(), x)
         return out.indices, out.weights.detach(), out.mask, out.probs, grad
 

@@ -99,8 +99,11 @@ def test_checkpoint_with_interleaved_forwards(use_reentrant):
     def grads(ckpt, between):
         router = make(kmin=1, kmax=3, generator=torch.Generator().manual_seed(3))
         x1, x2 = h1.clone().requires_grad_(), h2.clone().requires_grad_()
-        run = (lambda x: checkpoint(toy_moe, router, experts, x, use_reentrant=use_reentrant)) if ckpt else (
-            lambda x: toy_moe(router, experts, x))
+        run = (
+            (lambda x: checkpoint(toy_moe, router, experts, x, use_reentrant=use_reentrant))
+            if ckpt
+            else (lambda x: toy_moe(router, experts, x))
+        )
         torch.manual_seed(11)
         y1 = run(x1).square().sum()
         if between == "forward":

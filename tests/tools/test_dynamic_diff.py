@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from gsm8k_data import write  # noqa: E402
+from gsm8k_data import write
 
 TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools")
 sys.path.insert(0, TOOLS)  # the tool imports dynamic_k_study from beside it, as when run as a script
@@ -26,8 +26,9 @@ def checkpoints(tmp_path_factory):
     from probmoe.integrations.transformers.testing import tiny_model
 
     root = tmp_path_factory.mktemp("diff")
-    for seed, (name, method, kwargs) in enumerate((("exact", "probmoe", {}),
-                                                   ("dynamic", "probmoe-dynamic", {"kmin": 1, "kmax": 2}))):
+    for seed, (name, method, kwargs) in enumerate(
+        (("exact", "probmoe", {}), ("dynamic", "probmoe-dynamic", {"kmin": 1, "kmax": 2}))
+    ):
         model = tiny_model("olmoe", seed=seed, vocab_size=VOCAB_SIZE, max_position_embeddings=1024)
         pt.patch_model(model, method, **kwargs)
         model.save_pretrained(root / name)
@@ -36,8 +37,21 @@ def checkpoints(tmp_path_factory):
 
 
 def _args(root, data, out, *extra):
-    return ["--dataset", f"GSM={data}", "--exact", f"GSM={root / 'exact'}", "--dynamic", f"GSM={root / 'dynamic'}",
-            "--max-new-tokens", "3", "--device", "cpu", "--output", str(out), *extra]
+    return [
+        "--dataset",
+        f"GSM={data}",
+        "--exact",
+        f"GSM={root / 'exact'}",
+        "--dynamic",
+        f"GSM={root / 'dynamic'}",
+        "--max-new-tokens",
+        "3",
+        "--device",
+        "cpu",
+        "--output",
+        str(out),
+        *extra,
+    ]
 
 
 def test_the_table_from_one_command(checkpoints, monkeypatch, capsys):
@@ -80,9 +94,9 @@ def test_real_scores_and_bad_input(checkpoints, capsys):
         (row,) = list(csv.DictReader(f))
     assert float(row["em_difference_pp"]) == pytest.approx(100 * (float(row["dynamic_em"]) - float(row["exact_em"])))
     for extra, message in (
-            ([], "already holds"),  # the folder of the run above
-            (["--dataset", f"LAW={data}", "--overwrite"], "--exact must name one checkpoint for each --dataset"),
-            (["--exact", "GSM", "--overwrite"], "--exact must be NAME=VALUE"),
+        ([], "already holds"),  # the folder of the run above
+        (["--dataset", f"LAW={data}", "--overwrite"], "--exact must name one checkpoint for each --dataset"),
+        (["--exact", "GSM", "--overwrite"], "--exact must be NAME=VALUE"),
     ):
         with pytest.raises(SystemExit) as e:
             dynamic_diff.main(_args(checkpoints, data, out, *extra))

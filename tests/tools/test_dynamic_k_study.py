@@ -7,10 +7,10 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from gsm8k_data import write  # noqa: E402
-from probmoe.cli import analyze  # noqa: E402
+from gsm8k_data import write
+from tool_modules import load_tool
 
-from tool_modules import load_tool  # noqa: E402
+from probmoe.cli import analyze
 
 study = load_tool("dynamic_k_study")
 
@@ -39,8 +39,20 @@ def _rows(path) -> list[dict]:
 def test_every_checkpoint_under_one_dynamic_rule(checkpoints, capsys):
     data = write(checkpoints, "test.jsonl", 2)
     out = checkpoints / "study"
-    args = ["--checkpoint", f"pm={checkpoints / 'probmoe'}", "--checkpoint", str(checkpoints / "conventional"),
-            "--data", data, "--max-new-tokens", "3", "--device", "cpu", "--output", str(out)]
+    args = [
+        "--checkpoint",
+        f"pm={checkpoints / 'probmoe'}",
+        "--checkpoint",
+        str(checkpoints / "conventional"),
+        "--data",
+        data,
+        "--max-new-tokens",
+        "3",
+        "--device",
+        "cpu",
+        "--output",
+        str(out),
+    ]
     assert study.main(args) == 0
     rows = _rows(out / "study.csv")
     assert [r["run"] for r in rows] == ["pm", "conventional"]
@@ -62,10 +74,12 @@ def test_every_checkpoint_under_one_dynamic_rule(checkpoints, capsys):
 def test_study_refuses_bad_input(checkpoints, capsys):
     data = write(checkpoints, "test.jsonl", 1)
     base = ["--checkpoint", str(checkpoints / "probmoe"), "--output", str(checkpoints / "bad")]
-    for flags, message in ((["--data", data, "--kmin", "5", "--kmax", "4"], "--kmin (5) must be <= --kmax (4)"),
-                           (["--data", data, "--include-path", "x"], "--include-path needs --tasks"),
-                           (["--data", str(checkpoints / "none.jsonl")], "does not exist"),
-                           ([], "one of the arguments --data --tasks is required")):
+    for flags, message in (
+        (["--data", data, "--kmin", "5", "--kmax", "4"], "--kmin (5) must be <= --kmax (4)"),
+        (["--data", data, "--include-path", "x"], "--include-path needs --tasks"),
+        (["--data", str(checkpoints / "none.jsonl")], "does not exist"),
+        ([], "one of the arguments --data --tasks is required"),
+    ):
         with pytest.raises(SystemExit) as e:
             study.main([*base, *flags])
         assert e.value.code == 2 and message in capsys.readouterr().err, flags
@@ -77,9 +91,28 @@ def test_analyze_ranks_tokens_by_experts(checkpoints):
     experts per token of analysis.json."""
     data = write(checkpoints, "test.jsonl", 3)
     out = checkpoints / "analysis"
-    assert analyze.main(["--checkpoint", str(checkpoints / "conventional"), "--data", data, "--output", str(out),
-                         "--method", "probmoe-dynamic", "--kmin", "1", "--kmax", "3", "--token-min-count", "1",
-                         "--no-progress"]) == 0
+    assert (
+        analyze.main(
+            [
+                "--checkpoint",
+                str(checkpoints / "conventional"),
+                "--data",
+                data,
+                "--output",
+                str(out),
+                "--method",
+                "probmoe-dynamic",
+                "--kmin",
+                "1",
+                "--kmax",
+                "3",
+                "--token-min-count",
+                "1",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     rows = _rows(out / "tokens.csv")
     means = [float(r["mean_experts"]) for r in rows]
     assert means == sorted(means, reverse=True) and means[0] > means[-1]
@@ -101,9 +134,30 @@ def test_analyze_compares_data_sets(checkpoints, capsys):
     its own texts; the same file under two names routes the same tokens the same way."""
     test, train = write(checkpoints, "test.jsonl", 2), write(checkpoints, "train.jsonl", 3)
     out = checkpoints / "analysis-sets"
-    assert analyze.main(["--checkpoint", f"pm={checkpoints / 'probmoe'}", "--data", f"gsm={test}", "--data",
-                         f"train={train}", "--data", f"again={test}", "--output", str(out), "--method",
-                         "probmoe-dynamic", "--kmin", "4", "--kmax", "8", "--no-progress"]) == 0
+    assert (
+        analyze.main(
+            [
+                "--checkpoint",
+                f"pm={checkpoints / 'probmoe'}",
+                "--data",
+                f"gsm={test}",
+                "--data",
+                f"train={train}",
+                "--data",
+                f"again={test}",
+                "--output",
+                str(out),
+                "--method",
+                "probmoe-dynamic",
+                "--kmin",
+                "4",
+                "--kmax",
+                "8",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     result = json.loads((out / "analysis.json").read_text())
     assert list(result["runs"]) == ["pm on gsm", "pm on train", "pm on again"]
     assert result["records"] == {"gsm": 2, "train": 3, "again": 2}
@@ -113,6 +167,16 @@ def test_analyze_compares_data_sets(checkpoints, capsys):
         assert all(4 <= layer["cardinality_mean"] <= 8 for layer in layers)
     assert {r["run"] for r in _rows(out / "analysis.csv")} == set(runs)
     with pytest.raises(SystemExit) as e:
-        analyze.main(["--checkpoint", str(checkpoints / "probmoe"), "--data", f"a={test}", "--data", f"a={train}",
-                      "--output", str(checkpoints / "x")])
+        analyze.main(
+            [
+                "--checkpoint",
+                str(checkpoints / "probmoe"),
+                "--data",
+                f"a={test}",
+                "--data",
+                f"a={train}",
+                "--output",
+                str(checkpoints / "x"),
+            ]
+        )
     assert e.value.code == 2 and "two data sets are named 'a'" in capsys.readouterr().err

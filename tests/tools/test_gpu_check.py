@@ -27,11 +27,13 @@ def test_budget_shares_cut_short_and_skip(tmp_path):
     """A step past its part's share is stopped (its process group killed) and reported cut short;
     time a part leaves unused carries to the next; a part the rest of the budget cannot hold is
     skipped with the reason; a failing step fails its part."""
-    plan = [parts.Part("quick", 0.1, 1, steps=[("ok", sleeper(0), {})]),
-            parts.Part("slow", 0.1, 1, steps=[("sleeps", sleeper(60), {}), ("after", sleeper(0), {})]),
-            parts.Part("fails", 0.1, 1, steps=[("exit 3", sleeper(0, 3), {})]),
-            parts.Part("hungry", 0.5, 1000, steps=[("never", sleeper(0), {})]),
-            parts.Part("told", 0.1, 1, skip="no CUDA device")]
+    plan = [
+        parts.Part("quick", 0.1, 1, steps=[("ok", sleeper(0), {})]),
+        parts.Part("slow", 0.1, 1, steps=[("sleeps", sleeper(60), {}), ("after", sleeper(0), {})]),
+        parts.Part("fails", 0.1, 1, steps=[("exit 3", sleeper(0, 3), {})]),
+        parts.Part("hungry", 0.5, 1000, steps=[("never", sleeper(0), {})]),
+        parts.Part("told", 0.1, 1, skip="no CUDA device"),
+    ]
     t0 = time.monotonic()
     got = check.run_parts(plan, budget_s=100, started=t0, out=tmp_path, env=dict(os.environ))
     assert time.monotonic() - t0 < 40  # the 60 s sleep was stopped at its share (10 s plus carry)
@@ -51,25 +53,73 @@ def test_report_reads_what_the_parts_wrote(tmp_path):
     """Per-test outcomes from the plugin's lines, the benchmark rows with their goals (CUDA rows
     only), and a half-written file read as missing rather than trusted."""
     tests = tmp_path / "tests.jsonl"
-    tests.write_text("\n".join(json.dumps(x) for x in [
-        dict(suite="device", test="a", outcome="passed", seconds=0.1, message=""),
-        dict(suite="device", test="b", outcome="failed", seconds=0.1, message="AssertionError: 2 != 3"),
-        dict(suite="triton", test="c", outcome="skipped", seconds=0, message="Skipped: CUDA only")]))
+    tests.write_text(
+        "\n".join(
+            json.dumps(x)
+            for x in [
+                dict(suite="device", test="a", outcome="passed", seconds=0.1, message=""),
+                dict(suite="device", test="b", outcome="failed", seconds=0.1, message="AssertionError: 2 != 3"),
+                dict(suite="triton", test="c", outcome="skipped", seconds=0, message="Skipped: CUDA only"),
+            ]
+        )
+    )
     router = tmp_path / "router.json"
-    router.write_text(json.dumps([dict(device="cuda", dtype="float32", tokens=65536, constraint="exactly 8 of 64",
-                                       routine="route dp", seconds=1e-3, ratio=1.2, saved_mib=4.0),
-                                  dict(device="cuda", dtype="float32", tokens=65536, constraint="exactly 16 of 256",
-                                       routine="route circuit (triton)", seconds=3e-3, ratio=2.5, saved_mib=9.0)]))
+    router.write_text(
+        json.dumps(
+            [
+                dict(
+                    device="cuda",
+                    dtype="float32",
+                    tokens=65536,
+                    constraint="exactly 8 of 64",
+                    routine="route dp",
+                    seconds=1e-3,
+                    ratio=1.2,
+                    saved_mib=4.0,
+                ),
+                dict(
+                    device="cuda",
+                    dtype="float32",
+                    tokens=65536,
+                    constraint="exactly 16 of 256",
+                    routine="route circuit (triton)",
+                    seconds=3e-3,
+                    ratio=2.5,
+                    saved_mib=9.0,
+                ),
+            ]
+        )
+    )
     step = tmp_path / "step.json"
     step.write_text('{"rows": [{"method": "conventional", "seconds": 0.1')  # cut short mid-write
     got = report.collect([dict(files=dict(tests=str(tests), bench_router=str(router), bench_step=str(step)))])
     assert [t["outcome"] for t in got["tests"]] == ["passed", "failed", "skipped"] and got["bench_step"] == []
-    md = report.markdown(dict(mode="cuda", budget_s=420, seconds=400, olmoe_layers=2, about=dict(
-        nvidia_smi=dict(gpus=[dict(name="NVIDIA H100 80GB HBM3", driver="580.1", memory="81559 MiB")]),
-        torch="2.11.0", cuda="13.0", triton="3.6.0", python="3.12.3", cpu=dict(name="x", cores=16)),
-        parts=[dict(part="tests", status="failed", steps=[dict(step="s", status="failed", seconds=3, returncode=2,
-                                                               tail=["ERROR collecting tests/x.py"])])],
-        results=got))
+    md = report.markdown(
+        dict(
+            mode="cuda",
+            budget_s=420,
+            seconds=400,
+            olmoe_layers=2,
+            about=dict(
+                nvidia_smi=dict(gpus=[dict(name="NVIDIA H100 80GB HBM3", driver="580.1", memory="81559 MiB")]),
+                torch="2.11.0",
+                cuda="13.0",
+                triton="3.6.0",
+                python="3.12.3",
+                cpu=dict(name="x", cores=16),
+            ),
+            parts=[
+                dict(
+                    part="tests",
+                    status="failed",
+                    steps=[
+                        dict(step="s", status="failed", seconds=3, returncode=2, tail=["ERROR collecting tests/x.py"])
+                    ],
+                )
+            ],
+            results=got,
+        )
+    )
     assert "NVIDIA H100 80GB HBM3 (driver 580.1" in md and "| device | 1 | 1 | 0 | 0 |" in md
     assert "`b`: AssertionError: 2 != 3" in md and "1 × CUDA only" in md
     assert "met (≤ 1.5×)" in md and "missed (≤ 2.0×)" in md
@@ -95,12 +145,18 @@ def test_rehearsal_end_to_end(tmp_path):
     wheels, out = tmp_path / "wheels", tmp_path / "out"
     made = subprocess.run(["bash", str(GPU / "wheels.sh"), str(wheels)], capture_output=True, text=True, timeout=600)
     assert made.returncode == 0, made.stderr[-2000:]
-    done = subprocess.run(["bash", str(GPU / "check.sh"), str(out), "--rehearse", "--budget-s", "1500", "--wheels",
-                           str(wheels)], capture_output=True, text=True, timeout=1800, cwd=tmp_path)
+    done = subprocess.run(
+        ["bash", str(GPU / "check.sh"), str(out), "--rehearse", "--budget-s", "1500", "--wheels", str(wheels)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=tmp_path,
+    )
     summary = json.loads((out / "gpu.json").read_text())
     assert done.returncode == 0, (done.stdout[-3000:], (out / "gpu.md").read_text())
     assert {p["part"]: p["status"] for p in summary["parts"]} == dict.fromkeys(
-        ("tests", "bench_router", "bench_step", "commands"), "passed"), (out / "gpu.md").read_text()
+        ("tests", "bench_router", "bench_step", "commands"), "passed"
+    ), (out / "gpu.md").read_text()
     files = list(out.iterdir())
     assert len(files) <= 8 and all(f.is_file() and f.stat().st_size < 16 * 2**20 for f in files)
     res = summary["results"]

@@ -9,10 +9,9 @@ import sys
 
 import pytest
 import torch
+from tool_modules import load_tool
 
 import probmoe
-
-from tool_modules import load_tool  # noqa: E402
 
 gv = load_tool("grad_variance")
 TOOL = gv.__file__
@@ -28,8 +27,7 @@ def reinforce_draws(problem, k, samples, generator):
     r = problem.logits.repeat(samples, 1).requires_grad_()
     dist = probmoe.SubsetDistribution(r, k=k, backend="dp")
     z = dist.sample(generator=generator)
-    losses = gv.token_losses((z * torch.softmax(r, dim=-1)).view(samples, tokens, n), problem.experts,
-                             problem.targets)
+    losses = gv.token_losses((z * torch.softmax(r, dim=-1)).view(samples, tokens, n), problem.experts, problem.targets)
     surrogate = losses.sum() + (losses.detach().flatten() * dist.log_prob(z)).sum()
     return torch.autograd.grad(surrogate, r)[0].view(samples, tokens, n)
 
@@ -43,8 +41,9 @@ def test_exact_gradient_matches_finite_differences(probs):
     for t, i in itertools.product(range(2), range(5)):
         step = torch.zeros_like(problem.logits)
         step[t, i] = h
-        up, down = (gv.expected_loss(problem.logits + s, problem.experts, problem.targets, masks, probs)
-                    for s in (step, -step))
+        up, down = (
+            gv.expected_loss(problem.logits + s, problem.experts, problem.targets, masks, probs) for s in (step, -step)
+        )
         numeric[t, i] = (up - down) / (2 * h)
     torch.testing.assert_close(exact, numeric, rtol=1e-7, atol=1e-8)
     assert exact.abs().min() > 1e-4  # every entry is checked, none is trivially 0
@@ -70,8 +69,11 @@ def test_estimator_forward_values_and_draws():
     the Gumbel-top-k probabilities; the two ProbMoE rows draw the same subsets from one seed."""
     logits = torch.randn(1, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64).repeat(40_000, 1)
     pi = torch.softmax(logits, dim=-1)
-    weights = {name: est(logits, 2, torch.Generator().manual_seed(7)).detach()
-               for name, est in gv.estimators(0.5).items() if name not in ("defaultmoe", "sparsemixer", "remoe")}
+    weights = {
+        name: est(logits, 2, torch.Generator().manual_seed(7)).detach()
+        for name, est in gv.estimators(0.5).items()
+        if name not in ("defaultmoe", "sparsemixer", "remoe")
+    }
     for name, w in weights.items():
         z = (w > 0).double()
         assert bool((z.sum(-1) == 2).all()), name
@@ -97,8 +99,12 @@ def test_defaultmoe_and_sparsemixer_rows():
     pi = torch.softmax(problem.logits, -1)
     chosen = pi.topk(2, -1).indices
     mask = torch.zeros_like(pi).scatter(1, chosen, 1.0)
-    defaults = torch.stack([problem.experts[mask[:, i] > 0, i].mean(0) if mask[:, i].any() else torch.zeros(3,
-                            dtype=torch.float64) for i in range(5)])
+    defaults = torch.stack(
+        [
+            problem.experts[mask[:, i] > 0, i].mean(0) if mask[:, i].any() else torch.zeros(3, dtype=torch.float64)
+            for i in range(5)
+        ]
+    )
     y = torch.einsum("tn,tnd->td", mask * pi, problem.experts)
     dy = 2 * (y - problem.targets)  # [T, d]
     g_pi = torch.where(mask > 0, torch.einsum("td,tnd->tn", dy, problem.experts), dy @ defaults.T)  # dL/dπ
@@ -127,8 +133,9 @@ def test_reinforce_converges_where_probmoe_stays_biased():
     exact = gv.exact_gradient(problem, 3)
     reinforce = reinforce_draws(problem, 3, 100_000, torch.Generator().manual_seed(0))
     unbiased = gv.metrics(reinforce, exact)
-    probmoe_row = gv.metrics(gv.draws(problem, gv.estimators(1.0)["probmoe-exact"], 3, 100_000,
-                                      torch.Generator().manual_seed(0)), exact)
+    probmoe_row = gv.metrics(
+        gv.draws(problem, gv.estimators(1.0)["probmoe-exact"], 3, 100_000, torch.Generator().manual_seed(0)), exact
+    )
     assert unbiased["bias"] < 2e-4
     assert probmoe_row["bias"] > 10 * unbiased["bias"]
     # a wrong oracle is caught too: against the Gumbel-top-k objective the same draws are far off
@@ -143,15 +150,20 @@ def test_metrics_by_hand():
     out = gv.metrics(draws, exact)
     assert out["bias"] == pytest.approx(0.0, abs=1e-15)
     assert out["variance"] == pytest.approx(0.0, abs=1e-15)  # both at cos 1/√2 to the mean
-    assert out["error"] == pytest.approx(1 - 2 ** -0.5)
+    assert out["error"] == pytest.approx(1 - 2**-0.5)
     assert out["mse"] == pytest.approx(1.0)
 
 
 def test_command_writes_the_json(tmp_path):
     path = tmp_path / "out.json"
     root = os.path.dirname(os.path.dirname(os.path.abspath(TOOL)))  # this checkout's probmoe, not an installed one
-    run = subprocess.run([sys.executable, TOOL, "--samples", "200", "--seeds", "2", "--json", str(path)],
-                         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": root})
+    run = subprocess.run(
+        [sys.executable, TOOL, "--samples", "200", "--seeds", "2", "--json", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": root},
+    )
     assert run.returncode == 0, run.stderr
     assert "| gumbel-st (own objective) |" in run.stdout
     data = json.loads(path.read_text())
@@ -161,15 +173,18 @@ def test_command_writes_the_json(tmp_path):
         assert all(type(v) is float and math.isfinite(v) for v in row.values())
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--k", "10"], "--k must be 1..9, got 10"),
-    (["--n", "6", "--k", "0"], "--k must be 1..5, got 0"),
-    (["--samples", "1"], "--samples must be >= 2, got 1"),
-    (["--seeds", "1"], "--seeds must be >= 2, got 1"),
-    (["--n", "17"], f"--n must be 2..{gv.MAX_N}, got 17"),
-    (["--tau", "0"], "--tau must be a positive finite number, got 0.0"),
-    (["--tokens", "x"], "argument --tokens: invalid int value: 'x'"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--k", "10"], "--k must be 1..9, got 10"),
+        (["--n", "6", "--k", "0"], "--k must be 1..5, got 0"),
+        (["--samples", "1"], "--samples must be >= 2, got 1"),
+        (["--seeds", "1"], "--seeds must be >= 2, got 1"),
+        (["--n", "17"], f"--n must be 2..{gv.MAX_N}, got 17"),
+        (["--tau", "0"], "--tau must be a positive finite number, got 0.0"),
+        (["--tokens", "x"], "argument --tokens: invalid int value: 'x'"),
+    ],
+)
 def test_bad_arguments_exit_2_with_one_line(argv, needle, capsys):
     with pytest.raises(SystemExit) as stop:
         gv.main(argv)
@@ -184,14 +199,14 @@ def test_metrics_axes_by_hand():
     draws = torch.tensor([[[1.0, 1.0], [0.0, 1.0]], [[1.0, -1.0], [0.0, 1.0]]], dtype=torch.float64)  # [S=2, T, n]
     tok = gv.metrics(draws, exact, "per-token")
     assert tok["bias"] == pytest.approx(0.0, abs=1e-15)  # token 0's mean is [1, 0], token 1's is exact
-    assert tok["error"] == pytest.approx((1 - 2 ** -0.5) / 2)  # token 0 at 45 degrees, token 1 exact
+    assert tok["error"] == pytest.approx((1 - 2**-0.5) / 2)  # token 0 at 45 degrees, token 1 exact
     assert tok["variance"] == pytest.approx(0.0, abs=1e-15)
     axis = gv.metrics(draws, exact, "token-axis")  # expert 0: (1, 0) every draw; expert 1: (±1, 1) against (0, 1)
     assert axis["bias"] == pytest.approx(0.0, abs=1e-15)
-    assert axis["error"] == pytest.approx((0 + (1 - 2 ** -0.5)) / 2)
-    assert axis["variance"] == pytest.approx(torch.tensor([1.0, 2 ** -0.5, 1.0, 2 ** -0.5]).var().item())
+    assert axis["error"] == pytest.approx((0 + (1 - 2**-0.5)) / 2)
+    assert axis["variance"] == pytest.approx(torch.tensor([1.0, 2**-0.5, 1.0, 2**-0.5]).var().item())
     flat = gv.metrics(draws, exact)
-    assert flat["error"] == pytest.approx(1 - 2 / (3 ** 0.5 * 2 ** 0.5))
+    assert flat["error"] == pytest.approx(1 - 2 / (3**0.5 * 2**0.5))
     with pytest.raises(ValueError, match="axis must be"):
         gv.metrics(draws, exact, "rows")
 
@@ -225,11 +240,20 @@ def test_sampled_densemixer_draws_subsets_from_the_distribution():
     assert float(((counts - expected).abs() / expected.sqrt()).max()) < 5
 
 
-@pytest.mark.parametrize("reading, densemixer_varies", [("ours", False), ("per-token", False), ("token-axis", False),
-                                                        ("sampled-densemixer", True), ("logits-per-sample", True)])
+@pytest.mark.parametrize(
+    "reading, densemixer_varies",
+    [
+        ("ours", False),
+        ("per-token", False),
+        ("token-axis", False),
+        ("sampled-densemixer", True),
+        ("logits-per-sample", True),
+    ],
+)
 def test_readings(reading, densemixer_varies, capsys):
-    args = gv.parse_args(["--samples", "64", "--seeds", "2", "--n", "5", "--k", "2", "--tokens", "3", "--dim", "2",
-                          "--reading", reading])
+    args = gv.parse_args(
+        ["--samples", "64", "--seeds", "2", "--n", "5", "--k", "2", "--tokens", "3", "--dim", "2", "--reading", reading]
+    )
     summary = gv.run(args)
     assert ("gumbel-st (own objective)" in summary) == (reading != "logits-per-sample")
     variance = summary["densemixer"]["variance"][0]

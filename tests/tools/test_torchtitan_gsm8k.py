@@ -11,11 +11,12 @@ import pytest
 pytest.importorskip("triton")  # torchtitan imports it, also on CPU
 pytest.importorskip("probmoe.integrations.torchtitan", exc_type=ImportError)
 
-from gsm8k_data import write  # noqa: E402
-from rank_runs import torchrun  # noqa: E402
+from gsm8k_data import write
+from rank_runs import torchrun
 
-TOOL = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools",
-                    "torchtitan_gsm8k.py")
+TOOL = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools", "torchtitan_gsm8k.py"
+)
 
 
 @pytest.mark.slow
@@ -23,9 +24,33 @@ def test_trains_logs_and_resumes_bit_for_bit(tmp_path):
     data = write(tmp_path, "train.jsonl", 64)
     out = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run([*torchrun(), "--standalone", "--nproc_per_node", "2", TOOL, "--data", data, "--out",
-                           str(out), "--steps", "12", "--save-at", "5", "--log-every", "1", "--seq-len", "64",
-                           "--batch-size", "4"], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            *torchrun(),
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            TOOL,
+            "--data",
+            data,
+            "--out",
+            str(out),
+            "--steps",
+            "12",
+            "--save-at",
+            "5",
+            "--log-every",
+            "1",
+            "--seq-len",
+            "64",
+            "--batch-size",
+            "4",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     records = [json.loads(line) for line in open(out / "train_log.jsonl")]
     steps = [r for r in records if "step" in r]

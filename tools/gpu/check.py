@@ -19,7 +19,6 @@ Writes OUT_DIR/gpu.json (everything), OUT_DIR/gpu.md (the tables) and one log pe
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -80,8 +79,11 @@ def run_parts(plan: list, budget_s: float, started: float, out: Path, env: dict)
         if part.skip:
             entry.update(status="skipped", reason=part.skip)
         elif allowed < part.least_s:
-            entry.update(status="skipped", reason=f"the budget: {max(left, 0):.0f} s left of {budget_s:.0f} s, "
-                                                   f"{max(allowed, 0):.0f} s for this part, which needs {part.least_s:.0f} s")
+            entry.update(
+                status="skipped",
+                reason=f"the budget: {max(left, 0):.0f} s left of {budget_s:.0f} s, "
+                f"{max(allowed, 0):.0f} s for this part, which needs {part.least_s:.0f} s",
+            )
         else:
             t0 = time.monotonic()
             with open(out / f"{part.name}.log", "a", encoding="utf-8") as log:
@@ -95,8 +97,16 @@ def run_parts(plan: list, budget_s: float, started: float, out: Path, env: dict)
             used = time.monotonic() - t0
             carried = max(0.0, allowed - used)
             states = {s["status"] for s in entry["steps"]}
-            entry.update(status="passed" if states == {"passed"} else "failed" if "failed" in states else
-                         "cut short" if "cut short" in states else "incomplete", seconds=round(used, 1))
+            entry.update(
+                status="passed"
+                if states == {"passed"}
+                else "failed"
+                if "failed" in states
+                else "cut short"
+                if "cut short" in states
+                else "incomplete",
+                seconds=round(used, 1),
+            )
         print(f"[check] {part.name}: {entry['status']}", flush=True)
         results.append(entry)
     return results
@@ -119,9 +129,15 @@ def main() -> int:
     cuda = torch.cuda.is_available() and not args.rehearse
     about = environment.describe(args.install_log)
     work = Path(tempfile.mkdtemp(prefix="probmoe-gpu-check-"))
-    env = {**os.environ, "PROBMOE_CACHE": str(work / "cache"), "MPLCONFIGDIR": str(work / "matplotlib"),
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-           "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "PROBMOE_CACHE": str(work / "cache"),
+        "MPLCONFIGDIR": str(work / "matplotlib"),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        "PYTHONUNBUFFERED": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+    }
     env.pop("TRITON_INTERPRET", None)
     if args.rehearse:  # the packages the device image lacks (and the wheels do not bring) are absent here too
         env["PYTHONPATH"] = os.pathsep.join([str(HERE / "image"), env["PYTHONPATH"]])
@@ -132,9 +148,15 @@ def main() -> int:
         for part in plan:
             part.skip = "no CUDA device (torch.cuda.is_available() is False); --rehearse runs the parts on the CPU"
     results = run_parts(plan, args.budget_s, started, args.out, env)
-    summary = dict(mode="rehearsal on the CPU" if args.rehearse else "cuda" if cuda else "no device",
-                   budget_s=args.budget_s, seconds=round(time.monotonic() - started, 1), about=about,
-                   olmoe_layers=layers if cuda else None, parts=results, results=report.collect(results))
+    summary = dict(
+        mode="rehearsal on the CPU" if args.rehearse else "cuda" if cuda else "no device",
+        budget_s=args.budget_s,
+        seconds=round(time.monotonic() - started, 1),
+        about=about,
+        olmoe_layers=layers if cuda else None,
+        parts=results,
+        results=report.collect(results),
+    )
     report.write(args.out, summary)
     print(f"[check] {summary['seconds']:.0f} s; {args.out / 'gpu.md'} and gpu.json written", flush=True)
     failed = [p["part"] for p in results if p["status"] == "failed"]  # a part cut short by the budget is not

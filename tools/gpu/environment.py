@@ -20,12 +20,19 @@ def nvidia_smi() -> dict:
     if shutil.which("nvidia-smi") is None:
         return {}
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
     except (OSError, subprocess.SubprocessError) as e:
         return {"error": str(e)}
-    gpus = [dict(zip(("name", "driver", "memory"), (x.strip() for x in line.split(",")))) for line in out.splitlines()
-            if line.strip()]
+    gpus = [
+        dict(zip(("name", "driver", "memory"), (x.strip() for x in line.split(","))))
+        for line in out.splitlines()
+        if line.strip()
+    ]
     return {"gpus": gpus}
 
 
@@ -61,7 +68,6 @@ def unmet_requirements() -> list[str]:
     """probmoe's declared requirements (core and EXTRAS), and those of the carried packages, that
     this environment does not meet (the wheels are installed without their dependencies)."""
     import tomllib
-
     from packaging.requirements import Requirement
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
@@ -90,14 +96,25 @@ def describe(install_log: Path | None = None) -> dict:
     """Everything a reader of the check's report needs to place its numbers."""
     import torch
 
-    about = dict(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
-                 triton=version("triton"), transformers=version("transformers"), pysdd=version("pysdd"),
-                 nvidia_smi=nvidia_smi(), cpu=cpu(), unmet_requirements=unmet_requirements())
+    about = dict(
+        python=platform.python_version(),
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        triton=version("triton"),
+        transformers=version("transformers"),
+        pysdd=version("pysdd"),
+        nvidia_smi=nvidia_smi(),
+        cpu=cpu(),
+        unmet_requirements=unmet_requirements(),
+    )
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        about["device"] = dict(name=props.name, multiprocessors=props.multi_processor_count,
-                               memory_gib=round(props.total_memory / 2**30, 1),
-                               capability=f"{props.major}.{props.minor}")
+        about["device"] = dict(
+            name=props.name,
+            multiprocessors=props.multi_processor_count,
+            memory_gib=round(props.total_memory / 2**30, 1),
+            capability=f"{props.major}.{props.minor}",
+        )
     if install_log is not None and install_log.is_file():
         about["install"] = install_log.read_text(encoding="utf-8", errors="replace")[-2000:]
     return about

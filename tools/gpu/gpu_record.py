@@ -38,8 +38,13 @@ def pytest_runtest_logreport(report):
     if not path:
         return
     outcome = report.outcome if report.when == "call" or report.skipped else "error"
-    line = dict(suite=_CONFIG["suite"], test=report.nodeid, outcome=outcome, seconds=round(report.duration, 3),
-                message=_message(report))
+    line = dict(
+        suite=_CONFIG["suite"],
+        test=report.nodeid,
+        outcome=outcome,
+        seconds=round(report.duration, 3),
+        message=_message(report),
+    )
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(line) + "\n")
 

@@ -21,9 +21,11 @@ IMAGE_LACKS = ("pyganak", "trl", "lm_eval", "wandb", "vllm", "torchtitan")
 STEP_METHODS = ["conventional", "ProbMoE (dp)", "ProbMoE (circuit)", "ProbMoE Dynamic-k (circuit)", "DenseMixer"]
 # the rehearsal's device tests: one or two of each kind (brute force, DP, draws, Jacobians,
 # compiled equals eager, host synchronisation), a minute on two cores
-REHEARSAL_TESTS = ("n12_matches or (test_the_two_algorithms_agree and float32) or test_chi_squared "
-                   "or (test_jacobian_of_mean and dp and exact) or (test_compiled_route_equals_eager and exactly) "
-                   "or host_synchronisation")
+REHEARSAL_TESTS = (
+    "n12_matches or (test_the_two_algorithms_agree and float32) or test_chi_squared "
+    "or (test_jacobian_of_mean and dp and exact) or (test_compiled_route_equals_eager and exactly) "
+    "or host_synchronisation"
+)
 REHEARSAL_TRITON = "(test_brute_force and ExactlyK and 3) or test_no_host_synchronisation"
 
 
@@ -47,56 +49,264 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
     tests = Part("tests", 0.42, 30, files={"tests": work / "tests.jsonl"})
     if cuda:
         tests.steps = [
-            ("Triton checks, compiled", [PY, "-m", "pytest", "tests/circuits/circuits_triton_checks.py", *record,
-                                         "--record-suite=triton"], {}),
-            ("device tests on cuda", [PY, "-m", "pytest", "tests", "-m", "device and not slow", "--device", "cuda", *record,
-                                      "--record-suite=device"], {}),
-            ("slow device tests on cuda", [PY, "-m", "pytest", "tests", "-m", "device and slow", "--device", "cuda", *record,
-                                           "--record-suite=device (slow)"], {}),
+            (
+                "Triton checks, compiled",
+                [PY, "-m", "pytest", "tests/circuits/circuits_triton_checks.py", *record, "--record-suite=triton"],
+                {},
+            ),
+            (
+                "device tests on cuda",
+                [
+                    PY,
+                    "-m",
+                    "pytest",
+                    "tests",
+                    "-m",
+                    "device and not slow",
+                    "--device",
+                    "cuda",
+                    *record,
+                    "--record-suite=device",
+                ],
+                {},
+            ),
+            (
+                "slow device tests on cuda",
+                [
+                    PY,
+                    "-m",
+                    "pytest",
+                    "tests",
+                    "-m",
+                    "device and slow",
+                    "--device",
+                    "cuda",
+                    *record,
+                    "--record-suite=device (slow)",
+                ],
+                {},
+            ),
         ]
     else:
         tests.steps = [
-            ("Triton checks, interpreted (a selection)", [PY, "-m", "pytest", "tests/circuits/circuits_triton_checks.py",
-                                                          "-k", REHEARSAL_TRITON, *record, "--record-suite=triton"],
-             {"TRITON_INTERPRET": "1"}),
-            ("device tests on cpu (a selection)", [PY, "-m", "pytest", "tests", "-m", "device and not slow", "--device", "cpu",
-                                                   "-k", REHEARSAL_TESTS, *record, "--record-suite=device"], {}),
+            (
+                "Triton checks, interpreted (a selection)",
+                [
+                    PY,
+                    "-m",
+                    "pytest",
+                    "tests/circuits/circuits_triton_checks.py",
+                    "-k",
+                    REHEARSAL_TRITON,
+                    *record,
+                    "--record-suite=triton",
+                ],
+                {"TRITON_INTERPRET": "1"},
+            ),
+            (
+                "device tests on cpu (a selection)",
+                [
+                    PY,
+                    "-m",
+                    "pytest",
+                    "tests",
+                    "-m",
+                    "device and not slow",
+                    "--device",
+                    "cpu",
+                    "-k",
+                    REHEARSAL_TESTS,
+                    *record,
+                    "--record-suite=device",
+                ],
+                {},
+            ),
         ]
 
     router = Part("bench_router", 0.20, 30, files={"bench_router": work / "bench_router.json"})
     common = ["--dtypes", "fp32,bf16", "--json", str(work / "bench_router.json")]
     if cuda:
-        router.steps = [("routing at T = 65,536", [PY, "tools/bench_router.py", "--devices", "cuda", "--tokens", "65536",
-                                                   "--sizes", "64:8,64:4-8,256:16", "--passes", "torch,triton",
-                                                   "--repeats", "10", *common], {})]
+        router.steps = [
+            (
+                "routing at T = 65,536",
+                [
+                    PY,
+                    "tools/bench_router.py",
+                    "--devices",
+                    "cuda",
+                    "--tokens",
+                    "65536",
+                    "--sizes",
+                    "64:8,64:4-8,256:16",
+                    "--passes",
+                    "torch,triton",
+                    "--repeats",
+                    "10",
+                    *common,
+                ],
+                {},
+            )
+        ]
     else:
-        router.steps = [("routing at T = 64", [PY, "tools/bench_router.py", "--devices", "cpu", "--tokens", "64",
-                                               "--sizes", "8:2,8:1-3,16:4", "--passes", "torch,c", "--repeats", "1",
-                                               *common], {})]
+        router.steps = [
+            (
+                "routing at T = 64",
+                [
+                    PY,
+                    "tools/bench_router.py",
+                    "--devices",
+                    "cpu",
+                    "--tokens",
+                    "64",
+                    "--sizes",
+                    "8:2,8:1-3,16:4",
+                    "--passes",
+                    "torch,c",
+                    "--repeats",
+                    "1",
+                    *common,
+                ],
+                {},
+            )
+        ]
 
     step = Part("bench_step", 0.21, 45, files={"bench_step": work / "bench_step.json"})
-    shape = (["--hidden", "2048", "--experts", "64", "--top-k", "8", "--heads", "16", "--vocab", "50304",
-              "--layers", str(olmoe_layers), "--tokens", "16384", "--seq", "2048", "--repeats", "8"] if cuda else
-             ["--hidden", "64", "--experts", "8", "--top-k", "2", "--heads", "2", "--vocab", "512", "--layers", "1",
-              "--tokens", "128", "--seq", "64", "--repeats", "1", "--no-memory"])
-    step.steps = [("training step per method" + (", OLMoE-1B-7B widths" if cuda else ", tiny"),
-                   [PY, "tools/bench_step.py", "--devices", "cuda" if cuda else "cpu", *shape, "--dtype", "bfloat16",
-                    "--methods", *STEP_METHODS, "--json", str(work / "bench_step.json")], {})]
+    shape = (
+        [
+            "--hidden",
+            "2048",
+            "--experts",
+            "64",
+            "--top-k",
+            "8",
+            "--heads",
+            "16",
+            "--vocab",
+            "50304",
+            "--layers",
+            str(olmoe_layers),
+            "--tokens",
+            "16384",
+            "--seq",
+            "2048",
+            "--repeats",
+            "8",
+        ]
+        if cuda
+        else [
+            "--hidden",
+            "64",
+            "--experts",
+            "8",
+            "--top-k",
+            "2",
+            "--heads",
+            "2",
+            "--vocab",
+            "512",
+            "--layers",
+            "1",
+            "--tokens",
+            "128",
+            "--seq",
+            "64",
+            "--repeats",
+            "1",
+            "--no-memory",
+        ]
+    )
+    step.steps = [
+        (
+            "training step per method" + (", OLMoE-1B-7B widths" if cuda else ", tiny"),
+            [
+                PY,
+                "tools/bench_step.py",
+                "--devices",
+                "cuda" if cuda else "cpu",
+                *shape,
+                "--dtype",
+                "bfloat16",
+                "--methods",
+                *STEP_METHODS,
+                "--json",
+                str(work / "bench_step.json"),
+            ],
+            {},
+        )
+    ]
 
-    commands = Part("commands", 0.17, 40, files={"eval": work / "eval" / "summary.json",
-                                                 "analysis": work / "analysis" / "analysis.json"})
+    commands = Part(
+        "commands",
+        0.17,
+        40,
+        files={"eval": work / "eval" / "summary.json", "analysis": work / "analysis" / "analysis.json"},
+    )
     data = write_problems(work / "problems.jsonl")
     device = ["--device", "cuda" if cuda else "cpu"]
     quiet = ["--no-progress"]
     commands.steps = [
-        ("probmoe-train", [*command("train"), "--model", "tiny-olmoe", "--data", data, "--output-dir",
-                           str(work / "run"), "--method", "probmoe", "--max-steps", "8" if cuda else "2",
-                           "--batch-size", "4", "--bf16", *device, *quiet], {}),
-        ("probmoe-eval", [*command("eval"), "--checkpoint", str(work / "run"), "--data", data, "--limit", "4",
-                          "--max-new-tokens", "16" if cuda else "4", "--output", str(work / "eval"),
-                          "--dtype", "bfloat16", *device, *quiet], {}),
-        ("probmoe-analyze", [*command("analyze"), "--checkpoint", str(work / "run"), "--data", data, "--limit", "8",
-                             "--output", str(work / "analysis"), "--dtype", "bfloat16", *device, *quiet], {}),
+        (
+            "probmoe-train",
+            [
+                *command("train"),
+                "--model",
+                "tiny-olmoe",
+                "--data",
+                data,
+                "--output-dir",
+                str(work / "run"),
+                "--method",
+                "probmoe",
+                "--max-steps",
+                "8" if cuda else "2",
+                "--batch-size",
+                "4",
+                "--bf16",
+                *device,
+                *quiet,
+            ],
+            {},
+        ),
+        (
+            "probmoe-eval",
+            [
+                *command("eval"),
+                "--checkpoint",
+                str(work / "run"),
+                "--data",
+                data,
+                "--limit",
+                "4",
+                "--max-new-tokens",
+                "16" if cuda else "4",
+                "--output",
+                str(work / "eval"),
+                "--dtype",
+                "bfloat16",
+                *device,
+                *quiet,
+            ],
+            {},
+        ),
+        (
+            "probmoe-analyze",
+            [
+                *command("analyze"),
+                "--checkpoint",
+                str(work / "run"),
+                "--data",
+                data,
+                "--limit",
+                "8",
+                "--output",
+                str(work / "analysis"),
+                "--dtype",
+                "bfloat16",
+                *device,
+                *quiet,
+            ],
+            {},
+        ),
     ]
     return [tests, router, step, commands]
 
@@ -115,8 +325,15 @@ def write_problems(path: Path, count: int = 24) -> str:
     with open(path, "w", encoding="utf-8") as f:
         for _ in range(count):
             a, b = rng.randint(2, 60), rng.randint(2, 60)
-            f.write(json.dumps({"question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
-                                "answer": f"He has {a} + {b} = {a + b} apples.\n#### {a + b}"}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
+                        "answer": f"He has {a} + {b} = {a + b} apples.\n#### {a + b}",
+                    }
+                )
+                + "\n"
+            )
     return str(path)
 
 

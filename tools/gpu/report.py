@@ -30,9 +30,11 @@ def _read(path: str | None):
 def collect(parts: list[dict]) -> dict:
     """tests (one entry per test), bench_router and bench_step rows, the commands' results."""
     files = {k: v for p in parts for k, v in p["files"].items()}
-    out = {"tests": _read(files.get("tests")) or [],
-           "bench_router": _read(files.get("bench_router")) or [],
-           "bench_step": (_read(files.get("bench_step")) or {}).get("rows", [])}
+    out = {
+        "tests": _read(files.get("tests")) or [],
+        "bench_router": _read(files.get("bench_router")) or [],
+        "bench_step": (_read(files.get("bench_step")) or {}).get("rows", []),
+    }
     summary = _read(files.get("eval"))
     if isinstance(summary, dict):
         keep = ("routing", "answer_loss", "experts_per_token", "exact_match_flexible", "exact_match_strict")
@@ -44,18 +46,23 @@ def collect(parts: list[dict]) -> dict:
 
 
 def _table(header: list[str], rows: list[list]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *["| " + " | ".join(str(c) for c in row) + " |" for row in rows]]
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *["| " + " | ".join(str(c) for c in row) + " |" for row in rows],
+    ]
 
 
 def _about(about: dict) -> list[str]:
     gpus = about.get("nvidia_smi", {}).get("gpus", [])
     device = "; ".join(f"{g.get('name')} (driver {g.get('driver')}, {g.get('memory')})" for g in gpus) or "no GPU"
     c = about.get("cpu", {})
-    lines = [f"- device: {device}",
-             f"- torch {about.get('torch')}, CUDA {about.get('cuda')}, triton {about.get('triton')}, transformers "
-             f"{about.get('transformers')}, Python {about.get('python')}",
-             f"- CPU: {c.get('name')}, {c.get('cores')} cores, {' '.join(c.get('vector_extensions', [])) or 'no AVX'}"]
+    lines = [
+        f"- device: {device}",
+        f"- torch {about.get('torch')}, CUDA {about.get('cuda')}, triton {about.get('triton')}, transformers "
+        f"{about.get('transformers')}, Python {about.get('python')}",
+        f"- CPU: {c.get('name')}, {c.get('cores')} cores, {' '.join(c.get('vector_extensions', [])) or 'no AVX'}",
+    ]
     if about.get("unmet_requirements"):
         lines.append(f"- requirements not met: {'; '.join(about['unmet_requirements'])}")
     return lines
@@ -64,8 +71,10 @@ def _about(about: dict) -> list[str]:
 def _tests(tests: list[dict]) -> list[str]:
     counts = Counter((t["suite"], t["outcome"]) for t in tests)
     suites = sorted({t["suite"] for t in tests})
-    lines = _table(["suite", "passed", "failed", "error", "skipped"],
-                   [[s, *(counts[(s, o)] for o in ("passed", "failed", "error", "skipped"))] for s in suites])
+    lines = _table(
+        ["suite", "passed", "failed", "error", "skipped"],
+        [[s, *(counts[(s, o)] for o in ("passed", "failed", "error", "skipped"))] for s in suites],
+    )
     bad = [t for t in tests if t["outcome"] in ("failed", "error")]
     if bad:
         lines += ["", "Failed:", *[f"- `{t['test']}`: {t['message']}" for t in bad]]
@@ -78,12 +87,37 @@ def _tests(tests: list[dict]) -> list[str]:
 def _router(rows: list[dict]) -> list[str]:
     out = []
     for r in rows:
-        goal = ROUTING_GOALS.get(r["constraint"]) if r["routine"].startswith("route") and r["device"] == "cuda" else None
+        goal = (
+            ROUTING_GOALS.get(r["constraint"]) if r["routine"].startswith("route") and r["device"] == "cuda" else None
+        )
         verdict = "" if goal is None else ("met" if r["ratio"] <= goal else "missed") + f" (≤ {goal}×)"
-        out.append([r["device"], r["dtype"], r["tokens"], r["constraint"], r["routine"], f"{r['seconds'] * 1e3:.2f}",
-                    f"{r['ratio']:.2f}×", f"{r['saved_mib']:.1f}", verdict])
-    return _table(["device", "logits", "T", "constraint", "routine", "fwd+bwd (ms)", "ratio to softmax + top-k",
-                   "saved (MiB)", "goal"], out)
+        out.append(
+            [
+                r["device"],
+                r["dtype"],
+                r["tokens"],
+                r["constraint"],
+                r["routine"],
+                f"{r['seconds'] * 1e3:.2f}",
+                f"{r['ratio']:.2f}×",
+                f"{r['saved_mib']:.1f}",
+                verdict,
+            ]
+        )
+    return _table(
+        [
+            "device",
+            "logits",
+            "T",
+            "constraint",
+            "routine",
+            "fwd+bwd (ms)",
+            "ratio to softmax + top-k",
+            "saved (MiB)",
+            "goal",
+        ],
+        out,
+    )
 
 
 def _step(rows: list[dict]) -> list[str]:
@@ -92,44 +126,90 @@ def _step(rows: list[dict]) -> list[str]:
             return "not measured"
         return "met" if r["memory_ratio"] <= MEMORY_GOAL else "missed"
 
-    out = [[r["method"], f"{r['seconds'] * 1e3:.0f}", f"{r['step_ratio']:.3f}×", f"{r['tokens_per_s']:,.0f}",
+    out = [
+        [
+            r["method"],
+            f"{r['seconds'] * 1e3:.0f}",
+            f"{r['step_ratio']:.3f}×",
+            f"{r['tokens_per_s']:,.0f}",
             "—" if r["peak_mib"] is None else f"{r['peak_mib']:.0f}",
-            "—" if r["memory_ratio"] is None else f"{r['memory_ratio']:.3f}×", f"{r['experts_per_token']:.2f}",
-            "" if r["method"] == "conventional" else
-            f"time {'met' if r['step_ratio'] <= STEP_GOAL else 'missed'}, memory {memory(r)}"] for r in rows]
-    return _table(["method", "step (ms)", "step / conventional", "tokens/s", "peak (MiB)", "memory / conventional",
-                   "experts per token", f"goals (≤ {STEP_GOAL}×, ≤ {MEMORY_GOAL}×)"], out)
+            "—" if r["memory_ratio"] is None else f"{r['memory_ratio']:.3f}×",
+            f"{r['experts_per_token']:.2f}",
+            ""
+            if r["method"] == "conventional"
+            else f"time {'met' if r['step_ratio'] <= STEP_GOAL else 'missed'}, memory {memory(r)}",
+        ]
+        for r in rows
+    ]
+    return _table(
+        [
+            "method",
+            "step (ms)",
+            "step / conventional",
+            "tokens/s",
+            "peak (MiB)",
+            "memory / conventional",
+            "experts per token",
+            f"goals (≤ {STEP_GOAL}×, ≤ {MEMORY_GOAL}×)",
+        ],
+        out,
+    )
 
 
 def markdown(summary: dict) -> str:
     res = summary["results"]
-    lines = [f"# probmoe device check: {summary['mode']}", "", *_about(summary["about"]),
-             f"- {summary['seconds']:.0f} s of a {summary['budget_s']:.0f} s budget"
-             + (f"; bench_step at OLMoE-1B-7B widths with {summary['olmoe_layers']} layers"
-                if summary.get("olmoe_layers") else ""), "", "## Parts", ""]
+    lines = [
+        f"# probmoe device check: {summary['mode']}",
+        "",
+        *_about(summary["about"]),
+        f"- {summary['seconds']:.0f} s of a {summary['budget_s']:.0f} s budget"
+        + (
+            f"; bench_step at OLMoE-1B-7B widths with {summary['olmoe_layers']} layers"
+            if summary.get("olmoe_layers")
+            else ""
+        ),
+        "",
+        "## Parts",
+        "",
+    ]
     rows = []
     for p in summary["parts"]:
-        steps = "; ".join(f"{s['step']}: {s['status']}" + (f" ({s['reason']})" if s.get("reason") else
-                                                             f" in {s.get('seconds', 0):.0f} s") for s in p["steps"])
+        steps = "; ".join(
+            f"{s['step']}: {s['status']}"
+            + (f" ({s['reason']})" if s.get("reason") else f" in {s.get('seconds', 0):.0f} s")
+            for s in p["steps"]
+        )
         rows.append([p["part"], p["status"], p.get("reason", "") or steps])
     lines += _table(["part", "status", "steps or reason"], rows)
     for p in summary["parts"]:
         for step in p["steps"]:
             if step.get("tail"):
-                lines += ["", f"{p['part']}, {step['step']}: failed (return code {step['returncode']}); its last lines:",
-                          "", "```", *step["tail"], "```"]
+                lines += [
+                    "",
+                    f"{p['part']}, {step['step']}: failed (return code {step['returncode']}); its last lines:",
+                    "",
+                    "```",
+                    *step["tail"],
+                    "```",
+                ]
     if res.get("tests"):
         lines += ["", "## Tests", "", *_tests(res["tests"])]
     if res.get("bench_router"):
         lines += ["", "## Routing, forward + backward (tools/bench_router.py)", "", *_router(res["bench_router"])]
     if res.get("bench_step"):
-        lines += ["", "## A training step per method (tools/bench_step.py; the paper's Fig. 7)", "",
-                  *_step(res["bench_step"])]
+        lines += [
+            "",
+            "## A training step per method (tools/bench_step.py; the paper's Fig. 7)",
+            "",
+            *_step(res["bench_step"]),
+        ]
     if res.get("eval") or res.get("analysis"):
         lines += ["", "## probmoe-train → probmoe-eval → probmoe-analyze", ""]
         if res.get("eval"):
-            lines.append("- eval: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                                                for k, v in res["eval"].items()))
+            lines.append(
+                "- eval: "
+                + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in res["eval"].items())
+            )
         if res.get("analysis"):
             lines.append(f"- analysis: {res['analysis']['runs']} run(s) analysed")
     return "\n".join(lines) + "\n"

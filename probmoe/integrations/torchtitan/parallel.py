@@ -22,8 +22,10 @@ def check_expert_parallel(num_experts: int, ep_degree: int, where: str = "") -> 
         raise ValueError(f"expert_parallel_degree must be an int >= 1, got {ep_degree!r}")
     if num_experts % ep_degree:
         at = f" of {where}" if where else ""
-        raise ValueError(f"expert_parallel_degree = {ep_degree} must divide num_experts = {num_experts}{at} "
-                         f"(each EP rank holds num_experts / expert_parallel_degree experts)")
+        raise ValueError(
+            f"expert_parallel_degree = {ep_degree} must divide num_experts = {num_experts}{at} "
+            f"(each EP rank holds num_experts / expert_parallel_degree experts)"
+        )
 
 
 def is_expert_parameter(p: torch.Tensor) -> bool:
@@ -51,8 +53,14 @@ def use_cpu_device() -> None:
             module.device_module = torch.cpu
 
 
-def expert_parallel(model: torch.nn.Module, model_config, ep_degree: int, *, dp_shard: int | None = None,
-                    spmd_backend: str = "partial_dtensor"):
+def expert_parallel(
+    model: torch.nn.Module,
+    model_config,
+    ep_degree: int,
+    *,
+    dp_shard: int | None = None,
+    spmd_backend: str = "partial_dtensor",
+):
     """Shard the routed experts of a built ``model`` over ``ep_degree`` ranks with torchtitan's own
     plan (``set_moe_sharding_config`` on every ``MoE.Config`` of ``model_config`` must have been
     applied before building: ``expert_parallel_config``), through ``Module.parallelize``; returns
@@ -65,8 +73,16 @@ def expert_parallel(model: torch.nn.Module, model_config, ep_degree: int, *, dp_
     for fqn, moe in _moe_configs(model_config):
         check_expert_parallel(moe.num_experts, ep_degree, fqn or "the MoE")
     dist_utils.set_spmd_backend(spmd_backend)
-    dims = ParallelDims(dp_replicate=1, dp_shard=world if dp_shard is None else dp_shard, cp=1, tp=1, pp=1,
-                        ep=ep_degree, world_size=world, spmd_backend=spmd_backend)
+    dims = ParallelDims(
+        dp_replicate=1,
+        dp_shard=world if dp_shard is None else dp_shard,
+        cp=1,
+        tp=1,
+        pp=1,
+        ep=ep_degree,
+        world_size=world,
+        spmd_backend=spmd_backend,
+    )
     dims.build_mesh()
     model.parallelize(dims)
     return dims
@@ -82,10 +98,15 @@ def expert_parallel_config(model_config, ep_degree: int) -> None:
     for fqn, moe in _moe_configs(model_config):
         check_expert_parallel(moe.num_experts, ep_degree, fqn or "the MoE")
         old = moe.routed_experts.token_dispatcher
-        moe.routed_experts.token_dispatcher = AllToAllTokenDispatcher.Config(num_experts=old.num_experts,
-                                                                             top_k=old.top_k)
-        set_moe_sharding_config(moe, enable_ep=ep_degree > 1, enable_sp=False,
-                                expert_param_layout={"w1_EFD": spmd.S(1), "w2_EDF": spmd.S(2), "w3_EFD": spmd.S(1)})
+        moe.routed_experts.token_dispatcher = AllToAllTokenDispatcher.Config(
+            num_experts=old.num_experts, top_k=old.top_k
+        )
+        set_moe_sharding_config(
+            moe,
+            enable_ep=ep_degree > 1,
+            enable_sp=False,
+            expert_param_layout={"w1_EFD": spmd.S(1), "w2_EDF": spmd.S(2), "w3_EFD": spmd.S(1)},
+        )
 
 
 def _moe_configs(model_config):

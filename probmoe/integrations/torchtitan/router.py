@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torchtitan.models.common.moe import TokenChoiceTopKRouter
 
 import circuits
 import probmoe
@@ -40,7 +41,6 @@ from probmoe.integrations.scale_out import rank_generator, unbiased_weights
 from probmoe.replay import GeneratorReplay
 from probmoe.router import routed
 from probmoe.scores import gate_scores
-from torchtitan.models.common.moe import TokenChoiceTopKRouter
 
 
 class ProbMoERouter(TokenChoiceTopKRouter):
@@ -77,13 +77,25 @@ class ProbMoERouter(TokenChoiceTopKRouter):
         logits = self._logits(x).reshape(-1, E)  # [..., D] -> [T, E] float32
         generator = self.generator if self.training else None
         if expert_bias_E is None:
-            routing = routed(logits, self.routing, training=self.training, generator=generator, replay=self._replay,
-                             validate_args=False)
+            routing = routed(
+                logits,
+                self.routing,
+                training=self.training,
+                generator=generator,
+                replay=self._replay,
+                validate_args=False,
+            )
             w = routing.weights  # [T, K]
         else:  # P(S) from the shifted logits, the weights from the unbiased scores
             shifted = logits + expert_bias_E.to(logits.dtype)
-            routing = routed(shifted, dataclasses.replace(self.routing, normalize=False), training=self.training,
-                             generator=generator, replay=self._replay, validate_args=False)
+            routing = routed(
+                shifted,
+                dataclasses.replace(self.routing, normalize=False),
+                training=self.training,
+                generator=generator,
+                replay=self._replay,
+                validate_args=False,
+            )
             w = unbiased_weights(routing, logits, shifted, self.score_func, self.route_norm)
         self.last_routing = routing
         if self.route_scale != 1.0:
@@ -118,8 +130,13 @@ def routing_config(config: ProbMoERouter.Config) -> probmoe.RoutingConfig:
         raise ValueError("_debug_force_load_balance replaces the routing by round robin: not with ProbMoE")
     if config.seed is not None and (not isinstance(config.seed, int) or config.seed < 0):
         raise ValueError(f"seed must be None or an int >= 0, got {config.seed!r}")
-    fields = dict(method=config.method, backend=config.backend, grad=config.grad, normalize=config.route_norm,
-                  scores=config.score_func)
+    fields = dict(
+        method=config.method,
+        backend=config.backend,
+        grad=config.grad,
+        normalize=config.route_norm,
+        scores=config.score_func,
+    )
     groups, limited = config.num_expert_groups, config.num_limited_groups
     if groups is None:
         if limited is not None:
@@ -130,7 +147,6 @@ def routing_config(config: ProbMoERouter.Config) -> probmoe.RoutingConfig:
     if not isinstance(limited, int) or not 1 <= limited <= groups:
         raise ValueError(f"num_limited_groups must be in 1..num_expert_groups = {groups}, got {limited!r}")
     if kmax > limited * (E // groups):
-        raise ValueError(f"top_k = {kmax} experts do not fit in num_limited_groups = {limited} groups of "
-                         f"{E // groups}")
+        raise ValueError(f"top_k = {kmax} experts do not fit in num_limited_groups = {limited} groups of {E // groups}")
     spec = circuits.GroupLimited(E, None, groups, limited, kmin=kmin, kmax=kmax)
     return probmoe.RoutingConfig(E, constraint=spec, **{**fields, "backend": "circuit"})

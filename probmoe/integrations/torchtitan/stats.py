@@ -7,10 +7,9 @@ token's unused ones included."""
 from __future__ import annotations
 
 import torch
+from torchtitan.models.common.moe import MoE
 
 from probmoe.analysis.metrics import expert_load, load_cv, max_vio
-
-from torchtitan.models.common.moe import MoE
 
 from .router import ProbMoERouter
 
@@ -23,8 +22,11 @@ def router_stats(model: torch.nn.Module) -> dict[str, dict[str, float]]:
         if isinstance(module, ProbMoERouter) and module.last_routing is not None:
             routing = module.last_routing
             load = expert_load(routing.selected())  # [E]
-            out[name] = {"experts_per_token": float(routing.counts.double().mean()),
-                         "load_cv": load_cv(load), "max_vio": max_vio(load)}
+            out[name] = {
+                "experts_per_token": float(routing.counts.double().mean()),
+                "load_cv": load_cv(load),
+                "max_vio": max_vio(load),
+            }
     return out
 
 
@@ -33,8 +35,11 @@ def count_used_slots(model: torch.nn.Module) -> list:
     ``tokens_per_expert_E``: a forward hook takes back what ``MoE.forward`` added for the unused
     ones (training forwards only, as ``MoE.forward`` counts; a checkpoint recomputation counts and
     takes back again, so the counter stays consistent). Returns the hook handles."""
-    return [moe.register_forward_hook(_take_back_unused) for moe in model.modules()
-            if isinstance(moe, MoE) and isinstance(moe.router, ProbMoERouter)]
+    return [
+        moe.register_forward_hook(_take_back_unused)
+        for moe in model.modules()
+        if isinstance(moe, MoE) and isinstance(moe.router, ProbMoERouter)
+    ]
 
 
 def _take_back_unused(moe, args, output) -> None:

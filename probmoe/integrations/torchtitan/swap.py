@@ -10,9 +10,17 @@ from .parallel import check_expert_parallel
 from .router import ProbMoERouter
 
 
-def use_probmoe(model_config, *, kmin: int | None = None, top_k: int | None = None, method: str = "probmoe",
-                backend: str = "circuit", grad: str = "exact", seed: int | None = None,
-                expert_parallel_degree: int | None = None):
+def use_probmoe(
+    model_config,
+    *,
+    kmin: int | None = None,
+    top_k: int | None = None,
+    method: str = "probmoe",
+    backend: str = "circuit",
+    grad: str = "exact",
+    seed: int | None = None,
+    expert_parallel_degree: int | None = None,
+):
     """Replace every ``TokenChoiceTopKRouter.Config`` in ``model_config`` (a torchtitan model config,
     an ``MoE.Config``, or a router config itself) by a ``ProbMoERouter.Config`` with the same fields
     (experts, gate, groups, score function, normalisation, scale) and the ProbMoE ones given here

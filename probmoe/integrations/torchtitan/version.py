@@ -25,9 +25,13 @@ def check(version: str | None) -> None:
     """ImportError unless ``version`` (an installed torchtitan's) is one of ``SUPPORTED``."""
     pin = " or ".join(f"torchtitan=={v}" for v in SUPPORTED)
     if version is None:
-        raise ImportError(f"probmoe.integrations.torchtitan needs {pin} (not installed): pip install --no-deps "
-                          f"{pin} and pip install 'probmoe[torchtitan]' (docs/scale-out.md: its own requirements "
-                          "pin datasets<4.8; it imports triton, also on CPU)")
+        raise ImportError(
+            f"probmoe.integrations.torchtitan needs {pin} (not installed): pip install --no-deps "
+            f"{pin} and pip install 'probmoe[torchtitan]' (docs/scale-out.md: its own requirements "
+            "pin datasets<4.8; it imports triton, also on CPU)"
+        )
     if version not in SUPPORTED:
-        raise ImportError(f"probmoe.integrations.torchtitan supports {pin} only, found torchtitan {version}: "
-                          "its router and MoE API change between releases (docs/scale-out.md)")
+        raise ImportError(
+            f"probmoe.integrations.torchtitan supports {pin} only, found torchtitan {version}: "
+            "its router and MoE API change between releases (docs/scale-out.md)"
+        )

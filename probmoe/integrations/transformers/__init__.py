@@ -29,23 +29,23 @@ from .losses import load_balancing_loss, router_z_loss  # noqa: E402
 from .methods import ALL_METHODS, GROUPED_METHODS, METHODS, Plan  # noqa: E402
 from .patch import from_pretrained, is_patched, patch_model, router_stats, unpatch_model  # noqa: E402
 from .settings import FILENAME as SETTINGS_FILENAME  # noqa: E402
-from .weights_file import DamagedWeightsError, check_weights_files  # noqa: E402
 from .trainer_resume import install_if_imported as _install_trainer_resume  # noqa: E402
+from .weights_file import DamagedWeightsError, check_weights_files  # noqa: E402
 
 _install_trainer_resume()  # Trainer resume restores the routing state (trainer_resume)
 
 __all__ = [
     "ALL_FAMILIES",
     "ALL_METHODS",
-    "DamagedWeightsError",
     "GROUPED_FAMILIES",
     "GROUPED_METHODS",
-    "GateRecord",
-    "LayoutError",
     "METHODS",
-    "Plan",
     "SETTINGS_FILENAME",
     "SUPPORTED",
+    "DamagedWeightsError",
+    "GateRecord",
+    "LayoutError",
+    "Plan",
     "check_weights_files",
     "densemixer_weights",
     "from_pretrained",

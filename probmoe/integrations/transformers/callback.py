@@ -25,7 +25,6 @@ from transformers import TrainerCallback
 
 from probmoe.analysis import metrics
 from probmoe.replay import in_backward
-
 from probmoe.scores import gate_scores
 
 from .model import PatchedModel, patched_gates
@@ -91,14 +90,19 @@ class RoutingStatsCallback(TrainerCallback):
         self._detach()
         gates = patched_gates(model) if model is not None else []
         if not gates:
-            raise ValueError("RoutingStatsCallback needs a model patched with "
-                             "probmoe.integrations.transformers.patch_model; the trainer's model has no patched "
-                             "router")
+            raise ValueError(
+                "RoutingStatsCallback needs a model patched with "
+                "probmoe.integrations.transformers.patch_model; the trainer's model has no patched "
+                "router"
+            )
         self._model = next(m for m in model.modules() if isinstance(m, PatchedModel))
         if self._model.probmoe_plan.aux_loss and not self._model.config.output_router_logits:
-            warnings.warn(f"the model's aux_loss coefficient is {self._model.probmoe_plan.aux_loss:g} but "
-                          "config.output_router_logits is False, so the Trainer's loss leaves the load-balancing "
-                          "loss out: set model.config.output_router_logits = True", stacklevel=2)
+            warnings.warn(
+                f"the model's aux_loss coefficient is {self._model.probmoe_plan.aux_loss:g} but "
+                "config.output_router_logits is False, so the Trainer's loss leaves the load-balancing "
+                "loss out: set model.config.output_router_logits = True",
+                stacklevel=2,
+            )
         self._handles.append(self._model.register_forward_pre_hook(self._before, with_kwargs=True))
         self._handles.append(self._model.register_forward_hook(self._after))
         for i, gate in enumerate(gates):
@@ -137,6 +141,7 @@ class RoutingStatsCallback(TrainerCallback):
                     return
                 probs = gate_scores(logits.float(), gate.probmoe_family.scores, normalized=True)
                 self._layers.setdefault(layer, _Layer()).add(probs, selected)
+
         return hook
 
     # -- into the logs ---------------------------------------------------------------------------

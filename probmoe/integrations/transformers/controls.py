@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import contextlib
 
-from .model import PatchedModel, patched_gates
 from .balance import update_bias
+from .model import PatchedModel, patched_gates
 from .remoe import attach, collecting, update_coefficient
 
-__all__ = ["after_step", "remoe_penalties", "attach"]
+__all__ = ["after_step", "attach", "remoe_penalties"]
 
 
 def _patched(model):

@@ -32,8 +32,9 @@ from .densemixer import densemixer_weights
 BETA = 0.9
 
 
-def defaultmoe_weights(logits: Tensor, k: int, normalize: bool, *, scores: str = "softmax",
-                       top_idx: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def defaultmoe_weights(
+    logits: Tensor, k: int, normalize: bool, *, scores: str = "softmax", top_idx: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """(weights [T, N], indices [T, N], top-k indices [T, k]): slots 0..k-1 the top-k experts
     (``top_idx`` when the stock router chose them otherwise), slots k..N-1 the others in index
     order; weights as ``densemixer_weights`` (value: stock top-k weights, 0 elsewhere)."""

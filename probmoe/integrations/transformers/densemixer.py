@@ -8,8 +8,9 @@ from torch import Tensor
 from probmoe.scores import gate_scores
 
 
-def densemixer_weights(logits: Tensor, k: int, normalize: bool, *, scores: str = "softmax",
-                       top_idx: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def densemixer_weights(
+    logits: Tensor, k: int, normalize: bool, *, scores: str = "softmax", top_idx: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """DenseMixer as router output: (weights [T, N], indices [T, N], top-k indices [T, k]).
 
     Forward value: the stock top-k weights at the top-k experts, exactly 0 elsewhere (so every

@@ -106,8 +106,9 @@ _CLASSES: dict[tuple, type] = {}
 
 def _made(mixin: type, cls: type) -> type:
     if (mixin, cls) not in _CLASSES:
-        _CLASSES[mixin, cls] = type(f"ProbMoE{mixin.__name__}{cls.__name__}", (mixin, cls),
-                                    {"__module__": cls.__module__})
+        _CLASSES[mixin, cls] = type(
+            f"ProbMoE{mixin.__name__}{cls.__name__}", (mixin, cls), {"__module__": cls.__module__}
+        )
     return _CLASSES[mixin, cls]
 
 
@@ -128,8 +129,9 @@ ADDED = ("probmoe_slots",)
 BUFFERS = ("probmoe_defaults",)
 
 
-def install(experts, kind: str = "skip", *, slots: int | None = None, num_experts: int | None = None,
-            hidden: int | None = None) -> None:
+def install(
+    experts, kind: str = "skip", *, slots: int | None = None, num_experts: int | None = None, hidden: int | None = None
+) -> None:
     """Swap ``experts``' class for ``kind`` ("skip": Dynamic-k, "skip-weight": ReMoE, "default":
     DefaultMoE with ``slots`` = k and an [num_experts, hidden] float32 buffer of zeros)."""
     experts.__class__ = MIXINS[kind](type(experts))

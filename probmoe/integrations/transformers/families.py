@@ -34,9 +34,11 @@ def layout_error(model_type: str, what: str) -> LayoutError:
 
     from .version import TESTED
 
-    return LayoutError(f"{model_type}: {what} in transformers {transformers.__version__}; "
-                       f"probmoe.integrations.transformers relies on it (tested with transformers "
-                       f"{' and '.join(TESTED)})")
+    return LayoutError(
+        f"{model_type}: {what} in transformers {transformers.__version__}; "
+        f"probmoe.integrations.transformers relies on it (tested with transformers "
+        f"{' and '.join(TESTED)})"
+    )
 
 
 @dataclass(frozen=True)
@@ -124,19 +126,27 @@ class Family:
             if not isinstance(getattr(block, attr, None), nn.Module):
                 raise layout_error(self.model_type, f"{where} has no submodule {attr!r}")
         if not isinstance(block.gate, self.router_class):
-            raise layout_error(self.model_type, f"{where}.gate is a {type(block.gate).__name__}, not a "
-                                                f"{self.router_class.__name__}")
+            raise layout_error(
+                self.model_type, f"{where}.gate is a {type(block.gate).__name__}, not a {self.router_class.__name__}"
+            )
         weight = getattr(block.gate, "weight", None)
         if not isinstance(weight, nn.Parameter) or weight.dim() != 2:
-            raise layout_error(self.model_type, f"{where}.gate ({type(block.gate).__name__}) has no 2-D "
-                                                "Parameter 'weight'")
+            raise layout_error(
+                self.model_type, f"{where}.gate ({type(block.gate).__name__}) has no 2-D Parameter 'weight'"
+            )
         if getattr(block.gate, "hidden_dim", None) != weight.shape[1]:
-            raise layout_error(self.model_type, f"{where}.gate ({type(block.gate).__name__}) has no attribute "
-                                                f"'hidden_dim' equal to its weight's {weight.shape[1]} columns")
+            raise layout_error(
+                self.model_type,
+                f"{where}.gate ({type(block.gate).__name__}) has no attribute "
+                f"'hidden_dim' equal to its weight's {weight.shape[1]} columns",
+            )
         params = list(inspect.signature(block.experts.forward).parameters)
         if params[:3] != ["hidden_states", "top_k_index", "top_k_weights"]:
-            raise layout_error(self.model_type, f"{where}.experts ({type(block.experts).__name__}) forward takes "
-                                                f"{params}, not (hidden_states, top_k_index, top_k_weights)")
+            raise layout_error(
+                self.model_type,
+                f"{where}.experts ({type(block.experts).__name__}) forward takes "
+                f"{params}, not (hidden_states, top_k_index, top_k_weights)",
+            )
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:
         """The model's MoE blocks in module order (Qwen's dense ``mlp_only_layers`` are skipped)."""
@@ -151,8 +161,18 @@ FAMILIES = {
         Family("qwen2_moe", "Qwen2Moe", "num_experts", always_normalize=False, fp32_weights=False),
         Family("qwen3_moe", "Qwen3Moe", "num_experts", always_normalize=False, fp32_weights=False),
         Family("mixtral", "Mixtral", "num_local_experts", always_normalize=True, fp32_weights=True),
-        Family("deepseek_v3", "DeepseekV3", "n_routed_experts", always_normalize=False, fp32_weights=True,
-               router="TopkRouter", block="MoE", fp32_logits=True, scores="sigmoid", grouped=True),
+        Family(
+            "deepseek_v3",
+            "DeepseekV3",
+            "n_routed_experts",
+            always_normalize=False,
+            fp32_weights=True,
+            router="TopkRouter",
+            block="MoE",
+            fp32_logits=True,
+            scores="sigmoid",
+            grouped=True,
+        ),
     )
 }
 GROUPED = tuple(name for name, f in FAMILIES.items() if f.grouped)
@@ -165,10 +185,11 @@ def family_of(model) -> Family:
     import transformers
 
     if not isinstance(model, transformers.PreTrainedModel):
-        raise ValueError(f"model must be a transformers PreTrainedModel of type {', '.join(ALL)}; "
-                         f"got {type(model).__module__}.{type(model).__qualname__}")
+        raise ValueError(
+            f"model must be a transformers PreTrainedModel of type {', '.join(ALL)}; "
+            f"got {type(model).__module__}.{type(model).__qualname__}"
+        )
     model_type = getattr(model.config, "model_type", None)
     if model_type not in FAMILIES:
-        raise ValueError(f"model type {model_type!r} is not supported; model must be of type "
-                         f"{', '.join(ALL)}")
+        raise ValueError(f"model type {model_type!r} is not supported; model must be of type {', '.join(ALL)}")
     return FAMILIES[model_type]

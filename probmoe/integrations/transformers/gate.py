@@ -25,7 +25,7 @@ from torch import Tensor
 
 import probmoe
 from probmoe.replay import GeneratorReplay, in_backward
-from probmoe.router import router_logits, routed
+from probmoe.router import routed, router_logits
 from probmoe.scores import dense_selection
 
 from . import balance as balance_mod
@@ -79,8 +79,16 @@ class PatchedGate:
     buffer ``probmoe_remoe``.
     """
 
-    ADDED = ("probmoe_plan", "probmoe_family", "probmoe_generator", "probmoe_replay", "probmoe_last", "probmoe_layers",
-             "probmoe_penalties", "probmoe_collected")  # ReMoE's penalties collected during a CausalLM forward
+    ADDED = (
+        "probmoe_plan",
+        "probmoe_family",
+        "probmoe_generator",
+        "probmoe_replay",
+        "probmoe_last",
+        "probmoe_layers",
+        "probmoe_penalties",
+        "probmoe_collected",
+    )  # ReMoE's penalties collected during a CausalLM forward
     # (model.py), and whether the last forward collected them (its checkpoint recomputation does the same)
     BUFFERS = ("probmoe_remoe", "probmoe_bias", "probmoe_load")  # ReMoE's [λ, Σ sparsity, forwards]; the
     # aux-free selection bias [N] (families without e_score_correction_bias) and loads [N]; float32, persistent
@@ -107,8 +115,9 @@ class PatchedGate:
                     weights = weights.to(logits.dtype)
             else:
                 logits, weights, indices = super().forward(hidden_states)  # the stock router, untouched
-            self.probmoe_last = GateRecord(indices.detach(), torch.ones_like(indices, dtype=torch.bool),
-                                           plan.num_experts)
+            self.probmoe_last = GateRecord(
+                indices.detach(), torch.ones_like(indices, dtype=torch.bool), plan.num_experts
+            )
             return logits, weights, indices
         if plan.method in ("densemixer", "defaultmoe"):
             stock_idx = None
@@ -119,15 +128,17 @@ class PatchedGate:
                 if own_bias:
                     stock_idx = balance_mod.biased_topk(logits, plan.top_k, plan.normalize, family.scores, bias)[1]
             make = densemixer_weights if plan.method == "densemixer" else defaultmoe_weights
-            weights, indices, top_idx = make(logits, plan.top_k, plan.normalize, scores=family.scores,
-                                             top_idx=stock_idx)
-            self.probmoe_last = GateRecord(top_idx.detach(), torch.ones_like(top_idx, dtype=torch.bool),
-                                           plan.num_experts)
+            weights, indices, top_idx = make(
+                logits, plan.top_k, plan.normalize, scores=family.scores, top_idx=stock_idx
+            )
+            self.probmoe_last = GateRecord(
+                top_idx.detach(), torch.ones_like(top_idx, dtype=torch.bool), plan.num_experts
+            )
         elif plan.method == "sparsemixer":
             logits = router_logits(hidden_states, self.weight)  # [T, N]
-            weights, indices = sparsemixer_weights(logits, plan.top_k, training=self.training,
-                                                   jitter_eps=plan.jitter_eps,
-                                                   generator=self.probmoe_generator)  # [T, k] each
+            weights, indices = sparsemixer_weights(
+                logits, plan.top_k, training=self.training, jitter_eps=plan.jitter_eps, generator=self.probmoe_generator
+            )  # [T, k] each
             self.probmoe_last = GateRecord(indices, torch.ones_like(indices, dtype=torch.bool), plan.num_experts)
         elif plan.method == "remoe":
             logits = router_logits(hidden_states, self.weight)  # [T, N]
@@ -137,20 +148,35 @@ class PatchedGate:
                 sink = [] if getattr(self, "probmoe_collected", False) else None  # it repeats (same saved tensors)
             else:  # under reentrant checkpointing that forward ran without grad: the recomputation attaches
                 self.probmoe_collected = sink is not None and torch.is_grad_enabled()
-            weights = remoe_gates(logits, plan.top_k, self.probmoe_remoe, scale, training=self.training,
-                                  sink=sink)  # [T, N]
+            weights = remoe_gates(
+                logits, plan.top_k, self.probmoe_remoe, scale, training=self.training, sink=sink
+            )  # [T, N]
             indices = torch.arange(plan.num_experts, device=logits.device).expand_as(weights)  # [T, N]
             self.probmoe_last = GateRecord(indices, weights.detach() > 0, plan.num_experts)
         else:
-            logits = router_logits(hidden_states, self.weight, float32=family.fp32_logits)  # [T, N], as the stock router
+            logits = router_logits(
+                hidden_states, self.weight, float32=family.fp32_logits
+            )  # [T, N], as the stock router
             if bias is None:
-                routing = routed(logits, plan.routing, training=self.training, generator=self.probmoe_generator,
-                                 replay=self.probmoe_replay, validate_args=False)  # as the stock router: no host sync
+                routing = routed(
+                    logits,
+                    plan.routing,
+                    training=self.training,
+                    generator=self.probmoe_generator,
+                    replay=self.probmoe_replay,
+                    validate_args=False,
+                )  # as the stock router: no host sync
                 weights = routing.weights  # [T, kmax]
             else:  # the subsets of the shifted logits, the weights of the unbiased scores (balance)
                 shifted = logits.float() + bias
-                routing = routed(shifted, dataclasses.replace(plan.routing, normalize=False), training=self.training,
-                                 generator=self.probmoe_generator, replay=self.probmoe_replay, validate_args=False)
+                routing = routed(
+                    shifted,
+                    dataclasses.replace(plan.routing, normalize=False),
+                    training=self.training,
+                    generator=self.probmoe_generator,
+                    replay=self.probmoe_replay,
+                    validate_args=False,
+                )
                 weights = balance_mod.probmoe_weights(routing, logits, shifted, family.scores, plan.normalize)
             indices = routing.indices  # [T, kmax]
             self.probmoe_last = GateRecord(indices.detach(), routing.mask, plan.num_experts, routing)
@@ -161,8 +187,9 @@ class PatchedGate:
         return logits, weights, indices
 
     def __reduce_ex__(self, protocol):  # pickle, torch.save, deepcopy: the patched class (see pickling)
-        return pickling.reduce(self, gate_class, (pickling.stock_class(self, PatchedGate),),
-                               ("probmoe_last", "probmoe_penalties"))
+        return pickling.reduce(
+            self, gate_class, (pickling.stock_class(self, PatchedGate),), ("probmoe_last", "probmoe_penalties")
+        )
 
 
 _CLASSES: dict[type, type] = {}
@@ -171,8 +198,9 @@ _CLASSES: dict[type, type] = {}
 def gate_class(router_class: type) -> type:
     """The patched subclass of ``router_class`` (one per class, so isinstance and compile caches hold)."""
     if router_class not in _CLASSES:
-        _CLASSES[router_class] = type(f"ProbMoE{router_class.__name__}", (PatchedGate, router_class),
-                                      {"__module__": router_class.__module__})
+        _CLASSES[router_class] = type(
+            f"ProbMoE{router_class.__name__}", (PatchedGate, router_class), {"__module__": router_class.__module__}
+        )
     return _CLASSES[router_class]
 
 

@@ -29,14 +29,17 @@ def _token_mask(attention_mask: Tensor | None, rows: int, device) -> Tensor | No
     return attention_mask.reshape(-1).to(device=device, dtype=torch.float32)
 
 
-def load_balancing_loss(router_logits, selected, attention_mask: Tensor | None = None,
-                        scores: str = "softmax") -> Tensor:
+def load_balancing_loss(
+    router_logits, selected, attention_mask: Tensor | None = None, scores: str = "softmax"
+) -> Tensor:
     """router_logits: per layer [T, N] (differentiable); selected: per layer [T, N] bool, the
     experts used; attention_mask: [B, S] with B·S = T, or None; scores: the gate's scores,
     "softmax" or "sigmoid" (normalised over the experts). Returns a scalar (float32)."""
     if len(router_logits) != len(selected) or not router_logits:
-        raise ValueError(f"need one selection per layer of router logits, got {len(router_logits)} logits and "
-                         f"{len(selected)} selections")
+        raise ValueError(
+            f"need one selection per layer of router logits, got {len(router_logits)} logits and "
+            f"{len(selected)} selections"
+        )
     device = router_logits[0].device
     n = router_logits[0].shape[-1]
     fractions = torch.zeros(n, dtype=torch.float32, device=device)

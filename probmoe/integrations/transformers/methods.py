@@ -1,19 +1,19 @@
 """The methods of the paper's comparison, and the validated plan a patched model routes by.
 
-    "conventional"      stock top-k routing (training and eval)
-    "frozen"            stock top-k routing, router weights frozen
-    "densemixer"        training: dense forward over all N experts (DenseMixer); eval: stock top-k
-    "probmoe"           ProbMoE Exact-k (training: sampled, Eq. 7; eval: MAP = stock top-k)
-    "probmoe-dynamic"   ProbMoE Dynamic-k over kmin..kmax (eval: MAP, clamp(#{r > 0}, kmin, kmax))
-    "sample-dense-ste", "topk-marginal"   the paper's two ablations (Exact-k; eval: MAP)
-    "probmoe-grouped"   (grouped families: DeepSeek-V3) ProbMoE on exactly k experts from at most
-                        topk_group of the n_group expert groups, the model's own limit (eval: MAP)
-    "defaultmoe"        training: stock top-k forward, dense router gradient from the default
-                        outputs (EMA) of the unselected experts (DefaultMoE); eval: stock top-k
-    "sparsemixer"       SparseMixer v2: Gumbel sampling within a jitter band, midpoint router
-                        gradient (training); eval: its deterministic top-k (softmax families)
-    "remoe"             ReMoE: ReLU gates, adaptive L1 penalty steering the mean number of
-                        active experts to k (training and eval; softmax families)
+"conventional"      stock top-k routing (training and eval)
+"frozen"            stock top-k routing, router weights frozen
+"densemixer"        training: dense forward over all N experts (DenseMixer); eval: stock top-k
+"probmoe"           ProbMoE Exact-k (training: sampled, Eq. 7; eval: MAP = stock top-k)
+"probmoe-dynamic"   ProbMoE Dynamic-k over kmin..kmax (eval: MAP, clamp(#{r > 0}, kmin, kmax))
+"sample-dense-ste", "topk-marginal"   the paper's two ablations (Exact-k; eval: MAP)
+"probmoe-grouped"   (grouped families: DeepSeek-V3) ProbMoE on exactly k experts from at most
+                    topk_group of the n_group expert groups, the model's own limit (eval: MAP)
+"defaultmoe"        training: stock top-k forward, dense router gradient from the default
+                    outputs (EMA) of the unselected experts (DefaultMoE); eval: stock top-k
+"sparsemixer"       SparseMixer v2: Gumbel sampling within a jitter band, midpoint router
+                    gradient (training); eval: its deterministic top-k (softmax families)
+"remoe"             ReMoE: ReLU gates, adaptive L1 penalty steering the mean number of
+                    active experts to k (training and eval; softmax families)
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import circuits
 import probmoe
 
+from ..method_names import ALL_METHODS, GROUPED_METHODS, METHODS  # noqa: F401 (their home; exported here)
 from . import remoe as remoe_mod
 from . import sparsemixer as sparsemixer_mod
-from ..method_names import ALL_METHODS, GROUPED_METHODS, METHODS  # noqa: F401 (their home; exported here)
 from .families import GROUPED
 
 STOCK = ("conventional", "frozen", "densemixer")  # routed by the family's own top-k (DenseMixer: in eval)
@@ -37,8 +37,13 @@ EXACT_K = tuple(m for m in ALL_METHODS if m not in TOP_K + RANGE)  # methods tha
 UNGROUPED = ("sparsemixer", "remoe")  # defined for softmax gates without group limits only
 BALANCES = ("aux-free",)  # DeepSeek-V3's auxiliary-loss-free balancing (``balance``)
 BALANCE_RATE = 1e-3  # γ, DeepSeek-V3's bias update speed
-_PROBMOE_METHOD = {"probmoe": "probmoe", "probmoe-dynamic": "probmoe", "sample-dense-ste": "sample-dense-ste",
-                   "topk-marginal": "topk-marginal", "probmoe-grouped": "probmoe"}  # -> RoutingConfig.method
+_PROBMOE_METHOD = {
+    "probmoe": "probmoe",
+    "probmoe-dynamic": "probmoe",
+    "sample-dense-ste": "sample-dense-ste",
+    "topk-marginal": "topk-marginal",
+    "probmoe-grouped": "probmoe",
+}  # -> RoutingConfig.method
 
 
 @dataclass(frozen=True)
@@ -86,8 +91,11 @@ class Plan:
     @property
     def options(self) -> dict:
         """The method-specific ``patch_model`` keywords this plan was made with (settings file)."""
-        out = {"l1_coef": self.l1_coef, "l1_rate": self.l1_rate, "l1_layers": self.l1_layers} \
-            if self.method == "remoe" else {}
+        out = (
+            {"l1_coef": self.l1_coef, "l1_rate": self.l1_rate, "l1_layers": self.l1_layers}
+            if self.method == "remoe"
+            else {}
+        )
         if self.method == "sparsemixer":
             out["jitter_eps"] = self.jitter_eps
         if self.balance is not None:
@@ -120,8 +128,9 @@ def _coefficient(name: str, value, default: float) -> float:
     if value is None or value is False:
         return 0.0
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0 (0 or None: off; ...: the config's "
-                         f"coefficient), got {value!r}")
+        raise ValueError(
+            f"{name} must be a finite number >= 0 (0 or None: off; ...: the config's coefficient), got {value!r}"
+        )
     return float(value)
 
 
@@ -133,25 +142,47 @@ def _positive(name: str, value, default: float, lo_open: float) -> float:
     return float(value)
 
 
-def make_plan(config, family, method, *, k=None, kmin=None, kmax=None, backend="circuit", grad="exact",
-              aux_loss=..., z_loss=..., l1_coef=None, l1_rate=None, l1_layers=None, balance=None, balance_rate=None,
-              jitter_eps=None) -> Plan:
+def make_plan(
+    config,
+    family,
+    method,
+    *,
+    k=None,
+    kmin=None,
+    kmax=None,
+    backend="circuit",
+    grad="exact",
+    aux_loss=...,
+    z_loss=...,
+    l1_coef=None,
+    l1_rate=None,
+    l1_layers=None,
+    balance=None,
+    balance_rate=None,
+    jitter_eps=None,
+) -> Plan:
     """Check ``patch_model``'s arguments against the model's ``config``; ValueError naming the
     argument and the allowed values."""
     if method not in ALL_METHODS:
         raise ValueError(f"method must be one of {', '.join(repr(m) for m in ALL_METHODS)}; got {method!r}")
     if method in GROUPED_METHODS and not family.grouped:
-        raise ValueError(f"method {method!r} routes within the model's expert groups (n_group, topk_group); model "
-                         f"type {family.model_type!r} has none (it applies to {', '.join(GROUPED)})")
+        raise ValueError(
+            f"method {method!r} routes within the model's expert groups (n_group, topk_group); model "
+            f"type {family.model_type!r} has none (it applies to {', '.join(GROUPED)})"
+        )
     if method in UNGROUPED and family.grouped:
-        raise ValueError(f"method {method!r} is not defined for model type {family.model_type!r}: it replaces the "
-                         "softmax top-k gate, and this family routes by sigmoid scores within expert groups "
-                         "(n_group, topk_group), which it has no form for")
+        raise ValueError(
+            f"method {method!r} is not defined for model type {family.model_type!r}: it replaces the "
+            "softmax top-k gate, and this family routes by sigmoid scores within expert groups "
+            "(n_group, topk_group), which it has no form for"
+        )
     if method != "remoe" and (l1_coef is not None or l1_rate is not None or l1_layers is not None):
         raise ValueError(f"l1_coef, l1_rate and l1_layers apply only to method 'remoe', not to {method!r}")
     if l1_layers is not None and l1_layers not in remoe_mod.LAYER_REDUCTIONS:
-        raise ValueError(f"l1_layers must be one of {', '.join(repr(r) for r in remoe_mod.LAYER_REDUCTIONS)} (λ per "
-                         f"layer as the official code, or λ/L as the paper's formula), got {l1_layers!r}")
+        raise ValueError(
+            f"l1_layers must be one of {', '.join(repr(r) for r in remoe_mod.LAYER_REDUCTIONS)} (λ per "
+            f"layer as the official code, or λ/L as the paper's formula), got {l1_layers!r}"
+        )
     if method != "sparsemixer" and jitter_eps is not None:
         raise ValueError(f"jitter_eps applies only to method 'sparsemixer', not to {method!r}")
     if balance is not None and balance not in BALANCES:
@@ -159,8 +190,10 @@ def make_plan(config, family, method, *, k=None, kmin=None, kmax=None, backend="
     if balance is None and balance_rate is not None:
         raise ValueError("balance_rate applies only with balance='aux-free'")
     if balance is not None and method in UNGROUPED:
-        raise ValueError(f"balance: method {method!r} has no top-k selection to bias (ReMoE balances by its L1 "
-                         "penalty); it applies to the other methods")
+        raise ValueError(
+            f"balance: method {method!r} has no top-k selection to bias (ReMoE balances by its L1 "
+            "penalty); it applies to the other methods"
+        )
     n, top_k = family.num_experts(config), family.top_k(config)
     k = _int_or_none("k", k, 1, n)
     kmin = _int_or_none("kmin", kmin, 1, n)
@@ -174,20 +207,28 @@ def make_plan(config, family, method, *, k=None, kmin=None, kmax=None, backend="
     if method in TOP_K:
         for name, value, takers in (("k", k, EXACT_K), ("kmin", kmin, RANGE), ("kmax", kmax, RANGE)):
             if value is not None:
-                raise ValueError(f"{name} applies only to the method{'s' if len(takers) > 1 else ''} "
-                                 f"{', '.join(takers)}; method {method!r} routes to the model's own top-{top_k}")
+                raise ValueError(
+                    f"{name} applies only to the method{'s' if len(takers) > 1 else ''} "
+                    f"{', '.join(takers)}; method {method!r} routes to the model's own top-{top_k}"
+                )
         if (backend, grad) != ("circuit", "exact"):
             raise ValueError(f"backend and grad apply only to the ProbMoE methods, not to {method!r}")
     elif method == "probmoe-dynamic":
         if k is not None:
             raise ValueError("k: method 'probmoe-dynamic' takes kmin and kmax (use method 'probmoe' for exactly k)")
-        kmin, kmax = circuits.checks.cardinality(n, kmin=1 if kmin is None else kmin,
-                                                 kmax=top_k if kmax is None else kmax, lowest=1,
-                                                 note=f" (N = {n} experts)")
+        kmin, kmax = circuits.checks.cardinality(
+            n,
+            kmin=1 if kmin is None else kmin,
+            kmax=top_k if kmax is None else kmax,
+            lowest=1,
+            note=f" (N = {n} experts)",
+        )
     else:
         if kmin is not None or kmax is not None:
-            raise ValueError(f"kmin/kmax: method {method!r} routes exactly k experts (give k); "
-                             "use method 'probmoe-dynamic' for a range")
+            raise ValueError(
+                f"kmin/kmax: method {method!r} routes exactly k experts (give k); "
+                "use method 'probmoe-dynamic' for a range"
+            )
         kmin = kmax = top_k if k is None else k
     if method not in TOP_K:
         constraint = None
@@ -195,17 +236,32 @@ def make_plan(config, family, method, *, k=None, kmin=None, kmax=None, backend="
             n_group, topk_group = family.groups(config)
             constraint = circuits.GroupLimited(n, kmin, n_group, topk_group)
             kmin = kmax = None
-        routing = probmoe.RoutingConfig(n, kmin=kmin, kmax=kmax, method=_PROBMOE_METHOD[method], backend=backend,
-                                        grad=grad, normalize=normalize, scores=family.scores, constraint=constraint)
+        routing = probmoe.RoutingConfig(
+            n,
+            kmin=kmin,
+            kmax=kmax,
+            method=_PROBMOE_METHOD[method],
+            backend=backend,
+            grad=grad,
+            normalize=normalize,
+            scores=family.scores,
+            constraint=constraint,
+        )
     remoe = method == "remoe"
     aux_default = 0.0 if remoe else getattr(config, "router_aux_loss_coef", 0.0) or 0.0  # ReMoE balances by its L1
-    return Plan(method, routing, n, top_k, normalize,
-                _coefficient("aux_loss", aux_loss, aux_default),
-                _coefficient("z_loss", z_loss, getattr(config, "router_z_loss_coef", 0.0) or 0.0),
-                family.scale(config),
-                _positive("l1_coef", l1_coef, remoe_mod.L1_COEF, 0.0) if remoe else 0.0,
-                _positive("l1_rate", l1_rate, remoe_mod.L1_RATE, 1.0) if remoe else 0.0,
-                balance, _positive("balance_rate", balance_rate, BALANCE_RATE, 0.0) if balance else 0.0,
-                (l1_layers or remoe_mod.LAYER_REDUCTIONS[0]) if remoe else "",
-                _positive("jitter_eps", jitter_eps, sparsemixer_mod.JITTER_EPS, 0.0)
-                if method == "sparsemixer" else 0.0)
+    return Plan(
+        method,
+        routing,
+        n,
+        top_k,
+        normalize,
+        _coefficient("aux_loss", aux_loss, aux_default),
+        _coefficient("z_loss", z_loss, getattr(config, "router_z_loss_coef", 0.0) or 0.0),
+        family.scale(config),
+        _positive("l1_coef", l1_coef, remoe_mod.L1_COEF, 0.0) if remoe else 0.0,
+        _positive("l1_rate", l1_rate, remoe_mod.L1_RATE, 1.0) if remoe else 0.0,
+        balance,
+        _positive("balance_rate", balance_rate, BALANCE_RATE, 0.0) if balance else 0.0,
+        (l1_layers or remoe_mod.LAYER_REDUCTIONS[0]) if remoe else "",
+        _positive("jitter_eps", jitter_eps, sparsemixer_mod.JITTER_EPS, 0.0) if method == "sparsemixer" else 0.0,
+    )

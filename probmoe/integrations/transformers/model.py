@@ -63,9 +63,12 @@ class PatchedModel:
         lacking = {name: buf for name, buf in runtime_state.state_buffers(self).items() if name not in state_dict}
         if lacking:
             if not trainer_resume.installed():
-                warnings.warn(f"{', '.join(sorted(lacking))} (routing state) are not in the state dict and keep their "
-                              f"values; {runtime_state.FILENAME} holds them: runtime_state.load(model, checkpoint_dir), "
-                              "or trainer_resume.install() before a Trainer resumes", stacklevel=2)
+                warnings.warn(
+                    f"{', '.join(sorted(lacking))} (routing state) are not in the state dict and keep their "
+                    f"values; {runtime_state.FILENAME} holds them: runtime_state.load(model, checkpoint_dir), "
+                    "or trainer_resume.install() before a Trainer resumes",
+                    stacklevel=2,
+                )
             state_dict = {**state_dict, **lacking}
         return super().load_state_dict(state_dict, strict, assign)
 
@@ -89,8 +92,13 @@ class PatchedCausalLM(PatchedModel):
         loss, weighted as the loss is (``remoe.micro_batch_weight``)."""
         labels = arguments.get("labels")
         gates = patched_gates(self) if self.probmoe_plan.method == "remoe" else []
-        collect = (gates and labels is not None and self.training and torch.is_grad_enabled()
-                   and getattr(gates[0], "probmoe_penalties", None) is None)  # not inside remoe_penalties()
+        collect = (
+            gates
+            and labels is not None
+            and self.training
+            and torch.is_grad_enabled()
+            and getattr(gates[0], "probmoe_penalties", None) is None
+        )  # not inside remoe_penalties()
         if not collect:
             return PatchedCausalLM.probmoe_loss_forward(self, arguments, extra)
         weight = remoe.micro_batch_weight(labels, extra.get("num_items_in_batch"), extra.get("shift_labels"))
@@ -103,7 +111,7 @@ class PatchedCausalLM(PatchedModel):
 
     def probmoe_loss_forward(self, arguments: dict, extra: dict):
         """The forward with the aux losses (see the class)."""
-        stock = super(PatchedCausalLM, self).forward
+        stock = super().forward
         labels, attention_mask = arguments.pop("labels", None), arguments.get("attention_mask")
         output_router_logits = arguments.pop("output_router_logits", extra.pop("output_router_logits", None))
         if output_router_logits is None:

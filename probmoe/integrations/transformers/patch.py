@@ -19,18 +19,34 @@ from . import experts as experts_mod
 from . import gate as gate_mod
 from . import model as model_mod
 from . import runtime_state, settings, trainer_resume
-from .weights_file import check_weights_files
 from .families import family_of
 from .methods import make_plan
+from .weights_file import check_weights_files
 
 
 def is_patched(model) -> bool:
     return isinstance(model, model_mod.PatchedModel)
 
 
-def patch_model(model, method: str, *, k=None, kmin=None, kmax=None, backend: str = "circuit", grad: str = "exact",
-                aux_loss=..., z_loss=..., l1_coef=None, l1_rate=None, l1_layers=None, balance=None,
-                balance_rate=None, jitter_eps=None, generator: torch.Generator | None = None):
+def patch_model(
+    model,
+    method: str,
+    *,
+    k=None,
+    kmin=None,
+    kmax=None,
+    backend: str = "circuit",
+    grad: str = "exact",
+    aux_loss=...,
+    z_loss=...,
+    l1_coef=None,
+    l1_rate=None,
+    l1_layers=None,
+    balance=None,
+    balance_rate=None,
+    jitter_eps=None,
+    generator: torch.Generator | None = None,
+):
     """Patch every MoE block of a transformers 5.x ``olmoe``, ``qwen2_moe``, ``qwen3_moe``,
     ``mixtral`` or ``deepseek_v3`` model in place to route by ``method``; returns the model.
 
@@ -65,15 +81,32 @@ def patch_model(model, method: str, *, k=None, kmin=None, kmax=None, backend: st
     naming the family and what is missing, raised before the model is changed.
     """
     family = family_of(model)
-    plan = make_plan(model.config, family, method, k=k, kmin=kmin, kmax=kmax, backend=backend, grad=grad,
-                     aux_loss=aux_loss, z_loss=z_loss, l1_coef=l1_coef, l1_rate=l1_rate, l1_layers=l1_layers,
-                     balance=balance, balance_rate=balance_rate, jitter_eps=jitter_eps)
+    plan = make_plan(
+        model.config,
+        family,
+        method,
+        k=k,
+        kmin=kmin,
+        kmax=kmax,
+        backend=backend,
+        grad=grad,
+        aux_loss=aux_loss,
+        z_loss=z_loss,
+        l1_coef=l1_coef,
+        l1_rate=l1_rate,
+        l1_layers=l1_layers,
+        balance=balance,
+        balance_rate=balance_rate,
+        jitter_eps=jitter_eps,
+    )
     checks.generator(generator)
     if is_patched(model):
         if model.probmoe_plan == plan and model.probmoe_generator is generator:
             return model
-        raise ValueError(f"model is already patched with method {model.probmoe_plan.method!r} and other settings; "
-                         "call unpatch_model(model) before patching it again")
+        raise ValueError(
+            f"model is already patched with method {model.probmoe_plan.method!r} and other settings; "
+            "call unpatch_model(model) before patching it again"
+        )
     blocks = family.blocks(model)
     if not blocks:
         raise ValueError(f"model has no {family.block_class.__name__} to patch")
@@ -85,8 +118,13 @@ def patch_model(model, method: str, *, k=None, kmin=None, kmax=None, backend: st
     for block in blocks:
         gate_mod.install(block.gate, plan, family, generator, len(blocks))
         if plan.experts_kind is not None:
-            experts_mod.install(block.experts, plan.experts_kind, slots=plan.top_k, num_experts=plan.num_experts,
-                                hidden=block.gate.weight.shape[1])
+            experts_mod.install(
+                block.experts,
+                plan.experts_kind,
+                slots=plan.top_k,
+                num_experts=plan.num_experts,
+                hidden=block.gate.weight.shape[1],
+            )
         if method == "frozen":  # only the routers: Qwen2-MoE's shared_expert_gate stays trainable
             requires_grad[id(block.gate.weight)] = block.gate.weight.requires_grad
             block.gate.weight.requires_grad_(False)
@@ -104,11 +142,15 @@ def unpatch_model(model):
     if not is_patched(model):
         raise ValueError("model is not patched by probmoe.integrations.transformers.patch_model")
     if not model_mod.is_patched_class(type(model)):
-        raise ValueError(f"model's class {type(model).__qualname__} was changed after patch_model (a wrapper such as "
-                         "FSDP's fully_shard subclasses it); unpatch the model before wrapping it")
+        raise ValueError(
+            f"model's class {type(model).__qualname__} was changed after patch_model (a wrapper such as "
+            "FSDP's fully_shard subclasses it); unpatch the model before wrapping it"
+        )
     if "forward" in vars(model):  # it would call the patched forward of a model no longer patched
-        raise ValueError("model.forward was replaced on the instance after patch_model (trl's SFTTrainer puts its "
-                         "fused LM head there); `del model.forward` before unpatch_model")
+        raise ValueError(
+            "model.forward was replaced on the instance after patch_model (trl's SFTTrainer puts its "
+            "fused LM head there); `del model.forward` before unpatch_model"
+        )
     family = model.probmoe_family
     requires_grad = model.probmoe_requires_grad
     for block in family.blocks(model):
@@ -134,9 +176,17 @@ def router_stats(model) -> list[dict]:
     for name, module in model.named_modules():
         if isinstance(module, gate_mod.PatchedGate):
             rec = module.probmoe_last
-            stats.append({"layer": name, "routing": rec and rec.routing, "indices": rec and rec.indices,
-                          "mask": rec and rec.mask, "expert_counts": rec and rec.counts,
-                          "experts_per_token": rec and rec.experts_per_token, "selected": rec and rec.selected})
+            stats.append(
+                {
+                    "layer": name,
+                    "routing": rec and rec.routing,
+                    "indices": rec and rec.indices,
+                    "mask": rec and rec.mask,
+                    "expert_counts": rec and rec.counts,
+                    "experts_per_token": rec and rec.experts_per_token,
+                    "selected": rec and rec.selected,
+                }
+            )
     return stats
 
 
@@ -155,17 +205,22 @@ def from_pretrained(path, *, generator: torch.Generator | None = None, **kwargs)
     data = settings.read(path)  # before loading any weights
     config = AutoConfig.from_pretrained(path)
     if config.model_type != data["model_type"]:
-        raise ValueError(f"{data['path']} is for model type {data['model_type']!r} but config.json says "
-                         f"{config.model_type!r}")
+        raise ValueError(
+            f"{data['path']} is for model type {data['model_type']!r} but config.json says {config.model_type!r}"
+        )
     check_weights_files(path)
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     family = family_of(model)
     if (family.num_experts(model.config), family.top_k(model.config)) != (data["num_experts"], data["top_k"]):
-        raise ValueError(f"{data['path']} records {data['num_experts']} experts, top-{data['top_k']}, but the model "
-                         f"has {family.num_experts(model.config)}, top-{family.top_k(model.config)}")
+        raise ValueError(
+            f"{data['path']} records {data['num_experts']} experts, top-{data['top_k']}, but the model "
+            f"has {family.num_experts(model.config)}, top-{family.top_k(model.config)}"
+        )
     patch_model(model, **settings.patch_arguments(data), generator=generator)
     runtime_state.load(model, path)
     if model.probmoe_plan.routing != data["routing"]:
-        raise ValueError(f"{data['path']}: its routing config {data['routing']} does not match the model's "
-                         f"({model.probmoe_plan.routing})")
+        raise ValueError(
+            f"{data['path']}: its routing config {data['routing']} does not match the model's "
+            f"({model.probmoe_plan.routing})"
+        )
     return model

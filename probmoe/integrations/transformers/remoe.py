@@ -97,8 +97,9 @@ def collecting(gates):
             gate.probmoe_penalties = None
 
 
-def micro_batch_weight(labels: Tensor, num_items_in_batch, shift_labels: Tensor | None = None,
-                       ignore_index: int = -100):
+def micro_batch_weight(
+    labels: Tensor, num_items_in_batch, shift_labels: Tensor | None = None, ignore_index: int = -100
+):
     """The share of the step's label tokens in this micro-batch, n / ``num_items_in_batch`` (n
     counted as transformers' causal-LM loss counts them: labels[..., 1:] or ``shift_labels``,
     ignore_index left out), the factor this micro-batch's loss carries; 1 without
@@ -118,8 +119,9 @@ def penalty(gates: Tensor, k: int) -> Tensor:
     return (gates.sum(dim=0) * counts).sum() * (n / (k * t * t))
 
 
-def remoe_gates(logits: Tensor, k: int, state: Tensor, scale: float, *, training: bool,
-                sink: list | None = None) -> Tensor:
+def remoe_gates(
+    logits: Tensor, k: int, state: Tensor, scale: float, *, training: bool, sink: list | None = None
+) -> Tensor:
     """ReLU gates [T, N] float32 of logits [T, N]. In training (with grad enabled) this forward's
     sparsity is added to ``state`` ([λ, Σ sparsity, forwards], float32, updated in place) and
     the penalty λ · ``scale`` · ``penalty`` (``scale``: 1, or 1/L for the paper's mean) is

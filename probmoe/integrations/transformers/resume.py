@@ -58,8 +58,10 @@ def _transforms(model) -> tuple[list, list]:
         transforms = get_model_conversion_mapping(model, add_legacy=False)
         transforms = [t for t in transforms if not isinstance(t, PrefixChange)]
     transforms = copy.deepcopy(list(transforms))
-    return ([t for t in transforms if isinstance(t, WeightRenaming)],
-            [t for t in transforms if isinstance(t, WeightConverter)])
+    return (
+        [t for t in transforms if isinstance(t, WeightRenaming)],
+        [t for t in transforms if isinstance(t, WeightConverter)],
+    )
 
 
 def to_model_layout(model, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -110,6 +112,9 @@ def _completed(model, converter, target: str, sources: list, own: dict, renaming
     have = {key for key, _, _ in sources}
     if have >= set(current):
         return sources
-    lacking = [(key, rename_source_key(key, renamings, converters)[1], tensor)
-               for key, tensor in current.items() if key not in have]
+    lacking = [
+        (key, rename_source_key(key, renamings, converters)[1], tensor)
+        for key, tensor in current.items()
+        if key not in have
+    ]
     return sorted(sources + lacking, key=lambda source: dot_natural_key(source[0]))

@@ -107,12 +107,16 @@ def _copy_in(buffers: dict, saved: dict, source: str) -> None:
         raise ValueError(f"{source} must hold exactly {sorted(buffers)}; got {sorted(saved)}")
     for name, buf in buffers.items():
         value = saved[name]
-        if (not isinstance(value, torch.Tensor) or value.shape != buf.shape or value.dtype != buf.dtype
-                or not bool(torch.isfinite(value).all())):
+        if (
+            not isinstance(value, torch.Tensor)
+            or value.shape != buf.shape
+            or value.dtype != buf.dtype
+            or not bool(torch.isfinite(value).all())
+        ):
             got = f"{value.dtype} {list(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
-            raise ValueError(f"{source}: {name} must be a finite {buf.dtype} tensor of shape {list(buf.shape)}; "
-                             f"got {got}")
+            raise ValueError(
+                f"{source}: {name} must be a finite {buf.dtype} tensor of shape {list(buf.shape)}; got {got}"
+            )
     with torch.no_grad():
         for name, buf in buffers.items():
             buf.copy_(saved[name])
-

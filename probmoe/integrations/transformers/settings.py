@@ -31,11 +31,27 @@ from .methods import TOP_K, Plan
 FILENAME = "probmoe_routing.json"
 FORMAT = "probmoe-transformers-routing"
 VERSION = 2
-FIELDS_V1 = ("format", "version", "model_type", "num_experts", "top_k", "method", "routing", "aux_loss", "z_loss",
-             "sha256")
+FIELDS_V1 = (
+    "format",
+    "version",
+    "model_type",
+    "num_experts",
+    "top_k",
+    "method",
+    "routing",
+    "aux_loss",
+    "z_loss",
+    "sha256",
+)
 FIELDS = FIELDS_V1 + ("options",)
-OPTIONS = ("l1_coef", "l1_rate", "l1_layers", "jitter_eps", "balance",
-           "balance_rate")  # patch_model keywords an "options" object may carry
+OPTIONS = (
+    "l1_coef",
+    "l1_rate",
+    "l1_layers",
+    "jitter_eps",
+    "balance",
+    "balance_rate",
+)  # patch_model keywords an "options" object may carry
 
 
 def digest(content: dict) -> str:
@@ -44,10 +60,18 @@ def digest(content: dict) -> str:
 
 
 def content(plan: Plan, model_type: str) -> dict:
-    data = {"format": FORMAT, "version": VERSION, "model_type": model_type, "num_experts": plan.num_experts,
-            "top_k": plan.top_k, "method": plan.method,
-            "routing": plan.routing.to_dict() if plan.routing is not None else None,
-            "aux_loss": plan.aux_loss, "z_loss": plan.z_loss, "options": plan.options}
+    data = {
+        "format": FORMAT,
+        "version": VERSION,
+        "model_type": model_type,
+        "num_experts": plan.num_experts,
+        "top_k": plan.top_k,
+        "method": plan.method,
+        "routing": plan.routing.to_dict() if plan.routing is not None else None,
+        "aux_loss": plan.aux_loss,
+        "z_loss": plan.z_loss,
+        "options": plan.options,
+    }
     data["sha256"] = digest(data)
     return data
 
@@ -69,9 +93,11 @@ def read(directory) -> dict:
     malformed or tampered."""
     path = os.path.join(os.fspath(directory), FILENAME)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} is missing: this checkpoint was not saved from a model patched with "
-                                "probmoe.integrations.transformers.patch_model; load it with transformers' own "
-                                "from_pretrained and patch it")
+        raise FileNotFoundError(
+            f"{path} is missing: this checkpoint was not saved from a model patched with "
+            "probmoe.integrations.transformers.patch_model; load it with transformers' own "
+            "from_pretrained and patch it"
+        )
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -80,14 +106,18 @@ def read(directory) -> dict:
     if not isinstance(data, dict):
         raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
     if data.get("format") != FORMAT or data.get("version") not in (1, VERSION):
-        raise ValueError(f"{path}: format {data.get('format')!r} version {data.get('version')!r} is not "
-                         f"{FORMAT!r} version 1 or {VERSION}")
+        raise ValueError(
+            f"{path}: format {data.get('format')!r} version {data.get('version')!r} is not "
+            f"{FORMAT!r} version 1 or {VERSION}"
+        )
     fields = FIELDS_V1 if data["version"] == 1 else FIELDS
     if sorted(data) != sorted(fields):
         raise ValueError(f"{path} must have exactly the fields {list(fields)}; got {sorted(data)}")
     if data["sha256"] != digest(data):
-        raise ValueError(f"{path} has been modified after it was written (sha256 mismatch); re-save the model "
-                         "from a patched model instead of editing the file")
+        raise ValueError(
+            f"{path} has been modified after it was written (sha256 mismatch); re-save the model "
+            "from a patched model instead of editing the file"
+        )
     if data["method"] not in ALL_METHODS:
         raise ValueError(f"{path}: method must be one of {ALL_METHODS}; got {data['method']!r}")
     try:
@@ -95,8 +125,9 @@ def read(directory) -> dict:
     except (ValueError, TypeError) as e:
         raise ValueError(f"{path}: bad routing config ({e})") from e
     if (routing is None) != (data["method"] in TOP_K):
-        raise ValueError(f"{path}: routing must be null exactly for the methods {', '.join(TOP_K)}; method "
-                         f"{data['method']!r}")
+        raise ValueError(
+            f"{path}: routing must be null exactly for the methods {', '.join(TOP_K)}; method {data['method']!r}"
+        )
     options = data.get("options", {})
     if not isinstance(options, dict) or not set(options) <= set(OPTIONS):
         raise ValueError(f"{path}: options must be an object with keys among {list(OPTIONS)}; got {options!r}")

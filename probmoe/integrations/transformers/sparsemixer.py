@@ -55,8 +55,9 @@ class _Midpoint(torch.autograd.Function):
         return d_scores, None, None, None, None
 
 
-def sparsemixer_weights(logits: Tensor, k: int, *, training: bool, jitter_eps: float = JITTER_EPS,
-                        generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+def sparsemixer_weights(
+    logits: Tensor, k: int, *, training: bool, jitter_eps: float = JITTER_EPS, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
     """logits [T, N] -> (weights [T, k] float32, indices [T, k] long), stage by stage as above."""
     scores = logits.float()  # [T, N]
     remaining = scores

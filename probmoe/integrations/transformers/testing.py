@@ -15,18 +15,42 @@ import torch
 
 from .families import ALL
 
-COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2, num_experts_per_tok=2,
-              max_position_embeddings=128)
+COMMON = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    num_experts_per_tok=2,
+    max_position_embeddings=128,
+)
 EXTRA = {
     "olmoe": dict(num_experts=8),
     "qwen2_moe": dict(num_experts=8, moe_intermediate_size=128, shared_expert_intermediate_size=128),
     "qwen3_moe": dict(num_experts=8, moe_intermediate_size=128),
     "mixtral": dict(num_local_experts=8),
-    "deepseek_v3": dict(n_routed_experts=8, n_shared_experts=1, n_group=4, topk_group=2, num_experts_per_tok=3,
-                        moe_intermediate_size=64, num_hidden_layers=3, first_k_dense_replace=1, num_key_value_heads=4,
-                        q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
-                        routed_scaling_factor=2.5, norm_topk_prob=True),
+    "deepseek_v3": dict(
+        n_routed_experts=8,
+        n_shared_experts=1,
+        n_group=4,
+        topk_group=2,
+        num_experts_per_tok=3,
+        moe_intermediate_size=64,
+        num_hidden_layers=3,
+        first_k_dense_replace=1,
+        num_key_value_heads=4,
+        q_lora_rank=None,
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=16,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+    ),
 }
 
 

@@ -28,8 +28,9 @@ WRAPPED = ("_load_from_checkpoint", "_load_best_model")
 
 def installed() -> bool:
     trainer = sys.modules.get("transformers.trainer")
-    return trainer is not None and all(getattr(getattr(trainer.Trainer, name), "probmoe_resume", False)
-                                       for name in WRAPPED)
+    return trainer is not None and all(
+        getattr(getattr(trainer.Trainer, name), "probmoe_resume", False) for name in WRAPPED
+    )
 
 
 def install() -> None:

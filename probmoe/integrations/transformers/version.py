@@ -23,17 +23,24 @@ def release(version: str) -> tuple[int, ...]:
     try:
         return Version(version).release
     except InvalidVersion:
-        raise ImportError(f"cannot read the transformers version {version!r}; probmoe.integrations.transformers "
-                          f"needs transformers{REQUIRES}") from None
+        raise ImportError(
+            f"cannot read the transformers version {version!r}; probmoe.integrations.transformers "
+            f"needs transformers{REQUIRES}"
+        ) from None
 
 
 def check(version: str) -> None:
     """ImportError unless ``version`` is in ``REQUIRES``; a warning if it is newer than ``TESTED``."""
     numbers = release(version)
     if not LOWEST <= numbers < BELOW:
-        raise ImportError(f"probmoe.integrations.transformers needs transformers{REQUIRES} (tested with "
-                          f"{' and '.join(TESTED)}), found {version}; install probmoe[transformers]")
+        raise ImportError(
+            f"probmoe.integrations.transformers needs transformers{REQUIRES} (tested with "
+            f"{' and '.join(TESTED)}), found {version}; install probmoe[transformers]"
+        )
     if numbers[:2] > release(TESTED[-1])[:2]:
-        warnings.warn(f"transformers {version} is newer than the releases probmoe.integrations.transformers was "
-                      f"tested with ({', '.join(TESTED)}); patching checks the model layout it relies on and "
-                      "stops with a message naming anything that moved", stacklevel=3)
+        warnings.warn(
+            f"transformers {version} is newer than the releases probmoe.integrations.transformers was "
+            f"tested with ({', '.join(TESTED)}); patching checks the model layout it relies on and "
+            "stops with a message naming anything that moved",
+            stacklevel=3,
+        )

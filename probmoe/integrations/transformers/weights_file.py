@@ -25,8 +25,25 @@ import struct
 
 MAX_HEADER = 100_000_000  # the safetensors library's own limit on the header length
 INDEX = "model.safetensors.index.json"
-DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2, "F16": 2,
-               "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
+DTYPE_BYTES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "F8_E8M0": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+    "C64": 8,
+}
 
 
 class DamagedWeightsError(ValueError):
@@ -49,8 +66,11 @@ def check_weights_file(path) -> int:
                 raise DamagedWeightsError(path, f"{size} bytes, shorter than the 8-byte header length")
             (n,) = struct.unpack("<Q", head)
             if n > min(size - 8, MAX_HEADER):
-                raise DamagedWeightsError(path, f"header length {n} bytes does not fit the file of {size} bytes "
-                                                "(truncated, or its first bytes overwritten)")
+                raise DamagedWeightsError(
+                    path,
+                    f"header length {n} bytes does not fit the file of {size} bytes "
+                    "(truncated, or its first bytes overwritten)",
+                )
             raw = f.read(n)
     except OSError as e:
         raise DamagedWeightsError(path, f"unreadable ({e.strerror or e})") from e
@@ -78,15 +98,23 @@ def _check_tensor(path: str, name: str, info, data: int) -> None:
         raise DamagedWeightsError(path, f"tensor {name!r} has unknown dtype {dtype!r}")
     if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
         raise DamagedWeightsError(path, f"tensor {name!r} has a bad shape {shape!r}")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
-            and 0 <= offsets[0] <= offsets[1]):
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(type(o) is int for o in offsets)
+        and 0 <= offsets[0] <= offsets[1]
+    ):
         raise DamagedWeightsError(path, f"tensor {name!r} has bad data_offsets {offsets!r}")
     if offsets[1] > data:
-        raise DamagedWeightsError(path, f"tensor {name!r} ends at byte {offsets[1]} of the data but the file holds "
-                                        f"{data} bytes of data (truncated)")
+        raise DamagedWeightsError(
+            path,
+            f"tensor {name!r} ends at byte {offsets[1]} of the data but the file holds "
+            f"{data} bytes of data (truncated)",
+        )
     if offsets[1] - offsets[0] != DTYPE_BYTES[dtype] * math.prod(shape):
-        raise DamagedWeightsError(path, f"tensor {name!r}: {offsets[1] - offsets[0]} bytes for a {dtype} tensor of "
-                                        f"shape {shape}")
+        raise DamagedWeightsError(
+            path, f"tensor {name!r}: {offsets[1] - offsets[0]} bytes for a {dtype} tensor of shape {shape}"
+        )
 
 
 def check_weights_files(directory) -> list[str]:

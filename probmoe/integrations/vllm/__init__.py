@@ -11,8 +11,13 @@ transformers release that integration refuses). Importing this package imports n
 nor transformers; ``register`` and ``models`` import vllm.
 """
 
-ARCHITECTURES = ("OlmoeForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM",
-                 "DeepseekV3ForCausalLM")
+ARCHITECTURES = (
+    "OlmoeForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "MixtralForCausalLM",
+    "DeepseekV3ForCausalLM",
+)
 
 
 def register() -> None:

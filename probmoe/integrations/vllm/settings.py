@@ -29,17 +29,31 @@ from ..method_names import ALL_METHODS
 FILENAME = "probmoe_routing.json"
 STATE_FILENAME = "probmoe_state.safetensors"
 FORMAT = "probmoe-transformers-routing"
-FIELDS_V1 = ("format", "version", "model_type", "num_experts", "top_k", "method", "routing", "aux_loss", "z_loss",
-             "sha256")
+FIELDS_V1 = (
+    "format",
+    "version",
+    "model_type",
+    "num_experts",
+    "top_k",
+    "method",
+    "routing",
+    "aux_loss",
+    "z_loss",
+    "sha256",
+)
 FIELDS = {1: FIELDS_V1, 2: FIELDS_V1 + ("options",)}
 OPTIONS = ("l1_coef", "l1_rate", "l1_layers", "jitter_eps", "balance", "balance_rate")  # training options
 JITTER_EPS = 0.01  # SparseMixer's band half-width when the file gives none
 TOP_K_METHODS = ("conventional", "frozen", "densemixer", "defaultmoe", "sparsemixer", "remoe")  # routing null
 
 # model_type -> (the config field of the expert count, the family always renormalises)
-FAMILIES = {"olmoe": ("num_experts", False), "qwen2_moe": ("num_experts", False),
-            "qwen3_moe": ("num_experts", False), "mixtral": ("num_local_experts", True),
-            "deepseek_v3": ("n_routed_experts", None)}
+FAMILIES = {
+    "olmoe": ("num_experts", False),
+    "qwen2_moe": ("num_experts", False),
+    "qwen3_moe": ("num_experts", False),
+    "mixtral": ("num_local_experts", True),
+    "deepseek_v3": ("n_routed_experts", None),
+}
 SERVED = ("olmoe", "qwen2_moe", "qwen3_moe", "mixtral")  # families the plugin routes by a rule of its own
 
 
@@ -99,14 +113,18 @@ def read(directory) -> dict | None:
     if not isinstance(data, dict):
         raise ServingSettingsError(f"{path} must hold a JSON object, got {type(data).__name__}")
     if data.get("format") != FORMAT or data.get("version") not in FIELDS:
-        raise ServingSettingsError(f"{path}: format {data.get('format')!r} version {data.get('version')!r} is not "
-                                   f"{FORMAT!r} version {' or '.join(map(str, FIELDS))}")
+        raise ServingSettingsError(
+            f"{path}: format {data.get('format')!r} version {data.get('version')!r} is not "
+            f"{FORMAT!r} version {' or '.join(map(str, FIELDS))}"
+        )
     fields = FIELDS[data["version"]]
     if sorted(data) != sorted(fields):
         raise ServingSettingsError(f"{path} must have exactly the fields {list(fields)}; got {sorted(data)}")
     if data["sha256"] != _digest(data):
-        raise ServingSettingsError(f"{path} has been modified after it was written (sha256 mismatch); re-save the "
-                                   "model from a patched model instead of editing the file")
+        raise ServingSettingsError(
+            f"{path} has been modified after it was written (sha256 mismatch); re-save the "
+            "model from a patched model instead of editing the file"
+        )
     if data["method"] not in ALL_METHODS:
         raise ServingSettingsError(f"{path}: method must be one of {', '.join(ALL_METHODS)}; got {data['method']!r}")
     n = data["num_experts"]
@@ -116,19 +134,23 @@ def read(directory) -> dict | None:
         r = data["routing"]
         kmax = r.get("kmax") if isinstance(r, dict) else None
         if isinstance(kmax, int) and not isinstance(kmax, bool) and kmax > n:
-            raise ServingSettingsError(f"{path}: routing kmax = {kmax} is above the expert count "
-                                       f"num_experts = {n} (allowed: 1..{n})")
+            raise ServingSettingsError(
+                f"{path}: routing kmax = {kmax} is above the expert count num_experts = {n} (allowed: 1..{n})"
+            )
     try:
         routing = None if data["routing"] is None else probmoe.RoutingConfig.from_dict(data["routing"])
     except (ValueError, TypeError) as e:
         raise ServingSettingsError(f"{path}: bad routing config ({e})") from e
     if (routing is None) != (data["method"] in TOP_K_METHODS):
-        raise ServingSettingsError(f"{path}: routing must be null exactly for the methods "
-                                   f"{', '.join(TOP_K_METHODS)}; method {data['method']!r}")
+        raise ServingSettingsError(
+            f"{path}: routing must be null exactly for the methods "
+            f"{', '.join(TOP_K_METHODS)}; method {data['method']!r}"
+        )
     options = data.get("options", {})
     if not isinstance(options, dict) or not set(options) <= set(OPTIONS):
-        raise ServingSettingsError(f"{path}: options must be an object with keys among {list(OPTIONS)}; "
-                                   f"got {options!r}")
+        raise ServingSettingsError(
+            f"{path}: options must be an object with keys among {list(OPTIONS)}; got {options!r}"
+        )
     if options.get("balance") not in (None, "aux-free"):
         raise ServingSettingsError(f"{path}: options.balance must be 'aux-free' or absent, got {options['balance']!r}")
     return dict(data, routing=routing, options=options, path=path)
@@ -142,18 +164,23 @@ def check_against_config(data: dict, hf_config) -> None:
     """The settings file must describe this checkpoint (config.json's model type, experts, top-k)."""
     path, model_type = data["path"], _config_value(hf_config, "model_type")
     if data["model_type"] != model_type:
-        raise ServingSettingsError(f"{path}: model_type {data['model_type']!r} does not match config.json's "
-                                   f"{model_type!r}")
+        raise ServingSettingsError(
+            f"{path}: model_type {data['model_type']!r} does not match config.json's {model_type!r}"
+        )
     if model_type not in FAMILIES:
-        raise ServingSettingsError(f"{path}: model type {model_type!r} has no probmoe serving support (supported: "
-                                   f"{', '.join(FAMILIES)})")
+        raise ServingSettingsError(
+            f"{path}: model type {model_type!r} has no probmoe serving support (supported: {', '.join(FAMILIES)})"
+        )
     n = _config_value(hf_config, FAMILIES[model_type][0])
     if data["num_experts"] != n:
-        raise ServingSettingsError(f"{path}: num_experts = {data['num_experts']} but config.json has "
-                                   f"{FAMILIES[model_type][0]} = {n}")
+        raise ServingSettingsError(
+            f"{path}: num_experts = {data['num_experts']} but config.json has {FAMILIES[model_type][0]} = {n}"
+        )
     if data["top_k"] != _config_value(hf_config, "num_experts_per_tok"):
-        raise ServingSettingsError(f"{path}: top_k = {data['top_k']} but config.json has num_experts_per_tok = "
-                                   f"{_config_value(hf_config, 'num_experts_per_tok')}")
+        raise ServingSettingsError(
+            f"{path}: top_k = {data['top_k']} but config.json has num_experts_per_tok = "
+            f"{_config_value(hf_config, 'num_experts_per_tok')}"
+        )
 
 
 def normalizes(hf_config) -> bool:
@@ -171,7 +198,7 @@ def _read_bias(directory, path: str, n: int) -> dict:
     out = {}
     try:
         with safe_open(state, framework="pt") as f:
-            for key in f.keys():
+            for key in f:
                 if not key.endswith(".probmoe_bias"):
                     continue
                 parts = key.split(".")
@@ -208,7 +235,8 @@ def serving_rule(directory, hf_config) -> Rule | None:
             f"{path}: method {method!r}{' with aux-free balancing' if balanced else ''} on model type "
             f"{model_type!r} is not served: its rule selects within expert groups (n_group, topk_group), and "
             "vLLM's CPU FusedMoE refuses a custom routing function together with grouped top-k; serve the "
-            "checkpoint with the stock rule by removing " + FILENAME + " (the routing changes), or use transformers")
+            "checkpoint with the stock rule by removing " + FILENAME + " (the routing changes), or use transformers"
+        )
     normalize = normalizes(hf_config)
     bias = _read_bias(directory, path, n) if balanced else None
     if method == "remoe":
@@ -221,11 +249,15 @@ def serving_rule(directory, hf_config) -> Rule | None:
     if routing is None:
         return Rule("topk", top_k, top_k, normalize, n, method, path, bias)
     if routing.constraint is not None:
-        raise ServingSettingsError(f"{path}: routing with a structured constraint ({routing.constraint!r}) is not "
-                                   "served by the plugin (sizes only: exactly k or kmin..kmax)")
+        raise ServingSettingsError(
+            f"{path}: routing with a structured constraint ({routing.constraint!r}) is not "
+            "served by the plugin (sizes only: exactly k or kmin..kmax)"
+        )
     if routing.scores != "softmax" or routing.normalize != normalize:
-        raise ServingSettingsError(f"{path}: routing scores {routing.scores!r} / normalize {routing.normalize} do "
-                                   f"not match the {model_type} family's softmax / normalize {normalize}")
+        raise ServingSettingsError(
+            f"{path}: routing scores {routing.scores!r} / normalize {routing.normalize} do "
+            f"not match the {model_type} family's softmax / normalize {normalize}"
+        )
     if routing.k is not None and bias is None:
         return Rule("topk", routing.k, routing.k, normalize, n, method, path)  # MAP = top-k: stock
     # a range, or exactly k with the aux-free bias: the bias shifts the logits (the MAP of r + b), not π
