@@ -15,9 +15,9 @@ and, by compiler (``FILES``):
 
 Nothing is trusted blindly: on every read the format version, the spec, each file's checksum,
 the layout's structure, its exact model count and its log-partition at fixed logits (against an
-independent computation: the Poisson-binomial DP for ExactlyK / RangeK, the group DP for the
-group specs, the stored d-DNNF evaluated directly for d4, pysdd's WMC of the stored SDD otherwise)
-are checked, and any failure warns (``CacheWarning``) and recompiles. Entries of format 2 (one
+independent computation, the kind's ``check``: the Poisson-binomial DP for ExactlyK / RangeK, the
+group DP for the group specs, the stored d-DNNF evaluated directly for d4, pysdd's WMC of the
+stored SDD otherwise) are checked, and any failure warns (``CacheWarning``) and recompiles. Entries of format 2 (one
 compiler, pysdd) are old: they warn once and are rebuilt. Writes go to a private temporary directory that is renamed
 into place, so readers never see half an entry and concurrent writers all succeed.
 """
@@ -36,11 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import nnf, self_check
 from .cache_dir import default_cache_dir
-from .groups import self_check as group_self_check
 from .layout import Layout
-from .spec import GROUP_SPECS, CnfFile, Spec, spec_to_dict
+from .registry import Spec, spec_to_dict
 
 FORMAT_VERSION = 3
 FILES = {
@@ -62,18 +60,6 @@ def entry_dir(spec: Spec, root: Path | str | None = None, variant: str | None = 
     """The entry of ``spec`` compiled by its default compiler, or by ``variant`` (another one)."""
     base = Path(root).expanduser() if root is not None else default_cache_dir()
     return base / (spec.key if variant is None else f"{spec.key}-{variant}")
-
-
-def _semantic_check(layout: Layout, spec: Spec, path: Path, compiler: str) -> None:
-    """The layout's log Z at the probe logits against an independent computation; ValueError."""
-    if isinstance(spec, GROUP_SPECS):
-        group_self_check(layout, spec)
-    elif isinstance(spec, CnfFile) and compiler == "d4":
-        parsed = nnf.parse((path / "circuit.nnf").read_text(), layout.n)
-        r = self_check.probe_logits(layout.n)
-        self_check.agree(self_check.layout_log_partition(layout, r), nnf.log_partition(parsed, r))
-    else:
-        self_check.check(layout, spec, path)
 
 
 def read_entry(path: Path, spec: Spec | None = None) -> tuple[Layout, dict]:
@@ -119,7 +105,7 @@ def read_entry(path: Path, spec: Spec | None = None) -> tuple[Layout, dict]:
         raise ValueError("the layout's model count is wrong")
     if spec is not None:
         try:
-            _semantic_check(layout, spec, path, compiler)
+            spec.check(layout, path, compiler)  # the kind's own check against an independent computation
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"a file is unreadable ({exc.__class__.__name__})") from None
     return layout, manifest

@@ -1,21 +1,27 @@
 """Compile a constraint spec into the level layout the evaluators take, with one of three compilers.
 
+Each kind names the compilers that build it, its default first (``spec.compilers``), and gives
+each one its input (``circuits.registry``; what each kind does: ``circuits.kinds``):
+
 - ``"direct"`` (the default for ``ExactlyK``, ``RangeK``, ``GroupLimited``, ``GroupCapacity``):
-  the count tree built from its known structure (``circuits.count_tree``), the pruned canonical SDD
-  on the vtrees below, without pysdd; exactly 128 of 1,024 in well under a second.
+  the kind's ``build_direct``, the count tree built from its known structure
+  (``circuits.count_tree``), the pruned canonical SDD, without pysdd; exactly 128 of 1,024 in well
+  under a second.
 - ``"d4"`` (the default for ``CnfFile``): the d-DNNF compiler d4 (``circuits.cnf``, the ``cnf``
-  extra), flattened and smoothed into the layout (``circuits.nnf``).
-- ``"pysdd"``: an SDD built with pysdd, then flattened (``circuits.layout.build_layout``). For
-  counting specs it ORs "exactly j of this block" bottom-up over a balanced vtree (Eq(block, j) =
-  OR_a Eq(left, a) AND Eq(right, j - a), counts capped at kmax; a range is the OR over the band;
-  the group specs on ``circuits.groups.group_vtree``); a CNF goes through
-  ``SddManager.from_cnf_file`` on a balanced vtree; an ``SddFile`` is read as it is (its only
+  extra) on the kind's ``dimacs_path``, flattened and smoothed into the layout (``circuits.nnf``).
+- ``"pysdd"``: the kind's ``build_sdd``, an SDD built with pysdd, then flattened
+  (``circuits.layout.build_layout``): for counting specs "exactly j of this block" OR-ed bottom-up
+  over a balanced vtree (the group specs over ``circuits.groups.group_vtree``); a CNF through
+  ``SddManager.from_cnf_file`` on a balanced vtree; an ``SddFile`` read as it is (its only
   compiler). The cache entry then holds the SDD too (``circuit.sdd``, ``circuit.vtree``, DOT).
 
-Before compiling a counting spec ``compile_circuit`` estimates the cost (``circuits.estimate``,
-per compiler): it refuses a spec past ``estimate.MAX_STEPS`` unless told ``size_limit=False``, and
-shows tqdm progress bars on stderr for one past ``estimate.PROGRESS_STEPS`` (about a second; tqdm
-is optional).
+After compiling, the layout's model count is checked against the kind's ``model_count`` and its
+log Z against the kind's ``check``.
+
+Before compiling ``compile_circuit`` estimates the cost (the kind's ``estimate``, per compiler:
+``circuits.estimate``; file specs have none): it refuses a spec past ``estimate.MAX_STEPS``
+unless told ``size_limit=False``, and shows tqdm progress bars on stderr for one past
+``estimate.PROGRESS_STEPS`` (about a second; tqdm is optional).
 
 Compiling needs numpy and pysdd, not torch: ``compile_entry`` gives the layout and what happened
 without loading torch (``probmoe-compile`` uses it, so its start-up is Python's and numpy's);
@@ -25,6 +31,7 @@ without loading torch (``probmoe-compile`` uses it, so its start-up is Python's 
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.metadata
 import os
 import sys
@@ -33,89 +40,55 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from pysdd.sdd import SddManager, SddNode, Vtree
+from pysdd.sdd import SddManager, SddNode
 
-from . import cache, cnf, count_tree, estimate, file_checks, groups, nnf, self_check
-from .groups import Progress
+from . import cache, cnf, estimate, nnf, self_check
 from .layout import Layout, build_layout
-from .spec import GROUP_SPECS, CnfFile, ExactlyK, RangeK, SddFile, Spec
+from .registry import Progress, kind_names, registered
+from .spec import CnfFile, SddFile, Spec
 
 if TYPE_CHECKING:  # the evaluator imports torch, which compiling does not need
     from .circuit import Circuit
 
-SPECS = (ExactlyK, RangeK, SddFile, CnfFile, *GROUP_SPECS)
-SPEC_NAMES = "ExactlyK, RangeK, SddFile, CnfFile, GroupLimited, GroupCapacity"
 COMPILERS = ("direct", "d4", "pysdd")
-COUNTING = (ExactlyK, RangeK, *GROUP_SPECS)
 
 
 def default_compiler(spec: Spec) -> str:
-    """ "direct" for the counting specs, "d4" for a CNF, "pysdd" for an SDD file."""
-    if isinstance(spec, COUNTING):
-        return "direct"
-    return "d4" if isinstance(spec, CnfFile) else "pysdd"
+    """The compiler a spec's kind names first: "direct" for the counting specs, "d4" for a CNF,
+    "pysdd" for an SDD file."""
+    return spec.compilers[0]
 
 
 def check_compiler(spec: Spec, compiler) -> str:
     """``compiler`` (None: the spec's default) if it can compile ``spec``, else ValueError."""
     if compiler is None:
         return default_compiler(spec)
-    allowed = (
-        ("direct", "pysdd")
-        if isinstance(spec, COUNTING)
-        else ("d4", "pysdd")
-        if isinstance(spec, CnfFile)
-        else ("pysdd",)
-    )
-    if compiler not in allowed:
+    if compiler not in spec.compilers:
         raise ValueError(
-            f"compiler must be one of {', '.join(map(repr, allowed))} for {type(spec).__name__} "
+            f"compiler must be one of {', '.join(map(repr, spec.compilers))} for {type(spec).__name__} "
             f"(or None for {default_compiler(spec)!r}), got {compiler!r}"
         )
     return compiler
 
 
-def balanced_vtree(n: int) -> Vtree:
-    """A balanced vtree over variables 1..n in natural order (depth ceil(log2 n))."""
-    return Vtree(var_count=n, var_order=list(range(1, n + 1)), vtree_type="balanced")
-
-
 def compile_sdd(spec: Spec, progress: Progress | None = None) -> tuple[SddManager, SddNode]:
-    """Build the SDD of ``spec``; returns the manager (keep it alive) and the root node.
-    ``progress`` (counting specs only) is told the compile steps done (``circuits.estimate``)."""
-    if isinstance(spec, (ExactlyK, RangeK)):
-        lo, hi = (spec.k, spec.k) if isinstance(spec, ExactlyK) else (spec.kmin, spec.kmax)
-        mgr = SddManager.from_vtree(balanced_vtree(spec.n))
-        mgr.auto_gc_and_minimize_off()
-        counts = groups.exactly_counts(mgr, mgr.vtree(), hi, progress)
-        root = mgr.false()
-        for j in range(lo, hi + 1):
-            root = root | counts[j]
-        return mgr, root
-    if isinstance(spec, SddFile):
-        file_checks.check_sdd_pair(spec.sdd, spec.vtree)
-        mgr = SddManager.from_vtree(Vtree.from_file(spec.vtree.encode()))
-        root = mgr.read_sdd_file(spec.sdd.encode())
-        return mgr, root
-    if isinstance(spec, CnfFile):
-        file_checks.check_dimacs(spec.path)
-        with cnf.quiet_stdout():  # pysdd prints "Read CNF: ..."
-            mgr, root = SddManager.from_cnf_file(spec.path.encode(), b"balanced")
-        return mgr, root
-    if isinstance(spec, GROUP_SPECS):
-        return groups.build_grouped(spec, progress)
-    raise TypeError(f"spec must be {SPEC_NAMES}, got {type(spec).__name__}")
+    """Build the SDD of ``spec`` (a kind compiled by "pysdd"); returns the manager (keep it alive)
+    and the root node. ``progress`` (counting specs only) is told the compile steps done
+    (``circuits.estimate``)."""
+    if not registered(spec) or "pysdd" not in spec.compilers:
+        raise TypeError(f"spec must be {kind_names()} (a kind compiled by pysdd), got {type(spec).__name__}")
+    return spec.build_sdd(progress)
 
 
 def _as_spec(spec) -> Spec:
     """Accept a spec, a DIMACS path (str / PathLike), or a (sdd path, vtree path) pair."""
-    if isinstance(spec, SPECS):
+    if registered(spec):
         return spec
     if isinstance(spec, (str, os.PathLike)):
         return CnfFile(os.fspath(spec))
     if isinstance(spec, tuple) and len(spec) == 2:
         return SddFile(*map(os.fspath, spec))
-    raise ValueError(f"spec must be {SPEC_NAMES}, a DIMACS file path or an (sdd, vtree) path pair; got {spec!r}")
+    raise ValueError(f"spec must be {kind_names()}, a DIMACS file path or an (sdd, vtree) path pair; got {spec!r}")
 
 
 def _sdd_files(mgr: SddManager, root: SddNode) -> dict[str, bytes]:
@@ -240,22 +213,10 @@ def compile_entry(
     long = est is not None and est.steps > estimate.PROGRESS_STEPS
     if compiler == "direct":
         with _progress(long, est.elements if long else 0, f"compiling {spec.describe()}", "element") as tick:
-            layout = count_tree.counting_layout(spec, tick)
+            layout = _direct(spec, tick)
         files, extra = {}, {}
     elif compiler == "d4":
-        d4 = cnf.compile_d4(spec.path, time_limit)
-        parsed = nnf.parse(d4.nnf, d4.n)
-        if parsed.unsatisfiable:
-            raise ValueError(
-                f"{spec.path} is unsatisfiable (d4 proved it in {d4.seconds:.2f} s): "
-                "there is no distribution over its models"
-            )
-        layout = nnf.to_layout(parsed)
-        if layout.model_count() != d4.count:
-            raise RuntimeError(f"the layout counts {layout.model_count()} models, d4 {d4.count}, for {spec.describe()}")
-        _check_log_partition(layout, nnf.log_partition(parsed, self_check.probe_logits(layout.n)))
-        files = {"circuit.nnf": d4.nnf.encode()}
-        extra = {"d4_version": cnf.d4_version(), "nnf_nodes": d4.nodes, "d4_seconds": d4.seconds}
+        layout, files, extra = _d4(spec, time_limit)
     else:
         with _progress(long, est.state_steps if long else 0, f"compiling {spec.describe()}", "step") as tick:
             mgr, root = compile_sdd(spec, tick)
@@ -271,19 +232,47 @@ def compile_entry(
             "compiler": compiler,
             "compile_seconds": seconds,
             **extra,
-            **({"vtree": "grouped"} if isinstance(spec, GROUP_SPECS) else {}),
-            **({"vtree": None} if compiler == "d4" else {}),
+            "vtree": None if compiler == "d4" else spec.vtree_shape,
         },
     )
     expected = spec.model_count()
     if expected is not None and int(manifest["model_count"]) != expected:
         raise RuntimeError(f"compiled model count {manifest['model_count']} != {expected} for {spec.describe()}")
-    self_check.check(layout, spec)  # a self-check against an independent computation
-    if isinstance(spec, GROUP_SPECS):
-        groups.self_check(layout, spec)
+    spec.check(layout, None, compiler)  # a self-check against an independent computation
     path = cache.store(spec, layout, files, manifest, cache_dir, replace=force, variant=variant)
     info = {**manifest, "cache_hit": False, "cache_path": None if path is None else str(path)}
     return Entry(layout, spec, info)
+
+
+def _direct(spec: Spec, progress: Progress | None) -> Layout:
+    """Compiler "direct": the kind's own builder. Python's cyclic garbage collector is paused
+    meanwhile: the builders allocate ~10^5 small acyclic objects, and its full passes over them cost
+    up to half the time."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return spec.build_direct(progress)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _d4(spec: Spec, time_limit: float | None) -> tuple[Layout, dict[str, bytes], dict]:
+    """Compiler "d4": the kind's DIMACS file compiled by d4, flattened and smoothed into a layout,
+    checked against d4's count and the d-DNNF's own log Z; (layout, cache files, manifest facts)."""
+    path = spec.dimacs_path()
+    d4 = cnf.compile_d4(path, time_limit)
+    parsed = nnf.parse(d4.nnf, d4.n)
+    if parsed.unsatisfiable:
+        raise ValueError(
+            f"{path} is unsatisfiable (d4 proved it in {d4.seconds:.2f} s): there is no distribution over its models"
+        )
+    layout = nnf.to_layout(parsed)
+    if layout.model_count() != d4.count:
+        raise RuntimeError(f"the layout counts {layout.model_count()} models, d4 {d4.count}, for {spec.describe()}")
+    _check_log_partition(layout, nnf.log_partition(parsed, self_check.probe_logits(layout.n)))
+    extra = {"d4_version": cnf.d4_version(), "nnf_nodes": d4.nodes, "d4_seconds": d4.seconds}
+    return layout, {"circuit.nnf": d4.nnf.encode()}, extra
 
 
 def _check_log_partition(layout, want) -> None:

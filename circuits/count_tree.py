@@ -25,12 +25,10 @@ The layouts equal pysdd's up to the order of nodes within a height and of elemen
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable
 
 from .dag import Dag, Ref
 from .layout import FALSE_SLOT, TRUE_SLOT, Layout
-from .spec import ExactlyK, GroupCapacity, GroupLimited, RangeK
 
 Progress = Callable[[int], None]  # told the elements built
 
@@ -195,8 +193,8 @@ def _group_tree(sizes: tuple[int, ...]) -> _Vnode:
     return over(bounds)
 
 
-def grouped_layout(spec: GroupLimited | GroupCapacity, progress: Progress | None = None) -> Layout:
-    """The layout of a group spec: states (c true, g nonempty groups) above the groups (g is 0 when
+def grouped_layout(spec, progress: Progress | None = None) -> Layout:
+    """The layout of a group spec (``GroupLimited`` / ``GroupCapacity``): states (c true, g nonempty groups) above the groups (g is 0 when
     the number of groups is not limited), counts inside them, OVER past kmax / capacity / max_groups;
     the root's set is {(c, g): kmin <= c <= kmax}."""
     K, M, cap = spec.kmax, spec.max_groups, min(spec.capacity, spec.kmax)
@@ -267,25 +265,3 @@ def grouped_layout(spec: GroupLimited | GroupCapacity, progress: Progress | None
 
     band = frozenset(s for s in root.states if spec.kmin <= s[0] <= spec.kmax)
     return spans.layout(node(root, band))
-
-
-def counting_layout(spec, progress: Progress | None = None) -> Layout:
-    """The layout of an ``ExactlyK``, ``RangeK``, ``GroupLimited`` or ``GroupCapacity`` spec.
-
-    Python's cyclic garbage collector is paused meanwhile: the builders allocate ~10^5 small
-    acyclic objects, and its full passes over them cost up to half the time."""
-    if isinstance(spec, ExactlyK):
-        build = lambda: exactly_layout(spec.n, spec.k, progress)
-    elif isinstance(spec, RangeK):
-        build = lambda: interval_layout(spec.n, spec.kmin, spec.kmax, progress)
-    elif isinstance(spec, (GroupLimited, GroupCapacity)):
-        build = lambda: grouped_layout(spec, progress)
-    else:
-        raise TypeError(f"spec must be ExactlyK, RangeK, GroupLimited or GroupCapacity, got {type(spec).__name__}")
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        return build()
-    finally:
-        if paused:
-            gc.enable()

@@ -27,7 +27,6 @@ from pysdd.sdd import SddManager, SddNode, Vtree
 
 from . import self_check as _self_check
 from .layout import Layout
-from .spec import GroupCapacity, GroupLimited
 
 Progress = Callable[[int], None]  # told the compile steps done (circuits.estimate: f^2 per state of f terms)
 
@@ -89,7 +88,7 @@ def group_vtree(sizes: tuple[int, ...]) -> Vtree:
         return Vtree.from_file(path.encode())
 
 
-def build_grouped(spec: GroupLimited | GroupCapacity, progress: Progress | None = None) -> tuple[SddManager, SddNode]:
+def build_grouped(spec, progress: Progress | None = None) -> tuple[SddManager, SddNode]:
     """The SDD of a group spec on ``group_vtree(spec.groups)``: (manager (keep it alive), root).
     ``progress`` as in ``exactly_counts``; above the groups it is told, per vtree node, the sum over
     its states of f^2 (f: the conjunctions OR-ed into the state)."""
@@ -124,7 +123,7 @@ def build_grouped(spec: GroupLimited | GroupCapacity, progress: Progress | None 
     return mgr, root
 
 
-def log_partition_reference(spec: GroupLimited | GroupCapacity, r) -> np.ndarray:
+def log_partition_reference(spec, r) -> np.ndarray:
     """log P(spec) under independent Bernoulli(sigmoid(r)): [T, n] -> [T] (float64, numpy).
 
     Per group a Poisson-binomial table P(exactly j of the group), then a table over the groups
@@ -154,7 +153,7 @@ def log_partition_reference(spec: GroupLimited | GroupCapacity, r) -> np.ndarray
     return np.logaddexp.reduce(band, axis=1)
 
 
-def self_check(layout: Layout, spec: GroupLimited | GroupCapacity) -> None:
+def self_check(layout: Layout, spec) -> None:
     """Raise ValueError if the layout's log Z at the fixed probe logits differs from the reference."""
     r = _self_check.probe_logits(layout.n)
     _self_check.agree(_self_check.layout_log_partition(layout, r), log_partition_reference(spec, r))

@@ -2,8 +2,12 @@
 independent computation, so that a cache entry that is well-formed but computes the wrong
 function is still caught.
 
-- ExactlyK / RangeK: a Poisson-binomial dynamic program over the variables (float64).
-- Any other SDD: pysdd's own weighted model counter on the stored ``circuit.sdd``.
+- ``layout_log_partition``: the layout's log Z, a plain numpy upward pass;
+- the independent computations: ``cardinality_log_partition`` (a Poisson-binomial dynamic program,
+  for ExactlyK / RangeK), ``sdd_log_partition`` (pysdd's own weighted model counter on a stored
+  ``circuit.sdd``); the group specs' is ``circuits.groups.log_partition_reference``, a d-DNNF's
+  ``circuits.nnf.log_partition``;
+- ``agree``: the one comparison. Each kind's ``check`` (``circuits.registry``) puts them together.
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ from pathlib import Path
 import numpy as np
 
 from .layout import Layout
-from .spec import ExactlyK, RangeK, Spec
 
 PROBES = 2
 
@@ -86,19 +89,6 @@ def sdd_log_partition(entry: Path, r) -> np.ndarray:
             wmc.set_literal_weight(mgr.literal(-i - 1), float(neg[t, i]))
         out.append(wmc.propagate())
     return np.array(out, dtype=np.float64)
-
-
-def check(layout: Layout, spec: Spec, entry: Path | None = None) -> None:
-    """Raise ValueError if the layout's log-partition disagrees with the independent one."""
-    r = probe_logits(layout.n)
-    if isinstance(spec, (ExactlyK, RangeK)):
-        lo, hi = spec.cardinalities[0], spec.cardinalities[-1]
-        want, tol = cardinality_log_partition(r, lo, hi), 1e-9
-    elif entry is not None:
-        want, tol = sdd_log_partition(entry, r), 1e-6  # libsdd's log-mode WMC is good to ~1e-8
-    else:
-        return
-    agree(layout_log_partition(layout, r), want, tol)
 
 
 def agree(got: np.ndarray, want: np.ndarray, tol: float = 1e-9, error: type[Exception] = ValueError) -> None:

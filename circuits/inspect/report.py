@@ -1,29 +1,17 @@
 """What ``probmoe-compile`` reports about a circuit: the facts as a dict, and as text.
 
 The model count is an exact Python integer (``Layout.model_count``), never pysdd's
-``global_model_count``, which is an unsigned 64-bit integer and wraps silently. For
-``ExactlyK`` / ``RangeK`` it is checked against ``math.comb``, for the group specs against a
-dynamic program over the groups in ``math.comb`` terms (``circuits.spec.group_model_count``).
+``global_model_count``, which is an unsigned 64-bit integer and wraps silently. It is checked
+against the count the spec's kind knows (``model_count``, with its closed form ``count_formula``):
+``math.comb`` for ``ExactlyK`` / ``RangeK``, a dynamic program over the groups in ``math.comb``
+terms for the group specs (``circuits.spec.group_model_count``); file specs have none.
 """
 
 from __future__ import annotations
 
 from ..native import build
-from ..spec import GROUP_SPECS, ExactlyK, RangeK, spec_to_dict
+from ..registry import spec_to_dict
 from .text import level_table
-
-
-def count_formula(spec) -> str | None:
-    """The closed form of the model count, e.g. ``C(64, 8)``; None for SDD / CNF files."""
-    if isinstance(spec, ExactlyK):
-        return f"C({spec.n}, {spec.k})"
-    if isinstance(spec, RangeK):
-        if spec.kmin == spec.kmax:
-            return f"C({spec.n}, {spec.kmin})"
-        return f"sum of C({spec.n}, j) for j in {spec.kmin}..{spec.kmax}"
-    if isinstance(spec, GROUP_SPECS):
-        return "a sum over the groups' counts of products of C(group size, j)"
-    return None
 
 
 def evaluator() -> str:
@@ -77,7 +65,7 @@ def compile_facts(circuit, warnings: list[str] = ()) -> dict:
         "model_count": str(count),
         "log_model_count": info["log_model_count"],
         "model_count_checked": expected is not None,
-        "model_count_formula": count_formula(spec),
+        "model_count_formula": spec.count_formula(),
         "pysdd_version": info.get("pysdd_version"),
         "d4_version": info.get("d4_version"),
         "evaluator": evaluator(),  # fp32 on the CPU; fp64 and CUDA use the torch passes
