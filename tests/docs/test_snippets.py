@@ -1,6 +1,7 @@
-"""Every Python snippet of README.md and docs/*.md runs as written (issue 42, point 5.3).
+"""Every Python snippet of README.md and the site's pages (docs/**/*.md) runs as written.
 
-The ```python blocks of one page run in order in one namespace (a later block may use an earlier
+The reports (docs/reports/) are records of what was run, not instructions, and are left out. The
+```python blocks of one page run in order in one namespace (a later block may use an earlier
 one's names), in a temporary working directory. A block that cannot run here is marked on the line
 above its fence with ``<!-- snippet: not run (REASON) -->``, REASON one of ``NOT_RUN``: it still
 parses (a ``signature`` need not: it shows a call's parameters) and every name it uses is bound
@@ -21,7 +22,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = ROOT / "docs"
+REPORTS = DOCS / "reports"
+PAGES = [ROOT / "README.md", *sorted(p for p in DOCS.rglob("*.md") if REPORTS not in p.parents)]
 MARK = re.compile(r"<!-- snippet: not run \((.+?)\) -->")
 # why a block may not run in the tests: a call's signature (not code); a model or data set from the
 # Hugging Face Hub (no network in tests); a GPU; a training run of hours on a published model
@@ -77,7 +80,7 @@ def test_every_snippet_runs_as_written(page, tmp_path, monkeypatch):
     trees = {line: ast.parse(code) for line, code, why in blocks if why != "signature"}
     bound = set().union(*map(bound_names, trees.values())) if trees else set()
     for line, _code, why in blocks:
-        where = f"{page.name}:{line}"
+        where = f"{page.relative_to(ROOT)}:{line}"
         assert why is None or why in NOT_RUN, f"{where}: 'not run ({why})' is not one of {NOT_RUN}"
         if why == "signature":
             continue
