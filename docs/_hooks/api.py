@@ -65,15 +65,19 @@ def public_paths(package: str) -> list[str]:
     tree = _init(package)
     value = _literal(tree, "__all__")
     names = ast.literal_eval(value) if value is not None else []
-    # a name re-exported from circuits is shown from where circuits defines it (its names are lazy)
+    # a re-exported name is shown from the module that defines it (``probmoe.route`` is also a
+    # module); one re-exported from circuits from where circuits defines it (its names are lazy)
     lazy = {path.rsplit(".", 1)[1]: path for path in _circuits_paths()}
-    from_circuits = {
-        alias.asname or alias.name
-        for node in tree.body
-        if isinstance(node, ast.ImportFrom) and node.module == "circuits"
-        for alias in node.names
-    }
-    paths = [lazy[name] if name in from_circuits else f"{package}.{name}" for name in names]
+    homes = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level == 0 and node.module == "circuits":
+            homes.update({a.asname or a.name: lazy[a.name] for a in node.names})
+        elif node.level == 1 and node.module:
+            # renamed on import (``ALL as ALL_FAMILIES``): shown under the public name, as an alias
+            homes.update({a.name: f"{package}.{node.module}.{a.name}" for a in node.names if a.asname is None})
+    paths = [homes.get(name, f"{package}.{name}") for name in names]
     return paths + EXTRA.get(package, [])
 
 
