@@ -17,7 +17,6 @@ module says everything about it, and nothing else in ``circuits`` asks for its t
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,9 +28,11 @@ Progress = Callable[[int], None]  # told the compile steps done (circuits.estima
 KINDS: dict[str, type[Spec]] = {}  # class name -> kind, in registration order
 
 
-class Spec(ABC):
+class Spec:
     """A constraint: an immutable, hashable value that says how it compiles, estimates, caches and
-    describes itself (the module docstring). Subclasses are frozen dataclasses."""
+    describes itself (the module docstring). Subclasses are frozen dataclasses that define at least
+    ``key``, ``describe``, ``check`` and the builders of their ``compilers``. A plain class, without
+    a metaclass: routing checks specs with ``isinstance`` inside torch.compile'd code."""
 
     compilers: tuple[str, ...] = ()  # the compilers that build it ("direct", "d4", "pysdd"), its default first
     dict_fields: tuple[str, ...] = ()  # the fields of its JSON form (tuples are written as lists)
@@ -41,19 +42,19 @@ class Spec(ABC):
     cardinalities: range | None = None  # the numbers of true variables its models may have, if known
 
     @property
-    @abstractmethod
     def key(self) -> str:
         """The name of its cache entry: equal specs, equal keys; a new key for anything else."""
+        raise NotImplementedError(f"{type(self).__name__} has no cache key")
 
-    @abstractmethod
     def describe(self) -> str:
         """One line naming the kind and its fields, e.g. ``ExactlyK(n=64, k=8)``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot describe itself")
 
-    @abstractmethod
     def check(self, layout: Layout, entry: Path | None, compiler: str) -> None:
         """Raise ValueError if ``layout`` does not compute this constraint: its log Z at the probe
         logits (``circuits.self_check``) against an independent computation. ``entry``: the cache
         entry it was read from (None right after compiling); ``compiler``: the one that built it."""
+        raise NotImplementedError(f"{type(self).__name__} has no check of its layouts")
 
     def model_count(self) -> int | None:
         """The number of models, exactly, or None when only compiling can tell."""
