@@ -76,7 +76,7 @@ def compile_sdd(spec: Spec, progress: Progress | None = None) -> tuple[SddManage
     and the root node. ``progress`` (counting specs only) is told the compile steps done
     (``circuits.estimate``)."""
     if not registered(spec) or "pysdd" not in spec.compilers:
-        raise TypeError(f"spec must be {kind_names()} (a kind compiled by pysdd), got {type(spec).__name__}")
+        raise TypeError(f"spec must be {kind_names(', ')} (a kind compiled by pysdd), got {type(spec).__name__}")
     return spec.build_sdd(progress)
 
 
@@ -88,7 +88,7 @@ def _as_spec(spec) -> Spec:
         return CnfFile(os.fspath(spec))
     if isinstance(spec, tuple) and len(spec) == 2:
         return SddFile(*map(os.fspath, spec))
-    raise ValueError(f"spec must be {kind_names()}, a DIMACS file path or an (sdd, vtree) path pair; got {spec!r}")
+    raise ValueError(f"spec must be {kind_names(', ')}, a DIMACS file path or an (sdd, vtree) path pair; got {spec!r}")
 
 
 def _sdd_files(mgr: SddManager, root: SddNode) -> dict[str, bytes]:

@@ -106,10 +106,10 @@ def registered(spec) -> bool:
     return KINDS.get(type(spec).__name__) is type(spec)
 
 
-def kind_names() -> str:
-    """The registered kinds, e.g. "ExactlyK, RangeK or CnfFile"."""
+def kind_names(last: str = " or ") -> str:
+    """The registered kinds, e.g. "ExactlyK, RangeK or CnfFile" (``last`` joins the last two)."""
     names = list(KINDS)
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+    return last.join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
 
 def require(spec) -> Spec:

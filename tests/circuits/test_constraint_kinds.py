@@ -173,7 +173,7 @@ def test_the_registry_refuses_what_is_not_a_kind(atmost, tmp_path):
     class Unregistered(AtMostK):
         pass
 
-    with pytest.raises(ValueError, match="spec must be ExactlyK, .*GroupCapacity or AtMostK"):
+    with pytest.raises(ValueError, match="spec must be ExactlyK, .*GroupCapacity, AtMostK, a DIMACS file path"):
         compile_entry(Unregistered(4, 2), cache_dir=tmp_path)
     with pytest.raises(TypeError, match="spec must be"):
         estimate.estimate(Unregistered(4, 2))
