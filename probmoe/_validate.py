@@ -84,3 +84,47 @@ def _traced_logits_values(logits: Tensor, kmin: int) -> None:
             live.amin() >= kmin,
             f"some row of the logits has fewer than kmin = {kmin} experts above -inf: the constraint is infeasible",
         )
+
+
+class Number:
+    """A number option's check, declared once: ``Number(int, 1)`` is an integer >= 1, ``Number(float,
+    0, inclusive=False)`` a finite number > 0. Called on a command line's text (an argparse
+    ``type``: ``argparse.ArgumentTypeError`` "must be an integer >= 1 (finite), got 0"), or
+    ``check(name, value)`` on a Python value (ValueError "k must be an integer >= 1, got 0")."""
+
+    def __init__(self, kind: type, low: float, *, inclusive: bool = True):
+        self.kind, self.low, self.inclusive = kind, low, inclusive
+        self.what = "an integer" if kind is int else "a number"
+        self.bound = f"{'>=' if inclusive else '>'} {low:g}"
+        self.__name__ = f"{kind.__name__} {self.bound}"  # argparse names the type by it
+
+    def _ok(self, value) -> bool:
+        return (value >= self.low if self.inclusive else value > self.low) and value != math.inf
+
+    def __call__(self, text: str):
+        import argparse
+
+        try:
+            value = self.kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {self.what} {self.bound}, got {text!r}") from None
+        if not self._ok(value):
+            raise argparse.ArgumentTypeError(f"must be {self.what} {self.bound} (finite), got {text}")
+        return value
+
+    def check(self, name: str, value):
+        """``value`` (None passes) as ``kind``, else ValueError naming ``name``."""
+        if value is None:
+            return None
+        number = (int,) if self.kind is int else (int, float)
+        if isinstance(value, bool) or not isinstance(value, number) or math.isnan(value) or not self._ok(value):
+            what = "an integer" if self.kind is int else "a finite number"
+            raise ValueError(f"{name} must be {what} {self.bound}, got {value!r}")
+        return self.kind(value)
+
+
+def one_of(name: str, value, options) -> str | None:
+    """``value`` if it is None or one of ``options``, else ValueError "name must be one of 'a', 'b', got ..."."""
+    if value is not None and (not isinstance(value, str) or value not in options):
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, options))}, got {value!r}")
+    return value

@@ -75,14 +75,9 @@ def _analyze(p: argparse.ArgumentParser, cfg: AnalyzeConfig) -> int:
     def load(path):
         return checkpoints.load(
             path,
-            method=cfg.method,
+            routing=cfg.routing,
             device=device,
             dtype=dtype,
-            k=cfg.k,
-            kmin=cfg.kmin,
-            kmax=cfg.kmax,
-            backend=cfg.backend,
-            grad=cfg.grad,
         )
 
     results, described, tokens = options.run_or_exit(

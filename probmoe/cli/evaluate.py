@@ -58,7 +58,7 @@ def main(argv=None) -> int:
         return evaluate_tasks.main(p, cfg)
     cfg.max_new_tokens = cfg.max_new_tokens or 256
     cfg.max_length = cfg.max_length or 1024
-    out = cfg.output or os.path.join(cfg.checkpoint, f"eval-{cfg.method or 'saved'}")
+    out = cfg.output or os.path.join(cfg.checkpoint, f"eval-{cfg.routing.method or 'saved'}")
     from probmoe.experiments import interrupts
 
     started = []  # the problems, once the evaluation has started writing into ``out``
@@ -82,14 +82,9 @@ def _evaluate(p: argparse.ArgumentParser, cfg: EvalConfig, out: str, started: li
         options.check_output_folder(out, FILES, cfg.overwrite)
         model, tokenizer = checkpoints.load(
             cfg.checkpoint,
-            method=cfg.method,
+            routing=cfg.routing,
             device=options.device(cfg.device),
             dtype=getattr(torch, cfg.dtype),
-            k=cfg.k,
-            kmin=cfg.kmin,
-            kmax=cfg.kmax,
-            backend=cfg.backend,
-            grad=cfg.grad,
         )
         os.makedirs(out, exist_ok=True)  # only once the model has loaded
         return records, model, tokenizer

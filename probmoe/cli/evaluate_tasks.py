@@ -16,7 +16,7 @@ import importlib.util
 import os
 import sys
 
-from probmoe.experiments import options
+from probmoe.experiments import config_parser, options
 
 
 def main(p: argparse.ArgumentParser, cfg) -> int:
@@ -31,17 +31,12 @@ def main(p: argparse.ArgumentParser, cfg) -> int:
         tasks = harness.parse_tasks(cfg.tasks)
         checkpoints.check(cfg.checkpoint)
         manager = harness.task_manager(tasks, cfg.include_path)
-        out = cfg.output or os.path.join(cfg.checkpoint, f"tasks-{cfg.method or 'saved'}")
+        out = cfg.output or os.path.join(cfg.checkpoint, f"tasks-{cfg.routing.method or 'saved'}")
         options.check_output_folder(out, harness.FILES, cfg.overwrite)
         harness.check_data(tasks, manager, unreachable)  # offline: the data from the cache, or one line now
         lm = harness.ProbMoELM(
             cfg.checkpoint,
-            method=cfg.method,
-            k=cfg.k,
-            kmin=cfg.kmin,
-            kmax=cfg.kmax,
-            backend=cfg.backend,
-            grad=cfg.grad,
+            **config_parser.section_values(cfg, "routing"),  # method, k, kmin, kmax, backend, grad
             device=options.device(cfg.device),
             dtype=cfg.dtype,
             batch_size=cfg.batch_size,

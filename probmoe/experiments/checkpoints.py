@@ -4,7 +4,7 @@ A directory saved by a patched model (``probmoe_routing.json`` beside it) comes 
 routing (``probmoe.integrations.transformers.from_pretrained``); a stock checkpoint is patched
 with ``"conventional"`` (stock routing, so the router statistics are there). ``method`` (and
 k/kmin/kmax) replaces the routing: the paper's training/inference-mismatch table evaluates every
-model with one inference rule, e.g. Dynamic-k MAP. Every check (the config, the model type,
+model with one inference rule, e.g. Dynamic-k MAP (``routing``: a ``RoutingOptions``). Every check (the config, the model type,
 the safetensors headers) runs before any weights are read; a file that fails while loading all
 the same is named in a ValueError.
 """
@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 
 import torch
+
+from probmoe.integrations.routing_options import RoutingOptions
 
 from . import models
 
@@ -31,23 +33,21 @@ def check(path: str, flag: str = "--checkpoint") -> str:
 def load(
     path: str,
     *,
-    method: str | None = None,
-    k=None,
-    kmin=None,
-    kmax=None,
-    backend="circuit",
-    grad="exact",
+    routing: RoutingOptions | None = None,
     device="cpu",
     dtype: torch.dtype = torch.float32,
+    **values,
 ):
     """(model in eval mode on ``device`` with weights in ``dtype``, tokenizer) from checkpoint
-    ``path``; ``method`` and the rest as ``patch_model``'s arguments (None: the saved routing)."""
+    ``path``, routed by ``routing`` (or by the options its fields name as keywords: ``method=...``,
+    ``k=...``); its method None: the saved routing."""
     from transformers import AutoModelForCausalLM
 
     import probmoe.integrations.transformers as pt
 
     check(path)
-    if method is None and ((k, kmin, kmax) != (None, None, None) or (backend, grad) != ("circuit", "exact")):
+    routing = RoutingOptions.given(routing, **({"method": None, **values} if routing is None else values))
+    if routing.method is None and routing != RoutingOptions(method=None):
         raise ValueError("--k/--kmin/--kmax/--backend/--grad need --method")
     tokenizer = models.load_tokenizer(path, "--checkpoint")
     from safetensors import SafetensorError
@@ -55,17 +55,18 @@ def load(
     try:
         if os.path.isfile(os.path.join(path, pt.SETTINGS_FILENAME)):
             model = pt.from_pretrained(path, dtype=dtype)
-            if method is not None:
+            if routing.method is not None:
                 pt.unpatch_model(model)
         else:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-            method = method or "conventional"
+            if routing.method is None:
+                routing = RoutingOptions("conventional")
     except (SafetensorError, OSError) as e:  # what the header check cannot see, e.g. no weights file at all
         raise ValueError(
             f"--checkpoint {path!r}: the weights cannot be loaded ({str(e).strip().splitlines()[0]})"
         ) from None
-    if method is not None:
-        pt.patch_model(model, method, k=k, kmin=kmin, kmax=kmax, backend=backend, grad=grad)
+    if routing.method is not None:
+        pt.patch_model(model, options=routing)
     return model.to(device).eval(), tokenizer
 
 

@@ -1,12 +1,15 @@
 """Command lines and config files from the ``run_config`` dataclasses.
 
-``parser(Config, prog, description)`` makes the argparse parser of a command: one flag per field,
-its help, type, choices from the field's metadata, and ``--config FILE``. ``parse(Config, parser,
+``parser(Config, prog, description)`` makes the argparse parser of a command: one flag per option,
+its help, type, choices from the option's field metadata, and ``--config FILE``. The options are
+``leaves(Config)``: its fields, and the fields of the dataclasses its ``section`` fields hold
+(``routing``: ``RoutingOptions``), flat, each by its own name. ``parse(Config, parser,
 argv)`` resolves a command line into a ``Config``: the field defaults, then the ``--config`` file
 (YAML ``.yaml``/``.yml`` or TOML ``.toml``; its keys are the flag names without ``--``, with ``-``
 or ``_``), then the flags given, each checked as its flag is. An unknown key is refused naming the
 closest valid one. ``write(cfg, path)`` writes the resolved config as YAML that ``--config`` reads
-back (``probmoe-train`` puts it into the run folder as ``config.yaml``).
+back (``probmoe-train`` puts it into the run folder as ``config.yaml``); ``flat(cfg)`` is every
+option by name (the resume fingerprint's source, ``resume_keys``).
 """
 
 from __future__ import annotations
@@ -16,10 +19,86 @@ import difflib
 import os
 import re
 import time
-from dataclasses import fields
+from dataclasses import dataclass, fields
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".toml")
 RANK_ERROR_WAIT_S = 10.0  # how long a rank other than 0 waits for rank 0 to say an input error
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One option of a config: its ``field`` (of the config, or of a section's dataclass), the
+    config's field holding it (``section``, None at the top), its default and help section in this
+    config, and whether it is in the resume fingerprint."""
+
+    field: object
+    section: str | None
+    default: object
+    group: str | None
+    resume: bool
+
+    @property
+    def name(self) -> str:
+        return self.field.name
+
+
+def leaves(config_cls) -> list[Leaf]:
+    """Every option of ``config_cls``, in field order, a section's fields in its place."""
+    out = []
+    for f in fields(config_cls):
+        meta = f.metadata
+        if meta.get("section") is None:
+            out.append(Leaf(f, None, f.default, meta.get("group"), bool(meta.get("resume"))))
+            continue
+        for g in fields(meta["section"]):
+            if meta["training"] or not g.metadata.get("training"):
+                default = meta["defaults"].get(g.name, g.default)
+                out.append(Leaf(g, f.name, default, meta["group"] or g.metadata.get("group"), meta["resume"]))
+    return out
+
+
+def build(config_cls, values: dict):
+    """The ``config_cls`` of {option name: value} (the others: their defaults); ValueError from the
+    configs' checks, naming the option."""
+    top, sections = {}, {}
+    for leaf in leaves(config_cls):
+        if leaf.name in values:
+            (sections.setdefault(leaf.section, {}) if leaf.section else top)[leaf.name] = values[leaf.name]
+    for f in fields(config_cls):
+        if f.metadata.get("section") is not None:
+            top[f.name] = f.metadata["section"](**{**f.metadata["defaults"], **sections.get(f.name, {})})
+    return config_cls(**top)
+
+
+def flat(cfg) -> dict:
+    """{option name: value} of a config, its sections' options included."""
+    return {
+        leaf.name: getattr(getattr(cfg, leaf.section) if leaf.section else cfg, leaf.name) for leaf in leaves(type(cfg))
+    }
+
+
+def section_values(cfg, section: str) -> dict:
+    """{option name: value} of the options of ``cfg``'s ``section`` that its command has as flags."""
+    return {
+        leaf.name: getattr(getattr(cfg, section), leaf.name) for leaf in leaves(type(cfg)) if leaf.section == section
+    }
+
+
+def resume_keys(config_cls) -> tuple[str, ...]:
+    """The options marked ``resume`` (``run_config.trajectory``, or a section of them)."""
+    return tuple(leaf.name for leaf in leaves(config_cls) if leaf.resume)
+
+
+def _choices(meta):
+    """A field's allowed words on the command line: its ``choices``, and its ``none`` word first."""
+    if meta.get("choices") is None:
+        return None
+    return (meta["none"], *meta["choices"]) if meta.get("none") else tuple(meta["choices"])
+
+
+def _none(meta, value):
+    """The value of a field's word: None for its ``none`` word (``--balance none``)."""
+    return None if meta.get("none") and value == meta["none"] else value
 
 
 def flag(f) -> str:
@@ -67,7 +146,7 @@ def parser(config_cls, prog: str, description: str) -> Parser:
     of the namespace (``argparse.SUPPRESS``): ``parse`` tells what the command line gave from what
     the file or the defaults give. Errors are one line (``Parser``)."""
     p = Parser(prog=prog, description=description, argument_default=argparse.SUPPRESS)
-    p.flags = {f.name: flag(f) for f in fields(config_cls)}
+    p.flags = {leaf.name: flag(leaf.field) for leaf in leaves(config_cls)}
     p.add_argument(
         "--config",
         metavar="FILE",
@@ -75,20 +154,20 @@ def parser(config_cls, prog: str, description: str) -> Parser:
         "options, keys named as the flags (max-steps: 200); flags given here override it",
     )
     groups, exclusive = {}, {}
-    for f in sorted(fields(config_cls), key=lambda f: bool(f.metadata.get("group"))):  # sections after the rest
-        meta = f.metadata
+    for leaf in sorted(leaves(config_cls), key=lambda leaf: bool(leaf.group)):  # help sections after the rest
+        f, meta = leaf.field, leaf.field.metadata
         target = p
-        if meta.get("group"):
-            if meta["group"] not in groups:
-                groups[meta["group"]] = p.add_argument_group(meta["group"])
-            target = groups[meta["group"]]
+        if leaf.group:
+            if leaf.group not in groups:
+                groups[leaf.group] = p.add_argument_group(leaf.group)
+            target = groups[leaf.group]
         if meta.get("exclusive"):
             if meta["exclusive"] not in exclusive:
                 exclusive[meta["exclusive"]] = target.add_mutually_exclusive_group()
             target = exclusive[meta["exclusive"]]
         help = meta.get("help") or ""
-        if f.default is not None and not isinstance(f.default, bool) and "default" not in help:
-            help = f"{help} (default {f.default})".lstrip()
+        if leaf.default is not None and not isinstance(leaf.default, bool) and "default" not in help:
+            help = f"{help} (default {leaf.default})".lstrip()
         if meta.get("required"):
             help += " (required: here or in --config)"
         kwargs = {"dest": f.name, "help": help or None}
@@ -96,9 +175,13 @@ def parser(config_cls, prog: str, description: str) -> Parser:
             kwargs["action"] = "store_false" if meta.get("negate") else "store_true"
         else:
             kwargs["action"] = "append" if meta.get("append") else "store"
-            for name in ("type", "choices", "metavar"):
-                if meta.get(name) is not None:
-                    kwargs[name] = meta[name]
+            for name, value in (
+                ("type", meta.get("type")),
+                ("choices", _choices(meta)),
+                ("metavar", meta.get("metavar")),
+            ):
+                if value is not None:
+                    kwargs[name] = value
         target.add_argument(flag(f), **kwargs)
     return p
 
@@ -137,13 +220,13 @@ def read_file(path: str) -> dict:
     return values
 
 
-def _from_file(f, value, where: str):
-    """A config-file value of field ``f``, checked as its flag checks the command line's."""
-    meta = f.metadata
+def _from_file(leaf: Leaf, value, where: str):
+    """A config-file value of option ``leaf``, checked as its flag checks the command line's."""
+    meta = leaf.field.metadata
     if value is None:
-        if f.default is not None and not meta.get("switch"):
+        if leaf.default is not None and not meta.get("switch"):
             raise ValueError(f"{where}: must be set (null is allowed only where the default is unset)")
-        return f.default
+        return leaf.default
     if meta.get("switch"):
         if not isinstance(value, bool):
             raise ValueError(f"{where}: must be true or false, got {value!r}")
@@ -163,15 +246,16 @@ def _from_file(f, value, where: str):
             raise ValueError(f"{where}: {e}") from None
     else:
         value = text
-    if meta.get("choices") is not None and value not in meta["choices"]:
-        raise ValueError(f"{where}: invalid choice {value!r} (choose from {', '.join(map(str, meta['choices']))})")
-    return value
+    choices = _choices(meta)
+    if choices is not None and value not in choices:
+        raise ValueError(f"{where}: invalid choice {value!r} (choose from {', '.join(map(str, choices))})")
+    return _none(meta, value)
 
 
 def file_values(config_cls, path: str) -> dict:
     """{field name: value} set by the config file ``path``; ValueError naming an unknown key and the
     closest valid one, or a value its flag would refuse."""
-    by_key = {_key(flag(f)): f for f in fields(config_cls)}
+    by_key = {_key(flag(leaf.field)): leaf for leaf in leaves(config_cls)}
     values, exclusive = {}, {}
     for key, value in read_file(path).items():
         name = _key(str(key))
@@ -179,12 +263,12 @@ def file_values(config_cls, path: str) -> dict:
             close = difflib.get_close_matches(name, list(by_key), n=1, cutoff=0.5)
             hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(sorted(by_key))}"
             raise ValueError(f"--config {path!r}: unknown key {key!r}{hint}")
-        f = by_key[name]
-        if f.name in values:
+        leaf = by_key[name]
+        if leaf.name in values:
             raise ValueError(f"--config {path!r}: {key!r} is set twice (as {name} and {name.replace('-', '_')})")
-        values[f.name] = _from_file(f, value, f"--config {path!r}: {key}")
-        group = f.metadata.get("exclusive")
-        if group and values[f.name] is not None:
+        values[leaf.name] = _from_file(leaf, value, f"--config {path!r}: {key}")
+        group = leaf.field.metadata.get("exclusive")
+        if group and values[leaf.name] is not None:
             if group in exclusive:
                 raise ValueError(f"--config {path!r}: {exclusive[group]} and {name} cannot both be set")
             exclusive[group] = name
@@ -200,32 +284,30 @@ def parse(config_cls, p: argparse.ArgumentParser, argv=None):
         values = file_values(config_cls, path) if path is not None else {}
     except ValueError as e:
         p.error(str(e))
-    by_name = {f.name: f for f in fields(config_cls)}
+    by_name = {leaf.name: leaf.field for leaf in leaves(config_cls)}
     for name in given:  # a flag replaces the file's value, and the file's choice in its exclusive group
         group = by_name[name].metadata.get("exclusive")
         if group:
             for other in by_name.values():
                 if other.metadata.get("exclusive") == group:
                     values.pop(other.name, None)
-    values.update(given)
-    missing = [flag(f) for f in fields(config_cls) if f.metadata.get("required") and values.get(f.name) is None]
+    values.update({name: _none(by_name[name].metadata, value) for name, value in given.items()})
+    missing = [flag(f) for f in by_name.values() if f.metadata.get("required") and values.get(f.name) is None]
     if missing:
         p.error(f"the following arguments are required: {', '.join(missing)}")
-    for name, value in values.items():
-        to_value = by_name[name].metadata.get("to_value")
-        if to_value is not None:
-            values[name] = to_value(value)
-    return config_cls(**values)
+    try:
+        return build(config_cls, values)
+    except ValueError as e:  # a config's own checks (the options' checks that span several)
+        p.error(str(e))
 
 
 def as_file(cfg) -> dict:
     """``cfg`` as config-file keys (the flag names) and values: what ``--config`` reads back into ``cfg``."""
+    values = flat(cfg)
     out = {}
-    for f in fields(cfg):
-        value = getattr(cfg, f.name)
-        if f.metadata.get("negate"):
-            value = not value
-        out[_key(flag(f))] = value
+    for leaf in leaves(type(cfg)):
+        value = values[leaf.name]
+        out[_key(flag(leaf.field))] = not value if leaf.field.metadata.get("negate") else value
     return out
 
 

@@ -233,9 +233,9 @@ def for_run(cfg, world_size: int, device_type: str) -> tuple[Shape, dict]:
     return shape, dict(
         batch_size=cfg.batch_size,
         max_length=cfg.max_length,
-        method=cfg.method,
-        k=cfg.k,
-        kmax=cfg.kmax,
+        method=cfg.routing.method,
+        k=cfg.routing.k,
+        kmax=cfg.routing.kmax,
         param_bytes=param_bytes,
         compute_bytes=2 if cfg.bf16 else param_bytes,
         checkpointing=cfg.gradient_checkpointing,

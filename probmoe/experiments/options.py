@@ -11,30 +11,16 @@ import argparse
 import os
 import sys
 
+from probmoe._validate import Number
+
 DTYPES = ("float32", "bfloat16", "float16")  # the weights' dtypes of an evaluated model
 DEVICES = ("cpu", "cuda")
 
 
-def _bounded(convert, what: str, low: float, inclusive: bool):
-    """An argparse type: ``convert(text)``, finite, >= ``low`` (> ``low`` unless ``inclusive``)."""
-    bound = f"{'>=' if inclusive else '>'} {low:g}"
-
-    def parse(text: str):
-        try:
-            value = convert(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {what} {bound}, got {text!r}") from None
-        if not (value >= low if inclusive else value > low) or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"must be {what} {bound} (finite), got {text}")
-        return value
-
-    return parse
-
-
-positive_int = _bounded(int, "an integer", 1, True)
-nonnegative_int = _bounded(int, "an integer", 0, True)
-nonnegative_float = _bounded(float, "a number", 0, True)
-positive_float = _bounded(float, "a number", 0, False)
+positive_int = Number(int, 1)  # argparse types that name the allowed range, and the fields' checks
+nonnegative_int = Number(int, 0)
+nonnegative_float = Number(float, 0)
+positive_float = Number(float, 0, inclusive=False)
 
 
 def device(name: str | None) -> str:

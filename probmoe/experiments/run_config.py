@@ -5,28 +5,29 @@ flags are generated from these fields (``config_parser``), a ``--config`` file s
 flag names, and ``Trainer`` runs on a ``TrainConfig``.
 
 A field's ``metadata`` (``option``) says how it appears on the command line: ``help``, ``type``
-(a check that names the allowed range, ``options.positive_int`` ...), ``choices``, ``flag`` (when
-not ``--`` + the field's name with ``-``), ``switch`` (a boolean flag; ``negate``: the flag turns
-the field off, ``--no-progress``), ``append`` (repeatable), ``required``, ``group`` (the help's
-section), ``exclusive`` (at most one of the fields sharing the name), ``to_value`` (the flag's word
-as the field's value: ``--balance none`` is ``balance=None``).
+(a ``probmoe._validate.Number`` check that names the allowed range, ``options.positive_int`` ...),
+``choices``, ``flag`` (when not ``--`` + the field's name with ``-``), ``switch`` (a boolean flag;
+``negate``: the flag turns the field off, ``--no-progress``), ``append`` (repeatable),
+``required``, ``group`` (the help's section), ``exclusive`` (at most one of the fields sharing the
+name), ``none`` (the flag's word for None: ``--balance none``), ``resume`` (``trajectory``: in the
+resume fingerprint). A ``section`` field nests the options of one concern, a dataclass declared
+once where it is used: ``routing``, the ``RoutingOptions`` of ``patch_model``; its fields are flags
+and config-file keys of their own, flat as before (``--kmin``, ``kmin: 1``), and its checks run
+when it is made. Every config checks its fields when made (``check_fields``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
-from probmoe.config import BACKENDS, GRADS
-from probmoe.integrations.method_names import ALL_METHODS
+from probmoe._validate import one_of
+from probmoe.integrations.routing_options import RoutingOptions
 
 from .models import TINY
 from .options import DEVICES, DTYPES, nonnegative_float, nonnegative_int, positive_float, positive_int
 from .shapes import SHAPES
 
 SCHEDULES = ("constant", "linear", "cosine")  # --lr-schedule
-# --balance: patch_model's balance=None or one of integrations.transformers.methods.BALANCES (not imported
-# here: that package imports transformers, and --help must not)
-BALANCES = ("none", "aux-free")
 REPORT_TO = ("none", "tensorboard", "wandb")  # --report-to (tracking)
 LARGE = 'large models (docs/experiments.md, "the paper\'s OLMoE run on 8 GPUs")'
 HARNESS = "LM Evaluation Harness (pip install 'probmoe[eval]')"
@@ -39,43 +40,30 @@ def option(default=None, help: str | None = None, **cli):
     return field(default=default, metadata={"help": help, **cli})
 
 
-def _balance(word):
-    return None if word == "none" else word
+def trajectory(default=None, help: str | None = None, **cli):
+    """A config field that changes the training trajectory: in the resume fingerprint (``state``)."""
+    return option(default, help, resume=True, **cli)
 
 
-def _method(default: str | None, help: str, **cli):
-    return option(default, f"routing method (see docs/transformers.md); {help}", choices=ALL_METHODS, **cli)
-
-
-# the routing flags, as patch_model's arguments, and the flags all three commands have (TrainConfig's and
-# CheckpointRunConfig's fields; ``cli``: more of the field's command-line description, e.g. its help section)
-def _k(**cli):
-    return option(
-        None,
-        "experts per token of the exactly-k ProbMoE methods (default: the model's top-k)",
-        type=positive_int,
-        **cli,
+def section(cls, *, group: str | None = None, resume: bool = False, training: bool = True, **defaults):
+    """A field holding a ``cls`` of options, whose fields are flags of their own (flat on the command
+    line and in config files): ``group``, the help's section of them all; ``resume``, every one is in
+    the resume fingerprint; ``training=False``: only those not marked ``training``; ``defaults``:
+    this command's defaults where they differ from the fields'."""
+    return field(
+        default_factory=lambda: cls(**defaults),
+        metadata={"section": cls, "group": group, "resume": resume, "training": training, "defaults": defaults},
     )
 
 
-def _kmin(**cli):
-    return option(None, "fewest experts per token (probmoe-dynamic; default 1)", type=positive_int, **cli)
-
-
-def _kmax(**cli):
-    return option(
-        None, "most experts per token (probmoe-dynamic; default: the model's top-k)", type=positive_int, **cli
-    )
-
-
-def _backend(**cli):
-    return option(BACKENDS[0], "exact backend of the ProbMoE methods", choices=BACKENDS, **cli)
-
-
-def _grad(**cli):
-    return option(
-        GRADS[0], "gradient of the marginals: exact Cov(z), or the paper's Cov(z) diag(1 - p)", choices=GRADS, **cli
-    )
+def check_fields(config) -> None:
+    """Each field of ``config`` checked by its declared ``type`` or ``choices`` (ValueError naming it)."""
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if f.metadata.get("type") is not None:
+            setattr(config, f.name, f.metadata["type"].check(f.name, value))
+        elif f.metadata.get("choices") is not None and not f.metadata.get("append"):
+            one_of(f.name, value, f.metadata["choices"])
 
 
 def _device(**cli):
@@ -93,13 +81,14 @@ def _progress(**cli):
     )
 
 
-def _data_format():
+def _data_format(**cli):
     from .formats import FORMATS
 
     return option(
         None,
         "the records' format (default: told by their fields; see docs/experiments.md, Data)",
         choices=tuple(FORMATS),
+        **cli,
     )
 
 
@@ -107,7 +96,7 @@ def _data_format():
 class TrainConfig:
     """Everything ``probmoe-train`` is told; each field is the flag of the same name."""
 
-    model: str | None = option(
+    model: str | None = trajectory(
         None,
         f"{', '.join(TINY)} "
         "(randomly initialised, byte-level tokenizer); a published shape with random weights ("
@@ -121,59 +110,19 @@ class TrainConfig:
         "messages (chat template) or text",
     )
     output_dir: str | None = option(None, "checkpoints, the final model, config.yaml and train_log.jsonl")
-    data_format: str | None = _data_format()  # None: told by the data's fields (formats.detect)
-    method: str = _method("probmoe", "default probmoe")
-    k: int | None = _k()
-    kmin: int | None = _kmin()
-    kmax: int | None = _kmax()
-    backend: str = _backend()
-    grad: str = _grad()
-    aux_loss: float | None = option(
-        None,
-        "load-balancing loss coefficient (default: the model config's router_aux_loss_coef)",
-        type=nonnegative_float,
-    )
-    z_loss: float | None = option(
-        None, "router z-loss coefficient (default: the config's router_z_loss_coef, or 0)", type=nonnegative_float
-    )
-    l1_coef: float | None = option(
-        None, "remoe: initial L1 coefficient λ0 of the ReLU gates (default 1e-8, the paper's)", type=positive_float
-    )
-    l1_rate: float | None = option(
-        None,
-        "remoe: factor (> 1) λ is multiplied or divided by after each step to steer "
-        "the mean number of active experts to the model's top-k (default 1.2)",
-        type=positive_float,
-    )
-    l1_layers: str | None = option(
-        None,
-        "remoe: the penalty over the layers, sum (λ per layer, the official code; "
-        "default) or mean (λ/L, the paper's formula)",
-        choices=("sum", "mean"),
-    )
-    jitter_eps: float | None = option(
-        None, "sparsemixer: the band half-width ε (default 0.01, GRIN-MoE's)", type=positive_float
-    )
-    balance: str | None = option(
-        None,
-        "aux-free: DeepSeek-V3's auxiliary-loss-free balancing, a per-expert bias on "
-        "the selection scores updated after each step (not for sparsemixer, remoe; default "
-        "none)",
-        choices=BALANCES,
-        to_value=_balance,
-    )
-    balance_rate: float | None = option(None, "aux-free: the bias step γ (default 1e-3)", type=positive_float)
+    data_format: str | None = _data_format(resume=True)  # None: told by the data's fields (formats.detect)
+    routing: RoutingOptions = section(RoutingOptions, resume=True)  # the flags of patch_model's options
     max_steps: int | None = option(None, "optimizer steps in all", type=positive_int, exclusive="length")
     epochs: float | None = option(None, "passes over the data (default 1)", type=positive_float, exclusive="length")
-    lr: float = option(1e-3, "peak learning rate (AdamW)", type=positive_float)
-    lr_schedule: str = option("linear", "learning-rate schedule after the warm-up", choices=SCHEDULES)
-    warmup_steps: int = option(0, type=nonnegative_int)
-    weight_decay: float = option(0.0, type=nonnegative_float)
-    max_grad_norm: float = option(1.0, "0: no clipping", type=nonnegative_float)
-    batch_size: int = option(8, "examples per process per micro-batch", type=positive_int)
-    grad_accum: int = option(1, "micro-batches per optimizer step", type=positive_int)
-    max_length: int = option(1024, "tokens per example, at most", type=positive_int)
-    seed: int = option(
+    lr: float = trajectory(1e-3, "peak learning rate (AdamW)", type=positive_float)
+    lr_schedule: str = trajectory("linear", "learning-rate schedule after the warm-up", choices=SCHEDULES)
+    warmup_steps: int = trajectory(0, type=nonnegative_int)
+    weight_decay: float = trajectory(0.0, type=nonnegative_float)
+    max_grad_norm: float = trajectory(1.0, "0: no clipping", type=nonnegative_float)
+    batch_size: int = trajectory(8, "examples per process per micro-batch", type=positive_int)
+    grad_accum: int = trajectory(1, "micro-batches per optimizer step", type=positive_int)
+    max_length: int = trajectory(1024, "tokens per example, at most", type=positive_int)
+    seed: int = trajectory(
         0, "seed of the initial weights, the data order and the routing's sampling", type=nonnegative_int
     )
     deterministic: str = option(
@@ -183,7 +132,7 @@ class TrainConfig:
         "(experiments.determinism)",
         choices=("auto", "on", "off"),
     )
-    bf16: bool = option(False, "bf16 autocast", switch=True)
+    bf16: bool = trajectory(False, "bf16 autocast", switch=True)
     gradient_checkpointing: bool = option(
         False, "recompute each decoder layer's activations in the backward pass: less memory, more time", switch=True
     )
@@ -204,20 +153,20 @@ class TrainConfig:
     )
     device: str | None = _device()
     progress: bool = _progress()
-    fsdp: bool = option(
+    fsdp: bool = trajectory(
         False,
         "shard every decoder layer over the processes with FSDP2 (under torchrun); with "
         "--bf16: bf16 compute, fp32 gradient reduction",
         switch=True,
         group=LARGE,
     )
-    param_dtype: str = option(
+    param_dtype: str = trajectory(
         "float32",
         "dtype the parameters and AdamW state are stored in (a checkpoint loads straight into it)",
         choices=("float32", "bfloat16"),
         group=LARGE,
     )
-    layers: int | None = option(
+    layers: int | None = trajectory(
         None,
         "decoder layers of a built-in model (default: its own); e.g. olmoe-1b-7b-shape "
         "at its real widths and reduced depth",
@@ -242,6 +191,7 @@ class TrainConfig:
     )
 
     def __post_init__(self):
+        check_fields(self)
         if self.max_steps is None and self.epochs is None:
             self.epochs = 1.0
 
@@ -251,16 +201,14 @@ class CheckpointRunConfig:
     """What ``probmoe-eval`` and ``probmoe-analyze`` share: the routing a checkpoint is run with
     (its own by default) and how it is loaded and written; their configs extend it."""
 
-    method: str | None = _method(None, "default: the routing saved with the checkpoint", group=ROUTING)
-    k: int | None = _k(group=ROUTING)
-    kmin: int | None = _kmin(group=ROUTING)
-    kmax: int | None = _kmax(group=ROUTING)
-    backend: str = _backend(group=ROUTING)
-    grad: str = _grad(group=ROUTING)
+    routing: RoutingOptions = section(RoutingOptions, group=ROUTING, training=False, method=None)
     device: str | None = _device(group=RUNNING)
     dtype: str = option("float32", "the weights' dtype (default float32)", choices=DTYPES, group=RUNNING)
     overwrite: bool = option(False, "replace results already in the output folder", switch=True, group=RUNNING)
     progress: bool = _progress(group=RUNNING)
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 @dataclass

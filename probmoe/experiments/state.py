@@ -39,6 +39,9 @@ import shutil
 import numpy as np
 import torch
 
+from . import config_parser
+from .run_config import TrainConfig
+
 FORMAT = "probmoe-training-state"
 VERSION = 1
 STATE = "training_state.pt"
@@ -46,42 +49,10 @@ MANIFEST = "training_state.json"
 FINAL = "final_model.json"  # in the output folder: the final model's step and checksums
 FINAL_FORMAT = "probmoe-final-model"
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-# fingerprint fields that must match for a resume to continue the same trajectory
-RESUME_KEYS = (
-    "model",
-    "method",
-    "k",
-    "kmin",
-    "kmax",
-    "backend",
-    "grad",
-    "aux_loss",
-    "z_loss",
-    "seed",
-    "lr",
-    "lr_schedule",
-    "warmup_steps",
-    "weight_decay",
-    "max_grad_norm",
-    "batch_size",
-    "grad_accum",
-    "max_length",
-    "bf16",
-    "data_sha256",
-    "world_size",
-    "device_type",
-    "schedule_steps",
-    "fsdp",
-    "param_dtype",
-    "layers",
-    "data_format",
-    "l1_coef",
-    "l1_rate",
-    "balance",
-    "balance_rate",
-    "l1_layers",
-    "jitter_eps",
-)
+# fingerprint fields that must match for a resume to continue the same trajectory: the options marked
+# so (run_config.trajectory, and every routing option), and what the run derives
+DERIVED_KEYS = ("data_sha256", "world_size", "device_type", "schedule_steps")
+RESUME_KEYS = config_parser.resume_keys(TrainConfig) + DERIVED_KEYS
 # how a resume's refusal names a fingerprint field that is not a flag of the same name (the others: --max-grad-norm ...)
 RESUME_NAMES = {
     "schedule_steps": "the learning-rate schedule's steps (--max-steps or --epochs)",
@@ -89,18 +60,11 @@ RESUME_NAMES = {
     "world_size": "processes (world size)",
     "device_type": "device type",
 }
-# what a checkpoint written before a setting existed ran with
+# what a checkpoint written before an option existed ran with: its default (every new option's default
+# is the behaviour before it), but for --data-format, whose default (told by the fields) came with formats
 RESUME_DEFAULTS = {
-    "fsdp": False,
-    "param_dtype": "float32",
-    "layers": None,
+    **{leaf.name: leaf.default for leaf in config_parser.leaves(TrainConfig) if leaf.resume},
     "data_format": "question-answer",
-    "l1_coef": None,
-    "l1_rate": None,
-    "balance": None,
-    "balance_rate": None,
-    "l1_layers": None,
-    "jitter_eps": None,
 }
 
 
@@ -389,12 +353,13 @@ def verify(directory: str, manifest: dict, rank: int) -> None:
 
 
 def check_resume(manifest: dict, fingerprint: dict, directory: str) -> None:
-    """ValueError listing every trajectory setting in which the resuming run differs."""
+    """ValueError listing every trajectory setting (``fingerprint``'s keys: ``RESUME_KEYS`` for a
+    ``TrainConfig``) in which the resuming run differs."""
     saved = {**RESUME_DEFAULTS, **manifest["fingerprint"]}
     diffs = [
         f"{RESUME_NAMES.get(key) or '--' + key.replace('_', '-')}: checkpoint {saved.get(key)!r}, now "
         f"{fingerprint.get(key)!r}"
-        for key in RESUME_KEYS
+        for key in fingerprint
         if saved.get(key) != fingerprint.get(key)
     ]
     if diffs:

@@ -21,13 +21,12 @@ import random
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import data, determinism, distributed, formats, fsdp, interrupts, memory_plan, models, state
+from . import config_parser, data, determinism, distributed, formats, fsdp, interrupts, memory_plan, models, state
 from .run_config import TrainConfig
 
 
@@ -86,7 +85,7 @@ def fingerprint(cfg: TrainConfig, world, total_steps: int, data_format: str) -> 
     """The settings an exact resume must share (``state.RESUME_KEYS``); ``data_format`` is the format
     the records were read in (given or detected: the same file read as another format is other
     examples)."""
-    fields = {**asdict(cfg), "data_format": data_format}
+    fields = {**config_parser.flat(cfg), "data_format": data_format}
     with open(cfg.data, "rb") as f:
         fields["data_sha256"] = hashlib.sha256(f.read()).hexdigest()
     fields.update(
@@ -94,7 +93,7 @@ def fingerprint(cfg: TrainConfig, world, total_steps: int, data_format: str) -> 
         device_type=world.device.type,
         schedule_steps=None if cfg.lr_schedule == "constant" else total_steps,
     )
-    return {key: fields[key] for key in state.RESUME_KEYS}
+    return {key: fields[key] for key in config_parser.resume_keys(type(cfg)) + state.DERIVED_KEYS}
 
 
 class Trainer:
@@ -222,28 +221,9 @@ class Trainer:
         from probmoe.integrations.transformers import patch_model, runtime_state
 
         cfg, world = self.cfg, self.world
-        aux = {} if cfg.aux_loss is None else {"aux_loss": cfg.aux_loss}
-        zl = {} if cfg.z_loss is None else {"z_loss": cfg.z_loss}
 
         def patch(net):
-            patch_model(
-                net,
-                cfg.method,
-                k=cfg.k,
-                kmin=cfg.kmin,
-                kmax=cfg.kmax,
-                backend=cfg.backend,
-                grad=cfg.grad,
-                l1_coef=cfg.l1_coef,
-                l1_rate=cfg.l1_rate,
-                l1_layers=cfg.l1_layers,
-                jitter_eps=cfg.jitter_eps,
-                balance=cfg.balance,
-                balance_rate=cfg.balance_rate,
-                generator=self.generator,
-                **aux,
-                **zl,
-            )
+            patch_model(net, options=cfg.routing, generator=self.generator)
 
         dtype = getattr(torch, cfg.param_dtype)
         if cfg.fsdp:
@@ -367,7 +347,7 @@ class Trainer:
             torch.stack([(b["labels"][:, 1:] != data.IGNORE).sum() for b in batches]).sum().to(dev)
         )
         total_tokens = max(1, int(tokens.item()))
-        want_router = bool(self.plan.aux_loss or self.plan.z_loss)
+        want_router = bool(self.plan.options.aux_loss or self.plan.options.z_loss)
         ce_sum, aux_sum = torch.zeros((), device=dev), torch.zeros((), device=dev)
         # under FSDP, --bf16 is its MixedPrecisionPolicy (bf16 compute, fp32 reduction), not autocast
         autocast = torch.autocast(dev.type, dtype=torch.bfloat16) if cfg.bf16 and not cfg.fsdp else nullcontext()
@@ -386,10 +366,10 @@ class Trainer:
                 loss = attach(ce * world.size / total_tokens, penalties, 1.0 / len(batches))  # as Megatron: 1/G
                 aux = torch.zeros((), device=dev)
                 if want_router:
-                    if self.plan.aux_loss:
-                        aux = aux + self.plan.aux_loss * out.aux_loss.float()
-                    if self.plan.z_loss:
-                        aux = aux + self.plan.z_loss * self.net.probmoe_last_z_loss.float()
+                    if self.plan.options.aux_loss:
+                        aux = aux + self.plan.options.aux_loss * out.aux_loss.float()
+                    if self.plan.options.z_loss:
+                        aux = aux + self.plan.options.z_loss * self.net.probmoe_last_z_loss.float()
                     loss = loss + aux / len(batches)
                 loss.backward()
             ce_sum += ce.detach()
@@ -519,14 +499,14 @@ class Trainer:
                     "world_size": world.size,
                     "examples": len(self.encoded),
                     "examples_without_answer_tokens": self.no_answer,
-                    "config": asdict(cfg),
+                    "config": config_parser.flat(cfg),
                 }
             )
         self.model.train()
         bar = tqdm(
             total=self.total_steps,
             initial=self.step,
-            desc=f"train {cfg.method}",
+            desc=f"train {cfg.routing.method}",
             unit="step",
             disable=not (world.main and cfg.progress),
             dynamic_ncols=True,

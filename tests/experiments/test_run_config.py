@@ -34,7 +34,7 @@ def error(capsys, command, config_cls, argv) -> str:
 @pytest.mark.parametrize("command,config_cls", COMMANDS)
 def test_every_field_is_a_flag_with_help_and_the_defaults_are_the_fields(command, config_cls):
     actions = {a.dest: a for a in command.parser()._actions if a.dest not in ("help", "config")}
-    assert set(actions) == {f.name for f in dataclasses.fields(config_cls)}
+    assert set(actions) == {leaf.name for leaf in config_parser.leaves(config_cls)}
     assert all(a.help for a in actions.values())
     required = [f for f in dataclasses.fields(config_cls) if f.metadata.get("required")]
     argv = [arg for f in required for arg in (f"--{f.name.replace('_', '-')}", "x")]
@@ -44,7 +44,7 @@ def test_every_field_is_a_flag_with_help_and_the_defaults_are_the_fields(command
 
 def test_flags_keep_their_names_defaults_and_messages(capsys):
     cfg = parse(train, TrainConfig, ["--model", "tiny-olmoe", "--max-steps", "5", "--no-progress", "--balance", "none"])
-    assert (cfg.max_steps, cfg.epochs, cfg.progress, cfg.balance, cfg.lr, cfg.batch_size) == (
+    assert (cfg.max_steps, cfg.epochs, cfg.progress, cfg.routing.balance, cfg.lr, cfg.batch_size) == (
         5,
         None,
         False,
@@ -53,7 +53,7 @@ def test_flags_keep_their_names_defaults_and_messages(capsys):
         8,
     )
     assert parse(train, TrainConfig, ["--model", "m"]).epochs == 1.0  # neither: one epoch
-    assert parse(train, TrainConfig, ["--model", "m", "--balance", "aux-free"]).balance == "aux-free"
+    assert parse(train, TrainConfig, ["--model", "m", "--balance", "aux-free"]).routing.balance == "aux-free"
     assert "argument --max-steps: must be an integer >= 1 (finite), got 0" in error(
         capsys, train, TrainConfig, ["--model", "m", "--max-steps", "0"]
     )
@@ -79,7 +79,7 @@ def test_config_file_sets_options_and_flags_override_it(tmp_path, suffix):
             'lr_schedule = "cosine"\nbalance = "aux-free"\n'
         )
     cfg = parse(train, TrainConfig, ["--config", str(path)])
-    assert (cfg.model, cfg.max_steps, cfg.lr, cfg.progress, cfg.bf16, cfg.lr_schedule, cfg.balance) == (
+    assert (cfg.model, cfg.max_steps, cfg.lr, cfg.progress, cfg.bf16, cfg.lr_schedule, cfg.routing.balance) == (
         "tiny-qwen2-moe",
         7,
         3e-4,
@@ -89,7 +89,7 @@ def test_config_file_sets_options_and_flags_override_it(tmp_path, suffix):
         "aux-free",
     )
     cfg = parse(train, TrainConfig, ["--config", str(path), "--lr", "1e-2", "--epochs", "2", "--balance", "none"])
-    assert (cfg.lr, cfg.max_steps, cfg.epochs, cfg.balance, cfg.model) == (1e-2, None, 2.0, None, "tiny-qwen2-moe")
+    assert (cfg.lr, cfg.max_steps, cfg.epochs, cfg.routing.balance, cfg.model) == (1e-2, None, 2.0, None, "tiny-qwen2-moe")
 
 
 def test_config_file_lists_for_repeatable_flags(tmp_path):

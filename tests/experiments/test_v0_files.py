@@ -29,9 +29,16 @@ def v0(tmp_path, monkeypatch):
 
 
 def _plan(model) -> dict:
-    plan = dataclasses.asdict(model.probmoe_plan)
-    plan["routing"] = model.probmoe_plan.routing.to_dict() if model.probmoe_plan.routing else None
-    return plan
+    """The plan as the v0 code wrote it (its options were flat fields, 0 or "" where one did not apply)."""
+    plan = model.probmoe_plan
+    out = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan) if f.name != "options"}
+    out["routing"] = plan.routing.to_dict() if plan.routing else None
+    o = plan.options
+    out.update(method=o.method, aux_loss=o.aux_loss, z_loss=o.z_loss, balance=o.balance)
+    for name in ("l1_coef", "l1_rate", "balance_rate", "jitter_eps"):
+        out[name] = getattr(o, name) or 0.0
+    out["l1_layers"] = o.l1_layers or ""
+    return out
 
 
 def test_v0_config_yaml_reads_into_the_same_options(v0):

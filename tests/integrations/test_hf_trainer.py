@@ -249,7 +249,7 @@ def test_accelerate_launch_two_cpu_processes(tmp_path):
     assert [entry["step"] for entry in train] == [1, 2, 3]  # printed by rank 0 only: one distributed run
     assert all(entry["routing/experts_per_token"] == 2.0 and entry["routing/aux_loss"] > 0 for entry in train)
     reloaded = pt.from_pretrained(tmp_path / "run" / "final")
-    assert reloaded.probmoe_plan.method == "probmoe" and reloaded.probmoe_plan.aux_loss == 0.01
+    assert reloaded.probmoe_plan.method == "probmoe" and reloaded.probmoe_plan.options.aux_loss == 0.01
 
 
 def test_a_layer_that_routes_no_token_has_no_load_statistics():

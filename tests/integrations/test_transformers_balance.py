@@ -151,7 +151,7 @@ def test_bias_round_trips_through_a_checkpoint(tmp_path):
     after_step(model)
     model.save_pretrained(tmp_path)
     data = json.loads((tmp_path / pt.SETTINGS_FILENAME).read_text())
-    assert data["options"] == {"balance": "aux-free", "balance_rate": 0.1}
+    assert (data["options"]["balance"], data["options"]["balance_rate"]) == ("aux-free", 0.1)
     reloaded = pt.from_pretrained(tmp_path)
     assert reloaded.probmoe_plan == model.probmoe_plan
     for a, b in zip(patched_gates(model), patched_gates(reloaded)):

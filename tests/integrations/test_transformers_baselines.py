@@ -235,7 +235,7 @@ def test_sparsemixer_jitter_eps_is_an_option(tmp_path):
     """jitter_eps: default 0.01 (GRIN-MoE's), routes the gate, comes back from the settings file,
     is checked; the other methods refuse it."""
     model = pt.patch_model(tiny_model("qwen3_moe"), "sparsemixer")
-    assert model.probmoe_plan.jitter_eps == 0.01 and model.probmoe_plan.options == {"jitter_eps": 0.01}
+    assert model.probmoe_plan.options.jitter_eps == 0.01
     wide = pt.patch_model(tiny_model("qwen3_moe"), "sparsemixer", jitter_eps=0.1).train()
     gate = wide.model.layers[0].mlp.gate
     x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
@@ -504,9 +504,9 @@ def test_probmoe_train_takes_jitter_eps_and_l1_layers(tmp_path):
         train.main([*common, "--output-dir", str(tmp_path / "sm"), "--method", "sparsemixer", "--jitter-eps", "0.1"])
         == 0
     )
-    assert pt.from_pretrained(tmp_path / "sm").probmoe_plan.jitter_eps == 0.1
+    assert pt.from_pretrained(tmp_path / "sm").probmoe_plan.options.jitter_eps == 0.1
     assert train.main([*common, "--output-dir", str(tmp_path / "re"), "--method", "remoe", "--l1-layers", "mean"]) == 0
-    assert pt.from_pretrained(tmp_path / "re").probmoe_plan.l1_layers == "mean"
+    assert pt.from_pretrained(tmp_path / "re").probmoe_plan.options.l1_layers == "mean"
     with pytest.raises(SystemExit) as refused:
         train.main([*common, "--output-dir", str(tmp_path / "bad"), "--method", "remoe", "--jitter-eps", "0.1"])
     assert refused.value.code == 2

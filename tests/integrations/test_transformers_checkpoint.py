@@ -37,7 +37,7 @@ def test_save_loads_in_stock_transformers_and_restores_routing(family, tmp_path)
     reloaded = pt.from_pretrained(tmp_path)
     assert pt.is_patched(reloaded)
     assert reloaded.probmoe_plan == model.probmoe_plan
-    assert reloaded.probmoe_plan.aux_loss == 0.02 and reloaded.probmoe_plan.z_loss == 0.001
+    assert reloaded.probmoe_plan.options.aux_loss == 0.02 and reloaded.probmoe_plan.options.z_loss == 0.001
     with torch.no_grad():
         torch.testing.assert_close(reloaded.eval()(x).logits, model(x).logits, atol=1e-6, rtol=0)
 
@@ -90,7 +90,7 @@ def test_unreadable_settings_file(tmp_path):
 def test_tampered_settings_file(tmp_path, field, value):
     path = saved(tmp_path)
     data = json.loads(path.read_text())
-    data[field] = value
+    (data if field in data else data["options"])[field] = value
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="modified after it was written"):
         pt.from_pretrained(tmp_path)
@@ -102,10 +102,10 @@ def test_settings_with_valid_checksum_but_bad_content(tmp_path):
     path = saved(tmp_path)
     for change, message in [
         (dict(routing={"num_experts": 8, "k": 9}), "bad routing config"),
-        (dict(method="nope"), "method must be one of"),
+        (dict(options={"method": "nope"}), "method must be one of"),
         (dict(model_type="mixtral"), "is for model type 'mixtral'"),
         (dict(top_k=3), "records 8 experts, top-3"),
-        (dict(version=3), "is not 'probmoe-transformers-routing' version 1 or 2"),
+        (dict(version=4), "is not 'probmoe-transformers-routing' version 1, 2, 3"),
         (dict(options={"nope": 1}), "options must be an object with keys among"),
     ]:
         data = settings.content(pt.patch_model(tiny_model("olmoe"), "probmoe").probmoe_plan, "olmoe")
@@ -130,8 +130,9 @@ def test_settings_file_content_and_loader_kwargs(tmp_path):
     model = pt.patch_model(tiny_model("mixtral"), "probmoe-dynamic", kmin=1, kmax=2, backend="dp")
     model.save_pretrained(tmp_path)
     data = json.loads((tmp_path / pt.SETTINGS_FILENAME).read_text())
-    assert data["format"] == "probmoe-transformers-routing" and data["version"] == 2 and data["options"] == {}
-    assert (data["model_type"], data["num_experts"], data["top_k"], data["method"]) == (
+    assert data["format"] == "probmoe-transformers-routing" and data["version"] == 3
+    assert data["options"] == model.probmoe_plan.options.to_dict()
+    assert (data["model_type"], data["num_experts"], data["top_k"], data["options"]["method"]) == (
         "mixtral",
         8,
         2,
@@ -148,13 +149,13 @@ def test_settings_file_content_and_loader_kwargs(tmp_path):
 
 
 def test_version_1_settings_file_still_loads(tmp_path):
-    """A file written before "options" existed (version 1) is read as options {}."""
+    """A file written before "options" existed (version 1: method, aux_loss, z_loss beside routing)."""
     from probmoe.integrations.transformers import settings
 
     path = saved(tmp_path)
     data = json.loads(path.read_text())
-    del data["options"]
-    data["version"] = 1
+    options = data.pop("options")
+    data.update(version=1, method=options["method"], aux_loss=options["aux_loss"], z_loss=options["z_loss"])
     data["sha256"] = settings.digest(data)
     path.write_text(json.dumps(data))
     assert pt.from_pretrained(tmp_path).probmoe_plan.method == "probmoe"

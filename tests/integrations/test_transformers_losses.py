@@ -131,7 +131,7 @@ def test_losses_added_to_the_model_loss(family):
     (coef * out.aux_loss + 0.01 * model.probmoe_last_z_loss).backward()
     assert all(b.gate.weight.grad.abs().sum() > 0 for b in model.probmoe_family.blocks(model))
     # and can be switched off
-    off = pt.patch_model(tiny_model(family), "probmoe", aux_loss=0, z_loss=None).train()
+    off = pt.patch_model(tiny_model(family), "probmoe", aux_loss=0, z_loss=0).train()
     out = off(x, labels=x, output_router_logits=True)
     lm = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, 256), x[:, 1:].reshape(-1))
     torch.testing.assert_close(out.loss, lm, atol=1e-5, rtol=0)

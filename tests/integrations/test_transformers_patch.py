@@ -169,7 +169,7 @@ def test_patch_same_settings_is_a_no_op_and_other_settings_fail():
 BAD = [
     (dict(method="bogus"), "method must be one of"),
     (dict(method="probmoe", k=9), "k must be in \\[1, 8\\]"),
-    (dict(method="probmoe", k=0), "k must be in"),
+    (dict(method="probmoe", k=0), "k must be an integer >= 1"),
     (dict(method="probmoe", k=2.0), "k must be an integer"),
     (dict(method="probmoe-dynamic", kmin=3, kmax=2), "kmin must be <= kmax"),
     (dict(method="probmoe-dynamic", kmax=9), "kmax must be in"),

@@ -169,30 +169,38 @@ def test_one_batch_equals_the_official_code(layers):
     got = penalty_grad(run, lambda: remoe_model(**kwargs))
     want = official_penalty_grad(remoe_model(), [ids], layers_mean=layers == "mean")
     assert_close_rel(got, want, 1e-5)
-    assert remoe_model(**kwargs).probmoe_plan.options["l1_layers"] == layers
+    assert remoe_model(**kwargs).probmoe_plan.options.l1_layers == layers
 
 
 def test_l1_layers_default_follows_the_official_code_and_is_checked():
-    assert remoe_model().probmoe_plan.l1_layers == "sum"
+    assert remoe_model().probmoe_plan.options.l1_layers == "sum"
     with pytest.raises(ValueError, match="l1_layers must be one of 'sum', 'mean'"):
         remoe_model(l1_layers="avg")
     with pytest.raises(ValueError, match="apply only to method 'remoe'"):
         pt.patch_model(tiny_model("olmoe"), "probmoe", l1_layers="mean")
 
 
-def test_old_settings_file_without_l1_layers_reads_as_the_mean_it_trained_with():
-    from probmoe.integrations.transformers import settings
+def test_old_settings_file_without_l1_layers_reads_as_the_mean_it_trained_with(tmp_path):
+    import json
+
+    from probmoe.integrations import settings_file
 
     data = {
+        "format": settings_file.FORMAT,
+        "version": 2,
+        "model_type": "olmoe",
+        "num_experts": 8,
+        "top_k": 2,
         "method": "remoe",
         "aux_loss": 0.0,
         "z_loss": 0.0,
         "routing": None,
-        "options": {"l1_coef": 1e-8, "l1_rate": 1.2},
     }
-    assert settings.patch_arguments(data)["l1_layers"] == "mean"
-    data["options"]["l1_layers"] = "sum"
-    assert settings.patch_arguments(data)["l1_layers"] == "sum"
+    for options, layers in [({"l1_coef": 1e-8, "l1_rate": 1.2}, "mean"), ({"l1_layers": "sum"}, "sum")]:
+        data["options"] = options
+        data["sha256"] = settings_file.digest(data)
+        (tmp_path / settings_file.FILENAME).write_text(json.dumps(data))
+        assert settings_file.read(tmp_path)["options"].l1_layers == layers
 
 
 @pytest.mark.parametrize("sparsity", [0.5, 0.75, 0.9])

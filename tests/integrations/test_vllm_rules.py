@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import probmoe
+from probmoe.integrations import settings_file
 from probmoe.integrations.vllm import routing, settings
 
 pt = pytest.importorskip("probmoe.integrations.transformers")
@@ -174,8 +175,9 @@ def _rewrite(path, **changes):
     """Change fields of the settings file and re-sign it (a file a program wrote wrongly, not a hand edit)."""
     f = os.path.join(path, settings.FILENAME)
     data = json.load(open(f))
-    data.update(changes)
-    data["sha256"] = settings._digest(data)
+    for name, value in changes.items():  # the routing options are fields of "options"
+        (data if name in data else data["options"])[name] = value
+    data["sha256"] = settings_file.digest(data)
     json.dump(data, open(f, "w"))
     return f
 
@@ -208,7 +210,7 @@ def test_bad_settings_files(tmp_path):
     _rewrite(path, num_experts=16, routing=dict(routing_dict, num_experts=16))
     assert "num_experts = 16 but config.json has num_experts = 8" in error()
     open(f, "w").write(good)
-    _rewrite(path, options={"balance": "aux-free", "balance_rate": 0.1})
+    _rewrite(path, balance="aux-free", balance_rate=0.1)
     assert "probmoe_state.safetensors (the selection bias) is missing" in error()
 
 

@@ -21,6 +21,7 @@ from . import version as _version
 
 _version.check(_transformers.__version__)
 
+from ..routing_options import RoutingOptions  # noqa: E402
 from .families import ALL as ALL_FAMILIES  # noqa: E402
 from .families import GROUPED as GROUPED_FAMILIES  # noqa: E402
 from .families import SUPPORTED, LayoutError  # noqa: E402
@@ -46,6 +47,7 @@ __all__ = [
     "GateRecord",
     "LayoutError",
     "Plan",
+    "RoutingOptions",
     "check_weights_files",
     "densemixer_weights",
     "from_pretrained",

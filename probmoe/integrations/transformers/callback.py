@@ -96,9 +96,9 @@ class RoutingStatsCallback(TrainerCallback):
                 "router"
             )
         self._model = next(m for m in model.modules() if isinstance(m, PatchedModel))
-        if self._model.probmoe_plan.aux_loss and not self._model.config.output_router_logits:
+        if self._model.probmoe_plan.options.aux_loss and not self._model.config.output_router_logits:
             warnings.warn(
-                f"the model's aux_loss coefficient is {self._model.probmoe_plan.aux_loss:g} but "
+                f"the model's aux_loss coefficient is {self._model.probmoe_plan.options.aux_loss:g} but "
                 "config.output_router_logits is False, so the Trainer's loss leaves the load-balancing "
                 "loss out: set model.config.output_router_logits = True",
                 stacklevel=2,

@@ -55,11 +55,11 @@ def after_step(model) -> dict:
     out = {}
     if plan.method == "remoe":
         states = [g.probmoe_remoe for g in patched_gates(patched)]
-        sparsity = update_coefficient(states, 1.0 - plan.top_k / plan.num_experts, plan.l1_rate)
+        sparsity = update_coefficient(states, 1.0 - plan.top_k / plan.num_experts, plan.options.l1_rate)
         if sparsity is not None:
             out.update(remoe_sparsity=sparsity, remoe_l1_coef=float(states[0][0]))
-    if plan.balance is not None:
-        cv = update_bias(patched_gates(patched), plan.balance_rate)
+    if plan.options.balance is not None:
+        cv = update_bias(patched_gates(patched), plan.options.balance_rate)
         if cv:
             out["balance_load_cv"] = sum(cv) / len(cv)
     return out

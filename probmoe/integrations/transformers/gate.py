@@ -96,7 +96,7 @@ class PatchedGate:
 
     def forward(self, hidden_states: Tensor):
         logits, weights, indices = self.probmoe_route(hidden_states)
-        if self.probmoe_plan.balance is not None and self.training and torch.is_grad_enabled():
+        if self.probmoe_plan.options.balance is not None and self.training and torch.is_grad_enabled():
             with torch.no_grad():
                 self.probmoe_load.add_(self.probmoe_last.counts.float())  # tokens per expert, for after_step
         return logits, weights, indices
@@ -104,7 +104,7 @@ class PatchedGate:
     def probmoe_route(self, hidden_states: Tensor):
         plan: Plan = self.probmoe_plan
         family = self.probmoe_family
-        bias = balance_mod.selection_bias(self) if plan.balance is not None else None
+        bias = balance_mod.selection_bias(self) if plan.options.balance is not None else None
         own_bias = bias is not None and not family.grouped  # DeepSeek-V3's stock router adds its own
         dense_in_training = plan.method in ("densemixer", "defaultmoe")
         if plan.method in STOCK + ("defaultmoe",) and not (dense_in_training and self.training):
@@ -137,12 +137,16 @@ class PatchedGate:
         elif plan.method == "sparsemixer":
             logits = router_logits(hidden_states, self.weight)  # [T, N]
             weights, indices = sparsemixer_weights(
-                logits, plan.top_k, training=self.training, jitter_eps=plan.jitter_eps, generator=self.probmoe_generator
+                logits,
+                plan.top_k,
+                training=self.training,
+                jitter_eps=plan.options.jitter_eps,
+                generator=self.probmoe_generator,
             )  # [T, k] each
             self.probmoe_last = GateRecord(indices, torch.ones_like(indices, dtype=torch.bool), plan.num_experts)
         elif plan.method == "remoe":
             logits = router_logits(hidden_states, self.weight)  # [T, N]
-            scale = 1.0 if plan.l1_layers == "sum" else 1.0 / self.probmoe_layers  # λ per layer, or λ/L
+            scale = 1.0 if plan.options.l1_layers == "sum" else 1.0 / self.probmoe_layers  # λ per layer, or λ/L
             sink = getattr(self, "probmoe_penalties", None)  # set while a CausalLM forward collects (model.py)
             if not torch.compiler.is_compiling() and in_backward():  # a checkpoint recomputation: as the forward
                 sink = [] if getattr(self, "probmoe_collected", False) else None  # it repeats (same saved tensors)
@@ -210,7 +214,7 @@ def install(gate, plan: Plan, family, generator, layers: int) -> None:
     gate.probmoe_plan, gate.probmoe_family = plan, family
     gate.probmoe_generator, gate.probmoe_replay = generator, GeneratorReplay()
     gate.probmoe_last = None
-    if plan.balance is not None:
+    if plan.options.balance is not None:
         n, device = plan.num_experts, gate.weight.device
         if not family.grouped:
             gate.register_buffer("probmoe_bias", torch.zeros(n, dtype=torch.float32, device=device))

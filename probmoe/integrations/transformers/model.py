@@ -124,15 +124,15 @@ class PatchedCausalLM(PatchedModel):
         router_logits = tuple(out.router_logits)  # per layer [T, N], captured by HF's own hooks
         selected = [g.probmoe_last.selected for g in patched_gates(self)]  # per layer [T, N] bool
         balance = losses.load_balancing_loss(router_logits, selected, attention_mask, self.probmoe_family.scores)
-        z = losses.router_z_loss(router_logits, attention_mask) if plan.z_loss else None
+        z = losses.router_z_loss(router_logits, attention_mask) if plan.options.z_loss else None
         self.probmoe_last_z_loss = z
         loss = None
         if labels is not None:
             loss = self.loss_function(out.logits, labels, self.vocab_size, **extra)
-            if plan.aux_loss:
-                loss = loss + plan.aux_loss * balance.to(loss.device)
+            if plan.options.aux_loss:
+                loss = loss + plan.options.aux_loss * balance.to(loss.device)
             if z is not None:
-                loss = loss + plan.z_loss * z.to(loss.device)
+                loss = loss + plan.options.z_loss * z.to(loss.device)
         fields = dict(out)
         fields.update(loss=loss, aux_loss=balance)
         out = type(out)(**fields)

@@ -15,6 +15,7 @@ import torch
 
 from circuits import checks
 
+from ..routing_options import RoutingOptions
 from . import experts as experts_mod
 from . import gate as gate_mod
 from . import model as model_mod
@@ -30,25 +31,18 @@ def is_patched(model) -> bool:
 
 def patch_model(
     model,
-    method: str,
+    method: str | None = None,
     *,
-    k=None,
-    kmin=None,
-    kmax=None,
-    backend: str = "circuit",
-    grad: str = "exact",
-    aux_loss=...,
-    z_loss=...,
-    l1_coef=None,
-    l1_rate=None,
-    l1_layers=None,
-    balance=None,
-    balance_rate=None,
-    jitter_eps=None,
+    options: RoutingOptions | None = None,
     generator: torch.Generator | None = None,
+    **values,
 ):
     """Patch every MoE block of a transformers 5.x ``olmoe``, ``qwen2_moe``, ``qwen3_moe``,
     ``mixtral`` or ``deepseek_v3`` model in place to route by ``method``; returns the model.
+
+    The routing is ``options`` (a ``probmoe.integrations.RoutingOptions``), or ``method`` and the
+    options' fields as keywords (``patch_model(model, "probmoe-dynamic", kmin=1, kmax=4)``); each
+    field's docstring is its help (``RoutingOptions``), in short:
 
     method: "conventional", "frozen", "densemixer", "probmoe", "probmoe-dynamic",
         "sample-dense-ste", "topk-marginal", "defaultmoe", "sparsemixer" or "remoe" (see
@@ -61,9 +55,9 @@ def patch_model(
         model's top-k).
     backend, grad: as for ``probmoe.RoutingConfig`` (ProbMoE methods only).
     aux_loss, z_loss: coefficients of the load-balancing loss on the experts actually used and of
-        the router z-loss, added to the loss when router logits are output (``...``: the
-        config's ``router_aux_loss_coef`` / ``router_z_loss_coef`` (0 where it has none; for
-        "remoe", whose L1 penalty balances the load, aux_loss 0); 0 or None: off).
+        the router z-loss, added to the loss when router logits are output (None: the config's
+        ``router_aux_loss_coef`` / ``router_z_loss_coef`` (0 where it has none; for "remoe",
+        whose L1 penalty balances the load, aux_loss 0); 0: off).
     l1_coef, l1_rate: ReMoE's initial L1 coefficient λ₀ (default 1e-8) and the factor α (> 1,
         default 1.2) it is multiplied or divided by after each step (``controls.after_step``);
         l1_layers: "sum" (default: λ times each layer's penalty, as the official code) or "mean"
@@ -81,24 +75,7 @@ def patch_model(
     naming the family and what is missing, raised before the model is changed.
     """
     family = family_of(model)
-    plan = make_plan(
-        model.config,
-        family,
-        method,
-        k=k,
-        kmin=kmin,
-        kmax=kmax,
-        backend=backend,
-        grad=grad,
-        aux_loss=aux_loss,
-        z_loss=z_loss,
-        l1_coef=l1_coef,
-        l1_rate=l1_rate,
-        l1_layers=l1_layers,
-        balance=balance,
-        balance_rate=balance_rate,
-        jitter_eps=jitter_eps,
-    )
+    plan = make_plan(model.config, family, method, options=options, **values)
     checks.generator(generator)
     if is_patched(model):
         if model.probmoe_plan == plan and model.probmoe_generator is generator:
@@ -125,7 +102,7 @@ def patch_model(
                 num_experts=plan.num_experts,
                 hidden=block.gate.weight.shape[1],
             )
-        if method == "frozen":  # only the routers: Qwen2-MoE's shared_expert_gate stays trainable
+        if plan.method == "frozen":  # only the routers: Qwen2-MoE's shared_expert_gate stays trainable
             requires_grad[id(block.gate.weight)] = block.gate.weight.requires_grad
             block.gate.weight.requires_grad_(False)
     model_mod.install(model)
@@ -216,7 +193,7 @@ def from_pretrained(path, *, generator: torch.Generator | None = None, **kwargs)
             f"{data['path']} records {data['num_experts']} experts, top-{data['top_k']}, but the model "
             f"has {family.num_experts(model.config)}, top-{family.top_k(model.config)}"
         )
-    patch_model(model, **settings.patch_arguments(data), generator=generator)
+    patch_model(model, options=data["options"], generator=generator)
     runtime_state.load(model, path)
     if model.probmoe_plan.routing != data["routing"]:
         raise ValueError(

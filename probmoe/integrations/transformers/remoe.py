@@ -39,9 +39,11 @@ import contextlib
 import torch
 from torch import Tensor
 
+from ..method_names import L1_LAYERS
+
 L1_COEF = 1e-8  # λ₀
 L1_RATE = 1.2  # α
-LAYER_REDUCTIONS = ("sum", "mean")  # λ per layer (official code), λ/L per layer (the paper's formula)
+LAYER_REDUCTIONS = L1_LAYERS  # λ per layer (official code), λ/L per layer (the paper's formula)
 
 
 class _AttachPenalty(torch.autograd.Function):

@@ -55,7 +55,7 @@ def initial(module, name: str, like: torch.Tensor) -> torch.Tensor:
     """The value routing-state buffer ``name`` of ``module`` has when patching adds it: ReMoE's
     [λ₀, 0, 0] (λ₀ from the router's plan), zeros for the others; ``like``'s shape, dtype, device."""
     if name == "probmoe_remoe":
-        return torch.tensor([module.probmoe_plan.l1_coef, 0.0, 0.0], dtype=like.dtype, device=like.device)
+        return torch.tensor([module.probmoe_plan.options.l1_coef, 0.0, 0.0], dtype=like.dtype, device=like.device)
     return torch.zeros_like(like)
 
 

@@ -3,12 +3,12 @@ selection bias in ``probmoe_state.safetensors``, both written by ``save_pretrain
 patched with ``probmoe.integrations.transformers`` (the format: its ``settings`` and
 ``runtime_state`` modules).
 
-This reader imports neither transformers nor vllm (vLLM's venv pins a transformers our
-transformers integration refuses: docs/serving.md), so it repeats the file's format here; the
-serving tests read files that integration wrote. It trusts nothing it reads: a missing or damaged
-file, a hand edit (sha256), an unknown method, a kmax above the expert count, or a file that does
-not match the checkpoint's config.json is one ``ServingSettingsError`` naming the file and the
-value.
+The settings file is read by the one reader the transformers integration uses too
+(``probmoe.integrations.settings_file``: it imports neither transformers nor vllm, whose venv
+pins a transformers our transformers integration refuses: docs/serving.md). Nothing read is
+trusted: a missing or damaged file, a hand edit (sha256), an unknown method, a kmax above the
+expert count, or a file that does not match the checkpoint's config.json is one
+``ServingSettingsError`` naming the file and the value.
 
 ``serving_rule(directory, hf_config)`` -> the ``Rule`` a checkpoint is served by, or None for a
 checkpoint without a settings file (stock).
@@ -16,35 +16,15 @@ checkpoint without a settings file (stock).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 from dataclasses import dataclass
 
-import probmoe
+from .. import settings_file
+from ..settings_file import FILENAME
 
-from ..method_names import ALL_METHODS
-
-FILENAME = "probmoe_routing.json"
 STATE_FILENAME = "probmoe_state.safetensors"
-FORMAT = "probmoe-transformers-routing"
-FIELDS_V1 = (
-    "format",
-    "version",
-    "model_type",
-    "num_experts",
-    "top_k",
-    "method",
-    "routing",
-    "aux_loss",
-    "z_loss",
-    "sha256",
-)
-FIELDS = {1: FIELDS_V1, 2: FIELDS_V1 + ("options",)}
-OPTIONS = ("l1_coef", "l1_rate", "l1_layers", "jitter_eps", "balance", "balance_rate")  # training options
 JITTER_EPS = 0.01  # SparseMixer's band half-width when the file gives none
-TOP_K_METHODS = ("conventional", "frozen", "densemixer", "defaultmoe", "sparsemixer", "remoe")  # routing null
 
 # model_type -> (the config field of the expert count, the family always renormalises)
 FAMILIES = {
@@ -94,66 +74,14 @@ class Rule:
         return self.kind == "topk" and self.bias is None
 
 
-def _digest(data: dict) -> str:
-    text = json.dumps({k: v for k, v in data.items() if k != "sha256"}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def read(directory) -> dict | None:
-    """The checked fields of ``directory``'s settings file (``routing`` as a
-    ``probmoe.RoutingConfig`` or None, ``path`` added), or None if there is none."""
-    path = os.path.join(os.fspath(directory), FILENAME)
-    if not os.path.exists(path):
-        return None
+    """The checked fields of ``directory``'s settings file (``settings_file.read``: ``routing`` a
+    ``probmoe.RoutingConfig`` or None, ``options`` the ``RoutingOptions``, ``path`` added), or None if
+    there is none."""
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ServingSettingsError(f"{path} is unreadable ({e}); re-save the checkpoint from the patched model") from e
-    if not isinstance(data, dict):
-        raise ServingSettingsError(f"{path} must hold a JSON object, got {type(data).__name__}")
-    if data.get("format") != FORMAT or data.get("version") not in FIELDS:
-        raise ServingSettingsError(
-            f"{path}: format {data.get('format')!r} version {data.get('version')!r} is not "
-            f"{FORMAT!r} version {' or '.join(map(str, FIELDS))}"
-        )
-    fields = FIELDS[data["version"]]
-    if sorted(data) != sorted(fields):
-        raise ServingSettingsError(f"{path} must have exactly the fields {list(fields)}; got {sorted(data)}")
-    if data["sha256"] != _digest(data):
-        raise ServingSettingsError(
-            f"{path} has been modified after it was written (sha256 mismatch); re-save the "
-            "model from a patched model instead of editing the file"
-        )
-    if data["method"] not in ALL_METHODS:
-        raise ServingSettingsError(f"{path}: method must be one of {', '.join(ALL_METHODS)}; got {data['method']!r}")
-    n = data["num_experts"]
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ServingSettingsError(f"{path}: num_experts must be an integer >= 1, got {n!r}")
-    if data["routing"] is not None:
-        r = data["routing"]
-        kmax = r.get("kmax") if isinstance(r, dict) else None
-        if isinstance(kmax, int) and not isinstance(kmax, bool) and kmax > n:
-            raise ServingSettingsError(
-                f"{path}: routing kmax = {kmax} is above the expert count num_experts = {n} (allowed: 1..{n})"
-            )
-    try:
-        routing = None if data["routing"] is None else probmoe.RoutingConfig.from_dict(data["routing"])
-    except (ValueError, TypeError) as e:
-        raise ServingSettingsError(f"{path}: bad routing config ({e})") from e
-    if (routing is None) != (data["method"] in TOP_K_METHODS):
-        raise ServingSettingsError(
-            f"{path}: routing must be null exactly for the methods "
-            f"{', '.join(TOP_K_METHODS)}; method {data['method']!r}"
-        )
-    options = data.get("options", {})
-    if not isinstance(options, dict) or not set(options) <= set(OPTIONS):
-        raise ServingSettingsError(
-            f"{path}: options must be an object with keys among {list(OPTIONS)}; got {options!r}"
-        )
-    if options.get("balance") not in (None, "aux-free"):
-        raise ServingSettingsError(f"{path}: options.balance must be 'aux-free' or absent, got {options['balance']!r}")
-    return dict(data, routing=routing, options=options, path=path)
+        return settings_file.read(directory)
+    except ValueError as e:
+        raise ServingSettingsError(str(e)) from e
 
 
 def _config_value(hf_config, name: str):
@@ -198,7 +126,7 @@ def _read_bias(directory, path: str, n: int) -> dict:
     out = {}
     try:
         with safe_open(state, framework="pt") as f:
-            for key in f:
+            for key in f.keys():  # noqa: SIM118 (a safe_open is not iterable)
                 if not key.endswith(".probmoe_bias"):
                     continue
                 parts = key.split(".")
@@ -225,7 +153,7 @@ def serving_rule(directory, hf_config) -> Rule | None:
     path, method, n, top_k = data["path"], data["method"], data["num_experts"], data["top_k"]
     routing, options = data["routing"], data["options"]
     model_type = hf_config.model_type
-    balanced = options.get("balance") == "aux-free"
+    balanced = options.balance == "aux-free"
     if model_type not in SERVED:  # DeepSeek-V3: its stock router already has the bias (e_score_correction_bias)
         top_k_method = method in ("conventional", "frozen", "densemixer", "defaultmoe")
         map_is_top_k = method in ("probmoe", "sample-dense-ste", "topk-marginal") and routing.k == top_k
@@ -242,10 +170,8 @@ def serving_rule(directory, hf_config) -> Rule | None:
     if method == "remoe":
         return Rule("remoe", n, 0, False, n, method, path)
     if method == "sparsemixer":
-        eps = options.get("jitter_eps", JITTER_EPS)
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-            raise ServingSettingsError(f"{path}: options.jitter_eps must be a finite number >= 0, got {eps!r}")
-        return Rule("sparsemixer", top_k, top_k, False, n, method, path, jitter_eps=float(eps))
+        eps = JITTER_EPS if options.jitter_eps is None else options.jitter_eps  # checked by RoutingOptions
+        return Rule("sparsemixer", top_k, top_k, False, n, method, path, jitter_eps=eps)
     if routing is None:
         return Rule("topk", top_k, top_k, normalize, n, method, path, bias)
     if routing.constraint is not None:

@@ -1,0 +1,151 @@
+"""``probmoe_routing.json``, the routing settings file written beside a patched model's checkpoint:
+its one writer's content and its one reader, shared by the transformers integration (which loads
+the model with it) and the vLLM plugin (which serves it). No library is imported here (vLLM's venv
+pins a transformers the transformers integration refuses: docs/serving.md).
+
+Version 3 (written now):
+
+    {"format": "probmoe-transformers-routing", "version": 3, "model_type": ..., "num_experts": N,
+     "top_k": k, "routing": RoutingConfig.to_dict() or null, "options": the resolved
+     RoutingOptions.to_dict() (every option, method included), "sha256": sha256 of the canonical
+     JSON of every other field}
+
+Versions 1 and 2 (read as they were): "method", "aux_loss" and "z_loss" beside "routing", the
+method-specific options in "options" (version 2 only), k / kmin / kmax / backend / grad in
+"routing"; a ReMoE file without "l1_layers", written when the penalty was λ/L, is read as
+l1_layers "mean", what it trained with.
+
+Reading checks everything: the file parses, carries exactly its version's fields, its checksum
+matches (a hand edit is "tampered"), the routing config and options are valid, routing is null
+exactly for the top-k methods. The checks against the checkpoint's config.json are the callers'.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import probmoe
+
+from .method_names import TOP_K
+from .routing_options import RoutingOptions
+
+FILENAME = "probmoe_routing.json"
+FORMAT = "probmoe-transformers-routing"
+VERSION = 3
+_V1 = ("format", "version", "model_type", "num_experts", "top_k", "method", "routing", "aux_loss", "z_loss", "sha256")
+FIELDS = {
+    1: _V1,
+    2: (*_V1, "options"),
+    3: ("format", "version", "model_type", "num_experts", "top_k", "routing", "options", "sha256"),
+}
+V2_OPTIONS = ("l1_coef", "l1_rate", "l1_layers", "jitter_eps", "balance", "balance_rate")  # a version 2 "options"
+
+
+def digest(content: dict) -> str:
+    text = json.dumps({k: v for k, v in content.items() if k != "sha256"}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def content(options: RoutingOptions, routing, *, model_type: str, num_experts: int, top_k: int) -> dict:
+    """The file's fields (version 3) for resolved ``options`` and their ``routing`` config (or None)."""
+    data = {
+        "format": FORMAT,
+        "version": VERSION,
+        "model_type": model_type,
+        "num_experts": num_experts,
+        "top_k": top_k,
+        "routing": routing.to_dict() if routing is not None else None,
+        "options": options.to_dict(),
+    }
+    data["sha256"] = digest(data)
+    return data
+
+
+def write(directory, data: dict) -> str:
+    """Write ``content``'s ``data`` into ``directory`` atomically; returns the file's path."""
+    path = os.path.join(os.fspath(directory), FILENAME)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read(directory) -> dict | None:
+    """The checked settings of checkpoint ``directory``, or None if it has no settings file:
+    {"model_type", "num_experts", "top_k", "version", "path", "method", "routing": a
+    ``probmoe.RoutingConfig`` or None, "options": the ``RoutingOptions`` it routes by}.
+    ValueError naming the file when it is unreadable, malformed or tampered."""
+    path = os.path.join(os.fspath(directory), FILENAME)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is unreadable ({e}); re-save the checkpoint from the patched model") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    if data.get("format") != FORMAT or data.get("version") not in FIELDS:
+        raise ValueError(
+            f"{path}: format {data.get('format')!r} version {data.get('version')!r} is not "
+            f"{FORMAT!r} version {', '.join(map(str, FIELDS))}"
+        )
+    fields = FIELDS[data["version"]]
+    if sorted(data) != sorted(fields):
+        raise ValueError(f"{path} must have exactly the fields {list(fields)}; got {sorted(data)}")
+    if data["sha256"] != digest(data):
+        raise ValueError(
+            f"{path} has been modified after it was written (sha256 mismatch); re-save the model "
+            "from a patched model instead of editing the file"
+        )
+    n = data["num_experts"]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{path}: num_experts must be an integer >= 1, got {n!r}")
+    kmax = data["routing"].get("kmax") if isinstance(data["routing"], dict) else None
+    if isinstance(kmax, int) and not isinstance(kmax, bool) and kmax > n:
+        raise ValueError(f"{path}: routing kmax = {kmax} is above the expert count num_experts = {n} (allowed: 1..{n})")
+    try:
+        routing = None if data["routing"] is None else probmoe.RoutingConfig.from_dict(data["routing"])
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path}: bad routing config ({e})") from e
+    try:
+        options = _options(data, routing)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path}: {e}") from e
+    if (routing is None) != (options.method in TOP_K):
+        raise ValueError(
+            f"{path}: routing must be null exactly for the methods {', '.join(TOP_K)}; method {options.method!r}"
+        )
+    return dict(
+        model_type=data["model_type"],
+        num_experts=n,
+        top_k=data["top_k"],
+        version=data["version"],
+        path=path,
+        method=options.method,
+        routing=routing,
+        options=options,
+    )
+
+
+def _options(data: dict, routing) -> RoutingOptions:
+    """The ``RoutingOptions`` a file of any version describes."""
+    if data["version"] >= 3:
+        return RoutingOptions.from_dict(data["options"])
+    options = data.get("options", {})
+    if not isinstance(options, dict) or not set(options) <= set(V2_OPTIONS):
+        raise ValueError(f"options must be an object with keys among {list(V2_OPTIONS)}; got {options!r}")
+    values = {"method": data["method"], "aux_loss": data["aux_loss"], "z_loss": data["z_loss"], **options}
+    if data["method"] == "remoe" and "l1_layers" not in options:
+        values["l1_layers"] = "mean"  # written before the option existed, when the penalty was λ/L
+    if routing is not None:
+        values.update(backend=routing.backend, grad=routing.grad)
+        if data["method"] == "probmoe-dynamic":
+            values.update(kmin=routing.kmin, kmax=routing.kmax)
+        else:
+            values["k"] = routing.k
+    return RoutingOptions.from_dict(values)
