@@ -89,7 +89,13 @@ def test_config_file_sets_options_and_flags_override_it(tmp_path, suffix):
         "aux-free",
     )
     cfg = parse(train, TrainConfig, ["--config", str(path), "--lr", "1e-2", "--epochs", "2", "--balance", "none"])
-    assert (cfg.lr, cfg.max_steps, cfg.epochs, cfg.routing.balance, cfg.model) == (1e-2, None, 2.0, None, "tiny-qwen2-moe")
+    assert (cfg.lr, cfg.max_steps, cfg.epochs, cfg.routing.balance, cfg.model) == (
+        1e-2,
+        None,
+        2.0,
+        None,
+        "tiny-qwen2-moe",
+    )
 
 
 def test_config_file_lists_for_repeatable_flags(tmp_path):
