@@ -10,6 +10,8 @@ Both take one circuit:
                                     equal groups or a comma-separated list of sizes
     --cnf FILE                  a DIMACS CNF (compiled by d4, the ``cnf`` extra)
     --sdd FILE --vtree FILE     an SDD saved by pysdd / libsdd
+    --spec JSON                 any registered kind by its JSON form (``circuits.spec_from_dict``,
+                                the "spec" that --json prints), e.g. '{"type": "ExactlyK", "n": 64, "k": 8}'
     --entry DIR                 (inspect only) a cache entry directory, read as it is
 
 ``--compiler`` picks another compiler than the spec's default (``circuits.compile``): ``pysdd``
@@ -44,7 +46,7 @@ from ..cache import CacheWarning, read_entry
 from ..cnf import MissingExtra, TimeLimit
 from ..compile import COMPILERS, check_compiler, compile_entry
 from ..estimate import MAX_STEPS, CircuitTooLarge
-from ..spec import CnfFile, ExactlyK, GroupCapacity, GroupLimited, RangeK, SddFile
+from ..spec import CnfFile, ExactlyK, GroupCapacity, GroupLimited, RangeK, SddFile, spec_from_dict
 from .report import compile_facts, render_compile
 from .text import render_text, to_dot
 
@@ -62,6 +64,7 @@ _FLAG = {
     "max_groups": "--max-groups",
     "capacity": "--capacity",
 }
+_EXAMPLE = '{"type": "ExactlyK", "n": 64, "k": 8}'  # a --spec
 _FORMATS = {".png": "png", ".svg": "svg", ".dot": "dot", ".gv": "dot", ".txt": "text"}
 
 
@@ -106,6 +109,12 @@ def _parser(prog: str, description: str) -> _Parser:
     )
     g.add_argument("--sdd", metavar="FILE", help="an SDD file saved by pysdd/libsdd (needs --vtree)")
     g.add_argument("--vtree", metavar="FILE", help="the vtree file the --sdd was saved with")
+    g.add_argument(
+        "--spec",
+        metavar="JSON",
+        help="any constraint kind by its JSON form, as --json prints it without 'describe', e.g. "
+        '\'{"type": "RangeK", "n": 64, "kmin": 4, "kmax": 8}\' (kinds with file digests: --cnf, --sdd)',
+    )
     p.add_argument(
         "--compiler",
         choices=COMPILERS,
@@ -176,10 +185,11 @@ def _spec(p: _Parser, args, entry: bool = False):
         counting,
         args.cnf is not None,
         args.sdd is not None or args.vtree is not None,
+        args.spec is not None,
         entry and args.entry is not None,
     ]
     if sum(chosen) != 1:
-        what = "--n with --k or --kmin/--kmax, or --cnf FILE, or --sdd FILE --vtree FILE"
+        what = "--n with --k or --kmin/--kmax, or --cnf FILE, or --sdd FILE --vtree FILE, or --spec JSON"
         p.error(
             ("give only one circuit: " if sum(chosen) else "give a circuit: ")
             + what
@@ -187,7 +197,16 @@ def _spec(p: _Parser, args, entry: bool = False):
         )
     if entry and args.entry is not None:
         return None
-    if counting:
+    if args.spec is not None:
+        try:
+            data = json.loads(args.spec)
+        except json.JSONDecodeError as exc:
+            p.error(f"--spec must be a JSON object such as '{_EXAMPLE}', got {args.spec!r} ({exc.msg})")
+        try:
+            spec = spec_from_dict(data)
+        except ValueError as exc:
+            p.error(f"--spec: {exc}")
+    elif counting:
         if args.n is None:
             p.error("--n is required with --k/--kmin/--kmax (N >= 1)")
         if args.k is not None and (args.kmin is not None or args.kmax is not None):
@@ -207,7 +226,8 @@ def _spec(p: _Parser, args, entry: bool = False):
         except ValueError as exc:
             p.error(f"{'--cnf' if args.cnf is not None else '--sdd/--vtree'}: {exc}")
     try:
-        spec = _build_spec(args, counting)
+        if args.spec is None:
+            spec = _build_spec(args, counting)
         compiler = check_compiler(spec, args.compiler)
     except ValueError as exc:
         name, _, rest = str(exc).partition(" ")

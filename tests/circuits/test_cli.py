@@ -115,6 +115,10 @@ BAD = {
     "unreadable cnf": (["--cnf", "/nonexistent/f.cnf"], "--cnf: /nonexistent/f.cnf: unreadable"),
     "sdd without vtree": (["--sdd", __file__], "--sdd and --vtree must be given together"),
     "not dimacs": (["--cnf", __file__], "before the 'p cnf' header"),
+    "spec not json": (["--spec", "k=8"], '--spec must be a JSON object such as \'{"type": "ExactlyK"'),
+    "spec out of range": (["--spec", '{"type": "ExactlyK", "n": 4, "k": 5}'], "--spec: k must be in [0, n = 4]"),
+    "spec of a file": (["--spec", '{"type": "CnfFile", "digest": "x"}'], "--spec: a constraint spec's type must be"),
+    "spec and flags": (["--spec", '{"type": "ExactlyK", "n": 4, "k": 2}', "--n", "4"], "give only one circuit"),
 }
 
 
@@ -285,3 +289,14 @@ def test_compiler_flag(tmp_path, capsys):
         compile_main(["--n", "64", "--k", "8", "--compiler", "d4", "--cache-dir", str(tmp_path)])
     assert info.value.code == 2
     assert "--compiler must be one of 'direct', 'pysdd' for ExactlyK" in capsys.readouterr().err
+
+
+def test_spec_flag_names_any_kind_by_its_json_form(tmp_path, capsys):
+    """--spec takes the "spec" that --json prints: the same entry as the flags, a cache hit."""
+    flags = ["--n", "16", "--kmin", "2", "--kmax", "5", "--groups", "4,4,8", "--capacity", "3"]
+    assert compile_main([*flags, "--json", "--cache-dir", str(tmp_path)]) == 0
+    first = json.loads(capsys.readouterr().out)
+    form = {name: value for name, value in first["spec"].items() if name != "describe"}
+    assert compile_main(["--spec", json.dumps(form), "--json", "--cache-dir", str(tmp_path)]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["cache_hit"] and again["spec"] == first["spec"] and again["cache_path"] == first["cache_path"]

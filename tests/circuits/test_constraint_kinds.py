@@ -4,7 +4,8 @@
 pieces (``circuits.spec.Spec`` and ``register``, the builders in ``circuits.count_tree`` /
 ``circuits.groups``, the arithmetic in ``circuits.estimate``, the checks in ``circuits.self_check``):
 it compiles with both of its compilers, caches, loads from the cache, estimates, describes itself in
-``probmoe-compile``'s report and matches brute force, with no library file touched. The library's
+``probmoe-compile``'s report (reached by ``--spec``) and matches brute force, with no library file
+touched. The library's
 own kinds keep their cache keys, JSON forms and manifests byte for byte (existing caches stay
 valid), and the modules that dispatch on kinds ask no kind for its type.
 """
@@ -141,6 +142,18 @@ def test_a_new_kind_describes_itself_in_the_report(atmost, tmp_path):
     text = report.render_compile(facts)
     assert "compiled AtMostK(n=12, k=2)" in text
     assert "79 = sum of C(12, j) for j in 0..2, checked against math.comb" in text
+
+
+def test_a_new_kind_from_the_commands(atmost, tmp_path, capsys):
+    """probmoe-compile and probmoe-inspect reach it by --spec, its JSON form (in process: the kind is
+    registered here)."""
+    args = ["--spec", '{"type": "AtMostK", "n": 9, "k": 2}', "--cache-dir", str(tmp_path)]
+    assert cli.compile_main([*args, "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert facts["spec"]["describe"] == "AtMostK(n=9, k=2)" and facts["model_count"] == str(1 + 9 + 36)
+    assert facts["cache_path"] == str(tmp_path / "atmost-n9-k2")
+    assert cli.inspect_main(args) == 0
+    assert "AtMostK(n=9, k=2)" in capsys.readouterr().out
 
 
 def test_a_new_kinds_check_guards_its_cache_entries(atmost, tmp_path, monkeypatch):
