@@ -6,8 +6,9 @@ module says everything about it, and nothing else in ``circuits`` asks for its t
 - what it is: its fields, ``key`` (the name of its cache entry), ``dict_fields`` (its JSON form in
   the cache manifest: ``spec_to_dict``; ``spec_from_dict`` rebuilds it when ``rebuildable``),
   ``describe()``, ``model_count()`` and ``count_formula()`` (``probmoe-compile``'s report);
-- how it compiles: ``compilers`` (its default first) and a builder per compiler: ``build_direct`` (a
-  ``Layout`` built from the known structure), ``build_sdd`` (pysdd), ``dimacs_path`` (the CNF file d4 reads);
+- how it compiles: ``compilers`` (its default first) and a builder per compiler: ``build_direct``
+  (a ``Layout`` built from the known structure), ``build_sdd`` (pysdd), ``dimacs_path`` (the CNF
+  file that d4 reads);
 - how it estimates: ``estimate()``, the pysdd compiler's cost (``circuits.estimate``), or None;
 - how a layout is checked: ``check(layout, entry, compiler)`` against an independent computation,
   after compiling and on every cache read.

@@ -16,7 +16,10 @@ import inspect
 import json
 import math
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,6 +33,8 @@ from circuits.cache import CacheWarning
 from circuits.compile import compile_entry
 from circuits.inspect import cli, report
 from circuits.spec import Spec, register
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 
 @dataclass(frozen=True)
@@ -202,6 +207,16 @@ def test_no_module_asks_a_kind_for_its_type():
     for module in (compile_module, estimate, cache, report, cli, self_check, count_tree, groups):
         source = inspect.getsource(module)
         assert not re.search(rf"isinstance\([^)]*\b({kinds})\b", source), module.__name__
+
+
+def test_the_kinds_load_no_torch():
+    """The specs, their modules and the registry import without torch (compiling needs none)."""
+    code = (
+        "import sys, circuits.spec, circuits.registry, circuits.kinds.cardinality, circuits.kinds.grouped, "
+        "circuits.kinds.files; print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
 
 
 FILES = {"f.cnf": "p cnf 4 3\n1 2 0\n-1 3 0\n2 -4 0\n"}
