@@ -1,7 +1,7 @@
 """The routing settings of a checkpoint, read for serving: ``probmoe_routing.json`` and the
 selection bias in ``probmoe_state.safetensors``, both written by ``save_pretrained`` of a model
-patched with ``probmoe.integrations.transformers`` (the format: its ``settings`` and
-``runtime_state`` modules).
+patched with ``probmoe.integrations.transformers`` (the formats: ``probmoe.integrations.settings_file``
+and the transformers integration's ``runtime_state``).
 
 The settings file is read by the one reader the transformers integration uses too
 (``probmoe.integrations.settings_file``: it imports neither transformers nor vllm, whose venv
