@@ -22,6 +22,8 @@ MARK = re.compile(r"<!-- api: ([\w.]+) -->")
 EXTRA = {
     "probmoe.integrations.transformers": [
         "probmoe.integrations.transformers.callback.RoutingStatsCallback",
+        "probmoe.integrations.transformers.control_callback.RoutingControlCallback",
+        "probmoe.integrations.transformers.resume.to_model_layout",
         "probmoe.integrations.transformers.testing.tiny_model",
         "probmoe.integrations.transformers.testing.tiny_config",
     ],
