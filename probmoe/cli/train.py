@@ -40,11 +40,13 @@ def plan(p: argparse.ArgumentParser, cfg: TrainConfig) -> int:
     from probmoe.experiments import memory_plan
 
     def body():
-        world = cfg.world_size or int(os.environ.get("WORLD_SIZE", "1"))
-        if cfg.global_batch_size is not None:
-            cfg.batch_size = memory_plan.per_process_batch(cfg.global_batch_size, world, cfg.grad_accum)
-        shape, kwargs = memory_plan.for_run(cfg, world, cfg.device or "cuda")
-        return memory_plan.report(cfg.model, shape, world_size=world, **kwargs)
+        world = cfg.run.world_size or int(os.environ.get("WORLD_SIZE", "1"))
+        if cfg.optim.global_batch_size is not None:
+            cfg.optim.batch_size = memory_plan.per_process_batch(
+                cfg.optim.global_batch_size, world, cfg.optim.grad_accum
+            )
+        shape, kwargs = memory_plan.for_run(cfg, world, cfg.run.device or "cuda")
+        return memory_plan.report(cfg.model.name, shape, world_size=world, **kwargs)
 
     print(options.run_or_exit(p, body))
     return 0
@@ -54,10 +56,10 @@ def main(argv=None) -> int:
     p = parser()
     cfg = config_parser.parse(TrainConfig, p, argv)
     common.require_extras(p)
-    common.quiet_progress(not cfg.progress)
-    if cfg.plan:
+    common.quiet_progress(not cfg.run.progress)
+    if cfg.run.plan:
         return plan(p, cfg)
-    if cfg.data is None or cfg.output_dir is None:
+    if cfg.data.path is None or cfg.run.output_dir is None:
         p.error("the following arguments are required: --data, --output-dir (all but --plan)")
 
     def body():
@@ -65,9 +67,9 @@ def main(argv=None) -> int:
         from probmoe.experiments.trainer import Trainer
         from probmoe.integrations.transformers.weights_file import check_weights_files
 
-        tracking.check(cfg.report_to, cfg.output_dir)
-        if os.path.isdir(cfg.model):
-            check_weights_files(cfg.model)
+        tracking.check(cfg.run.report_to, cfg.run.output_dir)
+        if os.path.isdir(cfg.model.name):
+            check_weights_files(cfg.model.name)
         return Trainer(cfg)
 
     from probmoe.experiments import interrupts
@@ -76,7 +78,7 @@ def main(argv=None) -> int:
         try:
             return _train(cfg, options.run_or_exit(p, body))
         except interrupts.Interrupted as e:  # one line and 128 + the signal's number, no traceback
-            return interrupts.report(e, cfg.output_dir)
+            return interrupts.report(e, cfg.run.output_dir)
 
 
 def _train(cfg: TrainConfig, trainer) -> int:
@@ -91,22 +93,22 @@ def _train(cfg: TrainConfig, trainer) -> int:
     if trainer.world.main:
         if trainer.no_answer:
             print(
-                f"warning: --max-length {cfg.max_length} leaves no answer token in {trainer.no_answer} of "
+                f"warning: --max-length {cfg.data.max_length} leaves no answer token in {trainer.no_answer} of "
                 f"{len(trainer.encoded)} examples; they add nothing to the loss (raise --max-length to keep them)",
                 file=sys.stderr,
             )
         if trainer.repair is not None:
             print(
-                f"the final model in {cfg.output_dir} is damaged ({trainer.repair}); writing it again from "
+                f"the final model in {cfg.run.output_dir} is damaged ({trainer.repair}); writing it again from "
                 f"{trainer.resume_dir}",
                 file=sys.stderr,
             )
         elif trainer.resume_dir is not None:
             print(f"resumed from {trainer.resume_dir} at step {trainer.step} of {trainer.total_steps}", file=sys.stderr)
-        os.makedirs(cfg.output_dir, exist_ok=True)
-        config_parser.write(cfg, os.path.join(cfg.output_dir, "config.yaml"))
+        os.makedirs(cfg.run.output_dir, exist_ok=True)
+        config_parser.write(cfg, os.path.join(cfg.run.output_dir, "config.yaml"))
         trainer.tracker = tracking.start(
-            cfg.report_to, cfg.output_dir, config_parser.as_file(cfg), trainer.net, trainer.step
+            cfg.run.report_to, cfg.run.output_dir, config_parser.as_file(cfg), trainer.net, trainer.step
         )
     try:
         last = trainer.run()
@@ -114,10 +116,10 @@ def _train(cfg: TrainConfig, trainer) -> int:
         if trainer.tracker is not None:
             trainer.tracker.close()
     if trainer.world.main and trainer.repair is not None:
-        print(f"final model in {cfg.output_dir}, written again from {trainer.resume_dir}", file=sys.stderr)
+        print(f"final model in {cfg.run.output_dir}, written again from {trainer.resume_dir}", file=sys.stderr)
     if trainer.world.main and last:
         where = (
-            f"model in {cfg.output_dir}"
+            f"model in {cfg.run.output_dir}"
             if trainer.step == trainer.total_steps
             else f"stopped at step {trainer.step} of {trainer.total_steps}: resume with --resume latest"
         )

@@ -39,7 +39,8 @@ class Leaf:
 
     @property
     def name(self) -> str:
-        return self.field.name
+        """The option's name: its flag without ``--``, a config-file key, a fingerprint field."""
+        return self.field.metadata.get("name") or self.field.name
 
 
 def leaves(config_cls) -> list[Leaf]:
@@ -53,7 +54,8 @@ def leaves(config_cls) -> list[Leaf]:
         for g in fields(meta["section"]):
             if meta["training"] or not g.metadata.get("training"):
                 default = meta["defaults"].get(g.name, g.default)
-                out.append(Leaf(g, f.name, default, meta["group"] or g.metadata.get("group"), meta["resume"]))
+                group, resume = meta["group"] or g.metadata.get("group"), meta["resume"] or g.metadata.get("resume")
+                out.append(Leaf(g, f.name, default, group, bool(resume)))
     return out
 
 
@@ -63,7 +65,7 @@ def build(config_cls, values: dict):
     top, sections = {}, {}
     for leaf in leaves(config_cls):
         if leaf.name in values:
-            (sections.setdefault(leaf.section, {}) if leaf.section else top)[leaf.name] = values[leaf.name]
+            (sections.setdefault(leaf.section, {}) if leaf.section else top)[leaf.field.name] = values[leaf.name]
     for f in fields(config_cls):
         if f.metadata.get("section") is not None:
             top[f.name] = f.metadata["section"](**{**f.metadata["defaults"], **sections.get(f.name, {})})
@@ -73,14 +75,17 @@ def build(config_cls, values: dict):
 def flat(cfg) -> dict:
     """{option name: value} of a config, its sections' options included."""
     return {
-        leaf.name: getattr(getattr(cfg, leaf.section) if leaf.section else cfg, leaf.name) for leaf in leaves(type(cfg))
+        leaf.name: getattr(getattr(cfg, leaf.section) if leaf.section else cfg, leaf.field.name)
+        for leaf in leaves(type(cfg))
     }
 
 
 def section_values(cfg, section: str) -> dict:
     """{option name: value} of the options of ``cfg``'s ``section`` that its command has as flags."""
     return {
-        leaf.name: getattr(getattr(cfg, section), leaf.name) for leaf in leaves(type(cfg)) if leaf.section == section
+        leaf.name: getattr(getattr(cfg, section), leaf.field.name)
+        for leaf in leaves(type(cfg))
+        if leaf.section == section
     }
 
 
@@ -103,7 +108,7 @@ def _none(meta, value):
 
 def flag(f) -> str:
     """The flag of a config field: ``--max-steps`` for ``max_steps`` unless its metadata names another."""
-    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+    return f.metadata.get("flag") or "--" + (f.metadata.get("name") or f.name).replace("_", "-")
 
 
 def _key(text: str) -> str:
@@ -170,7 +175,7 @@ def parser(config_cls, prog: str, description: str) -> Parser:
             help = f"{help} (default {leaf.default})".lstrip()
         if meta.get("required"):
             help += " (required: here or in --config)"
-        kwargs = {"dest": f.name, "help": help or None}
+        kwargs = {"dest": leaf.name, "help": help or None}
         if meta.get("switch"):
             kwargs["action"] = "store_false" if meta.get("negate") else "store_true"
         else:
@@ -288,11 +293,11 @@ def parse(config_cls, p: argparse.ArgumentParser, argv=None):
     for name in given:  # a flag replaces the file's value, and the file's choice in its exclusive group
         group = by_name[name].metadata.get("exclusive")
         if group:
-            for other in by_name.values():
-                if other.metadata.get("exclusive") == group:
-                    values.pop(other.name, None)
+            for other, f in by_name.items():
+                if f.metadata.get("exclusive") == group:
+                    values.pop(other, None)
     values.update({name: _none(by_name[name].metadata, value) for name, value in given.items()})
-    missing = [flag(f) for f in by_name.values() if f.metadata.get("required") and values.get(f.name) is None]
+    missing = [flag(f) for name, f in by_name.items() if f.metadata.get("required") and values.get(name) is None]
     if missing:
         p.error(f"the following arguments are required: {', '.join(missing)}")
     try:

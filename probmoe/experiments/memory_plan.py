@@ -222,23 +222,23 @@ def per_process_batch(global_batch: int, world_size: int, grad_accum: int) -> in
 
 
 def for_run(cfg, world_size: int, device_type: str) -> tuple[Shape, dict]:
-    """(``Shape`` of ``cfg.model`` built on the meta device, the ``estimate`` arguments of ``cfg``)."""
+    """(``Shape`` of ``cfg.model.name`` built on the meta device, the ``estimate`` arguments of ``cfg``)."""
     import torch
 
     from . import models
 
-    dtype = getattr(torch, cfg.param_dtype)
-    shape = shape_of(models.empty_model(models.model_config(cfg.model, cfg.layers), dtype))
+    dtype = getattr(torch, cfg.model.param_dtype)
+    shape = shape_of(models.empty_model(models.model_config(cfg.model.name, cfg.model.layers), dtype))
     param_bytes = dtype.itemsize
     return shape, dict(
-        batch_size=cfg.batch_size,
-        max_length=cfg.max_length,
+        batch_size=cfg.optim.batch_size,
+        max_length=cfg.data.max_length,
         method=cfg.routing.method,
         k=cfg.routing.k,
         kmax=cfg.routing.kmax,
         param_bytes=param_bytes,
-        compute_bytes=2 if cfg.bf16 else param_bytes,
-        checkpointing=cfg.gradient_checkpointing,
+        compute_bytes=2 if cfg.run.bf16 else param_bytes,
+        checkpointing=cfg.model.gradient_checkpointing,
         attention_scores=device_type == "cpu",
         foreach=device_type == "cuda",
     )
@@ -263,22 +263,22 @@ def check_fits(cfg, world) -> None:
     """ValueError, before any weights load, when the parameters, gradients and AdamW state alone (the
     exact part of the estimate) exceed what one process may use; says what to change."""
     shape, kwargs = for_run(cfg, world.size, world.device.type)
-    row = estimate(shape, world_size=world.size, fsdp=cfg.fsdp, **kwargs)
+    row = estimate(shape, world_size=world.size, fsdp=cfg.run.fsdp, **kwargs)
     state = row.parameters + row.gradients + row.optimizer
     limit, what = device_bytes(world)
     if state <= limit:
         return
-    mode = "FSDP" if cfg.fsdp else "DDP"
+    mode = "FSDP" if cfg.run.fsdp else "DDP"
     sharded = estimate(shape, world_size=world.size, fsdp=True, **kwargs)
     hint = (
         "add --fsdp ("
         + gib(sharded.parameters + sharded.gradients + sharded.optimizer)
         + " per process at this world size) or start more processes"
-        if not cfg.fsdp
+        if not cfg.run.fsdp
         else "start more processes"
     )
     raise ValueError(
-        f"--model {cfg.model} will not fit: parameters, gradients and AdamW state need "
+        f"--model {cfg.model.name} will not fit: parameters, gradients and AdamW state need "
         f"{gib(state)} per process under {mode} with {world.size} process(es), more than {what}; "
         f"{hint}, or use --param-dtype bfloat16 (see --plan)"
     )

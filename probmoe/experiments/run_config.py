@@ -9,11 +9,11 @@ A field's ``metadata`` (``option``) says how it appears on the command line: ``h
 ``choices``, ``flag`` (when not ``--`` + the field's name with ``-``), ``switch`` (a boolean flag;
 ``negate``: the flag turns the field off, ``--no-progress``), ``append`` (repeatable),
 ``required``, ``group`` (the help's section), ``exclusive`` (at most one of the fields sharing the
-name), ``none`` (the flag's word for None: ``--balance none``), ``resume`` (``trajectory``: in the
-resume fingerprint). A ``section`` field nests the options of one concern, a dataclass declared
-once where it is used: ``routing``, the ``RoutingOptions`` of ``patch_model``; its fields are flags
-and config-file keys of their own, flat as before (``--kmin``, ``kmin: 1``), and its checks run
-when it is made. Every config checks its fields when made (``check_fields``).
+name), ``name`` (the option's name when not the field's: ``model.name`` is ``--model``), ``none`` (the flag's word for None: ``--balance none``), ``resume`` (``trajectory``: in the
+resume fingerprint). ``TrainConfig`` nests one dataclass per concern (``section``): the model, the
+data, the routing (``RoutingOptions``, declared once where it is used: ``patch_model``), the
+optimisation and the run; a section's fields are flags and config-file keys of their own, flat as
+before (``--kmin``, ``kmin: 1``), and its checks run when it is made. Every config checks its fields when made (``check_fields``).
 """
 
 from __future__ import annotations
@@ -93,25 +93,60 @@ def _data_format(**cli):
 
 
 @dataclass
-class TrainConfig:
-    """Everything ``probmoe-train`` is told; each field is the flag of the same name."""
+class ModelOptions:
+    """The model ``probmoe-train`` fine-tunes."""
 
-    model: str | None = trajectory(
+    name: str | None = trajectory(
         None,
         f"{', '.join(TINY)} "
         "(randomly initialised, byte-level tokenizer); a published shape with random weights ("
         f"{', '.join(SHAPES)}; with --layers, --plan); or a local checkpoint directory of "
         "those families (OLMoE, Qwen2-MoE, Qwen3-MoE, Mixtral, DeepSeek-V3)",
         required=True,
+        name="model",
     )
-    data: str | None = option(
+    layers: int | None = trajectory(
+        None,
+        "decoder layers of a built-in model (default: its own); e.g. olmoe-1b-7b-shape "
+        "at its real widths and reduced depth",
+        type=positive_int,
+        group=LARGE,
+    )
+    param_dtype: str = trajectory(
+        "float32",
+        "dtype the parameters and AdamW state are stored in (a checkpoint loads straight into it)",
+        choices=("float32", "bfloat16"),
+        group=LARGE,
+    )
+    gradient_checkpointing: bool = option(
+        False, "recompute each decoder layer's activations in the backward pass: less memory, more time", switch=True
+    )
+
+    def __post_init__(self):
+        check_fields(self)
+
+
+@dataclass
+class DataOptions:
+    """The records it trains on."""
+
+    path: str | None = option(
         None,
         ".jsonl, .json or .parquet records: question/answer (GSM8K), prompt/completion, "
         "messages (chat template) or text",
+        name="data",
     )
-    output_dir: str | None = option(None, "checkpoints, the final model, config.yaml and train_log.jsonl")
     data_format: str | None = _data_format(resume=True)  # None: told by the data's fields (formats.detect)
-    routing: RoutingOptions = section(RoutingOptions, resume=True)  # the flags of patch_model's options
+    max_length: int = trajectory(1024, "tokens per example, at most", type=positive_int)
+
+    def __post_init__(self):
+        check_fields(self)
+
+
+@dataclass
+class OptimOptions:
+    """The optimisation: AdamW, its schedule, the batch and the length of the run."""
+
     max_steps: int | None = option(None, "optimizer steps in all", type=positive_int, exclusive="length")
     epochs: float | None = option(None, "passes over the data (default 1)", type=positive_float, exclusive="length")
     lr: float = trajectory(1e-3, "peak learning rate (AdamW)", type=positive_float)
@@ -121,7 +156,25 @@ class TrainConfig:
     max_grad_norm: float = trajectory(1.0, "0: no clipping", type=nonnegative_float)
     batch_size: int = trajectory(8, "examples per process per micro-batch", type=positive_int)
     grad_accum: int = trajectory(1, "micro-batches per optimizer step", type=positive_int)
-    max_length: int = trajectory(1024, "tokens per example, at most", type=positive_int)
+    global_batch_size: int | None = option(
+        None,
+        "examples per optimizer step over all processes (replaces "
+        "--batch-size: must divide by processes x --grad-accum)",
+        type=positive_int,
+        group=LARGE,
+    )
+
+    def __post_init__(self):
+        check_fields(self)
+        if self.max_steps is None and self.epochs is None:
+            self.epochs = 1.0
+
+
+@dataclass
+class RunOptions:
+    """How the run executes: device, precision, sharding, seeds, output, checkpoints, logs."""
+
+    output_dir: str | None = option(None, "checkpoints, the final model, config.yaml and train_log.jsonl")
     seed: int = trajectory(
         0, "seed of the initial weights, the data order and the routing's sampling", type=nonnegative_int
     )
@@ -133,9 +186,14 @@ class TrainConfig:
         choices=("auto", "on", "off"),
     )
     bf16: bool = trajectory(False, "bf16 autocast", switch=True)
-    gradient_checkpointing: bool = option(
-        False, "recompute each decoder layer's activations in the backward pass: less memory, more time", switch=True
+    fsdp: bool = trajectory(
+        False,
+        "shard every decoder layer over the processes with FSDP2 (under torchrun); with "
+        "--bf16: bf16 compute, fp32 gradient reduction",
+        switch=True,
+        group=LARGE,
     )
+    device: str | None = _device()
     resume: str | None = option(None, "a checkpoint directory, or 'latest' (the newest in --output-dir)")
     stop_after: int | None = option(
         None, "stop after this step with a resumable checkpoint, the schedule unchanged", type=positive_int
@@ -151,35 +209,7 @@ class TrainConfig:
         "offline works; pip install 'probmoe[tracking]')",
         choices=REPORT_TO,
     )
-    device: str | None = _device()
     progress: bool = _progress()
-    fsdp: bool = trajectory(
-        False,
-        "shard every decoder layer over the processes with FSDP2 (under torchrun); with "
-        "--bf16: bf16 compute, fp32 gradient reduction",
-        switch=True,
-        group=LARGE,
-    )
-    param_dtype: str = trajectory(
-        "float32",
-        "dtype the parameters and AdamW state are stored in (a checkpoint loads straight into it)",
-        choices=("float32", "bfloat16"),
-        group=LARGE,
-    )
-    layers: int | None = trajectory(
-        None,
-        "decoder layers of a built-in model (default: its own); e.g. olmoe-1b-7b-shape "
-        "at its real widths and reduced depth",
-        type=positive_int,
-        group=LARGE,
-    )
-    global_batch_size: int | None = option(
-        None,
-        "examples per optimizer step over all processes (replaces "
-        "--batch-size: must divide by processes x --grad-accum)",
-        type=positive_int,
-        group=LARGE,
-    )
     plan: bool = option(
         False,
         "print the per-GPU memory under DDP and FSDP and which GPU sizes fit, then exit (no weights, no data)",
@@ -192,8 +222,19 @@ class TrainConfig:
 
     def __post_init__(self):
         check_fields(self)
-        if self.max_steps is None and self.epochs is None:
-            self.epochs = 1.0
+
+
+@dataclass
+class TrainConfig:
+    """Everything ``probmoe-train`` is told, one section per concern; each section's fields are the
+    flags of the same name (``--lr`` is ``optim.lr``; ``--model`` ``model.name``, ``--data``
+    ``data.path``)."""
+
+    model: ModelOptions = section(ModelOptions)
+    data: DataOptions = section(DataOptions)
+    routing: RoutingOptions = section(RoutingOptions, resume=True)  # patch_model's options
+    optim: OptimOptions = section(OptimOptions)
+    run: RunOptions = section(RunOptions)
 
 
 @dataclass

@@ -86,12 +86,12 @@ def fingerprint(cfg: TrainConfig, world, total_steps: int, data_format: str) -> 
     the records were read in (given or detected: the same file read as another format is other
     examples)."""
     fields = {**config_parser.flat(cfg), "data_format": data_format}
-    with open(cfg.data, "rb") as f:
+    with open(cfg.data.path, "rb") as f:
         fields["data_sha256"] = hashlib.sha256(f.read()).hexdigest()
     fields.update(
         world_size=world.size,
         device_type=world.device.type,
-        schedule_steps=None if cfg.lr_schedule == "constant" else total_steps,
+        schedule_steps=None if cfg.optim.lr_schedule == "constant" else total_steps,
     )
     return {key: fields[key] for key in config_parser.resume_keys(type(cfg)) + state.DERIVED_KEYS}
 
@@ -103,7 +103,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
-        self.world = distributed.setup(cfg.device)
+        self.world = distributed.setup(cfg.run.device)
         self.nothing_to_do = None  # why, when the resumed checkpoint is already at the last step
         error = None
         try:
@@ -115,7 +115,7 @@ class Trainer:
             return
         self._set_aside_damaged()
         self.model = self.net
-        if self.world.size > 1 and not cfg.fsdp:
+        if self.world.size > 1 and not cfg.run.fsdp:
             ids = [self.world.local_rank] if self.world.device.type == "cuda" else None
             self.model = torch.nn.parallel.DistributedDataParallel(
                 self.net, device_ids=ids, gradient_as_bucket_view=True
@@ -133,46 +133,50 @@ class Trainer:
         self.net = self._build_model()
         self.plan = self.net.probmoe_plan
         self._build_optimizer()
-        self.log_path = os.path.join(self.cfg.output_dir, "train_log.jsonl")
+        self.log_path = os.path.join(self.cfg.run.output_dir, "train_log.jsonl")
 
     def _check_flags(self) -> None:
         """What the flags alone decide: FSDP needs torchrun; --global-batch-size sets --batch-size."""
         cfg = self.cfg
-        if cfg.fsdp:
+        if cfg.run.fsdp:
             fsdp.require_torchrun()
-        if cfg.global_batch_size is not None:
-            cfg.batch_size = memory_plan.per_process_batch(cfg.global_batch_size, self.world.size, cfg.grad_accum)
+        if cfg.optim.global_batch_size is not None:
+            cfg.optim.batch_size = memory_plan.per_process_batch(
+                cfg.optim.global_batch_size, self.world.size, cfg.optim.grad_accum
+            )
 
     def _read_data(self) -> None:
         """The records, the checkpoint to resume from, the output folder, then the tokenized examples."""
         cfg = self.cfg
-        self.records = formats.read(cfg.data, cfg.data_format)
+        self.records = formats.read(cfg.data.path, cfg.data.data_format)
         self.resume_dir = self._resume_dir()
         self._check_output_dir()
-        self.tokenizer = models.load_tokenizer(cfg.model)
-        self.encoded = data.encode_all(self.tokenizer, self.records, cfg.max_length)
-        self.no_answer = data.check_loss_tokens(self.encoded, cfg.max_length, cfg.data)
+        self.tokenizer = models.load_tokenizer(cfg.model.name)
+        self.encoded = data.encode_all(self.tokenizer, self.records, cfg.data.max_length)
+        self.no_answer = data.check_loss_tokens(self.encoded, cfg.data.max_length, cfg.data.path)
 
     def _plan_steps(self) -> None:
         """The global batch, the steps per epoch and in all, where this run ends, its fingerprint."""
         cfg, world = self.cfg, self.world
-        self.global_batch = cfg.batch_size * world.size * cfg.grad_accum
+        self.global_batch = cfg.optim.batch_size * world.size * cfg.optim.grad_accum
         self.steps_per_epoch = len(self.encoded) // self.global_batch
         if self.steps_per_epoch == 0:
             raise ValueError(
-                f"{cfg.data} has {len(self.encoded)} examples, fewer than one global batch "
-                f"(--batch-size {cfg.batch_size} × {world.size} processes × --grad-accum "
-                f"{cfg.grad_accum} = {self.global_batch})"
+                f"{cfg.data.path} has {len(self.encoded)} examples, fewer than one global batch "
+                f"(--batch-size {cfg.optim.batch_size} × {world.size} processes × --grad-accum "
+                f"{cfg.optim.grad_accum} = {self.global_batch})"
             )
         self.total_steps = (
-            cfg.max_steps if cfg.max_steps is not None else max(1, math.floor(cfg.epochs * self.steps_per_epoch))
+            cfg.optim.max_steps
+            if cfg.optim.max_steps is not None
+            else max(1, math.floor(cfg.optim.epochs * self.steps_per_epoch))
         )
-        if cfg.stop_after is not None and cfg.stop_after > self.total_steps:
+        if cfg.run.stop_after is not None and cfg.run.stop_after > self.total_steps:
             raise ValueError(
                 f"--stop-after must be between 1 and the run's last step {self.total_steps} ("
-                f"{'--max-steps' if cfg.max_steps is not None else '--epochs'}), got {cfg.stop_after}"
+                f"{'--max-steps' if cfg.optim.max_steps is not None else '--epochs'}), got {cfg.run.stop_after}"
             )
-        self.end = self.total_steps if cfg.stop_after is None else cfg.stop_after
+        self.end = self.total_steps if cfg.run.stop_after is None else cfg.run.stop_after
         self.fingerprint = fingerprint(cfg, world, self.total_steps, self.records.format)
 
     repair = None  # why the final model of a finished run is rewritten from its last checkpoint
@@ -193,7 +197,7 @@ class Trainer:
         if self.manifest["step"] < self.end:
             return False
         if self.manifest["step"] == self.total_steps == self.end:  # finished: are the final files whole?
-            self.repair = state.check_final(cfg.output_dir, self.total_steps)
+            self.repair = state.check_final(cfg.run.output_dir, self.total_steps)
             if self.repair is not None:
                 return False  # resumed at the last step: no step to train, then save_final writes them again
         self.step = self.manifest["step"]
@@ -202,7 +206,7 @@ class Trainer:
             if self.step == self.total_steps
             else f"at step {self.step}, past this run's last step {self.end}"
             if self.step > self.end
-            else f"at step {self.step}, where --stop-after {cfg.stop_after} ends this run"
+            else f"at step {self.step}, where --stop-after {cfg.run.stop_after} ends this run"
         )
         self.nothing_to_do = f"{self.resume_dir}: {where}; nothing trained or written"
         return True
@@ -210,10 +214,10 @@ class Trainer:
     def _seed(self) -> None:
         """Python's, NumPy's and torch's RNGs from --seed; this rank's routing generator."""
         cfg, world = self.cfg, self.world
-        random.seed(cfg.seed)
-        np.random.seed(cfg.seed)
-        torch.manual_seed(cfg.seed)
-        self.generator = torch.Generator(world.device).manual_seed(cfg.seed * 1_000_003 + 7919 * (world.rank + 1))
+        random.seed(cfg.run.seed)
+        np.random.seed(cfg.run.seed)
+        torch.manual_seed(cfg.run.seed)
+        self.generator = torch.Generator(world.device).manual_seed(cfg.run.seed * 1_000_003 + 7919 * (world.rank + 1))
 
     def _build_model(self):
         """The model, new or from the resume checkpoint, patched with the run's routing, on its device
@@ -225,28 +229,28 @@ class Trainer:
         def patch(net):
             patch_model(net, options=cfg.routing, generator=self.generator)
 
-        dtype = getattr(torch, cfg.param_dtype)
-        if cfg.fsdp:
+        dtype = getattr(torch, cfg.model.param_dtype)
+        if cfg.run.fsdp:
             return fsdp.build(
-                cfg.model,
-                seed=cfg.seed,
+                cfg.model.name,
+                seed=cfg.run.seed,
                 dtype=dtype,
-                layers=cfg.layers,
+                layers=cfg.model.layers,
                 world=world,
                 patch=patch,
-                checkpointing=cfg.gradient_checkpointing,
-                bf16=cfg.bf16,
+                checkpointing=cfg.model.gradient_checkpointing,
+                bf16=cfg.run.bf16,
                 fresh=self.resume_dir is None,
             )
         net = (
-            models.load_model(cfg.model, cfg.seed, dtype, cfg.layers)
+            models.load_model(cfg.model.name, cfg.run.seed, dtype, cfg.model.layers)
             if self.resume_dir is None
             else self._weights_from(self.resume_dir, dtype)
         )
         patch(net)
         if self.resume_dir is not None:  # the routing state (ReMoE's λ, DefaultMoE's defaults, the bias)
             runtime_state.load(net, self.resume_dir)
-        if cfg.gradient_checkpointing:
+        if cfg.model.gradient_checkpointing:
             net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return net.to(world.device)
 
@@ -255,9 +259,9 @@ class Trainer:
         checkpoint; ``step`` and ``start_step`` where training starts."""
         cfg = self.cfg
         params = [p for p in self.net.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_factor(cfg.lr_schedule, cfg.warmup_steps, self.total_steps)
+            self.optimizer, lr_factor(cfg.optim.lr_schedule, cfg.optim.warmup_steps, self.total_steps)
         )
         self.step = 0
         if self.resume_dir is not None:
@@ -268,19 +272,19 @@ class Trainer:
                 optimizer=self.optimizer,
                 scheduler=self.scheduler,
                 generator=self.generator,
-                sharded_model=self.net if cfg.fsdp else None,
+                sharded_model=self.net if cfg.run.fsdp else None,
             )
         self.start_step = self.step
 
     def _resume_dir(self) -> str | None:
         """The checkpoint --resume names; for 'latest', the newest in --output-dir that passes its
         checks (its manifest in ``manifest``, the damaged newer ones in ``damaged``)."""
-        resume = self.cfg.resume
+        resume = self.cfg.run.resume
         self.manifest, self.damaged = None, []
         if resume is None:
             return None
         if resume == "latest":
-            directory, self.manifest, self.damaged = state.newest_valid(self.cfg.output_dir, self.world.rank)
+            directory, self.manifest, self.damaged = state.newest_valid(self.cfg.run.output_dir, self.world.rank)
             return directory
         if not os.path.isdir(resume):
             raise ValueError(f"--resume {resume!r}: not a checkpoint directory (or 'latest')")
@@ -301,7 +305,7 @@ class Trainer:
     def _check_output_dir(self) -> None:
         """Nothing is overwritten: a new run needs an empty or new folder; a resume, an empty folder or
         the folder whose newest checkpoint (damaged ones aside) it resumes from."""
-        out = self.cfg.output_dir
+        out = self.cfg.run.output_dir
         if os.path.exists(out) and not os.path.isdir(out):
             raise ValueError(f"--output-dir {out!r} exists and is not a directory")
         if not os.path.isdir(out) or not os.listdir(out):
@@ -315,7 +319,7 @@ class Trainer:
         latest = next((c for c in state.checkpoints(out) if c not in damaged), None)
         if latest is None or os.path.realpath(latest) != os.path.realpath(self.resume_dir):
             raise ValueError(
-                f"--output-dir {out!r} is not empty and --resume {self.cfg.resume!r} is not its newest "
+                f"--output-dir {out!r} is not empty and --resume {self.cfg.run.resume!r} is not its newest "
                 f"checkpoint ({latest}); resume into an empty folder, or from the newest checkpoint"
             )
 
@@ -328,13 +332,13 @@ class Trainer:
         """This rank's micro-batches of optimizer step ``step``: a list of collated dicts."""
         cfg, world = self.cfg, self.world
         epoch, index = divmod(step, self.steps_per_epoch)
-        order = data.epoch_order(len(self.encoded), cfg.seed, epoch)
+        order = data.epoch_order(len(self.encoded), cfg.run.seed, epoch)
         chosen = order[index * self.global_batch : (index + 1) * self.global_batch]
-        per_micro = cfg.batch_size * world.size
+        per_micro = cfg.optim.batch_size * world.size
         batches = []
-        for a in range(cfg.grad_accum):
+        for a in range(cfg.optim.grad_accum):
             rows = chosen[a * per_micro : (a + 1) * per_micro][
-                world.rank * cfg.batch_size : (world.rank + 1) * cfg.batch_size
+                world.rank * cfg.optim.batch_size : (world.rank + 1) * cfg.optim.batch_size
             ]
             batches.append(data.collate([self.encoded[i] for i in rows], self.tokenizer.pad_token_id))
         return epoch, batches
@@ -350,10 +354,12 @@ class Trainer:
         want_router = bool(self.plan.options.aux_loss or self.plan.options.z_loss)
         ce_sum, aux_sum = torch.zeros((), device=dev), torch.zeros((), device=dev)
         # under FSDP, --bf16 is its MixedPrecisionPolicy (bf16 compute, fp32 reduction), not autocast
-        autocast = torch.autocast(dev.type, dtype=torch.bfloat16) if cfg.bf16 and not cfg.fsdp else nullcontext()
+        autocast = (
+            torch.autocast(dev.type, dtype=torch.bfloat16) if cfg.run.bf16 and not cfg.run.fsdp else nullcontext()
+        )
         for i, batch in enumerate(batches):
             batch = {key: value.to(dev) for key, value in batch.items()}
-            sync = nullcontext() if (world.size == 1 or cfg.fsdp or i == len(batches) - 1) else self.model.no_sync()
+            sync = nullcontext() if (world.size == 1 or cfg.run.fsdp or i == len(batches) - 1) else self.model.no_sync()
             with sync:
                 with autocast, remoe_penalties(self.net) as penalties:  # ReMoE's L1 terms, for the loss
                     out = self.model(
@@ -374,7 +380,11 @@ class Trainer:
                 loss.backward()
             ce_sum += ce.detach()
             aux_sum += aux.detach() / len(batches)
-        norm = torch.nn.utils.clip_grad_norm_(self.net.parameters(), cfg.max_grad_norm) if cfg.max_grad_norm else None
+        norm = (
+            torch.nn.utils.clip_grad_norm_(self.net.parameters(), cfg.optim.max_grad_norm)
+            if cfg.optim.max_grad_norm
+            else None
+        )
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
@@ -444,7 +454,7 @@ class Trainer:
             optimizer=self.optimizer,
             scheduler=self.scheduler,
             generator=self.generator,
-            sharded=self.cfg.fsdp,
+            sharded=self.cfg.run.fsdp,
         )
 
     def _loop(self, bar) -> dict:
@@ -466,12 +476,12 @@ class Trainer:
                 "tokens_per_s": stats["tokens"] / elapsed,
                 "step_s": elapsed,
             }
-            if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+            if self.step % cfg.run.log_every == 0 or self.step == self.total_steps:
                 self._log(record)
             bar.set_postfix(loss=f"{stats['loss']:.4f}", lr=f"{stats['lr']:.2e}")
             bar.update(1)
-            if cfg.save_every and self.step % cfg.save_every == 0 and self.step < self.end:
-                self.save(state.checkpoint_dir(cfg.output_dir, self.step))
+            if cfg.run.save_every and self.step % cfg.run.save_every == 0 and self.step < self.end:
+                self.save(state.checkpoint_dir(cfg.run.output_dir, self.step))
             signum = distributed.any_signal(interrupts.requested())
             if signum is not None:
                 raise interrupts.Interrupted(signum, step=self.step, at_boundary=True)
@@ -487,7 +497,7 @@ class Trainer:
         if self.nothing_to_do is not None:
             return {}
         if world.main:
-            os.makedirs(cfg.output_dir, exist_ok=True)
+            os.makedirs(cfg.run.output_dir, exist_ok=True)
             event = "repair" if self.repair else "resume" if self.resume_dir else "start"
             superseded = {} if self.resume_dir is None else {"superseded_steps": self._trim_log()}
             self._log(
@@ -508,11 +518,11 @@ class Trainer:
             initial=self.step,
             desc=f"train {cfg.routing.method}",
             unit="step",
-            disable=not (world.main and cfg.progress),
+            disable=not (world.main and cfg.run.progress),
             dynamic_ncols=True,
         )
         try:
-            with interrupts.deferred(), determinism.kernels(cfg.deterministic, world.device):
+            with interrupts.deferred(), determinism.kernels(cfg.run.deterministic, world.device):
                 record = self._loop(bar)  # a signal from here on waits for the next step boundary, or the end
                 bar.close()
                 self._save_end()
@@ -528,14 +538,14 @@ class Trainer:
         final model and tokenizer in the output folder."""
         cfg, world = self.cfg, self.world
         if self.step > self.start_step or self.resume_dir is None:
-            self.save(state.checkpoint_dir(cfg.output_dir, self.step))
+            self.save(state.checkpoint_dir(cfg.run.output_dir, self.step))
         if self.step == self.total_steps:
-            state.save_final(cfg.output_dir, world, self._write_final, step=self.step)
+            state.save_final(cfg.run.output_dir, world, self._write_final, step=self.step)
         distributed.barrier()
 
     def _write_final(self, directory: str) -> None:
         """The final model (gathered from the shards under --fsdp) and the tokenizer into ``directory``."""
-        if self.cfg.fsdp:
+        if self.cfg.run.fsdp:
             fsdp.save_final(directory, self.net, self.world)
         elif self.world.main:
             self.net.save_pretrained(directory)

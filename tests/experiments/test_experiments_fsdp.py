@@ -23,7 +23,7 @@ from probmoe.experiments.trainer import Trainer
 original_run = Trainer.run
 def run(self):
     record = original_run(self)
-    if self.cfg.fsdp:
+    if self.cfg.run.fsdp:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
         full = get_model_state_dict(self.net, options=StateDictOptions(full_state_dict=True))
         local = sum(p.to_local().numel() for p in self.net.parameters())

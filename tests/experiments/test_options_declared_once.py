@@ -56,7 +56,7 @@ def test_a_new_field_is_a_flag_a_config_key_and_a_fingerprint_field(tmp_path, ca
     assert set(keys) == set(config_parser.resume_keys(TrainConfig)) | {"temperature"}
     data = tmp_path / "d.jsonl"
     data.write_text('{"question": "1+1?", "answer": "2"}\n')
-    cfg.data = str(data)
+    cfg.data.path = str(data)
     world = type("World", (), {"size": 1, "device": __import__("torch").device("cpu")})()
     fingerprint = trainer.fingerprint(cfg, world, 10, "question-answer")
     assert fingerprint["temperature"] == 0.5

@@ -4,7 +4,6 @@ unknown keys and bad values get one line naming the closest key or the allowed r
 resolved config written into the run folder reads back into the same config and is checked on
 resume."""
 
-import dataclasses
 import json
 
 import pytest
@@ -36,15 +35,23 @@ def test_every_field_is_a_flag_with_help_and_the_defaults_are_the_fields(command
     actions = {a.dest: a for a in command.parser()._actions if a.dest not in ("help", "config")}
     assert set(actions) == {leaf.name for leaf in config_parser.leaves(config_cls)}
     assert all(a.help for a in actions.values())
-    required = [f for f in dataclasses.fields(config_cls) if f.metadata.get("required")]
-    argv = [arg for f in required for arg in (f"--{f.name.replace('_', '-')}", "x")]
-    expected = config_cls(**{f.name: ["x"] if f.metadata.get("append") else "x" for f in required})
+    required = [leaf for leaf in config_parser.leaves(config_cls) if leaf.field.metadata.get("required")]
+    argv = [arg for leaf in required for arg in (f"--{leaf.name.replace('_', '-')}", "x")]
+    given = {leaf.name: ["x"] if leaf.field.metadata.get("append") else "x" for leaf in required}
+    expected = config_parser.build(config_cls, given)
     assert parse(command, config_cls, argv) == expected
 
 
 def test_flags_keep_their_names_defaults_and_messages(capsys):
     cfg = parse(train, TrainConfig, ["--model", "tiny-olmoe", "--max-steps", "5", "--no-progress", "--balance", "none"])
-    assert (cfg.max_steps, cfg.epochs, cfg.progress, cfg.routing.balance, cfg.lr, cfg.batch_size) == (
+    assert (
+        cfg.optim.max_steps,
+        cfg.optim.epochs,
+        cfg.run.progress,
+        cfg.routing.balance,
+        cfg.optim.lr,
+        cfg.optim.batch_size,
+    ) == (
         5,
         None,
         False,
@@ -52,7 +59,7 @@ def test_flags_keep_their_names_defaults_and_messages(capsys):
         1e-3,
         8,
     )
-    assert parse(train, TrainConfig, ["--model", "m"]).epochs == 1.0  # neither: one epoch
+    assert parse(train, TrainConfig, ["--model", "m"]).optim.epochs == 1.0  # neither: one epoch
     assert parse(train, TrainConfig, ["--model", "m", "--balance", "aux-free"]).routing.balance == "aux-free"
     assert "argument --max-steps: must be an integer >= 1 (finite), got 0" in error(
         capsys, train, TrainConfig, ["--model", "m", "--max-steps", "0"]
@@ -79,7 +86,15 @@ def test_config_file_sets_options_and_flags_override_it(tmp_path, suffix):
             'lr_schedule = "cosine"\nbalance = "aux-free"\n'
         )
     cfg = parse(train, TrainConfig, ["--config", str(path)])
-    assert (cfg.model, cfg.max_steps, cfg.lr, cfg.progress, cfg.bf16, cfg.lr_schedule, cfg.routing.balance) == (
+    assert (
+        cfg.model.name,
+        cfg.optim.max_steps,
+        cfg.optim.lr,
+        cfg.run.progress,
+        cfg.run.bf16,
+        cfg.optim.lr_schedule,
+        cfg.routing.balance,
+    ) == (
         "tiny-qwen2-moe",
         7,
         3e-4,
@@ -89,7 +104,7 @@ def test_config_file_sets_options_and_flags_override_it(tmp_path, suffix):
         "aux-free",
     )
     cfg = parse(train, TrainConfig, ["--config", str(path), "--lr", "1e-2", "--epochs", "2", "--balance", "none"])
-    assert (cfg.lr, cfg.max_steps, cfg.epochs, cfg.routing.balance, cfg.model) == (
+    assert (cfg.optim.lr, cfg.optim.max_steps, cfg.optim.epochs, cfg.routing.balance, cfg.model.name) == (
         1e-2,
         None,
         2.0,
@@ -179,7 +194,7 @@ def test_run_folder_config_resumes_and_a_changed_option_is_named(tmp_path, capsy
     assert e.value.code == 2 and "lr: checkpoint 0.001, now 0.002" in err and "Traceback" not in err
     assert train.main(["--config", str(saved), "--resume", "latest", "--stop-after", "2"]) == 0
     assert "resumed from" in capsys.readouterr().err and (out / "model.safetensors").is_file()
-    assert parse(train, TrainConfig, ["--config", str(saved)]).resume == "latest"  # the last command's options
+    assert parse(train, TrainConfig, ["--config", str(saved)]).run.resume == "latest"  # the last command's options
 
 
 def test_model_help_lists_every_built_in_model():
