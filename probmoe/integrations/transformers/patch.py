@@ -40,9 +40,10 @@ def patch_model(
     """Patch every MoE block of a transformers 5.x ``olmoe``, ``qwen2_moe``, ``qwen3_moe``,
     ``mixtral`` or ``deepseek_v3`` model in place to route by ``method``; returns the model.
 
-    The routing is ``options`` (a ``probmoe.integrations.RoutingOptions``), or ``method`` and the
-    options' fields as keywords (``patch_model(model, "probmoe-dynamic", kmin=1, kmax=4)``); each
-    field's docstring is its help (``RoutingOptions``), in short:
+    The routing is ``options`` (a ``RoutingOptions``, ``probmoe.integrations.routing_options``), or
+    ``method`` and the options' fields as keywords (``patch_model(model, "probmoe-dynamic", kmin=1,
+    kmax=4)``): the keywords are the fields, whose defaults, checks and help are declared there. In
+    short:
 
     method: "conventional", "frozen", "densemixer", "probmoe", "probmoe-dynamic",
         "sample-dense-ste", "topk-marginal", "defaultmoe", "sparsemixer" or "remoe" (see
