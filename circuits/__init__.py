@@ -4,8 +4,8 @@
         directly for the cardinality and group specs; d4 d-DNNF for CNF; pysdd SDD on request)
         -> layout (levels)
         -> cache (disk) -> Circuit (log_partition, marginals, sample, map)
-        -> passes (torch, fused C, Triton; ``circuits.passes.select`` picks per device and dtype)
         reached through registered torch operators (``circuits.ops``: torch.compile traces them)
+        -> kernels (torch, fused C, Triton passes; ``circuits.kernels.select`` picks per device and dtype)
 
     ExactlyK / RangeK -> CardinalityDP (the same queries by the cardinality DP, nothing compiled;
         its torch or fused C sweeps picked by the same ``select``)
@@ -13,8 +13,11 @@
 ``engine(constraint, device, algorithm)`` gives either evaluator ("circuit" or "dp",
 ``ALGORITHMS``). Public modules shared with other packages: ``circuits.checks`` (the checks on
 logits and generators, and their messages), ``circuits.ops`` (the registered operators, among them
-the row operations ``topk``, ``topk_chosen``, ``kth_largest``), ``circuits.native`` (the C build
-machinery, counter-based uniforms) and ``ScratchPool`` (reused scratch buffers for batched passes).
+the row operations ``topk``, ``topk_chosen``, ``kth_largest``), ``circuits.passes`` (the selection,
+``circuits.kernels.select``: ``select``, ``describe`` and the implementations it picks from),
+``circuits.native`` (the C build machinery, ``circuits.kernels.build``),
+``circuits.kernels.straight_through`` (Eq. 7's weights and their gradient, in torch) and
+``ScratchPool`` (reused scratch buffers for batched passes).
 
 The names load on first use (PEP 562), so that compiling (``circuits.compile.compile_entry``,
 ``probmoe-compile``) runs without importing torch. The operators are registered when
@@ -24,11 +27,13 @@ The names load on first use (PEP 562), so that compiling (``circuits.compile.com
 
 import importlib
 
+_MODULES = {  # public module name -> the module
+    "checks": "checks",
+    "ops": "ops",
+    "native": "kernels.build",
+    "passes": "kernels.select",
+}
 _HOMES = {  # public name -> the module that defines it
-    "checks": None,
-    "ops": None,
-    "native": None,
-    "passes": None,
     "CacheWarning": "cache",
     "default_cache_dir": "cache_dir",
     "Circuit": "circuit",
@@ -41,10 +46,10 @@ _HOMES = {  # public name -> the module that defines it
     "ALGORITHMS": "algorithm",
     "check_algorithm": "algorithm",
     "engine": "algorithm",
-    "native_kernels": "passes",
+    "native_kernels": "algorithm",
     "Layout": "layout",
     "build_layout": "layout",
-    "ScratchPool": "passes.scratch",
+    "ScratchPool": "kernels.scratch",
     **{
         name: "spec"
         for name in (
@@ -66,17 +71,18 @@ _HOMES = {  # public name -> the module that defines it
 
 def __getattr__(name: str):
     """Load a public name's module on first use (PEP 562) and keep the name here."""
-    if name not in _HOMES:
+    if name in _MODULES:
+        value = importlib.import_module(f".{_MODULES[name]}", __name__)
+    elif name in _HOMES:
+        value = getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+    else:
         raise AttributeError(f"module 'circuits' has no attribute {name!r}")
-    home = _HOMES[name]
-    module = importlib.import_module(f".{home or name}", __name__)
-    value = module if home is None else getattr(module, name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOMES))
+    return sorted(set(globals()) | set(_MODULES) | set(_HOMES))
 
 
 __all__ = [

@@ -4,16 +4,21 @@
     "circuit"  the compiled circuit (``compile_circuit``: any spec, from the disk cache)
     "dp"       the cardinality DP (``CardinalityDP``: ExactlyK and RangeK only, nothing compiled)
 
-Each then runs the implementation ``circuits.passes.select`` picks for the logits' device and
+Each then runs the implementation ``circuits.kernels.select`` picks for the logits' device and
 dtype (torch, fused C, Triton). ``ALGORITHMS`` is the one list of the algorithms' names.
 """
 
 from __future__ import annotations
 
+import torch
+
 from .circuit import Circuit
 from .compile import compile_circuit
 from .dp import SPECS as DP_SPECS
 from .dp import CardinalityDP
+from .kernels import c_dp
+from .kernels.c_passes import CPasses
+from .kernels.select import select
 from .spec import Spec
 
 ALGORITHMS = ("circuit", "dp")
@@ -45,3 +50,19 @@ def engine(
 def _name(constraint) -> str:
     describe = getattr(constraint, "describe", None)
     return describe() if describe is not None else type(constraint).__name__
+
+
+def native_kernels(evaluator, dtype: torch.dtype, device="cpu") -> bool:
+    """Whether ``select`` gives ``evaluator`` fused C kernels for logits of ``dtype`` on ``device``: the
+    C DP's sweeps for a ``circuits.CardinalityDP``, the C passes for a ``circuits.Circuit`` (on its own
+    device). There the operators (``circuits::chosen_scores`` among them) take their one-pass C paths."""
+    lattice = getattr(evaluator, "lattice", None)  # the DP's
+    if lattice is not None:
+        return isinstance(select(lattice(device), dtype), c_dp.CDP)
+    return isinstance(evaluator.passes(dtype), CPasses)
+
+
+# Under torch.compile the answer is a constant of the graph (the mark of
+# torch.compiler.assume_constant_result, set without importing torch._dynamo, as
+# probmoe.constraints does): dynamo calls it while tracing instead of tracing through ``select``.
+native_kernels._dynamo_marked_constant = True

@@ -1,7 +1,7 @@
 """``Circuit``: a compiled constraint evaluated batched over tokens, on CPU or CUDA.
 
 All methods take logits [..., n] (log-odds of independent Bernoulli variables), check them once,
-flatten the leading dimensions into T tokens, run the passes that ``circuits.passes.select``
+flatten the leading dimensions into T tokens, run the passes that ``circuits.kernels.select``
 picked for this circuit and the logits' dtype (picked once, then kept), and restore the leading
 dimensions. fp16/bf16 logits are computed in fp32 and returned in their own dtype. Logits of -inf
 mean "never true". Gradients follow the contract of ``circuits.autograd``.
@@ -14,9 +14,11 @@ import threading
 import torch
 from torch import Tensor
 
-from . import checks, ops, passes
+from . import checks, ops
+from .kernels import select
+from .kernels.interface import Passes
+from .kernels.program import Program
 from .layout import FALSE_SLOT, TRUE_SLOT, Layout
-from .passes import Passes, Program
 from .spec import ExactlyK, RangeK, Spec
 
 
@@ -101,11 +103,11 @@ class Circuit:
         return G
 
     def passes(self, dtype: torch.dtype) -> Passes:
-        """The passes that calls with ``dtype`` logits take (``circuits.passes.select``, picked once)."""
+        """The passes that calls with ``dtype`` logits take (``circuits.kernels.select``, picked once)."""
         chosen = self._passes.get(dtype)
         if chosen is None:
             with self._lock:
-                chosen = self._passes.get(dtype) or passes.select(self.program, dtype)
+                chosen = self._passes.get(dtype) or select.select(self.program, dtype)
                 self._passes[dtype] = chosen
         return chosen
 

@@ -27,22 +27,22 @@ differentiable ones have their autograd registered here.
                                                    weight 0: a row never repeats a variable)
                                                    by score π = softmax(r) or
                                                    sigmoid(r), weights π there with the straight-
-                                                   through gradient (``circuits.straight_through``)
+                                                   through gradient (``circuits.kernels.straight_through``)
                                                    d/dr: ``chosen_scores_backward``
     chosen_scores_backward(r, indices, mask, g, kmin, kmax, circuit, kind, paper) -> [T, n]
-    kth_largest(x, k)                           -> [T]            (``circuits.native.select``)
+    kth_largest(x, k)                           -> [T]            (``circuits.kernels.rows``)
     topk(x, k)                                  -> ([T, k], [T, k] long)
     topk_chosen(z, x, k)                        -> ([T, k], [T, k] long): topk of (z - 1) + x z
     draw_seed(r)                                -> 0-dim int64, from torch's default generator
 
 r: logits [T, n], float32 or float64, contiguous, checked by the caller (``Circuit``). shift:
 None, or [T, 1] subtracted from r before the pass (the exactly-k shift; the circuit's answers do
-not change, only their rounding). seed: a 0-dim int64 tensor (``circuits.native.uniforms``).
+not change, only their rounding). seed: a 0-dim int64 tensor (``circuits.kernels.uniforms``).
 circuit: the handle of a ``Circuit`` (``register``), which picks the implementation for the
-logits' dtype and device (``circuits.passes.select``): the operators carry no Python object, so
+logits' dtype and device (``circuits.kernels.select``): the operators carry no Python object, so
 a handle is valid in the process that registered it. The ``dp_`` operators are the cardinality
 DP's (``circuits.CardinalityDP``, kmin <= |z| <= kmax, checked by the caller): their kernels come
-from the same ``select``, for a ``circuits.dp.Lattice`` instead of a circuit's program.
+from the same ``select``, for a ``circuits.kernels.lattice.Lattice`` instead of a circuit's program.
 """
 
 from __future__ import annotations
@@ -54,15 +54,12 @@ import weakref
 import torch
 from torch import Tensor
 
-from . import straight_through
-from .dp import c_dp
-from .dp.cardinality import Lattice
-from .native import select, uniforms
-from .passes import (
-    CPasses,
-    draw_uniforms,  # before the DP: see circuits/passes/__init__.py
-)
-from .passes import select as select_passes
+from .kernels import c_dp, straight_through, uniforms
+from .kernels import rows as select
+from .kernels.c_passes import CPasses
+from .kernels.lattice import Lattice
+from .kernels.program import draw_uniforms
+from .kernels.select import select as select_passes
 
 _CIRCUITS: weakref.WeakValueDictionary[int, object] = weakref.WeakValueDictionary()
 _HANDLES = itertools.count(1)
@@ -301,7 +298,7 @@ def chosen_scores(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """One draw z ~ P(z | C, r) and, for the drawn variables by score descending (ties to the lower
     index), their scores π = softmax(r) or sigmoid(r) (``kind``), with the straight-through gradient
-    (``circuits.straight_through``): (weights [T, slots], indices [T, slots] long, mask [T, slots]
+    (``circuits.kernels.straight_through``): (weights [T, slots], indices [T, slots] long, mask [T, slots]
     bool, π [T, n]). C: kmin <= |z| <= kmax by the DP (``circuit`` 0) or the circuit of handle
     ``circuit``; ``paper``: the marginals' Jacobian Cov(z) diag(1 - sigmoid(r)) in the backward.
     The fused C kernels draw and select in one pass; otherwise the draw is ``dp_marginals``' /
@@ -390,7 +387,7 @@ def _(r, indices, mask, g, kmin, kmax, circuit, kind, paper):
 # --- row operations ------------------------------------------------------------------------------------
 @torch.library.custom_op("circuits::kth_largest", mutates_args=())
 def kth_largest(x: Tensor, k: int) -> Tensor:
-    """Each row's k-th largest entry: x [T, n], 1 <= k <= n -> [T] (``circuits.native.select``)."""
+    """Each row's k-th largest entry: x [T, n], 1 <= k <= n -> [T] (``circuits.kernels.rows``)."""
     return select.kth_largest(x, k)
 
 
@@ -402,7 +399,7 @@ def _(x, k):
 @torch.library.custom_op("circuits::topk", mutates_args=())
 def topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """The k largest entries of each row, descending, ties to the lower index: x [T, n] ->
-    (values [T, k], indices [T, k] long) (``circuits.native.select``)."""
+    (values [T, k], indices [T, k] long) (``circuits.kernels.rows``)."""
     values, indices = select.topk(x, k)
     return values.contiguous(), indices.contiguous()  # the reference slices a sort
 
@@ -415,7 +412,7 @@ def _(x, k):
 @torch.library.custom_op("circuits::topk_chosen", mutates_args=())
 def topk_chosen(z: Tensor, x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """``topk`` of the keys (z - 1) + x z for a 0/1 choice z and x >= 0, z, x [T, n]: the chosen entries
-    by x descending, then the others (value -1) by index (``circuits.native.select``)."""
+    by x descending, then the others (value -1) by index (``circuits.kernels.rows``)."""
     values, indices = select.topk_chosen(z, x, k)
     return values.contiguous(), indices.contiguous()
 

@@ -107,10 +107,10 @@ def _turn_off(monkeypatch, native) -> None:
 # pytest_configure points the cache at a private folder.
 @pytest.fixture
 def c_passes_built():
-    """Skip unless the circuits' C passes (circuits.passes.c_library) and the C row operations
-    (circuits.native.rows) load."""
-    from circuits.native import rows
-    from circuits.passes import c_library
+    """Skip unless the circuits' C passes (circuits.kernels.c_library) and the C row operations
+    (circuits.kernels.rows_lib) load."""
+    from circuits.kernels import c_library
+    from circuits.kernels import rows_lib as rows
 
     _skip_unless_built(c_library.NATIVE)
     _skip_unless_built(rows.ROWS)
@@ -118,8 +118,8 @@ def c_passes_built():
 
 @pytest.fixture
 def c_dp_built():
-    """Skip unless the C cardinality DP (circuits.dp.c_dp) loads."""
-    from circuits.dp import c_dp
+    """Skip unless the C cardinality DP (circuits.kernels.c_dp) loads."""
+    from circuits.kernels import c_dp
 
     _skip_unless_built(c_dp.NATIVE)
 
@@ -127,8 +127,8 @@ def c_dp_built():
 @pytest.fixture
 def c_passes_off(monkeypatch):
     """The circuit passes and the row operations without their C code, for one test."""
-    from circuits.native import rows
-    from circuits.passes import c_library
+    from circuits.kernels import c_library
+    from circuits.kernels import rows_lib as rows
 
     _turn_off(monkeypatch, c_library.NATIVE)
     _turn_off(monkeypatch, rows.ROWS)
@@ -136,6 +136,6 @@ def c_passes_off(monkeypatch):
 
 @pytest.fixture
 def c_dp_off(monkeypatch):
-    from circuits.dp import c_dp
+    from circuits.kernels import c_dp
 
     _turn_off(monkeypatch, c_dp.NATIVE)

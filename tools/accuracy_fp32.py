@@ -179,7 +179,7 @@ def circuit_runner(circuit, impl: str):
     call them (``circuits.ops``): log Z accumulated in float64 without the shift, the marginals with
     the circuit's shift (and, for circuits that are not cardinality constraints, the rows of the
     pass on logarithms from float64: ``Program.float64_rows``)."""
-    import circuits.passes
+    import circuits
 
     passes = circuits.passes.select(circuit.program, torch.float32, prefer=impl)
 
@@ -195,12 +195,10 @@ def dp_runner(kmin: int, kmax: int, impl: str = "dp"):
     """fp32 (log Z, marginals) of the DP: ``dp`` through the public distribution, ``dp-torch`` the
     torch sweeps as ``circuits.passes.select`` gives them."""
     if impl == "dp-torch":
-        import circuits.dp
-        import circuits.passes
+        import circuits
+        from circuits.kernels.lattice import Lattice
 
-        sweeps = circuits.passes.select(
-            circuits.dp.Lattice(0, kmin, kmax, torch.device("cpu")), torch.float32, prefer="torch"
-        )
+        sweeps = circuits.passes.select(Lattice(0, kmin, kmax, torch.device("cpu")), torch.float32, prefer="torch")
 
         def run_torch(r: Tensor) -> tuple[Tensor, Tensor]:
             log_z = torch.logsumexp(sweeps.log_counts(r, True), dim=-1)

@@ -124,7 +124,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    import circuits.passes
+    import circuits
 
     sizes = [int(x) for x in args.sizes.split(",")]
     print(

@@ -37,9 +37,9 @@ from bench_router import parse_size, softmax_topk
 from timing import table
 
 import probmoe
-from circuits.dp import c_dp
-from circuits.native import build, rows
-from circuits.passes import CPasses, c_library
+from circuits.kernels import build, c_dp, c_library
+from circuits.kernels import rows_lib as rows
+from circuits.kernels.c_passes import CPasses
 from probmoe import constraints
 
 LIBS = (c_library.NATIVE, rows.ROWS, c_dp.NATIVE)

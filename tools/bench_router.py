@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import interleaved, table
 
-import circuits.passes
+import circuits
 import probmoe
 from probmoe import constraints
 
@@ -215,7 +215,7 @@ def main() -> None:
     if bad := [p for p in wanted if p not in ("auto", "torch", "c", "triton")]:
         ap.error(f"--passes: {', '.join(bad)} not one of auto, torch, c, triton")
     torch.set_num_threads(args.threads)
-    from circuits.dp import c_dp
+    from circuits.kernels import c_dp
 
     dp_where = f"the fused C DP ({c_dp.describe()})" if c_dp.library() else f"the torch DP ({c_dp.describe()})"
     print(

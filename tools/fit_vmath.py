@@ -1,4 +1,4 @@
-"""Reproduce the polynomial coefficients of circuits/passes/c/vmath.c (EXP_Q, LOG_G).
+"""Reproduce the polynomial coefficients of circuits/kernels/c/vmath.c (EXP_Q, LOG_G).
 
 Each is a weighted minimax fit by Lawson's algorithm (least squares, reweighted until the error is
 level) in float64 at 20,001 Chebyshev points, of the relative error of the result:

@@ -4,33 +4,21 @@ program over the variables, with the queries of ``circuits.Circuit`` and no comp
 The same queries, shapes and gradients as a compiled circuit of the same spec (log Z, the
 marginals with their Cov(z) v backward, exact draws, the MAP), reached through registered
 operators (``circuits::dp_marginals``, ``circuits::dp_cov_vec``, ``circuits::dp_log_counts``) whose kernels
-``circuits.passes.select`` picks for the logits' device and dtype (the fused C sweeps for float32
+``circuits.kernels.select`` picks for the logits' device and dtype (the fused C sweeps for float32
 on the CPU, the torch sweeps elsewhere). Beyond the circuit's queries it gives the log-count of
 every size, ``log_counts`` (one sweep where a circuit needs one compiled circuit per size).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
 from .. import checks, ops
+from ..kernels.lattice import Lattice
 from ..spec import CARDINALITY_SPECS as SPECS  # the constraints the DP evaluates
 from ..spec import ExactlyK, RangeK
 from .map_rule import map_mask
-
-
-@dataclass(frozen=True)
-class Lattice:
-    """What the DP sweeps over: kmin..kmax true of n variables, for logits on ``device``
-    (``circuits.passes.select`` picks the implementation of the sweeps from it and the dtype)."""
-
-    n: int
-    kmin: int
-    kmax: int
-    device: torch.device
 
 
 class CardinalityDP:

@@ -9,7 +9,7 @@ terms for the group specs (``circuits.spec.group_model_count``); file specs have
 
 from __future__ import annotations
 
-from ..native import build
+from ..kernels import build
 from ..registry import spec_to_dict
 from .text import level_table
 

@@ -1,4 +1,4 @@
-"""The Triton passes (circuits/passes/triton_passes.py) against the torch passes and brute force.
+"""The Triton passes (circuits/kernels/triton_passes.py) against the torch passes and brute force.
 
 Run by tests/circuits/test_circuits_triton.py in a child process: with CUDA the compiled kernels run on the
 GPU; without it TRITON_INTERPRET=1 is set for the whole child, and the kernels run on CPU tensors in
@@ -21,8 +21,7 @@ from brute import exact, masks
 from host_sync import no_host_synchronisation
 
 import circuits
-import circuits.passes
-from circuits.passes import TorchPasses, draw_uniforms
+from circuits.kernels.select import TorchPasses, draw_uniforms
 
 pytest.importorskip("triton", reason="triton is not installed (the optional extra: pip install -e '.[triton]')")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -32,7 +31,7 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         allow_module_level=True,
     )
 
-from circuits.passes.triton_passes import TritonPasses  # noqa: E402 (after the skips)
+from circuits.kernels.triton_passes import TritonPasses  # noqa: E402 (after the skips)
 
 
 def compiled(spec):

@@ -1,5 +1,5 @@
 """``circuits::chosen_scores`` (one draw, the drawn variables by score, Eq. 7's straight-through
-weights) and its backward against the plain-torch reference ``circuits.straight_through.reference``:
+weights) and its backward against the plain-torch reference ``circuits.kernels.straight_through.reference``:
 the fused C DP and the composed kernels (the circuit's passes), values bit for bit, gradients
 against brute force and against the torch DP's Cov(z) v in float64, draw frequencies (χ²).
 ``route``'s use of it: tests/probmoe/test_route_fused.py."""
@@ -13,8 +13,7 @@ from hard_rows import hard_logits
 from stats import chi2_pvalue, mask_counts
 
 import circuits
-from circuits import straight_through
-from circuits.dp import c_dp, torch_dp
+from circuits.kernels import c_dp, straight_through, torch_dp
 
 KINDS = ["softmax", "sigmoid"]
 

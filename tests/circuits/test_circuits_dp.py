@@ -9,8 +9,11 @@ import torch
 from brute import exact, masks
 
 import circuits
-from circuits.dp import CDP, Lattice, TorchDP
-from circuits.native import rows
+from circuits.kernels import c_dp
+from circuits.kernels import rows_lib as rows
+from circuits.kernels.c_dp import CDP
+from circuits.kernels.lattice import Lattice
+from circuits.kernels.torch_dp import TorchDP
 
 SPECS = [
     circuits.ExactlyK(1, 0),
@@ -137,7 +140,7 @@ def test_engine_picks_the_algorithm():
 def test_select_is_the_one_place_that_picks():
     """The DP's sweeps and the row operations come from ``circuits.passes.select`` like the circuits' passes."""
     cpu = torch.device("cpu")
-    built = circuits.dp.c_dp.library() is not None
+    built = c_dp.library() is not None
     assert type(circuits.passes.select(Lattice(8, 2, 4, cpu), torch.float32)) is (CDP if built else TorchDP)
     assert type(circuits.passes.select(Lattice(8, 2, 4, cpu), torch.float64)) is TorchDP
     assert type(circuits.passes.select(Lattice(8, 2, 4, cpu), torch.float32, prefer="torch")) is TorchDP

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from brute import exact, masks
 
 import circuits
-from circuits.passes import by_node as reference
+from circuits.kernels import by_node as reference
 
 pytestmark = pytest.mark.usefixtures("float64")  # 1e-9 tolerances need float64 defaults
 

@@ -1,4 +1,4 @@
-"""The fused C passes (circuits/passes/c_passes.py) against the torch passes and brute force.
+"""The fused C passes (circuits/kernels/c_passes.py) against the torch passes and brute force.
 
 fp32 on the CPU takes the C passes; these tests call both implementations on the same inputs (same
 uniforms for sampling) and check the C results against float64 brute force and chi-squared.
@@ -14,11 +14,11 @@ from brute import exact, masks
 from stats import chi2_pvalue, mask_counts
 
 import circuits
-import circuits.passes
-from circuits.native import build as native
-from circuits.native import select
-from circuits.passes import CPasses, TorchPasses, c_library, c_passes, draw_uniforms
-from circuits.passes import torch_passes as kernels
+from circuits.kernels import build as native
+from circuits.kernels import c_library, c_passes
+from circuits.kernels import rows as select
+from circuits.kernels import torch_passes as kernels
+from circuits.kernels.select import CPasses, TorchPasses, draw_uniforms
 
 # (x1 or x2) and (not x1 or x3) and (x2 or not x4 or x5) and (not x3 or not x5); x6 is unconstrained
 CLAUSES = [[1, 2], [-1, 3], [2, -4, 5], [-3, -5]]
@@ -348,7 +348,7 @@ def test_a_damaged_cached_library_is_rebuilt(fresh_native, damage):
 def test_an_included_header_is_part_of_the_build_key(tmp_path):
     """A change to a header a source includes (chosen.h, shared by the passes and the DP) gives
     another library path, so a stale build is never loaded."""
-    from circuits.dp import c_dp
+    from circuits.kernels import c_dp
 
     for lib in (c_library.NATIVE, c_dp.NATIVE):
         assert [h.name for h in lib.headers()] == ["chosen.h"]

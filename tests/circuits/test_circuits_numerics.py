@@ -31,7 +31,7 @@ def test_exactly_k_marginals_are_shift_invariant(dtype, shift, tol):
 @pytest.mark.parametrize("outlier", [1e4, 1e8, -1e8])
 def test_one_far_outlier_keeps_the_others_precise(outlier):
     """Exactly-k shifts by the k-th largest logit, not the maximum, so one outlier costs nothing."""
-    from circuits.passes import by_node as reference
+    from circuits.kernels import by_node as reference
 
     c = circuits.compile_circuit(circuits.ExactlyK(16, 4))
     r = torch.randn(8, 16, dtype=torch.float64)

@@ -1,6 +1,6 @@
-"""The row operations shared by the passes and probmoe: ``circuits.native.select.topk`` (the k largest
+"""The row operations shared by the passes and probmoe: ``circuits.kernels.rows.topk`` (the k largest
 of each row, ties to the lower index), ``topk_chosen`` (the same over the keys of a 0/1 choice) and
-``circuits.native.uniforms`` (counter-based uniforms), each in C against its plain-torch reference,
+``circuits.kernels.uniforms`` (counter-based uniforms), each in C against its plain-torch reference,
 bit for bit, and the uniforms against the uniform law."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import torch
 from stats import chi2_pvalue
 
 import circuits
-from circuits.native import rows
-from circuits.native import uniforms as counter_uniforms
-from circuits.native.select import topk, topk_chosen, topk_chosen_reference, topk_reference
-from circuits.passes import draw_uniforms
+from circuits.kernels import rows_lib as rows
+from circuits.kernels import uniforms as counter_uniforms
+from circuits.kernels.program import draw_uniforms
+from circuits.kernels.rows import topk, topk_chosen, topk_chosen_reference, topk_reference
 
 needs_native = pytest.mark.usefixtures("c_passes_built")
 

@@ -73,7 +73,7 @@ def test_fused_marginals_and_sample(device):
 @pytest.mark.parametrize("spec", [circuits.ExactlyK(16, 5), circuits.RangeK(13, 3, 7)])
 def test_nodes_a_draw_passes_through_have_distinct_uniforms(spec):
     """Sampling shares one uniform per vtree node: the active nodes of one draw must never share one."""
-    from circuits.passes import torch_passes as kernels
+    from circuits.kernels import torch_passes as kernels
 
     c = circuits.compile_circuit(spec)
     prog, r = c.program, torch.randn(2000, spec.n) * 2

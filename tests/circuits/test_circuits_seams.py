@@ -8,9 +8,11 @@ import torch
 from brute import exact, masks
 
 import circuits
-import circuits.passes
-from circuits.native import rows, select
-from circuits.passes import CPasses, TorchPasses, c_library
+import circuits.kernels.select
+from circuits.kernels import c_library
+from circuits.kernels import rows as select
+from circuits.kernels import rows_lib as rows
+from circuits.kernels.select import CPasses, TorchPasses
 
 
 def test_passes_are_picked_once_per_dtype(monkeypatch):

@@ -1,4 +1,4 @@
-"""The Triton passes (circuits/passes/triton_passes.py): selection, the checks against the torch
+"""The Triton passes (circuits/kernels/triton_passes.py): selection, the checks against the torch
 passes and brute force (tests/circuits/circuits_triton_checks.py, in a child process), compilation for GPUs.
 
 Without CUDA the checks run in Triton's interpreter, on CPU tensors: TRITON_INTERPRET=1 must be set
@@ -18,12 +18,11 @@ import pytest
 import torch
 
 import circuits
-import circuits.passes
-from circuits.passes import CPasses, TorchPasses
+from circuits.kernels.select import CPasses, TorchPasses
 
 pytest.importorskip("triton", reason="triton is not installed (the optional extra: pip install -e '.[triton]')")
 
-from circuits.passes.triton_passes import TritonPasses
+from circuits.kernels.triton_passes import TritonPasses
 
 HERE = Path(__file__).parent
 
@@ -86,7 +85,7 @@ COMPILE_FOR_GPUS = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from circuits.passes import triton_kernels as K
+from circuits.kernels import triton_kernels as K
 
 INT = {"T", "n", "S", "R", "D"}
 TABLES = {"nodes", "prime", "sub", "imp_off", "imp_var"}

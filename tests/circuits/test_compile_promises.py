@@ -9,8 +9,8 @@ import warnings
 import pytest
 
 from circuits.inspect import cli, report
-from circuits.native import build
-from circuits.native.rows import ROWS
+from circuits.kernels import build
+from circuits.kernels.rows_lib import ROWS
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""The fused C cardinality DP (circuits/dp/c_dp.py, circuits/native/c/cardinality.c) against the torch DP
-(circuits/dp/torch_dp.py).
+"""The fused C cardinality DP (circuits/kernels/c_dp.py, circuits/kernels/c/cardinality.c) against the torch DP
+(circuits/kernels/torch_dp.py).
 
 float32 CPU calls of ``circuits::dp_marginals`` take the C sweeps (``circuits.passes.select``); these
 tests call both implementations on
@@ -16,10 +16,12 @@ import torch
 
 import circuits
 import probmoe
-from circuits.dp import CDP, Lattice, TorchDP
-from circuits.dp import c_dp as dp_native
-from circuits.dp import torch_dp as dp
-from circuits.native.uniforms import seed_tensor
+from circuits.kernels import c_dp as dp_native
+from circuits.kernels import torch_dp as dp
+from circuits.kernels.c_dp import CDP
+from circuits.kernels.lattice import Lattice
+from circuits.kernels.torch_dp import TorchDP
+from circuits.kernels.uniforms import seed_tensor
 
 needs_native = pytest.mark.usefixtures("c_dp_built")
 

@@ -1,4 +1,4 @@
-"""The torch side of circuits (ops, passes, the DP, the row operations) imports in any order, and
+"""The torch side of circuits (the kernels, the operators, the DP) imports in any order, and
 ``import circuits`` and the compile command load no torch: each in a fresh process."""
 
 import subprocess
@@ -9,11 +9,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 FIRST = [
-    "circuits.passes",
+    "circuits.kernels.select",
+    "circuits.kernels.rows",
+    "circuits.kernels.uniforms",
+    "circuits.kernels.c_dp",
+    "circuits.kernels.torch_passes",
     "circuits.dp",
     "circuits.dp.cardinality",
-    "circuits.native.select",
-    "circuits.native.uniforms",
     "circuits.ops",
 ]
 

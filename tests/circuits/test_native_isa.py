@@ -1,6 +1,6 @@
 """Every instruction set's build of the three C libraries against the torch oracle, and the fallback.
 
-``circuits.native.build`` builds each library for one ISA: avx512 (-march=x86-64-v4), avx2
+``circuits.kernels.build`` builds each library for one ISA: avx512 (-march=x86-64-v4), avx2
 (x86-64-v3) or portable (x86-64-v2 on x86, the base architecture with NEON on Arm), the best the
 CPU runs unless ``PROBMOE_NATIVE_ISA`` names another. Here each ISA this CPU runs (read from its
 flags; the others are skipped) gets the circuit passes, the row operations and the cardinality DP
@@ -21,15 +21,17 @@ import pytest
 import torch
 
 import circuits
-import circuits.passes
 from circuits import GroupLimited
-from circuits.dp import Lattice, TorchDP, c_dp
-from circuits.dp import torch_dp as dp
-from circuits.native import build, rows, select
-from circuits.native import uniforms as native_uniforms
-from circuits.native.uniforms import seed_tensor
-from circuits.passes import CPasses, TorchPasses, c_library, draw_uniforms
-from circuits.passes import torch_passes as kernels
+from circuits.kernels import build, c_dp, c_library
+from circuits.kernels import rows as select
+from circuits.kernels import rows_lib as rows
+from circuits.kernels import torch_dp as dp
+from circuits.kernels import torch_passes as kernels
+from circuits.kernels import uniforms as native_uniforms
+from circuits.kernels.lattice import Lattice
+from circuits.kernels.select import CPasses, TorchPasses, draw_uniforms
+from circuits.kernels.torch_dp import TorchDP
+from circuits.kernels.uniforms import seed_tensor
 
 LIBS = {"passes": c_library.NATIVE, "rows": rows.ROWS, "dp": c_dp.NATIVE}
 

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from brute import exact, masks
 
 import probmoe
-from circuits.dp import torch_dp as dp
+from circuits.kernels import torch_dp as dp
 
 BACKENDS = ["dp", "circuit"]
 # (n, kmin, kmax): exactly-k, ranges, the empty set, the full range

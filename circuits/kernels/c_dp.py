@@ -1,12 +1,12 @@
-"""The cardinality DP fused in C (``circuits/native/c/cardinality.c``) for float32 CPU tensors.
+"""The cardinality DP fused in C (``circuits/kernels/c/cardinality.c``) for float32 CPU tensors.
 
-The same results as the torch sweeps of ``circuits.dp.torch_dp``, the reference and oracle:
+The same results as the torch sweeps of ``circuits.kernels.torch_dp``, the reference and oracle:
 ``forward_marginals`` is ``TorchDP.forward_marginals`` (one up and one down sweep per tile of
 tokens, the draw from the same uniforms as ``torch_dp.down``, so a seeded generator gives the same
 draws either way) and ``cov_vec`` is ``torch_dp.cov_vec``. The library is a
-``circuits.native.NativeLibrary``, built on first use into
+``circuits.kernels.build.NativeLibrary``, built on first use into
 ``<cache dir>/native/<key>/libcardinality.so``; off with ``PROBMOE_NATIVE=0``.
-``circuits.passes.select`` takes ``CDP`` where ``NATIVE.takes`` says the library applies.
+``circuits.kernels.select`` takes ``CDP`` where ``NATIVE.takes`` says the library applies.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import ctypes
 import torch
 from torch import Tensor
 
-from ..native import SCRATCH, VMATH, NativeLibrary
-from ..native.uniforms import uniforms
+from .build import SCRATCH, VMATH, NativeLibrary
 from .torch_dp import TorchDP
+from .uniforms import uniforms
 
 
 def _declare(lib: ctypes.CDLL) -> None:

@@ -1,5 +1,5 @@
 """The cardinality dynamic program in plain torch (the paper's Alg. 2), batched over tokens: the
-meaning of the DP and the test oracle of its C sweeps (``circuits.dp.c_dp``).
+meaning of the DP and the test oracle of its C sweeps (``circuits.kernels.c_dp``).
 
 P(S | C) ∝ exp(Σ_{i∈S} r_i) for |S| in [kmin, kmax], S a subset of the n variables. With K = kmax, the prefix table
 
@@ -25,7 +25,7 @@ are kept as two alternating rows, so the only full tables are W and dW, written 
 sweep and read once by the down sweep.
 
 Numerics: the tilt and the lattice on log-probabilities. Each row gets the constant c of the
-circuit passes' tilt (``circuits.passes.torch_passes.tilt_constant`` without its Newton steps:
+circuit passes' tilt (``circuits.kernels.torch_passes.tilt_constant`` without its Newton steps:
 clamp(0, kmax-th largest, kmin-th largest logit)), and the lattice is swept on x = r - c in
 probability form,
 
@@ -66,9 +66,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..native.uniforms import as_seed, uniforms
-from ..passes.scratch import ScratchPool
-from ..passes.torch_passes import tilt_constant
+from .scratch import ScratchPool
+from .torch_passes import tilt_constant
+from .uniforms import as_seed, uniforms
 
 LOG_ZERO = -1e30  # a finite log 0: a few of them add up without overflow in float32
 
@@ -196,7 +196,7 @@ def down(u: Up, band: Tensor, num_samples: int = 0, seed: Tensor | torch.Generat
     Σ_j g_j m^(j), the gradient of Σ_j g_j log Z_j. Draws: |S| ~ ``band`` (which must then be the
     band probabilities), then z_i ~ Bernoulli(W[i, c]) along the path; one uniform per (draw,
     token) for the size, then one per (variable, draw, token), all from one call of
-    ``circuits.native.uniforms`` in the logits' dtype.
+    ``circuits.kernels.uniforms`` in the logits' dtype.
     """
     W = u.W
     N, _, T = W.shape
@@ -257,7 +257,7 @@ def marginals(r: Tensor, kmin: int, kmax: int) -> Tensor:
 
 
 class TorchDP:
-    """The DP's kernels in torch, any device and dtype (``circuits.passes.select`` picks it where the
+    """The DP's kernels in torch, any device and dtype (``circuits.kernels.select`` picks it where the
     C sweeps do not apply: float64, CUDA, no compiler, ``PROBMOE_NATIVE=0``). ``CDP`` offers the same
     with the same results and, from the same seed, the same draws. Inputs: logits r [T, N] of one
     dtype, contiguous, checked by the caller."""

@@ -1,5 +1,5 @@
 /* Per-thread scratch for the fused passes (passes.c) and the cardinality DP
- * (probmoe/native/cardinality.c): one 64-byte aligned buffer per thread, grown on demand and kept
+ * (cardinality.c): one 64-byte aligned buffer per thread, grown on demand and kept
  * for the next call, so a pass allocates nothing in the steady state. Each library links its own
  * copy of this unit. */
 #include <pthread.h>

@@ -8,9 +8,9 @@ sums (see ``circuits.layout``). Big intermediates are written into buffers
 allocated once per call: fresh allocations of this size cost as much as the arithmetic.
 
 These passes are the stated meaning of the computation: the fused C passes
-(``circuits.passes.c_passes``) are tested against them, and they are in turn tested against the
-node-by-node definition in ``circuits.passes.by_node``. They run on any device and dtype; the
-selection (``circuits.passes.select``) gives them fp64, CUDA and machines without the C passes.
+(``circuits.kernels.c_passes``) are tested against them, and they are in turn tested against the
+node-by-node definition in ``circuits.kernels.by_node``. They run on any device and dtype; the
+selection (``circuits.kernels.select``) gives them fp64, CUDA and machines without the C passes.
 No pass synchronises with the host.
 """
 
@@ -111,7 +111,7 @@ def tilt_constant(r: Tensor, kmin: int, kmax: int, refine: bool = True) -> Tenso
     """The tilt's constant c [T] for logits r [T, n] and models of kmin..kmax true variables:
     clamp(0, kmax-th largest, kmin-th largest logit) (0 where that is not finite), then with
     ``refine`` the Newton steps of ``_refine``. Shared by ``tilt`` and the cardinality DP
-    (``circuits.dp.torch_dp.up``), and computed the same way by their C code."""
+    (``circuits.kernels.torch_dp.up``), and computed the same way by their C code."""
     T, n = r.shape
     inf = torch.full((T,), torch.inf, dtype=r.dtype, device=r.device)
     top = torch.topk(r, min(kmax, n), dim=1).values  # [T, min(kmax, n)]; a k-th largest past n is -inf

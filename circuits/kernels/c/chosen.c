@@ -1,6 +1,6 @@
 /* The per-token pieces of the straight-through selection (circuits::chosen_scores; its plain-torch
- * reference is circuits/straight_through.py), shared by the cardinality DP (cardinality.c) and the
- * circuit passes (circuits/passes/c/passes.c), each of which links this unit. A tile is [n][B]
+ * reference is circuits/kernels/straight_through.py), shared by the cardinality DP (cardinality.c) and the
+ * circuit passes (passes.c), each of which links this unit. A tile is [n][B]
  * floats, B lanes (tokens) per variable, as in both of them.
  *
  *   pm_chosen_bits      a tile's draw as bit masks, per lane

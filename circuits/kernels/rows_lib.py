@@ -1,7 +1,7 @@
 """``ROWS``: the row-operations library (``c/select.c``: row top-k, top-k of chosen entries and k-th largest;
 ``c/uniforms.c``: counter-based uniforms), a ``NativeLibrary`` built on first use into
 ``<cache dir>/native/<key>/librows.so``. ``library()`` is the loaded library or None. ``Rows``: what
-``circuits.passes.select`` picks the row operations' implementation from (C or torch)."""
+``circuits.kernels.select`` picks the row operations' implementation from (C or torch)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ describe = ROWS.describe
 
 @dataclass(frozen=True)
 class Rows:
-    """Row operations on tensors on ``device``: ``circuits.passes.select(Rows(device), dtype)`` is the
+    """Row operations on tensors on ``device``: ``circuits.kernels.select.select(Rows(device), dtype)`` is the
     C library where it takes them, else None (the plain-torch references)."""
 
     device: torch.device

@@ -1,7 +1,7 @@
 /* Counter-based uniforms: out[i] = u(seed, offset + i), the splitmix64 finaliser of
  * seed + (offset + i + 1) * golden, its top 24 bits over 2^24, in [0, 1). Each value depends on
  * (seed, index) alone, so any slice can be made anywhere, in any order, by any thread. The torch
- * reference is circuits.passes.uniforms.reference (bit-identical). */
+ * reference is circuits.kernels.uniforms.reference (bit-identical). */
 #include <stdint.h>
 
 static inline uint64_t mix(uint64_t z) {

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from ..layout import FALSE_SLOT, Layout
-from ..native.uniforms import as_seed, uniforms
+from .uniforms import as_seed, uniforms
 
 
 @dataclass
@@ -162,7 +162,7 @@ def draw_uniforms(
 ) -> tuple[Tensor, Tensor | None]:
     """The uniforms one draw per token uses, in this order: [count, T], one per vtree node and token
     (``Program.scope_ids``), then [T, n] for the implicit variables (None for a smooth circuit); all
-    from one seed (``circuits.native.uniforms``): a 0-dim int64 tensor, or a generator (None: the
+    from one seed (``circuits.kernels.uniforms``): a 0-dim int64 tensor, or a generator (None: the
     default one) to draw it from."""
     _, count = prog.scope_ids
     T, n = r.shape

@@ -1,7 +1,7 @@
 """``Passes``: the one interface every implementation of the circuit passes offers.
 
 A ``Passes`` object evaluates one ``Program`` (a layout on one device) for one dtype; the
-evaluator (``circuits.Circuit``) picks one per (circuit, dtype) with ``circuits.passes.select``
+evaluator (``circuits.Circuit``) picks one per (circuit, dtype) with ``circuits.kernels.select``
 and calls nothing else. Inputs are logits r [T, n] of that dtype on that device, contiguous,
 already checked by the caller (the input checks run once per public call, in ``Circuit``).
 Every pass evaluates r - shift, ``shift`` [T, 1] or None (the exactly-k shift of
@@ -11,7 +11,7 @@ tilted inside (``torch_passes.tilt``: a per-row c the passes pick themselves, ex
 keeps fp32 answers exact at every logit scale; log Z and MAP's log-value are those of r - shift.
 Implementations: ``TorchPasses`` (plain tensor operations: the stated meaning of every pass and
 the test oracle of the others), ``CPasses`` (fused C for fp32 on the CPU) and ``TritonPasses``
-(fused Triton kernels for fp32 on CUDA, ``circuits.passes.triton_passes``).
+(fused Triton kernels for fp32 on CUDA, ``circuits.kernels.triton_passes``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Triton kernels of the circuit passes: one program takes a block of B tokens through the whole circuit.
 
-The mathematics is that of ``circuits.passes.torch_passes`` (read it first: it is these kernels'
+The mathematics is that of ``circuits.kernels.torch_passes`` (read it first: it is these kernels'
 meaning and test oracle), in the loop structure of the fused C passes (``c/passes.c``): each
 program walks every decision node of the layout bottom-up, then top-down, for its B tokens, and
-each element is touched once per pass. ``circuits.passes.triton_passes`` launches them.
+each element is touched once per pass. ``circuits.kernels.triton_passes`` launches them.
 
 Memory. A program's working rows (slot values, element weights, flows) live in global scratch
 laid out [programs, rows, B]: one row holds B consecutive tokens, so every load and store is

@@ -4,7 +4,7 @@ Each pass evaluates one tile of tokens through the whole circuit while it stays 
 and the marginals, sampling, MAP, Cov(z) v. ``TorchPasses`` is their
 plain-torch meaning and test oracle: the same results, the same draws from the same uniforms.
 Tiles of tokens are split between ``torch.get_num_threads()`` OpenMP threads (ctypes releases the
-GIL). The library comes from ``circuits.passes.c_library``.
+GIL). The library comes from ``circuits.kernels.c_library``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class CPasses(Passes):
         super().__init__(program)
         self.lib = c_library.library()
         if self.lib is None:
-            raise RuntimeError("the C passes are not available (circuits.passes.describe() says why)")
+            raise RuntimeError("the C passes are not available (circuits.kernels.select.describe() says why)")
         prog = program
         nodes = torch.tensor(
             [[g.start + j, g.rows.start + j * g.fanin, g.fanin] for g in prog.groups for j in range(g.nodes)],

@@ -1,6 +1,6 @@
 /* Fused fp32 CPU passes over a level layout, one tile of TILE tokens at a time.
  *
- * The same mathematics as circuits/passes/torch_passes.py, the plain-torch reference these
+ * The same mathematics as circuits/kernels/torch_passes.py, the plain-torch reference these
  * passes are tested against; read that file first. The torch passes stream every group through [slots, T] buffers
  * in memory; here one tile's whole circuit (values, element weights, flows: a few hundred kB)
  * stays in cache while all groups are evaluated, and each element is touched once per pass.
@@ -21,7 +21,7 @@
 #include <immintrin.h>
 #endif
 
-#include "../../native/c/chosen.h" /* the straight-through selection's per-token pieces */
+#include "chosen.h" /* the straight-through selection's per-token pieces */
 
 void pm_exp(float *x, int64_t n);
 void pm_log(float *x, int64_t n);

@@ -5,7 +5,7 @@ and ``kth_largest`` (each row's k-th largest entry, the shift of exactly-k circu
 ``torch.topk`` leaves the order of ties unspecified (and on the CPU costs about as much as a whole
 fused circuit pass at n = 64); these give one order on every device: fused C for contiguous
 float32 CPU rows (``pm_topk`` and ``pm_kth_largest`` in ``c/select.c``), else the ``reference``
-functions, the plain-torch meaning and the C code's oracle; ``circuits.passes.select`` picks.
+functions, the plain-torch meaning and the C code's oracle; ``circuits.kernels.select`` picks.
 Both are plain functions, no autograd; ``circuits.ops`` registers them as torch operators.
 """
 
@@ -14,12 +14,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import rows
+from . import rows_lib
 
 
 def _library(x: Tensor):
     """The C row-operations library for rows like ``x``, or None (the references): ``select`` picks."""
-    return passes.select(rows.Rows(x.device), x.dtype)
+    return rows_lib.ROWS.takes(x.device, x.dtype)
 
 
 def topk_reference(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -98,8 +98,3 @@ def kth_largest(x: Tensor, k: int) -> Tensor:
     if lib.pm_kth_largest(x.data_ptr(), x.shape[0], x.shape[1], k, out.data_ptr(), torch.get_num_threads()):
         raise MemoryError("circuits: kth_largest could not allocate its scratch")
     return out
-
-
-# Last: circuits.passes imports this module's names (read here at call time), and either may be
-# imported first.
-from .. import passes  # noqa: E402

@@ -1,7 +1,7 @@
 /* The cardinality DP (the paper's Alg. 2) fused in C for fp32 on the CPU:
  * P(S | C) ∝ exp(Σ_{i∈S} r_i) for kmin <= |S| <= kmax over N variables, one tile of B tokens at a time.
  *
- * circuits/dp/torch_dp.py is the reference and the oracle (read its module docstring first): the same two
+ * circuits/kernels/torch_dp.py is the reference and the oracle (read its module docstring first): the same two
  * sweeps (dp.up, dp.down, dp.cov_vec) with the same numerics: the tilt c of the circuit passes
  * (clamp(0, kmax-th largest, kmin-th largest logit), without its Newton steps) and the lattice on
  * log-probabilities of x = r - c (take = P[i, j-1] + log sigmoid(x_i), skip = P[i, j] +
@@ -620,7 +620,7 @@ static int64_t cov_tile(const Dims *d, const float *r, const float *v, float *ou
 }
 
 /* The straight-through selection (circuits::chosen_scores, whose plain-torch reference is
- * circuits/straight_through.py): one draw z ~ P(z | C, r) from the counter-based uniforms of `seed`, the
+ * circuits/kernels/straight_through.py): one draw z ~ P(z | C, r) from the counter-based uniforms of `seed`, the
  * same bits dp_forward reads from U (so the same draw), and then, per token, the drawn variables
  * by their score p descending, ties to the lower index (pm_topk_chosen's order), in `slots` slots:
  * idx [T, slots] int64, wv [T, slots] = p there, mask [T, slots] (1: a used slot). Unused slots hold

@@ -55,7 +55,7 @@ int64_t pm_kth_largest(const float *r, int64_t T, int64_t n, int64_t k, float *o
 }
 
 /* The k largest values of each row in descending order, ties to the lower index (values [T, k],
- * indices [T, k] int64; its torch reference is a stable descending sort, circuits.passes.topk).
+ * indices [T, k] int64; its torch reference is a stable descending sort, circuits.kernels.rows.topk_reference).
  * NaN counts as -inf and -0 as 0. Each entry becomes one int64 key that orders as (value, -index):
  * the float's bits made monotone in the high half, n - 1 - index in the low half. Then, as above,
  * LANES rows at a time, each key sinks through a sorted column of the k best so far by max/min

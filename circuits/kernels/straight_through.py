@@ -1,5 +1,5 @@
 """The straight-through selection of ``circuits::chosen_scores`` in plain torch: its meaning and
-the oracle of its kernels (``circuits.ops``, the fused C DP in ``native/c/cardinality.c``).
+the oracle of its kernels (``circuits.ops``, the fused C DP in ``c/cardinality.c``).
 
 Given logits r [T, n], a constraint C and one draw z ~ P(z | C, r), the operator returns, for the
 drawn variables ordered by their score (descending, ties to the lower index), the scores
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .native.select import topk_chosen_reference
+from .rows import topk_chosen_reference
 
 KINDS = ("softmax", "sigmoid")
 

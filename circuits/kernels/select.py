@@ -1,24 +1,8 @@
-"""The circuit passes: one computation, several implementations, and ``select``, the one place that
-picks an implementation, for the circuit passes and for the cardinality DP (``circuits.dp``).
+"""``select``: the one place that picks an implementation, for the circuit passes, the cardinality
+DP's sweeps and the row operations, from what is evaluated, its device and the logits' dtype.
 
-    program.py       Program: a level layout as device tensors; draw_uniforms (shared by all)
-    interface.py     Passes: log Z + marginals, sample, MAP, Cov(z) v, the k-th largest logit
-    torch_passes.py  TorchPasses: plain tensor operations, any device and dtype (the meaning;
-                     the oracle of the others)
-    c_passes.py      CPasses: fused C for fp32 on the CPU (sources in c/, built by c_library.py)
-    triton_passes.py TritonPasses: fused Triton kernels (triton_kernels.py) for fp32 on CUDA; imported
-                     only when chosen (it imports triton, an optional extra)
-    by_node.py       the definition, node by node in Python: the oracle of TorchPasses (tests)
-    scratch.py       ScratchPool: reused [rows, T] buffers
-
-The row operations the passes share with ``probmoe`` (top-k, the k-th largest, counter-based
-uniforms) and the C build machinery live in ``circuits.native``; ``circuits.ops`` registers the
-passes as torch operators.
-
-``select(program, dtype)`` is the only place that decides which implementation runs: of the
-circuit passes for a circuit's ``Program``, of the DP's sweeps for a ``circuits.dp.Lattice`` (the
-algorithm is the engine's: ``circuits.engine``); ``native_kernels(evaluator, dtype, device)`` says
-whether it gives an evaluator the fused C ones.
+``circuits.passes`` names this module (``circuits.passes.select``, ``describe``, and the
+implementations' classes ``Passes``, ``TorchPasses``, ``CPasses``, ``Program``, ``draw_uniforms``).
 """
 
 from __future__ import annotations
@@ -27,10 +11,10 @@ import functools
 
 import torch
 
-from ..native import rows
-from . import c_library
+from . import c_dp, c_library, rows_lib, torch_dp
 from .c_passes import CPasses
 from .interface import Passes
+from .lattice import Lattice
 from .program import Program, draw_uniforms
 from .torch_passes import TorchPasses
 
@@ -42,7 +26,6 @@ __all__ = [
     "TorchPasses",
     "describe",
     "draw_uniforms",
-    "native_kernels",
     "select",
 ]
 
@@ -54,9 +37,9 @@ def select(program, dtype: torch.dtype, prefer: str | None = None):
 
     program: a circuit's ``Program``, which gets ``Passes``: float32 on CUDA takes the Triton passes
     when triton imports, float32 on the CPU the fused C passes when their library is available,
-    everything else the torch passes. Or a ``circuits.dp.Lattice``, which gets the DP's sweeps: the
+    everything else the torch passes. Or a ``circuits.kernels.lattice.Lattice``, which gets the DP's sweeps: the
     fused C sweeps (``CDP``) for float32 on the CPU when their library is available, else the torch
-    sweeps (``TorchDP``; there is no Triton DP). Or ``circuits.native.rows.Rows``, for the row
+    sweeps (``TorchDP``; there is no Triton DP). Or ``circuits.kernels.rows_lib.Rows``, for the row
     operations (top-k, k-th largest, uniforms): their C library under the same rule, or None for
     their torch references.
 
@@ -65,8 +48,8 @@ def select(program, dtype: torch.dtype, prefer: str | None = None):
     float32 logits (but "torch") and for "c" off the CPU, ImportError or RuntimeError when the
     implementation is unavailable.
     """
-    if isinstance(program, rows.Rows):  # plain functions: the library itself, or None
-        return rows.ROWS.takes(program.device, dtype) if prefer in (None, "c") else None
+    if isinstance(program, rows_lib.Rows):  # plain functions: the library itself, or None
+        return rows_lib.ROWS.takes(program.device, dtype) if prefer in (None, "c") else None
     dp = isinstance(program, Lattice)
     if prefer is None:
         prefer = _default(program, dtype, c_dp.NATIVE if dp else c_library.NATIVE)
@@ -111,34 +94,9 @@ def _default(program, dtype: torch.dtype, library) -> str:
     return "torch"
 
 
-def native_kernels(evaluator, dtype: torch.dtype, device="cpu") -> bool:
-    """Whether ``select`` gives ``evaluator`` fused C kernels for logits of ``dtype`` on ``device``: the
-    C DP's sweeps for a ``circuits.CardinalityDP``, the C passes for a ``circuits.Circuit`` (on its own
-    device). There the operators (``circuits::chosen_scores`` among them) take their one-pass C paths."""
-    lattice = getattr(evaluator, "lattice", None)  # the DP's
-    if lattice is not None:
-        return isinstance(select(lattice(device), dtype), c_dp.CDP)
-    return isinstance(evaluator.passes(dtype), CPasses)
-
-
-# Under torch.compile the answer is a constant of the graph (the mark of
-# torch.compiler.assume_constant_result, set without importing torch._dynamo, as
-# probmoe.constraints does): dynamo calls it while tracing instead of tracing through ``select``.
-native_kernels._dynamo_marked_constant = True
-
-
 def describe() -> str:
     """Which passes float32 CPU calls take, and why: one line for reports (fp64 calls take the torch
     passes; fp32 CUDA calls the Triton passes when triton is installed, else the torch passes)."""
     if c_library.library() is not None:
         return f"fused C passes ({c_library.describe()})"
     return f"torch passes ({c_library.describe()})"
-
-
-# Last, after ``select``: the operators import this package (``select``, ``draw_uniforms``) and the
-# DP's cardinality module, which imports the operators back; the DP imports this package's scratch
-# pool. Importing them here, once this package's names exist, lets any of circuits.ops,
-# circuits.passes and circuits.dp be imported first (``import circuits`` imports none of them).
-from .. import ops  # noqa: E402,F401
-from ..dp import c_dp, torch_dp  # noqa: E402
-from ..dp.cardinality import Lattice  # noqa: E402

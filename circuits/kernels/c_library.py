@@ -1,5 +1,5 @@
-"""The fused C passes' shared library (``c/passes.c`` with the shared units of ``circuits/native/c``),
-a ``circuits.native.NativeLibrary``: built on
+"""The fused C passes' shared library (``c/passes.c`` with the shared units in ``c/``),
+a ``circuits.kernels.build.NativeLibrary``: built on
 first use into ``<cache dir>/native/<key>/libpasses.so``, loaded with ctypes, off with
 ``PROBMOE_NATIVE=0``. ``library()`` is the loaded library or None; ``describe()`` says which.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
-from ..native import SCRATCH, VMATH, NativeLibrary
+from .build import SCRATCH, VMATH, NativeLibrary
 
 SOURCES = Path(__file__).with_name("c")
 

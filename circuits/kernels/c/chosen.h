@@ -1,5 +1,5 @@
 /* chosen.c's functions: the per-token pieces of the straight-through selection (circuits::chosen_scores),
- * declared once for the units that link it (cardinality.c, circuits/passes/c/passes.c) and for chosen.c
+ * declared once for the units that link it (cardinality.c, passes.c) and for chosen.c
  * itself, so the compiler checks the definitions against these. */
 #ifndef PM_CHOSEN_H
 #define PM_CHOSEN_H
