@@ -16,9 +16,6 @@ from .circuit import Circuit
 from .compile import compile_circuit
 from .dp import SPECS as DP_SPECS
 from .dp import CardinalityDP
-from .kernels import c_dp
-from .kernels.c_passes import CPasses
-from .kernels.select import select
 from .spec import Spec
 
 ALGORITHMS = ("circuit", "dp")
@@ -53,13 +50,11 @@ def _name(constraint) -> str:
 
 
 def native_kernels(evaluator, dtype: torch.dtype, device="cpu") -> bool:
-    """Whether ``select`` gives ``evaluator`` fused C kernels for logits of ``dtype`` on ``device``: the
-    C DP's sweeps for a ``circuits.CardinalityDP``, the C passes for a ``circuits.Circuit`` (on its own
-    device). There the operators (``circuits::chosen_scores`` among them) take their one-pass C paths."""
-    lattice = getattr(evaluator, "lattice", None)  # the DP's
-    if lattice is not None:
-        return isinstance(select(lattice(device), dtype), c_dp.CDP)
-    return isinstance(evaluator.passes(dtype), CPasses)
+    """Whether the kernels ``select`` gives ``evaluator`` for logits of ``dtype`` on ``device`` fuse the
+    fused queries (``Kernels.fused``: the C DP's sweeps for a ``circuits.CardinalityDP``, the C passes
+    for a ``circuits.Circuit``, on its own device): there ``circuits::chosen_scores`` and its backward
+    are one pass each."""
+    return evaluator.kernels(dtype, device).fused
 
 
 # Under torch.compile the answer is a constant of the graph (the mark of

@@ -18,6 +18,7 @@ from . import checks, ops
 from .kernels import select
 from .kernels.interface import Passes
 from .kernels.program import Program
+from .kernels.rows import exactly_k_shift
 from .layout import FALSE_SLOT, TRUE_SLOT, Layout
 from .spec import ExactlyK, RangeK, Spec
 
@@ -37,6 +38,7 @@ class Circuit:
         self.validate = True
         self.program = Program.from_layout(layout, device)
         self.program.float64_rows = not isinstance(spec, (ExactlyK, RangeK))  # see Program.float64_rows
+        self.program.shift_k = self.shift_size  # the shift the fused queries make themselves
         self.device = self.program.device  # resolved: "cuda" becomes "cuda:0"
         self._passes: dict[torch.dtype, Passes] = {}
         self._lock = threading.Lock()
@@ -101,6 +103,11 @@ class Circuit:
                     G.add_edge(a, name(p))
                     G.add_edge(a, name(s))
         return G
+
+    def kernels(self, dtype: torch.dtype, device=None) -> Passes:
+        """The kernels (``Passes``) that calls with ``dtype`` logits take (``circuits.kernels.select``,
+        picked once), on this circuit's device (``device``: ignored, for the evaluators' one signature)."""
+        return self.passes(dtype)
 
     def passes(self, dtype: torch.dtype) -> Passes:
         """The passes that calls with ``dtype`` logits take (``circuits.kernels.select``, picked once)."""
@@ -182,8 +189,7 @@ class Circuit:
         k = self.shift_size
         if k == 0 or r.shape[0] == 0:
             return None
-        ref = torch.ops.circuits.kth_largest(r.detach(), k).unsqueeze(-1)  # [T, n] -> [T, 1], no gradient (see ops)
-        return torch.where(torch.isfinite(ref), ref, torch.zeros_like(ref))
+        return exactly_k_shift(torch.ops.circuits.kth_largest(r.detach(), k))  # [T, n] -> [T, 1], no gradient
 
     def shifted(self, r: Tensor) -> Tensor:
         """The logits the passes evaluate for checked logits r [T, n]: r less ``_shift`` (the
@@ -244,3 +250,28 @@ class Circuit:
         m, z = self._marginals(r, ops.seed(generator, r), values)
         shape = (*lead, self.n)
         return m.reshape(shape).to(logits.dtype), z.reshape(shape).to(logits.dtype)
+
+    def chosen_scores(
+        self,
+        logits: Tensor,
+        generator: torch.Generator | None = None,
+        *,
+        slots: int,
+        kind: str = "softmax",
+        paper: bool = False,
+    ):
+        """One exact draw z and its variables by score π = softmax(logits) or sigmoid(logits)
+        (``kind``), descending (ties to the lower index), in ``slots`` slots, weighted by Eq. 7's
+        straight-through weights: π there, the gradient through π and the marginals (Jacobian Cov(z),
+        or Cov(z) diag(1 - sigmoid(logits)) with ``paper``). One operator, ``circuits::chosen_scores``
+        (one pass with the C passes). logits [T, n] -> (weights [T, slots], indices [T, slots] long,
+        mask [T, slots] bool, π [T, n] detached); unused slots hold the lowest undrawn variables,
+        ascending, weight 0."""
+        r, _ = self._inputs(logits, generator)
+        if self.validate and r.shape[0]:  # the value checks: one host sync (and a pass at logits 0 / -inf)
+            checks.no_nan_or_posinf(r)
+            self.check_satisfiable(r)
+        cards = getattr(self.spec, "cardinalities", None) or (0, self.n)
+        return torch.ops.circuits.chosen_scores(
+            r, ops.seed(generator, r), cards[0], cards[-1], self.handle, slots, kind, paper
+        )

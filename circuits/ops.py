@@ -30,6 +30,7 @@ differentiable ones have their autograd registered here.
                                                    through gradient (``circuits.kernels.straight_through``)
                                                    d/dr: ``chosen_scores_backward``
     chosen_scores_backward(r, indices, mask, g, kmin, kmax, circuit, kind, paper) -> [T, n]
+                                                   (``circuit``: a circuit's handle or the DP's)
     kth_largest(x, k)                           -> [T]            (``circuits.kernels.rows``)
     topk(x, k)                                  -> ([T, k], [T, k] long)
     topk_chosen(z, x, k)                        -> ([T, k], [T, k] long): topk of (z - 1) + x z
@@ -38,11 +39,15 @@ differentiable ones have their autograd registered here.
 r: logits [T, n], float32 or float64, contiguous, checked by the caller (``Circuit``). shift:
 None, or [T, 1] subtracted from r before the pass (the exactly-k shift; the circuit's answers do
 not change, only their rounding). seed: a 0-dim int64 tensor (``circuits.kernels.uniforms``).
-circuit: the handle of a ``Circuit`` (``register``), which picks the implementation for the
-logits' dtype and device (``circuits.kernels.select``): the operators carry no Python object, so
-a handle is valid in the process that registered it. The ``dp_`` operators are the cardinality
-DP's (``circuits.CardinalityDP``, kmin <= |z| <= kmax, checked by the caller): their kernels come
-from the same ``select``, for a ``circuits.kernels.lattice.Lattice`` instead of a circuit's program.
+circuit: the handle of an evaluator (``register``: a ``Circuit``, or for ``chosen_scores`` a
+``CardinalityDP`` too), whose ``kernels`` are the implementation for the logits' dtype and device
+(``circuits.kernels.select`` picks it once): the operators carry no Python object, so a handle is
+valid in the process that registered it. The ``dp_`` operators are the cardinality DP's
+(``circuits.CardinalityDP``, kmin <= |z| <= kmax, checked by the caller): their kernels come from the
+same ``select``, for a ``circuits.kernels.lattice.Lattice`` instead of a circuit's program. Each
+operator asks the kernels for its query; the fused queries (``chosen_scores`` and its backward) are
+methods of every implementation (``circuits.kernels.interface.Kernels``), one pass where the
+implementation fuses them, composed otherwise.
 """
 
 from __future__ import annotations
@@ -54,46 +59,46 @@ import weakref
 import torch
 from torch import Tensor
 
-from .kernels import c_dp, straight_through, uniforms
-from .kernels import rows as select
-from .kernels.c_passes import CPasses
+from .kernels import straight_through, uniforms
 from .kernels.lattice import Lattice
-from .kernels.program import draw_uniforms
-from .kernels.select import select as select_passes
+from .kernels.rows import Rows
+from .kernels.select import select
 
-_CIRCUITS: weakref.WeakValueDictionary[int, object] = weakref.WeakValueDictionary()
+_EVALUATORS: weakref.WeakValueDictionary[int, object] = weakref.WeakValueDictionary()
 _HANDLES = itertools.count(1)
 _LOCK = threading.Lock()
 
 
-def register(circuit) -> int:
-    """A handle for ``circuit`` (kept while the circuit lives), the ``circuit`` argument of the operators."""
+def register(evaluator) -> int:
+    """A handle for ``evaluator`` (a ``Circuit`` or a ``CardinalityDP``; kept while it lives), the
+    ``circuit`` argument of the operators."""
     with _LOCK:
         handle = next(_HANDLES)
-        _CIRCUITS[handle] = circuit
+        _EVALUATORS[handle] = evaluator
     return handle
 
 
-def _circuit(handle: int):
-    circuit = _CIRCUITS.get(handle)
-    if circuit is None:
+def evaluator(handle: int):
+    """The live evaluator of ``handle``; RuntimeError when none has it."""
+    found = _EVALUATORS.get(handle)
+    if found is None:
         raise RuntimeError(
-            f"circuits: no live circuit has handle {handle} (handles belong to the process and "
-            "the Circuit object that registered them)"
+            f"circuits: no live evaluator has handle {handle} (handles belong to the process and "
+            "the Circuit or CardinalityDP object that registered them)"
         )
-    return circuit
+    return found
 
 
-def _passes(r: Tensor, handle: int):
-    circuit = _circuit(handle)
-    return circuit, circuit.passes(r.dtype)
+def _kernels(r: Tensor, handle: int):
+    """The kernels of ``handle``'s evaluator for logits like r (its ``kernels``, picked once)."""
+    return evaluator(handle).kernels(r.dtype, r.device)
 
 
 # --- log Z, twice differentiable ------------------------------------------------------------------
 @torch.library.custom_op("circuits::log_partition", mutates_args=())
 def log_partition(r: Tensor, circuit: int, marginals: bool) -> tuple[Tensor, Tensor]:
     """(log P_indep(C) [T], the marginals [T, n] when ``marginals``, else an empty tensor)."""
-    log_z, m = _passes(r, circuit)[1].log_partition(r, marginals)
+    log_z, m = _kernels(r, circuit).log_partition(r, marginals)
     return log_z, m.contiguous() if m is not None else r.new_empty(0)
 
 
@@ -131,10 +136,10 @@ def marginals(
 
     At most one sampling pass and one upward-downward pass; with ``values`` False m is zeros that
     still carry the Jacobian Cov(z) (straight-through estimators need only that)."""
-    c, chosen = _passes(r, circuit)
+    chosen = _kernels(r, circuit)
     z, log_z = r.new_empty(0), None
     if seed is not None:
-        z, log_z = chosen.sample(r, *draw_uniforms(c.program, r, seed), shift=shift, log_z=want_log_z and not values)
+        z, log_z = chosen.sample(r, *chosen.draw_uniforms(r, seed), shift=shift, log_z=want_log_z and not values)
     if values:
         log_z, m = chosen.log_partition(r, True, shift=shift, accurate=False)  # log Z: only checked
     else:
@@ -174,7 +179,7 @@ marginals.register_autograd(_marginals_backward, setup_context=_marginals_setup)
 @torch.library.custom_op("circuits::marginals_jvp", mutates_args=())
 def marginals_jvp(r: Tensor, shift: Tensor | None, v: Tensor, circuit: int) -> Tensor:
     """Cov(z) v = (d marginals / d r) v: r, v [T, n] -> [T, n] (not differentiable again)."""
-    return _passes(r, circuit)[1].marginals_jvp(r, v.contiguous(), shift=shift).contiguous()
+    return _kernels(r, circuit).marginals_jvp(r, v.contiguous(), shift=shift).contiguous()
 
 
 @marginals_jvp.register_fake
@@ -186,8 +191,8 @@ def _(r, shift, v, circuit):
 @torch.library.custom_op("circuits::sample", mutates_args=())
 def sample(r: Tensor, shift: Tensor | None, seed: Tensor, circuit: int) -> tuple[Tensor, Tensor]:
     """(one exact draw z [T, n] in {0, 1}, log Z [T]) from the uniforms of ``seed``."""
-    c, chosen = _passes(r, circuit)
-    z, log_z = chosen.sample(r, *draw_uniforms(c.program, r, seed), shift=shift)
+    chosen = _kernels(r, circuit)
+    z, log_z = chosen.sample(r, *chosen.draw_uniforms(r, seed), shift=shift)
     return z.contiguous(), log_z  # the torch passes build z transposed
 
 
@@ -199,7 +204,7 @@ def _(r, shift, seed, circuit):
 @torch.library.custom_op("circuits::map", mutates_args=())
 def map_assignment(r: Tensor, shift: Tensor | None, circuit: int) -> tuple[Tensor, Tensor]:
     """(the most probable satisfying assignment z [T, n] in {0, 1}, its log-value [T]; -inf where none)."""
-    z, best = _passes(r, circuit)[1].map(r, shift=shift)
+    z, best = _kernels(r, circuit).map(r, shift=shift)
     return z.contiguous(), best
 
 
@@ -211,7 +216,7 @@ def _(r, shift, circuit):
 # --- the cardinality DP: the marginals (and one draw), differentiable with Jacobian Cov(z) -------------
 def _dp(r: Tensor, kmin: int, kmax: int):
     """The DP's kernels for r [T, n] (``TorchDP`` or ``CDP``), as ``select`` picks them."""
-    return select_passes(Lattice(r.shape[-1], kmin, kmax, r.device), r.dtype)
+    return select(Lattice(r.shape[-1], kmin, kmax, r.device), r.dtype)
 
 
 @torch.library.custom_op("circuits::dp_marginals", mutates_args=())
@@ -299,26 +304,14 @@ def chosen_scores(
     """One draw z ~ P(z | C, r) and, for the drawn variables by score descending (ties to the lower
     index), their scores π = softmax(r) or sigmoid(r) (``kind``), with the straight-through gradient
     (``circuits.kernels.straight_through``): (weights [T, slots], indices [T, slots] long, mask [T, slots]
-    bool, π [T, n]). C: kmin <= |z| <= kmax by the DP (``circuit`` 0) or the circuit of handle
-    ``circuit``; ``paper``: the marginals' Jacobian Cov(z) diag(1 - sigmoid(r)) in the backward.
-    The fused C kernels draw and select in one pass; otherwise the draw is ``dp_marginals``' /
-    ``marginals``' with the same seed, then ``topk_chosen``."""
-    r = r.contiguous()  # the C passes read rows in place
+    bool, π [T, n]). C: the constraint of the evaluator of handle ``circuit`` (a ``Circuit`` or a
+    ``CardinalityDP``; ``kmin``, ``kmax``: its sizes, for the reader: the evaluator knows them);
+    ``paper``: the marginals' Jacobian Cov(z) diag(1 - sigmoid(r)) in the backward. The kernels'
+    ``chosen``: one pass where they fuse it (the C kernels), else the draw of ``dp_marginals`` /
+    ``marginals`` with the same seed, then ``topk_chosen``."""
+    r = r.contiguous()  # the C kernels read rows in place
     p = straight_through.scores(r, kind)
-    if circuit == 0:
-        dp = _dp(r, kmin, kmax)
-        if isinstance(dp, c_dp.CDP):
-            idx, w, mask = c_dp.chosen_scores(r, p, seed, kmin, kmax, slots)
-            return w, idx, mask, p
-        z = dp.forward_marginals(r, seed, False)[1]
-    else:
-        c, passes = _passes(r, circuit)
-        if isinstance(passes, CPasses):
-            return (*passes.chosen(r, *draw_uniforms(c.program, r, seed), p, slots, c.shift_size), p)
-        z = passes.sample(r, *draw_uniforms(c.program, r, seed), shift=c._shift(r))[0].contiguous()
-    top, idx = select.topk_chosen(z, p, slots)  # the drawn by π, then the undrawn by index (value -1)
-    mask = top >= 0
-    return torch.where(mask, top, 0.0), idx.contiguous(), mask, p  # the reference slices a sort
+    return (*_kernels(r, circuit).chosen(r, seed, p, slots), p)
 
 
 @chosen_scores.register_fake
@@ -359,24 +352,10 @@ def chosen_scores_backward(
     """The gradient of ``chosen_scores``' weights: r [T, n], indices [T, slots] (int32 or long), mask
     [T, slots] bool, g [T, slots] -> [T, n] = J(g_t) + the scores' backward of g (softmax: g_t - π Σ g_t;
     sigmoid: g_t (1 - π)), g_t = (g at the used slots, scattered to their variables) ⊙ π, J the
-    marginals' Jacobian (Cov(z), times diag(1 - sigmoid(r)) with ``paper``). Not differentiable again."""
+    marginals' Jacobian (Cov(z), times diag(1 - sigmoid(r)) with ``paper``): the kernels'
+    ``chosen_backward``. Not differentiable again."""
     r = r.contiguous()
-    sigmoid = kind == "sigmoid"  # the C kernels' one pass (π, g_t, Cov(z) g_t) takes the exact convention
-    if circuit == 0:
-        dp = _dp(r, kmin, kmax)
-        if not paper and isinstance(dp, c_dp.CDP):
-            return c_dp.chosen_scores_backward(r, indices, mask, g, kmin, kmax, sigmoid)
-    else:
-        c, passes = _passes(r, circuit)
-        if not paper and isinstance(passes, CPasses):
-            return passes.chosen_backward(r, indices, mask, g, sigmoid, c.shift_size)
-    p = straight_through.scores(r, kind)
-    g_t = torch.zeros_like(p).scatter_add_(-1, indices.long(), torch.where(mask, g, 0.0).to(p.dtype)).mul_(p)
-    cov = dp.cov_vec(r, g_t) if circuit == 0 else passes.marginals_jvp(r, g_t, shift=c._shift(r))
-    if paper:
-        cov = cov * torch.sigmoid(-r)
-    own = g_t * (1 - p) if sigmoid else torch.addcmul(g_t, p, g_t.sum(dim=-1, keepdim=True), value=-1)
-    return (cov + own).contiguous()
+    return _kernels(r, circuit).chosen_backward(r, indices, mask, g, kind, paper)
 
 
 @chosen_scores_backward.register_fake
@@ -385,10 +364,15 @@ def _(r, indices, mask, g, kmin, kmax, circuit, kind, paper):
 
 
 # --- row operations ------------------------------------------------------------------------------------
+def _rows(x: Tensor):
+    """The row operations for rows like ``x``, as ``select`` picks them."""
+    return select(Rows(x.device), x.dtype)
+
+
 @torch.library.custom_op("circuits::kth_largest", mutates_args=())
 def kth_largest(x: Tensor, k: int) -> Tensor:
     """Each row's k-th largest entry: x [T, n], 1 <= k <= n -> [T] (``circuits.kernels.rows``)."""
-    return select.kth_largest(x, k)
+    return _rows(x).kth_largest(x, k)
 
 
 @kth_largest.register_fake
@@ -400,7 +384,7 @@ def _(x, k):
 def topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """The k largest entries of each row, descending, ties to the lower index: x [T, n] ->
     (values [T, k], indices [T, k] long) (``circuits.kernels.rows``)."""
-    values, indices = select.topk(x, k)
+    values, indices = _rows(x).topk(x, k)
     return values.contiguous(), indices.contiguous()  # the reference slices a sort
 
 
@@ -413,7 +397,7 @@ def _(x, k):
 def topk_chosen(z: Tensor, x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """``topk`` of the keys (z - 1) + x z for a 0/1 choice z and x >= 0, z, x [T, n]: the chosen entries
     by x descending, then the others (value -1) by index (``circuits.kernels.rows``)."""
-    values, indices = select.topk_chosen(z, x, k)
+    values, indices = _rows(x).topk_chosen(z, x, k)
     return values.contiguous(), indices.contiguous()
 
 

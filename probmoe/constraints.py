@@ -12,8 +12,8 @@ circuit (log Z, marginals, exact draws, the MAP).
     compiled(constraint, device) -> the circuit on a device, input checks off (cached)
     cardinality(n, kmin, kmax, device, algorithm)
                                 -> the evaluator of kmin..kmax of n (a circuit or the DP; cached)
-    native_cardinality(n, kmin, kmax, algorithm)
-                                -> whether its float32 CPU routing takes the fused C kernels
+    native_cardinality(n, kmin, kmax, algorithm, dtype, device)
+                                -> whether its routing of such logits takes fused kernels
     Allowed(circuit)            -> the support, a torch.distributions constraint
 """
 
@@ -185,15 +185,21 @@ def _ensure_described(description: tuple, device: str) -> tuple:
     return _ensure(spec, device, ("described", description, device))
 
 
-def native_cardinality(n: int, kmin: int, kmax: int, algorithm: str) -> bool:
-    """Whether float32 routing of kmin..kmax of n on the CPU by ``algorithm`` has the fused C kernels
-    (``circuits.native_kernels`` of ``cardinality``'s evaluator), a constant under torch.compile."""
-    return _native_cardinality(operator.index(n), operator.index(kmin), operator.index(kmax), algorithm)
+def native_cardinality(
+    n: int, kmin: int, kmax: int, algorithm: str, dtype: torch.dtype = torch.float32, device="cpu"
+) -> bool:
+    """Whether routing logits of ``dtype`` on ``device`` over kmin..kmax of n by ``algorithm`` has fused
+    kernels (``circuits.native_kernels`` of ``cardinality``'s evaluator: the C kernels, for float32 on
+    the CPU), a constant under torch.compile."""
+    n, kmin, kmax = operator.index(n), operator.index(kmin), operator.index(kmax)
+    return _native_cardinality(n, kmin, kmax, algorithm, str(dtype).removeprefix("torch."), str(device))
 
 
 @_assume_constant_result
-def _native_cardinality(n: int, kmin: int, kmax: int, algorithm: str) -> bool:
-    return circuits.native_kernels(cardinality(n, kmin, kmax, "cpu", algorithm), torch.float32, torch.device("cpu"))
+def _native_cardinality(n: int, kmin: int, kmax: int, algorithm: str, dtype: str, device: str) -> bool:
+    """``native_cardinality`` on python constants (the dtype's and device's names)."""
+    evaluator = cardinality(n, kmin, kmax, device, algorithm)
+    return circuits.native_kernels(evaluator, getattr(torch, dtype), torch.device(device))
 
 
 @_assume_constant_result

@@ -263,6 +263,24 @@ class SubsetDistribution(Distribution):
         self._cache[f"m{paper}"] = m
         return self.mean, self._out(z.detach(), self.event_shape[0])
 
+    def chosen_scores(self, scores: str = "softmax", generator: torch.Generator | None = None):
+        """One draw S ~ P(S | C) and its experts by score π (``scores``: softmax(logits) or
+        sigmoid(logits)), descending (ties to the lower index), in ``kmax`` slots, weighted by the
+        paper's Eq. 7: π there, the gradient through π and through ``.mean`` (Jacobian Cov(z), or
+        Cov(z) diag(1 - p) with grad "paper"). One operator (``circuits::chosen_scores``, one pass
+        where the backend has fused kernels): (weights [..., kmax], indices [..., kmax] long, mask
+        [..., kmax] bool, π [..., N] detached); unused slots hold the lowest undrawn experts,
+        ascending, weight 0.
+
+        generator: a ``torch.Generator`` on the logits' device (the draw is ``mean_and_sample``'s
+        from the same generator state)."""
+        _validate.generator(generator, self.logits.device)
+        w, idx, mask, p = self._engine.chosen_scores(
+            self._r, generator, slots=self.kmax, kind=scores, paper=self.grad == "paper"
+        )
+        slots, dtype = self.batch_shape + (self.kmax,), self.logits.dtype
+        return w.reshape(slots).to(dtype), idx.reshape(slots), mask.reshape(slots), self._out(p, self.event_shape[0])
+
     def mean_tangent(self, sample: bool = False, generator: torch.Generator | None = None):
         """(t, one draw or None): t is zeros [..., N] whose Jacobian is that of ``.mean``.
 

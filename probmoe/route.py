@@ -7,11 +7,12 @@ scores (softmax(r), or sigmoid(r) for sigmoid gates): the forward value is exact
 backward goes through the marginals m (Jacobian Cov(z), Eq. 8) and through π. Eval takes the MAP
 subset (``circuits.map_size`` / ``map_mask``; for a structured constraint, the circuit's MAP).
 
-A training route with the sampled methods' marginal gradient ("probmoe") over sizes, on float32
-CPU logits with C kernels, is one registered operator forward and one backward
-(``circuits::chosen_scores``: the draw, the drawn experts by score, the weights and their
-gradient, saving the logits, int32 indices and the mask); everywhere else route composes the same
-computation from the distribution's operators (``_select``, ``_weights``), with the same draws.
+A training route with the sampled methods' marginal gradient ("probmoe") over sizes, where the
+distribution's kernels fuse it (the C kernels: float32 logits on the CPU), is one registered
+operator forward and one backward (``SubsetDistribution.chosen_scores``: the draw, the drawn experts
+by score, the weights and their gradient, saving the logits, int32 indices and the mask);
+everywhere else route composes the same computation from the distribution's operators
+(``_select``, ``_weights``), with the same draws.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-import circuits
-from circuits import map_size  # importing circuits registers torch.ops.circuits
+from circuits import map_size
 
 from . import _validate
 from . import constraints as subset_constraints
@@ -146,34 +146,21 @@ def route(
 def _fused(dist: SubsetDistribution, r: Tensor, config: RoutingConfig) -> bool:
     """Whether a training route is one operator, ``circuits::chosen_scores`` (the draw, the drawn
     experts by score, Eq. 7's weights; its backward a second one): for the sampled methods with the
-    marginals' gradient ("probmoe"), sizes (no structured constraint), float32 logits on the CPU and
-    the C kernels of the backend (the fused C DP or C circuit passes). Elsewhere route composes the
-    same computation from the distribution's operators (``_select``, ``_weights``)."""
-    if (
-        config.method != "probmoe"
-        or config.constraint is not None
-        or r.dtype != torch.float32
-        or r.device.type != "cpu"
-    ):
+    marginals' gradient ("probmoe"), sizes (no structured constraint), and kernels of the backend that
+    fuse it for the logits' dtype and device (``circuits.native_kernels``: the fused C DP or C
+    circuit passes, float32 on the CPU). Elsewhere route composes the same computation from the
+    distribution's operators (``_select``, ``_weights``)."""
+    if config.method != "probmoe" or config.constraint is not None:
         return False
-    return subset_constraints.native_cardinality(r.shape[-1], config.kmin, config.kmax, config.backend)
+    return subset_constraints.native_cardinality(
+        r.shape[-1], config.kmin, config.kmax, config.backend, r.dtype, r.device
+    )
 
 
 def _route_fused(dist: SubsetDistribution, r: Tensor, config: RoutingConfig, generator) -> Routing:
     """``route(training=True)`` as one ``circuits::chosen_scores`` call (same draws, indices, weights
     and gradients as the composed path), then the normalisation if asked."""
-    handle = getattr(dist._engine, "handle", 0)  # 0: the DP
-    r = r.contiguous()  # as the evaluators make it (the operators take contiguous rows)
-    w, idx, mask, probs = torch.ops.circuits.chosen_scores(
-        r,
-        circuits.ops.seed(generator, r),
-        config.kmin,
-        config.kmax,
-        handle,
-        config.kmax,
-        config.scores,
-        config.grad == "paper",
-    )
+    w, idx, mask, probs = dist.chosen_scores(config.scores, generator)
     if config.normalize:
         w = _normalized(w)
     return Routing(idx, w, mask, probs, dist, config)

@@ -12,19 +12,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-KINDS = ("softmax", "sigmoid")
+from circuits.kernels.straight_through import KINDS, scores  # the score kinds' one home
+
+__all__ = ["KINDS", "dense_selection", "gate_scores"]
 
 
 def gate_scores(r: Tensor, kind: str, *, normalized: bool = False) -> Tensor:
     """Router logits r [..., N] -> gate scores [..., N] in r's dtype: softmax(r) ("softmax") or
     sigmoid(r) ("sigmoid"); with ``normalized`` the sigmoid scores divided by their sum (softmax
     scores already sum to 1)."""
-    if kind == "softmax":
-        return torch.softmax(r, dim=-1)
-    if kind != "sigmoid":
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    p = torch.sigmoid(r)
-    return p / p.sum(dim=-1, keepdim=True) if normalized else p
+    p = scores(r, kind)  # ValueError naming KINDS for another kind
+    return p / p.sum(dim=-1, keepdim=True) if normalized and kind == "sigmoid" else p
 
 
 def dense_selection(indices: Tensor, mask: Tensor, num_experts: int) -> Tensor:

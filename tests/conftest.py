@@ -107,35 +107,26 @@ def _turn_off(monkeypatch, native) -> None:
 # pytest_configure points the cache at a private folder.
 @pytest.fixture
 def c_passes_built():
-    """Skip unless the circuits' C passes (circuits.kernels.c_library) and the C row operations
-    (circuits.kernels.rows_lib) load."""
-    from circuits.kernels import c_library
-    from circuits.kernels import rows_lib as rows
+    """Skip unless the kernels' C library (circuits.kernels.library: the circuit passes, the DP's
+    sweeps, the row operations) loads."""
+    from circuits.kernels import library
 
-    _skip_unless_built(c_library.NATIVE)
-    _skip_unless_built(rows.ROWS)
+    _skip_unless_built(library.LIBRARY)
 
 
 @pytest.fixture
-def c_dp_built():
-    """Skip unless the C cardinality DP (circuits.kernels.c_dp) loads."""
-    from circuits.kernels import c_dp
-
-    _skip_unless_built(c_dp.NATIVE)
+def c_dp_built(c_passes_built):
+    """Skip unless the C DP loads: the same library as the C passes (``c_passes_built``)."""
 
 
 @pytest.fixture
 def c_passes_off(monkeypatch):
-    """The circuit passes and the row operations without their C code, for one test."""
-    from circuits.kernels import c_library
-    from circuits.kernels import rows_lib as rows
+    """The kernels without their C code (the torch passes, sweeps and row operations), for one test."""
+    from circuits.kernels import library
 
-    _turn_off(monkeypatch, c_library.NATIVE)
-    _turn_off(monkeypatch, rows.ROWS)
+    _turn_off(monkeypatch, library.LIBRARY)
 
 
 @pytest.fixture
-def c_dp_off(monkeypatch):
-    from circuits.kernels import c_dp
-
-    _turn_off(monkeypatch, c_dp.NATIVE)
+def c_dp_off(c_passes_off):
+    """The DP without its C sweeps: the whole C library off, as ``c_passes_off``."""

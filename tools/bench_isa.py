@@ -3,12 +3,12 @@
     python tools/bench_isa.py [--tokens 4096] [--sizes 64:8,64:4-8,128:8,256:16] [--isas avx512,avx2,portable]
                               [--repeats 15] [--threads 2] [--torch-isa matched|native]
 
-Builds the three C libraries (circuit passes, row operations, cardinality DP) for each ISA
+Builds the kernels' C library (circuit passes, row operations, cardinality DP) for each ISA
 (``NativeLibrary.variant``: avx512 = -march=x86-64-v4, avx2 = -march=x86-64-v3, portable =
 -march=x86-64-v2, each tuned for this CPU; those the CPU lacks are skipped) and times
 route(training=True) forward + backward for each backend and ISA against softmax + topk forward +
 backward, all round-robin in the same run, so the machine's load hits every column alike. The
-ratios are bench_router.py's; this script only swaps which build the libraries point to between
+ratios are bench_router.py's; this script only swaps which build the library points to between
 calls. An AVX2 build on an AVX-512 CPU is a proxy for an AVX2-only CPU, not the same thing.
 
 ``--torch-isa matched`` (the default) makes the proxy closer: torch's own kernels (the softmax +
@@ -36,13 +36,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_router import parse_size, softmax_topk
 from timing import table
 
+import circuits
 import probmoe
-from circuits.kernels import build, c_dp, c_library
-from circuits.kernels import rows_lib as rows
+from circuits.kernels import build, library
 from circuits.kernels.c_passes import CPasses
+from circuits.kernels.rows import Rows
 from probmoe import constraints
 
-LIBS = (c_library.NATIVE, rows.ROWS, c_dp.NATIVE)
+LIBS = (library.LIBRARY,)
 
 
 def cpu_name() -> str:
@@ -56,7 +57,7 @@ def cpu_name() -> str:
 
 
 def use(isa: str, circuit) -> None:
-    """Point the three libraries (and ``circuit``'s fp32 passes) at the build for ``isa``."""
+    """Point the library (and ``circuit``'s fp32 passes) at the build for ``isa``."""
     for lib in LIBS:
         lib.state = {"lib": lib.variant(isa), "where": f"{isa} build", "isa": isa}
     if circuit is not None:
@@ -123,7 +124,7 @@ def main() -> None:
         circuit = constraints.cardinality(N, kmin, kmax, "cpu")
         for isa in isas:
             use(isa, None)
-            PASSES[(isa, id(circuit))] = CPasses(circuit.program)
+            PASSES[(isa, id(circuit))] = CPasses(circuit.program, circuits.passes.select(Rows(r.device), r.dtype))
         fns = {"softmax + topk": (None, lambda: (softmax_topk(r, kmax) * c).sum().backward())}
         for backend in args.backends.split(","):
             for isa in isas:

@@ -215,9 +215,10 @@ def main() -> None:
     if bad := [p for p in wanted if p not in ("auto", "torch", "c", "triton")]:
         ap.error(f"--passes: {', '.join(bad)} not one of auto, torch, c, triton")
     torch.set_num_threads(args.threads)
-    from circuits.kernels import c_dp
+    from circuits.kernels import library
 
-    dp_where = f"the fused C DP ({c_dp.describe()})" if c_dp.library() else f"the torch DP ({c_dp.describe()})"
+    where = library.describe()
+    dp_where = f"the fused C DP ({where})" if library.library() else f"the torch DP ({where})"
     print(
         f"fp32, torch {torch.__version__}; fp32 CPU calls take the "
         f"{circuits.passes.describe()} and {dp_where}; load average {os.getloadavg()[0]:.2f} at start"

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from .. import checks, ops
 from ..kernels.lattice import Lattice
+from ..kernels.select import select
 from ..spec import CARDINALITY_SPECS as SPECS  # the constraints the DP evaluates
 from ..spec import ExactlyK, RangeK
 from .map_rule import map_mask
@@ -37,12 +38,17 @@ class CardinalityDP:
         self.n = spec.n
         self.kmin, self.kmax = spec.cardinalities[0], spec.cardinalities[-1]
         self.validate = True
+        self.handle = ops.register(self)  # the ``circuit`` argument of ``circuits::chosen_scores``
 
     def __repr__(self) -> str:
         return f"CardinalityDP({self.spec.describe()})"
 
     def lattice(self, device) -> Lattice:
         return Lattice(self.n, self.kmin, self.kmax, torch.device(device))
+
+    def kernels(self, dtype: torch.dtype, device="cpu"):
+        """The DP's kernels (``Sweeps``) for logits of ``dtype`` on ``device`` (``circuits.kernels.select``)."""
+        return select(self.lattice(device), dtype)
 
     # --- inputs and checks --------------------------------------------------------------------
     def _inputs(self, logits: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, torch.Size]:
@@ -113,3 +119,20 @@ class CardinalityDP:
         m, z = self._marginals(r, ops.seed(generator, r), values)
         shape = (*lead, self.n)
         return m.reshape(shape).to(logits.dtype), z.reshape(shape).to(logits.dtype)
+
+    def chosen_scores(
+        self,
+        logits: Tensor,
+        generator: torch.Generator | None = None,
+        *,
+        slots: int,
+        kind: str = "softmax",
+        paper: bool = False,
+    ):
+        """One exact draw and its variables by score with Eq. 7's straight-through weights
+        (``Circuit.chosen_scores``): logits [T, n] -> (weights [T, slots], indices [T, slots] long,
+        mask [T, slots] bool, π [T, n]); one pass with the C sweeps."""
+        r, _ = self._inputs(logits, generator)
+        return torch.ops.circuits.chosen_scores(
+            r, ops.seed(generator, r), self.kmin, self.kmax, self.handle, slots, kind, paper
+        )

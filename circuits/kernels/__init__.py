@@ -1,8 +1,11 @@
-"""The kernels: everything that computes, below the operators (``circuits.ops``) and the evaluators.
+"""The kernels: everything that computes, below the registered operators (``circuits.ops``) and the
+evaluators (``circuits.Circuit``, ``circuits.CardinalityDP``). No module here imports one above.
 
     select.py           select: the one place that picks an implementation, from what is evaluated
-                        (a circuit's Program, the DP's Lattice, Rows), its device and the dtype
-    interface.py        Passes: the interface of the circuit passes
+                        (a circuit's Program, the DP's Lattice, Rows), its device and the dtype;
+                        describe. ``circuits.passes`` names this module.
+    interface.py        Kernels (the fused queries chosen / chosen_backward, composed by default),
+                        Passes (the circuit passes' interface), Sweeps (the DP's)
     program.py          Program: a level layout as device tensors; draw_uniforms
     torch_passes.py     TorchPasses: plain tensor operations (the meaning; the others' oracle)
     c_passes.py         CPasses: fused C for fp32 on the CPU
@@ -11,12 +14,14 @@
     lattice.py          Lattice: what the cardinality DP sweeps over
     torch_dp.py         TorchDP: the DP's sweeps in plain torch (the meaning; the C sweeps' oracle)
     c_dp.py             CDP: the DP's sweeps fused in C for fp32 on the CPU
-    rows.py             topk, topk_chosen, kth_largest: per-row selection (C or torch)
-    uniforms.py         counter-based uniforms from one seed (C or torch)
-    straight_through.py Eq. 7's weights and their gradient in torch; the score kinds
+    rows.py             Rows, RowOps: topk, topk_chosen, kth_largest (C or torch references)
+    uniforms.py         counter-based uniforms from one seed (C or the torch reference)
+    straight_through.py Eq. 7's weights and their gradient in torch, the score kinds (a public module)
     scratch.py          ScratchPool: reused [rows, T] buffers
-    build.py            NativeLibrary: C sources built on first use, loaded with ctypes
-    c/                  the C sources
+    library.py          LIBRARY: the one C library (per ISA) of c/, its ctypes declarations
+    build.py            NativeLibrary: C sources built on first use, loaded with ctypes (no torch);
+                        ``circuits.native`` names this module
+    c/                  the C sources and their one header, kernels.h
 
 Nothing is imported here: ``circuits.kernels.build`` loads without torch (``probmoe-compile``).
 """

@@ -10,8 +10,8 @@ the CPU lacks, or a name not in ``ISAS``, is refused with a warning and the torc
 CPU that is neither x86-64 nor 64-bit Arm, or no compiler, leaves the torch code too, with one
 warning per library. ``PROBMOE_NATIVE=0`` turns every library off. Linked against libgomp, a
 library shares the OpenMP runtime torch has loaded, so torch's idle workers run its parallel
-loops. The circuit passes (``circuits.kernels.c_library``) are one such library; other packages
-build theirs the same way.
+loops. The kernels' library (``circuits.kernels.library``: the circuit passes, the DP's sweeps, the
+row operations) is one such library; other packages build theirs the same way.
 """
 
 from __future__ import annotations

@@ -3,49 +3,20 @@
 The same results as the torch sweeps of ``circuits.kernels.torch_dp``, the reference and oracle:
 ``forward_marginals`` is ``TorchDP.forward_marginals`` (one up and one down sweep per tile of
 tokens, the draw from the same uniforms as ``torch_dp.down``, so a seeded generator gives the same
-draws either way) and ``cov_vec`` is ``torch_dp.cov_vec``. The library is a
-``circuits.kernels.build.NativeLibrary``, built on first use into
-``<cache dir>/native/<key>/libcardinality.so``; off with ``PROBMOE_NATIVE=0``.
-``circuits.kernels.select`` takes ``CDP`` where ``NATIVE.takes`` says the library applies.
+draws either way) and ``cov_vec`` is ``torch_dp.cov_vec``. The library is the kernels' one
+(``circuits.kernels.library``); off with ``PROBMOE_NATIVE=0``. ``circuits.kernels.select`` takes
+``CDP`` where the library takes the logits (float32 on the CPU).
 """
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 from torch import Tensor
 
-from .build import SCRATCH, VMATH, NativeLibrary
+from .library import describe, library
+from .rows import REFERENCES, RowOps
 from .torch_dp import TorchDP
 from .uniforms import uniforms
-
-
-def _declare(lib: ctypes.CDLL) -> None:
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.dp_forward.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64]
-    lib.dp_cov_vec.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i64, i64]
-    lib.dp_forward_lanes.argtypes = [i64, i64]
-    lib.dp_chosen.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64]
-    lib.dp_chosen_backward.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64, i64]
-    for fn in (lib.dp_forward, lib.dp_cov_vec, lib.dp_forward_lanes, lib.dp_chosen, lib.dp_chosen_backward):
-        fn.restype = i64
-
-
-NATIVE = NativeLibrary(
-    "cardinality",
-    [
-        SCRATCH.with_name("cardinality.c"),
-        SCRATCH.with_name("uniforms.c"),
-        SCRATCH.with_name("chosen.c"),
-        SCRATCH,
-        VMATH,
-    ],
-    _declare,
-    label="C DP",
-)
-library = NATIVE.library
-describe = NATIVE.describe
 
 
 def _checked(r: Tensor, kmin: int, kmax: int) -> Tensor:
@@ -87,7 +58,7 @@ def forward_marginals(
     m = torch.empty_like(r) if values else None
     want_sample = seed is not None
     z = torch.empty_like(r) if want_sample else None
-    rand = uniforms(seed, (N + 1) * T, r.device, r.dtype) if want_sample else None  # [(N + 1) T]
+    rand = uniforms(seed, (N + 1) * T, r.device, r.dtype, library()) if want_sample else None  # [(N + 1) T]
     if values or want_sample:
         _run(library().dp_forward, r.data_ptr(), _ptr(rand), _ptr(m), _ptr(z), T, N, kmin, kmax, int(linear))
     return (m if values else torch.zeros_like(r)), (z if want_sample else r.new_empty(0))
@@ -198,11 +169,12 @@ class CDP(TorchDP):
     stay ``TorchDP``'s."""
 
     name = "fused C"
+    fused = True
 
-    def __init__(self, kmin: int, kmax: int):
+    def __init__(self, kmin: int, kmax: int, rows: RowOps = REFERENCES):
         if library() is None:
             raise RuntimeError(f"the C DP is not available ({describe()})")
-        super().__init__(kmin, kmax)
+        super().__init__(kmin, kmax, rows)
 
     def forward_marginals(self, r: Tensor, seed: Tensor | None, values: bool) -> tuple[Tensor, Tensor]:
         """(m [T, N] or zeros, one draw [T, N] from ``seed`` or an empty tensor)."""
@@ -211,3 +183,15 @@ class CDP(TorchDP):
     def cov_vec(self, r: Tensor, v: Tensor) -> Tensor:
         """Cov(z) v: r, v [T, N] -> [T, N]."""
         return cov_vec(r, v, self.kmin, self.kmax)
+
+    def chosen(self, r: Tensor, seed: Tensor, p: Tensor, slots: int) -> tuple[Tensor, Tensor, Tensor]:
+        """``Kernels.chosen`` in one pass over the tiles (``chosen_scores``)."""
+        idx, w, mask = chosen_scores(r, p, seed, self.kmin, self.kmax, slots)
+        return w, idx, mask
+
+    def chosen_backward(self, r: Tensor, indices: Tensor, mask: Tensor, g: Tensor, kind: str, paper: bool) -> Tensor:
+        """``Kernels.chosen_backward`` in one pass (``chosen_scores_backward``) for the exact
+        convention; the "paper" one is composed."""
+        if paper:
+            return super().chosen_backward(r, indices, mask, g, kind, paper)
+        return chosen_scores_backward(r, indices, mask, g, self.kmin, self.kmax, kind == "sigmoid")

@@ -4,7 +4,7 @@ Each pass evaluates one tile of tokens through the whole circuit while it stays 
 and the marginals, sampling, MAP, Cov(z) v. ``TorchPasses`` is their
 plain-torch meaning and test oracle: the same results, the same draws from the same uniforms.
 Tiles of tokens are split between ``torch.get_num_threads()`` OpenMP threads (ctypes releases the
-GIL). The library comes from ``circuits.kernels.c_library``.
+GIL). The library is the kernels' one, ``circuits.kernels.library``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import math
 import torch
 from torch import Tensor
 
-from . import c_library, torch_passes
+from . import library, torch_passes
 from .interface import Passes, shifted
 from .program import Program
+from .rows import REFERENCES, RowOps
 
 
 class CPasses(Passes):
@@ -25,12 +26,13 @@ class CPasses(Passes):
     pointers into index tensors that this object keeps alive."""
 
     name = "fused C"
+    fused = True
 
-    def __init__(self, program: Program, *, linear: bool = True):
+    def __init__(self, program: Program, rows: RowOps = REFERENCES, *, linear: bool = True):
         """linear: let tiles take the linear upward pass where their values allow it (False: the
         upward pass on logarithms everywhere; the two are tested against each other)."""
-        super().__init__(program)
-        self.lib = c_library.library()
+        super().__init__(program, rows)
+        self.lib = library.library()
         if self.lib is None:
             raise RuntimeError("the C passes are not available (circuits.kernels.select.describe() says why)")
         prog = program
@@ -47,25 +49,15 @@ class CPasses(Passes):
         imp_off = torch.zeros(prog.num_rows + 1, dtype=torch.int64)
         imp_off[1:] = torch.bincount(prog.implicit_row, minlength=prog.num_rows).cumsum(0)
         lin = linear_constants(prog) if linear else None
-        coef_d = None if lin is None else lin[0]  # the double pass of log Z alone (pm_log_z)
-        real = None if lin is None else coef_d[coef_d > 0]
-        coef = None if lin is None or (real.numel() and float(real.min()) < FLOAT_COEF_MIN) else coef_d.float()
+        coef = None if lin is None else lin[0]  # float64 [R]: the double pass of log Z alone takes them all
+        real = None if lin is None else coef[coef > 0]
+        lin_float = lin is not None and not (real.numel() and float(real.min()) < FLOAT_COEF_MIN)
         tilt = prog.tilt  # the tilt of the pass on logarithms (torch_passes.tilt)
         up, down = tilt.up.float().cpu().contiguous(), tilt.down.float().cpu().contiguous()
-        self._keep = (
-            nodes,
-            prog.prime,
-            prog.sub,
-            imp_off,
-            imp_var,
-            coef,
-            coef_d,
-            up,
-            down,
-        )  # what the struct points into
-        self._coef_d = coef_d
+        self._keep = (nodes, prog.prime, prog.sub, imp_off, imp_var, coef, up, down)  # what the struct points into
+        self._coef = coef
         scalars = (0.0,) * 5 + (-1.0,) if lin is None else lin[1:]
-        self.struct = c_library.ProgStruct(
+        self.struct = library.ProgStruct(
             prog.n,
             prog.num_slots,
             prog.num_rows,
@@ -77,14 +69,13 @@ class CPasses(Passes):
             imp_off.data_ptr(),
             imp_var.data_ptr(),
             None if coef is None else coef.data_ptr(),
+            int(lin_float),
             *scalars,
             up.data_ptr(),
             down.data_ptr(),
             tilt.kmin,
             tilt.kmax,
             int(not tilt.uniform),
-            None if coef_d is None else coef_d.data_ptr(),
-            *scalars[:4],
         )
 
     def _run(self, fn, *args) -> int:
@@ -141,7 +132,7 @@ class CPasses(Passes):
         """log_z [T] = log Z of r [T, n] less shift, accumulated in double: the C double pass
         (``pm_log_z``), and the float64 torch passes for the tokens it refuses (logits far from the
         nominal one or from each other) or for all of them without the double constants."""
-        if self._coef_d is None:
+        if self._coef is None:
             refused = torch.ones(r.shape[0], dtype=torch.bool)
         else:
             bad = torch.empty(r.shape[0], dtype=torch.uint8)
@@ -182,17 +173,13 @@ class CPasses(Passes):
         self._run(self.lib.pm_jvp, r.data_ptr(), _pointer(shift), v.data_ptr(), out.data_ptr(), r.shape[0])
         return out
 
-    def chosen(
-        self, r: Tensor, uniforms: Tensor, fill: Tensor | None, p: Tensor, slots: int, shift_k: int = 0
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """``sample``'s draw, then each token's drawn variables by the scores p [T, n] descending (ties
-        to the lower index) in ``slots`` slots, in the same pass (``circuits::chosen_scores``): ->
-        (weights [T, slots] = p there, indices [T, slots] long, mask [T, slots] bool); unused slots
-        hold the lowest undrawn variables, ascending (distinct), weight 0. shift_k > 0: the passes' shift is each token's
-        shift_k-th largest logit (``Circuit._shift``), made inside the pass."""
+    def chosen(self, r: Tensor, seed: Tensor, p: Tensor, slots: int) -> tuple[Tensor, Tensor, Tensor]:
+        """``Kernels.chosen`` in the sampling pass: the draw and the selection in one pass over the
+        tiles; an exactly-k circuit's shift (``program.shift_k``) is made inside the pass."""
+        uniforms, fill = self.draw_uniforms(r, seed)
         uniforms, p = uniforms.contiguous(), p.contiguous()
         fill = None if fill is None else fill.contiguous()
-        T = r.shape[0]
+        T, shift_k = r.shape[0], self.program.shift_k
         w, idx = r.new_empty(T, slots), torch.empty(T, slots, dtype=torch.int64)
         mask = torch.empty(T, slots, dtype=torch.bool)
         shift = r.new_empty(T) if shift_k else None  # the pass's scratch
@@ -214,16 +201,15 @@ class CPasses(Passes):
             )
         return w, idx, mask
 
-    def chosen_backward(
-        self, r: Tensor, indices: Tensor, mask: Tensor, g: Tensor, sigmoid: bool, shift_k: int = 0
-    ) -> Tensor:
-        """The gradient of ``chosen``'s weights in one pass: r [T, n], indices [T, slots], mask [T, slots]
-        bool, g [T, slots] -> [T, n] = Cov(z) g_t + the scores' backward, g_t = (g at the used slots,
-        scattered to their variables) ⊙ p, p = softmax(r) (or sigmoid(r)) recomputed; shift_k as
-        ``chosen``'s."""
+    def chosen_backward(self, r: Tensor, indices: Tensor, mask: Tensor, g: Tensor, kind: str, paper: bool) -> Tensor:
+        """``Kernels.chosen_backward`` in one pass (Cov(z) g_t and the scores' backward, π recomputed)
+        for the exact convention; the "paper" one is composed."""
+        if paper:
+            return super().chosen_backward(r, indices, mask, g, kind, paper)
         indices = indices.to(torch.int32).contiguous()
         g, mask = g.to(torch.float32).contiguous(), mask.contiguous()
         out = torch.empty_like(r)
+        shift_k = self.program.shift_k
         shift = r.new_empty(r.shape[0]) if shift_k else None
         if r.shape[0]:
             self._run(
@@ -235,7 +221,7 @@ class CPasses(Passes):
                 g.data_ptr(),
                 mask.data_ptr(),
                 indices.shape[1],
-                int(sigmoid),
+                int(kind == "sigmoid"),
                 out.data_ptr(),
                 r.shape[0],
             )

@@ -12,7 +12,8 @@ import torch
 from torch import Tensor
 
 from ..layout import FALSE_SLOT, Layout
-from .uniforms import as_seed, uniforms
+from .rows import REFERENCES, RowOps
+from .uniforms import as_seed
 
 
 @dataclass
@@ -67,6 +68,10 @@ class Program:
     #: (GroupLimited(256, groups of 32, at most 4) at logits 1e4 + N(0, 3^2): 1.8e-5; two-level rows
     #: 31.9 apart: 1.6e-4). ``Circuit`` sets it from its spec (a layout alone: True).
     float64_rows: bool = True
+    #: k for an exactly-k circuit, whose passes take logits shifted by each row's k-th largest
+    #: (``Circuit._shift``), else 0: the shift the fused queries make themselves (``Kernels.chosen``).
+    #: ``Circuit`` sets it from its spec.
+    shift_k: int = 0
 
     @property
     def device(self) -> torch.device:
@@ -158,14 +163,15 @@ class Program:
 
 
 def draw_uniforms(
-    prog: Program, r: Tensor, seed: Tensor | torch.Generator | None = None
+    prog: Program, r: Tensor, seed: Tensor | torch.Generator | None = None, rows: RowOps = REFERENCES
 ) -> tuple[Tensor, Tensor | None]:
     """The uniforms one draw per token uses, in this order: [count, T], one per vtree node and token
     (``Program.scope_ids``), then [T, n] for the implicit variables (None for a smooth circuit); all
     from one seed (``circuits.kernels.uniforms``): a 0-dim int64 tensor, or a generator (None: the
-    default one) to draw it from."""
+    default one) to draw it from. ``rows``: the row operations that make them (``select`` gives the
+    kernels theirs; the reference otherwise, the same bits)."""
     _, count = prog.scope_ids
     T, n = r.shape
     fill = 0 if prog.smooth else T * n
-    u = uniforms(as_seed(seed, r.device), count * T + fill, r.device, r.dtype)
+    u = rows.uniforms(as_seed(seed, r.device), count * T + fill, r.device, r.dtype)
     return u[: count * T].view(count, T), None if prog.smooth else u[count * T :].view(T, n)

@@ -66,9 +66,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .interface import Sweeps
+from .rows import REFERENCES, RowOps
 from .scratch import ScratchPool
 from .torch_passes import tilt_constant
-from .uniforms import as_seed, uniforms
+from .uniforms import as_seed
 
 LOG_ZERO = -1e30  # a finite log 0: a few of them add up without overflow in float32
 
@@ -188,7 +190,9 @@ def up(r: Tensor, kmin: int, kmax: int, *, keep_w: bool = True, v: Tensor | None
     return Up(whole[N % 2].clone(), c, softplus_x, W if keep_w else None, dW, dtop, kmin)
 
 
-def down(u: Up, band: Tensor, num_samples: int = 0, seed: Tensor | torch.Generator | None = None):
+def down(
+    u: Up, band: Tensor, num_samples: int = 0, seed: Tensor | torch.Generator | None = None, rows: RowOps = REFERENCES
+):
     """The downward sweep from adjoints ``band`` [J, T] on the band sizes, in float64.
 
     Returns (Σ_j F[i, j] as [T, N] in the logits' dtype, draws [num_samples, T, N] or None). With
@@ -196,7 +200,7 @@ def down(u: Up, band: Tensor, num_samples: int = 0, seed: Tensor | torch.Generat
     Σ_j g_j m^(j), the gradient of Σ_j g_j log Z_j. Draws: |S| ~ ``band`` (which must then be the
     band probabilities), then z_i ~ Bernoulli(W[i, c]) along the path; one uniform per (draw,
     token) for the size, then one per (variable, draw, token), all from one call of
-    ``circuits.kernels.uniforms`` in the logits' dtype.
+    ``circuits.kernels.uniforms`` in the logits' dtype (made by ``rows``: the same bits either way).
     """
     W = u.W
     N, _, T = W.shape
@@ -208,7 +212,7 @@ def down(u: Up, band: Tensor, num_samples: int = 0, seed: Tensor | torch.Generat
     if num_samples:
         cum = A[u.kmin :].cumsum(dim=0)  # [J, T]
         # the sizes, then the variables
-        rand = uniforms(as_seed(seed, band.device), (N + 1) * num_samples * T, band.device, dtype)
+        rand = rows.uniforms(as_seed(seed, band.device), (N + 1) * num_samples * T, band.device, dtype)
         x = rand[: num_samples * T].view(num_samples, T) * cum[-1]
         x = torch.minimum(x, cum[-1] * (1 - torch.finfo(dtype).eps))  # u * total may round up to the total
         c = (cum.unsqueeze(1) <= x).sum(dim=0) + u.kmin  # [S, T]: the first size whose cumulative mass passes x
@@ -256,7 +260,7 @@ def marginals(r: Tensor, kmin: int, kmax: int) -> Tensor:
     return down(u, u.band_probs())[0]
 
 
-class TorchDP:
+class TorchDP(Sweeps):
     """The DP's kernels in torch, any device and dtype (``circuits.kernels.select`` picks it where the
     C sweeps do not apply: float64, CUDA, no compiler, ``PROBMOE_NATIVE=0``). ``CDP`` offers the same
     with the same results and, from the same seed, the same draws. Inputs: logits r [T, N] of one
@@ -264,13 +268,10 @@ class TorchDP:
 
     name = "torch"
 
-    def __init__(self, kmin: int, kmax: int):
-        self.kmin, self.kmax = kmin, kmax
-
     def forward_marginals(self, r: Tensor, seed: Tensor | None, values: bool) -> tuple[Tensor, Tensor]:
         """(m [T, N] or zeros, one draw [T, N] from ``seed`` or an empty tensor): one up and one down sweep."""
         u = up(r, self.kmin, self.kmax)
-        m, z = down(u, u.band_probs(), int(seed is not None), seed)
+        m, z = down(u, u.band_probs(), int(seed is not None), seed, self.rows)
         return m if values else torch.zeros_like(m), z[0] if seed is not None else r.new_empty(0)
 
     def cov_vec(self, r: Tensor, v: Tensor) -> Tensor:

@@ -19,6 +19,7 @@ from . import torch_passes
 from . import triton_kernels as K
 from .interface import Passes, shifted
 from .program import Program
+from .rows import REFERENCES, RowOps
 
 
 class TritonPasses(Passes):
@@ -28,8 +29,8 @@ class TritonPasses(Passes):
 
     name = "triton"
 
-    def __init__(self, program: Program, block: int = 32, scratch_bytes: int = 256 << 20):
-        super().__init__(program)
+    def __init__(self, program: Program, rows: RowOps = REFERENCES, block: int = 32, scratch_bytes: int = 256 << 20):
+        super().__init__(program, rows)
         if block < 32 or block & (block - 1):
             raise ValueError(f"block must be a power of two >= 32, got {block}")
         self.block, self.scratch_bytes = block, scratch_bytes

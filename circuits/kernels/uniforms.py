@@ -3,7 +3,7 @@
 Each uniform is a pure function of a seed and its index (the splitmix64 finaliser of
 seed + (index + 1) * golden, top 24 bits, in [0, 1) like ``torch.rand``'s float32), so they are
 made in any order by any thread, by C (``c/uniforms.c``, on the CPU when the library is built,
-as ``circuits.kernels.select`` says) or by ``reference``, the plain-torch meaning and the C code's
+as ``circuits.kernels.select`` gives it) or by ``reference``, the plain-torch meaning and the C code's
 oracle (and the CUDA path): the same bits either way, on every device. A call takes one seed, a 0-dim int64 tensor drawn from
 the caller's generator by ``seed_tensor``: drawing it is a tensor operation, so neither drawing
 nor using it reads a value on the host outside an operator (torch.compile traces through it).
@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-
-from . import rows_lib
 
 _GOLDEN, _M1, _M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 SEED_BOUND = 1 << 62
@@ -59,15 +57,17 @@ def seed_from(generator: torch.Generator | None) -> int:
     return int(seed_tensor(generator))
 
 
-def uniforms(seed: Tensor, count: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-    """``count`` uniforms in [0, 1) of ``dtype`` on ``device`` from a 0-dim int64 ``seed``: [count].
+def uniforms(seed: Tensor, count: int, device: torch.device, dtype: torch.dtype, lib=None) -> Tensor:
+    """``count`` uniforms in [0, 1) of ``dtype`` on ``device`` from a 0-dim int64 ``seed``: [count];
+    made in float32 (then cast) by the C kernels library ``lib`` on the CPU, by ``reference``
+    without one (``select`` gives it: ``RowOps.uniforms``).
 
     On the CPU the seed's value is read (inside an operator: see ``circuits.ops``); on CUDA the
     uniforms are computed on the device from the seed tensor, with no host synchronisation."""
     device = torch.device(device)
     if device.type != "cpu":
         return reference(seed.to(device), 0, count).to(dtype)
-    value, lib = int(seed), rows_lib.ROWS.takes(device, torch.float32)  # made in float32, then cast
+    value = int(seed)
     if lib is None:
         return reference(value, 0, count).to(dtype)
     out = torch.empty(count, dtype=torch.float32)

@@ -18,24 +18,21 @@ from circuits.kernels import c_dp, straight_through, torch_dp
 KINDS = ["softmax", "sigmoid"]
 
 
-ALIVE = []  # an operator's circuit handle is valid while its circuit lives
+ALIVE = []  # an operator's handle is valid while its evaluator lives
 
 
 def handle(backend: str, kmin: int, kmax: int, n: int) -> int:
-    """The ``circuit`` argument for ``backend``: 0 (the DP), or a compiled circuit's handle."""
-    if backend == "dp":
-        return 0
-    ALIVE.append(
-        circuits.compile_circuit(circuits.ExactlyK(n, kmin) if kmin == kmax else circuits.RangeK(n, kmin, kmax))
-    )
+    """The ``circuit`` argument for ``backend``: the handle of a DP's evaluator or of a compiled circuit."""
+    spec = circuits.ExactlyK(n, kmin) if kmin == kmax else circuits.RangeK(n, kmin, kmax)
+    ALIVE.append(circuits.CardinalityDP(spec) if backend == "dp" else circuits.compile_circuit(spec))
     return ALIVE[-1].handle
 
 
 def draw(r: torch.Tensor, seed: torch.Tensor, kmin: int, kmax: int, circuit: int) -> torch.Tensor:
     """The draw the composed path makes from ``seed``: [T, N] (the DP's, or the circuit's)."""
-    if circuit == 0:
+    c = circuits.ops.evaluator(circuit)
+    if isinstance(c, circuits.CardinalityDP):
         return torch.ops.circuits.dp_marginals(r, seed, kmin, kmax, False)[1]
-    c = circuits.ops._circuit(circuit)
     return torch.ops.circuits.sample(r, c._shift(r), seed, circuit)[0]
 
 
@@ -73,8 +70,9 @@ def test_c_dp_forward_is_the_reference(c_dp_built, n, kmin, kmax, kind):
     r = hard_logits(300, n)
     r[1, 0] = 0.5  # a tie among the rest: the lower index first
     seed = circuits.ops.seed(torch.Generator().manual_seed(4), r)
-    got = torch.ops.circuits.chosen_scores(r, seed, kmin, kmax, 0, kmax, kind, False)
-    want = straight_through.reference(r, draw(r, seed, kmin, kmax, 0), torch.zeros_like(r), kmax, kind)
+    dp = handle("dp", kmin, kmax, n)
+    got = torch.ops.circuits.chosen_scores(r, seed, kmin, kmax, dp, kmax, kind, False)
+    want = straight_through.reference(r, draw(r, seed, kmin, kmax, dp), torch.zeros_like(r), kmax, kind)
     for a, b in zip(got, want):
         assert a.dtype == b.dtype and torch.equal(a, b)
     if kmin == 0:
@@ -139,7 +137,8 @@ def test_backward_operator_equals_its_composed_form(c_dp_built):
     """The C DP's one-pass backward and the composed one (the torch scatter, the C Cov(z) v and the
     scores' backward) agree to rounding."""
     r = hard_logits(200, 64, seed=7)
-    w, idx, mask, _ = torch.ops.circuits.chosen_scores(r, circuits.ops.seed(None, r), 4, 8, 0, 8, "softmax", False)
+    seed = circuits.ops.seed(None, r)
+    w, idx, mask, _ = torch.ops.circuits.chosen_scores(r, seed, 4, 8, handle("dp", 4, 8, 64), 8, "softmax", False)
     g = torch.randn(200, 8, generator=torch.Generator().manual_seed(8))
     fused = c_dp.chosen_scores_backward(r, idx, mask, g, 4, 8, False)
     p = torch.softmax(r, -1)

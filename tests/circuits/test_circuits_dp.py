@@ -9,10 +9,10 @@ import torch
 from brute import exact, masks
 
 import circuits
-from circuits.kernels import c_dp
-from circuits.kernels import rows_lib as rows
+from circuits.kernels import c_dp, library
 from circuits.kernels.c_dp import CDP
 from circuits.kernels.lattice import Lattice
+from circuits.kernels.rows import Rows
 from circuits.kernels.torch_dp import TorchDP
 
 SPECS = [
@@ -146,9 +146,10 @@ def test_select_is_the_one_place_that_picks():
     assert type(circuits.passes.select(Lattice(8, 2, 4, cpu), torch.float32, prefer="torch")) is TorchDP
     with pytest.raises(ValueError, match="the c passes take float32 logits"):
         circuits.passes.select(Lattice(8, 2, 4, cpu), torch.float64, prefer="c")
-    assert circuits.passes.select(rows.Rows(cpu), torch.float64) is None
-    assert circuits.passes.select(rows.Rows(cpu), torch.float32) is rows.library()
-    assert circuits.passes.select(rows.Rows(cpu), torch.float32, prefer="torch") is None
+    assert circuits.passes.select(Rows(cpu), torch.float64).lib is None  # the torch references
+    assert circuits.passes.select(Rows(cpu), torch.float64).uniforms_lib is library.library()  # made in float32
+    assert circuits.passes.select(Rows(cpu), torch.float32).lib is library.library()
+    assert circuits.passes.select(Rows(cpu), torch.float32, prefer="torch").lib is None
 
 
 def test_checks_are_the_one_home_of_integer_and_size_rules():

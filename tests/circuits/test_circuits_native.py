@@ -15,10 +15,10 @@ from stats import chi2_pvalue, mask_counts
 
 import circuits
 from circuits.kernels import build as native
-from circuits.kernels import c_library, c_passes
+from circuits.kernels import c_passes, library
 from circuits.kernels import rows as select
 from circuits.kernels import torch_passes as kernels
-from circuits.kernels.select import CPasses, TorchPasses, draw_uniforms
+from circuits.kernels.select import CPasses, Rows, TorchPasses, draw_uniforms
 
 # (x1 or x2) and (not x1 or x3) and (x2 or not x4 or x5) and (not x3 or not x5); x6 is unconstrained
 CLAUSES = [[1, 2], [-1, 3], [2, -4, 5], [-3, -5]]
@@ -52,7 +52,7 @@ def _cnf_models():
 def test_built_wherever_a_compiler_is():
     if os.environ.get("PROBMOE_NATIVE", "1") == "0" or shutil.which("cc") is None:
         pytest.skip("no compiler, or turned off")
-    assert c_library.library() is not None
+    assert library.library() is not None
 
 
 CIRCUITS = [circuits.ExactlyK(64, 8), circuits.RangeK(60, 4, 8), circuits.ExactlyK(7, 3), circuits.RangeK(9, 0, 9)]
@@ -311,14 +311,14 @@ def test_threads_split_tokens_without_changing_results():
 def fresh_native(monkeypatch, tmp_path):
     """The loader's state and cache directory, private to one test."""
     monkeypatch.setenv("PROBMOE_CACHE", str(tmp_path))
-    monkeypatch.setattr(c_library.NATIVE, "state", {})
+    monkeypatch.setattr(library.LIBRARY, "state", {})
     return tmp_path
 
 
 def test_turned_off_falls_back_to_the_torch_passes(fresh_native, monkeypatch):
     monkeypatch.setenv("PROBMOE_NATIVE", "0")
-    assert c_library.library() is None
-    assert circuits.passes.describe() == "torch passes (C passes turned off by PROBMOE_NATIVE=0)"
+    assert library.library() is None
+    assert circuits.passes.describe() == "torch passes (C kernels turned off by PROBMOE_NATIVE=0)"
     c = circuits.compile_circuit(circuits.RangeK(6, 2, 4))
     assert isinstance(c.passes(torch.float32), TorchPasses)
     r = torch.randn(3, 6)
@@ -332,7 +332,7 @@ def test_turned_off_falls_back_to_the_torch_passes(fresh_native, monkeypatch):
 @pytest.mark.skipif(shutil.which("cc") is None or os.environ.get("PROBMOE_NATIVE") == "0", reason="needs cc")
 @pytest.mark.parametrize("damage", ["garbage", "no digest", "another library"])
 def test_a_damaged_cached_library_is_rebuilt(fresh_native, damage):
-    path = c_library.NATIVE.path(shutil.which("cc"))
+    path = library.LIBRARY.path(shutil.which("cc"))
     path.parent.mkdir(parents=True)
     if damage == "another library":  # loads fine, but is not ours: its digest does not match
         shutil.copy(torch.__file__.replace("__init__.py", "lib/libc10.so"), path)
@@ -341,17 +341,14 @@ def test_a_damaged_cached_library_is_rebuilt(fresh_native, damage):
         path.write_bytes(b"not a shared library")
         if damage == "garbage":
             path.with_suffix(".so.sha256").write_text(native.digest(path))
-    assert c_library.library() is not None and circuits.passes.describe() == f"fused C passes ({path})"
+    assert library.library() is not None and circuits.passes.describe() == f"fused C passes ({path})"
     assert path.read_bytes()[:4] == b"\x7fELF" and native.digest(path) == path.with_suffix(".so.sha256").read_text()
 
 
 def test_an_included_header_is_part_of_the_build_key(tmp_path):
-    """A change to a header a source includes (chosen.h, shared by the passes and the DP) gives
-    another library path, so a stale build is never loaded."""
-    from circuits.kernels import c_dp
-
-    for lib in (c_library.NATIVE, c_dp.NATIVE):
-        assert [h.name for h in lib.headers()] == ["chosen.h"]
+    """A change to a header a source includes (kernels.h, which every unit includes) gives another
+    library path, so a stale build is never loaded."""
+    assert [h.name for h in library.LIBRARY.headers()] == ["kernels.h"]
     src = tmp_path / "unit.c"
     header = tmp_path / "unit.h"
     header.write_text("int f(void);\n")
@@ -370,9 +367,9 @@ def test_a_missing_compiler_warns_once_and_falls_back(fresh_native, monkeypatch)
     monkeypatch.delenv("PROBMOE_NATIVE", raising=False)  # the suite may run with the C code off
     monkeypatch.setenv("CC", str(fresh_native / "no-such-cc"))
     with pytest.warns(RuntimeWarning, match="using the torch code"):
-        assert c_library.library() is None
-    assert c_library.library() is None  # decided once: no second warning
-    assert circuits.passes.describe().startswith("torch passes (C passes unavailable: ")
+        assert library.library() is None
+    assert library.library() is None  # decided once: no second warning
+    assert circuits.passes.describe().startswith("torch passes (C kernels unavailable: ")
 
 
 @needs_native
@@ -385,7 +382,7 @@ def test_kth_largest_equals_topk(T, n, k):
         r[0, : n - 1] = -torch.inf
         r[1, 0] = float("nan")
     want = torch.where(r.isnan(), -torch.inf, r).topk(k, dim=-1).values.amin(dim=-1) if T else r.new_empty(0)
-    assert torch.equal(select.kth_largest(r, k), want)
+    assert torch.equal(circuits.passes.select(Rows(r.device), r.dtype).kth_largest(r, k), want)
     assert torch.equal(select.kth_largest_reference(r, k), want)
 
 
@@ -393,7 +390,7 @@ def test_kth_largest_equals_topk(T, n, k):
 @pytest.mark.parametrize("k", [0, -1, 5])
 def test_kth_largest_refuses_k_outside_1_to_n(k):
     with pytest.raises(ValueError, match=r"kth_largest takes x \[T, n\] and k in \[1, n = 4\]"):
-        select.kth_largest(torch.randn(3, 4), k)
+        circuits.passes.select(Rows(torch.device("cpu")), torch.float32).kth_largest(torch.randn(3, 4), k)
 
 
 @needs_native
@@ -413,7 +410,7 @@ def test_route_is_the_same_with_and_without_the_c_passes(size, monkeypatch):
 
     fast, fast_grad = run()
     monkeypatch.setattr(probmoe.constraints, "_CIRCUITS", {})  # circuits pick their passes once: make new ones
-    monkeypatch.setattr(c_library.NATIVE, "state", {"lib": None, "where": "turned off in this test"})
+    monkeypatch.setattr(library.LIBRARY, "state", {"lib": None, "where": "turned off in this test"})
     slow, slow_grad = run()
     assert isinstance(probmoe.constraints.cardinality(60, 8, 8, "cpu").passes(torch.float32), TorchPasses)
     assert torch.equal(fast.indices, slow.indices) and torch.equal(fast.mask, slow.mask)
@@ -423,7 +420,7 @@ def test_route_is_the_same_with_and_without_the_c_passes(size, monkeypatch):
 
 @pytest.mark.skipif(shutil.which("cc") is None or os.environ.get("PROBMOE_NATIVE") == "0", reason="needs cc")
 def test_a_read_only_cache_builds_for_this_process(fresh_native, monkeypatch):
-    build, targets = c_library.NATIVE.build, []
+    build, targets = library.LIBRARY.build, []
 
     def refuse_the_cache(cc, out, isa=None):  # what a read-only cache directory does to a non-root user
         targets.append(out)
@@ -432,9 +429,9 @@ def test_a_read_only_cache_builds_for_this_process(fresh_native, monkeypatch):
         build(cc, out, isa)
 
     at_exit = []
-    monkeypatch.setattr(c_library.NATIVE, "build", refuse_the_cache)
+    monkeypatch.setattr(library.LIBRARY, "build", refuse_the_cache)
     monkeypatch.setattr(atexit, "register", lambda fn, *args: at_exit.append((fn, args)))
-    assert c_library.library() is not None
+    assert library.library() is not None
     assert len(targets) == 2 and not str(targets[1]).startswith(str(fresh_native))
     assert circuits.passes.describe() == f"fused C passes ({targets[1]})"
     for fn, args in at_exit:  # what the process does when it exits: the private build goes

@@ -1,7 +1,8 @@
-"""The row operations shared by the passes and probmoe: ``circuits.kernels.rows.topk`` (the k largest
-of each row, ties to the lower index), ``topk_chosen`` (the same over the keys of a 0/1 choice) and
-``circuits.kernels.uniforms`` (counter-based uniforms), each in C against its plain-torch reference,
-bit for bit, and the uniforms against the uniform law."""
+"""The row operations shared by the passes and probmoe: ``topk`` (the k largest of each row, ties to
+the lower index), ``topk_chosen`` (the same over the keys of a 0/1 choice) and the counter-based
+uniforms (``circuits.kernels.uniforms``), as ``circuits.passes.select`` gives them
+(``circuits.kernels.rows.RowOps``), each in C against its plain-torch reference, bit for bit, and
+the uniforms against the uniform law."""
 
 from __future__ import annotations
 
@@ -10,12 +11,25 @@ import torch
 from stats import chi2_pvalue
 
 import circuits
-from circuits.kernels import rows_lib as rows
+from circuits.kernels import library
 from circuits.kernels import uniforms as counter_uniforms
 from circuits.kernels.program import draw_uniforms
-from circuits.kernels.rows import topk, topk_chosen, topk_chosen_reference, topk_reference
+from circuits.kernels.rows import Rows, topk_chosen_reference, topk_reference
 
 needs_native = pytest.mark.usefixtures("c_passes_built")
+
+
+def _rows(x: torch.Tensor):
+    """The row operations ``select`` gives rows like ``x`` (C for float32 CPU rows, where built)."""
+    return circuits.passes.select(Rows(x.device), x.dtype)
+
+
+def topk(x: torch.Tensor, k: int):
+    return _rows(x).topk(x, k)
+
+
+def topk_chosen(z: torch.Tensor, x: torch.Tensor, k: int):
+    return _rows(x).topk_chosen(z, x, k)
 
 
 def awkward_rows(T: int, n: int) -> torch.Tensor:
@@ -110,7 +124,7 @@ def test_topk_bad_arguments(shape, k):
 @pytest.mark.parametrize("offset,count", [(0, 1), (0, 70_000), (12_345, 999)])
 def test_uniforms_in_c_equal_the_reference(seed, offset, count):
     out = torch.empty(count)
-    rows.library().pm_uniforms(seed, offset, count, out.data_ptr(), torch.get_num_threads())
+    library.library().pm_uniforms(seed, offset, count, out.data_ptr(), torch.get_num_threads())
     assert torch.equal(out, counter_uniforms.reference(seed, offset, count))
 
 
@@ -136,12 +150,12 @@ def test_uniforms_reproduce_with_a_seeded_generator_with_and_without_c(monkeypat
     cpu = torch.device("cpu")
 
     def draw(seed, count=5000, dtype=torch.float32):
-        return counter_uniforms.uniforms(
+        return circuits.passes.select(Rows(cpu), dtype).uniforms(
             counter_uniforms.seed_tensor(torch.Generator().manual_seed(seed)), count, cpu, dtype
         )
 
     fast = draw(3)
-    monkeypatch.setattr(rows.ROWS, "state", {"lib": None, "where": "turned off in this test"})
+    monkeypatch.setattr(library.LIBRARY, "state", {"lib": None, "where": "turned off in this test"})
     slow = draw(3)
     assert torch.equal(fast, slow)
     assert draw(3, 5, torch.float64).dtype == torch.float64

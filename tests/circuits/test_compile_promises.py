@@ -10,7 +10,7 @@ import pytest
 
 from circuits.inspect import cli, report
 from circuits.kernels import build
-from circuits.kernels.rows_lib import ROWS
+from circuits.kernels.library import LIBRARY as ROWS
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import torch
 import circuits
 import probmoe
 from circuits.kernels import c_dp as dp_native
+from circuits.kernels import library
 from circuits.kernels import torch_dp as dp
 from circuits.kernels.c_dp import CDP
 from circuits.kernels.lattice import Lattice
@@ -358,7 +359,7 @@ def test_route_with_and_without_the_library(size, monkeypatch):
     r = torch.randn(300, 32, generator=torch.Generator().manual_seed(4)) * 2
     r[:10, :3] = -torch.inf
     with_c = route_dp(r, size, 9)
-    monkeypatch.setattr(dp_native.NATIVE, "state", {"lib": None, "where": "off"})
+    monkeypatch.setattr(library.LIBRARY, "state", {"lib": None, "where": "off"})
     without = route_dp(r, size, 9)
     assert torch.equal(with_c[0], without[0])
     torch.testing.assert_close(with_c[1], without[1], atol=1e-5, rtol=0)

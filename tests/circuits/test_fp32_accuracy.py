@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from tool_modules import load_tool
 
 import circuits
-from circuits.kernels import c_library, torch_passes
+from circuits.kernels import library, torch_passes
 
 A = load_tool("accuracy_fp32")
 
@@ -21,7 +21,7 @@ GROUPS = [
     circuits.GroupLimited(32, None, 4, 2, kmin=1, kmax=6),
 ]
 SCALES = (1.0, 100.0)
-IMPLS = ["torch"] + (["c"] if c_library.library() is not None else [])
+IMPLS = ["torch"] + (["c"] if library.library() is not None else [])
 
 
 def cardinality_spec(n, kmin, kmax):

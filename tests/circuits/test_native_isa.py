@@ -1,10 +1,10 @@
-"""Every instruction set's build of the three C libraries against the torch oracle, and the fallback.
+"""Every instruction set's build of the kernels' C library against the torch oracle, and the fallback.
 
-``circuits.kernels.build`` builds each library for one ISA: avx512 (-march=x86-64-v4), avx2
+``circuits.kernels.build`` builds the library for one ISA: avx512 (-march=x86-64-v4), avx2
 (x86-64-v3) or portable (x86-64-v2 on x86, the base architecture with NEON on Arm), the best the
 CPU runs unless ``PROBMOE_NATIVE_ISA`` names another. Here each ISA this CPU runs (read from its
-flags; the others are skipped) gets the circuit passes, the row operations and the cardinality DP
-built once per session into the test cache, and each is checked on awkward inputs: -inf logits,
+flags; the others are skipped) gets the library (the circuit passes, the row operations and the
+cardinality DP) built once per session into the test cache, and each is checked on awkward inputs: -inf logits,
 ±1e4 logits, ties, T not a multiple of the tile, n = 1, 64 and 256, exactly-k, range-k and a group
 constraint. Bit for bit where the C code is exact (the row operations, the uniforms, the MAP, the
 DP's draws); the draws of the circuit passes from the same uniforms as the torch passes, but for
@@ -22,18 +22,18 @@ import torch
 
 import circuits
 from circuits import GroupLimited
-from circuits.kernels import build, c_dp, c_library
+from circuits.kernels import build, c_dp, library
 from circuits.kernels import rows as select
-from circuits.kernels import rows_lib as rows
 from circuits.kernels import torch_dp as dp
 from circuits.kernels import torch_passes as kernels
 from circuits.kernels import uniforms as native_uniforms
 from circuits.kernels.lattice import Lattice
-from circuits.kernels.select import CPasses, TorchPasses, draw_uniforms
+from circuits.kernels.select import CPasses, Rows, TorchPasses, draw_uniforms
 from circuits.kernels.torch_dp import TorchDP
 from circuits.kernels.uniforms import seed_tensor
 
-LIBS = {"passes": c_library.NATIVE, "rows": rows.ROWS, "dp": c_dp.NATIVE}
+LIBS = {"kernels": library.LIBRARY}  # one library (the passes, the row operations, the DP)
+CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module", params=build.ISAS)
@@ -49,7 +49,7 @@ def isa_libs(request):
 
 @pytest.fixture
 def isa(isa_libs, monkeypatch):
-    """The three libraries point at the builds of one ISA for one test."""
+    """The library points at the build of one ISA for one test."""
     name, libs = isa_libs
     for key, native in LIBS.items():
         monkeypatch.setattr(native, "state", {"lib": libs[key], "where": f"{name} build", "isa": name})
@@ -89,7 +89,7 @@ def test_circuit_passes(isa, spec):
     r = c.shifted(awkward_logits(T, n, seed=n)) if isinstance(spec, circuits.ExactlyK) else awkward_logits(T, n, n)
     v = torch.randn(T, n, generator=torch.Generator().manual_seed(1))
     native = CPasses(prog)
-    assert native.lib is c_library.NATIVE.state["lib"]
+    assert native.lib is library.LIBRARY.state["lib"]
     done, tiles = native.linear_tiles(r)
     assert done > 0 and (done < tiles or n == 1)  # the awkward rows' tiles on logarithms (n = 1: no awkward
     # value survives the shift), the last tile's linear upward
@@ -157,16 +157,18 @@ def test_row_operations(isa, T, n, k):
     if T > 3:
         r[3, :2] = torch.nan  # counts as -inf
         r[2, 0] = -0.0
-    assert torch.equal(select.kth_largest(r, k), select.kth_largest_reference(r, k))
-    values, indices = select.topk(r, k)
+    rows = circuits.passes.select(Rows(CPU), torch.float32)  # the C row operations of this ISA's build
+    assert rows.lib is rows.uniforms_lib is library.LIBRARY.state["lib"]
+    assert torch.equal(rows.kth_largest(r, k), select.kth_largest_reference(r, k))
+    values, indices = rows.topk(r, k)
     want_values, want_indices = select.topk_reference(r, k)
     assert torch.equal(values, want_values) and torch.equal(indices, want_indices)
     z = (r > 0.5).float()  # some rows choose more than k, some fewer
     x = torch.softmax(r.nan_to_num(0.0, 0.0, 0.0), -1) if T else r
-    got, want = select.topk_chosen(z, x, k), select.topk_chosen_reference(z, x, k)
+    got, want = rows.topk_chosen(z, x, k), select.topk_chosen_reference(z, x, k)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     seed = torch.tensor(12345, dtype=torch.int64)
-    got = native_uniforms.uniforms(seed, 3 * T * n + 5, torch.device("cpu"), torch.float32)
+    got = rows.uniforms(seed, 3 * T * n + 5, CPU, torch.float32)
     assert torch.equal(got, native_uniforms.reference(seed, 0, 3 * T * n + 5))
 
 
@@ -208,7 +210,7 @@ def test_the_isas_this_cpu_runs(monkeypatch):
 
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
-    """The three libraries undecided, with a private cache and the C code on."""
+    """The library undecided, with a private cache and the C code on."""
     monkeypatch.setenv("PROBMOE_CACHE", str(tmp_path))
     monkeypatch.delenv("PROBMOE_NATIVE", raising=False)
     monkeypatch.delenv("PROBMOE_NATIVE_ISA", raising=False)
@@ -218,7 +220,7 @@ def fresh(monkeypatch, tmp_path):
 
 
 def falls_back_with_one_warning(match: str) -> None:
-    """Each library: library() is None after exactly one RuntimeWarning, and the torch code runs."""
+    """The library: library() is None after exactly one RuntimeWarning, and the torch code runs."""
     for native in LIBS.values():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -229,13 +231,14 @@ def falls_back_with_one_warning(match: str) -> None:
         ], caught
         assert len(caught) == 1, [str(w.message) for w in caught]
         assert "using the torch code" in str(caught[0].message) and native.isa() is None
-    assert circuits.passes.describe().startswith("torch passes (C passes unavailable: ")
+    assert circuits.passes.describe().startswith("torch passes (C kernels unavailable: ")
     c = circuits.compile_circuit(circuits.RangeK(6, 2, 4))
     assert isinstance(circuits.passes.select(c.program, torch.float32), TorchPasses)
     r = torch.randn(5, 6)
     assert isinstance(circuits.passes.select(Lattice(6, 2, 4, r.device), r.dtype), TorchDP)
     assert torch.isfinite(c.marginals(r)).all()
-    assert torch.equal(select.kth_largest(r, 2), select.kth_largest_reference(r, 2))
+    rows = circuits.passes.select(Rows(CPU), r.dtype)
+    assert rows.lib is None and torch.equal(rows.kth_largest(r, 2), select.kth_largest_reference(r, 2))
 
 
 @pytest.mark.parametrize("name", ["sse9", "neon512"])
@@ -265,8 +268,8 @@ def test_no_compiler_falls_back(fresh, monkeypatch):
 def test_the_isa_is_chosen_and_named_in_the_build_key(fresh, monkeypatch):
     """By default the best ISA the CPU runs; PROBMOE_NATIVE_ISA picks another; each its own build."""
     best = build.best_isa()
-    assert c_library.NATIVE.isa() == best and f"/native/{best}-" in c_library.describe()
+    assert library.LIBRARY.isa() == best and f"/native/{best}-" in library.describe()
     monkeypatch.setenv("PROBMOE_NATIVE_ISA", "portable")
-    monkeypatch.setattr(c_library.NATIVE, "state", {})
-    assert c_library.NATIVE.isa() == "portable" and "/native/portable-" in c_library.describe()
-    assert c_library.NATIVE.path("cc", "portable") != c_library.NATIVE.path("cc", best) or best == "portable"
+    monkeypatch.setattr(library.LIBRARY, "state", {})
+    assert library.LIBRARY.isa() == "portable" and "/native/portable-" in library.describe()
+    assert library.LIBRARY.path("cc", "portable") != library.LIBRARY.path("cc", best) or best == "portable"

@@ -71,6 +71,8 @@ def circuit_samples(dtype):
     z = (torch.rand(9, 10, generator=torch.Generator().manual_seed(2)) < 0.4).to(dtype)
     out += [(torch.ops.circuits.topk_chosen.default, (z, torch.softmax(x, -1), 4))]
     r = logits(7, 10, dtype=dtype).requires_grad_()
+    dps = {size: circuits.CardinalityDP(circuits.RangeK(10, *size)) for size in ((2, 4), (3, 3))}
+    ALIVE.extend(dps.values())  # the chosen_scores operators take a DP's handle
     out += [
         (torch.ops.circuits.dp_marginals.default, (r, circuits.ops.seed(None, r), 2, 4, True)),
         (torch.ops.circuits.dp_marginals.default, (r, None, 3, 3, False)),
@@ -78,14 +80,20 @@ def circuit_samples(dtype):
         (torch.ops.circuits.dp_log_counts.default, (r, 2, 4, False)),
         (torch.ops.circuits.dp_log_counts.default, (r, 3, 3, True)),
         (torch.ops.circuits.dp_log_counts_backward.default, (r.detach(), torch.randn(7, 3, dtype=dtype), 2, 4, True)),
-        (torch.ops.circuits.chosen_scores.default, (r, circuits.ops.seed(None, r), 2, 4, 0, 4, "softmax", False)),
-        (torch.ops.circuits.chosen_scores.default, (r, circuits.ops.seed(None, r), 3, 3, 0, 3, "sigmoid", True)),
+        (
+            torch.ops.circuits.chosen_scores.default,
+            (r, circuits.ops.seed(None, r), 2, 4, dps[2, 4].handle, 4, "softmax", False),
+        ),
+        (
+            torch.ops.circuits.chosen_scores.default,
+            (r, circuits.ops.seed(None, r), 3, 3, dps[3, 3].handle, 3, "sigmoid", True),
+        ),
     ]
     for kind, paper in [("softmax", False), ("sigmoid", True)]:
         out.append(
             (
                 torch.ops.circuits.chosen_scores_backward.default,
-                (r.detach(), *chosen_slots(4, 10), torch.randn(7, 4, dtype=dtype), 2, 4, 0, kind, paper),
+                (r.detach(), *chosen_slots(4, 10), torch.randn(7, 4, dtype=dtype), 2, 4, dps[2, 4].handle, kind, paper),
             )
         )
     return out

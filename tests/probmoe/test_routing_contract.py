@@ -109,7 +109,8 @@ def test_the_contract_is_what_the_fused_operator_returns():
     draws of a wide range: distinct ids per row, the lowest undrawn ones ascending after the drawn."""
     r = logits(torch.float32, T=1000, N=40) - 1.0
     c = circuits.compile_circuit(circuits.RangeK(40, 1, 9))
-    for handle in (0, c.handle):
+    dp = circuits.CardinalityDP(circuits.RangeK(40, 1, 9))
+    for handle in (dp.handle, c.handle):
         w, idx, mask, _ = torch.ops.circuits.chosen_scores(
             r, circuits.ops.seed(torch.Generator().manual_seed(5), r), 1, 9, handle, 9, "softmax", False
         )

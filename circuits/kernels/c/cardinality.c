@@ -30,26 +30,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "chosen.h" /* the straight-through selection's per-token pieces */
-
-void pm_exp(float *x, int64_t n);
-void pm_log(float *x, int64_t n);
-void pm_log1p(float *x, int64_t n);
-void pm_exp_double(double *x, int64_t n);
-void pm_log_double(double *x, int64_t n);
+#include "kernels.h"
 
 #define LOG_ZERO (-1e30f) /* dp.LOG_ZERO */
 #define MAX_LANES 128
 #define MIN_LANES 16
 #define TABLE_BUDGET (640 * 1024) /* bytes of W (and dW) per thread */
 #define ROWS_BUDGET (32 * 1024) /* bytes of a tile's [N][B] logits */
-/* exp's arguments are clamped to EXP_MIN and the results below it taken as 0: libmvec's expf takes
- * a slow scalar path for a whole vector when one argument's exp underflows (LOG_ZERO states make
- * many), as does its log1pf near FLT_MIN; exp(EXP_MIN) ~ 2e-35 is safe for both. */
-#define EXP_MIN (-80.0f)
-
-/* max as a comparison, which vectorises (fmaxf's NaN rules make gcc call libm). */
-static inline float max2(float a, float b) { return a > b ? a : b; }
+/* exp's arguments are clamped to EXP_MIN (kernels.h) and the results below it taken as 0: LOG_ZERO
+ * states make many that would send libmvec's expf to its slow path. */
 
 typedef struct {
     int64_t T, N, kmin, K1, B; /* tokens, variables, smallest size, kmax + 1, lanes per tile */
@@ -122,7 +111,6 @@ static int64_t carve(Tile *w, const Dims *d, int tangents, int sampling, int sco
     return at;
 }
 
-float *pm_scratch(size_t floats); /* scratch.c: this thread's buffer of at least `floats` floats */
 
 /* The lanes per tile: the largest power of two in [MIN_LANES, MAX_LANES] whose `tables` tables of
  * [N][K1][B] floats fit TABLE_BUDGET and whose [N][B] rows fit ROWS_BUDGET (MIN_LANES when none
@@ -625,7 +613,6 @@ static int64_t cov_tile(const Dims *d, const float *r, const float *v, float *ou
  * by their score p descending, ties to the lower index (pm_topk_chosen's order), in `slots` slots:
  * idx [T, slots] int64, wv [T, slots] = p there, mask [T, slots] (1: a used slot). Unused slots hold
  * the lowest undrawn variables, ascending (distinct), weight 0, mask 0. */
-void pm_uniforms_serial(int64_t seed, int64_t offset, int64_t count, float *out); /* uniforms.c */
 
 /* The uniforms [B] of tokens t0..t0+nt at `offset` of the draw (the sizes at 0, variable i at
  * (i + 1) T), lanes past nt 0.5 (load_uniforms' padding). */

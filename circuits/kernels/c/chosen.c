@@ -13,13 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "chosen.h"
-
-void pm_exp(float *x, int64_t n);
-
-/* exp's arguments are clamped here, as in cardinality.c: libmvec's expf takes a slow path for a
- * whole vector when one result underflows. Scores below exp(EXP_MIN) are taken as 0. */
-#define EXP_MIN (-80.0f)
+#include "kernels.h" /* EXP_MIN: exp's arguments are clamped, as in cardinality.c; scores below exp(EXP_MIN) are 0 */
 
 /* bits [W][B] (W = ceil(n / 64) words per lane): bit i % 64 of word i / 64 set where z [n][B] > 0,
  * made a variable at a time over all lanes (vectorised), so that a token's drawn variables are then

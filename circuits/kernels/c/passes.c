@@ -21,13 +21,7 @@
 #include <immintrin.h>
 #endif
 
-#include "chosen.h" /* the straight-through selection's per-token pieces */
-
-void pm_exp(float *x, int64_t n);
-void pm_log(float *x, int64_t n);
-void pm_log1p(float *x, int64_t n);
-void pm_exp_shift(float *x, const float *top, int64_t rows, int64_t w);
-void pm_log_add(float *v, const float *s, const float *top, int64_t n);
+#include "kernels.h"
 
 /* The straight-through selection (circuits::chosen_scores) in place of a pass's z or Cov(z) v
  * output: in the forward, p [T, n] the scores and the slots written, idx [T, slots] int64, w, mask;
@@ -53,10 +47,6 @@ typedef struct {
 } ChosenGrad;
 
 #define TILE 128 /* tokens per tile: 64 and 128 measured fastest, 32 and 256 slower */
-
-/* max/min as comparisons, which vectorise (fmaxf's NaN rules make gcc call libm). No NaN reaches them. */
-static inline float max2(float a, float b) { return a > b ? a : b; }
-static inline float min2(float a, float b) { return a < b ? a : b; }
 
 /* The inner loops over a tile, with restrict pointers so gcc vectorises them without alias checks.
  * Callers pass distinct rows: an element's prime and sub are different slots. */
@@ -193,32 +183,6 @@ static inline void flow_rows(float *restrict gp, float *restrict gq, float *rest
         dgq[t] += df;
     }
 }
-
-typedef struct {
-    int64_t n, num_slots, num_rows, num_nodes, smooth;
-    const int64_t *nodes;  /* [D, 3]: slot, first element row, fan-in of each decision node, bottom-up */
-    const int64_t *prime;  /* [R] */
-    const int64_t *sub;    /* [R] */
-    const int64_t *imp_off; /* [R + 1]: element row e's implicit variables are imp_var[imp_off[e]:imp_off[e + 1]] */
-    const int64_t *imp_var; /* [P] */
-    /* The linear upward (see upward): the element constants c_e [R] (NULL: the log upward only);
-     * what sigma(r) and sigma(-r) are multiplied by to give the stored x_i and not x_i, and TRUE's
-     * stored value; log Z = log(root's stored value) + lin_root; the nominal logit;
-     * the cardinality k of every model (-1: not one k, or not smooth: no centring, see up_tile). */
-    const float *lin_coef;
-    float lin_pos, lin_neg, lin_true, lin_root, lin_r0, lin_k;
-    /* The tilt of the pass on logarithms (torch_passes.tilt): per element row, tilt_up and tilt_down
-     * [R] (the sizes its node and children store); the fewest and most true variables of a model;
-     * tilt_moves: some row has a nonzero one or the circuit is not smooth (else only the leaves move). */
-    const float *tilt_up, *tilt_down;
-    int64_t tilt_kmin, tilt_kmax, tilt_moves;
-    /* The linear upward's constants in double for pm_log_z (log Z alone, accumulated in double):
-     * c_e [R] (NULL: no double pass), lin_pos, lin_neg, lin_true,
-     * lin_root unrounded. */
-    const double *lin_coef_d;
-    double lin_pos_d, lin_neg_d, lin_true_d, lin_root_d;
-} Prog;
-
 /* One tile's tilt (see tilt_tile): c, c+ = max(c, 0), c- = min(c, 0) [TILE]; g [n][TILE] the implicit
  * variables' addends and dg [n][TILE] their tangents (NULL: none). */
 typedef struct {
@@ -252,8 +216,6 @@ static inline void tilt_tangent(const Prog *P, const Tilt *tl, int64_t e, const 
         for (int64_t t = 0; t < TILE; t++) out[t] += row[t];
     }
 }
-
-float *pm_scratch(size_t floats); /* scratch.c: this thread's buffer of at least `floats` floats */
 
 /* The start of a top-down pass: rows [rows][TILE] all 0 but the root (slot S - 1), 1. */
 static void root_flow(float *flow, int64_t S, int64_t rows) {
@@ -438,7 +400,7 @@ static int upward(const Prog *P, float *val, float *ex, float *norm, float *dval
         float *v = val + slot * TILE;
         if (F == 1) { /* a product: weight 1 */
             if (linear) {
-                product_row(v, val + P->prime[r0] * TILE, val + P->sub[r0] * TILE, P->lin_coef[r0]);
+                product_row(v, val + P->prime[r0] * TILE, val + P->sub[r0] * TILE, (float)P->lin_coef[r0]);
                 range_row(low, v);
             } else {
                 add_rows(v, val + P->prime[r0] * TILE, val + P->sub[r0] * TILE);
@@ -461,7 +423,7 @@ static int upward(const Prog *P, float *val, float *ex, float *norm, float *dval
         if (linear) {
             for (int64_t e = 0; e < F; e++)
                 product_row(x + e * TILE, val + P->prime[r0 + e] * TILE, val + P->sub[r0 + e] * TILE,
-                            P->lin_coef[r0 + e]);
+                            (float)P->lin_coef[r0 + e]);
         } else {
             for (int64_t t = 0; t < TILE; t++) top[t] = -FLT_MAX; /* a dead node keeps exp(e - top) = 0 */
             for (int64_t e = 0; e < F; e++) {
@@ -515,9 +477,10 @@ static int upward(const Prog *P, float *val, float *ex, float *norm, float *dval
 static int linear_leaves(const Prog *P, const float *rt, float *val, float *p) {
     const int64_t m = P->n * TILE;
     float *pos = val + 2 * TILE, *neg = pos + m, bad = 0.0f;
+    const float lin_pos = (float)P->lin_pos, lin_neg = (float)P->lin_neg, lin_true = (float)P->lin_true;
     for (int64_t t = 0; t < TILE; t++) {
         val[t] = 0.0f;
-        val[TILE + t] = P->lin_true;
+        val[TILE + t] = lin_true;
     }
     for (int64_t i = 0; i < m; i++) {
         neg[i] = -fabsf(rt[i]);
@@ -529,8 +492,8 @@ static int linear_leaves(const Prog *P, const float *rt, float *val, float *p) {
         const float e = neg[i], big = 1.0f / (1.0f + e), small = e * big;
         const float sp = rt[i] >= 0.0f ? big : small, sn = rt[i] >= 0.0f ? small : big;
         if (p) p[i] = sp;
-        pos[i] = sp * P->lin_pos;
-        neg[i] = sn * P->lin_neg;
+        pos[i] = sp * lin_pos;
+        neg[i] = sn * lin_neg;
     }
     return 1;
 }
@@ -615,7 +578,7 @@ static void uncentre_log_z(const Prog *P, const float *val, const float *c, floa
     const float *pos = val + 2 * TILE, *neg = pos + n * TILE;
     double acc[TILE];
     float ec[TILE], x[TILE];
-    const float up = 1.0f / P->lin_pos, un = 1.0f / P->lin_neg;
+    const float up = 1.0f / (float)P->lin_pos, un = 1.0f / (float)P->lin_neg;
     for (int64_t t = 0; t < TILE; t++) {
         acc[t] = (double)P->lin_k * c[t];
         ec[t] = expf(-fabsf(c[t]));
@@ -750,7 +713,7 @@ static int up_tile(const Prog *P, float *rt, const float *r, const float *shift,
                    float *p, float *val, float *ex, float *norm, float *dval, float *top, float *logz, int64_t nt,
                    float *tw) {
     const int64_t n = P->n, S = P->num_slots;
-    if (P->lin_coef) {
+    if (P->lin_float) {
         float c[TILE];
         const int centred = P->lin_k >= 0.0f;
         if (centred) centre(P, rt, c);
@@ -762,7 +725,7 @@ static int up_tile(const Prog *P, float *rt, const float *r, const float *shift,
                  * smallest normal float (exactly 1 of 24, log Z = -100: off by 3e-3) */
                 memcpy(top, val + (S - 1) * TILE, TILE * sizeof(float));
                 pm_log(top, TILE);
-                for (int64_t t = 0; t < TILE; t++) top[t] = (float)((double)top[t] + (double)P->lin_root);
+                for (int64_t t = 0; t < TILE; t++) top[t] = (float)((double)top[t] + P->lin_root);
                 if (centred) uncentre_log_z(P, val, c, top);
                 memcpy(logz, top, nt * sizeof(float));
             }
@@ -985,7 +948,7 @@ static void log_z_block(const Prog *P, const float *r, const float *shift, int64
             const float v = r[tok * n + i];
             x[i * L + t] = shift ? (double)(v - shift[tok]) : (double)v;
         }
-    for (int64_t t = 0; t < L; t++) c[t] = no[t] = 0.0, ec[t] = prod[t] = 1.0, acc[t] = P->lin_root_d;
+    for (int64_t t = 0; t < L; t++) c[t] = no[t] = 0.0, ec[t] = prod[t] = 1.0, acc[t] = P->lin_root;
     if (centred) {
         double cnt[DLANES];
         for (int64_t t = 0; t < L; t++) cnt[t] = 0.0;
@@ -1006,11 +969,11 @@ static void log_z_block(const Prog *P, const float *r, const float *shift, int64
             for (int64_t t = 0; t < L; t++) x[i * L + t] -= c[t];
     }
     double *pos = val + 2 * L, *neg = pos + n * L;
-    for (int64_t t = 0; t < L; t++) val[t] = 0.0, val[L + t] = P->lin_true_d;
+    for (int64_t t = 0; t < L; t++) val[t] = 0.0, val[L + t] = P->lin_true;
     for (int64_t i = 0; i < n; i++) {
-        dleaf_row(x + i * L, pos + i * L, neg + i * L, P->lin_pos_d, P->lin_neg_d, no);
+        dleaf_row(x + i * L, pos + i * L, neg + i * L, P->lin_pos, P->lin_neg, no);
         if (!centred) continue;
-        uncentre_row(pos + i * L, neg + i * L, 1.0 / P->lin_pos_d, 1.0 / P->lin_neg_d, c, ec, prod);
+        uncentre_row(pos + i * L, neg + i * L, 1.0 / P->lin_pos, 1.0 / P->lin_neg, c, ec, prod);
         if ((i + 1) % DPROD == 0 || i == n - 1)
             for (int64_t t = 0; t < L; t++) acc[t] -= log(prod[t]), prod[t] = 1.0;
     }
@@ -1019,7 +982,7 @@ static void log_z_block(const Prog *P, const float *r, const float *shift, int64
         double *v = val + slot * L;
         memset(v, 0, L * sizeof(double));
         for (int64_t e = r0; e < r0 + F; e++)
-            delement_row(v, val + P->prime[e] * L, val + P->sub[e] * L, P->lin_coef_d[e]);
+            delement_row(v, val + P->prime[e] * L, val + P->sub[e] * L, P->lin_coef[e]);
         for (int64_t t = 0; t < L; t++) no[t] = !(v[t] <= DLIN_TOP) || (v[t] != 0.0 && v[t] < DLIN_FLOOR) ? 1.0 : no[t];
     }
     const double *root = val + (S - 1) * L;
@@ -1229,7 +1192,7 @@ int64_t pm_marginals(const Prog *P, const float *r, const float *shift, float *m
 
 /* log Z alone, accumulated in double (log_z_tile): logz [T], and bad [T] = 1 for the tokens it
  * refused (their logz is not meaningful). Returns how many tiles had none refused; needs the
- * double constants (lin_coef_d; c_passes.py calls it only with them). */
+ * double constants (lin_coef; c_passes.py calls it only with them). */
 int64_t pm_log_z(const Prog *P, const float *r, const float *shift, float *logz, uint8_t *bad, int64_t T,
                  int64_t threads) {
     OVER_TILES(T, log_z_tile(P, r, shift, logz, bad, t0, nt));

@@ -1,10 +1,11 @@
 /* Per-thread scratch for the fused passes (passes.c) and the cardinality DP
  * (cardinality.c): one 64-byte aligned buffer per thread, grown on demand and kept
- * for the next call, so a pass allocates nothing in the steady state. Each library links its own
- * copy of this unit. */
+ * for the next call, so a pass allocates nothing in the steady state. */
 #include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>
+
+#include "kernels.h"
 
 static __thread float *scratch_buf = NULL;
 static __thread size_t scratch_cap = 0;

@@ -9,10 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LANES 32
+#include "kernels.h"
 
-static inline float max2(float a, float b) { return a > b ? a : b; }
-static inline float min2(float a, float b) { return a < b ? a : b; }
+#define LANES 32
 
 /* out[t] = the k-th largest of r[t, :] (r [T, n], 1 <= k <= n). NaN counts as -inf.
  * Returns 0, or 1 when the scratch could not be allocated. */

@@ -4,6 +4,8 @@
  * reference is circuits.kernels.uniforms.reference (bit-identical). */
 #include <stdint.h>
 
+#include "kernels.h"
+
 static inline uint64_t mix(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;

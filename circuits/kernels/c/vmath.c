@@ -24,6 +24,8 @@
  * reproduces them. */
 #include <math.h>
 #include <stdint.h>
+
+#include "kernels.h"
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #define LOG2E 1.44269502f
