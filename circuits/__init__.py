@@ -13,9 +13,9 @@
 ``engine(constraint, device, algorithm)`` gives either evaluator ("circuit" or "dp",
 ``ALGORITHMS``). Public modules shared with other packages: ``circuits.checks`` (the checks on
 logits and generators, and their messages), ``circuits.ops`` (the registered operators, among them
-the row operations ``topk``, ``topk_chosen``, ``kth_largest``), ``circuits.passes`` (the selection,
-``circuits.kernels.select``: ``select``, ``describe`` and the implementations it picks from),
-``circuits.native`` (the C build machinery, ``circuits.kernels.build``),
+the row operations ``topk``, ``topk_chosen``, ``kth_largest``), ``circuits.passes`` (the selection
+of ``circuits.kernels.select``: ``select``, ``describe`` and the implementations it picks from),
+``circuits.native`` (the C build machinery of ``circuits.kernels.build``),
 ``circuits.kernels.straight_through`` (Eq. 7's weights and their gradient, in torch) and
 ``ScratchPool`` (reused scratch buffers for batched passes).
 
@@ -27,13 +27,11 @@ The names load on first use (PEP 562), so that compiling (``circuits.compile.com
 
 import importlib
 
-_MODULES = {  # public module name -> the module
-    "checks": "checks",
-    "ops": "ops",
-    "native": "kernels.build",
-    "passes": "kernels.select",
-}
-_HOMES = {  # public name -> the module that defines it
+_HOMES = {  # public name -> the module that defines it (None: a public module of that name)
+    "checks": None,
+    "ops": None,
+    "native": None,
+    "passes": None,
     "CacheWarning": "cache",
     "default_cache_dir": "cache_dir",
     "Circuit": "circuit",
@@ -71,18 +69,17 @@ _HOMES = {  # public name -> the module that defines it
 
 def __getattr__(name: str):
     """Load a public name's module on first use (PEP 562) and keep the name here."""
-    if name in _MODULES:
-        value = importlib.import_module(f".{_MODULES[name]}", __name__)
-    elif name in _HOMES:
-        value = getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
-    else:
+    if name not in _HOMES:
         raise AttributeError(f"module 'circuits' has no attribute {name!r}")
+    home = _HOMES[name]
+    module = importlib.import_module(f".{home or name}", __name__)
+    value = module if home is None else getattr(module, name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_MODULES) | set(_HOMES))
+    return sorted(set(globals()) | set(_HOMES))
 
 
 __all__ = [

@@ -3,7 +3,7 @@ evaluators (``circuits.Circuit``, ``circuits.CardinalityDP``). No module here im
 
     select.py           select: the one place that picks an implementation, from what is evaluated
                         (a circuit's Program, the DP's Lattice, Rows), its device and the dtype;
-                        describe. ``circuits.passes`` names this module.
+                        describe (``circuits.passes`` re-exports them)
     interface.py        Kernels (the fused queries chosen / chosen_backward, composed by default),
                         Passes (the circuit passes' interface), Sweeps (the DP's)
     program.py          Program: a level layout as device tensors; draw_uniforms
@@ -19,8 +19,8 @@ evaluators (``circuits.Circuit``, ``circuits.CardinalityDP``). No module here im
     straight_through.py Eq. 7's weights and their gradient in torch, the score kinds (a public module)
     scratch.py          ScratchPool: reused [rows, T] buffers
     library.py          LIBRARY: the one C library (per ISA) of c/, its ctypes declarations
-    build.py            NativeLibrary: C sources built on first use, loaded with ctypes (no torch);
-                        ``circuits.native`` names this module
+    build.py            NativeLibrary: C sources built on first use, loaded with ctypes (no torch;
+                        ``circuits.native`` re-exports it)
     c/                  the C sources and their one header, kernels.h
 
 Nothing is imported here: ``circuits.kernels.build`` loads without torch (``probmoe-compile``).

@@ -1,8 +1,9 @@
 """``select``: the one place that picks an implementation, for the circuit passes, the cardinality
 DP's sweeps and the row operations, from what is evaluated, its device and the logits' dtype.
 
-``circuits.passes`` names this module (``circuits.passes.select``, ``describe``, and the
-implementations' classes ``Passes``, ``TorchPasses``, ``CPasses``, ``Program``, ``draw_uniforms``).
+``circuits.passes`` re-exports its names for other packages (``circuits.passes.select``,
+``describe``, and the implementations' classes ``Passes``, ``TorchPasses``, ``CPasses``,
+``Program``, ``draw_uniforms``, ``Rows``, ``RowOps``).
 """
 
 from __future__ import annotations

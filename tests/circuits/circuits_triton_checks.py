@@ -158,8 +158,8 @@ def test_brute_force(spec, cards):
 @pytest.fixture
 def triton_everywhere(monkeypatch):
     """Circuits compiled under this fixture take the Triton passes for float32, whatever the device."""
-    select = circuits.passes.select
-    monkeypatch.setattr(circuits.passes, "select", functools.partial(select, prefer="triton"))
+    select = circuits.kernels.select.select  # where Circuit reads it
+    monkeypatch.setattr(circuits.kernels.select, "select", functools.partial(select, prefer="triton"))
 
 
 def test_through_the_public_api(triton_everywhere):

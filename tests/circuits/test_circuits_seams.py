@@ -16,10 +16,10 @@ from circuits.kernels.select import CPasses, Rows, TorchPasses
 
 def test_passes_are_picked_once_per_dtype(monkeypatch):
     calls = []
-    select = circuits.passes.select
-    # the circuit's passes (the row operations and uniforms ask select on every call: they hold no state)
+    select = circuits.kernels.select.select
+    # the circuit's passes (select as Circuit reads it; the operators' row operations and the DP ask it too)
     monkeypatch.setattr(
-        circuits.passes,
+        circuits.kernels.select,
         "select",
         lambda prog, dtype: (
             (calls.append(dtype) if isinstance(prog, circuits.passes.Program) else None) or select(prog, dtype)
