@@ -21,6 +21,7 @@ from brute import exact, masks
 from host_sync import no_host_synchronisation
 
 import circuits
+import circuits.passes  # bound to the real select before a fixture swaps it
 from circuits.kernels.select import TorchPasses, draw_uniforms
 
 pytest.importorskip("triton", reason="triton is not installed (the optional extra: pip install -e '.[triton]')")
