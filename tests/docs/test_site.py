@@ -87,3 +87,67 @@ def test_the_site_builds_strictly(tmp_path):
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     assert (tmp_path / "site" / "api" / "probmoe" / "index.html").exists()
+
+
+def _packages(top: str) -> list[str]:
+    """``top``'s subpackages, as folder paths relative to the repository (``circuits/dp``)."""
+    return sorted(str(p.parent.relative_to(ROOT)) for p in (ROOT / top).rglob("__init__.py") if p.parent != ROOT / top)
+
+
+def test_the_layouts_name_every_package():
+    """The README's layout block and the circuits page's layout section are drawn from the tree:
+    every subpackage of circuits/ and probmoe/ is named in them (a new one fails until it is)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").split("## Layout of the repository", 1)[1]
+    circuits_page = (DOCS / "circuits.md").read_text(encoding="utf-8").split("## How the code is laid out", 1)[1]
+    for folder in _packages("circuits") + _packages("probmoe"):
+        name = folder.split("/", 1)[1] + "/"
+        assert name in readme or name.rsplit("/", 2)[-2] + "/" in readme, f"README.md's layout lacks {folder}/"
+    for folder in _packages("circuits"):
+        assert folder.split("/", 1)[1] + "/" in circuits_page, f"docs/circuits.md's layout lacks {folder}/"
+
+
+def test_the_circuits_layout_names_every_module():
+    """docs/circuits.md's layout section names every module of circuits/ (by file name)."""
+    section = (DOCS / "circuits.md").read_text(encoding="utf-8").split("## How the code is laid out", 1)[1]
+    missing = [
+        str(p.relative_to(ROOT))
+        for p in sorted((ROOT / "circuits").rglob("*.py"))
+        if p.name != "__init__.py" and p.name not in section
+    ]
+    assert not missing, f"docs/circuits.md's layout section lacks {', '.join(missing)}"
+
+
+PATH_NAMED = re.compile(r"(?<![\w/.-])((?:circuits|probmoe|tools|tests)/[\w/.-]*[\w/])")
+NAME_NAMED = re.compile(r"`((?:circuits|probmoe)(?:\.\w+)+)")
+MADE_BY_COMMANDS = {"tools/gpu/wheels"}  # written by tools/gpu/wheels.sh, ignored by git
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``dotted`` is a module or an attribute path under one; True when a third-party
+    package it needs (transformers, torchtitan, vllm, ...) is not installed here."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError as e:
+            if e.name and e.name.split(".")[0] not in ("circuits", "probmoe"):
+                return True
+            continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", *PAGES], ids=["README.md", *PAGE_IDS])
+def test_the_files_and_names_a_page_gives_exist(page):
+    """A file, folder or Python name a page gives (``circuits/kernels/by_node.py``,
+    ``circuits.passes.select``) exists: code moves, and the pages follow."""
+    text = page.read_text(encoding="utf-8")
+    missing = [
+        p for p in sorted(set(PATH_NAMED.findall(text))) if p not in MADE_BY_COMMANDS and not (ROOT / p).exists()
+    ]
+    missing += [n for n in sorted(set(NAME_NAMED.findall(text))) if not _resolves(n)]
+    assert not missing, f"{page.relative_to(ROOT)} names what is not there: {', '.join(missing)}"
