@@ -21,7 +21,8 @@ import os
 from dataclasses import dataclass
 
 from .. import settings_file
-from ..settings_file import FILENAME
+from ..settings_file import FILENAME, FORMAT  # noqa: F401 (FORMAT: exported here, tools/bench_serving.py)
+from ..settings_file import digest as _digest  # noqa: F401 (the name tools/bench_serving.py uses)
 
 STATE_FILENAME = "probmoe_state.safetensors"
 JITTER_EPS = 0.01  # SparseMixer's band half-width when the file gives none
