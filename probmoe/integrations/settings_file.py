@@ -6,9 +6,9 @@ pins a transformers the transformers integration refuses: docs/serving.md).
 Version 3 (written now):
 
     {"format": "probmoe-transformers-routing", "version": 3, "model_type": ..., "num_experts": N,
-     "top_k": k, "routing": RoutingConfig.to_dict() or null, "options": the resolved
-     RoutingOptions.to_dict() (every option, method included), "sha256": sha256 of the canonical
-     JSON of every other field}
+     "top_k": k, "method": ..., "routing": RoutingConfig.to_dict() or null, "options": every
+     other field of the resolved RoutingOptions.to_dict(), "sha256": sha256 of the canonical JSON
+     of every other field}
 
 Versions 1 and 2 (read as they were): "method", "aux_loss" and "z_loss" beside "routing", the
 method-specific options in "options" (version 2 only), k / kmin / kmax / backend / grad in
@@ -38,7 +38,7 @@ _V1 = ("format", "version", "model_type", "num_experts", "top_k", "method", "rou
 FIELDS = {
     1: _V1,
     2: (*_V1, "options"),
-    3: ("format", "version", "model_type", "num_experts", "top_k", "routing", "options", "sha256"),
+    3: ("format", "version", "model_type", "num_experts", "top_k", "method", "routing", "options", "sha256"),
 }
 V2_OPTIONS = ("l1_coef", "l1_rate", "l1_layers", "jitter_eps", "balance", "balance_rate")  # a version 2 "options"
 
@@ -56,8 +56,9 @@ def content(options: RoutingOptions, routing, *, model_type: str, num_experts: i
         "model_type": model_type,
         "num_experts": num_experts,
         "top_k": top_k,
+        "method": options.method,
         "routing": routing.to_dict() if routing is not None else None,
-        "options": options.to_dict(),
+        "options": {name: value for name, value in options.to_dict().items() if name != "method"},
     }
     data["sha256"] = digest(data)
     return data
@@ -135,7 +136,11 @@ def read(directory) -> dict | None:
 def _options(data: dict, routing) -> RoutingOptions:
     """The ``RoutingOptions`` a file of any version describes."""
     if data["version"] >= 3:
-        return RoutingOptions.from_dict(data["options"])
+        options = data["options"]
+        if not isinstance(options, dict) or "method" in options:  # the method is a field of its own
+            known = [name for name in RoutingOptions.__dataclass_fields__ if name != "method"]
+            raise ValueError(f"options must be an object with keys among {known}; got {options!r}")
+        return RoutingOptions.from_dict({**options, "method": data["method"]})
     options = data.get("options", {})
     if not isinstance(options, dict) or not set(options) <= set(V2_OPTIONS):
         raise ValueError(f"options must be an object with keys among {list(V2_OPTIONS)}; got {options!r}")

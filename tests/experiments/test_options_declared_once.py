@@ -76,9 +76,10 @@ def test_a_new_field_reaches_the_plan_and_the_settings_file(tmp_path):
     model = pt.patch_model(tiny_model("olmoe"), options=WithTemperature(method="probmoe-dynamic", temperature=0.5))
     assert model.probmoe_plan.options.temperature == 0.5  # what the code that uses it reads
     model.save_pretrained(tmp_path)
-    options = json.loads((tmp_path / pt.SETTINGS_FILENAME).read_text())["options"]
+    data = json.loads((tmp_path / pt.SETTINGS_FILENAME).read_text())
+    options = data["options"]
     assert options["temperature"] == 0.5 and options["kmax"] == 2  # resolved: the model's top-k
-    assert WithTemperature.from_dict(options) == model.probmoe_plan.options
+    assert WithTemperature.from_dict({**options, "method": data["method"]}) == model.probmoe_plan.options
 
 
 def test_patch_model_keywords_are_the_fields():

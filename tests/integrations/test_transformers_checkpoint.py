@@ -102,7 +102,7 @@ def test_settings_with_valid_checksum_but_bad_content(tmp_path):
     path = saved(tmp_path)
     for change, message in [
         (dict(routing={"num_experts": 8, "k": 9}), "bad routing config"),
-        (dict(options={"method": "nope"}), "method must be one of"),
+        (dict(method="nope"), "method must be one of"),
         (dict(model_type="mixtral"), "is for model type 'mixtral'"),
         (dict(top_k=3), "records 8 experts, top-3"),
         (dict(version=4), "is not 'probmoe-transformers-routing' version 1, 2, 3"),
@@ -131,8 +131,8 @@ def test_settings_file_content_and_loader_kwargs(tmp_path):
     model.save_pretrained(tmp_path)
     data = json.loads((tmp_path / pt.SETTINGS_FILENAME).read_text())
     assert data["format"] == "probmoe-transformers-routing" and data["version"] == 3
-    assert data["options"] == model.probmoe_plan.options.to_dict()
-    assert (data["model_type"], data["num_experts"], data["top_k"], data["options"]["method"]) == (
+    assert {**data["options"], "method": data["method"]} == model.probmoe_plan.options.to_dict()
+    assert (data["model_type"], data["num_experts"], data["top_k"], data["method"]) == (
         "mixtral",
         8,
         2,
@@ -155,7 +155,7 @@ def test_version_1_settings_file_still_loads(tmp_path):
     path = saved(tmp_path)
     data = json.loads(path.read_text())
     options = data.pop("options")
-    data.update(version=1, method=options["method"], aux_loss=options["aux_loss"], z_loss=options["z_loss"])
+    data.update(version=1, aux_loss=options["aux_loss"], z_loss=options["z_loss"])
     data["sha256"] = settings.digest(data)
     path.write_text(json.dumps(data))
     assert pt.from_pretrained(tmp_path).probmoe_plan.method == "probmoe"

@@ -146,7 +146,7 @@ def test_checkpoint_keeps_stock_keys_and_the_constraint(tmp_path):
     assert list(model.state_dict()) == list(tiny_model("deepseek_v3").state_dict())
     model.save_pretrained(tmp_path)
     data = json.loads((tmp_path / pt.SETTINGS_FILENAME).read_text())
-    assert data["options"]["method"] == "probmoe-grouped" and data["routing"]["constraint"] == {
+    assert data["method"] == "probmoe-grouped" and data["routing"]["constraint"] == {
         "type": "GroupLimited",
         "n": 8,
         "kmin": 3,
