@@ -25,7 +25,7 @@ import tempfile
 
 CHILD = r"""
 import json, os, sys, torch
-from probmoe.experiments import memory_plan
+from probmoe.experiments import config_parser, memory_plan
 from probmoe.experiments.trainer import TrainConfig, Trainer
 
 def rss(field):
@@ -33,10 +33,10 @@ def rss(field):
         return next(int(l.split()[1]) * 1024 for l in f if l.startswith(field + ":"))
 
 args = json.loads(sys.argv[1])
-cfg = TrainConfig(progress=False, **args)
+cfg = config_parser.build(TrainConfig, {**args, "progress": False})
 rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 # a throw-away run of one step first: imports, the routing circuits and torch's kernels are loaded
-warm = Trainer(TrainConfig(progress=False, **{**args, "output_dir": args["output_dir"] + "-warm", "max_steps": 1}))
+warm = Trainer(config_parser.build(TrainConfig, {**args, "progress": False, "output_dir": args["output_dir"] + "-warm", "max_steps": 1}))
 warm.run()
 del warm
 import gc; gc.collect()
@@ -47,7 +47,7 @@ trainer = Trainer(cfg)
 trainer.run()
 peak = rss("VmHWM") - base
 shape, kwargs = memory_plan.for_run(cfg, world, "cpu")
-plan = memory_plan.estimate(shape, world_size=world, fsdp=cfg.fsdp, **kwargs)
+plan = memory_plan.estimate(shape, world_size=world, fsdp=cfg.run.fsdp, **kwargs)
 with open(f"{args['output_dir']}.rank{rank}.json", "w") as f:
     json.dump({"rank": rank, "measured": peak, "plan": plan.total, "state": plan.parameters + plan.gradients +
                plan.optimizer, "activations": plan.activations}, f)
