@@ -116,6 +116,7 @@ def test_tasks_write_the_harness_results_and_routing_statistics(saved, setup):
     assert len(gen) == len(PROBLEMS) and all(isinstance(row["resps"][0][0], str) for row in gen)
 
 
+@pytest.mark.slow  # long: the default run stays under 10 minutes (CI runs it with -m slow)
 def test_the_routing_rule_changes_what_the_model_computes(saved, setup):
     """Exact-1 MAP scores the same choices differently from exact-2; exact-2 given on the command line
     reproduces the saved routing exactly; the stock top-2 router reads the same experts as exact-2 MAP
@@ -249,6 +250,7 @@ def test_bad_input_is_refused(setup, capsys):
     assert "is not a directory" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # long: the default run stays under 10 minutes (CI runs it with -m slow)
 def test_no_progress_silences_the_harness_bars(setup, capsys):
     from transformers.utils import logging
 
@@ -262,6 +264,7 @@ def test_no_progress_silences_the_harness_bars(setup, capsys):
     assert "it/s" not in errs[True] and "%|" not in errs[True], errs[True]
 
 
+@pytest.mark.slow  # long: the default run stays under 10 minutes (CI runs it with -m slow)
 def test_a_task_whose_data_cannot_be_downloaded_is_one_line(setup, capsys, monkeypatch):
     """Without network, a Hub task (the README's mmlu) fails in datasets with a ConnectionError."""
     from probmoe.eval import harness

@@ -31,7 +31,7 @@ def launch(tmp_path, nproc, argv):
     return [torch.load(tmp_path / f"params_rank{r}.pt") for r in range(nproc)]
 
 
-@pytest.mark.parametrize("method", ["conventional", "probmoe"])
+@pytest.mark.parametrize("method", [pytest.param("conventional", marks=pytest.mark.slow), "probmoe"])
 def test_two_ranks_agree_and_match_one_process(tmp_path, method):
     data = write(tmp_path, "train.jsonl", 16)
     args = [

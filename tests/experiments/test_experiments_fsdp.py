@@ -53,6 +53,7 @@ def losses(out):
     return [json.loads(line)["loss"] for line in open(out / "train_log.jsonl") if '"loss"' in line]
 
 
+@pytest.mark.slow  # long: the default run stays under 10 minutes (CI runs it with -m slow)
 def test_fsdp_matches_one_process_and_saves_a_stock_checkpoint(tmp_path):
     """conventional routing: 2 FSDP ranks × batch 2 take the steps of one process × batch 4."""
     from probmoe.experiments.models import load_model

@@ -118,6 +118,7 @@ def test_every_method_reduces_the_loss_on_a_repeated_batch(tmp_path, method):
     assert losses[-1] < losses[0] - 0.05, losses
 
 
+@pytest.mark.slow  # long: the default run stays under 10 minutes (CI runs it with -m slow)
 def test_resume_is_exact(tmp_path, data):
     """6 uninterrupted steps = stop after 3, then resume to 6 (bit for bit), with sampled Dynamic-k
     routing from the router generators, gradient accumulation and a decaying LR with warm-up."""

@@ -208,6 +208,7 @@ def interrupt(out, data, signum) -> tuple[int, str]:
     return step, last
 
 
+@pytest.mark.slow  # long: the default run stays under 10 minutes (CI runs it with -m slow)
 def test_sigterm_stops_the_run_with_status_143_and_one_line(tmp_path, data):
     interrupt(tmp_path / "run", data, signal.SIGTERM)
 

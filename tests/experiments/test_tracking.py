@@ -110,6 +110,7 @@ def wandb_records(path):
     return records
 
 
+@pytest.mark.slow  # long: the default run stays under 10 minutes (CI runs it with -m slow)
 def test_wandb_offline_writes_its_run_folder_and_a_resume_continues_the_run(tmp_path):
     """In fresh processes, as a user runs it: wandb keeps process-wide state (its settings
     singleton, its service), which a test before this one in the same process may have set up.

@@ -160,6 +160,7 @@ def test_bias_round_trips_through_a_checkpoint(tmp_path):
         assert torch.equal(reloaded.eval()(x).logits, model.eval()(x).logits)
 
 
+@pytest.mark.slow  # long: the default run stays under 10 minutes (CI runs it with -m slow)
 def test_probmoe_train_resume_keeps_the_bias(tmp_path):
     """probmoe-train --balance aux-free: stopped after 2 steps and resumed to 4, the bias and the
     losses are those of an uninterrupted run; the log holds the load's CV."""

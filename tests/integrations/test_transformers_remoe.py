@@ -418,6 +418,7 @@ def test_trainer_gradient_accumulation(fp16, tmp_path):
     assert_close_rel(got, want, 2e-2 if fp16 else 1e-5 if not cuda else 1e-4)
 
 
+@pytest.mark.slow  # long: the default run stays under 10 minutes (CI runs it with -m slow)
 def test_probmoe_train_gradient_accumulation(tmp_path, monkeypatch):
     """probmoe-train --grad-accum 3 (its own answer-token loss): the router gradient of its step has
     the official penalty's with loss scale 1/3 (the λ run minus a λ = 1e-30 run)."""

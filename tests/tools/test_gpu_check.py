@@ -23,6 +23,7 @@ def sleeper(seconds: float, rc: int = 0) -> list:
     return [sys.executable, "-c", f"import time, sys; time.sleep({seconds}); sys.exit({rc})"]
 
 
+@pytest.mark.slow  # long: the default run stays under 10 minutes (CI runs it with -m slow)
 def test_budget_shares_cut_short_and_skip(tmp_path):
     """A step past its part's share is stopped (its process group killed) and reported cut short;
     time a part leaves unused carries to the next; a part the rest of the budget cannot hold is
