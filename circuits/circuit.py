@@ -129,7 +129,8 @@ class Circuit:
             checks.logits(logits, n=self.n, device=self.device)
             checks.generator(generator, self.device)
         dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        return logits.reshape(-1, self.n).to(dtype).contiguous(), logits.shape[:-1]
+        flat = logits if logits.dim() == 2 else logits.reshape(-1, self.n)  # no view node for [T, n] logits
+        return flat.to(dtype).contiguous(), logits.shape[:-1]
 
     def _check(self, r: Tensor, log_z: Tensor) -> None:
         """Raise ValueError for NaN / +inf logits r [T, n] or a row that satisfies nothing (log Z

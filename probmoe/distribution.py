@@ -157,7 +157,7 @@ class SubsetDistribution(Distribution):
         super().__init__(logits.shape[:-1], logits.shape[-1:], validate_args=False)
         self._validate_args = Distribution._validate_args if validate_args is None else bool(validate_args)
         dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        self._r = logits.reshape(-1, n).to(dtype)  # [T, N], T = prod(batch_shape)
+        self._r = (logits if logits.dim() == 2 else logits.reshape(-1, n)).to(dtype)  # [T, N], T = prod(batch_shape)
         if self._validate_args and _validate.logits_values(logits, kmin) and constraint is not None:
             self._engine.check_satisfiable(self._r)  # only when some logit is -inf
         self._cache: dict[str, Tensor] = {}
@@ -278,8 +278,16 @@ class SubsetDistribution(Distribution):
         w, idx, mask, p = self._engine.chosen_scores(
             self._r, generator, slots=self.kmax, kind=scores, paper=self.grad == "paper"
         )
-        slots, dtype = self.batch_shape + (self.kmax,), self.logits.dtype
-        return w.reshape(slots).to(dtype), idx.reshape(slots), mask.reshape(slots), self._out(p, self.event_shape[0])
+        if w.shape[:-1] != self.batch_shape:  # [T, ...] -> the batch shape (no view node for [T, N] logits)
+            slots = self.batch_shape + (self.kmax,)
+            w, idx, mask, p = (
+                w.reshape(slots),
+                idx.reshape(slots),
+                mask.reshape(slots),
+                p.reshape(self.batch_shape + self.event_shape),
+            )
+        dtype = self.logits.dtype
+        return w.to(dtype), idx, mask, p.to(dtype)
 
     def mean_tangent(self, sample: bool = False, generator: torch.Generator | None = None):
         """(t, one draw or None): t is zeros [..., N] whose Jacobian is that of ``.mean``.

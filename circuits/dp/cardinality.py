@@ -58,7 +58,7 @@ class CardinalityDP:
             checks.logits(logits, n=self.n)
             checks.generator(generator, logits.device)
         dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        r = logits.reshape(-1, self.n).to(dtype).contiguous()
+        r = (logits if logits.dim() == 2 else logits.reshape(-1, self.n)).to(dtype).contiguous()  # [T, n]: no view node
         if self.validate and r.shape[0]:
             self._check(r)
         return r, logits.shape[:-1]

@@ -82,8 +82,8 @@ def select(program, dtype: torch.dtype, prefer: str | None = None):
 def _row_ops(device: torch.device, dtype: torch.dtype, c: bool = True) -> RowOps:
     """The row operations for rows of ``dtype`` on ``device``: the C library's where it takes them
     (and ``c``), the uniforms from it wherever it takes float32 (they are made in float32)."""
-    lib = library.LIBRARY
-    return _kept_row_ops(lib.takes(device, dtype) if c else None, lib.takes(device, torch.float32) if c else None)
+    ulib = library.LIBRARY.takes(device, torch.float32) if c else None
+    return _kept_row_ops(ulib if dtype == torch.float32 else None, ulib)
 
 
 @functools.lru_cache(maxsize=16)
