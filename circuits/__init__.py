@@ -60,6 +60,8 @@ _HOMES = {  # public name -> the module that defines it (None: a public module o
             "GroupLimited",
             "RangeK",
             "SddFile",
+            "Spec",
+            "register",
             "spec_from_dict",
             "spec_to_dict",
         )
@@ -98,6 +100,7 @@ __all__ = [
     "RangeK",
     "ScratchPool",
     "SddFile",
+    "Spec",
     "build_layout",
     "check_algorithm",
     "checks",
@@ -112,6 +115,7 @@ __all__ = [
     "native_kernels",
     "ops",
     "passes",
+    "register",
     "spec_from_dict",
     "spec_to_dict",
 ]

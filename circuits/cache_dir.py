@@ -1,5 +1,5 @@
 """Where probmoe keeps what it builds: compiled circuits (``circuits.cache``) and the fused C
-passes (``circuits.passes.c_library``), each in its own folder under this root."""
+kernels' C library (``circuits.kernels.library``), each in its own folder under this root."""
 
 from __future__ import annotations
 

@@ -28,9 +28,9 @@ from torch.distributions import constraints as dist_constraints
 
 import circuits
 from circuits import CARDINALITY_SPECS as CARDINALITY
-from circuits import GROUP_SPECS, SPECS
+from circuits import GROUP_SPECS, Spec
 
-KINDS = "a circuits.Circuit or a spec (GroupLimited, GroupCapacity, ExactlyK, RangeK, SddFile, CnfFile)"
+KINDS = "a circuits.Circuit or a spec (GroupLimited, GroupCapacity, ExactlyK, RangeK, SddFile, CnfFile or a registered circuits.Spec)"
 
 
 def describe(constraint) -> str:
@@ -52,9 +52,9 @@ def resolve(constraint, n: int):
             raise ValueError(f"constraint is a circuit over {constraint.n} variables, but there are N = {n} experts")
         if isinstance(constraint.spec, (*CARDINALITY, *GROUP_SPECS)):
             constraint = constraint.spec
-    elif not isinstance(constraint, SPECS):
+    elif not isinstance(constraint, Spec):
         raise ValueError(f"constraint must be {KINDS}, got {type(constraint).__name__}")
-    if isinstance(constraint, SPECS):
+    if isinstance(constraint, Spec):
         size = getattr(constraint, "n", None)
         if size is None:  # a file spec: its variable count is the compiled circuit's
             size = compiled(constraint, "cpu").n
@@ -64,7 +64,7 @@ def resolve(constraint, n: int):
             )
     if isinstance(constraint, CARDINALITY):
         return None, (constraint.cardinalities[0], constraint.cardinalities[-1])
-    cards = getattr(constraint, "cardinalities", None) if isinstance(constraint, SPECS) else None
+    cards = getattr(constraint, "cardinalities", None) if isinstance(constraint, Spec) else None
     return constraint, (cards[0], cards[-1]) if cards else _size_range(compiled(constraint, "cpu"))
 
 
@@ -72,7 +72,7 @@ def settle(constraint, n: int, backend: str, k=None, kmin=None, kmax=None, lowes
     """``resolve`` for a config or a distribution: (constraint or None, kmin, kmax). k / kmin / kmax,
     where given, must agree with the constraint's sizes; every allowed subset needs at least
     ``lowest`` experts; backend "dp" takes no structured constraint. ValueError otherwise."""
-    name = describe(constraint) if isinstance(constraint, (circuits.Circuit, *SPECS)) else None
+    name = describe(constraint) if isinstance(constraint, (circuits.Circuit, Spec)) else None
     constraint, sizes = resolve(constraint, n)
     lo, hi = sizes
     want = {"k": lo if lo == hi else None, "kmin": lo, "kmax": hi}

@@ -269,3 +269,23 @@ def test_the_librarys_kinds_keep_their_keys_and_forms(tmp_path):
         *("format_version", "spec", "describe", "vtree", "sizes", "model_count", "log_model_count", "compiler"),
     ]
     assert np.isclose(grouped["log_model_count"], math.log(circuits.GroupLimited(8, 2, 4, 2).model_count()))
+
+
+@pytest.mark.usefixtures("float64")
+def test_a_new_kind_routes_as_a_bare_spec(atmost, tmp_path, monkeypatch):
+    """probmoe takes any registered kind as it takes the library's: the distribution's marginals are
+    brute force's, every draw and the mode obey it; routing checks it by the subset sizes it allows."""
+    import probmoe
+
+    monkeypatch.setenv("PROBMOE_CACHE", str(tmp_path))
+    n, k = 8, 3
+    r = torch.randn(4, n, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    d = probmoe.SubsetDistribution(r, constraint=atmost(n, k))
+    want = exact(r, masks(n, range(k + 1)))
+    torch.testing.assert_close(d.mean, want.marginals, atol=1e-10, rtol=0)
+    assert torch.equal(d.mode, want.map)
+    draws = d.sample((200,), generator=torch.Generator().manual_seed(0))
+    assert int(draws.sum(-1).max()) <= k
+    # routing checks the kind by what it allows: at most k admits no expert at all, which routing refuses
+    with pytest.raises(ValueError, match=r"AtMostK\(n=8, k=3\) allows subsets of 0 experts; routing needs at least 1"):
+        probmoe.route(r, constraint=atmost(n, k), training=True)
