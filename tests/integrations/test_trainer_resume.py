@@ -15,7 +15,7 @@ import transformers  # noqa: E402
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
 import probmoe.integrations.transformers as pt  # noqa: E402
-from probmoe.integrations.transformers import resume, runtime_state, trainer_resume  # noqa: E402
+from probmoe.integrations.transformers import resume, runtime_state  # noqa: E402
 from probmoe.integrations.transformers.control_callback import RoutingControlCallback  # noqa: E402
 from probmoe.integrations.transformers.testing import tiny_model  # noqa: E402
 
@@ -207,7 +207,7 @@ def test_routing_state_warns_without_the_trainer_hook(tmp_path, monkeypatch):
     trained, directory = saved_checkpoint(tmp_path)
     saved = load_file(directory / "model.safetensors")
     assert not any(runtime_state.is_state_key(key) for key in saved)  # a stock checkpoint
-    monkeypatch.setattr(trainer_resume, "installed", lambda: False)
+    monkeypatch.setattr(runtime_state, "trainer_reads_state", lambda: False)
     fresh = model_for("olmoe", "defaultmoe", 1)
     before = {name: buf.clone() for name, buf in runtime_state.state_buffers(fresh).items()}
     with pytest.warns(UserWarning, match="probmoe_defaults .* runtime_state.load"):

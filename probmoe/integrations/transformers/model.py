@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-from . import losses, pickling, remoe, resume, runtime_state, settings, trainer_resume
+from . import losses, pickling, remoe, resume, runtime_state, settings
 from .families import layout_error
 from .gate import PatchedGate
 
@@ -62,7 +62,7 @@ class PatchedModel:
             state_dict = resume.to_model_layout(self, state_dict)
         lacking = {name: buf for name, buf in runtime_state.state_buffers(self).items() if name not in state_dict}
         if lacking:
-            if not trainer_resume.installed():
+            if not runtime_state.trainer_reads_state():
                 warnings.warn(
                     f"{', '.join(sorted(lacking))} (routing state) are not in the state dict and keep their "
                     f"values; {runtime_state.FILENAME} holds them: runtime_state.load(model, checkpoint_dir), "

@@ -23,11 +23,21 @@ stock checkpoint's, as ``Trainer`` loads ``model.safetensors``) leaves them as t
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
 FILENAME = "probmoe_state.safetensors"
 NAMES = ("probmoe_remoe", "probmoe_defaults", "probmoe_bias", "probmoe_load")
+TRAINER_LOADS = ("_load_from_checkpoint", "_load_best_model")  # the Trainer methods trainer_resume wraps
+
+
+def trainer_reads_state() -> bool:
+    """Whether ``Trainer`` resumes read this state (``trainer_resume.install`` has wrapped its loads)."""
+    trainer = sys.modules.get("transformers.trainer")
+    return trainer is not None and all(
+        getattr(getattr(trainer.Trainer, name), "probmoe_resume", False) for name in TRAINER_LOADS
+    )
 
 
 def state_buffers(model) -> dict[str, torch.Tensor]:

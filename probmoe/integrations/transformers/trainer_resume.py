@@ -22,15 +22,9 @@ import os
 import sys
 
 from . import runtime_state
+from .model import PatchedModel
 
-WRAPPED = ("_load_from_checkpoint", "_load_best_model")
-
-
-def installed() -> bool:
-    trainer = sys.modules.get("transformers.trainer")
-    return trainer is not None and all(
-        getattr(getattr(trainer.Trainer, name), "probmoe_resume", False) for name in WRAPPED
-    )
+installed = runtime_state.trainer_reads_state  # whether install() has wrapped Trainer's loads
 
 
 def install() -> None:
@@ -65,8 +59,6 @@ def install_if_imported() -> None:
 
 
 def _patched(model):
-    from .model import PatchedModel
-
     return next((m for m in model.modules() if isinstance(m, PatchedModel)), None) if model is not None else None
 
 
