@@ -16,7 +16,7 @@ group specs. A kind without one (``SddFile``, ``CnfFile``) gives None: ``estimat
 and ``check`` passes it.
 
 ``steps`` is the compile cost, per compiler (``circuits.compile``), in units of about 1 us on an
-AMD EPYC (2 cores, shared; docs/circuits.md lists the runs):
+AMD EPYC (2 cores, shared; docs/reports/circuits-compile-epyc-2026-11.md lists the runs):
 
 - "direct" (the default, ``circuits.count_tree``): every live element is built once, straight into
   the layout, then checked and written: steps = ``DIRECT_STEPS_PER_ELEMENT`` * elements; for the
@@ -35,7 +35,7 @@ from .registry import require
 
 MAX_STEPS = 20_000_000  # compile_circuit refuses more (about 20 s on the reference machine)
 PROGRESS_STEPS = 1_000_000  # compile_circuit shows progress bars above this (about a second)
-SECONDS_PER_STEP = 1e-6  # reference machine: AMD EPYC, 2 cores (docs/circuits.md)
+SECONDS_PER_STEP = 1e-6  # reference machine: AMD EPYC, 2 cores (docs/reports/circuits-compile-epyc-2026-11.md)
 LAYOUT_STEPS_PER_ELEMENT = 30  # pysdd: build_layout, the checks and the cache files, per built element
 DIRECT_STEPS_PER_ELEMENT = 4  # direct: building, placing, checking and writing one element
 SCAN_STEPS = 1  # direct, group specs: per (state, left state) pair looked at

@@ -15,7 +15,7 @@ interpreter on fewer rows unless CUDA is present) and the DP, cardinality only: 
 public ``probmoe.SubsetDistribution`` (``backend="dp"``: the fused C sweeps for fp32 on the CPU),
 ``dp-torch`` its torch sweeps (the C sweeps' oracle) picked by ``circuits.passes.select``.
 
-    PYTHONPATH=$PWD python tools/accuracy_fp32.py            # the Markdown table of docs/circuits.md
+    PYTHONPATH=$PWD python tools/accuracy_fp32.py            # the Markdown table of docs/reports/circuits-evaluation-accuracy-epyc-2026-11.md
     PYTHONPATH=$PWD python tools/accuracy_fp32.py --impl c,dp,dp-torch --rows 64 --quick
 
 The tests (tests/circuits/test_fp32_accuracy.py) import the references and the row generator from here.

@@ -20,9 +20,9 @@ independent check), each the best of ``--repeats`` in a fresh process; with ``--
 the same stages of the code at git revision REV (``git archive`` into a temporary folder) on the
 same texts, each process right after this tree's, and the ratios. ``--estimates`` compares the
 size estimate (``circuits.estimate``, what the size limit refuses on) with the direct compiler on
-the counting specs of docs/circuits.md: estimated and real live elements, estimated seconds and
+the counting specs of docs/reports/circuits-compile-epyc-2026-11.md: estimated and real live elements, estimated seconds and
 the measured ``compile_seconds`` on an empty cache (median of 3). Prints markdown tables for
-docs/circuits.md.
+docs/reports/circuits-compile-epyc-2026-11.md.
 """
 
 from __future__ import annotations

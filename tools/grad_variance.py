@@ -42,10 +42,10 @@ error = the mean over draws of 1 - cos(draw, exact) (the definitions of the SIMP
 synthetic experiment); also mse = the mean over draws of ||draw - mean draw||² / ||exact||². Each
 is averaged over ``--seeds`` seeds (0, 1, ...) with its standard deviation over seeds. Gumbel-ST is
 also scored against the gradient of its own objective, the same loss with S from the Gumbel-top-k
-distribution (enumerated exactly too). docs/results.md says why each choice was made.
+distribution (enumerated exactly too). docs/reports/results-tiny-models-epyc-2026-11.md says why each choice was made.
 
 ``--reading`` chooses another reading of the paper's protocol (``tab:ProbMoE_densemixer``), to
-see which, if any, reproduces its numbers (docs/results.md reports each):
+see which, if any, reproduces its numbers (docs/reports/results-tiny-models-epyc-2026-11.md reports each):
 
 - "ours": as above.
 - "per-token": the cosines taken per token over its n logits, each metric averaged over the T tokens.

@@ -1,4 +1,4 @@
-"""The small real-data study of docs/results.md: tiny OLMoE-shaped models fine-tuned on GSM8K with
+"""The small real-data study of docs/reports/results-tiny-models-epyc-2026-11.md: tiny OLMoE-shaped models fine-tuned on GSM8K with
 each routing method and several seeds, for the same budget of optimizer steps, then evaluated
 (answer loss on test problems, greedy exact match) and analysed (routing per layer).
 
@@ -6,7 +6,7 @@ each routing method and several seeds, for the same budget of optimizer steps, t
 
 Runs ``probmoe-train``, ``probmoe-eval`` and ``probmoe-analyze`` as a user would (one process each;
 every command line is written to ``study/commands.txt``), then writes ``study/summary.json``,
-``study/summary.md`` (the table for docs/results.md), ``study/loss.png`` and, when the four
+``study/summary.md`` (the table for docs/reports/results-tiny-models-epyc-2026-11.md), ``study/loss.png`` and, when the four
 ablation methods (probmoe, densemixer, sample-dense-ste, topk-marginal) are in the study,
 ``study/ablation.png`` (the paper's fig:ablation_study box plot). Finished runs are skipped when the
 study is started again. ``--no-analysis`` runs no ``probmoe-analyze`` (a study split over several

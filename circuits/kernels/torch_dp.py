@@ -38,7 +38,7 @@ under x, so the band's weights are P[N, j] + (j - kmin) c and the log counts are
 P[N, j] + j c + Σ_i sp(x_i). Why: in float32 a state is good to its magnitude times 6e-8. On the
 likely paths of this lattice the states are log-probabilities of likely counts, near 0; with the
 row-max tilt and no normalisation they were sums of logits, hundreds at logit scale 100, and the
-marginals were off by up to 7e-5 (docs/circuits.md, "fp32 accuracy"). The variables whose
+marginals were off by up to 7e-5 (docs/reports/circuits-evaluation-accuracy-epyc-2026-11.md, "fp32 accuracy"). The variables whose
 marginals are not saturated have r near c, so x = r - c is exact for them. ``log_counts`` (log Z)
 needs 1e-6 relative even where log Z is near 0, which n alike roundings of all-equal logits
 exceed in float32: ``TorchDP.log_counts`` runs this sweep in float64 (it is not on the routing
@@ -49,7 +49,7 @@ Precision: float64 states and adjoints, float32 tables. Where most logits are ne
 saturated (sigma(x) within 1e-7 of 0 or 1), each step moves a mass of about 4e-8 between
 neighbouring states, less than half a float32 ulp of 1, and it does so at all N steps alike, so
 float32 roundings add up instead of cancelling: the marginals were off by up to 1.5e-5 at N = 256
-(9.3e-5 in the C sweeps; docs/circuits.md, "The DP's precision"). So
+(9.3e-5 in the C sweeps; docs/reports/circuits-evaluation-accuracy-epyc-2026-11.md, "The DP's precision"). So
 
 - the states P and the adjoints A, dA are float64 (rows of [K + 1, T]: small), while log sigma(±x),
   exp(-|d|), its log1p and the tables W, dW stay in the logits' dtype: a float32 log1p's error

@@ -1,7 +1,7 @@
 """fp32 exact at every logit scale (issue 28): the marginals within 1e-5 and log Z within 1e-6
 (relative, |a - b| / max(1, |b|)) of independent float64 references on the same fp32 logits, for
 the torch and fused C passes of the compiled circuit and for the DP, on a small grid of
-tools/accuracy_fp32.py (which prints the full table of docs/circuits.md). The Triton passes take
+tools/accuracy_fp32.py (which prints the full table of docs/reports/circuits-evaluation-accuracy-epyc-2026-11.md). The Triton passes take
 the same grid, interpreted, in tests/circuits/circuits_triton_checks.py."""
 
 import pytest
@@ -236,7 +236,7 @@ def test_dp_marginals_of_nearly_equal_rows_with_a_few_odd_logits(impl):
     the sweeps moved a mass of about 4e-8 between neighbouring states, less than half a float32
     ulp of 1: W rounded to 1, the adjoints A - A W lost it, and states near log 0.5 lost as much
     at every one of the 256 steps. Now W is stored as min(W, 1 - W) with a sign, and the states and
-    adjoints are float64 (docs/circuits.md, "The DP's precision"). Found by an independent check."""
+    adjoints are float64 (docs/reports/circuits-evaluation-accuracy-epyc-2026-11.md, "The DP's precision"). Found by an independent check."""
     cases = []
     for level, odd, kmin, kmax in (
         (16.985, -0.015, 1, 256),

@@ -84,7 +84,7 @@ def test_a_model_that_cannot_fit_is_refused_before_loading(tmp_path, capsys):
 @pytest.mark.slow
 def test_plan_against_measured_peak_on_cpu():
     """One process, tiny-olmoe, 32 × 256 tokens: the measured peak growth of the resident set lies
-    within [0.8, 1.5] of the plan (measured 1.07-1.15 on the 2-core AMD EPYC; docs/experiments.md)."""
+    within [0.8, 1.5] of the plan (measured 1.07-1.15 on the 2-core AMD EPYC; docs/reports/experiments-commands-epyc-2026-11.md)."""
     from memory_plan_check import measure
 
     data = "/work/shared/data/gsm8k/train.jsonl"

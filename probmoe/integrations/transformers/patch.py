@@ -26,6 +26,7 @@ from .weights_file import check_weights_files
 
 
 def is_patched(model) -> bool:
+    """Whether ``model`` is patched by ``patch_model`` (its class is a ``PatchedModel``)."""
     return isinstance(model, model_mod.PatchedModel)
 
 

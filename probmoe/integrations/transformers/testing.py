@@ -55,6 +55,8 @@ EXTRA = {
 
 
 def tiny_config(model_type: str, **overrides):
+    """A tiny, randomly initialisable config of family ``model_type`` (one of ``ALL``): the shared
+    small widths, the family's own extras, then ``overrides``. ValueError for another type."""
     from transformers import AutoConfig
 
     if model_type not in ALL:
