@@ -23,7 +23,7 @@ from circuits import cache, cnf, nnf
 from circuits.inspect.cli import compile_main
 
 SATLIB = Path(__file__).parent.parent / "data" / "satlib"
-SATISFIABLE = ["uf20-01", "uf50-01", "flat30-2", "ais6", "par8-1-c", "2bitcomp_5"]
+SATISFIABLE = ["uf20-01", "uf50-01", "flat30-2", "ais6", "par8-1-c", pytest.param("2bitcomp_5", marks=pytest.mark.slow)]
 
 
 def write_cnf(path: Path, n: int, clauses: list[list[int]]) -> Path:

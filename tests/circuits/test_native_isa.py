@@ -264,6 +264,7 @@ def test_no_compiler_falls_back(fresh, monkeypatch):
     falls_back_with_one_warning("no-such-cc")
 
 
+@pytest.mark.slow  # long: the default run stays under 10 minutes (CI runs it with -m slow)
 @pytest.mark.skipif(shutil.which("cc") is None or os.environ.get("PROBMOE_NATIVE") == "0", reason="needs cc")
 def test_the_isa_is_chosen_and_named_in_the_build_key(fresh, monkeypatch):
     """By default the best ISA the CPU runs; PROBMOE_NATIVE_ISA picks another; each its own build."""

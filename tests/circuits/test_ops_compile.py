@@ -252,6 +252,7 @@ def test_compiled_validation_raises_inside_the_graph():
     assert g(x).shape == (64, 8)  # garbage in, no check
 
 
+@pytest.mark.slow  # long: the default run stays under 10 minutes (CI runs it with -m slow)
 def test_patched_decoder_layer_compiles_with_fullgraph(device):
     """A patched tiny OLMoE decoder layer, forward + backward, compiled with fullgraph=True (inductor),
     equals the eager layer: the same draws, output and router gradient."""

@@ -100,6 +100,7 @@ def saved(setup):
     return out
 
 
+@pytest.mark.slow  # long: the default run stays under 10 minutes (CI runs it with -m slow)
 def test_tasks_write_the_harness_results_and_routing_statistics(saved, setup):
     results = json.loads((saved / "results.json").read_text())
     assert set(results["results"]) == {"tiny_mc", "tiny_gen"}

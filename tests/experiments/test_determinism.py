@@ -17,6 +17,7 @@ from probmoe.experiments import determinism
 QA = [{"question": f"What is {i} times 3?", "answer": f"{i} times 3 is {3 * i}."} for i in range(8)]
 
 
+@pytest.mark.slow  # long: the default run stays under 10 minutes (CI runs it with -m slow)
 def test_a_seeded_deepseek_v3_run_repeats_bit_for_bit(tmp_path):
     if torch.get_num_threads() < 2:
         pytest.skip("one thread: the gather's accumulation order cannot differ")

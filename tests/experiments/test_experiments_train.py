@@ -91,7 +91,16 @@ def test_each_family_trains_and_saves_a_loadable_checkpoint(tmp_path, data, mode
 
 @pytest.mark.parametrize(
     "method",
-    ["conventional", "frozen", "densemixer", "probmoe", "probmoe-dynamic", "sample-dense-ste", "topk-marginal"],
+    [
+        "conventional",
+        "probmoe",
+        "probmoe-dynamic",
+        # test_transformers_deepseek.py trains the other methods in the default run; by probmoe-train, slow
+        *(
+            pytest.param(m, marks=pytest.mark.slow)
+            for m in ("frozen", "densemixer", "sample-dense-ste", "topk-marginal")
+        ),
+    ],
 )
 def test_every_method_reduces_the_loss_on_a_repeated_batch(tmp_path, method):
     lines = write(tmp_path, "train.jsonl", 2)

@@ -444,6 +444,7 @@ def test_trainer_trains_checkpoints_and_reloads(method, tmp_path):
         assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(saved, live)) and len(saved) == 2
 
 
+@pytest.mark.slow  # long: the default run stays under 10 minutes (CI runs it with -m slow)
 def test_probmoe_train_runs_each_baseline_and_resumes_remoe_exactly(tmp_path):
     """probmoe-train --method for the three; a ReMoE run stopped after 2 steps and resumed to 4
     ends where an uninterrupted run does (λ comes back from the checkpoint), and its log holds λ.
