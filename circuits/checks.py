@@ -4,8 +4,25 @@ check and its message, for the specs, ``Circuit``, ``CardinalityDP`` and every c
 ``circuits``.
 
 Every failure is a ``ValueError`` that names the argument and what is allowed. Type, rank and
-device checks are free; a check on tensor values costs one host synchronisation, and under
-torch.compile becomes an assertion in the graph with the same message (``require``).
+device checks are free. A check on tensor values reads them on the host for tensors on the CPU
+(one host synchronisation, a ValueError at once); it is an asynchronous assertion in the graph
+(``require``, ``torch._assert_async``), with no host synchronisation, where ``in_graph`` says so:
+
+- under torch.compile (a RuntimeError with the same message when the graph runs);
+- for tensors on CUDA, where reading a value on the host would stall the host until the GPU has
+  caught up, once per call, in every training step. The check is then a few small kernels and a
+  failure is a device-side assert, as torch's own CUDA kernels report an index out of range: the
+  message is printed on stderr by the kernel, and the next call that synchronises (``.item()``, a
+  copy to the host, ``torch.cuda.synchronize``) raises ``RuntimeError: CUDA error: device-side
+  assert triggered``, later than the call that got the bad logits; the CUDA context is then
+  unusable and the process must start again. For the one-line ValueError naming the argument and
+  the row, run the same call on the CPU (``logits.cpu()``), or with ``CUDA_LAUNCH_BLOCKING=1`` for
+  the place. We chose this over skipping the checks on CUDA: a NaN or an infeasible row would
+  otherwise route silently on garbage. ``validate = False`` (``validate_args=False`` in probmoe)
+  leaves the checks out on every device;
+- for "meta" tensors, which have no values to read (a model traced for its shapes).
+
+Other devices (MPS, XPU) read the values on the host like the CPU.
 
 torch is imported by the checks that take tensors, not by this module: the integer and cardinality
 rules serve the specs and ``probmoe-compile``, which run without torch.
@@ -22,6 +39,13 @@ if TYPE_CHECKING:
 
 NAN = "logits contain NaN"
 POSINF = "logits contain +inf; use finite logits, or -inf for 'never chosen'"
+# the largest finite |logit| (exclusive): the fp32 passes' sums of up to 2**31 logits stay finite
+# (3e38 logits overflowed them, and a circuit called its rows unsatisfiable), and the DP's tilted
+# sums stay far above its log-zero, -1e30
+MAX_ABS_LOGIT = 1e20
+HUGE = f"logits must be -inf or finite with |logits| < {MAX_ABS_LOGIT:g}"
+IN_GRAPH_DEVICES = ("cuda", "meta")  # value checks as assertions in the graph (the module's docstring)
+ASSERT_CHARS = 254  # the most of a message that CUDA's device-side assert takes (more: an error at launch)
 
 
 def integer(name: str, value, lo: int, hi: int | None = None, note: str = "", *, hi_name: str | None = None) -> int:
@@ -87,20 +111,50 @@ def logits(value, *, n: int | None = None, dim: int | None = None, device: torch
     return value
 
 
-def require(ok: Tensor, message: str) -> None:
-    """Raise ValueError(``message``) unless the 0-dim bool tensor ``ok`` is true (one host
-    synchronisation). Under torch.compile, an asynchronous assertion kept in the graph instead: a
-    RuntimeError with the same message (on CUDA a device-side assert)."""
+def in_graph(t: Tensor) -> bool:
+    """Whether the value checks on ``t`` are assertions in the graph, with no host synchronisation
+    (under torch.compile, and for tensors on CUDA or "meta": the module's docstring), rather than a
+    read on the host and a ValueError at once (the CPU, and every other device)."""
     import torch
 
-    if torch.compiler.is_compiling():
-        torch._assert_async(ok, message)
+    return torch.compiler.is_compiling() or t.device.type in IN_GRAPH_DEVICES
+
+
+def require(ok: Tensor, message: str) -> None:
+    """Raise ValueError(``message``) unless the 0-dim bool tensor ``ok`` is true (one host
+    synchronisation). Where ``in_graph``, an asynchronous assertion instead, ``torch._assert_async``:
+    under torch.compile a RuntimeError with the same message when the graph runs, on CUDA a
+    device-side assert (the module's docstring)."""
+    import torch
+
+    if in_graph(ok):
+        torch._assert_async(ok, message[:ASSERT_CHARS])
     elif not bool(ok):
         raise ValueError(message)
 
 
-def no_nan_or_posinf(r: Tensor) -> None:
-    """Raise for NaN or +inf in ``r`` (each a host synchronisation: for the path that already
-    knows something is wrong, or under torch.compile)."""
-    require(~r.isnan().any(), NAN)
-    require(~r.isposinf().any(), POSINF)
+def allowed(r: Tensor) -> Tensor:
+    """Which logits the evaluators take: -inf, or finite with |r| < ``MAX_ABS_LOGIT`` (NaN and +inf
+    are not): r's shape, bool."""
+    import torch
+
+    return (r.abs() < MAX_ABS_LOGIT) | (r == -torch.inf)
+
+
+def logit_values(r: Tensor) -> None:
+    """Raise ValueError for NaN, +inf or a finite |logit| >= ``MAX_ABS_LOGIT`` in ``r``: on the CPU
+    one host synchronisation, the values looked at again only to name what failed ("logits must be
+    -inf or finite with |logits| < 1e+20, got 3e+38"); three assertions where ``in_graph``."""
+    import torch
+
+    if in_graph(r):
+        require(~r.isnan().any(), NAN)
+        require(~r.isposinf().any(), POSINF)
+        require(allowed(r).all(), HUGE)
+    elif not bool(allowed(r).all()):
+        if r.isnan().any():
+            raise ValueError(NAN)
+        if r.isposinf().any():
+            raise ValueError(POSINF)
+        worst = torch.where(r > -torch.inf, r.abs(), 0).argmax()
+        raise ValueError(f"{HUGE}, got {r.flatten()[worst].item():g}")

@@ -28,7 +28,7 @@ class Circuit:
 
     ``program`` is the layout as tensors on ``device``. Set ``validate = False`` to skip the input
     checks (a caller that has checked the logits already; the value checks cost one host
-    synchronisation).
+    synchronisation on the CPU, and are assertions in the graph on CUDA: ``circuits.checks``).
     """
 
     def __init__(self, layout: Layout, spec: Spec | None = None, info: dict | None = None, device="cpu"):
@@ -133,22 +133,22 @@ class Circuit:
         return flat.to(dtype).contiguous(), logits.shape[:-1]
 
     def _check(self, r: Tensor, log_z: Tensor) -> None:
-        """Raise ValueError for NaN / +inf logits r [T, n] or a row that satisfies nothing (log Z
-        [T] not finite): one host sync, or assertions in the graph under torch.compile."""
+        """Raise ValueError for NaN, +inf or |logits| >= ``checks.MAX_ABS_LOGIT`` in r [T, n] (larger
+        ones overflow the fp32 passes) or a row that satisfies nothing (log Z [T] not finite): on
+        the CPU one host sync, on CUDA and under torch.compile assertions in the graph
+        (``checks.in_graph``)."""
         if not self.validate or r.shape[0] == 0:
             return
         # a variable the circuit leaves implicit never reaches log Z, so look at r too
-        if not torch.compiler.is_compiling() and bool(
-            torch.isfinite(log_z).all() & ~(torch.isnan(r) | torch.isposinf(r)).any()
-        ):
+        if not checks.in_graph(r) and bool(torch.isfinite(log_z).all() & checks.allowed(r).all()):
             return  # the one host sync of a call that passes
-        checks.no_nan_or_posinf(r)
+        checks.logit_values(r)
         self._require_satisfied(r, log_z)
 
     def _require_satisfied(self, r: Tensor, log_z: Tensor) -> None:
         """Raise ValueError naming the first row whose log Z [T] is not finite (r [T, n]: its
-        logits, for the message); an assertion in the graph under torch.compile."""
-        if torch.compiler.is_compiling():
+        logits, for the message); an assertion in the graph on CUDA and under torch.compile."""
+        if checks.in_graph(log_z):
             checks.require(torch.isfinite(log_z).all(), self._unsatisfiable())
         elif not bool(torch.isfinite(log_z).all()):
             raise ValueError(self._unsatisfiable(r, int((~torch.isfinite(log_z)).nonzero()[0, 0])))
@@ -171,7 +171,7 @@ class Circuit:
     def check_satisfiable(self, logits: Tensor) -> None:
         """Raise ValueError naming the first row of ``logits`` [..., n] whose -inf entries leave no
         satisfying assignment (one pass at logits 0 / -inf and one host sync; an assertion in the
-        graph under torch.compile). NaN and +inf count as finite here."""
+        graph on CUDA and under torch.compile). NaN and +inf count as finite here."""
         r, _ = self._inputs(logits)
         live = torch.where(r > -torch.inf, 0.0, -torch.inf).to(r.dtype)  # [T, n]
         log_z, _ = torch.ops.circuits.log_partition(live, self.handle, False)
@@ -269,8 +269,8 @@ class Circuit:
         mask [T, slots] bool, π [T, n] detached); unused slots hold the lowest undrawn variables,
         ascending, weight 0."""
         r, _ = self._inputs(logits, generator)
-        if self.validate and r.shape[0]:  # the value checks: one host sync (and a pass at logits 0 / -inf)
-            checks.no_nan_or_posinf(r)
+        if self.validate and r.shape[0]:  # the value checks: two host syncs on the CPU (and a pass at logits 0 / -inf)
+            checks.logit_values(r)
             self.check_satisfiable(r)
         cards = getattr(self.spec, "cardinalities", None) or (0, self.n)
         return torch.ops.circuits.chosen_scores(

@@ -1,8 +1,10 @@
 """Argument checks shared by the distribution, ``route`` and the router.
 
 Every failure is a ``ValueError`` that names the argument and the allowed range. Shape and
-integer checks are free; the checks on logit values (NaN, +inf, a cardinality range that -inf
-logits make infeasible) cost one host synchronisation and can be skipped. The checks circuits
+integer checks are free; the checks on logit values (NaN, +inf, huge, a cardinality range that
+-inf logits make infeasible) cost one host synchronisation on the CPU, are asynchronous
+assertions in the graph on CUDA (no host synchronisation; a failure is a device-side assert:
+``circuits.checks``) and under torch.compile, and can be skipped. The checks circuits
 makes too (logits, generators, integer ranges, k / kmin / kmax) live in ``circuits.checks`` (one
 home, one message); this module names them in routing's terms.
 """
@@ -17,9 +19,6 @@ from torch import Tensor
 from circuits import checks
 
 generator, logits_tensor = checks.generator, checks.logits  # probmoe's entry points use these
-
-MAX_ABS_LOGIT = 1e20  # the DP's tilted sums of up to 2**31 logits stay far above its log-zero, -1e30
-
 
 int_in = checks.integer  # int_in(name, value, lo, hi, note): an int in [lo, hi], else ValueError naming it
 
@@ -38,26 +37,26 @@ def cardinality(n: int, k=None, kmin=None, kmax=None, *, lowest: int = 0) -> tup
 
 @torch.no_grad()
 def logits_values(logits: Tensor, kmin: int) -> bool:
-    """Raise for NaN, +inf or huge finite logits (|r| >= ``MAX_ABS_LOGIT``), or rows with fewer than
-    ``kmin`` logits above -inf. Returns whether some logit is -inf (always True under torch.compile).
+    """Raise for NaN, +inf or huge finite logits (|r| >= ``checks.MAX_ABS_LOGIT``), or rows with
+    fewer than ``kmin`` logits above -inf. Returns whether some logit may be -inf (always True where
+    the checks are assertions in the graph).
 
-    One host synchronisation for the global minimum and maximum (NaN propagates into both); rows
-    are looked at only when some logit is -inf, and the offending row is located only on failure.
-    Under torch.compile the same conditions are asserted inside the graph (``checks.require``).
+    On the CPU one host synchronisation for the global minimum and maximum (NaN propagates into
+    both); rows are looked at only when some logit is -inf, and the offending row is located only
+    on failure. On CUDA and under torch.compile the same conditions are asserted inside the graph,
+    with no host synchronisation (``checks.in_graph``, ``checks.require``).
     """
     if logits.numel() == 0:
         return False
-    if torch.compiler.is_compiling():
-        _traced_logits_values(logits, kmin)
+    if checks.in_graph(logits):
+        _logits_values_in_graph(logits, kmin)
         return True
     bottom, top = torch.stack(torch.aminmax(logits)).tolist()
     if math.isnan(top) or top == math.inf:
-        checks.no_nan_or_posinf(logits)
+        checks.logit_values(logits)
     low = bottom if bottom > -math.inf else torch.where(logits > -torch.inf, logits, 0.0).amin().item()
-    if max(top, -low) >= MAX_ABS_LOGIT:
-        raise ValueError(
-            f"logits must be -inf or finite with |logits| < {MAX_ABS_LOGIT:g}, got {top if top >= -low else low:g}"
-        )
+    if max(top, -low) >= checks.MAX_ABS_LOGIT:
+        raise ValueError(f"{checks.HUGE}, got {top if top >= -low else low:g}")
     if bottom > -math.inf or kmin == 0:
         return bottom == -math.inf
     live = (logits > -torch.inf).sum(-1)  # [...]
@@ -70,14 +69,10 @@ def logits_values(logits: Tensor, kmin: int) -> bool:
     return True
 
 
-def _traced_logits_values(logits: Tensor, kmin: int) -> None:
-    """``logits_values``'s conditions as assertions that torch.compile keeps in the graph, with no
-    host synchronisation (``checks.require``); ``validate_args=False`` leaves them out."""
-    checks.no_nan_or_posinf(logits)
-    finite = torch.where(logits > -torch.inf, logits, 0.0)  # [..., N]
-    checks.require(
-        finite.abs().amax() < MAX_ABS_LOGIT, f"logits must be -inf or finite with |logits| < {MAX_ABS_LOGIT:g}"
-    )
+def _logits_values_in_graph(logits: Tensor, kmin: int) -> None:
+    """``logits_values``'s conditions as assertions kept in the graph, with no host synchronisation
+    (``checks.require``); ``validate_args=False`` leaves them out."""
+    checks.logit_values(logits)
     if kmin > 0:
         live = (logits > -torch.inf).sum(-1)  # [...]
         checks.require(

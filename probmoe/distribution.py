@@ -91,8 +91,10 @@ class SubsetDistribution(Distribution):
         grad: the Jacobian of ``.mean`` w.r.t. the logits. "exact": Cov(z). "paper": Cov(z)
             diag(1 - p), the convention of the official ProbMoE code and SIMPLE. Everything else
             (log_partition, log_prob, entropy, cardinality_probs) is differentiated exactly.
-        validate_args: check the logit values (NaN, +inf, a range that -inf logits make
-            infeasible) with one host synchronisation, and ``log_prob``'s argument. Default:
+        validate_args: check the logit values (NaN, +inf, |logits| >= 1e20, a range that -inf
+            logits make infeasible) and ``log_prob``'s argument: on the CPU with one host
+            synchronisation, on CUDA as assertions in the graph with none (a failure is then a
+            device-side assert at the next synchronisation: docs/distribution.md). Default:
             ``torch.distributions.Distribution``'s global default.
 
     Shapes: batch_shape = logits.shape[:-1], event_shape = [N].
@@ -327,6 +329,18 @@ class SubsetDistribution(Distribution):
         lp = score - self._log_normalizer().reshape(self.batch_shape)
         lp = torch.where(self.support.check(value), lp, -torch.inf)
         return lp.to(self.logits.dtype)
+
+    def _validate_sample(self, value: Tensor) -> None:
+        """``log_prob``'s argument check: torch's (the shapes, then the values in the support: one
+        host synchronisation), but on CUDA the values' check is an assertion in the graph, as for the
+        logits (``circuits.checks.in_graph``)."""
+        if not isinstance(value, Tensor) or not circuits.checks.in_graph(value):
+            return super()._validate_sample(value)
+        want = self.batch_shape + self.event_shape
+        broadcasts = all(a == b or 1 in (a, b) for a, b in zip(value.shape[::-1], want[::-1]))
+        if value.shape[-1:] != self.event_shape or not broadcasts:
+            raise ValueError(f"value must have a shape that broadcasts with {list(want)}, got {list(value.shape)}")
+        circuits.checks.require(self.support.check(value).all(), f"value must be within the support {self.support!r}")
 
     def entropy(self) -> Tensor:
         """H = log Σ_S exp(r·z_S) - Σ_i r_i m_i: [...]; its gradient is -Cov(z) r (always exact)."""

@@ -112,8 +112,9 @@ def route(
         straight-through estimator, so the gradient goes through numerator and denominator.
     scores: the gate scores π the used experts are weighted by: "softmax" or "sigmoid".
     backend, grad: as for ``SubsetDistribution`` (a structured constraint needs "circuit").
-    validate_args: check the logit values (one host synchronisation), as for
-        ``SubsetDistribution``. float16/bfloat16 logits are routed in float32.
+    validate_args: check the logit values (one host synchronisation on the CPU; on CUDA
+        assertions in the graph, no host synchronisation), as for ``SubsetDistribution``.
+        float16/bfloat16 logits are routed in float32.
     """
     logits = _validate.logits_tensor(logits, dim=2)
     config = RoutingConfig.resolve(

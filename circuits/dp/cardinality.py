@@ -25,8 +25,9 @@ from .map_rule import map_mask
 class CardinalityDP:
     """P(x) ∝ Π p^x (1 - p)^(1 - x) on kmin <= Σ x <= kmax, evaluated by the DP. ``spec``: an
     ``ExactlyK`` or ``RangeK`` (ValueError for anything else: other constraints need a compiled
-    circuit). Set ``validate = False`` to skip the checks on logit values (one host
-    synchronisation per call), as for a ``Circuit``."""
+    circuit). Set ``validate = False`` to skip the checks on logit values (on the CPU two host
+    synchronisations per call, on CUDA assertions in the graph: ``circuits.checks``), as for a
+    ``Circuit``."""
 
     def __init__(self, spec: ExactlyK | RangeK):
         if not isinstance(spec, SPECS):
@@ -64,9 +65,10 @@ class CardinalityDP:
         return r, logits.shape[:-1]
 
     def _check(self, r: Tensor) -> None:
-        """ValueError for NaN or +inf logits r [T, n], or a row with fewer than kmin logits above -inf
-        (one host synchronisation; assertions in the graph under torch.compile)."""
-        checks.no_nan_or_posinf(r)
+        """ValueError for NaN, +inf or |logits| >= ``checks.MAX_ABS_LOGIT`` in r [T, n], or a row with
+        fewer than kmin logits above -inf: on the CPU two host synchronisations, on CUDA and under
+        torch.compile assertions in the graph (``checks.in_graph``)."""
+        checks.logit_values(r)
         if self.kmin:
             live = (r > -torch.inf).sum(-1)  # [T]
             checks.require(
