@@ -71,6 +71,18 @@ def check_compiler(spec: Spec, compiler) -> str:
     return compiler
 
 
+def check_cache_dir(cache_dir) -> None:
+    """ValueError unless ``cache_dir`` is None (the default root) or a path (a str or os.PathLike
+    naming a directory, not an empty string)."""
+    if cache_dir is None:
+        return
+    path = os.fspath(cache_dir) if isinstance(cache_dir, os.PathLike) else cache_dir
+    if not isinstance(path, str) or not path:
+        raise ValueError(
+            f"cache_dir must be None (the default cache root) or a directory path (str or os.PathLike), got {cache_dir!r}"
+        )
+
+
 def compile_sdd(spec: Spec, progress: Progress | None = None) -> tuple[SddManager, SddNode]:
     """Build the SDD of ``spec`` (a kind compiled by "pysdd"); returns the manager (keep it alive)
     and the root node. ``progress`` (counting specs only) is told the compile steps done
@@ -144,8 +156,9 @@ def compile_circuit(
 
     spec: ``ExactlyK``, ``RangeK``, ``GroupLimited``, ``GroupCapacity``, ``SddFile``, ``CnfFile``, a
         DIMACS path, or (sdd, vtree) paths.
-    cache_dir: cache root (default: ``circuits.cache.default_cache_dir()``).
-    force: recompile and overwrite the cache entry.
+    cache_dir: cache root, a str or os.PathLike (None, the default: ``circuits.cache.default_cache_dir()``).
+    force: True recompiles and overwrites the cache entry; False (the default) loads it if cached.
+        Either of a wrong type raises a one-line ValueError naming the argument.
     size_limit: refuse, before compiling, a counting spec whose estimated compile cost passes
         ``circuits.estimate.MAX_STEPS`` (about 20 s on a 2-core AMD EPYC), with a
         ``circuits.estimate.CircuitTooLarge`` (a ValueError) naming the estimate; False compiles
@@ -186,6 +199,9 @@ def compile_entry(
 ) -> Entry:
     """``compile_circuit`` without the evaluator: the same compile, cache and checks, returning
     ``Entry(layout, spec, info)``; torch is not imported."""
+    check_cache_dir(cache_dir)
+    if not isinstance(force, bool):
+        raise ValueError(f"force must be True or False, got {force!r}")
     if not isinstance(size_limit, bool):
         raise ValueError(f"size_limit must be True or False, got {size_limit!r}")
     spec = _as_spec(spec)
