@@ -1,13 +1,18 @@
-"""``NativeLibrary``: a shared library built from C sources on first use, loaded with ctypes.
+"""``NativeLibrary``: a shared library of C sources, shipped prebuilt or built on first use, loaded with ctypes.
 
 A library is built with the system's ``cc`` for one instruction set (``ISAS``: ``avx512``,
 ``avx2``, ``portable``) into ``<cache dir>/native/<key>/lib<name>.so`` (the key hashes the sources,
 the flags, the ISA among them, the compiler and the CPU), installed with its sha256 by atomic
 renames, and rebuilt when it does not match or does not load; a read-only cache builds into a
-temporary directory. The ISA is the best this CPU runs, read from its flags in /proc/cpuinfo at
+temporary directory. A failed build is one warning line (the compiler's first error and where its
+full log is) and leaves no folder behind. A wheel ships the library prebuilt for every ISA
+(``ship``, called by setup.py at wheel-build time: the same compile, for any CPU of the ISA rather
+than this one) in a ``prebuilt`` folder beside the sources; one whose sources match is loaded
+first, and the first-use build is the fallback (an editable install, another platform, changed
+sources). The ISA is the best this CPU runs, read from its flags in /proc/cpuinfo at
 run time (``best_isa()``), or the one ``PROBMOE_NATIVE_ISA`` names (for tests and benchmarks: one
 the CPU lacks, or a name not in ``ISAS``, is refused with a warning and the torch code runs). A
-CPU that is neither x86-64 nor 64-bit Arm, or no compiler, leaves the torch code too, with one
+CPU that is neither x86-64 nor 64-bit Arm, or no library and no compiler, leaves the torch code too, with one
 warning per library. ``PROBMOE_NATIVE=0`` turns every library off. Linked against libgomp, a
 library shares the OpenMP runtime torch has loaded, so torch's idle workers run its parallel
 loops. The kernels' library (``circuits.kernels.library``: the circuit passes, the DP's sweeps, the
@@ -19,6 +24,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import hashlib
+import json
 import os
 import platform
 import re
@@ -76,20 +82,38 @@ def best_isa() -> str | None:
     return isas[0] if isas else None
 
 
-def isa_flags(isa: str) -> list[str]:
-    """The compiler flags of ``isa``: a baseline architecture level and tuning for this CPU. The
-    portable build has no intrinsics: its loops are plain C that gcc and clang vectorise for SSE
-    (x86-64-v2) or NEON (the Arm base)."""
+def isa_flags(isa: str, any_cpu: bool = False) -> list[str]:
+    """The compiler flags of ``isa``: a baseline architecture level and tuning for this CPU, or,
+    with ``any_cpu`` (a wheel's prebuilt library), generic tuning and x86-64-v2 for the portable
+    build. The portable build has no intrinsics: its loops are plain C that gcc and clang vectorise
+    for SSE (x86-64-v2) or NEON (the Arm base)."""
     if isa not in ISAS:
         raise ValueError(f"unknown ISA {isa!r}: one of {', '.join(ISAS)}")
     if ARM:
         return []
+    tune = "-mtune=generic" if any_cpu else "-mtune=native"
     if isa == "avx512":  # 512-bit vectors: 20 % faster than 256 on the AVX-512 CPU measured
-        return ["-march=x86-64-v4", "-mtune=native", "-mprefer-vector-width=512"]
+        return ["-march=x86-64-v4", tune, "-mprefer-vector-width=512"]
     if isa == "avx2":
-        return ["-march=x86-64-v3", "-mtune=native"]
-    v2 = (_cpu_flags() or set()) >= _V2
-    return ["-march=x86-64-v2" if v2 else "-march=x86-64", "-mtune=native"]
+        return ["-march=x86-64-v3", tune]
+    v2 = any_cpu or (_cpu_flags() or set()) >= _V2
+    return ["-march=x86-64-v2" if v2 else "-march=x86-64", tune]
+
+
+def shipped_isas() -> tuple[str, ...]:
+    """The ISAs a wheel built on this machine ships prebuilt: on Linux all of ``ISAS`` on x86-64,
+    portable on 64-bit Arm; none elsewhere (the torch code runs there)."""
+    if platform.system() != "Linux":
+        return ()
+    return ISAS if X86 else ("portable",) if ARM else ()
+
+
+def runs_prebuilt(isa: str) -> bool:
+    """Whether this CPU runs the prebuilt library of ``isa`` (built with ``isa_flags(isa, any_cpu=True)``):
+    one of ``runnable_isas()``, and on x86-64 the portable build needs x86-64-v2."""
+    if isa not in runnable_isas():
+        return False
+    return not (X86 and isa == "portable") or (_cpu_flags() or set()) >= _V2
 
 
 VMATH = Path(__file__).parent / "c" / "vmath.c"  # SIMD exp/log/log1p, the -ffast-math unit
@@ -147,31 +171,60 @@ def requested_isa() -> tuple[str | None, str]:
     return want, ""
 
 
-def choice() -> tuple[str | None, str | None, str]:
-    """(compiler, ISA, "") when this process builds (or loads) native libraries, else
-    (None, None, why not): the decision ``NativeLibrary.library`` acts on, which reports read
-    without building anything (``circuits.inspect.report.evaluator``).
-    A ``why`` starting "unavailable" is a failure worth a warning; the others are choices."""
+def chosen_isa() -> tuple[str | None, str]:
+    """(ISA, "") when this process loads native libraries, else (None, why not). A ``why``
+    starting "unavailable" is a failure worth a warning; the others are choices."""
     if os.environ.get("PROBMOE_NATIVE", "1") == "0":
-        return None, None, "turned off by PROBMOE_NATIVE=0"
+        return None, "turned off by PROBMOE_NATIVE=0"
     if platform.system() != "Linux":
-        return None, None, f"not built on {platform.system()}"
+        return None, f"not built on {platform.system()}"
     isa, why = requested_isa()
+    return (isa, "") if isa is not None else (None, f"unavailable: {why}")
+
+
+NO_COMPILER = "no C compiler (cc or $CC) found"
+
+
+def choice() -> tuple[str | None, str | None, str]:
+    """(compiler, ISA, "") when this process builds native libraries, else (None, None, why not):
+    what a first-use build acts on, which reports read without building anything
+    (``circuits.inspect.report.evaluator``). A ``why`` starting "unavailable" is a failure worth a
+    warning; the others are choices."""
+    isa, why = chosen_isa()
     if isa is None:
-        return None, None, f"unavailable: {why}"
+        return None, None, why
     cc = _compiler()
     if cc is None:
-        return None, None, "unavailable: no C compiler (cc or $CC) found"
+        return None, None, f"unavailable: {NO_COMPILER}"
     return cc, isa, ""
+
+
+class BuildError(RuntimeError):
+    """A compile or link that failed: its message is one line (the compiler's first error and the
+    file that holds the full log)."""
+
+
+def _run(command: list[str], log: Path) -> None:
+    """Run a compiler command; BuildError naming its first error line and ``log`` (which then holds
+    the command and its whole output) when it fails."""
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode == 0:
+        return
+    lines = [ln.strip() for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
+    first = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else f"exit status {done.returncode}")
+    log.write_text(" ".join(command) + "\n\n" + done.stderr + done.stdout)
+    raise BuildError(f"{Path(command[0]).name} failed: {first} (full log: {log})")
 
 
 class NativeLibrary:
     """lib<name>.so built from ``sources`` (C files; ``fast_math`` among them is the one unit built
     with -ffast-math, for libmvec's SIMD exp/log), its functions declared by ``declare(lib)``, which
-    raises AttributeError when one is missing (a foreign or stale file). ``library()`` builds and
-    loads it once per process for the ISA ``requested_isa()`` names; ``variant(isa)`` builds and
-    loads any other this CPU runs (tests and benchmarks compare them); ``describe()`` says where it
-    is or why it is not used."""
+    raises AttributeError when one is missing (a foreign or stale file). ``prebuilt`` is the folder
+    a wheel ships it in (``<prebuilt>/<isa>/lib<name>.so``, written by ``ship``), None for a library
+    only ever built on first use. ``library()`` loads it once per process for the ISA
+    ``requested_isa()`` names, the prebuilt one when it matches the sources, else built; ``variant(isa)``
+    does the same for any other ISA this CPU runs (tests and benchmarks compare them); ``describe()``
+    says where it is or why it is not used."""
 
     def __init__(
         self,
@@ -180,9 +233,11 @@ class NativeLibrary:
         declare: Callable[[ctypes.CDLL], None],
         fast_math: Path | None = VMATH,
         label: str = "C library",
+        prebuilt: Path | None = None,
     ):
         self.name, self.sources, self.declare, self.fast_math = name, sorted(sources), declare, fast_math
         self.label = label  # what reports call it: "C passes unavailable: ..."
+        self.prebuilt = prebuilt
         self.lock = threading.Lock()  # taken to load, and by anything that caches what points into it
         self.state: dict = {}
         self.variants: dict[tuple[str, Path], ctypes.CDLL] = {}  # (isa, build dir) -> loaded library
@@ -196,39 +251,85 @@ class NativeLibrary:
                 found.add((src.parent / name).resolve())
         return sorted(found)
 
+    def sources_digest(self) -> str:
+        """The sha256 of the sources and the headers they include, names and contents."""
+        h = hashlib.sha256()
+        for src in self.sources + self.headers():
+            h.update(src.name.encode() + src.read_bytes())
+        return h.hexdigest()
+
     def path(self, cc: str, isa: str | None = None) -> Path:
         """Where the library built by ``cc`` for ``isa`` (default: the one ``library()`` builds) on
         this machine lives (a sibling .sha256 vouches for it)."""
         isa = isa or requested_isa()[0] or "portable"
-        h = hashlib.sha256()
-        for src in self.sources + self.headers():
-            h.update(src.name.encode() + src.read_bytes())
+        h = hashlib.sha256(self.sources_digest().encode())
         version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
         h.update(" ".join(FLAGS + isa_flags(isa)).encode() + version.encode() + _cpu_id().encode())
         return build_dir() / f"{isa}-{h.hexdigest()[:16]}" / f"lib{self.name}.so"
 
-    def build(self, cc: str, out: Path, isa: str | None = None) -> None:
-        """Compile each unit for ``isa``, then link without -ffast-math (which would change the
-        process's denormal mode); install ``out`` and its digest by atomic renames."""
-        flags = FLAGS + isa_flags(isa or requested_isa()[0] or "portable")
+    def build(self, cc: str, out: Path, isa: str | None = None, any_cpu: bool = False) -> None:
+        """Compile each unit for ``isa`` (for any CPU of it with ``any_cpu``, else for this one), then
+        link without -ffast-math (which would change the process's denormal mode); install ``out``
+        and its digest by atomic renames. A failure is a BuildError whose full log lies beside
+        ``out``'s folder (``<folder>.log``), and a folder this build made is removed."""
+        flags = FLAGS + isa_flags(isa or requested_isa()[0] or "portable", any_cpu)
+        made = not out.parent.exists()
         out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-            objects = []
-            for src in self.sources:
-                obj = Path(tmp) / (src.stem + ".o")
-                extra = ["-ffast-math"] if src == self.fast_math else []
-                subprocess.run([cc, *flags, *extra, "-c", str(src), "-o", str(obj)], check=True, capture_output=True)
-                objects.append(str(obj))
-            lib = Path(tmp) / out.name
-            link = [cc, "-shared", "-fopenmp", *objects, "-o", str(lib), "-lm"]
-            try:
-                subprocess.run(link[:-1] + ["-lmvec", "-lm"], check=True, capture_output=True)
-            except subprocess.CalledProcessError:  # a libc without libmvec (older glibc on Arm, musl)
-                subprocess.run(link, check=True, capture_output=True)
-            stamp = Path(tmp) / "digest"
-            stamp.write_text(digest(lib))
-            os.replace(lib, out)
-            os.replace(stamp, out.with_suffix(".so.sha256"))
+        log = out.parent.with_name(out.parent.name + ".log")
+        try:
+            with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+                objects = []
+                for src in self.sources:
+                    obj = Path(tmp) / (src.stem + ".o")
+                    extra = ["-ffast-math"] if src == self.fast_math else []
+                    _run([cc, *flags, *extra, "-c", str(src), "-o", str(obj)], log)
+                    objects.append(str(obj))
+                lib = Path(tmp) / out.name
+                link = [cc, "-shared", "-fopenmp", *objects, "-o", str(lib), "-lm"]
+                try:
+                    _run(link[:-1] + ["-lmvec", "-lm"], log)
+                except BuildError:  # a libc without libmvec (older glibc on Arm, musl)
+                    _run(link, log)
+                stamp = Path(tmp) / "digest"
+                stamp.write_text(digest(lib))
+                os.replace(lib, out)
+                os.replace(stamp, out.with_suffix(".so.sha256"))
+        except BaseException:
+            if made and not any(out.parent.iterdir()):
+                out.parent.rmdir()
+            raise
+        log.unlink(missing_ok=True)  # a failed try's log (the link without libmvec) is stale now
+
+    def ship(self, folder: Path, cc: str, isas: tuple[str, ...] | None = None) -> list[Path]:
+        """Build the library for each of ``isas`` (default: ``shipped_isas()``) for any CPU of that ISA
+        into ``<folder>/<isa>/lib<name>.so``, each with its digest and ``lib<name>.json`` (the sources'
+        digest it was built from, the flags, the compiler): what a wheel holds (setup.py calls this at
+        wheel-build time). Returns the libraries' paths."""
+        built = []
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.partition("\n")[0]
+        for isa in shipped_isas() if isas is None else isas:
+            out = Path(folder) / isa / f"lib{self.name}.so"
+            self.build(cc, out, isa, any_cpu=True)
+            facts = {
+                "sources": self.sources_digest(),
+                "flags": FLAGS + isa_flags(isa, any_cpu=True),
+                "compiler": version,
+            }
+            out.with_suffix(".json").write_text(json.dumps(facts, indent=1) + "\n")
+            built.append(out)
+        return built
+
+    def prebuilt_path(self, isa: str) -> Path | None:
+        """The prebuilt library for ``isa`` when one is shipped, was built from these sources and
+        this CPU runs it; else None (the first-use build is the fallback)."""
+        if self.prebuilt is None or not runs_prebuilt(isa):
+            return None
+        path = self.prebuilt / isa / f"lib{self.name}.so"
+        try:
+            facts = json.loads(path.with_suffix(".json").read_text())
+        except (OSError, ValueError):
+            return None
+        return path if isinstance(facts, dict) and facts.get("sources") == self.sources_digest() else None
 
     def load(self, path: Path) -> ctypes.CDLL:
         """Load a library whose digest matches; OSError otherwise (missing, damaged, foreign)."""
@@ -242,7 +343,18 @@ class NativeLibrary:
             raise OSError(f"{path} lacks a function: {err}") from None
         return lib
 
-    def _load_or_build(self, cc: str, isa: str) -> tuple[ctypes.CDLL, Path]:
+    def _load_or_build(self, isa: str) -> tuple[ctypes.CDLL, Path]:
+        """The prebuilt library for ``isa`` if it loads, else the one built on this machine (built
+        now if missing, damaged or foreign); RuntimeError without a compiler."""
+        path = self.prebuilt_path(isa)
+        if path is not None:
+            try:
+                return self.load(path), path
+            except OSError:  # damaged: the first-use build below
+                pass
+        cc = _compiler()
+        if cc is None:
+            raise RuntimeError(NO_COMPILER)
         path = self.path(cc, isa)
         try:
             return self.load(path), path
@@ -259,47 +371,35 @@ class NativeLibrary:
             return self.load(path), path
 
     def variant(self, isa: str) -> ctypes.CDLL:
-        """The library built for ``isa`` (one of ``ISAS`` this CPU runs), built and loaded once per
-        process and cache directory; RuntimeError when the CPU or the compiler cannot. For tests and
-        benchmarks: the passes use ``library()``."""
+        """The library for ``isa`` (one of ``ISAS`` this CPU runs), prebuilt or built, loaded once
+        per process and cache directory; RuntimeError when the CPU or the compiler cannot. For tests
+        and benchmarks: the passes use ``library()``."""
         if isa not in runnable_isas():
             raise RuntimeError(f"this CPU does not run {isa!r} (it runs {', '.join(runnable_isas()) or 'none'})")
-        cc = _compiler()
-        if cc is None:
-            raise RuntimeError("no C compiler (cc or $CC) found")
         with self.lock:
             key = (isa, build_dir())
             if key not in self.variants:
-                self.variants[key] = self._load_or_build(cc, isa)[0]
+                self.variants[key] = self._load_or_build(isa)[0]
             return self.variants[key]
 
     def library(self) -> ctypes.CDLL | None:
-        """The loaded library, building it if needed; None when it is turned off or cannot be built
-        (a warning says why, once; ``describe()`` too)."""
+        """The loaded library, prebuilt or built if needed; None when it is turned off or cannot be
+        had (a one-line warning says why, once; ``describe()`` too)."""
         if "lib" in self.state:
             return self.state["lib"]
         with self.lock:
             if "lib" in self.state:
                 return self.state["lib"]
-            lib, where = None, ""
-            cc, isa, why = choice()
-            if isa is None:
-                where = why
-                if why.startswith("unavailable"):
-                    warnings.warn(
-                        f"{self.name}: {self.label} {where}; using the torch code", RuntimeWarning, stacklevel=2
-                    )
-            else:
+            lib = None
+            isa, where = chosen_isa()
+            if isa is not None:
                 try:
-                    lib, path = self._load_or_build(cc, isa)
+                    lib, path = self._load_or_build(isa)
                     where = str(path)
-                except (OSError, RuntimeError, ValueError, subprocess.CalledProcessError) as err:
-                    detail = (getattr(err, "stderr", b"") or b"").decode(errors="replace")[-300:]
-                    where = f"unavailable: {err}{'; ' + detail if detail else ''}"
-                    warnings.warn(
-                        f"{self.name}: {self.label} {where}; using the torch code", RuntimeWarning, stacklevel=2
-                    )
-                    isa = None
+                except (OSError, RuntimeError, ValueError) as err:
+                    where, isa = f"unavailable: {err}", None
+            if where.startswith("unavailable"):
+                warnings.warn(f"{self.name}: {self.label} {where}; using the torch code", RuntimeWarning, stacklevel=2)
             self.state["lib"], self.state["where"], self.state["isa"] = lib, where, isa
             return lib
 

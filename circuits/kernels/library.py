@@ -1,7 +1,8 @@
 """The kernels' C library: every unit of ``c/`` (their one header ``c/kernels.h`` lists them) built
-into one shared library per instruction set, a ``circuits.kernels.build.NativeLibrary`` built on
-first use into ``<cache dir>/native/<key>/libkernels.so`` and loaded with ctypes; off with
-``PROBMOE_NATIVE=0``. ``library()`` is the loaded library or None; ``describe()`` says which.
+into one shared library per instruction set, a ``circuits.kernels.build.NativeLibrary``: shipped
+in a wheel as ``prebuilt/<isa>/libkernels.so`` (setup.py), else built on first use into
+``<cache dir>/native/<key>/libkernels.so``; loaded with ctypes; off with ``PROBMOE_NATIVE=0``.
+``library()`` is the loaded library or None; ``describe()`` says which.
 
 The ctypes side of ``c/kernels.h``, written once here: ``ProgStruct`` (the C ``Prog``) and
 ``FUNCTIONS``, the signature of every entry point Python calls; tests/circuits/test_c_library.py
@@ -84,8 +85,14 @@ def declare(lib: ctypes.CDLL) -> None:
         fn.restype, fn.argtypes = restype, argtypes
 
 
+PREBUILT = Path(__file__).with_name("prebuilt")  # what a wheel ships: <isa>/libkernels.so (setup.py)
 LIBRARY = NativeLibrary(
-    "kernels", sorted(SOURCES.glob("*.c")), declare, fast_math=SOURCES / "vmath.c", label="C kernels"
+    "kernels",
+    sorted(SOURCES.glob("*.c")),
+    declare,
+    fast_math=SOURCES / "vmath.c",
+    label="C kernels",
+    prebuilt=PREBUILT,
 )
 library = LIBRARY.library
 describe = LIBRARY.describe

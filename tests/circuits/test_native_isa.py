@@ -10,7 +10,9 @@ constraint. Bit for bit where the C code is exact (the row operations, the unifo
 DP's draws); the draws of the circuit passes from the same uniforms as the torch passes, but for
 rounding at a boundary; log Z, the marginals and Cov(z) v within the tolerances of
 test_circuits_native.py and test_dp_native.py. Then the fallback: an unknown ISA name, an ISA the
-CPU lacks, an unknown CPU and a missing compiler each give the torch code with exactly one warning.
+CPU lacks, an unknown CPU and a missing compiler each give the torch code with exactly one warning;
+a failed build's warning is one line and leaves no folder. Last, a prebuilt library (what a wheel
+ships) loads without a compiler, and gives way to the first-use build when it does not match.
 """
 
 import os
@@ -274,3 +276,62 @@ def test_the_isa_is_chosen_and_named_in_the_build_key(fresh, monkeypatch):
     monkeypatch.setattr(library.LIBRARY, "state", {})
     assert library.LIBRARY.isa() == "portable" and "/native/portable-" in library.describe()
     assert library.LIBRARY.path("cc", "portable") != library.LIBRARY.path("cc", best) or best == "portable"
+
+
+UNIT = "int pm_unit(void) { return 42; }\n"
+
+
+def unit_library(folder, text=UNIT, prebuilt=None) -> build.NativeLibrary:
+    """A one-function library of its own (quick to build), its source ``folder/unit.c``."""
+    src = folder / "unit.c"
+    src.write_text(text)
+    return build.NativeLibrary("unit", [src], lambda lib: lib.pm_unit, fast_math=None, prebuilt=prebuilt)
+
+
+needs_cc = pytest.mark.skipif(
+    shutil.which("cc") is None or os.environ.get("PROBMOE_NATIVE") == "0", reason="needs cc and the C code on"
+)
+
+
+@needs_cc
+def test_a_failed_build_warns_one_line_and_leaves_no_folder(fresh, monkeypatch):
+    """The warning names the compiler's first error and the log that holds the whole output, not the
+    command line; the build folder it made is gone."""
+    monkeypatch.setenv("PROBMOE_NATIVE_ISA", "portable")
+    lib = unit_library(fresh, "int pm_unit(void) { return undeclared_name; }\n")
+    with pytest.warns(RuntimeWarning) as caught:
+        assert lib.library() is None
+    (message,) = [str(w.message) for w in caught]
+    assert "\n" not in message and "-march" not in message and "-fopenmp" not in message, message
+    assert "error: " in message and "undeclared_name" in message, message
+    log = build.build_dir() / (lib.path(shutil.which("cc"), "portable").parent.name + ".log")
+    assert f"(full log: {log})" in message and "-fopenmp" in log.read_text() and "undeclared_name" in log.read_text()
+    assert [p.name for p in build.build_dir().iterdir()] == [log.name]  # no empty <isa>-<hash>/ folder
+    assert lib.describe().startswith("C library unavailable: cc failed: ")
+
+
+@needs_cc
+def test_a_prebuilt_library_loads_without_a_compiler(fresh, monkeypatch):
+    """What a wheel ships (``ship``: each ISA built for any CPU of it) is loaded first, with no compiler;
+    one whose sources changed, or that is damaged, gives way to the first-use build."""
+    monkeypatch.setenv("PROBMOE_NATIVE_ISA", "portable")
+    shipped = fresh / "prebuilt"
+    (fresh / "src").mkdir()
+    built = unit_library(fresh / "src").ship(shipped, shutil.which("cc"), isas=("portable",))
+    assert built == [shipped / "portable" / "libunit.so"]
+    facts = (shipped / "portable" / "libunit.json").read_text()
+    assert "-mtune=native" not in facts and ("-march=x86-64-v2" in facts or not build.X86)
+    monkeypatch.setenv("CC", "false")  # a compiler that fails at anything
+    lib = unit_library(fresh / "src", prebuilt=shipped)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert lib.library().pm_unit() == 42
+    assert lib.describe() == str(shipped / "portable" / "libunit.so") and not build.build_dir().exists()
+    changed = unit_library(fresh / "src", UNIT.replace("42", "43"), prebuilt=shipped)
+    assert changed.prebuilt_path("portable") is None
+    with pytest.warns(RuntimeWarning, match="false failed"):  # the fallback: built on first use, here by `false`
+        assert changed.library() is None
+    (shipped / "portable" / "libunit.so").write_bytes(b"damaged")
+    monkeypatch.setenv("CC", shutil.which("cc"))
+    damaged = unit_library(fresh / "src", prebuilt=shipped)
+    assert damaged.library().pm_unit() == 42 and damaged.describe().startswith(str(build.build_dir()))

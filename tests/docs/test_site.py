@@ -151,3 +151,17 @@ def test_the_files_and_names_a_page_gives_exist(page):
     ]
     missing += [n for n in sorted(set(NAME_NAMED.findall(text))) if not _resolves(n)]
     assert not missing, f"{page.relative_to(ROOT)} names what is not there: {', '.join(missing)}"
+
+
+def test_what_the_readme_tour_writes_is_ignored_by_git():
+    """The folders the README's commands and snippets write (``--output-dir runs/p``, ``--output
+    analysis/``, ``save_pretrained("ckpt")``) are in .gitignore: the tour leaves the clone clean."""
+    if not (ROOT / ".git").exists() or subprocess.run(["git", "--version"], capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    written = re.findall(r"--output(?:-dir)? ([\w./-]+)|save_pretrained\(\"([\w./-]+)\"\)", text)
+    folders = sorted({(a or b).strip("./").split("/")[0] for a, b in written})
+    assert {"runs", "analysis"} <= set(folders), folders
+    for folder in folders:
+        check = subprocess.run(["git", "check-ignore", "-q", f"{folder}/any-file"], cwd=ROOT)
+        assert check.returncode == 0, f"{folder}/ (written by the README's tour) is not in .gitignore"
