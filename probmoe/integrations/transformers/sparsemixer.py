@@ -20,8 +20,13 @@ For k ≤ 2 it is the official code, draw for draw: per stage a [T, N] exponenti
 noise, then the uniform of the midpoint rule, which the official second stage draws as
 ``torch.rand_like(max_scores).uniform_()``: two [T, 1] uniform draws, the second used
 (``sparsemixer_v2.py``, and transformers' PhiMoE ``sparsemixer`` in ``modeling_phimoe.py``); the first
-stage draws it once. Stages after the second repeat the second's two draws. So from one seed the
-weights and experts are PhiMoE's ``sparsemixer``'s, bit for bit (tested by calling it).
+stage draws it once. Stages after the second repeat the second's two draws. So from one seed and
+fp32 logits the weights and experts are PhiMoE's ``sparsemixer``'s, bit for bit (tested by calling
+it). Logits of another dtype (bf16, fp16) are routed here in fp32 (``logits.float()``; the weights
+come back in fp32), while PhiMoE computes in the logits' own dtype: the same random numbers are
+drawn (the RNG ends in the same state), but the noisy scores, band and weights are rounded
+differently, so the weights are not PhiMoE's bit for bit and where scores nearly tie the experts
+can differ too.
 
 ε (``jitter_eps``) defaults to 0.01, GRIN-MoE's ``router_jitter_noise`` (its config and PhiMoE's);
 the official ``SparseMixerV2`` class defaults to 0.1. In eval the official v2 function still draws
