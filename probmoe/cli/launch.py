@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import sys
 
+USAGE = "probmoe-launch [torchrun options] (-m MODULE | SCRIPT) [ARGS...]"
 NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")  # torchrun's --nproc_per_node besides a count
 
 # torchrun's log lines about the signal, left out: the ranks' line says it (other log lines stay)
@@ -47,11 +48,22 @@ def _error(message: str) -> int:
     return 2
 
 
+def parse(argv):
+    """torchrun's arguments ``argv`` parsed as torchrun parses them, but a mistake is a ValueError
+    (one line: argparse's message) instead of torchrun's usage block and status 2."""
+    from torch.distributed.run import get_args_parser
+
+    def refuse(message):
+        raise ValueError(message)
+
+    parser = get_args_parser()
+    parser.error = refuse
+    return parser.parse_args(argv)
+
+
 def check_nproc(argv) -> str | None:
     """What is wrong with ``--nproc_per_node`` in torchrun's arguments ``argv``, or None."""
-    from torch.distributed.run import parse_args
-
-    value = parse_args(list(argv) + ([] if argv else ["x"])).nproc_per_node
+    value = parse(argv).nproc_per_node
     try:
         count = int(value)
     except ValueError:
@@ -91,7 +103,12 @@ def main(argv=None) -> int:
     from torch.distributed.run import main as torchrun
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    problem = check_nproc(argv)
+    if not argv:
+        return _error(f"give torchrun's options and what to run: {USAGE}")
+    try:
+        problem = check_nproc(argv)
+    except ValueError as e:  # torchrun's own argument errors, in one line
+        return _error(str(e))
     if problem is not None:
         return _error(problem)
     for name in QUIET:

@@ -41,10 +41,7 @@ def plan(p: argparse.ArgumentParser, cfg: TrainConfig) -> int:
 
     def body():
         world = cfg.run.world_size or int(os.environ.get("WORLD_SIZE", "1"))
-        if cfg.optim.global_batch_size is not None:
-            cfg.optim.batch_size = memory_plan.per_process_batch(
-                cfg.optim.global_batch_size, world, cfg.optim.grad_accum
-            )
+        cfg.optim.batch_size = memory_plan.per_process_batch(cfg.optim, world)
         shape, kwargs = memory_plan.for_run(cfg, world, cfg.run.device or "cuda")
         return memory_plan.report(cfg.model.name, shape, world_size=world, **kwargs)
 

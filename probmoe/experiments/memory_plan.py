@@ -208,15 +208,26 @@ def report(name: str, shape: Shape, *, world_size: int, method: str, **kwargs) -
     return "\n".join(lines)
 
 
-def per_process_batch(global_batch: int, world_size: int, grad_accum: int) -> int:
-    """--global-batch-size split over ``world_size`` processes and ``grad_accum`` micro-batches;
-    ValueError (saying what to change) unless it divides evenly."""
+def per_process_batch(optim, world_size: int) -> int:
+    """The examples per process per micro-batch of ``optim`` (an ``OptimOptions``): its --batch-size,
+    or --global-batch-size split over ``world_size`` processes and --grad-accum micro-batches.
+    ValueError (saying what to change) when that does not divide evenly, or when both are given and
+    disagree."""
+    if optim.global_batch_size is None:
+        return optim.batch_size
+    global_batch, grad_accum = optim.global_batch_size, optim.grad_accum
     per, rest = divmod(global_batch, world_size * grad_accum)
     if rest or per == 0:
         raise ValueError(
             f"--global-batch-size {global_batch} does not split over {world_size} process(es) x "
             f"--grad-accum {grad_accum}: use a multiple of {world_size * grad_accum}, or change "
             "--nproc_per_node / --grad-accum"
+        )
+    if optim.batch_size is not None and optim.batch_size != per:
+        raise ValueError(
+            f"--batch-size {optim.batch_size} and --global-batch-size {global_batch} disagree: "
+            f"{global_batch} over {world_size} process(es) x --grad-accum {grad_accum} is --batch-size {per}; "
+            "give one of the two"
         )
     return per
 

@@ -17,10 +17,33 @@ DTYPES = ("float32", "bfloat16", "float16")  # the weights' dtypes of an evaluat
 DEVICES = ("cpu", "cuda")
 
 
+class IntRange(Number):
+    """An integer from ``low`` to ``high``, both included: a ``Number`` whose messages name both ends."""
+
+    def __init__(self, low: int, high: int):
+        super().__init__(int, low)
+        self.high = high
+        self.bound = f"from {low} to {high}"
+        self.__name__ = f"int {self.bound}"
+
+    def _ok(self, value) -> bool:
+        return super()._ok(value) and value <= self.high
+
+    def __call__(self, text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer {self.bound}, got {text!r}") from None
+        if not self._ok(value):
+            raise argparse.ArgumentTypeError(f"must be an integer {self.bound}, got {value}")
+        return value
+
+
 positive_int = Number(int, 1)  # argparse types that name the allowed range, and the fields' checks
 nonnegative_int = Number(int, 0)
 nonnegative_float = Number(float, 0)
 positive_float = Number(float, 0, inclusive=False)
+SEED = IntRange(0, 2**32 - 1)  # what every RNG seeded from --seed takes (NumPy's is the narrowest)
 
 
 def device(name: str | None) -> str:

@@ -24,7 +24,7 @@ from probmoe._validate import one_of
 from probmoe.integrations.routing_options import RoutingOptions
 
 from .models import TINY
-from .options import DEVICES, DTYPES, nonnegative_float, nonnegative_int, positive_float, positive_int
+from .options import DEVICES, DTYPES, SEED, nonnegative_float, nonnegative_int, positive_float, positive_int
 from .shapes import SHAPES
 
 SCHEDULES = ("constant", "linear", "cosine")  # --lr-schedule
@@ -154,12 +154,13 @@ class OptimOptions:
     warmup_steps: int = trajectory(0, type=nonnegative_int)
     weight_decay: float = trajectory(0.0, type=nonnegative_float)
     max_grad_norm: float = trajectory(1.0, "0: no clipping", type=nonnegative_float)
-    batch_size: int = trajectory(8, "examples per process per micro-batch", type=positive_int)
+    batch_size: int | None = trajectory(
+        None, "examples per process per micro-batch (default 8, or --global-batch-size's share)", type=positive_int
+    )
     grad_accum: int = trajectory(1, "micro-batches per optimizer step", type=positive_int)
     global_batch_size: int | None = option(
         None,
-        "examples per optimizer step over all processes (replaces "
-        "--batch-size: must divide by processes x --grad-accum)",
+        "examples per optimizer step over all processes (sets --batch-size: must divide by processes x --grad-accum)",
         type=positive_int,
         group=LARGE,
     )
@@ -168,6 +169,8 @@ class OptimOptions:
         check_fields(self)
         if self.max_steps is None and self.epochs is None:
             self.epochs = 1.0
+        if self.batch_size is None and self.global_batch_size is None:
+            self.batch_size = 8
 
 
 @dataclass
@@ -175,9 +178,7 @@ class RunOptions:
     """How the run executes: device, precision, sharding, seeds, output, checkpoints, logs."""
 
     output_dir: str | None = option(None, "checkpoints, the final model, config.yaml and train_log.jsonl")
-    seed: int = trajectory(
-        0, "seed of the initial weights, the data order and the routing's sampling", type=nonnegative_int
-    )
+    seed: int = trajectory(0, "seed of the initial weights, the data order and the routing's sampling", type=SEED)
     deterministic: str = option(
         "auto",
         "deterministic kernels, so that the same seeded run repeats bit for bit: "
@@ -286,7 +287,7 @@ class EvalConfig(CheckpointRunConfig):
         group=HARNESS,
     )
     log_samples: bool = option(False, "also write every request and response, per task", switch=True, group=HARNESS)
-    seed: int = option(0, "the harness's seeds: the few-shot examples' order", type=nonnegative_int, group=HARNESS)
+    seed: int = option(0, "the harness's seeds: the few-shot examples' order", type=SEED, group=HARNESS)
 
 
 @dataclass

@@ -140,10 +140,7 @@ class Trainer:
         cfg = self.cfg
         if cfg.run.fsdp:
             fsdp.require_torchrun()
-        if cfg.optim.global_batch_size is not None:
-            cfg.optim.batch_size = memory_plan.per_process_batch(
-                cfg.optim.global_batch_size, self.world.size, cfg.optim.grad_accum
-            )
+        cfg.optim.batch_size = memory_plan.per_process_batch(cfg.optim, self.world.size)
 
     def _read_data(self) -> None:
         """The records, the checkpoint to resume from, the output folder, then the tokenized examples."""
