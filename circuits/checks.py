@@ -3,7 +3,8 @@ check and its message, for the specs, ``Circuit``, ``CardinalityDP`` and every c
 (``probmoe``'s configs, distribution, ``route``, the routers and the patch). A public module of
 ``circuits``.
 
-Every failure is a ``ValueError`` that names the argument and what is allowed. Type, rank and
+Every failure is a ``ValueError`` that names the argument and what is allowed (on CUDA, the value
+checks' failures are device-side asserts with the same messages: below). Type, rank and
 device checks are free. A check on tensor values reads them on the host for tensors on the CPU
 (one host synchronisation, a ValueError at once); it is an asynchronous assertion in the graph
 (``require``, ``torch._assert_async``), with no host synchronisation, where ``in_graph`` says so:
@@ -12,14 +13,15 @@ device checks are free. A check on tensor values reads them on the host for tens
 - for tensors on CUDA, where reading a value on the host would stall the host until the GPU has
   caught up, once per call, in every training step. The check is then a few small kernels and a
   failure is a device-side assert, as torch's own CUDA kernels report an index out of range: the
-  message is printed on stderr by the kernel, and the next call that synchronises (``.item()``, a
-  copy to the host, ``torch.cuda.synchronize``) raises ``RuntimeError: CUDA error: device-side
-  assert triggered``, later than the call that got the bad logits; the CUDA context is then
-  unusable and the process must start again. For the one-line ValueError naming the argument and
-  the row, run the same call on the CPU (``logits.cpu()``), or with ``CUDA_LAUNCH_BLOCKING=1`` for
-  the place. We chose this over skipping the checks on CUDA: a NaN or an infeasible row would
-  otherwise route silently on garbage. ``validate = False`` (``validate_args=False`` in probmoe)
-  leaves the checks out on every device;
+  kernel prints the message on stderr ("Assertion `logits contain NaN` failed"), and a later
+  CUDA call, often one inside the same routing call and at the latest the next synchronisation,
+  raises "CUDA error: device-side assert triggered" (a RuntimeError; ``torch.AcceleratorError``
+  in recent torch) with a traceback that may point elsewhere. The CUDA context is then unusable
+  and the process must start again. For the one-line ValueError naming the argument and the row,
+  run the same call on the CPU (``logits.cpu()``). We chose this over skipping the checks on
+  CUDA: a NaN or an infeasible row would otherwise route silently on garbage, and a late, loud
+  failure beats a silent one. ``validate = False`` (``validate_args=False`` in probmoe) leaves
+  the checks out on every device;
 - for "meta" tensors, which have no values to read (a model traced for its shapes).
 
 Other devices (MPS, XPU) read the values on the host like the CPU.
