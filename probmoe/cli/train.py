@@ -62,10 +62,12 @@ def main(argv=None) -> int:
     def body():
         from probmoe.experiments import tracking
         from probmoe.experiments.trainer import Trainer
+        from probmoe.integrations import final_model
         from probmoe.integrations.transformers.weights_file import check_weights_files
 
         tracking.check(cfg.run.report_to, cfg.run.output_dir)
-        if os.path.isdir(cfg.model.name):
+        if os.path.isdir(cfg.model.name):  # a checkpoint, e.g. another run's final model
+            final_model.verify(cfg.model.name)
             check_weights_files(cfg.model.name)
         return Trainer(cfg)
 

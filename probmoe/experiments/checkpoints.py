@@ -5,8 +5,9 @@ routing (``probmoe.integrations.transformers.from_pretrained``); a stock checkpo
 with ``"conventional"`` (stock routing, so the router statistics are there). ``method`` (and
 k/kmin/kmax) replaces the routing: the paper's training/inference-mismatch table evaluates every
 model with one inference rule, e.g. Dynamic-k MAP (``routing``: a ``RoutingOptions``). Every check (the config, the model type,
-the safetensors headers) runs before any weights are read; a file that fails while loading all
-the same is named in a ValueError.
+the safetensors headers, and the sha256 of each file a ``final_model.json`` beside them records)
+runs before any weights are read; a file that fails while loading all the same is named in a
+ValueError.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 
 import torch
 
+from probmoe.integrations import final_model
 from probmoe.integrations.routing_options import RoutingOptions
 
 from . import models
@@ -57,7 +59,8 @@ def load(
             model = pt.from_pretrained(path, dtype=dtype)
             if routing.method is not None:
                 pt.unpatch_model(model)
-        else:
+        else:  # from_pretrained verifies final_model.json itself (once per load)
+            final_model.verify(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
             if routing.method is None:
                 routing = RoutingOptions("conventional")

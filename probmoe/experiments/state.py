@@ -24,12 +24,12 @@ damaged newer ones aside (``set_aside``).
 The final model in ``output_dir`` (``save_final``) is vouched for by ``final_model.json`` (its
 step and the sha256 of each file), written last; ``check_final`` reads it back, so that a
 ``--resume latest`` of a finished run notices a damaged or missing final file and rewrites the
-final model from the last checkpoint instead of reporting the run complete.
+final model from the last checkpoint instead of reporting the run complete; the loaders of the
+folder verify it too (``probmoe.integrations.final_model``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -39,6 +39,9 @@ import shutil
 import numpy as np
 import torch
 
+from probmoe.integrations import final_model
+from probmoe.integrations.final_model import sha256_file
+
 from . import config_parser
 from .run_config import TrainConfig
 
@@ -46,8 +49,7 @@ FORMAT = "probmoe-training-state"
 VERSION = 1
 STATE = "training_state.pt"
 MANIFEST = "training_state.json"
-FINAL = "final_model.json"  # in the output folder: the final model's step and checksums
-FINAL_FORMAT = "probmoe-final-model"
+FINAL = final_model.FILENAME  # in the output folder: the final model's step and checksums
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 # fingerprint fields that must match for a resume to continue the same trajectory: the options marked
 # so (run_config.trajectory, and every routing option), and what the run derives
@@ -66,14 +68,6 @@ RESUME_DEFAULTS = {
     **{leaf.name: leaf.default for leaf in config_parser.leaves(TrainConfig) if leaf.resume},
     "data_format": "question-answer",
 }
-
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def checkpoint_dir(output_dir: str, step: int) -> str:
@@ -272,7 +266,7 @@ def save_final(directory: str, world, write, step: int | None = None) -> None:
                 os.replace(os.path.join(tmp, name), os.path.join(directory, name))
             os.rmdir(tmp)
             with open(os.path.join(directory, FINAL + ".tmp"), "w", encoding="utf-8") as f:
-                json.dump({"format": FINAL_FORMAT, "step": step, "sha256": sums}, f, indent=2, sort_keys=True)
+                json.dump({"format": final_model.FORMAT, "step": step, "sha256": sums}, f, indent=2, sort_keys=True)
                 f.write("\n")
                 f.flush()
                 os.fsync(f.fileno())
@@ -286,24 +280,15 @@ def save_final(directory: str, world, write, step: int | None = None) -> None:
 def check_final(directory: str, step: int) -> str | None:
     """None when the final model in ``directory`` is whole: ``FINAL`` is there, for ``step``, and
     every file it lists matches its checksum; else what is wrong, in a few words."""
-    path = os.path.join(directory, FINAL)
     try:
-        with open(path, encoding="utf-8") as f:
-            final = json.load(f)
-    except (OSError, ValueError):
+        final = final_model.read(directory)
+    except FileNotFoundError:
         return f"{FINAL} is missing or unreadable"
-    if (
-        not isinstance(final, dict)
-        or final.get("format") != FINAL_FORMAT
-        or not isinstance(final.get("sha256"), dict)
-        or not final["sha256"]
-    ):
-        return f"{FINAL} is malformed"
+    except ValueError as e:  # unreadable, malformed
+        return f"{FINAL} is {e}"
     if final.get("step") != step:
         return f"{FINAL} is for step {final.get('step')!r}, the last checkpoint for step {step}"
     for name, digest in sorted(final["sha256"].items()):
-        if os.path.basename(name) != name:
-            return f"{FINAL} is malformed"
         file = os.path.join(directory, name)
         if not os.path.isfile(file) or sha256_file(file) != digest:
             return f"{name} is missing or does not match its checksum in {FINAL} (damaged or modified)"

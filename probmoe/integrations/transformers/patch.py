@@ -15,6 +15,7 @@ import torch
 
 from circuits import checks
 
+from .. import final_model
 from ..routing_options import RoutingOptions
 from . import experts as experts_mod
 from . import gate as gate_mod
@@ -175,7 +176,9 @@ def from_pretrained(path, *, generator: torch.Generator | None = None, **kwargs)
     ``probmoe_routing.json`` records. FileNotFoundError if the settings file is missing,
     ValueError if it is unreadable, tampered or does not match the checkpoint's config;
     ``weights_file.DamagedWeightsError`` (a ValueError) naming a truncated or corrupted
-    ``*.safetensors`` file, before transformers reads it. The routing state a method trains with
+    ``*.safetensors`` file, before transformers reads it; ValueError naming a file that does not
+    match its sha256 in the ``final_model.json`` beside it (a ``probmoe-train`` output folder:
+    ``probmoe.integrations.final_model``), each file hashed once. The routing state a method trains with
     (ReMoE's λ, DefaultMoE's default outputs) comes back from ``probmoe_state.safetensors``."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -187,6 +190,7 @@ def from_pretrained(path, *, generator: torch.Generator | None = None, **kwargs)
         raise ValueError(
             f"{data['path']} is for model type {data['model_type']!r} but config.json says {config.model_type!r}"
         )
+    final_model.verify(path)
     check_weights_files(path)
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     family = family_of(model)
