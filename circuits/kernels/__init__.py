@@ -9,7 +9,7 @@ evaluators (``circuits.Circuit``, ``circuits.CardinalityDP``). No module here im
     program.py          Program: a level layout as device tensors; draw_uniforms
     torch_passes.py     TorchPasses: plain tensor operations (the meaning; the others' oracle)
     c_passes.py         CPasses: fused C for fp32 on the CPU
-    triton_passes.py    TritonPasses: fused Triton kernels (triton_kernels.py) for fp32 on CUDA
+    triton_passes.py    TritonPasses: layer-parallel Triton kernels (triton_layers.py), fp32 on CUDA
     by_node.py          the passes' definition node by node in Python: TorchPasses' oracle (tests)
     lattice.py          Lattice: what the cardinality DP sweeps over
     torch_dp.py         TorchDP: the DP's sweeps in plain torch (the meaning; the C sweeps' oracle)

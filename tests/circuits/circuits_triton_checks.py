@@ -1,4 +1,5 @@
-"""The Triton passes (circuits/kernels/triton_passes.py) against the torch passes and brute force.
+"""The Triton passes (circuits/kernels/triton_passes.py, layer-parallel kernels in triton_layers.py) against
+the torch passes and brute force.
 
 Run by tests/circuits/test_circuits_triton.py in a child process: with CUDA the compiled kernels run on the
 GPU; without it TRITON_INTERPRET=1 is set for the whole child, and the kernels run on CPU tensors in
@@ -8,8 +9,9 @@ well, so it cannot be switched on for part of a process). Not collected by a pla
 
     TRITON_INTERPRET=1 python -m pytest tests/circuits/circuits_triton_checks.py
 
-The interpreter is slow (about 2 s per pass over 32 tokens of exactly 8 of 64), so token counts
-stay small.
+The interpreter is slow (seconds per pass: it pays per program and per operation), so circuits and
+token counts stay small; ``test_smoke`` is the quick one (tests/circuits/test_triton_layers.py runs it
+in the default suite).
 """
 
 import functools
@@ -36,7 +38,19 @@ from circuits.kernels.triton_passes import TritonPasses  # noqa: E402 (after the
 
 
 def compiled(spec):
+    if isinstance(spec, tuple):  # (DIMACS text, compiler): a CNF circuit
+        text, compiler = spec
+        path = os.path.join(CNF_DIR, f"f{abs(hash(text))}.cnf")
+        with open(path, "w") as f:
+            f.write(text)
+        return circuits.compile_circuit(path, device=DEVICE, compiler=compiler)
     return circuits.compile_circuit(spec, device=DEVICE)
+
+
+CNF_DIR = os.environ.get("TMPDIR", "/tmp")
+# (x1 or x2) and (not x1 or x3) and (x2 or not x4 or x5) and (not x3 or not x5); x6 unconstrained
+# (tests/circuits/test_circuits_general.py's formula): a circuit with implicit variables, not smooth
+CNF = ("p cnf 6 4\n1 2 0\n-1 3 0\n2 -4 5 0\n-3 -5 0\n", "pysdd")
 
 
 def seeded(seed: int) -> torch.Generator:
@@ -48,14 +62,16 @@ def shifted(c, r):
     return c.shifted(r)
 
 
-def logits(spec, T, seed):
-    """[T, n] on DEVICE: N(0, 9), row 0 with -inf logits (still satisfiable), row 1 at +-1e4."""
+def logits(spec, T, seed, n=None):
+    """[T, n] on DEVICE: N(0, 9), row 0 with -inf logits (still satisfiable), row 1 at +-1e4 (a cardinality
+    spec; ``n`` for another circuit: N(0, 9) only)."""
     gen = torch.Generator().manual_seed(seed)
-    r = torch.randn(T, spec.n, generator=gen) * 3
-    if T > 1:
+    n = spec.n if n is None else n
+    r = torch.randn(T, n, generator=gen) * 3
+    if T > 1 and hasattr(spec, "cardinalities"):
         r[0, : spec.n - spec.cardinalities[-1]] = -torch.inf
         r[1] = 1e4 * (1 - 2 * (torch.arange(spec.n) % 2))
-    return r.to(DEVICE), torch.randn(T, spec.n, generator=gen).to(DEVICE)
+    return r.to(DEVICE), torch.randn(T, n, generator=gen).to(DEVICE)
 
 
 def check_against_torch(prog, r, v, fast, gen):
@@ -83,7 +99,39 @@ def check_against_torch(prog, r, v, fast, gen):
     return z
 
 
-SMALL = [circuits.ExactlyK(6, 3), circuits.RangeK(8, 2, 5), circuits.ExactlyK(10, 4), circuits.RangeK(12, 3, 7)]
+SMALL = [
+    circuits.ExactlyK(6, 3),
+    circuits.RangeK(8, 2, 5),
+    circuits.ExactlyK(10, 4),
+    circuits.RangeK(12, 3, 7),
+    circuits.ExactlyK(16, 5),
+    circuits.GroupLimited(16, 4, 4, 2),  # 4 of 16 from at most 2 of 4 groups: the tilt moves elements
+]
+
+
+def test_smoke():
+    """The quick check (the default suite's): a range circuit (implicit variables, a tilt that moves
+    elements), every pass against the torch passes."""
+    spec = circuits.RangeK(8, 2, 5)
+    c = compiled(spec)
+    r, v = logits(spec, 24, seed=37)
+    check_against_torch(c.program, shifted(c, r), v, TritonPasses(c.program, block=32), seeded(1))
+
+
+@pytest.mark.parametrize("cnf", [CNF, ("uf20-01", "d4")], ids=["general-formula-pysdd", "uf20-01-d4"])
+def test_cnf_circuits_match_the_torch_passes(cnf):
+    """Circuits compiled from CNF (not smooth, float64 rows): the small formula by pysdd, SATLIB's uf20-01 by
+    d4 (the ``cnf`` extra; skipped without it)."""
+    if cnf[0] == "uf20-01":
+        pytest.importorskip("py_d4", reason="d4 is not installed (the cnf extra)")
+        path = os.path.join(
+            os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "satlib", "uf20-01.cnf"
+        )
+        with open(path) as f:
+            cnf = (f.read(), "d4")
+    c = compiled(cnf)
+    r, v = logits(None, 37, seed=11, n=c.program.n)
+    check_against_torch(c.program, r, v, TritonPasses(c.program, block=32), seeded(4))
 
 
 @pytest.mark.parametrize("T", [1, 37])
@@ -107,9 +155,9 @@ def test_exactly_8_of_64_matches_the_torch_passes():
     assert bool((z.sum(-1) == 8).all()) and not z[0, :56].any()
 
 
-def test_blocks_taken_in_turn_and_no_tokens():
-    """Past the scratch budget one program takes every block in turn (here 3 blocks of 64); T = 0 launches
-    nothing."""
+def test_chunks_taken_in_turn_and_no_tokens():
+    """Past the scratch budget the tokens go through the levels in chunks (here 3 chunks of 64, the last
+    partial); T = 0 launches nothing."""
     spec = circuits.RangeK(6, 1, 4)
     c = compiled(spec)
     r, v = logits(spec, 150, seed=3)
