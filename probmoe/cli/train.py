@@ -74,10 +74,15 @@ def main(argv=None) -> int:
     from probmoe.experiments import interrupts
 
     with interrupts.catch():
+        trainer = None
         try:
-            return _train(cfg, options.run_or_exit(p, body))
+            trainer = options.run_or_exit(p, body)
+            return _train(cfg, trainer)
         except interrupts.Interrupted as e:  # one line and 128 + the signal's number, no traceback
             return interrupts.report(e, cfg.run.output_dir)
+        finally:  # the output folder is let go once the run has written all it writes (run_lock)
+            if trainer is not None:
+                trainer.close()
 
 
 def _train(cfg: TrainConfig, trainer) -> int:

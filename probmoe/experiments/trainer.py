@@ -26,7 +26,19 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import config_parser, data, determinism, distributed, formats, fsdp, interrupts, memory_plan, models, state
+from . import (
+    config_parser,
+    data,
+    determinism,
+    distributed,
+    formats,
+    fsdp,
+    interrupts,
+    memory_plan,
+    models,
+    run_lock,
+    state,
+)
 from .run_config import TrainConfig
 
 
@@ -97,14 +109,32 @@ def fingerprint(cfg: TrainConfig, world, total_steps: int, data_format: str) -> 
 
 
 class Trainer:
-    """Set up from a ``TrainConfig``, then ``run()``. Every check (flags, data, output folder,
-    resume checkpoint) runs on every process before any weights load, and the processes agree on
-    the outcome before the first collective, so a bad input stops all of them with its message."""
+    """Set up from a ``TrainConfig``, then ``run()``, then ``close()``. Every check (flags, data,
+    output folder, resume checkpoint) runs on every process before any weights load, and the
+    processes agree on the outcome before the first collective, so a bad input stops all of them
+    with its message. From its first look at the output folder until ``close()`` the run holds it
+    (``run_lock``): another run started on it is refused."""
+
+    lock = None  # run_lock.Lock on the output folder (rank 0), from the checks until close()
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
         self.world = distributed.setup(cfg.run.device)
         self.nothing_to_do = None  # why, when the resumed checkpoint is already at the last step
+        try:
+            self._set_up()
+        except (
+            BaseException
+        ):  # refused or interrupted: the folder is let go (and removed if it was made here and is empty)
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Let go of the output folder (``run_lock.release``); the run writes nothing after this."""
+        run_lock.release(self.lock)
+        self.lock = None
+
+    def _set_up(self) -> None:
         error = None
         try:
             self._check_and_build()
@@ -115,7 +145,7 @@ class Trainer:
             return
         self._set_aside_damaged()
         self.model = self.net
-        if self.world.size > 1 and not cfg.run.fsdp:
+        if self.world.size > 1 and not self.cfg.run.fsdp:
             ids = [self.world.local_rank] if self.world.device.type == "cuda" else None
             self.model = torch.nn.parallel.DistributedDataParallel(
                 self.net, device_ids=ids, gradient_as_bucket_view=True
@@ -143,8 +173,10 @@ class Trainer:
         cfg.optim.batch_size = memory_plan.per_process_batch(cfg.optim, self.world.size)
 
     def _read_data(self) -> None:
-        """The records, the checkpoint to resume from, the output folder, then the tokenized examples."""
+        """The output folder locked, the records, the checkpoint to resume from, the output folder
+        checked, then the tokenized examples."""
         cfg = self.cfg
+        self._lock_output_dir()
         self.records = formats.read(cfg.data.path, cfg.data.data_format)
         self.resume_dir = self._resume_dir()
         self._check_output_dir()
@@ -299,13 +331,20 @@ class Trainer:
         if self.damaged:
             distributed.barrier()
 
+    def _lock_output_dir(self) -> None:
+        """Rank 0 takes the output folder (``run_lock``; the launch's other ranks share it), unless it
+        is not a folder."""
+        out = self.cfg.run.output_dir
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise ValueError(f"--output-dir {out!r} exists and is not a directory")
+        if self.world.main:
+            self.lock = run_lock.acquire(out)
+
     def _check_output_dir(self) -> None:
         """Nothing is overwritten: a new run needs an empty or new folder; a resume, an empty folder or
         the folder whose newest checkpoint (damaged ones aside) it resumes from."""
         out = self.cfg.run.output_dir
-        if os.path.exists(out) and not os.path.isdir(out):
-            raise ValueError(f"--output-dir {out!r} exists and is not a directory")
-        if not os.path.isdir(out) or not os.listdir(out):
+        if not os.path.isdir(out) or not run_lock.content(out):
             return
         if self.resume_dir is None:
             raise ValueError(
