@@ -1,4 +1,8 @@
-"""Host synchronisations as errors, for the CUDA checks that a computation never waits for the GPU."""
+"""Host synchronisations as errors, for the CUDA checks that a computation never waits for the GPU.
+
+torch warns that its sync debug mode is a prototype that misses some synchronising operations;
+tests/probmoe/test_checks_in_graph.py covers the value checks' path another way (on "meta"
+tensors, which have no values to read), without a GPU."""
 
 import contextlib
 
