@@ -208,7 +208,7 @@ def registers() -> list[dict]:
     from circuits.kernels.triton_layers_compile import compile_all
 
     rows = compile_all(90)
-    print("\nthe kernels compiled for sm_90 (BN = 8 nodes x BT = 128 tokens, 4 warps; ptxas -v)")
+    print("\nthe kernels compiled for sm_90 (BN = 4 nodes x BT = 128 tokens, 4 warps, the passes' tiles; ptxas -v)")
     print(
         table(
             [(r["kernel"], r["registers"], r["spill_stores"], r["spill_loads"], r["stack"]) for r in rows],

@@ -3,10 +3,11 @@
 The mathematics is that of ``circuits.kernels.torch_passes`` (read it first: it is these kernels'
 meaning and test oracle); the structure is PyJuice's: every value lives in a token-contiguous scratch
 row, a launch evaluates one level (all nodes of one height: none is a child of another) for all
-tokens, program (i, j) taking tokens [i BT, (i + 1) BT) of the level's node tile j (at most BN nodes),
+tokens, program (i, j) taking tokens [j BT, (j + 1) BT) of the level's node tile i (at most BN nodes),
 so the parallelism runs across the nodes of a level as well as across tokens, and every load or store
-of a value row is BT consecutive floats. ``circuits.kernels.triton_passes`` builds the tables and
-launches them.
+of a value row is BT consecutive floats. Node tiles come first in the grid: the programs that run
+together share a token tile, so a child row that several nodes gather is read from memory once and
+then from L2. ``circuits.kernels.triton_passes`` builds the tables and launches them.
 
 Scratch (token-contiguous, [rows, TS], TS >= the chunk's Tc tokens; tokens of a chunk are numbered
 0 .. Tc - 1 there and t0 .. t0 + Tc - 1 in the inputs):
@@ -63,9 +64,9 @@ def _soft(x):
 
 @triton.jit
 def _tile(tiles, tile0, order, BN: tl.constexpr):
-    """The node tile of program_id(1): (slots [BN] int64, which are real [BN], max fan-in, max parents,
+    """The node tile of program_id(0): (slots [BN] int64, which are real [BN], max fan-in, max parents,
     max implicit variables)."""
-    t = (tile0 + tl.program_id(1)) * 5
+    t = (tile0 + tl.program_id(0)) * 5
     first, count = tl.load(tiles + t), tl.load(tiles + t + 1)
     j = tl.arange(0, BN)
     real = j < count
@@ -76,7 +77,7 @@ def _tile(tiles, tile0, order, BN: tl.constexpr):
 @triton.jit
 def _tokens(Tc, BT: tl.constexpr):
     """(this program's chunk-local token indices [BT] int64, which are < Tc [BT])."""
-    lt = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    lt = tl.program_id(1).to(tl.int64) * BT + tl.arange(0, BT)
     return lt, lt < Tc
 
 
@@ -96,10 +97,10 @@ def leaves_kernel(
 ):
     """The leaf rows of val [S, TS] (``torch_passes.log_sigmoid_leaves``): FALSE = -inf, TRUE = 0,
     x_i = log sigma(x_i), not x_i = log sigma(-x_i) for the (tilted) logits x [T, n]; TANGENTS: also
-    dval's, d log sigma(+-x) = (1 - p) v, -p v for the direction v [T, n]. Grid: (token tiles,
-    variable tiles of BV)."""
+    dval's, d log sigma(+-x) = (1 - p) v, -p v for the direction v [T, n]. Grid: (variable tiles of BV,
+    token tiles)."""
     lt, tm = _tokens(Tc, BT)
-    i = tl.program_id(1) * BV + tl.arange(0, BV)
+    i = tl.program_id(0) * BV + tl.arange(0, BV)
     im = i < n
     m2 = im[:, None] & tm[None, :]
     at = (t0 + lt)[None, :] * n + i[:, None]  # [BV, BT] into x, v
@@ -108,7 +109,7 @@ def leaves_kernel(
     row = i[:, None].to(tl.int64) * TS + lt[None, :]
     tl.store(val + 2 * TS + row, tl.minimum(xi, 0.0) - soft, mask=m2)
     tl.store(val + (2 + n) * TS + row, -(soft + tl.maximum(xi, 0.0)), mask=m2)
-    first = tm & ((tl.zeros([BT], tl.int32) + tl.program_id(1)) == 0)
+    first = tm & ((tl.zeros([BT], tl.int32) + tl.program_id(0)) == 0)
     tl.store(val + lt, tl.full([BT], NEG_INF, tl.float32), mask=first)
     tl.store(val + TS + lt, tl.zeros([BT], tl.float32), mask=first)
     if TANGENTS:
@@ -157,7 +158,7 @@ def up_kernel(
     node gets weight 1 and norm 1, its value e) or, MAX, the max (ex = e). TANGENTS: de = (dval[prime]
     + dval[sub]) + the addend's tangent, d node = E_w[de] / norm. TILT: the addend up[e] c+ + down[e] c-
     (c [T]), and IMPLICIT: plus gt [n, T] (dgt [n, T] its tangent) of the element's implicit variables.
-    Grid: (token tiles, the level's node tiles from ``tile0``)."""
+    Grid: (the level's node tiles from ``tile0``, token tiles)."""
     slot, real, fmax, _, imax = _tile(tiles, tile0, order, BN)
     lt, tm = _tokens(Tc, BT)
     r0 = tl.load(row0 + slot, mask=real, other=0).to(tl.int64)
@@ -273,8 +274,8 @@ def down_kernel(
     coef + d coef) over de, coef = g / norm, d coef = dg / norm. SAMPLE (``torch_passes.sample``): g is
     the node's activity a, and the first element whose running sum of weights passes u norm / a (u =
     uniforms [count, T] at the node's row ``sid``) gets flow 1. MAP (``torch_passes.map_assignment``):
-    the first element whose value (ex) equals the node's (val) gets flow a. Grid: (token tiles, the
-    level's node tiles from ``tile0``)."""
+    the first element whose value (ex) equals the node's (val) gets flow a. Grid: (the level's node tiles
+    from ``tile0``, token tiles)."""
     slot, real, fmax, pmax, _ = _tile(tiles, tile0, order, BN)
     lt, tm = _tokens(Tc, BT)
     col = lt[None, :]
@@ -347,13 +348,13 @@ def leaf_kernel(
     ``torch_passes.marginals_from_flows``); JVP Cov(z) v (``torch_passes.marginals_jvp``); SAMPLE the
     draw gp > 0 (or, neither literal reached, fill [T, n] < p); MAP gp > 0 (or, neither reached, r > 0).
     r, v [T, n]: the logits (shifted, not tilted) and the direction. tiles [., 5]: per tile of BV
-    variables, the max parents (column 3). Grid: (token tiles, variable tiles)."""
+    variables, the max parents (column 3). Grid: (variable tiles, token tiles)."""
     lt, tm = _tokens(Tc, BT)
-    i = tl.program_id(1) * BV + tl.arange(0, BV)
+    i = tl.program_id(0) * BV + tl.arange(0, BV)
     im = i < n
     m2 = im[:, None] & tm[None, :]
     col = lt[None, :]
-    pmax = tl.load(tiles + (tile0 + tl.program_id(1)) * 5 + 3)
+    pmax = tl.load(tiles + (tile0 + tl.program_id(0)) * 5 + 3)
     pos, neg = (2 + i).to(tl.int64), (2 + n + i).to(tl.int64)
     gp = _pull(ex, pos, im, tm, col, par_off, par_rows, pmax, TS, BV, BT)
     at = (t0 + lt)[None, :] * n + i[:, None]  # [BV, BT] into the [T, n] arrays

@@ -18,7 +18,7 @@ INTS = {"tile0", "t0", "Tc", "TS", "T", "S", "n"}
 TABLES = {"tiles", "order", "row0", "fanin", "prime", "sub", "imp_off", "imp_var", "par_off", "par_rows", "sid"}
 
 
-def variants(bn: int = 8, bt: int = 128) -> Iterator[tuple[str, object, dict]]:
+def variants(bn: int = 4, bt: int = 128) -> Iterator[tuple[str, object, dict]]:
     """(label, kernel, constexprs) for every specialisation the passes launch with tiles of bn nodes
     (variables) by bt tokens."""
     from . import triton_layers as K
@@ -68,7 +68,7 @@ def ptxas_report(ptx: str, arch: int) -> dict:
     }
 
 
-def compile_all(arch: int = 90, bn: int = 8, bt: int = 128, num_warps: int = 4) -> list[dict]:
+def compile_all(arch: int = 90, bn: int = 4, bt: int = 128, num_warps: int = 4) -> list[dict]:
     """Every specialisation of ``variants`` compiled for sm_``arch`` (``triton.compile``, no device):
     one dict per kernel with its label and ``ptxas_report``. Raises what the compiler raises."""
     import triton

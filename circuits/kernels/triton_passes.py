@@ -30,6 +30,7 @@ from .rows import REFERENCES, RowOps
 FLOW, JVP, SAMPLE, MAP = 0, 1, 2, 3  # triton_layers' modes
 #: The scratch one call may take when the device cannot say (the CPU, under the interpreter).
 DEFAULT_SCRATCH = 256 << 20
+MAX_TOKEN_TILES = 65535  # CUDA's limit on a grid's second axis
 #: Triton's interpreter (CPU tensors, the tests) pays per program: there, tiles of 64 nodes.
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -134,11 +135,12 @@ def build_tables(prog: Program, bn: int) -> Tables:
 
 class TritonPasses(Passes):
     """The Triton passes over ``program`` for fp32 logits on its device. ``block``: tokens per program
-        tile (BT), a power of two >= 32; ``nodes``: nodes per program tile (BN), a power of two (None: 8,
-    64 under the interpreter).
-        ``scratch_bytes``: the most scratch one call allocates (None: half of what the device has free, its
-        caching allocator's free blocks included; 256 MiB where the device cannot say); past it the tokens
-        are taken in chunks, each through every level."""
+    tile (BT), a power of two >= 32; ``nodes``: nodes per program tile (BN), a power of two (None: 4, 64
+    under the interpreter, which pays per program). 4 x 128 with 4 warps holds 4 values of a tile per
+    thread: at most 96 registers in the sm_90 compiles (``triton_layers_compile``), so 5 programs (20
+    warps) fit an SM; 8 x 128 takes up to 164. ``scratch_bytes``: the most scratch one call allocates
+    (None: half of what the device has free, its caching allocator's free blocks included; 256 MiB where
+    the device cannot say); past it the tokens are taken in chunks, each through every level."""
 
     name = "triton"
 
@@ -152,7 +154,7 @@ class TritonPasses(Passes):
         num_warps: int = 4,
     ):
         super().__init__(program, rows)
-        nodes = nodes or (64 if INTERPRETED else 8)
+        nodes = nodes or (64 if INTERPRETED else 4)
         if block < 32 or block & (block - 1):
             raise ValueError(f"block must be a power of two >= 32, got {block}")
         if nodes < 1 or nodes & (nodes - 1):
@@ -177,10 +179,12 @@ class TritonPasses(Passes):
     def chunks(self, T: int, rows: int, device: torch.device) -> list[tuple[int, int]]:
         """[(t0, Tc)]: the token chunks a call over T tokens with ``rows`` scratch rows per token takes."""
         per = max(self.block, self.budget(device) // (4 * rows) // self.block * self.block)
+        per = min(per, MAX_TOKEN_TILES * self.block)  # the grid's second axis
         return [(t0, min(per, T - t0)) for t0 in range(0, T, per)]
 
     def _grid(self, Tc: int, tiles: int) -> tuple[int, int]:
-        return (-(-Tc // self.block), tiles)
+        """(node or variable tiles, token tiles): node tiles first (``triton_layers``)."""
+        return (tiles, -(-Tc // self.block))
 
     def _up(self, scratch: dict, t0: int, Tc: int, T: int, *, c, gt, dgt, mode_max=False, tangents=False, tilt=False):
         """Every level upward over the chunk (``up_kernel``)."""
