@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from probmoe.experiments import config_parser, options
+from probmoe.experiments import config_parser, interrupts, options
 from probmoe.experiments.run_config import AnalyzeConfig
 
 from . import common
@@ -39,12 +39,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    # from the first line: a signal while the libraries load is one line too
+    return interrupts.run_or_end(lambda: _main(argv), "starting", lambda: "nothing was written")
+
+
+def _main(argv) -> int:
     p = parser()
     cfg = config_parser.parse(AnalyzeConfig, p, argv)
     common.require_extras(p)
     common.quiet_progress(not cfg.progress)
-    from probmoe.experiments import interrupts
-
     # a signal before report.write, which runs deferred, ends it with nothing written
     return interrupts.run_or_end(
         lambda: _analyze(p, cfg), "analysing the routing", lambda: f"nothing was written to {cfg.output}"
@@ -52,8 +55,6 @@ def main(argv=None) -> int:
 
 
 def _analyze(p: argparse.ArgumentParser, cfg: AnalyzeConfig) -> int:
-    from probmoe.experiments import interrupts
-
     def body():
         import torch
 

@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 
-from probmoe.experiments import config_parser, options
+from probmoe.experiments import config_parser, interrupts, options
 from probmoe.experiments.run_config import EvalConfig
 
 from . import common, evaluate_tasks
@@ -34,6 +34,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    # from the first line: a signal while the libraries load is one line too
+    return interrupts.run_or_end(lambda: _main(argv), "starting", lambda: "nothing was written")
+
+
+def _main(argv) -> int:
     p = parser()
     cfg = config_parser.parse(EvalConfig, p, argv)
     common.require_extras(p)
@@ -59,8 +64,6 @@ def main(argv=None) -> int:
     cfg.max_new_tokens = cfg.max_new_tokens or 256
     cfg.max_length = cfg.max_length or 1024
     out = cfg.output or os.path.join(cfg.checkpoint, f"eval-{cfg.routing.method or 'saved'}")
-    from probmoe.experiments import interrupts
-
     started = []  # the problems, once the evaluation has started writing into ``out``
     return interrupts.run_or_end(
         lambda: _evaluate(p, cfg, out, started), f"evaluating {cfg.checkpoint}", lambda: _written(out, started)

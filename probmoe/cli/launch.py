@@ -98,19 +98,28 @@ def failed(e) -> int:
 
 
 def main(argv=None) -> int:
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import main as torchrun
-
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv:
         return _error(f"give torchrun's options and what to run: {USAGE}")
+    try:
+        return _launch(argv)
+    except KeyboardInterrupt:  # a Ctrl-C before torchrun handles signals itself (torch.distributed loading)
+        print("interrupted (SIGINT) before torchrun started the ranks", file=sys.stderr)
+        return 130
+
+
+def _launch(argv) -> int:
+    """The checks, then torchrun on ``argv``, its ending mapped as the module says."""
     try:
         problem = check_nproc(argv)
     except ValueError as e:  # torchrun's own argument errors, in one line
         return _error(str(e))
     if problem is not None:
         return _error(problem)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
     for name in QUIET:
         logging.getLogger(name).addFilter(_quiet)
     try:

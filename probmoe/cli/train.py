@@ -18,7 +18,7 @@ import argparse
 import os
 import sys
 
-from probmoe.experiments import config_parser, options
+from probmoe.experiments import config_parser, interrupts, options
 from probmoe.experiments.run_config import TrainConfig
 
 from . import common
@@ -50,39 +50,38 @@ def plan(p: argparse.ArgumentParser, cfg: TrainConfig) -> int:
 
 
 def main(argv=None) -> int:
-    p = parser()
-    cfg = config_parser.parse(TrainConfig, p, argv)
-    common.require_extras(p)
-    common.quiet_progress(not cfg.run.progress)
-    if cfg.run.plan:
-        return plan(p, cfg)
-    if cfg.data.path is None or cfg.run.output_dir is None:
-        p.error("the following arguments are required: --data, --output-dir (all but --plan)")
-
-    def body():
-        from probmoe.experiments import tracking
-        from probmoe.experiments.trainer import Trainer
-        from probmoe.integrations import final_model
-        from probmoe.integrations.transformers.weights_file import check_weights_files
-
-        tracking.check(cfg.run.report_to, cfg.run.output_dir)
-        if os.path.isdir(cfg.model.name):  # a checkpoint, e.g. another run's final model
-            final_model.verify(cfg.model.name)
-            check_weights_files(cfg.model.name)
-        return Trainer(cfg)
-
-    from probmoe.experiments import interrupts
-
-    with interrupts.catch():
-        trainer = None
+    cfg = trainer = None
+    with interrupts.catch():  # from the first line: a signal while the libraries load is one line too
         try:
-            trainer = options.run_or_exit(p, body)
+            p = parser()
+            cfg = config_parser.parse(TrainConfig, p, argv)
+            common.require_extras(p)
+            common.quiet_progress(not cfg.run.progress)
+            if cfg.run.plan:
+                return plan(p, cfg)
+            if cfg.data.path is None or cfg.run.output_dir is None:
+                p.error("the following arguments are required: --data, --output-dir (all but --plan)")
+            trainer = options.run_or_exit(p, lambda: _trainer(cfg))
             return _train(cfg, trainer)
         except interrupts.Interrupted as e:  # one line and 128 + the signal's number, no traceback
-            return interrupts.report(e, cfg.run.output_dir)
+            return interrupts.report(e, cfg and cfg.run.output_dir)
         finally:  # the output folder is let go once the run has written all it writes (run_lock)
             if trainer is not None:
                 trainer.close()
+
+
+def _trainer(cfg: TrainConfig):
+    """The ``Trainer`` of ``cfg``, once the checks that need no model have passed."""
+    from probmoe.experiments import tracking
+    from probmoe.experiments.trainer import Trainer
+    from probmoe.integrations import final_model
+    from probmoe.integrations.transformers.weights_file import check_weights_files
+
+    tracking.check(cfg.run.report_to, cfg.run.output_dir)
+    if os.path.isdir(cfg.model.name):  # a checkpoint, e.g. another run's final model
+        final_model.verify(cfg.model.name)
+        check_weights_files(cfg.model.name)
+    return Trainer(cfg)
 
 
 def _train(cfg: TrainConfig, trainer) -> int:

@@ -61,8 +61,9 @@ def _handler(signum, frame) -> None:
 @contextmanager
 def catch():
     """Handle SIGINT and SIGTERM as the module says until the block ends, then restore the previous
-    handlers. Off the main thread (where Python cannot set handlers) it changes nothing."""
-    if threading.current_thread() is not threading.main_thread():
+    handlers. Inside another ``catch()`` (a command's whole run holds one from its first line) and
+    off the main thread (where Python cannot set handlers) it changes nothing."""
+    if _state["installed"] or threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {s: signal.signal(s, _handler) for s in SIGNALS}
@@ -107,14 +108,16 @@ def message(error: Interrupted, last_checkpoint: str | None) -> str:
     )
 
 
-def report(error: Interrupted, output_dir: str) -> int:
+def report(error: Interrupted, output_dir: str | None) -> int:
     """What a command does with ``error``: rank 0 prints ``message`` (naming the newest checkpoint in
-    ``output_dir``), every rank leaves the process group (waiting for the others only when they all
-    stopped at the same step boundary); returns the exit status."""
+    ``output_dir``, None before the command line is read), every rank leaves the process group
+    (waiting for the others only when they all stopped at the same step boundary); returns the exit
+    status."""
     from . import distributed, state
 
     if os.environ.get("RANK", "0") == "0":
-        print(message(error, state.latest_checkpoint(output_dir)), file=sys.stderr, flush=True)
+        last = state.latest_checkpoint(output_dir) if output_dir is not None else None
+        print(message(error, last), file=sys.stderr, flush=True)
     distributed.teardown(barrier=error.at_boundary)
     return error.status
 
