@@ -300,11 +300,15 @@ class NativeLibrary:
             raise
         log.unlink(missing_ok=True)  # a failed try's log (the link without libmvec) is stale now
 
-    def ship(self, folder: Path, cc: str, isas: tuple[str, ...] | None = None) -> list[Path]:
-        """Build the library for each of ``isas`` (default: ``shipped_isas()``) for any CPU of that ISA
-        into ``<folder>/<isa>/lib<name>.so``, each with its digest and ``lib<name>.json`` (the sources'
-        digest it was built from, the flags, the compiler): what a wheel holds (setup.py calls this at
-        wheel-build time). Returns the libraries' paths."""
+    def ship(self, folder: Path, cc: str | None = None, isas: tuple[str, ...] | None = None) -> list[Path]:
+        """Build the library with ``cc`` (default: ``$CC`` or the system's) for each of ``isas``
+        (default: ``shipped_isas()``) for any CPU of that ISA into ``<folder>/<isa>/lib<name>.so``, each
+        with its digest and ``lib<name>.json`` (the sources' digest it was built from, the flags, the
+        compiler): what a wheel holds (setup.py calls this at wheel-build time). Returns the
+        libraries' paths; RuntimeError without a compiler, BuildError when one fails."""
+        cc = cc or _compiler()
+        if cc is None:
+            raise RuntimeError(NO_COMPILER)
         built = []
         version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.partition("\n")[0]
         for isa in shipped_isas() if isas is None else isas:
