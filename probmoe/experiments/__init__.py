@@ -12,6 +12,7 @@
     state        the exact-resume training state (optimizer, scheduler, step, every RNG), checked;
                  the newest undamaged checkpoint for ``--resume latest``
     interrupts   SIGINT/SIGTERM: stop at a step boundary, one line, status 130/143
+    run_lock     one run per output folder: the lock a run holds on it from its checks to its end
     trainer      the training loop behind ``probmoe-train``
     tracking     ``--report-to``: the training curves in TensorBoard or Weights & Biases
     capture      per-layer routing of a data set, and the checkpoints-by-data-sets loop, behind ``probmoe-analyze``

@@ -7,4 +7,6 @@ Each subpackage imports its library when it is imported itself; ``import probmoe
     torchtitan: ProbMoE as torchtitan 0.3.0's token-choice router, with expert parallelism;
         megatron: as a Megatron-Core RouterInterface; scale_out: what the two share (no framework
         import); see docs/scale-out.md.
+    final_model: the sha256 record probmoe-train writes beside its final model, which every loader
+        of the folder checks (no library import).
 """
