@@ -15,7 +15,9 @@
    literal one state of a two-state ``SoftEvidenceIndicator`` input taking log sigma(+-r) per row,
    implicit variables smoothed by a sum over both states) when ``pyjuice`` imports; else one line
    saying it is skipped.
-3. ``--registers``: registers and spills of every kernel specialisation compiled for sm_90
+3. ``--estimate`` (alone): the device-memory traffic of a training route's two passes per circuit, by a
+   stated model (``traffic``), and the time it takes at 3 TB/s: an estimate, not a measurement.
+4. ``--registers``: registers and spills of every kernel specialisation compiled for sm_90
    (``circuits.kernels.triton_layers_compile``; no GPU needed).
 
 ``--rehearse`` runs it all on the CPU at tiny sizes in Triton's interpreter (TRITON_INTERPRET=1 is set
@@ -203,6 +205,58 @@ def bench_log_z(device, programs: dict, rows: int, repeats: int, build_limit: in
     return out
 
 
+def traffic(prog) -> dict:
+    """The model of ``--estimate``: 4-byte accesses per token to device memory of one sampling pass and one
+    Cov(z) v pass (docs/performance.md, "The circuit path on CUDA"). A level's launch reads each distinct
+    child row once (programs that run together share a token tile, so repeats come from L2); an element's
+    weight is written once (its first write, the log-value, stays in L2 until the weight overwrites it);
+    every row a launch of another level wrote is read from memory."""
+    import numpy as np
+
+    from circuits.kernels.triton_passes import build_tables
+
+    tb = build_tables(prog, 4)
+    S, R, n = prog.num_slots, prog.num_rows, prog.n
+    nodes = S - 2 - 2 * n
+    prime, sub = prog.prime.cpu().numpy(), prog.sub.cpu().numpy()
+    row0, fanin, order = tb.row0.cpu().numpy(), tb.fanin.cpu().numpy(), tb.order.cpu().numpy()
+    tiles = tb.tiles.cpu().numpy()
+    children = 0  # distinct child rows gathered, summed over levels
+    for t0, count in tb.up:
+        first, last = tiles[t0][0], tiles[t0 + count - 1][0] + tiles[t0 + count - 1][1]
+        rows = np.concatenate([np.arange(row0[s], row0[s] + fanin[s]) for s in order[first:last]])
+        children += len(np.unique(np.concatenate([prime[rows], sub[rows]])))
+    leaves = 2 * n + n  # leaf rows written, logits read
+    sample = leaves + (children + R + 2 * nodes) + (R + R + 2 * R + 2 * nodes) + 2 * n
+    jvp = 2 * leaves + (2 * children + 2 * R + 3 * nodes) + (2 * R + 2 * R + 4 * R + 2 * nodes) + 3 * n
+    levels = len(tb.up)
+    return dict(slots=S, elements=R, levels=levels, launches=2 * (2 * levels + 2), sample=sample, jvp=jvp)
+
+
+def estimate(programs: dict, T: int, bandwidth: float = 3.0e12) -> list[dict]:
+    """``--estimate``: the bytes of the two passes of a training route (``traffic``) at ``bandwidth``."""
+    rows, out = [], []
+    for name, prog in programs.items():
+        t = traffic(prog)
+        gb = (t["sample"] + t["jvp"]) * 4 * T / 1e9
+        rows.append(
+            (
+                name,
+                t["slots"],
+                t["elements"],
+                t["levels"],
+                t["sample"],
+                t["jvp"],
+                f"{gb:.2f}",
+                f"{gb / bandwidth * 1e12:.2f}",
+            )
+        )
+        out.append(dict(part="estimate", circuit=name, tokens=T, gigabytes=gb, **t))
+    print(f"\nestimate (not a measurement): 4-byte accesses per token, T = {T}, at {bandwidth / 1e12:.1f} TB/s")
+    print(table(rows, ("circuit", "slots", "elements", "levels", "sample pass", "Cov(z) v pass", "GB", "ms")))
+    return out
+
+
 def registers() -> list[dict]:
     """Part 3: registers and spills of every specialisation compiled for sm_90 (no device needed)."""
     from circuits.kernels.triton_layers_compile import compile_all
@@ -223,15 +277,31 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=None, help="route tokens (default 65536; 40 with --rehearse)")
     ap.add_argument("--sizes", default=None, help="N:k or N:a-b, comma-separated (default 64:8,64:4-8,256:16)")
     ap.add_argument(
-        "--cnf", default=None, help="DIMACS files compiled by d4 for part 2 (default: SATLIB's ais6, flat30-2)"
+        "--cnf",
+        default=None,
+        help="DIMACS files compiled by d4 for part 2, comma-separated ('' for none; default: SATLIB's ais6, flat30-2)",
     )
     ap.add_argument("--rows", type=int, default=None, help="rows of part 2 (default 65536; 40 with --rehearse)")
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats (default 10; 1 with --rehearse)")
     ap.add_argument("--registers", action="store_true", help="also compile every kernel for sm_90 and report registers")
+    ap.add_argument(
+        "--estimate", action="store_true", help="only print the byte model of the passes (no device, no interpreter)"
+    )
     ap.add_argument("--json", help="write every row here")
     ap.add_argument("--rehearse", action="store_true", help="the CPU in Triton's interpreter at tiny sizes")
     args = ap.parse_args()
     rehearse = args.rehearse
+    if args.estimate:
+        sizes = (args.sizes or "64:8,64:4-8,256:16").split(",")
+        programs = {}
+        for text in sizes:
+            _, N, size = parse_size(text)
+            kmin, kmax = size.get("k", size.get("kmin")), size.get("k", size.get("kmax"))
+            programs[text] = constraints.cardinality(N, kmin, kmax, "cpu").program
+        for path in cnf_files(args.cnf):
+            programs[os.path.basename(path)] = circuits.compile_circuit(path).program
+        save(args.json, estimate(programs, args.tokens or 65536))
+        return
     if not rehearse and not torch.cuda.is_available():
         ap.error("no CUDA device: run with --rehearse for the CPU rehearsal")
     device = torch.device("cpu" if rehearse else "cuda")
@@ -239,7 +309,7 @@ def main() -> None:
     rows = args.rows or (40 if rehearse else 65536)
     repeats = args.repeats or (1 if rehearse else 10)
     sizes = (args.sizes or ("16:4,12:3-5" if rehearse else "64:8,64:4-8,256:16")).split(",")
-    cnfs = args.cnf.split(",") if args.cnf else [os.path.join(SATLIB, f) for f in ("ais6.cnf", "flat30-2.cnf")]
+    cnfs = cnf_files(args.cnf)
     where = (
         torch.cuda.get_device_name(device)
         if device.type == "cuda"
@@ -265,6 +335,13 @@ def main() -> None:
     if args.registers:
         records += registers()
         save(args.json, records)
+
+
+def cnf_files(arg: str | None) -> list[str]:
+    """``--cnf``: the files it names (an empty string: none), else SATLIB's ais6 and flat30-2."""
+    if arg is None:
+        return [os.path.join(SATLIB, f) for f in ("ais6.cnf", "flat30-2.cnf")]
+    return [p for p in arg.split(",") if p]
 
 
 def save(path: str | None, records: list[dict]) -> None:

@@ -137,8 +137,8 @@ class TritonPasses(Passes):
     """The Triton passes over ``program`` for fp32 logits on its device. ``block``: tokens per program
     tile (BT), a power of two >= 32; ``nodes``: nodes per program tile (BN), a power of two (None: 4, 64
     under the interpreter, which pays per program). 4 x 128 with 4 warps holds 4 values of a tile per
-    thread: at most 96 registers in the sm_90 compiles (``triton_layers_compile``), so 5 programs (20
-    warps) fit an SM; 8 x 128 takes up to 164. ``scratch_bytes``: the most scratch one call allocates
+    thread: at most 80 registers in the sm_90 compiles (``triton_layers_compile``), so 6 programs (24
+    warps) fit an SM. ``scratch_bytes``: the most scratch one call allocates
     (None: half of what the device has free, its caching allocator's free blocks included; 256 MiB where
     the device cannot say); past it the tokens are taken in chunks, each through every level."""
 
