@@ -34,7 +34,7 @@ class BuildPy(build_py):
             folder = Path(self.build_lib) / LIBRARY.prebuilt.relative_to(LIBRARY.prebuilt.parents[2])
             try:
                 built = LIBRARY.ship(folder)
-            except RuntimeError as err:  # no compiler, or a failed build (BuildError: its log's path)
+            except (RuntimeError, OSError) as err:  # no compiler, or a failed build (BuildError: its log's path)
                 raise SystemExit(
                     f"probmoe's wheel ships its C kernels compiled: {err} (PROBMOE_NATIVE=0 builds a pure "
                     "wheel instead, its kernels built on first use)"
