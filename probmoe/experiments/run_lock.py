@@ -57,15 +57,17 @@ def _holder(path: str) -> str:
 
 def acquire(directory: str) -> Lock:
     """Lock the output folder ``directory`` for this run, creating it if need be; ValueError naming
-    ``--output-dir`` when another run holds it."""
+    ``--output-dir`` when another run holds it or it cannot be written."""
     created = _missing(directory)
     path = os.path.join(directory, NAME)
     while True:
-        os.makedirs(directory, exist_ok=True)
         try:
+            os.makedirs(directory, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except FileNotFoundError:  # the run that held it removed the empty folder meanwhile: again
             continue
+        except OSError as e:
+            raise ValueError(f"--output-dir {directory!r} cannot be written ({e.strerror or e})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -67,6 +67,13 @@ def test_a_run_refused_after_locking_leaves_no_folder(tmp_path, capsys):
     assert not (tmp_path / "new").exists()
 
 
+def test_a_folder_that_cannot_be_made_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError) as e:
+        run_lock.acquire(str(tmp_path / "file" / "run"))
+    assert str(e.value) == f"--output-dir {str(tmp_path / 'file' / 'run')!r} cannot be written (Not a directory)"
+
+
 def test_a_file_system_without_locks_warns_and_goes_on(tmp_path, monkeypatch, capsys):
     def no_locks(fd, operation):
         raise OSError(errno.ENOLCK, "No locks available")
