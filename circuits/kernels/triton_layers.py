@@ -106,17 +106,18 @@ def leaves_kernel(
     at = (t0 + lt)[None, :] * n + i[:, None]  # [BV, BT] into x, v
     xi = tl.load(x + at, mask=m2, other=0.0)
     soft, p = _soft(xi)
-    row = i[:, None].to(tl.int64) * TS + lt[None, :]
-    tl.store(val + 2 * TS + row, tl.minimum(xi, 0.0) - soft, mask=m2)
-    tl.store(val + (2 + n) * TS + row, -(soft + tl.maximum(xi, 0.0)), mask=m2)
+    pos = (2 + i[:, None]).to(tl.int64) * TS + lt[None, :]  # int64: slots x tokens can pass 2^31
+    neg = (2 + n + i[:, None]).to(tl.int64) * TS + lt[None, :]
+    tl.store(val + pos, tl.minimum(xi, 0.0) - soft, mask=m2)
+    tl.store(val + neg, -(soft + tl.maximum(xi, 0.0)), mask=m2)
     first = tm & ((tl.zeros([BT], tl.int32) + tl.program_id(0)) == 0)
     tl.store(val + lt, tl.full([BT], NEG_INF, tl.float32), mask=first)
     tl.store(val + TS + lt, tl.zeros([BT], tl.float32), mask=first)
     if TANGENTS:
         vi = tl.load(v + at, mask=m2, other=0.0)
         dneg = p * vi
-        tl.store(dval + 2 * TS + row, vi - dneg, mask=m2)
-        tl.store(dval + (2 + n) * TS + row, -dneg, mask=m2)
+        tl.store(dval + pos, vi - dneg, mask=m2)
+        tl.store(dval + neg, -dneg, mask=m2)
         tl.store(dval + lt, tl.zeros([BT], tl.float32), mask=first)
         tl.store(dval + TS + lt, tl.zeros([BT], tl.float32), mask=first)
 

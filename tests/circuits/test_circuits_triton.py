@@ -32,10 +32,11 @@ def _child_env(interpret: bool) -> dict:
     return {**env, "TRITON_INTERPRET": "1"} if interpret else env
 
 
-@pytest.mark.slow  # a nested pytest under the Triton interpreter: about 40 s alone, the longest default test
+@pytest.mark.slow  # a nested pytest under the Triton interpreter: 5-10 min on 2 busy cores (it pays per program and op)
 def test_against_the_torch_passes_and_brute_force():
     """tests/circuits/circuits_triton_checks.py in a child process: interpreted on the CPU, compiled with CUDA.
-    Everything runs but, on the CPU, the check of host synchronisations (CUDA only)."""
+    Everything runs but, on the CPU, the check of host synchronisations (CUDA only), and without d4 the CNF
+    circuit it compiles."""
     cuda = torch.cuda.is_available()
     done = subprocess.run(
         [
@@ -52,13 +53,16 @@ def test_against_the_torch_passes_and_brute_force():
         env=_child_env(not cuda),
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=2400,
     )
     summary = done.stdout[-6000:] + done.stderr[-3000:]
     assert done.returncode == 0, summary
     skipped = re.search(r"(\d+) skipped", done.stdout)
     assert re.search(r"\d+ passed", done.stdout), summary
-    assert int(skipped.group(1) if skipped else 0) == (0 if cuda else 1), summary
+    import importlib.util
+
+    no_d4 = importlib.util.find_spec("py_d4") is None  # the cnf extra: the d4-compiled CNF check skips without it
+    assert int(skipped.group(1) if skipped else 0) == (0 if cuda else 1) + no_d4, summary
 
 
 def test_select():
