@@ -241,14 +241,15 @@ def _readme_set_up() -> str:
 
 
 def test_ci_runs_the_readme_test_command_as_written():
-    """The README's test line is the whole set-up of the default suite: .ci/run runs that very line,
-    before it installs anything more (torchtitan, Megatron-Core) for the suites that need them."""
+    """The README's test line is the whole set-up of the default suite: .ci/run runs that very line
+    (in a subshell, so that a failed step stops CI under set -e), before it installs anything more
+    (torchtitan, Megatron-Core) for the suites that need them."""
     section = _readme_set_up()
     command = section.split("Install and run the tests:", 1)[1].strip().splitlines()[0].strip()
     assert command.endswith("&& python -m pytest"), command
     ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()]
-    assert command in ci, f".ci/run does not run README.md's test command {command!r}"
-    before = [line for line in ci[: ci.index(command)] if line.startswith("pip install")]
+    assert f"({command})" in ci, f".ci/run does not run README.md's test command {command!r} in a subshell"
+    before = [line for line in ci[: ci.index(f"({command})")] if line.startswith("pip install")]
     assert all(line.split()[2:] == ['"ruff==0.17.5"'] for line in before), before  # only the style check's ruff
 
 
