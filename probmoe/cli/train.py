@@ -79,8 +79,8 @@ def _trainer(cfg: TrainConfig):
 
     tracking.check(cfg.run.report_to, cfg.run.output_dir)
     if os.path.isdir(cfg.model.name):  # a checkpoint, e.g. another run's final model
+        check_weights_files(cfg.model.name)  # the headers first: what they find is said more precisely
         final_model.verify(cfg.model.name)
-        check_weights_files(cfg.model.name)
     return Trainer(cfg)
 
 

@@ -190,8 +190,8 @@ def from_pretrained(path, *, generator: torch.Generator | None = None, **kwargs)
         raise ValueError(
             f"{data['path']} is for model type {data['model_type']!r} but config.json says {config.model_type!r}"
         )
+    check_weights_files(path)  # the headers first: what they find is said more precisely
     final_model.verify(path)
-    check_weights_files(path)
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     family = family_of(model)
     if (family.num_experts(model.config), family.top_k(model.config)) != (data["num_experts"], data["top_k"]):
