@@ -2,7 +2,8 @@
 
     python tools/bench_circuits_gpu.py [--tokens 65536] [--sizes 64:8,64:4-8,256:16]
                                        [--cnf tests/data/satlib/ais6.cnf,...] [--rows 65536]
-                                       [--repeats 10] [--registers] [--json FILE] [--rehearse]
+                                       [--repeats 10] [--json FILE] [--rehearse]
+    python tools/bench_circuits_gpu.py --estimate | --registers
 
 1. Routing: route(training=True) forward + backward (to the logits) with the circuit backend on the
    Triton passes (``circuits.passes.select(..., prefer="triton")``), as a ratio to softmax + top-k
@@ -17,7 +18,7 @@
    saying it is skipped.
 3. ``--estimate`` (alone): the device-memory traffic of a training route's two passes per circuit, by a
    stated model (``traffic``), and the time it takes at 3 TB/s: an estimate, not a measurement.
-4. ``--registers``: registers and spills of every kernel specialisation compiled for sm_90
+4. ``--registers`` (alone): registers and spills of every kernel specialisation compiled for sm_90
    (``circuits.kernels.triton_layers_compile``; no GPU needed).
 
 ``--rehearse`` runs it all on the CPU at tiny sizes in Triton's interpreter (TRITON_INTERPRET=1 is set
@@ -283,7 +284,9 @@ def main() -> None:
     )
     ap.add_argument("--rows", type=int, default=None, help="rows of part 2 (default 65536; 40 with --rehearse)")
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats (default 10; 1 with --rehearse)")
-    ap.add_argument("--registers", action="store_true", help="also compile every kernel for sm_90 and report registers")
+    ap.add_argument(
+        "--registers", action="store_true", help="only compile every kernel for sm_90 and report registers (no device)"
+    )
     ap.add_argument(
         "--estimate", action="store_true", help="only print the byte model of the passes (no device, no interpreter)"
     )
@@ -301,6 +304,9 @@ def main() -> None:
         for path in cnf_files(args.cnf):
             programs[os.path.basename(path)] = circuits.compile_circuit(path).program
         save(args.json, estimate(programs, args.tokens or 65536))
+        return
+    if args.registers:
+        save(args.json, registers())
         return
     if not rehearse and not torch.cuda.is_available():
         ap.error("no CUDA device: run with --rehearse for the CPU rehearsal")
@@ -332,9 +338,6 @@ def main() -> None:
             print(f"{path}: skipped ({e})")
     records += bench_log_z(device, programs, rows, repeats)
     save(args.json, records)
-    if args.registers:
-        records += registers()
-        save(args.json, records)
 
 
 def cnf_files(arg: str | None) -> list[str]:

@@ -9,7 +9,8 @@ of a value row is BT consecutive floats. Node tiles come first in the grid: the 
 together share a token tile, so a child row that several nodes gather is read from memory once and
 then from L2. ``circuits.kernels.triton_passes`` builds the tables and launches them.
 
-Scratch (token-contiguous, [rows, TS], TS >= the chunk's Tc tokens; tokens of a chunk are numbered
+Scratch (token-contiguous, [rows, TS], TS >= the chunk's Tc tokens; float32, or float64 for the passes'
+float64 log Z and marginals; tokens of a chunk are numbered
 0 .. Tc - 1 there and t0 .. t0 + Tc - 1 in the inputs):
 
     val  [S, TS]  slot log-values: 0 = FALSE (-inf), 1 = TRUE (0), 2 + i = x_i, 2 + n + i = not x_i,
@@ -42,6 +43,7 @@ import triton.language as tl
 
 NEG_INF = tl.constexpr(float("-inf"))
 POS_INF = tl.constexpr(float("inf"))
+# float32's, in the float64 passes too: no log-value falls below -FLT_MAX, and a live node's total is >= 1
 LOWEST = tl.constexpr(-3.4028234663852886e38)  # -FLT_MAX: a dead node's max keeps exp(e - max) = 0
 TINY = tl.constexpr(1.1754943508222875e-38)  # FLT_MIN: a dead node's zero flow / TINY = 0
 
@@ -111,15 +113,15 @@ def leaves_kernel(
     tl.store(val + pos, tl.minimum(xi, 0.0) - soft, mask=m2)
     tl.store(val + neg, -(soft + tl.maximum(xi, 0.0)), mask=m2)
     first = tm & ((tl.zeros([BT], tl.int32) + tl.program_id(0)) == 0)
-    tl.store(val + lt, tl.full([BT], NEG_INF, tl.float32), mask=first)
-    tl.store(val + TS + lt, tl.zeros([BT], tl.float32), mask=first)
+    tl.store(val + lt, tl.full([BT], NEG_INF, val.dtype.element_ty), mask=first)
+    tl.store(val + TS + lt, tl.zeros([BT], val.dtype.element_ty), mask=first)
     if TANGENTS:
         vi = tl.load(v + at, mask=m2, other=0.0)
         dneg = p * vi
         tl.store(dval + pos, vi - dneg, mask=m2)
         tl.store(dval + neg, -dneg, mask=m2)
-        tl.store(dval + lt, tl.zeros([BT], tl.float32), mask=first)
-        tl.store(dval + TS + lt, tl.zeros([BT], tl.float32), mask=first)
+        tl.store(dval + lt, tl.zeros([BT], val.dtype.element_ty), mask=first)
+        tl.store(dval + TS + lt, tl.zeros([BT], val.dtype.element_ty), mask=first)
 
 
 @triton.jit
@@ -169,7 +171,7 @@ def up_kernel(
     if TILT:
         ct = tl.load(c + t0 + lt, mask=tm, other=0.0)
         cp, cn = tl.maximum(ct, 0.0)[None, :], tl.minimum(ct, 0.0)[None, :]
-    top = tl.full([BN, BT], NEG_INF if MAX else LOWEST, tl.float32)
+    top = tl.full([BN, BT], NEG_INF if MAX else LOWEST, val.dtype.element_ty)
     for e in range(fmax):
         live = real & (e < f)
         row = r0 + e
@@ -198,8 +200,8 @@ def up_kernel(
     if MAX:
         tl.store(val + out, top, mask=m2)
     else:
-        total = tl.zeros([BN, BT], tl.float32)
-        acc = tl.zeros([BN, BT], tl.float32)
+        total = tl.zeros([BN, BT], val.dtype.element_ty)
+        acc = tl.zeros([BN, BT], val.dtype.element_ty)
         for e in range(fmax):  # in element order, as the descent sums
             live = real & (e < f)
             row = r0 + e
@@ -216,7 +218,7 @@ def up_kernel(
                 if IMPLICIT:
                     i0 = tl.load(imp_off + row, mask=live, other=0)
                     ni = tl.load(imp_off + row + 1, mask=live, other=0) - i0
-                    dadd = tl.zeros([BN, BT], tl.float32)
+                    dadd = tl.zeros([BN, BT], val.dtype.element_ty)
                     for j in range(imax):
                         jm = live & (j < ni)
                         var = tl.load(imp_var + i0 + j, mask=jm, other=0).to(tl.int64)
@@ -236,7 +238,7 @@ def _pull(buf, slot, real, tm, col, par_off, par_rows, pmax, TS, BN: tl.constexp
     """Each slot's sum of buf [R, TS] over its parent element rows: [BN, BT]."""
     o0 = tl.load(par_off + slot, mask=real, other=0)
     np_ = tl.load(par_off + slot + 1, mask=real, other=0) - o0
-    acc = tl.zeros([BN, BT], tl.float32)
+    acc = tl.zeros([BN, BT], buf.dtype.element_ty)
     for j in range(pmax):
         jm = real & (j < np_)
         row = tl.load(par_rows + o0 + j, mask=jm, other=0).to(tl.int64)
@@ -291,11 +293,11 @@ def down_kernel(
         # A live node's largest weight is 1, so u * total < total: some element passes. Inactive nodes
         # (a = 0) get x = inf or NaN, which nothing passes.
         x = u * tl.load(norm + at, mask=m2, other=1.0) / g
-        cum = tl.zeros([BN, BT], tl.float32)
-        prev = tl.zeros([BN, BT], tl.float32)
+        cum = tl.zeros([BN, BT], ex.dtype.element_ty)
+        prev = tl.zeros([BN, BT], ex.dtype.element_ty)
     elif MODE == MAP:
         top = tl.load(val + at, mask=m2, other=0.0)
-        found = tl.zeros([BN, BT], tl.float32)
+        found = tl.zeros([BN, BT], ex.dtype.element_ty)
     else:
         nm = tl.load(norm + at, mask=m2, other=1.0)
         coef = g / nm

@@ -15,12 +15,14 @@ import tempfile
 from collections.abc import Iterator
 
 INTS = {"tile0", "t0", "Tc", "TS", "T", "S", "n"}
+FLOAT32 = {"up", "down"}  # the tilt's size tables stay float32 in the float64 passes
 TABLES = {"tiles", "order", "row0", "fanin", "prime", "sub", "imp_off", "imp_var", "par_off", "par_rows", "sid"}
 
 
 def variants(bn: int = 4, bt: int = 128) -> Iterator[tuple[str, object, dict]]:
     """(label, kernel, constexprs) for every specialisation the passes launch with tiles of bn nodes
-    (variables) by bt tokens."""
+    (variables) by bt tokens; labels ending in "f64" take float64 values (log Z and the marginals in
+    float64: ``TritonPasses.log_partition``)."""
     from . import triton_layers as K
 
     yield "leaves", K.leaves_kernel, dict(BV=bn, BT=bt, TANGENTS=False)
@@ -41,6 +43,11 @@ def variants(bn: int = 4, bt: int = 128) -> Iterator[tuple[str, object, dict]]:
                 K.leaf_kernel,
                 dict(BV=bn, BT=bt, MODE=mode, SMOOTH=smooth),
             )
+    yield "leaves f64", K.leaves_kernel, dict(BV=bn, BT=bt, TANGENTS=False)
+    up = dict(BN=bn, BT=bt, MAX=False, TANGENTS=False, TILT=True, IMPLICIT=True)
+    yield "up sum tilted implicit f64", K.up_kernel, up
+    yield "down flow f64", K.down_kernel, dict(BN=bn, BT=bt, MODE=0)
+    yield "leaf flow implicit f64", K.leaf_kernel, dict(BV=bn, BT=bt, MODE=0, SMOOTH=False)
 
 
 def ptxas_report(ptx: str, arch: int) -> dict:
@@ -77,8 +84,17 @@ def compile_all(arch: int = 90, bn: int = 4, bt: int = 128, num_warps: int = 4) 
 
     out = []
     for label, fn, consts in variants(bn, bt):
+        real = "*fp64" if label.endswith("f64") else "*fp32"
         sig = {
-            a: "constexpr" if a in consts else "i32" if a in INTS else "*i32" if a in TABLES else "*fp32"
+            a: "constexpr"
+            if a in consts
+            else "i32"
+            if a in INTS
+            else "*i32"
+            if a in TABLES
+            else "*fp32"
+            if a in FLOAT32
+            else real
             for a in fn.arg_names
         }
         src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): x for k, x in consts.items()})

@@ -1,8 +1,10 @@
 """``TritonPasses``: the passes as layer-parallel Triton kernels (``triton_layers.py``), for fp32 on CUDA.
 
 A pass is one launch per level of the circuit and direction (PyJuice's layout: values token-contiguous
-in scratch, a grid of token tiles x node tiles per level), plus one launch for the leaves and one for
-the outputs: log Z and the marginals, sampling, MAP and Cov(z) v. ``TorchPasses`` is their plain-torch
+in scratch, a grid of node tiles x token tiles per level), plus one launch for the leaves and one for
+the outputs: log Z and the marginals, sampling, MAP and Cov(z) v. Where the torch passes compute in
+float64 (``log_partition``'s accurate log Z, the marginals of a ``float64_rows`` circuit), the same
+kernels run on float64 scratch. ``TorchPasses`` is their plain-torch
 meaning and test oracle: the same results, the same draws from the same uniforms. No pass synchronises
 with the host: sizes come from shapes, scratch from the caching allocator (its size from the device's
 free memory), and the kernels branch on values inside (building the tables, once per circuit, reads the
@@ -177,7 +179,7 @@ class TritonPasses(Passes):
         return DEFAULT_SCRATCH
 
     def chunks(self, T: int, rows: int, device: torch.device) -> list[tuple[int, int]]:
-        """[(t0, Tc)]: the token chunks a call over T tokens with ``rows`` scratch rows per token takes."""
+        """[(t0, Tc)]: the token chunks a call over T tokens with ``rows`` 4-byte scratch rows per token takes."""
         per = max(self.block, self.budget(device) // (4 * rows) // self.block * self.block)
         per = min(per, MAX_TOKEN_TILES * self.block)  # the grid's second axis
         return [(t0, min(per, T - t0)) for t0 in range(0, T, per)]
@@ -305,10 +307,11 @@ class TritonPasses(Passes):
         )
 
     def _scratch(self, like: Tensor, names: str, T: int) -> tuple[dict, list[tuple[int, int]]]:
-        """Scratch rows per token for ``names`` (v: val, n: norm, e: ex, d: dval, D: de) and the chunks."""
+        """Scratch rows per token for ``names`` (v: val, n: norm, e: ex, d: dval, D: de) in ``like``'s dtype,
+        and the chunks."""
         prog = self.program
         rows = {"v": prog.num_slots, "n": prog.num_slots, "e": prog.num_rows, "d": prog.num_slots, "D": prog.num_rows}
-        chunks = self.chunks(T, sum(rows[k] for k in names), like.device)
+        chunks = self.chunks(T, sum(rows[k] for k in names) * like.element_size() // 4, like.device)
         TS = max((tc for _, tc in chunks), default=0)
         key = {"v": "val", "n": "norm", "e": "ex", "d": "dval", "D": "de"}
         return {key[k]: like.new_empty(rows[k], TS) for k in names}, chunks
@@ -318,12 +321,19 @@ class TritonPasses(Passes):
     def log_partition(
         self, r: Tensor, marginals: bool, shift: Tensor | None = None, *, accurate: bool = True, refine: bool = True
     ) -> tuple[Tensor, Tensor | None]:
-        if marginals and refine and self.program.float64_rows:  # the torch passes in float64 (Passes)
-            return torch_passes.TorchPasses(self.program).log_partition(r, True, shift)
+        if marginals and refine and self.program.float64_rows and r.dtype != torch.float64:  # as TorchPasses:
+            log_z, m = self._sum_pass(shifted(r, shift, torch.float64), True)  # every row in float64
+            return log_z.to(r.dtype), m.to(r.dtype)
         r = shifted(r, shift)
-        if accurate:  # log Z from the torch passes in float64 (torch_passes.accurate_log_z)
-            m = self.log_partition(r, True, accurate=False, refine=False)[1] if marginals else None
-            return torch_passes.accurate_log_z(self.program, r), m
+        if accurate and r.dtype != torch.float64:  # log Z from a float64 pass (torch_passes.accurate_log_z)
+            m = self._sum_pass(r, True)[1] if marginals else None
+            return self._sum_pass(r.double(), False)[0].clamp(max=0.0).to(r.dtype), m
+        return self._sum_pass(r, marginals)
+
+    def _sum_pass(self, r: Tensor, marginals: bool) -> tuple[Tensor, Tensor | None]:
+        """(log Z [T], the marginals [T, n] or None) of r [T, n] (already shifted) by the tilted upward and
+        downward passes in r's dtype (float32, or float64 for ``log_partition``'s accurate and refined
+        answers: the same kernels on float64 scratch)."""
         T = r.shape[0]
         tl = torch_passes.tilt(self.program, r, elements=False)
         gt = tl.g.T.contiguous() if not self.program.smooth else r

@@ -88,8 +88,10 @@ def check_against_torch(prog, r, v, fast, gen):
     assert torch.equal(log_z2, log_z) and fast.log_partition(r, False)[1] is None
     log_z64, m64 = ref.log_partition(r.double(), True)
     torch.testing.assert_close(log_z.double(), log_z64, atol=1e-5, rtol=1e-6)
-    accurate = fast.log_partition(r, True)[0]  # accumulated in float64 (torch_passes.accurate_log_z)
+    accurate, m_refined = fast.log_partition(r, True)  # log Z (and a float64_rows circuit's m) from float64 kernels
     torch.testing.assert_close(accurate.double(), log_z64, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(accurate, ref.log_partition(r, True)[0], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(m_refined.double(), m64, atol=1e-6 if prog.float64_rows else 2e-6, rtol=0)
     torch.testing.assert_close(m.double(), m64, atol=2e-6, rtol=0)
     z_map, best = fast.map(r)
     z_map_ref, best_ref = ref.map(r)
