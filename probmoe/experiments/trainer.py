@@ -123,9 +123,7 @@ class Trainer:
         self.nothing_to_do = None  # why, when the resumed checkpoint is already at the last step
         try:
             self._set_up()
-        except (
-            BaseException
-        ):  # refused or interrupted: the folder is let go (and removed if it was made here and is empty)
+        except BaseException:  # refused or interrupted: let go of the folder (removed if made here, empty)
             self.close()
             raise
 
@@ -135,6 +133,8 @@ class Trainer:
         self.lock = None
 
     def _set_up(self) -> None:
+        """The checks and the build (``_check_and_build``), their outcome agreed by every process, then
+        the damaged checkpoints set aside and the model wrapped for DDP."""
         error = None
         try:
             self._check_and_build()
