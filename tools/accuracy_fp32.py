@@ -13,7 +13,8 @@ carries no gradient). Errors: marginals absolute, log Z relative, |a - b| / max(
 Implementations: the compiled circuit's passes (torch, fused C, Triton; Triton in its CPU
 interpreter on fewer rows unless CUDA is present) and the DP, cardinality only: ``dp`` through the
 public ``probmoe.SubsetDistribution`` (``backend="dp"``: the fused C sweeps for fp32 on the CPU),
-``dp-torch`` its torch sweeps (the C sweeps' oracle) picked by ``circuits.passes.select``.
+``dp-torch`` its torch sweeps (the C sweeps' oracle) and ``dp-triton`` its Triton lattice kernels
+(interpreted without CUDA), picked by ``circuits.passes.select``.
 
     PYTHONPATH=$PWD python tools/accuracy_fp32.py            # the Markdown table of docs/reports/circuits-evaluation-accuracy-epyc-2026-11.md
     PYTHONPATH=$PWD python tools/accuracy_fp32.py --impl c,dp,dp-torch --rows 64 --quick
@@ -193,12 +194,14 @@ def circuit_runner(circuit, impl: str):
 
 def dp_runner(kmin: int, kmax: int, impl: str = "dp"):
     """fp32 (log Z, marginals) of the DP: ``dp`` through the public distribution, ``dp-torch`` the
-    torch sweeps as ``circuits.passes.select`` gives them."""
-    if impl == "dp-torch":
+    torch sweeps and ``dp-triton`` the Triton lattice kernels (interpreted on the CPU: set
+    TRITON_INTERPRET=1 first) as ``circuits.passes.select`` gives them."""
+    if impl in ("dp-torch", "dp-triton"):
         import circuits
         from circuits.kernels.lattice import Lattice
 
-        sweeps = circuits.passes.select(Lattice(0, kmin, kmax, torch.device("cpu")), torch.float32, prefer="torch")
+        lattice = Lattice(0, kmin, kmax, torch.device("cpu"))
+        sweeps = circuits.passes.select(lattice, torch.float32, prefer=impl.removeprefix("dp-"))
 
         def run_torch(r: Tensor) -> tuple[Tensor, Tensor]:
             log_z = torch.logsumexp(sweeps.log_counts(r, True), dim=-1)
@@ -252,11 +255,18 @@ def measure(
             n = c["spec"].n if hasattr(c["spec"], "n") else None
             worst_m = worst_z = 0.0
             for j, kind in enumerate(KINDS):
-                r = rows(n or _cnf_n(c), s, kind, triton_count if impl == "triton" else count, seed=1000 * j + int(s))
+                interpreted = impl in ("triton", "dp-triton")
+                r = rows(n or _cnf_n(c), s, kind, triton_count if interpreted else count, seed=1000 * j + int(s))
                 m_err, z_err = errors(run, c["log_norm"], r)
                 worst_m, worst_z = max(worst_m, m_err), max(worst_z, z_err)
             out.append(
-                (c["name"], {"dp": "DP", "dp-torch": "DP (torch)"}.get(impl, f"circuit ({impl})"), s, worst_m, worst_z)
+                (
+                    c["name"],
+                    {"dp": "DP", "dp-torch": "DP (torch)", "dp-triton": "DP (Triton)"}.get(impl, f"circuit ({impl})"),
+                    s,
+                    worst_m,
+                    worst_z,
+                )
             )
             if bar:
                 bar.update(1)
@@ -289,17 +299,23 @@ def markdown(results: list[tuple]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--impl", default="torch,c,triton,dp,dp-torch", help="comma list of torch, c, triton, dp, dp-torch")
+    ap.add_argument(
+        "--impl", default="torch,c,triton,dp,dp-torch", help="comma list of torch, c, triton, dp, dp-torch, dp-triton"
+    )
     ap.add_argument("--rows", type=int, default=256, help="rows per (scale, kind)")
     ap.add_argument("--triton-rows", type=int, default=32, help="rows per (scale, kind) for Triton (interpreted)")
     ap.add_argument("--quick", action="store_true", help="skip the n = 256 constraints")
     ap.add_argument("--only", default="", help="only the constraints whose name contains this, e.g. 'range 0..8'")
     args = ap.parse_args(argv)
     impls = [x for x in args.impl.split(",") if x]
-    bad = [x for x in impls if x not in ("torch", "c", "triton", "dp", "dp-torch")]
+    bad = [x for x in impls if x not in ("torch", "c", "triton", "dp", "dp-torch", "dp-triton")]
     if bad:
-        ap.error(f"--impl takes torch, c, triton, dp, dp-torch; got {bad}")
-    if "triton" in impls and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        ap.error(f"--impl takes torch, c, triton, dp, dp-torch, dp-triton; got {bad}")
+    if (
+        {"triton", "dp-triton"} & set(impls)
+        and not torch.cuda.is_available()
+        and os.environ.get("TRITON_INTERPRET") != "1"
+    ):
         os.environ["TRITON_INTERPRET"] = "1"  # before triton_passes is imported: kernels on the CPU
     results = measure(impls, args.rows, args.triton_rows, args.quick, only=args.only)
     print(

@@ -3,7 +3,7 @@
     python tools/bench_step.py [--tokens 2048] [--seq 256] [--hidden 128] [--experts 64] [--top-k 8]
                                [--layers 2] [--heads 4] [--vocab 512] [--dtype float32|bfloat16]
                                [--repeats 15] [--threads 2] [--devices cpu,cuda]
-                               [--methods LABEL ...] [--json FILE]
+                               [--methods LABEL ...] [--json FILE [--append]]
 
 An OLMoE-proportioned model scaled down for the CPU (64 experts, top-8; OLMoE-1B-7B has hidden
 2048, 16 layers), randomly initialised, one copy per method from the same weights. A step is
@@ -282,6 +282,12 @@ def parse():
         help="leave peak memory out (on the CPU it costs a fresh process per method)",
     )
     ap.add_argument("--json", help="also write the rows (method, seconds, ratios, peak memory) here")
+    ap.add_argument(
+        "--append",
+        action="store_true",
+        help="add the rows to --json's (one method per process: each run's conventional row is its own "
+        "baseline; the file keeps the first)",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     return ap.parse_args()
 
@@ -293,7 +299,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}; load average {os.getloadavg()[0]:.2f} at start")
-    records = []
+    records, earlier = [], []
+    if args.append and args.json and os.path.exists(args.json):
+        with open(args.json) as f:
+            earlier = json.load(f)["rows"]
+    has_baseline = any(r["method"] == "conventional" for r in earlier)
     for name in args.devices.split(","):
         device = torch.device(name)
         if device.type == "cuda" and not torch.cuda.is_available():
@@ -301,10 +311,9 @@ def main() -> None:
             continue
         records += bench(args, device)
         if args.json:
+            rows = earlier + [r for r in records if not (r["method"] == "conventional" and has_baseline)]
             with open(args.json, "w") as f:
-                json.dump(
-                    dict(settings={k: v for k, v in vars(args).items() if k != "child"}, rows=records), f, indent=1
-                )
+                json.dump(dict(settings={k: v for k, v in vars(args).items() if k != "child"}, rows=rows), f, indent=1)
     print(f"\nload average {os.getloadavg()[0]:.2f} at end (the machine may be shared: compare ratios, not times)")
 
 

@@ -42,8 +42,9 @@ def select(program, dtype: torch.dtype, prefer: str | None = None):
     program: a circuit's ``Program``, which gets ``Passes``: float32 on CUDA takes the Triton passes
     when triton imports, float32 on the CPU the fused C passes when their library is available,
     everything else the torch passes. Or a ``circuits.kernels.lattice.Lattice``, which gets the DP's
-    ``Sweeps``: the fused C sweeps (``CDP``) for float32 on the CPU when their library is available,
-    else the torch sweeps (``TorchDP``; there is no Triton DP). Or ``circuits.kernels.rows.Rows``,
+    ``Sweeps``: the Triton lattice kernels (``TritonDP``) for float32 on CUDA when triton imports, the
+    fused C sweeps (``CDP``) for float32 on the CPU when their library is available, else the torch
+    sweeps (``TorchDP``). Or ``circuits.kernels.rows.Rows``,
     which gets the row operations (top-k, k-th largest, uniforms) as a ``RowOps``: their C library
     under the same rule, else their torch references. Each implementation is given the row
     operations of its device and dtype.
@@ -58,11 +59,8 @@ def select(program, dtype: torch.dtype, prefer: str | None = None):
     dp = isinstance(program, Lattice)
     if prefer is None:
         prefer = _default(program, dtype)
-    elif prefer not in IMPLEMENTATIONS or (dp and prefer == "triton"):
-        raise ValueError(
-            f"prefer must be None, {', '.join(map(repr, IMPLEMENTATIONS[: 2 if dp else 3]))}, got "
-            f"{prefer!r}{' (the DP has no Triton sweeps)' if dp and prefer == 'triton' else ''}"
-        )
+    elif prefer not in IMPLEMENTATIONS:
+        raise ValueError(f"prefer must be None, {', '.join(map(repr, IMPLEMENTATIONS))}, got {prefer!r}")
     elif prefer != "torch" and dtype != torch.float32:
         raise ValueError(f"the {prefer} passes take float32 logits, got {dtype}")
     elif prefer == "c" and program.device.type != "cpu":
@@ -71,6 +69,10 @@ def select(program, dtype: torch.dtype, prefer: str | None = None):
     if dp:
         if prefer == "c" and library.library() is None:  # checked here: the sweeps are kept (_dp_sweeps)
             raise RuntimeError(f"the C DP is not available ({library.describe()})")
+        if prefer == "triton":
+            from .triton_dp import TritonDP  # triton is an optional extra
+
+            return _dp_sweeps(TritonDP, program.kmin, program.kmax, rows)
         return _dp_sweeps(c_dp.CDP if prefer == "c" else torch_dp.TorchDP, program.kmin, program.kmax, rows)
     if prefer == "triton":
         from .triton_passes import TritonPasses  # triton is an optional extra
@@ -99,11 +101,11 @@ def _dp_sweeps(kind, kmin: int, kmax: int, rows: RowOps):
 
 
 def _default(program, dtype: torch.dtype) -> str:
-    """The implementation ``select`` takes on its own: "triton" (circuits only), "c" (where the C
+    """The implementation ``select`` takes on its own: "triton" (float32 on CUDA), "c" (where the C
     library takes the dtype and device) or "torch"."""
-    if dtype == torch.float32 and program.device.type == "cuda" and isinstance(program, Program):
+    if dtype == torch.float32 and program.device.type == "cuda":
         try:
-            from . import triton_passes  # noqa: F401 (triton is an optional extra)
+            import triton  # noqa: F401 (an optional extra)
         except ImportError:
             return "torch"
         return "triton"

@@ -14,6 +14,8 @@ the torch sweeps' (not on the routing path). The reverse sweeps read a checkpoin
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
@@ -24,10 +26,18 @@ from .torch_dp import TorchDP
 SCRATCH_BYTES = 1 << 30  # the checkpoints of one launch at most (tokens are taken in chunks)
 
 
+def _block() -> int:
+    """Tokens per program: ``triton_lattice.BLOCK`` (one per thread); 1024 in Triton's interpreter on the
+    CPU, where a program's cost is its number of operations, whatever their width (the kernels do not
+    depend on it: every token is a lane of its own)."""
+    return 1024 if os.environ.get("TRITON_INTERPRET") == "1" else lattice.BLOCK
+
+
 def _chunks(T: int, per_token: int) -> list[tuple[int, int]]:
     """Token ranges [a, b) whose checkpoints (``per_token`` floats each) fit ``SCRATCH_BYTES``,
     whole programs each."""
-    step = max(lattice.BLOCK, SCRATCH_BYTES // (4 * per_token) // lattice.BLOCK * lattice.BLOCK)
+    block = _block()
+    step = max(block, SCRATCH_BYTES // (4 * per_token) // block * block)
     return [(a, min(a + step, T)) for a in range(0, T, step)]
 
 
@@ -43,8 +53,9 @@ def _launch(plan: lattice.Plan, r: Tensor, *args: Tensor | None) -> None:
     for a, b in _chunks(T, per):
         ck = r.new_empty(per * (b - a))  # [segments, states, b - a]
         head, tail = args[: plan.scratch_at], args[plan.scratch_at :]
-        grid = (-(-(b - a) // lattice.BLOCK),)
-        fn[grid](r, *head, ck, *tail, T, N, nseg, a, b, b - a, BLOCK=lattice.BLOCK, num_warps=lattice.BLOCK // 32)
+        block = _block()
+        grid = (-(-(b - a) // block),)
+        fn[grid](r, *head, ck, *tail, T, N, nseg, a, b, b - a, BLOCK=block, num_warps=lattice.BLOCK // 32)
 
 
 class TritonDP(TorchDP):
@@ -60,7 +71,9 @@ class TritonDP(TorchDP):
         super().__init__(kmin, kmax, rows)
 
     def _plan(self, kind: str, **kw) -> lattice.Plan:
-        return lattice.Plan(kind, self.kmin, self.kmax, ck=lattice.segment(kind, self.kmax), **kw)
+        """The kernel of ``kind`` for these sizes (the sweeps that walk back get their segment length)."""
+        ck = lattice.segment(kind, self.kmax) if kind in lattice.REGISTER_STATES else 1
+        return lattice.Plan(kind, self.kmin, self.kmax, ck=ck, **kw)
 
     def forward_marginals(self, r: Tensor, seed: Tensor | None, values: bool) -> tuple[Tensor, Tensor]:
         """(m [T, N] or zeros, one draw [T, N] from ``seed`` or an empty tensor): one kernel."""
@@ -112,8 +125,8 @@ class TritonDP(TorchDP):
         out = r.new_empty(T, self.kmax - self.kmin + 1)
         if T:
             fn = lattice.kernel(self._plan("log_counts", paper=paper))
-            grid = (-(-T // lattice.BLOCK),)
-            fn[grid](r, out, T, N, 0, T, BLOCK=lattice.BLOCK, num_warps=lattice.BLOCK // 32)
+            block = _block()
+            fn[(-(-T // block),)](r, out, T, N, 0, T, BLOCK=block, num_warps=lattice.BLOCK // 32)
         return out
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import linecache
+import re
 from dataclasses import dataclass
 
 import torch
@@ -43,7 +44,11 @@ from .torch_passes import TILT_STEPS
 from .uniforms import _GOLDEN, _M1, _M2
 
 BLOCK = 128  # tokens per program: one per thread, 4 warps
-REGISTER_STATES = 160  # lattice values a thread may keep for a segment's recompute (CK from it)
+# lattice values a thread keeps for a segment's recompute, per kind: the segment length CK follows.
+# Compiled for sm_90 (triton 3.9, ptxas of CUDA 12.8): 8 of 64 forward at CK = 4 uses 96 registers
+# (CK = 8: 157, and the compile takes 3x as long), Cov(z) v at CK = 3 96; 16 of 256 forward at
+# CK = 3 119, Cov(z) v with 16 slots at CK = 2 254 (CK = 1 below). No spills in any of them.
+REGISTER_STATES = {"forward": 40, "cov": 32}
 LOG_ZERO = -1e300  # the float64 log sweep's finite log 0 (no -inf - -inf)
 
 
@@ -72,10 +77,9 @@ class Plan:
 
 
 def segment(kind: str, kmax: int) -> int:
-    """Variables per checkpoint segment: as many lattices (tangents too for "cov") as fit
-    ``REGISTER_STATES`` values, 1 to 16."""
-    per = (kmax + 1) * (2 if kind == "cov" else 1)
-    return max(1, min(16, REGISTER_STATES // per - 1))
+    """Variables per checkpoint segment: as many lattices of kmax + 1 states as ``REGISTER_STATES``
+    holds for ``kind`` (less for "cov", whose lattice carries its tangents too), 1 to 8."""
+    return max(1, min(8, REGISTER_STATES[kind] // (kmax + 1)))
 
 
 class _Src:
@@ -302,8 +306,8 @@ def forward_source(plan: Plan) -> str:
         s("seed = tl.load(seed_ptr).to(tl.uint64)")
         _uniform(s, "us", "t64")
         s(
-            "ux = tl.minimum(us * cum%d, cum%d * %r)" % (K, K, 1.0 - 2.0**-23),
-            "cnt = tl.full([BLOCK], %d, tl.int32)" % plan.kmin,
+            f"ux = tl.minimum(us * cum{K}, cum{K} * {1.0 - 2.0**-23!r})",
+            f"cnt = tl.full([BLOCK], {plan.kmin}, tl.int32)",
         )
         for j in range(plan.kmin, K):
             s(f"cnt += (cum{j} <= ux).to(tl.int32)  # the first size whose cumulative mass passes u")
@@ -495,3 +499,30 @@ def plain_forward(r: Tensor, kmin: int, kmax: int, c: Tensor) -> tuple[Tensor, T
         m[:, i] = p[:, i] * (P[i][:, :-1] * B[:, 1:]).sum(-1)
         B = q[:, i : i + 1] * B + torch.nn.functional.pad(p[:, i : i + 1] * B[:, 1:], (0, 1))
     return P[-1], m
+
+
+def resources(plan: Plan, arch: int = 90) -> dict:
+    """Compile ``plan``'s kernel for sm_``arch`` without a GPU (triton ships ptxas and cuobjdump) and
+    read its registers and local memory (spills) per thread from the cubin: {"registers", "spill_bytes"}."""
+    import os
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = kernel(plan)
+    ints = {"T", "N", "NSEG", "t0", "tend", "TC"}
+    types = {"seed_ptr": "*i64", "idx_ptr": "*i64" if plan.kind == "forward" else "*i32", "mask_ptr": "*i8"}
+    sig = {a: "constexpr" if a == "BLOCK" else "i32" if a in ints else types.get(a, "*fp32") for a in fn.arg_names}
+    src = ASTSource(fn, sig, constexprs={(fn.arg_names.index("BLOCK"),): BLOCK})
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": BLOCK // 32})
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        usage = subprocess.run([tool, "--dump-resource-usage", path], capture_output=True, text=True, check=True).stdout
+    field = lambda name: int(re.search(rf"{name}:(\d+)", usage).group(1))
+    return {"registers": field("REG"), "spill_bytes": max(field("STACK"), field("LOCAL"))}

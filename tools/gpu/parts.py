@@ -27,6 +27,7 @@ REHEARSAL_TESTS = (
     "or host_synchronisation"
 )
 REHEARSAL_TRITON = "(test_brute_force and ExactlyK and 3) or test_no_host_synchronisation"
+REHEARSAL_LATTICE = "test_against_brute_force or test_no_host_synchronisation"
 
 
 @dataclass
@@ -52,6 +53,20 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
             (
                 "Triton checks, compiled",
                 [PY, "-m", "pytest", "tests/circuits/circuits_triton_checks.py", *record, "--record-suite=triton"],
+                {},
+            ),
+            (
+                "Triton lattice checks, compiled",
+                [
+                    PY,
+                    "-m",
+                    "pytest",
+                    "tests/circuits/triton_dp_checks.py",
+                    "-m",
+                    "slow or not slow",
+                    *record,
+                    "--record-suite=triton lattice",
+                ],
                 {},
             ),
             (
@@ -104,6 +119,20 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
                 {"TRITON_INTERPRET": "1"},
             ),
             (
+                "Triton lattice checks, interpreted (a selection)",
+                [
+                    PY,
+                    "-m",
+                    "pytest",
+                    "tests/circuits/triton_dp_checks.py",
+                    "-k",
+                    REHEARSAL_LATTICE,
+                    *record,
+                    "--record-suite=triton lattice",
+                ],
+                {"TRITON_INTERPRET": "1"},
+            ),
+            (
                 "device tests on cpu (a selection)",
                 [
                     PY,
@@ -137,7 +166,7 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
                     "--tokens",
                     "65536",
                     "--sizes",
-                    "64:8,64:4-8,256:16",
+                    "64:8,64:4-8,128:8,256:16",
                     "--passes",
                     "torch,triton",
                     "--repeats",
@@ -215,9 +244,11 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
             "--no-memory",
         ]
     )
+    # one method per process, beside its own conventional baseline (five models in one process ran
+    # out of memory at two OLMoE-wide layers on an H100); the rows gather in one file
     step.steps = [
         (
-            "training step per method" + (", OLMoE-1B-7B widths" if cuda else ", tiny"),
+            f"training step, {method}" + (", OLMoE-1B-7B widths" if cuda else ", tiny"),
             [
                 PY,
                 "tools/bench_step.py",
@@ -227,12 +258,16 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
                 "--dtype",
                 "bfloat16",
                 "--methods",
-                *STEP_METHODS,
+                "conventional",
+                method,
                 "--json",
                 str(work / "bench_step.json"),
+                "--append",
             ],
             {},
         )
+        for method in STEP_METHODS
+        if method != "conventional"
     ]
 
     commands = Part(
@@ -337,11 +372,13 @@ def write_problems(path: Path, count: int = 24) -> str:
     return str(path)
 
 
-def olmoe_layers(free_bytes: int, copies: int = len(STEP_METHODS)) -> int:
+def olmoe_layers(free_bytes: int, copies: int = 2) -> int:
     """How many OLMoE-1B-7B-wide decoder layers fit ``copies`` bf16 models with AdamW on a device
-    with ``free_bytes`` free: per layer and copy about 420M parameters at 8 bytes (bf16 weights,
-    gradients and two AdamW moments), the embeddings and head (206M parameters) once per copy, and
-    about 2 GiB of activations per layer and 10 GiB for the logits and loss of 16,384 tokens."""
-    per_layer = copies * 420e6 * 8 + 2 * 2**30
-    fixed = copies * 206e6 * 8 + 10 * 2**30
+    with ``free_bytes`` free (bench_step runs two at once: conventional and one method): per layer
+    and copy about 420M parameters at 8 bytes (bf16 weights, gradients and two AdamW moments), the
+    embeddings and head (206M parameters) once per copy, and about 12 GiB of activations per layer
+    and 12 GiB for the logits and loss of 16,384 tokens (the first H100 run: five copies held
+    75 GiB at two layers and ran out of memory, which these figures predict)."""
+    per_layer = copies * 420e6 * 8 + 12 * 2**30
+    fixed = copies * 206e6 * 8 + 12 * 2**30
     return max(1, min(16, int((0.85 * free_bytes - fixed) // per_layer)))
