@@ -388,3 +388,31 @@ def leaf_kernel(
             on = on | (~off & coin)
         res = tl.where(on, 1.0, 0.0)
     tl.store(out + at, res, mask=m2)
+
+
+@triton.jit
+def chosen_kernel(z, p, weights, indices, mask, T, n, slots, BT: tl.constexpr, BN: tl.constexpr):
+    """The drawn variables by score (``Kernels.chosen`` after the draw: ``rows.topk_chosen_reference``),
+    one sort per row in registers instead of a sort of [T, n] in memory: z [T, n] in {0, 1}, p [T, n] >= 0
+    -> weights [T, slots] (p at the drawn, 0 past them), indices [T, slots] int64, mask [T, slots] (drawn).
+    Each entry's key packs (drawn, p's bits, 65535 - index) into an int64, so one descending sort puts
+    the drawn first by p descending (ties to the lower index), then the others by index ascending; a
+    non-negative float's bits order as the float does. BN: n rounded up to a power of two (n <= 65535).
+    Grid: (token tiles of BT)."""
+    t = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    i = tl.arange(0, BN)
+    tm, im = t < T, i < n
+    m2 = tm[:, None] & im[None, :]
+    at = t[:, None] * n + i[None, :]
+    drawn = tl.load(z + at, mask=m2, other=0.0) > 0.5
+    bits = tl.load(p + at, mask=m2, other=0.0).to(tl.int32, bitcast=True).to(tl.int64)
+    key = tl.where(drawn, (bits << 16) | (1 << 62), 0) | (65535 - i).to(tl.int64)[None, :]
+    key = tl.where(im[None, :], key, -1)  # columns past n sort last
+    key = tl.sort(key, dim=1, descending=True)
+    chosen = (key >> 62) > 0
+    score = ((key >> 16) & 0x7FFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+    out = t[:, None] * slots + i[None, :]
+    om = tm[:, None] & (i[None, :] < slots)
+    tl.store(weights + out, tl.where(chosen, score, 0.0), mask=om)
+    tl.store(indices + out, 65535 - (key & 65535), mask=om)
+    tl.store(mask + out, chosen, mask=om)

@@ -14,8 +14,10 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 
-INTS = {"tile0", "t0", "Tc", "TS", "T", "S", "n"}
+INTS = {"tile0", "t0", "Tc", "TS", "T", "S", "n", "slots"}
 FLOAT32 = {"up", "down"}  # the tilt's size tables stay float32 in the float64 passes
+INT64 = {"indices"}
+BOOL = {"mask"}
 TABLES = {"tiles", "order", "row0", "fanin", "prime", "sub", "imp_off", "imp_var", "par_off", "par_rows", "sid"}
 
 
@@ -24,6 +26,7 @@ def variants(bn: int = 4, bt: int = 128) -> Iterator[tuple[str, object, dict]]:
     (variables) by bt tokens; labels ending in "f64" take float64 values (log Z and the marginals in
     float64: ``TritonPasses.log_partition``)."""
     from . import triton_layers as K
+    from .triton_passes import chosen_tile
 
     yield "leaves", K.leaves_kernel, dict(BV=bn, BT=bt, TANGENTS=False)
     yield "leaves+tangents", K.leaves_kernel, dict(BV=bn, BT=bt, TANGENTS=True)
@@ -43,6 +46,9 @@ def variants(bn: int = 4, bt: int = 128) -> Iterator[tuple[str, object, dict]]:
                 K.leaf_kernel,
                 dict(BV=bn, BT=bt, MODE=mode, SMOOTH=smooth),
             )
+    for n in (64, 256):
+        BN, BT = chosen_tile(n)
+        yield f"chosen n={n}", K.chosen_kernel, dict(BT=BT, BN=BN)
     yield "leaves f64", K.leaves_kernel, dict(BV=bn, BT=bt, TANGENTS=False)
     up = dict(BN=bn, BT=bt, MAX=False, TANGENTS=False, TILT=True, IMPLICIT=True)
     yield "up sum tilted implicit f64", K.up_kernel, up
@@ -92,6 +98,10 @@ def compile_all(arch: int = 90, bn: int = 4, bt: int = 128, num_warps: int = 4) 
             if a in INTS
             else "*i32"
             if a in TABLES
+            else "*i64"
+            if a in INT64
+            else "*i1"
+            if a in BOOL
             else "*fp32"
             if a in FLOAT32
             else real

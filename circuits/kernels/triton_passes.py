@@ -135,6 +135,13 @@ def build_tables(prog: Program, bn: int) -> Tables:
     )
 
 
+def chosen_tile(n: int) -> tuple[int, int]:
+    """(BN, BT) of ``triton_layers.chosen_kernel`` for rows of n: n rounded up to a power of two (at least
+    16), and rows per program so that a tile holds 2,048 keys."""
+    bn = max(16, 1 << max(n - 1, 0).bit_length())
+    return bn, max(1, 2048 // bn)
+
+
 class TritonPasses(Passes):
     """The Triton passes over ``program`` for fp32 logits on its device. ``block``: tokens per program
     tile (BT), a power of two >= 32; ``nodes``: nodes per program tile (BN), a power of two (None: 4, 64
@@ -388,6 +395,22 @@ class TritonPasses(Passes):
         if self.tilt_moves:
             best = (best.double() + tl.offset).to(r.dtype)
         return z, best
+
+    def chosen(self, r: Tensor, seed: Tensor, p: Tensor, slots: int) -> tuple[Tensor, Tensor, Tensor]:
+        """``Kernels.chosen``: the draw, then the drawn by p in one kernel (``triton_layers.chosen_kernel``: a
+        sort per row in registers) instead of ``rows.topk_chosen``'s sort of [T, n]."""
+        z = self.draw(r, seed)
+        T, n = z.shape
+        slots = min(slots, n)  # as the reference's slice
+        weights = z.new_empty(T, slots)
+        indices = torch.empty(T, slots, dtype=torch.long, device=z.device)
+        mask = torch.empty(T, slots, dtype=torch.bool, device=z.device)
+        bn, bt = chosen_tile(n)
+        if T:
+            K.chosen_kernel[(-(-T // bt),)](
+                z, p.contiguous(), weights, indices, mask, T, n, slots, BT=bt, BN=bn, num_warps=4
+            )
+        return weights, indices, mask
 
     def marginals_jvp(self, r: Tensor, v: Tensor, shift: Tensor | None = None) -> Tensor:
         r = shifted(r, shift)

@@ -119,6 +119,31 @@ def test_smoke():
     c = compiled(spec)
     r, v = logits(spec, 24, seed=37)
     check_against_torch(c.program, shifted(c, r), v, TritonPasses(c.program, block=32), seeded(1))
+    check_chosen(c, r, 1)
+
+
+def check_chosen(c, r, seed_value):
+    """``TritonPasses.chosen`` (one sort per row in a kernel) against ``Kernels.chosen`` composed from the
+    same draw and the reference ``topk_chosen``: the same weights, indices and mask, tied scores included."""
+    from circuits.kernels import straight_through
+    from circuits.kernels.interface import Kernels
+    from circuits.kernels.uniforms import seed_tensor
+
+    fast = TritonPasses(c.program, block=32)
+    seed = seed_tensor(seeded(seed_value), DEVICE)
+    slots = c.spec.cardinalities[-1]
+    for kind in ("softmax", "sigmoid"):
+        p = straight_through.scores(r, kind)
+        p[min(2, len(p) - 1)] = p[0, 0]  # a row of tied scores
+        got, want = fast.chosen(r, seed, p, slots), Kernels.chosen(fast, r, seed, p, slots)
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and torch.equal(a, b), (kind, a, b)
+
+
+@pytest.mark.parametrize("spec", [circuits.ExactlyK(16, 5), circuits.RangeK(10, 0, 10)], ids=str)
+def test_chosen_matches_the_composed_reference(spec):
+    c = compiled(spec)
+    check_chosen(c, logits(spec, 37, seed=9)[0], 9)
 
 
 @pytest.mark.parametrize("cnf", [CNF, ("uf20-01", "d4")], ids=["general-formula-pysdd", "uf20-01-d4"])
