@@ -416,3 +416,16 @@ def chosen_kernel(z, p, weights, indices, mask, T, n, slots, BT: tl.constexpr, B
     tl.store(weights + out, tl.where(chosen, score, 0.0), mask=om)
     tl.store(indices + out, 65535 - (key & 65535), mask=om)
     tl.store(mask + out, chosen, mask=om)
+
+
+@triton.jit
+def kth_largest_kernel(x, out, T, n, k, BT: tl.constexpr, BN: tl.constexpr):
+    """Each row's k-th largest entry (``rows.kth_largest_reference``; NaN counts as -inf), one sort per row
+    in registers: x [T, n] -> out [T], 1 <= k <= n. BN: n rounded up to a power of two. Grid: (token
+    tiles of BT)."""
+    t = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    i = tl.arange(0, BN)
+    tm = t < T
+    v = tl.load(x + t[:, None] * n + i[None, :], mask=tm[:, None] & (i < n)[None, :], other=NEG_INF)
+    v = tl.sort(tl.where(v != v, NEG_INF, v), dim=1, descending=True)
+    tl.store(out + t, tl.max(tl.where((i == k - 1)[None, :], v, NEG_INF), axis=1), mask=tm)

@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 
-INTS = {"tile0", "t0", "Tc", "TS", "T", "S", "n", "slots"}
+INTS = {"tile0", "t0", "Tc", "TS", "T", "S", "n", "slots", "k"}
 FLOAT32 = {"up", "down"}  # the tilt's size tables stay float32 in the float64 passes
 INT64 = {"indices"}
 BOOL = {"mask"}
@@ -49,6 +49,7 @@ def variants(bn: int = 4, bt: int = 128) -> Iterator[tuple[str, object, dict]]:
     for n in (64, 256):
         BN, BT = chosen_tile(n)
         yield f"chosen n={n}", K.chosen_kernel, dict(BT=BT, BN=BN)
+        yield f"kth largest n={n}", K.kth_largest_kernel, dict(BT=BT, BN=BN)
     yield "leaves f64", K.leaves_kernel, dict(BV=bn, BT=bt, TANGENTS=False)
     up = dict(BN=bn, BT=bt, MAX=False, TANGENTS=False, TILT=True, IMPLICIT=True)
     yield "up sum tilted implicit f64", K.up_kernel, up

@@ -27,7 +27,7 @@ from . import torch_passes
 from . import triton_layers as K
 from .interface import Passes, shifted
 from .program import Program
-from .rows import REFERENCES, RowOps
+from .rows import REFERENCES, RowOps, exactly_k_shift
 
 FLOW, JVP, SAMPLE, MAP = 0, 1, 2, 3  # triton_layers' modes
 #: The scratch one call may take when the device cannot say (the CPU, under the interpreter).
@@ -136,7 +136,7 @@ def build_tables(prog: Program, bn: int) -> Tables:
 
 
 def chosen_tile(n: int) -> tuple[int, int]:
-    """(BN, BT) of ``triton_layers.chosen_kernel`` for rows of n: n rounded up to a power of two (at least
+    """(BN, BT) of ``triton_layers.chosen_kernel`` and ``kth_largest_kernel`` for rows of n: n rounded up to a power of two (at least
     16), and rows per program so that a tile holds 2,048 keys."""
     bn = max(16, 1 << max(n - 1, 0).bit_length())
     return bn, max(1, 2048 // bn)
@@ -152,6 +152,10 @@ class TritonPasses(Passes):
     the device cannot say); past it the tokens are taken in chunks, each through every level."""
 
     name = "triton"
+    #: A training route is one operator here (``circuits::chosen_scores``: the sampling pass and
+    #: ``chosen``'s row sort forward; ``Kernels.chosen_backward``, Cov(z) v by these passes, backward),
+    #: not the composed path's dozens of operators; the same draws, indices and weights.
+    fused = True
 
     def __init__(
         self,
@@ -395,6 +399,17 @@ class TritonPasses(Passes):
         if self.tilt_moves:
             best = (best.double() + tl.offset).to(r.dtype)
         return z, best
+
+    def shift(self, r: Tensor) -> Tensor | None:
+        """``Passes.shift`` (the exactly-k shift, [T, 1]) with each row's k-th largest from one kernel
+        (``triton_layers.kth_largest_kernel``: a sort per row in registers) instead of ``torch.topk``."""
+        k, (T, n) = self.program.shift_k, r.shape
+        if k == 0 or T == 0:
+            return None
+        kth = r.new_empty(T)
+        bn, bt = chosen_tile(n)
+        K.kth_largest_kernel[(-(-T // bt),)](r.detach(), kth, T, n, k, BT=bt, BN=bn, num_warps=4)
+        return exactly_k_shift(kth)
 
     def chosen(self, r: Tensor, seed: Tensor, p: Tensor, slots: int) -> tuple[Tensor, Tensor, Tensor]:
         """``Kernels.chosen``: the draw, then the drawn by p in one kernel (``triton_layers.chosen_kernel``: a

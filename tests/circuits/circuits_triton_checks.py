@@ -140,6 +140,21 @@ def check_chosen(c, r, seed_value):
             assert a.dtype == b.dtype and torch.equal(a, b), (kind, a, b)
 
 
+@pytest.mark.parametrize("spec", [circuits.ExactlyK(16, 5), circuits.ExactlyK(64, 8), circuits.ExactlyK(6, 6)], ids=str)
+def test_the_exactly_k_shift_matches_the_reference(spec):
+    """``TritonPasses.shift`` (a sort per row in a kernel) against ``Passes.shift`` (``kth_largest``'s
+    reference): -inf entries, equal rows, NaN (as -inf), a row of only -inf."""
+    from circuits.kernels.interface import Passes
+
+    c = compiled(spec)
+    fast = TritonPasses(c.program)
+    r = logits(spec, 37, seed=5)[0]
+    r[2] = 1.5
+    r[3, 1] = float("nan")
+    r[4] = -torch.inf
+    assert torch.equal(fast.shift(r), Passes.shift(fast, r))
+
+
 @pytest.mark.parametrize("spec", [circuits.ExactlyK(16, 5), circuits.RangeK(10, 0, 10)], ids=str)
 def test_chosen_matches_the_composed_reference(spec):
     c = compiled(spec)
@@ -261,6 +276,41 @@ def test_through_the_public_api(triton_everywhere):
     rs = shifted(k4, rr)
     z_ref, _ = TorchPasses(k4.program).sample(rs, *draw_uniforms(k4.program, rs, seeded(5)))
     assert torch.equal(z, z_ref) and bool((z.sum(-1) == 4).all())
+
+
+@pytest.mark.parametrize("size", [dict(k=3), dict(kmin=2, kmax=4)], ids=["exactly", "range"])
+def test_route_fused_equals_composed(triton_everywhere, size, monkeypatch):
+    """route(training=True) on the Triton passes as one operator (``TritonPasses.fused``: the draw, its
+    row sort, Eq. 7's backward) against the composed path on the same passes: the same indices, weights,
+    mask and scores bit for bit, gradients to rounding (tests/probmoe/test_route_fused.py for the C ones)."""
+    import importlib
+
+    import probmoe
+
+    route_module = importlib.import_module("probmoe.route")
+    r = (torch.randn(24, 12, generator=torch.Generator().manual_seed(11)) * 2).to(DEVICE)
+    g = torch.randn(24, 4, generator=torch.Generator().manual_seed(12)).to(DEVICE)[:, : size.get("k", 4)]
+
+    def routed():
+        x = r.clone().requires_grad_()
+        out = probmoe.route(x, **size, training=True, backend="circuit", generator=seeded(13))
+        (grad,) = torch.autograd.grad((out.weights * g).sum(), x)
+        return out.indices, out.weights.detach(), out.mask, out.probs, grad
+
+    calls = []
+    real = route_module._route_fused
+    monkeypatch.setattr(route_module, "_route_fused", lambda *a: calls.append(1) or real(*a))
+    fused = routed()
+    assert calls, "the fused path was not taken"
+    from probmoe import constraints
+
+    kmin, kmax = size.get("k", size.get("kmin")), size.get("k", size.get("kmax"))
+    assert isinstance(constraints.cardinality(12, kmin, kmax, DEVICE).passes(torch.float32), TritonPasses)
+    monkeypatch.setattr(route_module, "_fused", lambda *a: False)
+    composed = routed()
+    for a, b in zip(fused[:4], composed[:4]):
+        assert torch.equal(a, b)
+    torch.testing.assert_close(fused[4], composed[4], atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="host synchronisation is observable on CUDA only")
