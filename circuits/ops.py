@@ -215,7 +215,7 @@ def _(r, shift, circuit):
 
 # --- the cardinality DP: the marginals (and one draw), differentiable with Jacobian Cov(z) -------------
 def _dp(r: Tensor, kmin: int, kmax: int):
-    """The DP's kernels for r [T, n] (``TorchDP`` or ``CDP``), as ``select`` picks them."""
+    """The DP's kernels for r [T, n] (``TorchDP``, ``CDP`` or ``TritonDP``), as ``select`` picks them."""
     return select(Lattice(r.shape[-1], kmin, kmax, r.device), r.dtype)
 
 

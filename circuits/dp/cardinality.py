@@ -5,7 +5,7 @@ The same queries, shapes and gradients as a compiled circuit of the same spec (l
 marginals with their Cov(z) v backward, exact draws, the MAP), reached through registered
 operators (``circuits::dp_marginals``, ``circuits::dp_cov_vec``, ``circuits::dp_log_counts``) whose kernels
 ``circuits.kernels.select`` picks for the logits' device and dtype (the fused C sweeps for float32
-on the CPU, the torch sweeps elsewhere). Beyond the circuit's queries it gives the log-count of
+on the CPU, the Triton lattice kernels for float32 on CUDA, the torch sweeps elsewhere). Beyond the circuit's queries it gives the log-count of
 every size, ``log_counts`` (one sweep where a circuit needs one compiled circuit per size).
 """
 
@@ -133,7 +133,7 @@ class CardinalityDP:
     ):
         """One exact draw and its variables by score with Eq. 7's straight-through weights
         (``Circuit.chosen_scores``): logits [T, n] -> (weights [T, slots], indices [T, slots] long,
-        mask [T, slots] bool, π [T, n]); one pass with the C sweeps."""
+        mask [T, slots] bool, π [T, n]); one pass with the C sweeps and the Triton lattice kernels."""
         r, _ = self._inputs(logits, generator)
         return torch.ops.circuits.chosen_scores(
             r, ops.seed(generator, r), self.kmin, self.kmax, self.handle, slots, kind, paper

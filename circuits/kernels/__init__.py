@@ -14,6 +14,8 @@ evaluators (``circuits.Circuit``, ``circuits.CardinalityDP``). No module here im
     lattice.py          Lattice: what the cardinality DP sweeps over
     torch_dp.py         TorchDP: the DP's sweeps in plain torch (the meaning; the C sweeps' oracle)
     c_dp.py             CDP: the DP's sweeps fused in C for fp32 on the CPU
+    triton_dp.py        TritonDP: the DP's sweeps as Triton kernels for fp32 on CUDA (one token per
+                        thread, the lattice in registers), from the sources triton_lattice.py writes
     rows.py             Rows, RowOps: topk, topk_chosen, kth_largest (C or torch references)
     uniforms.py         counter-based uniforms from one seed (C or the torch reference)
     straight_through.py Eq. 7's weights and their gradient in torch, the score kinds (a public module)

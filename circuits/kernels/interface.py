@@ -20,7 +20,8 @@ the passes pick themselves, exact for any c), which keeps fp32 answers exact at 
 log Z and MAP's log-value are those of r - shift. Implementations: ``TorchPasses`` (plain tensor
 operations: the stated meaning of every pass and the test oracle of the others), ``CPasses`` (fused
 C for fp32 on the CPU) and ``TritonPasses`` (fused Triton kernels for fp32 on CUDA,
-``circuits.kernels.triton_passes``). The DP's: ``TorchDP`` and ``CDP``.
+``circuits.kernels.triton_passes``). The DP's: ``TorchDP``, ``CDP`` and ``TritonDP`` (Triton lattice kernels for fp32 on CUDA,
+``circuits.kernels.triton_dp``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``Lattice``: what the cardinality DP sweeps over, the thing ``circuits.kernels.select`` picks the
-DP's sweeps (``TorchDP``, ``CDP``) from, as it picks the circuit passes from a ``Program``."""
+DP's sweeps (``TorchDP``, ``CDP``, ``TritonDP``) from, as it picks the circuit passes from a ``Program``."""
 
 from __future__ import annotations
 

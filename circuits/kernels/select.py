@@ -95,7 +95,7 @@ def _kept_row_ops(lib, uniforms_lib) -> RowOps:
 
 @functools.lru_cache(maxsize=256)
 def _dp_sweeps(kind, kmin: int, kmax: int, rows: RowOps):
-    """One ``TorchDP`` / ``CDP`` per kind, sizes and row operations (they hold nothing else): kept, as
+    """One ``TorchDP`` / ``CDP`` / ``TritonDP`` per kind, sizes and row operations (they hold nothing else): kept, as
     a circuit keeps its passes, so that the DP's per-call ``select`` stays cheap."""
     return kind(kmin, kmax, rows)
 

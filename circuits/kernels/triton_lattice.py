@@ -45,9 +45,9 @@ from .uniforms import _GOLDEN, _M1, _M2
 
 BLOCK = 128  # tokens per program: one per thread, 4 warps
 # lattice values a thread keeps for a segment's recompute, per kind: the segment length CK follows.
-# Compiled for sm_90 (triton 3.9, ptxas of CUDA 12.8): 8 of 64 forward at CK = 4 uses 96 registers
-# (CK = 8: 157, and the compile takes 3x as long), Cov(z) v at CK = 3 96; 16 of 256 forward at
-# CK = 3 119, Cov(z) v with 16 slots at CK = 2 254 (CK = 1 below). No spills in any of them.
+# Compiled for sm_90 (triton 3.9): 8 of 64 forward with slots at CK = 4 uses 96 registers (CK = 8:
+# 157, and the compile takes 3x as long), Cov(z) v at CK = 3 96; 16 of 256 forward at CK = 2 91
+# (CK = 3: 119), Cov(z) v with 16 slots at CK = 1 168 (CK = 2: 254). No spills in any of them.
 REGISTER_STATES = {"forward": 40, "cov": 32}
 LOG_ZERO = -1e300  # the float64 log sweep's finite log 0 (no -inf - -inf)
 
