@@ -20,6 +20,11 @@ byte tokenizer, reloads it with ``pt.from_pretrained`` and writes the greedy tok
 every family x method.
 
 Checkpoints go to ``OUT/ckpt/NAME`` (NAME = family-method[-aux-free]). Nothing is downloaded.
+
+Beside them, ``OUT/trained/tiny-olmoe`` is the output folder of ``probmoe-train --model tiny-olmoe``
+(``TRAINED_NAME``: two steps on eight made-up question/answer records), a checkpoint as
+docs/experiments.md trains it: tests/serving/test_docs_serving.py serves it with the lines
+docs/serving.md gives. Made with every ``--set``, and with ``--only`` where the names include it.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 
 import torch
@@ -77,6 +83,27 @@ DEEPSEEK_OVERRIDES = dict(
     topk_method="noaux_tc",
     scoring_func="sigmoid",
 )
+
+
+TRAINED_NAME = "trained-tiny-olmoe"  # OUT/trained/tiny-olmoe, by probmoe-train (made_by_probmoe_train)
+TRAINED_ARGS = ("--model", "tiny-olmoe", "--method", "probmoe", "--max-steps", "2", "--batch-size", "2")
+
+
+def made_by_probmoe_train(out_dir: str) -> str:
+    """``probmoe-train --model tiny-olmoe`` (this interpreter's ``probmoe.cli.train``, what the
+    command runs) into ``OUT/trained/tiny-olmoe``, on eight question/answer records written to
+    ``OUT/trained/data.jsonl``; returns the output folder, which holds the final model."""
+    root = os.path.join(out_dir, "trained")
+    os.makedirs(root, exist_ok=True)
+    data = os.path.join(root, "data.jsonl")
+    with open(data, "w") as f:
+        for i in range(8):
+            f.write(json.dumps({"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = {2 * i}.\n#### {2 * i}"}))
+            f.write("\n")
+    run = os.path.join(root, "tiny-olmoe")
+    cmd = [sys.executable, "-m", "probmoe.cli.train", *TRAINED_ARGS, "--data", data, "--output-dir", run]
+    subprocess.run([*cmd, "--no-progress", "--device", "cpu"], check=True)
+    return run
 
 
 def cases():
@@ -176,16 +203,20 @@ def main(argv=None) -> int:
     p.add_argument("--list", action="store_true", help="print the names and exit")
     args = p.parse_args(argv)
     todo = cases()
+    trained = True
     if args.only is not None:
-        unknown = sorted(set(args.only) - {c[0] for c in todo})
+        unknown = sorted(set(args.only) - {c[0] for c in todo} - {TRAINED_NAME})
         if unknown:
-            p.error(f"unknown names {unknown}; --list shows the {len(todo)} names")
+            p.error(f"unknown names {unknown}; --list shows the {len(todo) + 1} names")
         todo = [c for c in todo if c[0] in args.only]
+        trained = TRAINED_NAME in args.only
     elif args.set == "default":
         todo = [c for c in todo if c[0] in DEFAULT]
     if args.list:
-        print("\n".join(c[0] for c in todo))
+        print("\n".join([c[0] for c in todo] + [TRAINED_NAME] * trained))
         return 0
+    if trained:
+        print(f"{TRAINED_NAME}: done ({made_by_probmoe_train(args.out)})", flush=True)
     torch.set_num_threads(min(2, torch.get_num_threads()))
     for i, (name, family, method, kw) in enumerate(todo):
         make(args.out, name, family, method, kw, seed=i)
