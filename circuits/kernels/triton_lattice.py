@@ -202,7 +202,8 @@ def _step(s: _Src, K: int, src: str, dst: str, l: int, tangent: bool) -> None:
 
 def _seeds(s: _Src, plan: Plan, tangent: bool) -> None:
     """The adjoint lattice at N from P_N (``F_j``): B_j = pi_j / P_N[j] on the band, 0 elsewhere;
-    with tangents dB_j = -B_j sum_j' dP_N[j'] B_j'; ``size_cum{j}``: the band's cumulative pi."""
+    with tangents dB_j = -B_j sum_j' dP_N[j'] B_j'; ``cum{j}``: the band's cumulative pi (a draw). A
+    forward kernel without marginals needs no adjoint lattice (the draw walks P alone)."""
     kmin, K = plan.kmin, plan.kmax
     band = range(kmin, K + 1)
     for j in band:
@@ -211,7 +212,8 @@ def _seeds(s: _Src, plan: Plan, tangent: bool) -> None:
     for j in band:
         s(f"e{j} = tl.exp(lw{j} - lmax)")
     s("etot = " + _join([f"e{j}" for j in band]))
-    for j in range(K + 1):
+    adjoint = plan.kind == "cov" or plan.marginals
+    for j in range(K + 1) if adjoint else ():
         s(f"B{j} = tl.where(F_{j} > 0.0, e{j} / etot / F_{j}, 0.0)" if j >= kmin else f"B{j} = zero")
     if tangent:
         s("dz = " + _join([f"dF_{j} * B{j}" for j in band]))
@@ -346,7 +348,8 @@ def forward_source(plan: Plan) -> str:
                             "kn = tl.where(sw, ko, kn)",
                             "jn = tl.where(sw, jo, jn)",
                         )
-            _adjoint_step(s, K, l, tangent=False)
+            if plan.marginals:
+                _adjoint_step(s, K, l, tangent=False)
     for k in range(S):
         s(
             f"used = key{k} >= 0.0",
