@@ -227,27 +227,38 @@ def _seeds(s: _Src, plan: Plan, tangent: bool) -> None:
 
 
 def _sweep_forward(s: _Src, plan: Plan, tangent: bool) -> None:
-    """The forward sweep with checkpoints: ck [NSEG, K + 1 (x2 with tangents), T] holds the
+    """The forward sweep with checkpoints: ck [NSEG, K + 1 (x2 with tangents), TC] holds the
     lattice before each segment's first variable; F_j (dF_j) is P_N at the end."""
     K, ck = plan.kmax, plan.ck
-    per = (K + 1) * (2 if tangent else 1)
     for j in range(K + 1):
         s(f"F_{j} = {'zero + 1.0' if j == 0 else 'zero'}")
         if tangent:
             s(f"dF_{j} = zero")
     s("for sg in range(0, NSEG):")
     with s.block():
-        s(f"base = (tc * 0 + sg * {per}) * TC + tc  # int64")
-        for j in range(K + 1):
-            s(f"tl.store(ck_ptr + base + {j} * TC, F_{j}, mask=live)")
-            if tangent:
-                s(f"tl.store(ck_ptr + base + {K + 1 + j} * TC, dF_{j}, mask=live)")
+        _checkpoint(s, plan, tangent, lambda at, value: f"tl.store({at}, {value}, mask=live)", "F_{j}")
         for l in range(ck):
-            s(f"i{l} = tc * 0 + (sg * {ck} + {l})  # [BLOCK] int64: the variable")
-            if tangent:
-                _v(s, plan, l)
-            _pq(s, l, tangent)
+            _variable(s, plan, l, tangent)
             _step(s, K, "F", "F", l, tangent)
+
+
+def _checkpoint(s: _Src, plan: Plan, tangent: bool, access, lattice: str) -> None:
+    """Segment sg's checkpoint, state by state (``access(address, lattice state)``: a store or a
+    load's line); ``lattice``, the name pattern of a state, its tangent that name with a d in front."""
+    K = plan.kmax
+    s(f"base = (tc * 0 + sg * {(K + 1) * (2 if tangent else 1)}) * TC + tc  # int64")
+    for j in range(K + 1):
+        s(access(f"ck_ptr + base + {j} * TC", lattice.format(j=j)))
+        if tangent:
+            s(access(f"ck_ptr + base + {K + 1 + j} * TC", "d" + lattice.format(j=j)))
+
+
+def _variable(s: _Src, plan: Plan, l: int, tangent: bool) -> None:
+    """Variable i{l} of segment sg: its index, (its tangent component,) p{l} and q{l}."""
+    s(f"i{l} = tc * 0 + (sg * {plan.ck} + {l})  # [BLOCK] int64: the variable")
+    if tangent:
+        _v(s, plan, l)
+    _pq(s, l, tangent)
 
 
 def _v(s: _Src, plan: Plan, l: int) -> None:
@@ -265,17 +276,9 @@ def _v(s: _Src, plan: Plan, l: int) -> None:
 def _recompute(s: _Src, plan: Plan, tangent: bool) -> None:
     """The lattices P{l} (dP{l}) before each variable of segment sg, from its checkpoint."""
     K, ck = plan.kmax, plan.ck
-    per = (K + 1) * (2 if tangent else 1)
-    s(f"base = (tc * 0 + sg * {per}) * TC + tc  # int64")
-    for j in range(K + 1):
-        s(f"P0_{j} = tl.load(ck_ptr + base + {j} * TC, mask=live, other=0.0)")
-        if tangent:
-            s(f"dP0_{j} = tl.load(ck_ptr + base + {K + 1 + j} * TC, mask=live, other=0.0)")
+    _checkpoint(s, plan, tangent, lambda at, state: f"{state} = tl.load({at}, mask=live, other=0.0)", "P0_{j}")
     for l in range(ck):
-        s(f"i{l} = tc * 0 + (sg * {ck} + {l})  # [BLOCK] int64: the variable")
-        if tangent:
-            _v(s, plan, l)
-        _pq(s, l, tangent)
+        _variable(s, plan, l, tangent)
         if l + 1 < ck:
             _step(s, K, f"P{l}", f"P{l + 1}", l, tangent)
 

@@ -152,7 +152,13 @@ def test_chunks_of_tokens_change_nothing(monkeypatch):
 
 @pytest.mark.parametrize(
     "sizes",
-    [(64, 8, 8), pytest.param((64, 4, 8), marks=pytest.mark.slow), pytest.param((64, 0, 1), marks=pytest.mark.slow)],
+    [
+        (64, 8, 8),
+        pytest.param((64, 4, 8), marks=pytest.mark.slow),
+        pytest.param((64, 0, 1), marks=pytest.mark.slow),
+        pytest.param((256, 16, 16), marks=pytest.mark.slow),
+        pytest.param((256, 8, 32), marks=pytest.mark.slow),
+    ],
     ids=lambda s: f"{s[1]}..{s[2]}-of-{s[0]}",
 )
 def test_accuracy_grid(sizes):
@@ -162,19 +168,7 @@ def test_accuracy_grid(sizes):
     run = A.dp_runner(kmin, kmax, "dp-triton")
     for s in (1.0, 100.0):
         for j, kind in enumerate(A.KINDS):
-            r = A.rows(n, s, kind, 16, seed=100 * j + int(s))
-            m_err, z_err = A.errors(run, lambda x: A.cardinality_log_norm(x, kmin, kmax), r)
-            assert m_err <= 1e-6 and z_err <= 1e-6, (kind, s, m_err, z_err)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("sizes", [(256, 16, 16), (256, 8, 32)], ids=lambda s: f"{s[1]}..{s[2]}-of-{s[0]}")
-def test_accuracy_grid_256(sizes):
-    n, kmin, kmax = sizes
-    run = A.dp_runner(kmin, kmax, "dp-triton")
-    for s in (1.0, 100.0):
-        for j, kind in enumerate(A.KINDS):
-            r = A.rows(n, s, kind, 8, seed=100 * j + int(s))
+            r = A.rows(n, s, kind, 16 if n <= 64 else 8, seed=100 * j + int(s))
             m_err, z_err = A.errors(run, lambda x: A.cardinality_log_norm(x, kmin, kmax), r)
             assert m_err <= 1e-6 and z_err <= 1e-6, (kind, s, m_err, z_err)
 
