@@ -65,6 +65,8 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
                     "-m",
                     "pytest",
                     "tests/circuits/triton_dp_checks.py",
+                    "-m",
+                    "slow or not slow",
                     "-k",
                     DEVICE_LATTICE,
                     *record,
