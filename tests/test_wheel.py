@@ -19,7 +19,7 @@ import pytest
 from circuits.kernels import build as native
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE_FILES = ["pyproject.toml", "setup.py", "README.md", "LICENSE", "circuits", "probmoe"]
+PACKAGE_FILES = ["pyproject.toml", "setup.py", "README.md", "LICENSE", "circuits", "probmoe", "probmoe_commands"]
 
 
 def test_the_license_is_an_spdx_expression_with_its_file():
@@ -78,8 +78,11 @@ def test_the_wheel_ships_the_compiled_kernels_and_loads_them_without_a_compiler(
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         metadata = z.read("probmoe-0.1.0.dist-info/METADATA").decode()
+        scripts = z.read("probmoe-0.1.0.dist-info/entry_points.txt").decode()
         z.extractall(tmp_path / "site")
     assert "License-Expression: MIT" in metadata and "probmoe-0.1.0.dist-info/licenses/LICENSE" in names
+    # the console scripts start in probmoe_commands (Ctrl-C while torch loads), which the wheel holds
+    assert "probmoe_commands/__init__.py" in names and "probmoe-train = probmoe_commands:train_main" in scripts
     prebuilt = [n for n in names if "/prebuilt/" in n]
     assert sorted(prebuilt) == sorted(
         f"circuits/kernels/prebuilt/{isa}/libkernels.{ext}"
