@@ -10,14 +10,23 @@ terms for the group specs (``circuits.spec.group_model_count``); file specs have
 from __future__ import annotations
 
 from ..kernels import build
+from ..kernels.library import LIBRARY
 from ..registry import spec_to_dict
 from .text import level_table
 
 
 def evaluator() -> str:
-    """Which passes fp32 CPU calls will take, without building the C library (a compile must not
-    pay for that, nor load torch): "fused C passes (avx2, built on first use into ...)" or "torch
+    """Which passes fp32 CPU calls will take, without loading or building the C library (a compile
+    must not pay for that, nor load torch): "fused C passes (avx2, prebuilt in the installed
+    package: ...)" when a wheel ships the library for this CPU's ISA and these sources, else "fused
+    C passes (avx2, built on first use into ...)" when a compiler is there to build it, else "torch
     passes (why not C)"."""
+    isa, why = build.chosen_isa()
+    if isa is None:
+        return f"torch passes (C passes {why})"
+    shipped = LIBRARY.prebuilt_path(isa)
+    if shipped is not None:
+        return f"fused C passes ({isa}, prebuilt in the installed package: {shipped.parent})"
     _, isa, why = build.choice()
     if isa is None:
         return f"torch passes (C passes {why})"

@@ -4,6 +4,7 @@ built there (not the torch fallback with warnings); --cnf's help names d4's d-DN
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
@@ -32,6 +33,29 @@ def test_the_evaluator_line_names_the_temporary_folder(unusable_cache, monkeypat
         f"fused C passes ({isa}, built on first use into a temporary folder for each process: "
         f"{unusable_cache / 'native'} is not writable)"
     )
+
+
+@pytest.mark.parametrize("compiler", [True, False], ids=["with-cc", "without-cc"])
+def test_the_evaluator_line_names_a_wheels_prebuilt_library(tmp_path, monkeypatch, compiler):
+    """A wheel's library for this CPU's ISA, built from these sources, is what the passes load
+    (first, compiler or not): the line names it, not a first-use build."""
+    monkeypatch.delenv("PROBMOE_NATIVE", raising=False)
+    isa = build.chosen_isa()[0]
+    if isa is None or not build.runs_prebuilt(isa):
+        pytest.skip("no ISA here that a wheel ships a library for")
+    folder = tmp_path / "prebuilt"
+    (folder / isa).mkdir(parents=True)
+    (folder / isa / "libkernels.json").write_text(json.dumps({"sources": ROWS.sources_digest()}))
+    monkeypatch.setattr(ROWS, "prebuilt", folder)
+    if not compiler:
+        monkeypatch.setattr(build, "_compiler", lambda: None)
+    assert report.evaluator() == f"fused C passes ({isa}, prebuilt in the installed package: {folder / isa})"
+    (folder / isa / "libkernels.json").write_text(json.dumps({"sources": "other sources"}))  # stale: not loaded
+    line = report.evaluator()
+    if compiler:
+        assert line.startswith(f"fused C passes ({isa}, built on first use into "), line
+    else:
+        assert line == f"torch passes (C passes unavailable: {build.NO_COMPILER})"
 
 
 def test_the_c_library_is_built_in_a_temporary_folder_without_warnings(unusable_cache):
