@@ -52,7 +52,8 @@ def _name(constraint) -> str:
 def native_kernels(evaluator, dtype: torch.dtype, device="cpu") -> bool:
     """Whether the kernels ``select`` gives ``evaluator`` for logits of ``dtype`` on ``device`` fuse the
     fused queries (``Kernels.fused``: the C DP's sweeps or the Triton lattice kernels for a
-    ``circuits.CardinalityDP``, the C passes for a ``circuits.Circuit``, on its own device): there ``circuits::chosen_scores`` and its backward
+    ``circuits.CardinalityDP``, the C passes or the Triton passes for a ``circuits.Circuit``, on its
+    own device): there ``circuits::chosen_scores`` and its backward
     are one pass each."""
     return evaluator.kernels(dtype, device).fused
 

@@ -307,7 +307,7 @@ def chosen_scores(
     bool, π [T, n]). C: the constraint of the evaluator of handle ``circuit`` (a ``Circuit`` or a
     ``CardinalityDP``; ``kmin``, ``kmax``: its sizes, for the reader: the evaluator knows them);
     ``paper``: the marginals' Jacobian Cov(z) diag(1 - sigmoid(r)) in the backward. The kernels'
-    ``chosen``: one pass where they fuse it (the C kernels), else the draw of ``dp_marginals`` /
+    ``chosen``: one pass where they fuse it (the C kernels, the Triton ones), else the draw of ``dp_marginals`` /
     ``marginals`` with the same seed, then ``topk_chosen``."""
     r = r.contiguous()  # the C kernels read rows in place
     p = straight_through.scores(r, kind)

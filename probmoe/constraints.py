@@ -190,7 +190,8 @@ def native_cardinality(
 ) -> bool:
     """Whether routing logits of ``dtype`` on ``device`` over kmin..kmax of n by ``algorithm`` has fused
     kernels (``circuits.native_kernels`` of ``cardinality``'s evaluator: the C kernels for float32 on
-    the CPU, the DP's Triton lattice kernels for float32 on CUDA), a constant under torch.compile."""
+    the CPU, the DP's Triton lattice kernels and the circuit's Triton passes for float32 on CUDA), a
+    constant under torch.compile."""
     n, kmin, kmax = operator.index(n), operator.index(kmin), operator.index(kmax)
     return _native_cardinality(n, kmin, kmax, algorithm, str(dtype).removeprefix("torch."), str(device))
 

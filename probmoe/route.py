@@ -149,7 +149,8 @@ def _fused(dist: SubsetDistribution, r: Tensor, config: RoutingConfig) -> bool:
     experts by score, Eq. 7's weights; its backward a second one): for the sampled methods with the
     marginals' gradient ("probmoe"), sizes (no structured constraint), and kernels of the backend that
     fuse it for the logits' dtype and device (``circuits.native_kernels``: the fused C DP or C
-    circuit passes, float32 on the CPU; the Triton lattice kernels of the DP, float32 on CUDA). Elsewhere route composes the same computation from the
+    circuit passes, float32 on the CPU; the DP's Triton lattice kernels or the circuit's Triton
+    passes, float32 on CUDA). Elsewhere route composes the same computation from the
     distribution's operators (``_select``, ``_weights``)."""
     if config.method != "probmoe" or config.constraint is not None:
         return False

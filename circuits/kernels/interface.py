@@ -6,7 +6,7 @@ and the evaluators and operators call nothing else: no caller asks an implementa
 The fused queries, ``chosen`` (one draw, the drawn variables by score: ``circuits::chosen_scores``)
 and ``chosen_backward`` (its gradient, Eq. 7), are methods of ``Kernels`` with a default composed
 from the family's draw and Cov(z) v (``draw``, ``cov``), the row operations and
-``circuits.kernels.straight_through``; an implementation that fuses them (the C passes, the C DP)
+``circuits.kernels.straight_through``; an implementation that fuses them (the C passes, the C DP, the Triton passes, the Triton lattice)
 overrides them and says so (``fused``).
 
 A ``Passes`` object evaluates one ``Program`` (a layout on one device) for one dtype; the

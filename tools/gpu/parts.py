@@ -75,6 +75,11 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
                 {},
             ),
             (
+                "Triton layers' tests, compiled",
+                [PY, "-m", "pytest", "tests/circuits/test_triton_layers.py", *record, "--record-suite=triton layers"],
+                {},
+            ),
+            (
                 "device tests on cuda",
                 [
                     PY,
@@ -181,6 +186,13 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
                 {},
             )
         ]
+        router.steps.append(
+            (
+                "the circuit path: Triton passes over softmax + top-k, and PyJuice where it imports",
+                [PY, "tools/bench_circuits_gpu.py", "--repeats", "5", "--json", str(work / "circuits_gpu.json")],
+                {},
+            )
+        )
     else:
         router.steps = [
             (
