@@ -64,11 +64,12 @@ def test_v0_fingerprint_matches_and_the_run_resumes_to_the_same_loss(v0, capsys)
     with open("run/train_log.jsonl", encoding="utf-8") as f:
         after = [json.loads(line) for line in f if '"step": 2,' in line][-1]
     assert after["step"] == before["step"]
-    # The v0 run logged its step 2 on another CPU: the same weights, batch and routing draws give the
-    # same numbers up to float32 rounding (torch's CPU kernels sum in an order their vector width sets:
-    # 5.538692728678385 on a 2-core AVX2 EPYC against 5.538692220052083 logged, 9e-8 apart; on one
-    # machine a resume repeats the run bit for bit, test_interrupts.py). Another routing draw moves the
-    # loss by 1e-5, the gradient norm by 1e-4 and the router loss by 4%.
+    # The v0 run logged its step 2 on another machine, and torch's float32 CPU results can differ there
+    # in the last bits (the order its kernels sum in is theirs to pick): the same weights, batch and
+    # routing draws gave 5.538692728678385 on a 2-core AVX2 EPYC against 5.538692220052083 logged, 9e-8
+    # apart, with every commit since the files were written. On one machine a resume repeats the run
+    # bit for bit (test_interrupts.py). Another routing draw moves the loss by 1e-5, the gradient norm
+    # by 1e-4 and the router loss by 4%.
     for key in ("loss", "router_loss", "grad_norm"):
         assert after[key] == pytest.approx(before[key], rel=1e-6, abs=0), key
 
