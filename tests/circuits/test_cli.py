@@ -266,7 +266,7 @@ def test_cache_dir_moves_the_native_libraries_too(tmp_path):
         timeout=300,
     )
     facts = json.loads(_ok(res))
-    if facts["evaluator"].startswith("fused C passes ("):
+    if "built on first use" in facts["evaluator"]:  # not a wheel's prebuilt library
         assert str(tmp_path / "mine" / "native") in facts["evaluator"]
     assert not (tmp_path / "mine" / "native").exists()  # a compile builds no C library
     assert not (tmp_path / "elsewhere").exists()
