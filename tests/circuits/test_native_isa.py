@@ -331,7 +331,10 @@ def test_a_prebuilt_library_loads_without_a_compiler(fresh, monkeypatch):
     assert changed.prebuilt_path("portable") is None
     with pytest.warns(RuntimeWarning, match="false failed"):  # the fallback: built on first use, here by `false`
         assert changed.library() is None
-    (shipped / "portable" / "libunit.so").write_bytes(b"damaged")
+    # damaged as a new file in its place: this process has the old one mapped, and writing over it in
+    # place would truncate that mapping (SIGBUS at exit, when the library's pages are touched again)
+    (shipped / "portable" / "libunit.so.new").write_bytes(b"damaged")
+    os.replace(shipped / "portable" / "libunit.so.new", shipped / "portable" / "libunit.so")
     monkeypatch.setenv("CC", shutil.which("cc"))
     damaged = unit_library(fresh / "src", prebuilt=shipped)
     assert damaged.library().pm_unit() == 42 and damaged.describe().startswith(str(build.build_dir()))
