@@ -5,9 +5,10 @@ Triton cannot shift a register tensor along an axis, and a [B, K] tile would nee
 shift matmul per step, so each kernel holds the count lattice P[0..K] of its token as K + 1
 separate [BLOCK] values and is generated as text for its (kmin, kmax, slots, ...): every lattice
 state is a named variable, and a DP step P'[j] = q P[j] + p P[j - 1] is two instructions per
-state with no shuffle, no shared memory and no dynamic index. ``plain`` gives each kernel's
-meaning in plain torch (the same computation on [T] columns); the tests compare the kernels with it
-and with the torch DP (``circuits.kernels.torch_dp``), the oracle of every DP implementation.
+state with no shuffle, no shared memory and no dynamic index. ``plain_forward`` is the forward
+kernel's lattice and adjoint lattice in plain torch (float64, the same probability form); the tests
+compare it and the kernels with the torch DP (``circuits.kernels.torch_dp``), the oracle of every DP
+implementation, and the kernels' marginals with it.
 
 The mathematics (probability form, ``docs/performance.md``, "The GPU lattice"). With the tilt c of
 ``torch_passes.tilt_constant`` (its Newton steps included: the expected size under

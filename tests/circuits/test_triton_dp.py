@@ -56,8 +56,9 @@ def _passed(done: subprocess.CompletedProcess) -> None:
 def test_against_brute_force_in_the_interpreter():
     """The quick part of tests/circuits/triton_dp_checks.py in a child process (about 20 s alone):
     brute force (marginals, Cov(z), log Z), a chi^2 test of the draws, the torch DP at 3 of 8,
-    chunks of tokens."""
-    _passed(_checks(str(HERE / "triton_dp_checks.py"), "-k", "brute_force or draws_follow or 3..3 or chunks"))
+    chunks of tokens, the probability form in plain torch."""
+    quick = "brute_force or draws_follow or 3..3 or chunks or probability_form"
+    _passed(_checks(str(HERE / "triton_dp_checks.py"), "-k", quick))
 
 
 @pytest.mark.slow  # about 2 minutes in the interpreter

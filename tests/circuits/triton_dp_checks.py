@@ -98,6 +98,22 @@ def test_the_fused_route_equals_the_composed_one(sizes, kind):
         torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
 
 
+def test_the_probability_form_in_plain_torch():
+    """``triton_lattice.plain_forward`` (the kernels' lattice and adjoint lattice in float64 torch, at the
+    tilt of the torch passes) gives the torch DP's marginals, and the kernels give its."""
+    from circuits.kernels import triton_lattice
+    from circuits.kernels.torch_passes import tilt_constant
+
+    for n, kmin, kmax in ((8, 3, 3), (13, 2, 5), (64, 8, 8)):
+        r = logits(n, kmax, 40, seed=n).cpu()
+        P, m = triton_lattice.plain_forward(r, kmin, kmax, tilt_constant(r, kmin, kmax))
+        want = sweeps(kmin, kmax, "torch").forward_marginals(r.double().to(DEVICE), None, True)[0].cpu()
+        torch.testing.assert_close(m, want, atol=1e-7, rtol=0)  # two float64 computations, other roundings
+        assert (P[:, kmin:].sum(-1) > 1e-3).all()  # the tilt puts the band's mass near 1
+        got = sweeps(kmin, kmax, "triton").forward_marginals(r.to(DEVICE), None, True)[0].cpu()
+        torch.testing.assert_close(got.double(), m, atol=1e-6, rtol=0)
+
+
 def test_against_brute_force():
     """n = 8: marginals, the whole Jacobian Cov(z) (one cov_vec per basis vector), log Z."""
     n, kmin, kmax = 8, 2, 5
