@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+from no_compiler import run_without_compiler
 
 from circuits.kernels import build as native
 
@@ -110,23 +111,7 @@ def test_build_wheel_sh_gives_a_manylinux_wheel_with_the_libraries_that_load_bes
         )
         assert refused.returncode != 0 and "too-recent versioned symbols" in refused.stderr, refused.stderr[-2000:]
 
-    bin_dir = tmp_path / "bin"  # a PATH with python and no compiler
-    bin_dir.mkdir()
-    (bin_dir / "python").symlink_to(sys.executable)
-    run = subprocess.run(
-        [sys.executable, "-c", LOAD, str(site)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-        env={
-            **env,
-            "PATH": str(bin_dir),
-            "CC": "false",
-            "PYTHONPATH": str(site),
-            "PROBMOE_CACHE": str(tmp_path / "cache"),
-        },
-    )
+    run = run_without_compiler(tmp_path, LOAD, str(site), env=env, PYTHONPATH=str(site))
     assert run.returncode == 0, f"{run.stdout[-2000:]}{run.stderr[-3000:]}"
     gomp, torchs = json.loads(run.stdout.strip().splitlines()[-1])
     assert len(gomp) == 1, gomp  # one OpenMP runtime in the process

@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from no_compiler import run_without_compiler
 
 from circuits.kernels import build as native
 
@@ -89,25 +90,10 @@ def test_the_wheel_ships_the_compiled_kernels_and_loads_them_without_a_compiler(
         for isa in native.shipped_isas()
         for ext in ("so", "so.sha256", "json")
     )
-    bin_dir = tmp_path / "bin"  # a PATH with python and no compiler
-    bin_dir.mkdir()
-    (bin_dir / "python").symlink_to(sys.executable)
     site = tmp_path / "site"
     for isa in filter(native.runs_prebuilt, native.runnable_isas()):
-        run = subprocess.run(
-            [sys.executable, "-c", LOAD, str(site), isa],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            cwd=tmp_path,
-            env={
-                **env,
-                "PATH": str(bin_dir),
-                "CC": "false",
-                "PYTHONPATH": str(site),
-                "PROBMOE_CACHE": str(tmp_path / "cache"),
-                "PROBMOE_NATIVE_ISA": isa,
-            },
+        run = run_without_compiler(
+            tmp_path, LOAD, str(site), isa, env=env, PYTHONPATH=str(site), PROBMOE_NATIVE_ISA=isa
         )
         assert run.returncode == 0, f"{isa}: {run.stdout[-2000:]}{run.stderr[-3000:]}"
     assert not (tmp_path / "cache" / "native").exists()  # nothing was built on first use
