@@ -34,6 +34,7 @@ of an unlikely size must not underflow).
 from __future__ import annotations
 
 import functools
+import hashlib
 import linecache
 import re
 from dataclasses import dataclass
@@ -478,7 +479,7 @@ def kernel(plan: Plan):
     import triton  # noqa: F401 (an optional extra: only the Triton DP calls this)
 
     src = SOURCES[plan.kind](plan)
-    name = f"<probmoe-lattice-{abs(hash((plan, src)))}>"
+    name = f"<probmoe-lattice-{hashlib.sha256(src.encode()).hexdigest()[:16]}>"  # the same in every process
     linecache.cache[name] = (len(src), None, src.splitlines(True), name)
     scope: dict = {}
     exec(compile(src, name, "exec"), scope)
