@@ -8,7 +8,6 @@ without it this module is skipped.
 """
 
 import inspect
-import os
 import re
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from triton_child import child_env, run_checks
 
 import circuits
 from circuits.kernels.select import CPasses, TorchPasses
@@ -27,34 +27,13 @@ from circuits.kernels.triton_passes import TritonPasses
 HERE = Path(__file__).parent
 
 
-def _child_env(interpret: bool) -> dict:
-    env = {k: x for k, x in os.environ.items() if k != "TRITON_INTERPRET"}
-    return {**env, "TRITON_INTERPRET": "1"} if interpret else env
-
-
 @pytest.mark.slow  # a nested pytest under the Triton interpreter: 5-10 min on 2 busy cores (it pays per program and op)
 def test_against_the_torch_passes_and_brute_force():
     """tests/circuits/circuits_triton_checks.py in a child process: interpreted on the CPU, compiled with CUDA.
     Everything runs but, on the CPU, the check of host synchronisations (CUDA only), and without d4 the CNF
     circuit it compiles."""
     cuda = torch.cuda.is_available()
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-rfEs",
-            str(HERE / "circuits_triton_checks.py"),
-        ],
-        cwd=HERE.parent.parent,
-        env=_child_env(not cuda),
-        capture_output=True,
-        text=True,
-        timeout=2400,
-    )
+    done = run_checks(str(HERE / "circuits_triton_checks.py"), timeout=2400)
     summary = done.stdout[-6000:] + done.stderr[-3000:]
     assert done.returncode == 0, summary
     skipped = re.search(r"(\d+) skipped", done.stdout)
@@ -109,7 +88,7 @@ def test_the_kernels_compile_for_gpus():
     done = subprocess.run(
         [sys.executable, "-c", COMPILE_FOR_GPUS],
         cwd=HERE.parent.parent,
-        env=_child_env(False),
+        env=child_env(False),
         capture_output=True,
         text=True,
         timeout=900,

@@ -4,7 +4,6 @@ in a child process: interpreted without CUDA), and compilation for sm_90 with re
 Triton is an optional extra: without it this module is skipped."""
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from triton_child import child_env, run_checks
 
 import circuits
 from circuits.kernels.lattice import Lattice
@@ -23,17 +23,6 @@ from circuits.kernels.triton_dp import TritonDP
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
-
-
-def _child_env(interpret: bool) -> dict:
-    env = {k: x for k, x in os.environ.items() if k != "TRITON_INTERPRET"}
-    return {**env, "TRITON_INTERPRET": "1"} if interpret else env
-
-
-def _checks(*pytest_args: str) -> subprocess.CompletedProcess:
-    cuda = torch.cuda.is_available()
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", *pytest_args]
-    return subprocess.run(argv, cwd=ROOT, env=_child_env(not cuda), capture_output=True, text=True, timeout=1500)
 
 
 def test_select():
@@ -58,7 +47,7 @@ def test_against_brute_force_in_the_interpreter():
     brute force (marginals, Cov(z), log Z), a chi^2 test of the draws, the torch DP at 3 of 8,
     chunks of tokens, the probability form in plain torch."""
     quick = "brute_force or draws_follow or 3..3 or chunks or probability_form"
-    _passed(_checks(str(HERE / "triton_dp_checks.py"), "-k", quick))
+    _passed(run_checks(str(HERE / "triton_dp_checks.py"), "-k", quick, timeout=1500))
 
 
 @pytest.mark.slow  # about 2 minutes in the interpreter
@@ -66,14 +55,14 @@ def test_against_the_torch_dp_the_c_dp_and_float64():
     """tests/circuits/triton_dp_checks.py's default set in a child process: the torch DP (values,
     draws, Cov(z) v, log counts), the fused route against the composed one, the C DP's draws, the
     accuracy grid at 8 of 64, the operators and probmoe.route on the kernels."""
-    _passed(_checks(str(HERE / "triton_dp_checks.py")))
+    _passed(run_checks(str(HERE / "triton_dp_checks.py"), timeout=1500))
 
 
 @pytest.mark.slow
 def test_at_256_experts_and_the_other_sizes():
     """The slow checks: the accuracy grid at n = 256 (exactly 16, and 8..32), range 4..8 of 64 and
     sigmoid scores."""
-    _passed(_checks(str(HERE / "triton_dp_checks.py"), "-m", "slow"))
+    _passed(run_checks(str(HERE / "triton_dp_checks.py"), "-m", "slow", timeout=1500))
 
 
 COMPILE = """
@@ -104,7 +93,7 @@ def test_the_kernels_compile_for_sm90_without_spills(sizes):
     done = subprocess.run(
         [sys.executable, "-c", COMPILE, *map(str, sizes)],
         cwd=ROOT,
-        env=_child_env(False),
+        env=child_env(False),
         capture_output=True,
         text=True,
         timeout=900,

@@ -4,7 +4,6 @@ for sm_90. The full checks are tests/circuits/circuits_triton_checks.py (run by 
 slow); this file is the default suite's share.
 """
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from triton_child import child_env, run_checks
 
 import circuits
 
@@ -20,11 +20,6 @@ pytest.importorskip("triton", reason="triton is not installed (the optional extr
 from circuits.kernels.triton_passes import TritonPasses, build_tables
 
 HERE = Path(__file__).parent
-
-
-def _child_env(interpret: bool) -> dict:
-    env = {k: x for k, x in os.environ.items() if k != "TRITON_INTERPRET"}
-    return {**env, "TRITON_INTERPRET": "1"} if interpret else env
 
 
 @pytest.mark.parametrize(
@@ -87,25 +82,7 @@ def test_chunks_and_the_scratch_budget():
 
 def test_smoke_in_the_interpreter():
     """circuits_triton_checks.py's test_smoke: every pass against the torch passes (compiled on CUDA)."""
-    cuda = torch.cuda.is_available()
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            str(HERE / "circuits_triton_checks.py"),
-            "-k",
-            "test_smoke",
-        ],
-        cwd=HERE.parent.parent,
-        env=_child_env(not cuda),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = run_checks(str(HERE / "circuits_triton_checks.py"), "-k", "test_smoke", timeout=600)
     assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
 
 
@@ -126,7 +103,7 @@ def test_the_heaviest_kernel_compiles_for_sm90_without_spills():
     done = subprocess.run(
         [sys.executable, "-c", COMPILE_ONE],
         cwd=HERE.parent.parent,
-        env=_child_env(False),
+        env=child_env(False),
         capture_output=True,
         text=True,
         timeout=300,
