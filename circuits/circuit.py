@@ -273,6 +273,4 @@ class Circuit:
             checks.logit_values(r)
             self.check_satisfiable(r)
         cards = getattr(self.spec, "cardinalities", None) or (0, self.n)
-        return torch.ops.circuits.chosen_scores(
-            r, ops.seed(generator, r), cards[0], cards[-1], self.handle, slots, kind, paper
-        )
+        return ops.chosen_scores_call(r, generator, cards[0], cards[-1], self.handle, slots, kind, paper)

@@ -309,6 +309,11 @@ def chosen_scores(
     ``paper``: the marginals' Jacobian Cov(z) diag(1 - sigmoid(r)) in the backward. The kernels'
     ``chosen``: one pass where they fuse it (the C kernels, the Triton ones), else the draw of ``dp_marginals`` /
     ``marginals`` with the same seed, then ``topk_chosen``."""
+    return _chosen_scores_forward(r, seed, circuit, slots, kind)
+
+
+def _chosen_scores_forward(r: Tensor, seed: Tensor, circuit: int, slots: int, kind: str):
+    """``chosen_scores``' computation, shared by the operator and the eager call (``chosen_scores_call``)."""
     r = r.contiguous()  # the C kernels read rows in place
     p = straight_through.scores(r, kind)
     return (*_kernels(r, circuit).chosen(r, seed, p, slots), p)
@@ -342,6 +347,55 @@ def _chosen_scores_backward(ctx, g_w, g_idx, g_mask, g_p):
     return g_r, None, None, None, None, None, None, None
 
 
+class _ChosenScoresEager(torch.autograd.Function):
+    """``circuits::chosen_scores`` and its backward called directly, without the operator's dispatch
+    (``chosen_scores_call``): the same computation and saved tensors, a fraction of the host time."""
+
+    @staticmethod
+    def forward(ctx, r, seed, kmin, kmax, circuit, slots, kind, paper):
+        out = _chosen_scores_forward(r, seed, circuit, slots, kind)
+        _chosen_scores_setup(ctx, (r, seed, kmin, kmax, circuit, slots, kind, paper), out)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_w, g_idx, g_mask, g_p):
+        if g_w is None:
+            return (None,) * 8
+        r, idx, mask = ctx.saved_tensors
+        kmin, kmax, circuit, kind, paper = ctx.args
+        g_r = _chosen_scores_backward_compute(r, idx, mask, g_w.contiguous(), circuit, kind, paper)
+        return g_r, None, None, None, None, None, None, None
+
+
+def eager(r: Tensor) -> bool:
+    """Whether a call on ``r`` may skip the operators' dispatch: plain eager torch (no compiler
+    tracing, no dispatch or function mode, no functorch transform, a plain tensor with values: not
+    "meta", whose calls take the operators' fake implementations). The operators
+    exist for those (one graph node, fake tensors, compiled seeds); called directly, the eager
+    computation is the same, without their host time (~0.1 ms an operator on a GPU machine's
+    host, where a route is host-bound below tens of thousands of tokens)."""
+    return (
+        type(r) is Tensor
+        and not r.is_meta
+        and not torch.compiler.is_compiling()
+        and torch._C._len_torch_dispatch_stack() == 0
+        and not torch._C._is_torch_function_mode_enabled()
+        and not torch._C._are_functorch_transforms_active()
+    )
+
+
+def chosen_scores_call(
+    r: Tensor, generator: torch.Generator | None, kmin: int, kmax: int, circuit: int, slots: int, kind: str, paper: bool
+):
+    """``circuits::chosen_scores`` with the seed of one draw from ``generator`` (``seed``): the
+    operator, or where ``eager`` the same computation called directly."""
+    if eager(r):
+        s = uniforms.seed_tensor(generator, r.device)
+        return _ChosenScoresEager.apply(r, s, kmin, kmax, circuit, slots, kind, paper)
+    return torch.ops.circuits.chosen_scores(r, seed(generator, r), kmin, kmax, circuit, slots, kind, paper)
+
+
 chosen_scores.register_autograd(_chosen_scores_backward, setup_context=_chosen_scores_setup)
 
 
@@ -354,6 +408,11 @@ def chosen_scores_backward(
     sigmoid: g_t (1 - π)), g_t = (g at the used slots, scattered to their variables) ⊙ π, J the
     marginals' Jacobian (Cov(z), times diag(1 - sigmoid(r)) with ``paper``): the kernels'
     ``chosen_backward``. Not differentiable again."""
+    return _chosen_scores_backward_compute(r, indices, mask, g, circuit, kind, paper)
+
+
+def _chosen_scores_backward_compute(r, indices, mask, g, circuit: int, kind: str, paper: bool) -> Tensor:
+    """``chosen_scores_backward``'s computation, shared by the operator and the eager call."""
     r = r.contiguous()
     return _kernels(r, circuit).chosen_backward(r, indices, mask, g, kind, paper)
 

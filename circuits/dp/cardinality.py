@@ -135,6 +135,4 @@ class CardinalityDP:
         (``Circuit.chosen_scores``): logits [T, n] -> (weights [T, slots], indices [T, slots] long,
         mask [T, slots] bool, π [T, n]); one pass with the C sweeps and the Triton lattice kernels."""
         r, _ = self._inputs(logits, generator)
-        return torch.ops.circuits.chosen_scores(
-            r, ops.seed(generator, r), self.kmin, self.kmax, self.handle, slots, kind, paper
-        )
+        return ops.chosen_scores_call(r, generator, self.kmin, self.kmax, self.handle, slots, kind, paper)
