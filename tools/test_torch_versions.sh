@@ -20,5 +20,11 @@ fi
 [ "${1:-}" = "--build-only" ] && exit 0  # the project is installed by the run itself: never two builds at once
 # the project and its test extra, torch left as installed (the project's range must admit it)
 "$venv/bin/pip" install --quiet --disable-pip-version-check -e ".[test]"
+# the triton that torch before 2.13 brings (3.6 with 2.11) has an interpreter that converts 1-element
+# arrays to Python ints, which NumPy 2.4 refuses (TypeError inside every interpreted kernel); the
+# triton our main suite runs, 3.9, does not: the interpreted Triton tests need NumPy below 2.4 before it
+if "$venv/bin/python" -c "import sys, triton; sys.exit(tuple(map(int, triton.__version__.split('.')[:2])) >= (3, 9))" 2>/dev/null; then
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "numpy<2.4"
+fi
 "$venv/bin/python" -c "import torch; print('torch', torch.__version__, 'from', torch.__file__)"
 "$venv/bin/python" -m pytest tests/circuits tests/probmoe -q -p no:cacheprovider "$@"
