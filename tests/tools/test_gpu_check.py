@@ -75,7 +75,7 @@ def test_report_reads_what_the_parts_wrote(tmp_path):
                     constraint="exactly 8 of 64",
                     routine="route dp",
                     seconds=1e-3,
-                    ratio=1.2,
+                    ratio=0.2,
                     saved_mib=4.0,
                 ),
                 dict(
@@ -93,7 +93,23 @@ def test_report_reads_what_the_parts_wrote(tmp_path):
     )
     step = tmp_path / "step.json"
     step.write_text('{"rows": [{"method": "conventional", "seconds": 0.1')  # cut short mid-write
-    got = report.collect([dict(files=dict(tests=str(tests), bench_router=str(router), bench_step=str(step)))])
+    profile = tmp_path / "profile.json"
+    timing = dict(wall_one=2e-3, wall_queued=1.5e-3, host=1e-3, kernels=5e-4, graph=None, graph_failed="x")
+    base = dict(wall_one=1e-3, wall_queued=1e-3, host=5e-4, kernels=2.5e-4, graph=None, graph_failed="x")
+    profile.write_text(
+        json.dumps(
+            [
+                dict(
+                    constraint="exactly 8 of 64",
+                    tokens=65536,
+                    dtype="float32",
+                    routines={"softmax + topk": base, "route dp": timing},
+                )
+            ]
+        )
+    )
+    files = dict(tests=str(tests), bench_router=str(router), bench_step=str(step), profile_route=str(profile))
+    got = report.collect([dict(files=files)])
     assert [t["outcome"] for t in got["tests"]] == ["passed", "failed", "skipped"] and got["bench_step"] == []
     md = report.markdown(
         dict(
@@ -123,7 +139,11 @@ def test_report_reads_what_the_parts_wrote(tmp_path):
     )
     assert "NVIDIA H100 80GB HBM3 (driver 580.1" in md and "| device | 1 | 1 | 0 | 0 |" in md
     assert "`b`: AssertionError: 2 != 3" in md and "1 × CUDA only" in md
-    assert "met (≤ 1.5×)" in md and "missed (≤ 2.0×)" in md
+    assert "met (≤ 0.25×)" in md and "missed (≤ 0.5×)" in md
+    assert (
+        "| float32 | 65536 | exactly 8 of 64 | route dp | 2.000 (2.00×) | 1.500 (1.50×) | 1.000 (2.00×) | 0.500 (2.00×) | — |"
+        in md
+    )
     assert "tests, s: failed (return code 2)" in md and "ERROR collecting tests/x.py" in md
 
 

@@ -162,7 +162,22 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
             ),
         ]
 
-    router = Part("bench_router", 0.20, 30, files={"bench_router": work / "bench_router.json"})
+    router = Part(
+        "bench_router",
+        0.20,
+        30,
+        files={"bench_router": work / "bench_router.json", "profile_route": work / "profile_route.json"},
+    )
+    profile = (
+        "where a route's time goes: host, kernels, CUDA graph",
+        [PY, "tools/profile_route.py", "--json", str(work / "profile_route.json")]
+        + (
+            ["--device", "cuda", "--sizes", "64:8,128:8,256:16", "--repeats", "10"]
+            if cuda
+            else ["--device", "cpu", "--tokens", "64", "--sizes", "8:2", "--repeats", "2"]
+        ),
+        {},
+    )
     common = ["--dtypes", "fp32,bf16", "--json", str(work / "bench_router.json")]
     if cuda:
         router.steps = [
@@ -215,6 +230,7 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
                 {},
             )
         ]
+    router.steps.insert(1, profile)  # after the routing table, before the circuit path
 
     step = Part("bench_step", 0.21, 45, files={"bench_step": work / "bench_step.json"})
     shape = (
