@@ -1,8 +1,8 @@
-"""Where the time of a training route goes: route(training=True, backend="dp") forward + backward beside
-softmax + top-k, split into the host's time, the device's kernels and the wall.
+"""Where the time of a training route goes: route(training=True, backend=...) forward + backward
+beside softmax + top-k, split into the host's time, the device's kernels and the wall.
 
     python tools/profile_route.py [--device cuda] [--tokens 65536] [--sizes 64:8,256:16]
-                                  [--dtype fp32|bf16] [--repeats 20] [--json FILE]
+                                  [--backend dp|circuit] [--dtype fp32|bf16] [--repeats 20] [--json FILE]
 
 For each constraint (N:k, N:a-b as in tools/bench_router.py) and each routine, with the logits
 r [T, N] and an upstream gradient c [T, kmax] made once:
@@ -107,7 +107,7 @@ def graphed(fn, device, repeats: int) -> tuple[float | None, str]:
         return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
 
 
-def measure(size_text: str, T: int, device: torch.device, dtype: torch.dtype, repeats: int) -> dict:
+def measure(size_text: str, T: int, device: torch.device, dtype: torch.dtype, repeats: int, backend: str) -> dict:
     """Every column for both routines at one constraint."""
     label, N, size = parse_size(size_text)
     kmax = size.get("k", size.get("kmax"))
@@ -121,10 +121,10 @@ def measure(size_text: str, T: int, device: torch.device, dtype: torch.dtype, re
 
     def route():
         r.grad = None
-        (probmoe.route(r, **size, training=True, backend="dp").weights * c).sum().backward()
+        (probmoe.route(r, **size, training=True, backend=backend).weights * c).sum().backward()
 
     out = {"constraint": label, "tokens": T, "dtype": str(dtype).removeprefix("torch."), "routines": {}}
-    for name, fn in (("softmax + topk", baseline), ("route dp", route)):
+    for name, fn in (("softmax + topk", baseline), (f"route {backend}", route)):
         for _ in range(3):  # compile, warm the caches and the allocator
             fn()
         host, kernel, kernels = profiled(fn, device, repeats)
@@ -157,11 +157,11 @@ def report(results: list[dict], where: str) -> str:
     head = ("constraint", "routine", "wall, one call", "wall, queued", "host", "kernels", "CUDA graph")
     text = [f"{where}; ms per forward + backward (ratio to softmax + top-k)", table(rows, head)]
     for res in results:
-        m = res["routines"]["route dp"]
+        name, m = list(res["routines"].items())[1]
         if m["graph_failed"] and m["kernel_list"]:
-            text.append(f"{res['constraint']}: CUDA graph capture failed: {m['graph_failed']}")
+            text.append(f"{res['constraint']}, {name}: CUDA graph capture failed: {m['graph_failed']}")
         if m["kernel_list"]:
-            text.append(f"\n{res['constraint']}, route dp's kernels")
+            text.append(f"\n{res['constraint']}, {name}'s kernels")
             text.append(
                 table(
                     [(k, f"{s * 1e6:.1f}", f"{n:g}") for k, s, n in m["kernel_list"]],
@@ -176,6 +176,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tokens", type=int, default=None, help="tokens per call (default 65536 on CUDA, 1024 on the CPU)")
     ap.add_argument("--sizes", default="64:8,64:4-8,128:8,256:16", help="comma-separated N:k or N:a-b")
+    ap.add_argument("--backend", default="dp", choices=("dp", "circuit"), help="the route's exact algorithm")
     ap.add_argument("--dtype", default="fp32", choices=tuple(DTYPES))
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--json", help="also write the measurements here")
@@ -190,7 +191,7 @@ def main() -> None:
         ap.error(f"--tokens must be at least 1, got {T}")
     results = []
     for size in args.sizes.split(","):
-        results.append(measure(size, T, device, DTYPES[args.dtype], args.repeats))
+        results.append(measure(size, T, device, DTYPES[args.dtype], args.repeats, args.backend))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=1)

@@ -6,8 +6,11 @@ seed the same draws. One kernel per query: ``forward_marginals`` (the marginals 
 ``chosen`` (the forward of ``circuits::chosen_scores``: tilt, draw, the drawn variables by score in
 their slots, Eq. 7's weights), ``cov_vec`` and ``chosen_backward`` (Cov(z) v, with the scores'
 backward of Eq. 7 for the latter), ``log_counts`` (float64 log sweep). ``log_counts_backward`` stays
-the torch sweeps' (not on the routing path). The reverse sweeps read a checkpoint scratch of
-[segments, states, T] floats, taken in chunks of tokens that keep it under ``SCRATCH_BYTES``.
+the torch sweeps' (not on the routing path). The kernels read the logits transposed, rT [N, T]
+(one copy per launch: thread t's load of variable i is then next to thread t + 1's, one memory
+transaction for a warp's 32 tokens instead of 32 for rows of r [T, N]). The reverse sweeps read a
+checkpoint scratch of [segments, states, T] floats, taken in chunks of tokens that keep it under
+``SCRATCH_BYTES``.
 ``circuits.kernels.select`` takes ``TritonDP`` for float32 lattices on CUDA when triton imports;
 ``prefer="triton"`` runs it on CPU tensors under ``TRITON_INTERPRET=1`` (the tests).
 """
@@ -50,12 +53,13 @@ def _launch(plan: lattice.Plan, r: Tensor, *args: Tensor | None) -> None:
     dummy = r.new_empty(1)
     args = tuple(dummy if x is None else x for x in args)
     fn = lattice.kernel(plan)
+    rt = r.t().contiguous()  # [N, T]: a thread's loads of its token's logits, coalesced across the warp
     for a, b in _chunks(T, per):
         ck = r.new_empty(per * (b - a))  # [segments, states, b - a]
         head, tail = args[: plan.scratch_at], args[plan.scratch_at :]
         block = _block()
         grid = (-(-(b - a) // block),)
-        fn[grid](r, *head, ck, *tail, T, N, nseg, a, b, b - a, BLOCK=block, num_warps=lattice.BLOCK // 32)
+        fn[grid](rt, *head, ck, *tail, T, N, nseg, a, b, b - a, BLOCK=block, num_warps=lattice.BLOCK // 32)
 
 
 class TritonDP(TorchDP):
@@ -126,7 +130,8 @@ class TritonDP(TorchDP):
         if T:
             fn = lattice.kernel(self._plan("log_counts", paper=paper))
             block = _block()
-            fn[(-(-T // block),)](r, out, T, N, 0, T, BLOCK=block, num_warps=lattice.BLOCK // 32)
+            rt = r.t().contiguous()  # [N, T], as in _launch
+            fn[(-(-T // block),)](rt, out, T, N, 0, T, BLOCK=block, num_warps=lattice.BLOCK // 32)
         return out
 
 

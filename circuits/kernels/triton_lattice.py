@@ -1,7 +1,9 @@
 """The cardinality lattice as Triton kernels, one token per thread, the lattice in registers: the
 source of each kernel, written out for its sizes, and the compiled (or interpreted) function.
 
-Triton cannot shift a register tensor along an axis, and a [B, K] tile would need a gather or a
+Every kernel reads the logits transposed, rT [N, T] (``triton_dp``), so that the loads of a warp's
+32 tokens at one variable are one coalesced transaction; its passes over a token's logits load
+``CHUNK`` of them at once. Triton cannot shift a register tensor along an axis, and a [B, K] tile would need a gather or a
 shift matmul per step, so each kernel holds the count lattice P[0..K] of its token as K + 1
 separate [BLOCK] values and is generated as text for its (kmin, kmax, slots, ...): every lattice
 state is a named variable, and a DP step P'[j] = q P[j] + p P[j - 1] is two instructions per
@@ -46,10 +48,11 @@ from .torch_passes import TILT_STEPS
 from .uniforms import _GOLDEN, _M1, _M2
 
 BLOCK = 128  # tokens per program: one per thread, 4 warps
+CHUNK = 8  # logits a thread loads at once in the passes over its row (``_logit_pass``)
 # lattice values a thread keeps for a segment's recompute, per kind: the segment length CK follows.
-# Compiled for sm_90 (triton 3.9): 8 of 64 forward with slots at CK = 4 uses 96 registers (CK = 8:
-# 157, and the compile takes 3x as long), Cov(z) v at CK = 3 96; 16 of 256 forward at CK = 2 91
-# (CK = 3: 119), Cov(z) v with 16 slots at CK = 1 168 (CK = 2: 254). No spills in any of them.
+# Compiled for sm_90 (triton 3.9, with rT loads and 8-logit chunks): 8 of 64 forward with slots at
+# CK = 4 uses 80 registers, Cov(z) v at CK = 3 128; 16 of 256 forward at CK = 2 120, Cov(z) v with 16
+# slots at CK = 1 248 (triton 3.6, the GPU image's: 95, 168, 94, 254). No spills in any of them.
 REGISTER_STATES = {"forward": 40, "cov": 32}
 LOG_ZERO = -1e300  # the float64 log sweep's finite log 0 (no -inf - -inf)
 
@@ -111,17 +114,31 @@ def _join(terms: list[str], empty: str = "zero") -> str:
     return " + ".join(terms) if terms else empty
 
 
+def _logit_pass(s: _Src, body) -> None:
+    """A pass over the row's logits in chunks of ``CHUNK`` variables: the chunk's loads first, all
+    independent (one memory latency per chunk instead of one per variable, which a thread's
+    dependent loop would otherwise wait out at every step), then ``body(name)`` for each logit in
+    order (``name``: a [BLOCK] float32, -inf past N: every pass's neutral element)."""
+    s(f"for ib in range(0, N, {CHUNK}):  # the chunk's first variable")
+    with s.block():
+        for j in range(CHUNK):
+            s(f"a{j} = tl.load(col + (o64 + ib + {j}) * T, mask=live & (o64 + ib + {j} < N), other=float('-inf'))")
+        for j in range(CHUNK):
+            body(f"a{j}")
+
+
 def _prologue(s: _Src, plan: Plan, rmax: bool) -> None:
     """Tokens, rows, and the tilt c [BLOCK] (``torch_passes.tilt_constant`` with its Newton steps):
-    the kmax-th and kmin-th largest logits by an insertion network over registers h0 >= h1 >= ...;
-    ``rmax``: also the row's largest logit (softmax scores)."""
+    the kmax-th and kmin-th largest logits by an insertion network over registers h0 >= h1 >= ...,
+    and sum sigma(r), in one pass; ``rmax``: also the row's largest logit (softmax scores)."""
     K = plan.kmax
     s(
         "t = t0 + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] tokens, one per thread",
         "live = t < tend",
         "t64 = t.to(tl.int64)",
         "tc = (t - t0).to(tl.int64)  # the token in this launch's chunk (the checkpoints' column)",
-        "row = r_ptr + t64 * N  # [BLOCK] pointers to each token's logits",
+        "col = r_ptr + t64  # [BLOCK] pointers to each token's logit of variable 0 in rT [N, T] (i at + i * T)",
+        "o64 = tc * 0  # [BLOCK] int64 zeros: variable times T in int64",
         "zero = tl.zeros([BLOCK], tl.float32)",
         "ninf = zero - float('inf')",
     )
@@ -129,13 +146,19 @@ def _prologue(s: _Src, plan: Plan, rmax: bool) -> None:
         s(f"h{j} = ninf")
     if rmax:
         s("rmax = ninf")
-    s("for i in range(0, N):")
-    with s.block():
-        s("x = tl.load(row + i, mask=live, other=float('-inf')).to(tl.float32)")
+    if K:
+        s("tot = zero")
+
+    def first(a: str) -> None:
+        s(f"x = {a}")
         if rmax:
             s("rmax = tl.maximum(rmax, x)")
         for j in range(K):
             s(f"y = tl.maximum(h{j}, x)", f"x = tl.minimum(h{j}, x)", f"h{j} = y")
+        if K:
+            s(f"tot += 1.0 / (1.0 + tl.exp(-{a}))")
+
+    _logit_pass(s, first)
     hi = f"h{K - 1}" if K else "(zero + float('inf'))"
     lo = f"h{plan.kmin - 1}" if plan.kmin else "(zero + float('inf'))"
     s(
@@ -144,22 +167,17 @@ def _prologue(s: _Src, plan: Plan, rmax: bool) -> None:
     )
     if K == 0:
         return
-    s("tot = zero", "for i in range(0, N):")
-    with s.block():
-        s("x = tl.load(row + i, mask=live, other=float('-inf')).to(tl.float32)", "tot += 1.0 / (1.0 + tl.exp(-x))")
     s(
         f"lwant = tl.log(tl.minimum(tl.maximum(tot, {float(plan.kmin)}), {float(K)}))",
         f"for _ in range(0, {TILT_STEPS}):  # Newton steps on log sum sigma(r - c) (torch_passes._refine)",
     )
     with s.block():
-        s("tot = zero", "slope = zero", "for i in range(0, N):")
-        with s.block():
-            s(
-                "x = tl.load(row + i, mask=live, other=float('-inf')).to(tl.float32) - c",
-                "p = 1.0 / (1.0 + tl.exp(-x))",
-                "tot += p",
-                "slope += p * (1.0 - p)",
-            )
+        s("tot = zero", "slope = zero")
+
+        def newton(a: str) -> None:
+            s(f"p = 1.0 / (1.0 + tl.exp(-({a} - c)))", "tot += p", "slope += p * (1.0 - p)")
+
+        _logit_pass(s, newton)
         s(
             "st = (tl.log(tot) - lwant) * tot / slope",
             "ok = (tl.abs(st) < float('inf')) & (tot > 0.0) & (slope > 0.0)",
@@ -179,15 +197,17 @@ def _uniform(s: _Src, out: str, index: str) -> None:
     )
 
 
-def _pq(s: _Src, l: int, tangent: bool) -> None:
-    """p{l}, q{l} of the variable i{l} (x{l} = its tilted logit, r{l} its logit); dp{l} = p q v."""
+def _pq(s: _Src, plan: Plan, l: int, tangent: bool) -> None:
+    """p{l}, q{l} of the variable i{l} (x{l} = its tilted logit, r{l} its logit); with ``tangent``
+    v{l} (``_v``) and dp{l} = p q v."""
     s(
-        f"r{l} = tl.load(row + i{l}, mask=live & (i{l} < N), other=float('-inf')).to(tl.float32)",
+        f"r{l} = tl.load(col + i{l} * T, mask=live & (i{l} < N), other=float('-inf'))",
         f"x{l} = r{l} - c",
         f"p{l} = 1.0 / (1.0 + tl.exp(-x{l}))",
         f"q{l} = 1.0 / (1.0 + tl.exp(x{l}))",
     )
     if tangent:
+        _v(s, plan, l)
         s(f"dp{l} = p{l} * q{l} * v{l}")
 
 
@@ -258,19 +278,17 @@ def _checkpoint(s: _Src, plan: Plan, tangent: bool, access, lattice: str) -> Non
 def _variable(s: _Src, plan: Plan, l: int, tangent: bool) -> None:
     """Variable i{l} of segment sg: its index, (its tangent component,) p{l} and q{l}."""
     s(f"i{l} = tc * 0 + (sg * {plan.ck} + {l})  # [BLOCK] int64: the variable")
-    if tangent:
-        _v(s, plan, l)
-    _pq(s, l, tangent)
+    _pq(s, plan, l, tangent)
 
 
 def _v(s: _Src, plan: Plan, l: int) -> None:
-    """v{l}, the tangent's component at variable i{l} (and sc{l}, its score, when v comes from slots)."""
+    """v{l}, the tangent's component at variable i{l} (and sc{l}, its score, when v comes from slots:
+    of r{l}, its logit)."""
     ok = f"live & (i{l} < N)"
     if plan.v_from == "given":
         s(f"v{l} = tl.load(v_ptr + t64 * N + i{l}, mask={ok}, other=0.0).to(tl.float32)")
         return
-    s(f"rr = tl.load(row + i{l}, mask={ok}, other=float('-inf')).to(tl.float32)")
-    s(f"sc{l} = " + ("tl.exp(rr - rmax) / den" if plan.v_from == "softmax" else "1.0 / (1.0 + tl.exp(-rr))"))
+    s(f"sc{l} = " + (f"tl.exp(r{l} - rmax) / den" if plan.v_from == "softmax" else f"1.0 / (1.0 + tl.exp(-r{l}))"))
     g = _join([f"tl.where(ix{k} == i{l}, g{k}, 0.0)" for k in range(plan.slots)])
     s(f"v{l} = sc{l} * ({g})  # g_t: the slots' gradients at i, times the score")
 
@@ -319,7 +337,7 @@ def forward_source(plan: Plan) -> str:
         for j in range(plan.kmin, K):
             s(f"cnt += (cum{j} <= ux).to(tl.int32)  # the first size whose cumulative mass passes u")
     for k in range(S):
-        s(f"key{k} = ninf", f"ix{k} = tl.full([BLOCK], -1, tl.int64)")
+        s(f"key{k} = ninf", f"ix{k} = tl.full([BLOCK], -1, tl.int32)  # int32: half the selects of int64")
     s("for sg in range(NSEG - 1, -1, -1):")
     with s.block():
         _recompute(s, plan, tangent=False)
@@ -341,7 +359,7 @@ def forward_source(plan: Plan) -> str:
                     s(
                         "kn = tl.where(zi, tl.load(ps_ptr + at, mask=ok & zi, other=0.0), -1.0)",
                         "kn = tl.where(ok, kn, float('-inf'))",
-                        f"jn = tl.zeros([BLOCK], tl.int64) + i{l}",
+                        f"jn = i{l}.to(tl.int32)",
                     )
                     for k in range(S):  # insertion: the new variable has the lowest index so far
                         s(
@@ -359,7 +377,7 @@ def forward_source(plan: Plan) -> str:
         s(
             f"used = key{k} >= 0.0",
             f"tl.store(w_ptr + t64 * {S} + {k}, tl.where(used, key{k}, 0.0), mask=live)",
-            f"tl.store(idx_ptr + t64 * {S} + {k}, ix{k}, mask=live)",
+            f"tl.store(idx_ptr + t64 * {S} + {k}, ix{k}.to(tl.int64), mask=live)",
             f"tl.store(mask_ptr + t64 * {S} + {k}, used.to(tl.int8), mask=live)",
         )
     head = "def kernel(r_ptr, seed_ptr, ps_ptr, ck_ptr, m_ptr, z_ptr, w_ptr, idx_ptr, mask_ptr, T, N, NSEG, t0, tend, TC, BLOCK: tl.constexpr):"
@@ -375,15 +393,14 @@ def cov_source(plan: Plan) -> str:
     _prologue(s, plan, rmax=plan.v_from == "softmax")
     if slots:
         if plan.v_from == "softmax":
-            s("den = zero", "for i in range(0, N):")
-            with s.block():
-                s("den += tl.exp(tl.load(row + i, mask=live, other=float('-inf')).to(tl.float32) - rmax)")
+            s("den = zero")
+            _logit_pass(s, lambda a: s(f"den += tl.exp({a} - rmax)"))
         for k in range(S):
             s(
                 f"ix{k} = tl.load(idx_ptr + t64 * {S} + {k}, mask=live, other=-1).to(tl.int32)",
                 f"g{k} = tl.where(tl.load(mask_ptr + t64 * {S} + {k}, mask=live, other=0) != 0, "
                 f"tl.load(g_ptr + t64 * {S} + {k}, mask=live, other=0.0).to(tl.float32), 0.0)",
-                f"rk = tl.load(row + tl.maximum(ix{k}, 0), mask=live, other=float('-inf')).to(tl.float32)",
+                f"rk = tl.load(col + tl.maximum(ix{k}, 0).to(tl.int64) * T, mask=live, other=float('-inf'))",
             )
             sc = "tl.exp(rk - rmax) / den" if plan.v_from == "softmax" else "1.0 / (1.0 + tl.exp(-rk))"
             s(f"gs{k} = g{k} * {sc}")
@@ -422,7 +439,7 @@ def log_counts_source(plan: Plan) -> str:
     s("for i in range(0, N):")
     with s.block():
         s(
-            "r64 = tl.load(row + i, mask=live, other=float('-inf')).to(tl.float64)",
+            "r64 = tl.load(col + (o64 + i) * T, mask=live, other=float('-inf')).to(tl.float64)",
             "x = r64 - c64",
             "sp = tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x)))  # softplus(x); -inf -> 0",
             "spx += sp",
