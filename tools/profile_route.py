@@ -2,7 +2,7 @@
 beside softmax + top-k, split into the host's time, the device's kernels and the wall.
 
     python tools/profile_route.py [--device cuda] [--tokens 65536] [--sizes 64:8,256:16]
-                                  [--backend dp|circuit] [--dtype fp32|bf16] [--repeats 20] [--json FILE]
+                                  [--backends dp,circuit] [--dtype fp32|bf16] [--repeats 20] [--json FILE]
 
 For each constraint (N:k, N:a-b as in tools/bench_router.py) and each routine, with the logits
 r [T, N] and an upstream gradient c [T, kmax] made once:
@@ -107,8 +107,10 @@ def graphed(fn, device, repeats: int) -> tuple[float | None, str]:
         return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
 
 
-def measure(size_text: str, T: int, device: torch.device, dtype: torch.dtype, repeats: int, backend: str) -> dict:
-    """Every column for both routines at one constraint."""
+def measure(
+    size_text: str, T: int, device: torch.device, dtype: torch.dtype, repeats: int, backends: list[str]
+) -> dict:
+    """Every column for softmax + top-k and the route on each of ``backends`` at one constraint."""
     label, N, size = parse_size(size_text)
     kmax = size.get("k", size.get("kmax"))
     gen = torch.Generator(device=device).manual_seed(0)
@@ -119,12 +121,15 @@ def measure(size_text: str, T: int, device: torch.device, dtype: torch.dtype, re
         r.grad = None
         (softmax_topk(r, kmax) * c).sum().backward()
 
-    def route():
-        r.grad = None
-        (probmoe.route(r, **size, training=True, backend=backend).weights * c).sum().backward()
+    def route(backend: str):
+        def call():
+            r.grad = None
+            (probmoe.route(r, **size, training=True, backend=backend).weights * c).sum().backward()
+
+        return call
 
     out = {"constraint": label, "tokens": T, "dtype": str(dtype).removeprefix("torch."), "routines": {}}
-    for name, fn in (("softmax + topk", baseline), (f"route {backend}", route)):
+    for name, fn in (("softmax + topk", baseline), *((f"route {b}", route(b)) for b in backends)):
         for _ in range(3):  # compile, warm the caches and the allocator
             fn()
         host, kernel, kernels = profiled(fn, device, repeats)
@@ -156,12 +161,12 @@ def report(results: list[dict], where: str) -> str:
             rows.append((res["constraint"], name, *cells))
     head = ("constraint", "routine", "wall, one call", "wall, queued", "host", "kernels", "CUDA graph")
     text = [f"{where}; ms per forward + backward (ratio to softmax + top-k)", table(rows, head)]
-    for res in results:
-        name, m = list(res["routines"].items())[1]
+    routes = ((res["constraint"], name, m) for res in results for name, m in list(res["routines"].items())[1:])
+    for constraint, name, m in routes:
         if m["graph_failed"] and m["kernel_list"]:
-            text.append(f"{res['constraint']}, {name}: CUDA graph capture failed: {m['graph_failed']}")
+            text.append(f"{constraint}, {name}: CUDA graph capture failed: {m['graph_failed']}")
         if m["kernel_list"]:
-            text.append(f"\n{res['constraint']}, {name}'s kernels")
+            text.append(f"\n{constraint}, {name}'s kernels")
             text.append(
                 table(
                     [(k, f"{s * 1e6:.1f}", f"{n:g}") for k, s, n in m["kernel_list"]],
@@ -176,11 +181,14 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tokens", type=int, default=None, help="tokens per call (default 65536 on CUDA, 1024 on the CPU)")
     ap.add_argument("--sizes", default="64:8,64:4-8,128:8,256:16", help="comma-separated N:k or N:a-b")
-    ap.add_argument("--backend", default="dp", choices=("dp", "circuit"), help="the route's exact algorithm")
+    ap.add_argument("--backends", default="dp", help="comma-separated exact algorithms of the route: dp, circuit")
     ap.add_argument("--dtype", default="fp32", choices=tuple(DTYPES))
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--json", help="also write the measurements here")
     args = ap.parse_args()
+    backends = args.backends.split(",")
+    if bad := [b for b in backends if b not in ("dp", "circuit")]:
+        ap.error(f"--backends: {', '.join(bad)} not one of dp, circuit")
     if args.repeats < 1:
         ap.error(f"--repeats must be at least 1, got {args.repeats}")
     device = torch.device(args.device)
@@ -191,7 +199,7 @@ def main() -> None:
         ap.error(f"--tokens must be at least 1, got {T}")
     results = []
     for size in args.sizes.split(","):
-        results.append(measure(size, T, device, DTYPES[args.dtype], args.repeats, args.backend))
+        results.append(measure(size, T, device, DTYPES[args.dtype], args.repeats, backends))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=1)

@@ -199,22 +199,19 @@ class TritonPasses(Passes):
         """(node or variable tiles, token tiles): node tiles first (``triton_layers``)."""
         return (tiles, -(-Tc // self.block))
 
+    def _level_args(self, scratch: dict) -> tuple:
+        """The first arguments of ``up_kernel`` and ``down_kernel``: the chunk's scratch (val, ex, norm,
+        dval, de; val where a query has no such buffer) and the level tables (tiles, order, row0, fanin)."""
+        val, tb = scratch["val"], self.tables
+        norm, dval, de = (scratch.get(k, val) for k in ("norm", "dval", "de"))
+        return (val, scratch["ex"], norm, dval, de, tb.tiles, tb.order, tb.row0, tb.fanin)
+
     def _up(self, scratch: dict, t0: int, Tc: int, T: int, *, c, gt, dgt, mode_max=False, tangents=False, tilt=False):
         """Every level upward over the chunk (``up_kernel``)."""
         tb, TS = self.tables, scratch["val"].shape[1]
-        val = scratch["val"]
-        norm, dval, de = (scratch.get(k, val) for k in ("norm", "dval", "de"))
         for tile0, count in tb.up:
             K.up_kernel[self._grid(Tc, count)](
-                val,
-                scratch["ex"],
-                norm,
-                dval,
-                de,
-                tb.tiles,
-                tb.order,
-                tb.row0,
-                tb.fanin,
+                *self._level_args(scratch),
                 tb.prime,
                 tb.sub,
                 tb.up_t,
@@ -243,18 +240,9 @@ class TritonPasses(Passes):
         """Every level downward over the chunk (``down_kernel``), the root first."""
         tb, TS = self.tables, scratch["val"].shape[1]
         val = scratch["val"]
-        norm, dval, de = (scratch.get(k, val) for k in ("norm", "dval", "de"))
         for tile0, count in reversed(tb.down):
             K.down_kernel[self._grid(Tc, count)](
-                val,
-                scratch["ex"],
-                norm,
-                dval,
-                de,
-                tb.tiles,
-                tb.order,
-                tb.row0,
-                tb.fanin,
+                *self._level_args(scratch),
                 tb.par_off,
                 tb.par_rows,
                 tb.sid,

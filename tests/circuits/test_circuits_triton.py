@@ -9,13 +9,11 @@ without it this module is skipped.
 
 import inspect
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from triton_child import child_env, run_checks
+from triton_child import run_checks, run_compiled
 
 import circuits
 from circuits.kernels.select import CPasses, TorchPasses
@@ -85,12 +83,5 @@ def test_the_kernels_compile_for_gpus():
 
     if "constexprs" not in inspect.signature(ASTSource).parameters:
         pytest.skip("this triton's ASTSource takes another signature")
-    done = subprocess.run(
-        [sys.executable, "-c", COMPILE_FOR_GPUS],
-        cwd=HERE.parent.parent,
-        env=child_env(False),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    done = run_compiled(COMPILE_FOR_GPUS, timeout=900)
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]

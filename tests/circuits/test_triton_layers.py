@@ -4,14 +4,12 @@ for sm_90. The full checks are tests/circuits/circuits_triton_checks.py (run by 
 slow); this file is the default suite's share.
 """
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from triton_child import child_env, run_checks
+from triton_child import run_checks, run_compiled
 
 import circuits
 
@@ -100,12 +98,5 @@ print("compiled")
 def test_the_heaviest_kernel_compiles_for_sm90_without_spills():
     """The upward kernel with tangents, tilt and implicit variables (the most registers) for sm_90, no GPU
     needed (tests/circuits/test_circuits_triton.py compiles every specialisation, slow)."""
-    done = subprocess.run(
-        [sys.executable, "-c", COMPILE_ONE],
-        cwd=HERE.parent.parent,
-        env=child_env(False),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_compiled(COMPILE_ONE, timeout=300)
     assert done.returncode == 0 and "compiled" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]

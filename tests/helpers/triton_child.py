@@ -26,3 +26,10 @@ def run_checks(*pytest_args: str, timeout: float) -> subprocess.CompletedProcess
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", *pytest_args]
     env = child_env(not torch.cuda.is_available())
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def run_compiled(code: str, timeout: float) -> subprocess.CompletedProcess:
+    """``python -c CODE`` in the repository root without the interpreter (a compile for a GPU
+    architecture needs no device)."""
+    argv = [sys.executable, "-c", code]
+    return subprocess.run(argv, cwd=ROOT, env=child_env(False), capture_output=True, text=True, timeout=timeout)

@@ -28,9 +28,11 @@ REHEARSAL_TESTS = (
 )
 REHEARSAL_TRITON = "(test_brute_force and ExactlyK and 3) or test_no_host_synchronisation"
 REHEARSAL_LATTICE = "test_against_brute_force or test_no_host_synchronisation"
-# on the device: the kernels of 8 of 64 (each plan compiles once, 5 to 40 s: the whole file would take
-# most of the budget), brute force, the 16 of 256 grid and the host synchronisations
-DEVICE_LATTICE = "8..8-of-64 or 16..16-of-256 or test_against_brute_force or test_no_host_synchronisation"
+# on the device (each plan compiles once, 5 to 40 s: the whole file would take most of the budget), in
+# two steps so that the routing sizes run first: the kernels of 8 of 64 and the 16 of 256 grid against
+# the torch DP; then brute force and the host synchronisations (the first run on an H200 spent its
+# share compiling the brute force's small plans and ran one test)
+DEVICE_LATTICE = ("8..8-of-64 or 16..16-of-256", "test_against_brute_force or test_no_host_synchronisation")
 
 
 @dataclass
@@ -58,21 +60,24 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
                 [PY, "-m", "pytest", "tests/circuits/circuits_triton_checks.py", *record, "--record-suite=triton"],
                 {},
             ),
-            (
-                "Triton lattice checks, compiled",
-                [
-                    PY,
-                    "-m",
-                    "pytest",
-                    "tests/circuits/triton_dp_checks.py",
-                    "-m",
-                    "slow or not slow",
-                    "-k",
-                    DEVICE_LATTICE,
-                    *record,
-                    "--record-suite=triton lattice",
-                ],
-                {},
+            *(
+                (
+                    f"Triton lattice checks, compiled ({which})",
+                    [
+                        PY,
+                        "-m",
+                        "pytest",
+                        "tests/circuits/triton_dp_checks.py",
+                        "-m",
+                        "slow or not slow",
+                        "-k",
+                        selection,
+                        *record,
+                        "--record-suite=triton lattice",
+                    ],
+                    {},
+                )
+                for which, selection in zip(("the routing sizes", "brute force, host syncs"), DEVICE_LATTICE)
             ),
             (
                 "Triton layers' tests, compiled",
@@ -172,9 +177,9 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
         "where a route's time goes: host, kernels, CUDA graph",
         [PY, "tools/profile_route.py", "--json", str(work / "profile_route.json")]
         + (
-            ["--device", "cuda", "--sizes", "64:8,128:8,256:16", "--repeats", "10"]
+            ["--device", "cuda", "--sizes", "64:8,128:8,256:16", "--backends", "dp,circuit", "--repeats", "10"]
             if cuda
-            else ["--device", "cpu", "--tokens", "64", "--sizes", "8:2", "--repeats", "2"]
+            else ["--device", "cpu", "--tokens", "64", "--sizes", "8:2", "--backends", "dp,circuit", "--repeats", "2"]
         ),
         {},
     )
