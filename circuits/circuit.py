@@ -4,7 +4,7 @@ All methods take logits [..., n] (log-odds of independent Bernoulli variables), 
 flatten the leading dimensions into T tokens, run the passes that ``circuits.kernels.select``
 picked for this circuit and the logits' dtype (picked once, then kept), and restore the leading
 dimensions. fp16/bf16 logits are computed in fp32 and returned in their own dtype. Logits of -inf
-mean "never true". Gradients follow the contract of ``circuits.autograd``.
+mean "never true". Gradients follow the contract of ``circuits.ops``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ SDDs are not smooth: a variable of an element's vtree that neither its prime nor
 mentions is "implicit" there. ``implicit`` lists these (element row, variable) pairs. With the
 normalised leaves log sigma(r), log sigma(-r) an implicit variable contributes exactly 1 to
 every sum, so log-partition, marginals and sampling need no smoothing; MAP adds
-log max(p, 1-p) per implicit variable (see ``circuits.passes.torch_passes``; the fp32 tilt there
+log max(p, 1-p) per implicit variable (see ``circuits.kernels.torch_passes``; the fp32 tilt there
 moves the leaves and gives each implicit variable a term of its own, 0 when untilted).
 """
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-VMATH = Path(__file__).resolve().parent.parent / "circuits" / "native" / "c" / "vmath.c"
+VMATH = Path(__file__).resolve().parent.parent / "circuits" / "kernels" / "c" / "vmath.c"
 
 
 def exp_q(r: np.ndarray) -> np.ndarray:

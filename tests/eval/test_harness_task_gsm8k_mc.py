@@ -1,4 +1,4 @@
-"""tools/harness_tasks/gsm8k_mc: the LM Evaluation Harness task of docs/reports/results-tiny-models-epyc-2026-11.md, from the GSM8K files."""
+"""tools/harness_tasks/gsm8k_mc.yaml: the LM Evaluation Harness task of docs/reports/results-tiny-models-epyc-2026-11.md, from the GSM8K files."""
 
 import importlib.util
 import json
