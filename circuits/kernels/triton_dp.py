@@ -100,7 +100,7 @@ class TritonDP(TorchDP):
         if T and slots:
             plan = self._plan("forward", slots=slots)
             _launch(plan, r, _seed(seed, r), p.to(r.dtype).contiguous(), None, None, w, idx, mask)
-        return w, idx, mask.bool()
+        return w, idx, mask.view(torch.bool)  # the kernel writes 0 or 1
 
     def cov_vec(self, r: Tensor, v: Tensor) -> Tensor:
         """Cov(z) v: r, v [T, N] -> [T, N], one kernel."""
@@ -116,7 +116,8 @@ class TritonDP(TorchDP):
         slots = indices.shape[-1]
         if r.shape[0] and slots:
             plan = self._plan("cov", v_from=kind, paper=paper, slots=slots)
-            idx, used = indices.to(torch.int32).contiguous(), mask.to(torch.int8).contiguous()
+            used = mask.view(torch.int8) if mask.dtype == torch.bool else mask.to(torch.int8)  # no copy for bool
+            idx, used = indices.to(torch.int32).contiguous(), used.contiguous()
             _launch(plan, r, None, idx, used, g.to(r.dtype).contiguous(), out)
         elif r.shape[0]:
             out.zero_()
