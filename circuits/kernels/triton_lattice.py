@@ -3,11 +3,11 @@ source of each kernel, written out for its sizes, and the compiled (or interpret
 
 Every kernel reads the logits transposed, rT [N, T] (``triton_dp``), so that the loads of a warp's
 32 tokens at one variable are one coalesced transaction; its passes over a token's logits load
-``CHUNK`` of them at once. Triton cannot shift a register tensor along an axis, and a [B, K] tile would need a gather or a
-shift matmul per step, so each kernel holds the count lattice P[0..K] of its token as K + 1
-separate [BLOCK] values and is generated as text for its (kmin, kmax, slots, ...): every lattice
-state is a named variable, and a DP step P'[j] = q P[j] + p P[j - 1] is two instructions per
-state with no shuffle, no shared memory and no dynamic index. ``plain_forward`` is the forward
+``CHUNK`` of them at once. Triton cannot shift a register tensor along an axis, and a [B, K] tile
+would need a gather or a shift matmul per step, so each kernel holds the count lattice P[0..K] of
+its token as K + 1 separate [BLOCK] values and is generated as text for its (kmin, kmax, slots,
+...): every lattice state is a named variable, and a DP step P'[j] = q P[j] + p P[j - 1] is two
+instructions per state with no shuffle, no shared memory and no dynamic index. ``plain_forward`` is the forward
 kernel's lattice and adjoint lattice in plain torch (float64, the same probability form); the tests
 compare it and the kernels with the torch DP (``circuits.kernels.torch_dp``), the oracle of every DP
 implementation, and the kernels' marginals with it.
@@ -116,9 +116,9 @@ def _join(terms: list[str], empty: str = "zero") -> str:
 
 def _logit_pass(s: _Src, body) -> None:
     """A pass over the row's logits in chunks of ``CHUNK`` variables: the chunk's loads first, all
-    independent (one memory latency per chunk instead of one per variable, which a thread's
-    dependent loop would otherwise wait out at every step), then ``body(name)`` for each logit in
-    order (``name``: a [BLOCK] float32, -inf past N: every pass's neutral element)."""
+    independent (a thread waits out one memory latency per chunk; the compiler unrolled a loop over
+    single variables by 4), then ``body(name)`` for each logit in order (``name``: a [BLOCK]
+    float32, -inf past N: every pass's neutral element)."""
     s(f"for ib in range(0, N, {CHUNK}):  # the chunk's first variable")
     with s.block():
         for j in range(CHUNK):
