@@ -3,44 +3,24 @@ probmoe or probmoe_commands in double backticks resolves (a module, then its att
 repository path (circuits/..., probmoe/..., tools/..., tests/..., docs/...) is a file or folder. A
 moved module leaves no reference behind (two were found when this test was written)."""
 
-import importlib
 import re
 from pathlib import Path
 
 import pytest
+from references import MADE_BY_COMMANDS, resolves
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("circuits", "probmoe", "probmoe_commands")
 DOTTED = re.compile(r"``((?:circuits|probmoe|probmoe_commands)(?:\.[A-Za-z_]\w*)+)``")
 PATH = re.compile(r"(?<![\w/.])((?:circuits|probmoe|probmoe_commands|tools|tests|docs)/[\w/.-]*\w)")
 SOURCES = sorted(p for d in (*PACKAGES, "tools", "tests") for p in (ROOT / d).rglob("*.py"))
-GENERATED = ("circuits/kernels/prebuilt",)  # made by the wheel's build (setup.py), not kept in git
-OPTIONAL = ("transformers", "vllm", "torchtitan", "megatron", "triton", "lm_eval", "datasets", "accelerate")
-
-
-def _resolves(name: str) -> bool:
-    """Whether ``name`` is an importable module followed by attributes; a module whose optional
-    dependency is missing here counts as resolved."""
-    parts = name.split(".")
-    for i in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except ModuleNotFoundError as e:
-            if e.name and e.name.split(".")[0] in OPTIONAL:
-                return True
-            continue
-        for attr in parts[i:]:
-            if not hasattr(obj, attr):
-                return False
-            obj = getattr(obj, attr)
-        return True
-    return False
 
 
 def test_the_dotted_names_cited_exist():
     cited = {m.group(1): p for p in SOURCES for m in DOTTED.finditer(p.read_text(encoding="utf-8"))}
     assert len(cited) > 100  # the pattern finds the citations
-    stale = {name: str(p.relative_to(ROOT)) for name, p in cited.items() if not _resolves(name)}
+    # resolves: True, False, or the optional package (not installed here) that would tell
+    stale = {name: str(p.relative_to(ROOT)) for name, p in cited.items() if resolves(name) is False}
     assert not stale, stale
 
 
@@ -50,7 +30,7 @@ def test_the_paths_cited_exist(source):
     stale = []
     for m in PATH.finditer(text):
         path = m.group(1).rstrip(".")
-        if "*" in path or "{" in path or path.endswith("/x.py") or path.startswith(GENERATED):  # globs,
+        if "*" in path or "{" in path or path.endswith("/x.py") or path.startswith(MADE_BY_COMMANDS):  # globs,
             continue  # templates, a test's made-up file, build outputs
         if not (ROOT / path).exists():
             stale.append(path)

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from references import MADE_BY_COMMANDS, resolves
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -119,52 +120,6 @@ def test_the_circuits_layout_names_every_module():
 
 PATH_NAMED = re.compile(r"(?<![\w/.-])((?:circuits|probmoe|tools|tests)/[\w/.-]*[\w/])")
 NAME_NAMED = re.compile(r"`((?:circuits|probmoe)(?:\.\w+)+)")
-# written by commands, not in the tree: tools/gpu/wheels.sh's folder (ignored by git), and the kernels
-# a wheel ships compiled (setup.py writes them into the wheel's build folder)
-MADE_BY_COMMANDS = ("tools/gpu/wheels", "circuits/kernels/prebuilt")
-
-
-def _missing_package(err: ImportError, module: str) -> str | None:
-    """The optional third-party package whose absence made importing ``module`` fail with ``err``,
-    None when the failure is ours: a module not found outside circuits and probmoe, or an
-    integration (``probmoe.integrations.torchtitan``) whose import refuses because its package
-    (``torchtitan``) is not installed."""
-    if isinstance(err, ModuleNotFoundError):
-        top = (err.name or "").split(".")[0]
-        return top if top and top not in ("circuits", "probmoe") else None
-    parts = module.split(".")
-    if parts[:2] == ["probmoe", "integrations"] and len(parts) > 2:
-        try:
-            found = importlib.util.find_spec(parts[2])
-        except (ImportError, ValueError):
-            found = None
-        if found is None:
-            return parts[2]
-    return None
-
-
-def _resolves(dotted: str) -> bool | str:
-    """True when ``dotted`` is a module or an attribute path under one, False when it is not; the
-    name of the optional package it needs (``torchtitan``, ``vllm``, ...) when that is not
-    installed here, so it cannot be checked."""
-    parts = dotted.split(".")
-    for i in range(len(parts), 0, -1):
-        module = ".".join(parts[:i])
-        try:
-            obj = importlib.import_module(module)
-        except ImportError as e:
-            package = _missing_package(e, module)
-            if package is not None:
-                return package
-            if isinstance(e, ModuleNotFoundError):
-                continue
-            raise
-        for attr in parts[i:]:
-            if not hasattr(obj, attr):
-                return False
-            obj = getattr(obj, attr)
-        return True
-    return False
 
 
 @pytest.mark.parametrize("page", [ROOT / "README.md", *PAGES], ids=["README.md", *PAGE_IDS])
@@ -177,7 +132,7 @@ def test_the_files_and_names_a_page_gives_exist(page):
         for p in sorted(set(PATH_NAMED.findall(text)))
         if not p.startswith(MADE_BY_COMMANDS) and not (ROOT / p).exists()
     ]
-    resolved = {n: _resolves(n) for n in sorted(set(NAME_NAMED.findall(text)))}
+    resolved = {n: resolves(n) for n in sorted(set(NAME_NAMED.findall(text)))}
     missing += [n for n, found in resolved.items() if found is False]
     assert not missing, f"{page.relative_to(ROOT)} names what is not there: {', '.join(missing)}"
     unchecked = {n: found for n, found in resolved.items() if isinstance(found, str)}
