@@ -191,12 +191,25 @@ def main() -> None:
         ap.error(f"--backends: {', '.join(bad)} not one of dp, circuit")
     if args.repeats < 1:
         ap.error(f"--repeats must be at least 1, got {args.repeats}")
-    device = torch.device(args.device)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        ap.error(f"--device must be a torch device such as cpu or cuda, got {args.device!r}")
+    if device.type not in ("cpu", "cuda"):
+        ap.error(f"--device must be cpu or cuda, got {args.device!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device here")
-    T = args.tokens or (65536 if device.type == "cuda" else 1024)
+    T = args.tokens if args.tokens is not None else 65536 if device.type == "cuda" else 1024
     if T < 1:
         ap.error(f"--tokens must be at least 1, got {T}")
+    for size in args.sizes.split(","):
+        try:
+            _, n, ks = parse_size(size)
+        except ValueError:
+            ap.error(f"--sizes: {size!r} is not N:k or N:a-b with whole numbers")
+        lo, hi = ks.get("k", ks.get("kmin")), ks.get("k", ks.get("kmax"))
+        if not 1 <= lo <= hi <= n:
+            ap.error(f"--sizes: {size!r} needs 1 <= k <= N (1 <= a <= b <= N for a range)")
     results = []
     for size in args.sizes.split(","):
         results.append(measure(size, T, device, DTYPES[args.dtype], args.repeats, backends))
