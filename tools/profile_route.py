@@ -33,8 +33,10 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu"))  # report's table
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_router import DTYPES, parse_size, softmax_topk
+from report import profile_table
 from timing import table
 
 import probmoe
@@ -147,20 +149,9 @@ def measure(
 
 
 def report(results: list[dict], where: str) -> str:
-    """Markdown: per constraint, each routine's columns in ms and as ratios to softmax + top-k; then
-    the route's kernels."""
-    cols = ("wall_one", "wall_queued", "host", "kernels", "graph")
-    rows = []
-    for res in results:
-        base = res["routines"]["softmax + topk"]
-        for name, m in res["routines"].items():
-            cells = []
-            for col in cols:
-                v, b = m[col], base[col]
-                cells.append("–" if v is None else f"{v * 1e3:.3f} ({v / b:.2f}×)" if b else f"{v * 1e3:.3f}")
-            rows.append((res["constraint"], name, *cells))
-    head = ("constraint", "routine", "wall, one call", "wall, queued", "host", "kernels", "CUDA graph")
-    text = [f"{where}; ms per forward + backward (ratio to softmax + top-k)", table(rows, head)]
+    """Markdown: per constraint, each routine's columns in ms and as ratios to softmax + top-k (the
+    device check's report's table); then the routes' kernels."""
+    text = [f"{where}; ms per forward + backward (ratio to softmax + top-k)", *profile_table(results)]
     routes = ((res["constraint"], name, m) for res in results for name, m in list(res["routines"].items())[1:])
     for constraint, name, m in routes:
         if m["graph_failed"] and m["kernel_list"]:

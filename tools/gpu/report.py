@@ -121,8 +121,9 @@ def _router(rows: list[dict]) -> list[str]:
     )
 
 
-def _profile(results: list[dict]) -> list[str]:
-    """tools/profile_route.py's columns: ms per call and the ratio to softmax + top-k."""
+def profile_table(results: list[dict]) -> list[str]:
+    """tools/profile_route.py's results as markdown lines (the tool prints them too): per constraint
+    and routine, ms per call and the ratio to softmax + top-k."""
     cols = ("wall_one", "wall_queued", "host", "kernels", "graph")
     out = []
     for res in results:
@@ -220,7 +221,7 @@ def markdown(summary: dict) -> str:
             "",
             "## Where a route's time goes, ms per forward + backward (tools/profile_route.py)",
             "",
-            *_profile(res["profile_route"]),
+            *profile_table(res["profile_route"]),
         ]
     if res.get("bench_step"):
         lines += [
