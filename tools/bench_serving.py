@@ -13,15 +13,23 @@ twice: without a settings file (stock: vLLM's own softmax + top-k) and with the
     remoe     ReLU over all 32 experts (32 slots: the experts' cost, not only the routing's)
 
 Each engine (``enforce_eager``, fp32) greedily generates ``--tokens`` tokens for ``--prompts``
-prompts; the engines take turns ``--repeats`` times and the median and best tokens/s of each are
-printed, with the ratios plugin / stock, in one run (on a loaded machine the best is the steadier); then each routing function alone against vLLM's CPU
-softmax + top-k on the same logits (best of 200 calls). The CPU is named from /proc/cpuinfo.
+prompts. The engines take turns ``--repeats`` times (default 9), each turn in a rotated order, so
+that a burst of load on a shared machine hits every engine alike and none always runs first. Printed
+per engine: the median tokens/s with its quartiles and range, every run; and per rule the
+ratio rule / stock of each turn (the two ran back to back) as its median with quartiles: the
+figure to quote, as "median (quartiles)", and a sign test over the turns: unless the rule was
+faster (or slower) in nearly every turn (p < 0.05), the table calls the difference within the
+machine's noise. Then each routing function alone
+against vLLM's CPU softmax + top-k on the same logits (best of 200 calls), which a loaded machine
+blurs less. The CPU is named from /proc/cpuinfo, with the load average before and after;
+``--json FILE`` also writes every run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -161,14 +169,58 @@ def routing_micro(rules: list[str], tokens: int = 256, calls: int = 200) -> dict
     return out
 
 
+def quartiles(xs: list[float]) -> tuple[float, float, float]:
+    """(first quartile, median, third quartile) of ``xs`` (statistics' inclusive method)."""
+    q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def paired_ratios(runs: dict[str, list[float]]) -> dict[str, list[float]]:
+    """rule -> its tokens/s over stock's in the same turn, turn by turn (they ran back to back)."""
+    return {name: [a / b for a, b in zip(r, runs["stock"], strict=True)] for name, r in runs.items() if name != "stock"}
+
+
+def sign_test(wins: int, n: int) -> float:
+    """Two-sided p-value of ``wins`` of ``n`` paired turns going one way if either way were as likely."""
+    tail = sum(math.comb(n, i) for i in range(min(wins, n - wins) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def summary(runs: dict[str, list[float]]) -> str:
+    """The table: each engine's tokens/s (median, quartiles, range, runs) and each rule's paired
+    ratio to stock (median and quartiles), with a sign test over the turns: "within noise" unless
+    the rule was faster (or slower) in so many turns that chance explains it with p < 0.05 (with 9
+    turns: 8 of 9 or more; with 3 turns never)."""
+    lines = [f"{'routing':10s} {'tokens/s: median':>16s} {'quartiles':>17s} {'range':>17s}   runs"]
+    for name, r in runs.items():
+        q1, q2, q3 = quartiles(r)
+        lines.append(
+            f"{name:10s} {q2:16.1f} {q1:8.1f}-{q3:<8.1f} {min(r):8.1f}-{max(r):<8.1f}   {' '.join(f'{x:.1f}' for x in r)}"
+        )
+    lines.append(f"{'rule':10s} {'/ stock, paired: median':>24s} {'quartiles':>15s}   turns faster, sign test")
+    for name, ratios in paired_ratios(runs).items():
+        q1, q2, q3 = quartiles(ratios)
+        faster = sum(x > 1.0 for x in ratios)
+        p = sign_test(faster, len(ratios))
+        verdict = (
+            "within noise" if p >= 0.05 else ("faster than stock" if faster * 2 > len(ratios) else "slower than stock")
+        )
+        lines.append(f"{name:10s} {q2:24.3f} {q1:7.3f}-{q3:<7.3f}   {faster}/{len(ratios)}, p = {p:.3f}: {verdict}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rule", nargs="+", choices=("dynamic", "aux-free", "remoe"), default=["dynamic", "aux-free"])
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--tokens", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=9, help="turns the engines take (at least 3)")
+    p.add_argument("--json", help="also write every run and the summary to this file")
     args = p.parse_args(argv)
+    if args.repeats < 3:
+        p.error(f"--repeats must be at least 3 (quartiles of fewer runs mean nothing), got {args.repeats}")
+    load_before = os.getloadavg()[0]
     import torch
     from vllm import LLM
 
@@ -196,28 +248,29 @@ def main(argv=None) -> int:
                 )
             tokens_per_s(llms[name], prompts[:2], 4)  # warm-up
         runs = {name: [] for name in paths}
-        for _ in range(args.repeats):
-            for name in paths:  # taking turns, so that load on the machine hits each alike
+        names = list(paths)
+        for turn in range(args.repeats):
+            for name in names[turn % len(names) :] + names[: turn % len(names)]:  # rotated order
                 runs[name].append(tokens_per_s(llms[name], prompts, args.tokens))
-    print(f"CPU: {cpu_name()}; torch threads {torch.get_num_threads()}")
+    load_after = os.getloadavg()[0]
+    print(
+        f"CPU: {cpu_name()}; torch threads {torch.get_num_threads()}; load average {load_before:.2f} before, {load_after:.2f} after"
+    )
     print(
         f"model: OLMoE {CONFIG['num_hidden_layers']} layers, hidden {CONFIG['hidden_size']}, "
         f"{CONFIG['num_experts']} experts, top-{CONFIG['num_experts_per_tok']}, fp32, enforce_eager; "
-        f"{args.prompts} prompts x {args.prompt_len} tokens, {args.tokens} new tokens each, median of "
-        f"{args.repeats}"
+        f"{args.prompts} prompts x {args.prompt_len} tokens, {args.tokens} new tokens each, {args.repeats} turns"
     )
     micro = routing_micro(args.rule)
-    base, top = statistics.median(runs["stock"]), max(runs["stock"])
-    print(f"{'routing':10s} {'median':>8s} {'/ stock':>8s} {'best':>8s} {'/ stock':>8s}   runs (tokens/s)")
-    for name, r in runs.items():
-        med = statistics.median(r)
-        print(
-            f"{name:10s} {med:8.1f} {med / base:8.3f} {max(r):8.1f} {max(r) / top:8.3f}   "
-            f"{' '.join(f'{x:.1f}' for x in r)}"
-        )
+    print(summary(runs))
     print(f"routing function alone, [256, {CONFIG['num_experts']}] logits, best of 200 calls:")
     for name, us in micro.items():
         print(f"{name:10s} {us:8.1f} us  {us / micro['stock']:6.2f}x stock softmax + top-k")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {"cpu": cpu_name(), "runs": runs, "ratios": paired_ratios(runs), "routing_us": micro}, f, indent=1
+            )
     return 0
 
 
