@@ -81,16 +81,22 @@ def cardinality(n: int, k=None, kmin=None, kmax=None, *, lowest: int = 0, note: 
 
 
 def generator(value, device: torch.device | None = None) -> None:
-    """Raise unless ``value`` is None or a ``torch.Generator`` (on ``device``'s type, when given)."""
+    """Raise unless ``value`` is None, a ``torch.Generator`` or a seed tensor (0-dim int64: the draw
+    is a function of its value alone, as under torch.compile, where a Generator cannot enter the
+    graph), on ``device``'s type when given. No host synchronisation."""
     if value is None:
         return
     import torch
 
     where = "" if device is None else f" on {torch.device(device).type}"
-    if not isinstance(value, torch.Generator):
-        raise ValueError(f"generator must be a torch.Generator{where} or None, got {type(value).__name__}")
+    allowed = f"a torch.Generator{where}, a 0-dim int64 seed tensor{where}, or None"
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0 or value.dtype != torch.int64:
+            raise ValueError(f"generator must be {allowed}, got a {value.dtype} tensor of shape {list(value.shape)}")
+    elif not isinstance(value, torch.Generator):
+        raise ValueError(f"generator must be {allowed}, got {type(value).__name__}")
     if device is not None and value.device.type != torch.device(device).type:
-        raise ValueError(f"generator must be a torch.Generator{where} or None, got one on {value.device}")
+        raise ValueError(f"generator must be {allowed}, got one on {value.device}")
 
 
 def logits(value, *, n: int | None = None, dim: int | None = None, device: torch.device | None = None) -> Tensor:

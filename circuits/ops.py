@@ -389,12 +389,19 @@ def eager(r: Tensor) -> bool:
 
 
 def chosen_scores_call(
-    r: Tensor, generator: torch.Generator | None, kmin: int, kmax: int, circuit: int, slots: int, kind: str, paper: bool
+    r: Tensor,
+    generator: torch.Generator | Tensor | None,
+    kmin: int,
+    kmax: int,
+    circuit: int,
+    slots: int,
+    kind: str,
+    paper: bool,
 ):
     """``circuits::chosen_scores`` with the seed of one draw from ``generator`` (``seed``): the
     operator, or where ``eager`` the same computation called directly."""
     if eager(r):
-        s = uniforms.seed_tensor(generator, r.device)
+        s = uniforms.as_seed(generator, r.device)
         return _ChosenScoresEager.apply(r, s, kmin, kmax, circuit, slots, kind, paper)
     return torch.ops.circuits.chosen_scores(r, seed(generator, r), kmin, kmax, circuit, slots, kind, paper)
 
@@ -479,7 +486,7 @@ def _(r):
     return torch.empty((), dtype=torch.int64, device=r.device)
 
 
-def seed(generator: torch.Generator | None, r: Tensor) -> Tensor:
-    """The seed of one draw for logits ``r``: from ``generator``, or from the default generator
-    (``draw_seed``)."""
-    return uniforms.seed_tensor(generator, r.device) if generator is not None else draw_seed(r.detach())
+def seed(generator: torch.Generator | Tensor | None, r: Tensor) -> Tensor:
+    """The seed of one draw for logits ``r``: ``generator`` itself where it is a seed tensor (0-dim
+    int64), else one drawn from it, or from the default generator (``draw_seed``)."""
+    return uniforms.as_seed(generator, r.device) if generator is not None else draw_seed(r.detach())

@@ -112,6 +112,10 @@ def route(
         straight-through estimator, so the gradient goes through numerator and denominator.
     scores: the gate scores π the used experts are weighted by: "softmax" or "sigmoid".
     backend, grad: as for ``SubsetDistribution`` (a structured constraint needs "circuit").
+    generator (training only): a ``torch.Generator`` on the logits' device, for reproducible draws;
+        or a seed tensor (0-dim int64), of whose value alone the draw is a function: what compiled
+        code passes, as no Generator can enter a torch.compile graph
+        (``probmoe.integrations.scale_out.compiled_seed``); None: torch's default generator.
     validate_args: check the logit values (one host synchronisation on the CPU; on CUDA
         assertions in the graph, no host synchronisation), as for ``SubsetDistribution``.
         float16/bfloat16 logits are routed in float32.

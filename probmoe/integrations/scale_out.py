@@ -4,7 +4,9 @@ unbiased scores (the aux-free expert bias).
 
 Draws under data parallelism: a router with seed s draws on global rank r from a generator seeded
 s · 1,000,003 + r, so a run repeats its draws and two data-parallel ranks (which see different
-tokens; expert-parallel ranks are data-parallel ranks too) draw independently.
+tokens; expert-parallel ranks are data-parallel ranks too) draw independently. Under torch.compile
+(no generator can enter a graph) each draw's seed is the default generator's, mixed with that rank
+key (``compiled_seed``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import probmoe
 from probmoe.scores import gate_scores
 
 RANK_STRIDE = 1_000_003
+SEED_BOUND = 1 << 62  # seeds lie in [0, SEED_BOUND), as circuits.kernels.uniforms draws them
 
 
 def rank_seed(seed: int, rank: int | None = None) -> int:
@@ -29,6 +32,19 @@ def rank_seed(seed: int, rank: int | None = None) -> int:
 def rank_generator(seed: int, device: torch.device | str = "cpu", rank: int | None = None) -> torch.Generator:
     """A generator on ``device`` seeded ``rank_seed(seed, rank)``."""
     return torch.Generator(device=device).manual_seed(rank_seed(seed, rank))
+
+
+def compiled_seed(logits: Tensor, seed: int, rank: int | None = None) -> Tensor:
+    """The seed of one draw under torch.compile, where no ``torch.Generator`` can enter the graph: a
+    seed drawn from torch's default generator of the logits' device (``circuits.ops.draw_seed``, an
+    operator the compiled graph keeps; activation checkpointing restores that generator, so a
+    recomputation draws the same) mixed with this rank's key ``rank_seed(seed, rank)`` by XOR, so
+    that data-parallel ranks whose default generators run in step (torchtitan seeds them alike) draw
+    apart. 0-dim int64 in [0, 2^62), on the logits' device; no host synchronisation."""
+    from circuits.ops import draw_seed  # the operator behind the default generator's seeds
+
+    key = rank_seed(seed, rank) % SEED_BOUND
+    return torch.bitwise_xor(draw_seed(logits.detach()), key)
 
 
 def unbiased_weights(

@@ -37,7 +37,7 @@ from torchtitan.models.common.moe import TokenChoiceTopKRouter
 
 import circuits
 import probmoe
-from probmoe.integrations.scale_out import rank_generator, unbiased_weights
+from probmoe.integrations.scale_out import compiled_seed, rank_generator, unbiased_weights
 from probmoe.replay import GeneratorReplay
 from probmoe.router import routed
 from probmoe.scores import gate_scores
@@ -72,10 +72,19 @@ class ProbMoERouter(TokenChoiceTopKRouter):
             self._generator = rank_generator(self.seed, self.gate.weight.device)
         return self._generator
 
+    def _draws(self, logits: Tensor) -> torch.Generator | Tensor | None:
+        """What a training forward draws from: the per-rank generator eagerly, a seed tensor under
+        torch.compile (``scale_out.compiled_seed``), the default generator without a seed."""
+        if self.seed is None:
+            return None
+        if torch.compiler.is_compiling():
+            return compiled_seed(logits, self.seed)
+        return self.generator
+
     def forward(self, x: Tensor, expert_bias_E: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         lead, E = x.shape[:-1], self.num_experts
         logits = self._logits(x).reshape(-1, E)  # [..., D] -> [T, E] float32
-        generator = self.generator if self.training else None
+        generator = self._draws(logits) if self.training else None
         if expert_bias_E is None:
             routing = routed(
                 logits,
