@@ -100,6 +100,10 @@ class ProbMoERouter(nn.Module):
             normalize=normalize,
             scores=scores,
         )
+        if isinstance(generator, torch.Tensor):  # route takes one per call; a module's would repeat its draws
+            raise ValueError(
+                "generator must be a torch.Generator or None, got a tensor (a seed tensor is per call: route)"
+            )
         _validate.generator(generator)
         self.hidden_dim, self.num_experts, self.top_k = hidden_size, num_experts, self.config.kmax  # HF's names
         self.generator, self.validate_args = generator, validate_args
