@@ -119,3 +119,5 @@ def test_route_takes_a_seed_tensor_and_checks_it():
         probmoe.route(r, k=3, training=True, generator=torch.tensor([1, 2]))
     with pytest.raises(ValueError, match="got a torch.float32 tensor"):
         probmoe.route(r, k=3, training=True, generator=torch.tensor(1.0))
+    with pytest.raises(ValueError, match="a seed tensor is per call"):  # a module's would repeat its draws
+        probmoe.ProbMoERouter(8, 4, k=2, generator=s)
