@@ -20,6 +20,9 @@
  * rows are [K1 + 1][B], with the always-empty j = -1 in front. The tables W (and dW for Cov(z) v) are
  * [N][K1][B], written by the up sweep and read back by the down sweep; B is the largest of
  * 128, 64, 32, 16 whose tables fit TABLE_BUDGET, so they stay in a core's L2 cache (see lanes()).
+ * A draw without the marginals (the routing forward) keeps the linear sweep's states S [N + 1][K1 + 1][B]
+ * in W's place instead, and makes W[i, c] on its path alone from them (draw_step_linear): a
+ * division per token and variable, not per state, and the same bits.
  * exp and log1p run on whole levels through vmath.c (libmvec). A partial last tile is padded with logit 0,
  * tangent 0 and uniform 0.5; only its first nt lanes are written out. Tiles are split statically
  * over OpenMP threads, each with its own scratch; the results do not depend on the thread count.
@@ -31,6 +34,9 @@
 #include <string.h>
 
 #include "kernels.h"
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 #define LOG_ZERO (-1e30f) /* dp.LOG_ZERO */
 #define MAX_LANES 128
@@ -50,6 +56,8 @@ typedef struct {
     float *rt, *vt;        /* [N][B]: logits (log sigmoid(x) once tilted, in the log sweep); tangents */
     float *wt;             /* [N][B]: the linear sweep's weights exp(r - tau); log sigmoid(-x) in the log sweep */
     float *W, *dW;         /* [N][K1][B]: W signed (see up_step), dW */
+    float *S;              /* [N + 1][K1 + 1][B]: the linear sweep's states, kept for a draw alone (NULL:
+                            * not kept; W's memory, which the log sweep overwrites) */
     double *L;             /* [2][K1 + 1][B]: L[i] and L[i + 1] for j = -1..K, alternating (the log sweep) */
     float *Lf;             /* the same memory as [2][K1 + 1][B] floats: the linear sweep's L */
     double *mx;            /* [B]: band_probs' scratch */
@@ -71,9 +79,10 @@ typedef struct {
 } Tile;
 
 /* Points the buffers of `w` into `base` (NULL: only counts); returns the floats they take.
- * tangents: the buffers of Cov(z) v; sampling: those of the draw; scores: p. */
-static int64_t carve(Tile *w, const Dims *d, int tangents, int sampling, int scores, float *base) {
-    const int64_t N = d->N, K1 = d->K1, B = d->B;
+ * tangents: the buffers of Cov(z) v; sampling: those of the draw; scores: p; states: S (a draw
+ * without the marginals). */
+static int64_t carve(Tile *w, const Dims *d, int tangents, int sampling, int scores, int states, float *base) {
+    const int64_t N = d->N, K1 = d->K1, B = d->B, kept = (N + 1) * (K1 + 1);
     int64_t at = 0;
 #define SLICE(field, type, n, used) /* n: elements of `type` (a float or a double; all counts are even) */ \
     (w->field = (used) && base ? (type *)(base + at) : NULL,                                    \
@@ -81,7 +90,8 @@ static int64_t carve(Tile *w, const Dims *d, int tangents, int sampling, int sco
     SLICE(rt, float, N * B, 1);
     SLICE(vt, float, N * B, tangents);
     SLICE(wt, float, N * B, 1);
-    SLICE(W, float, N * K1 * B, 1);
+    SLICE(W, float, (states && kept > N * K1 ? kept : N * K1) * B, 1);
+    w->S = states ? w->W : NULL;
     SLICE(dW, float, N * K1 * B, tangents);
     SLICE(L, double, 2 * (K1 + 1) * B, 1);
     w->Lf = (float *)w->L;
@@ -319,27 +329,42 @@ static int linear_setup(const Dims *d, const float *restrict rt, float *restrict
 }
 
 /* One step of the linear sweep for variable i: lo = L[i], hi = L[i + 1] ([K1 + 1][B], row 0 is
- * j = -1, always 0), wi = w_i [B], w = W[i] [K1][B]: L[i + 1, j] = keep + take with keep =
- * a L[i, j] and take = b w_i L[i, j-1], a = (i + 1 - j) / (i + 1), b = j / (i + 1) (states past
- * j = i + 1 are 0 whatever a is), and W[i, j] = take / L[i + 1, j], stored signed as up_step's:
- * take / L[i + 1, j] where take < keep, else -(keep / L[i + 1, j]) (0 for an unreachable state, and
- * at j = 0). reach [B]: the finite logits among variables 0..i; a reachable state (j <= reach)
- * below LINEAR_FLOOR sets low [B] to 1. */
-static void up_step_linear(int64_t i, int64_t K1, int64_t B, const float *restrict lo, float *restrict hi,
-                           const float *restrict wi, float *restrict w, const float *restrict reach,
-                           float *restrict low) {
+ * j = -1, always 0), wi = w_i [B], w = W[i] [K1][B] (NULL: not made): L[i + 1, j] = keep + take
+ * with keep = a L[i, j] and take = b w_i L[i, j-1], a = (i + 1 - j) / (i + 1), b = j / (i + 1)
+ * (states past j = i + 1 are 0 whatever a is), and W[i, j] = linear_w(take, keep, L[i + 1, j]).
+ * reach [B]: the finite logits among variables 0..i; a reachable state (j <= reach) below
+ * LINEAR_FLOOR sets low [B] to 1. */
+static inline float linear_a(int64_t i, int64_t j, float inv) { return (float)(i + 1 - j) * inv; }
+
+/* W[i, j] of the linear sweep, stored signed as up_step's: take / L[i + 1, j] where take < keep,
+ * else -(keep / L[i + 1, j]) (0 for an unreachable state, and at j = 0); nx = L[i + 1, j]. */
+static inline float linear_w(float take, float keep, float nx) {
+    return nx > 0.0f ? (take < keep ? take : -keep) / nx : 0.0f;
+}
+
+static inline void up_step_linear(int64_t i, int64_t K1, int64_t B, const float *restrict lo, float *restrict hi,
+                                  const float *restrict wi, float *restrict w, const float *restrict reach,
+                                  float *restrict low) {
     const float *prev = lo, *cur = lo + B;
     float *next = hi + B;
     const float inv = 1.0f / (float)(i + 1);
     for (int64_t j = 0; j < K1; j++) {
-        const float jf = (float)j, a = (float)(i + 1 - j) * inv, b = jf * inv;
-        for (int64_t t = 0; t < B; t++) {
-            const int64_t k = j * B + t;
-            const float take = (b * prev[k]) * wi[t], keep = a * cur[k], nx = keep + take;
-            next[k] = nx;
-            w[k] = nx > 0.0f ? (take < keep ? take : -keep) / nx : 0.0f;
-            low[t] = jf <= reach[t] && nx < LINEAR_FLOOR ? 1.0f : low[t];
-        }
+        const float jf = (float)j, a = linear_a(i, j, inv), b = jf * inv;
+        if (w)
+            for (int64_t t = 0; t < B; t++) {
+                const int64_t k = j * B + t;
+                const float take = (b * prev[k]) * wi[t], keep = a * cur[k], nx = keep + take;
+                next[k] = nx;
+                w[k] = linear_w(take, keep, nx);
+                low[t] = jf <= reach[t] && nx < LINEAR_FLOOR ? 1.0f : low[t];
+            }
+        else /* the states alone: the draw makes the W it reads (draw_step_linear) */
+            for (int64_t t = 0; t < B; t++) {
+                const int64_t k = j * B + t;
+                const float take = (b * prev[k]) * wi[t], keep = a * cur[k], nx = keep + take;
+                next[k] = nx;
+                low[t] = jf <= reach[t] && nx < LINEAR_FLOOR ? 1.0f : low[t];
+            }
     }
 }
 
@@ -360,14 +385,16 @@ static void linear_to_log(int64_t N, int64_t K1, int64_t B, const float *restric
 }
 
 /* The sweeps of up_sweep after its setup: linear (then L holds numbers; returns 0 when a lane
- * went below LINEAR_FLOOR, 1 otherwise) or on logarithms (returns 1). */
+ * went below LINEAR_FLOOR, 1 otherwise) or on logarithms (returns 1). The linear sweep of a tile
+ * with S keeps every level there in place of W. */
 static int sweep(const Dims *d, const Tile *w, int linear) {
     const int64_t N = d->N, K1 = d->K1, B = d->B, level = (K1 + 1) * B;
     float *reach = (float *)w->take, *low = w->g; /* [B]: free in the linear sweep */
     const float *s = (const float *)w->A; /* [B]: the linear scale's power of two (up_sweep) */
+    float *const Lf = linear && w->S ? w->S : w->Lf;
     if (linear) {
-        memset(w->Lf, 0, 2 * level * sizeof(float));
-        for (int64_t t = 0; t < B; t++) w->Lf[B + t] = ldexpf(1.0f, -(int)s[t]); /* the empty set: 2^-s */
+        memset(Lf, 0, 2 * level * sizeof(float));
+        for (int64_t t = 0; t < B; t++) Lf[B + t] = ldexpf(1.0f, -(int)s[t]); /* the empty set: 2^-s */
         memset(reach, 0, B * sizeof(float));
         memset(low, 0, B * sizeof(float));
     } else {
@@ -378,9 +405,13 @@ static int sweep(const Dims *d, const Tile *w, int linear) {
     for (int64_t i = 0; i < N; i++) {
         const int64_t a = (i % 2) * level, b = ((i + 1) % 2) * level;
         float *wi = w->W + i * K1 * B;
-        if (linear) {
+        if (linear && w->S) {
             for (int64_t t = 0; t < B; t++) reach[t] += w->rt[i * B + t] > -INFINITY ? 1.0f : 0.0f;
-            up_step_linear(i, K1, B, w->Lf + a, w->Lf + b, w->wt + i * B, wi, reach, low);
+            memset(Lf + (i + 1) * level, 0, B * sizeof(float)); /* j = -1 */
+            up_step_linear(i, K1, B, Lf + i * level, Lf + (i + 1) * level, w->wt + i * B, NULL, reach, low);
+        } else if (linear) {
+            for (int64_t t = 0; t < B; t++) reach[t] += w->rt[i * B + t] > -INFINITY ? 1.0f : 0.0f;
+            up_step_linear(i, K1, B, Lf + a, Lf + b, w->wt + i * B, wi, reach, low);
         } else {
             up_step(K1, B, w->L + a, w->L + b, w->rt + i * B, w->wt + i * B, wi, w->take, w->g);
         }
@@ -412,16 +443,16 @@ static const double *up_sweep(const Dims *d, const Tile *w, const float *r, cons
     load_rows(d, r, t0, nt, w->rt);
     if (v) load_rows(d, v, t0, nt, w->vt);
     float *s = (float *)w->A; /* [B]: the linear scale's power of two; A is free until the down sweep */
+    const float *last = w->S ? w->S + N * level + B : w->Lf + (N % 2) * level + B; /* the linear L[N] */
     *linear = d->linear && linear_setup(d, w->rt, w->wt, w->tau, s, w->out, (float *)w->take, w->g) &&
-              sweep(d, w, 1) &&
-              all_finite(w->Lf + (N % 2) * level + B, K1 * B);
+              sweep(d, w, 1) && all_finite(last, K1 * B);
     if (!*linear) {
         tilt(d, w->rt, w->wt, w->tau, w->ts, w->out);
         sweep(d, w, 0);
     }
     if (w->vt) *dtop = w->D + (N % 2) * level + B;
     if (*linear) { /* the last row, converted into take (free after the sweep) */
-        linear_to_log(N, K1, B, w->Lf + (N % 2) * level + B, w->take, s);
+        linear_to_log(N, K1, B, last, w->take, s);
         return w->take;
     }
     return w->L + (N % 2) * level + B;
@@ -479,19 +510,78 @@ static void draw_size(const Dims *d, const double *A, const float *u, int32_t *c
 
 /* One step of the draw along the path (dp.down): z_i = [u_i < W[i, c]], c -= z_i, with W in
  * double (where 1 + s is exact). w = W[i] [K1][B] (signed); u, c, z: [B]. */
+static inline int32_t draw_one(float s, int32_t ct, float u) {
+    /* c > 0: W[i, 0] is 0 for valid logits, but NaN together with |r| > 1e30 (validation off)
+     * makes it 1 and would drive c negative, reading W rows below the table. */
+    uint32_t bits; /* W = s + 1 where s's sign is set (unpack_w), without a branch */
+    memcpy(&bits, &s, sizeof bits);
+    return (ct > 0) & ((double)u < (double)s + (double)(bits >> 31));
+}
+
 static void draw_step(int64_t B, const float *restrict w, const float *restrict u, int32_t *restrict c,
                       float *restrict z) {
     for (int64_t t = 0; t < B; t++) {
-        /* c > 0: W[i, 0] is 0 for valid logits, but NaN together with |r| > 1e30 (validation off)
-         * makes it 1 and would drive c negative, reading W rows below the table. */
-        const int32_t ct = c[t];
-        const float s = w[(ct > 0 ? ct : 0) * B + t];
-        uint32_t bits; /* W = s + 1 where s's sign is set (unpack_w), without a branch */
-        memcpy(&bits, &s, sizeof bits);
-        const int32_t on = (ct > 0) & ((double)u[t] < (double)s + (double)(bits >> 31));
+        const int32_t ct = c[t], on = draw_one(w[(ct > 0 ? ct : 0) * B + t], ct, u[t]);
         z[t] = (float)on;
         c[t] -= on;
     }
+}
+
+/* draw_step after a linear sweep that kept its states S (sweep): W[i, c] made from lo = L[i],
+ * hi = L[i + 1] ([K1 + 1][B], row 0 is j = -1) and wi = w_i [B] by the operations of
+ * up_step_linear, so the same bits as the W it would have stored: a division per lane and step
+ * instead of one per state. */
+static void draw_step_linear(int64_t i, int64_t B, const float *restrict lo, const float *restrict hi,
+                             const float *restrict wi, const float *restrict u, int32_t *restrict c,
+                             float *restrict z) {
+    const float inv = 1.0f / (float)(i + 1);
+    int64_t t = 0;
+#ifdef __AVX2__ /* 8 lanes at a time, the same operations (gathers for the three states) */
+    const __m256 vinv = _mm256_set1_ps(inv), zero = _mm256_setzero_ps();
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), vB = _mm256_set1_epi32((int32_t)B);
+    for (; t + 8 <= B; t += 8) {
+        const __m256i ct = _mm256_loadu_si256((const __m256i *)(c + t)), j = _mm256_max_epi32(ct, _mm256_setzero_si256());
+        const __m256i at = _mm256_add_epi32(_mm256_mullo_epi32(j, vB), lane); /* j B + lane */
+        const __m256 b = _mm256_mul_ps(_mm256_cvtepi32_ps(j), vinv);
+        const __m256 a = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_set1_epi32((int32_t)(i + 1)), j)), vinv);
+        const __m256 take = _mm256_mul_ps(_mm256_mul_ps(b, _mm256_i32gather_ps(lo + t, at, 4)), _mm256_loadu_ps(wi + t));
+        const __m256 keep = _mm256_mul_ps(a, _mm256_i32gather_ps(lo + B + t, at, 4));
+        const __m256 nx = _mm256_i32gather_ps(hi + B + t, at, 4);
+        const __m256 num = _mm256_blendv_ps(_mm256_xor_ps(keep, _mm256_set1_ps(-0.0f)), take, _mm256_cmp_ps(take, keep, _CMP_LT_OQ));
+        const __m256 sv = _mm256_and_ps(_mm256_div_ps(num, nx), _mm256_cmp_ps(nx, zero, _CMP_GT_OQ));
+        /* u < W in double, W = s + 1 where s's sign is set (draw_one) */
+        const __m256 one = _mm256_and_ps(_mm256_castsi256_ps(_mm256_srai_epi32(_mm256_castps_si256(sv), 31)),
+                                         _mm256_set1_ps(1.0f));
+        const __m256 uv = _mm256_loadu_ps(u + t);
+#define HALF(x, h) _mm256_cvtps_pd((h) ? _mm256_extractf128_ps(x, 1) : _mm256_castps256_ps128(x))
+        const __m256d below0 = _mm256_cmp_pd(HALF(uv, 0), _mm256_add_pd(HALF(sv, 0), HALF(one, 0)), _CMP_LT_OQ);
+        const __m256d below1 = _mm256_cmp_pd(HALF(uv, 1), _mm256_add_pd(HALF(sv, 1), HALF(one, 1)), _CMP_LT_OQ);
+#undef HALF
+        const __m256i below = _mm256_permute4x64_epi64(
+            _mm256_castps_si256(_mm256_shuffle_ps(_mm256_castpd_ps(below0), _mm256_castpd_ps(below1), 0x88)), 0xD8);
+        const __m256i on = _mm256_and_si256(below, _mm256_cmpgt_epi32(ct, _mm256_setzero_si256())); /* -1 or 0 */
+        _mm256_storeu_ps(z + t, _mm256_and_ps(_mm256_castsi256_ps(on), _mm256_set1_ps(1.0f)));
+        _mm256_storeu_si256((__m256i *)(c + t), _mm256_add_epi32(ct, on));
+    }
+#endif
+    for (; t < B; t++) {
+        const int32_t ct = c[t];
+        const int64_t j = ct > 0 ? ct : 0;
+        const float b = (float)j * inv, take = (b * lo[j * B + t]) * wi[t], keep = linear_a(i, j, inv) * lo[(j + 1) * B + t];
+        const int32_t on = draw_one(linear_w(take, keep, hi[(j + 1) * B + t]), ct, u[t]);
+        z[t] = (float)on;
+        c[t] -= on;
+    }
+}
+
+/* One step of the draw for variable i: draw_step_linear where the tile kept its linear states
+ * (linear and S), else draw_step. */
+static void draw_at(const Dims *d, const Tile *w, int linear, int64_t i, int32_t *c, float *z) {
+    const int64_t K1 = d->K1, B = d->B, level = (K1 + 1) * B;
+    if (linear && w->S)
+        draw_step_linear(i, B, w->S + i * level, w->S + (i + 1) * level, w->wt + i * B, w->u, c, z);
+    else
+        draw_step(B, w->W + i * K1 * B, w->u, c, z);
 }
 
 /* Σ_j x[j] over a level: x [K1][B] doubles -> out [B] floats. */
@@ -550,9 +640,9 @@ static int64_t forward_tile(const Dims *d, const float *r, const float *U, float
                             int64_t nt) {
     const int64_t T = d->T, N = d->N, K1 = d->K1, B = d->B;
     Tile w;
-    float *buf = pm_scratch(carve(&w, d, 0, z != NULL, 0, NULL));
+    float *buf = pm_scratch(carve(&w, d, 0, z != NULL, 0, z && !m, NULL));
     if (!buf) return -1;
-    carve(&w, d, 0, z != NULL, 0, buf);
+    carve(&w, d, 0, z != NULL, 0, z && !m, buf);
     int linear;
     const double *top = up_sweep(d, &w, r, NULL, t0, nt, NULL, &linear);
     band_probs(d, top, w.tau, w.A, w.f, w.mx);
@@ -565,7 +655,7 @@ static int64_t forward_tile(const Dims *d, const float *r, const float *U, float
         if (m) down_step(K1, B, w.A, wi, w.f, w.out + i * B);
         if (z) {
             load_uniforms(U + (i + 1) * T + t0, nt, B, w.u);
-            draw_step(B, wi, w.u, w.c, w.z + i * B);
+            draw_at(d, &w, linear, i, w.c, w.z + i * B);
         }
     }
     if (m) store_rows(d, w.out, t0, nt, m);
@@ -596,9 +686,9 @@ static void cov_down(const Dims *d, const Tile *w, const double *top, const floa
  * Returns 1 (the linear sweep), 0 (the log sweep) or -1, as forward_tile. */
 static int64_t cov_tile(const Dims *d, const float *r, const float *v, float *out, int64_t t0, int64_t nt) {
     Tile w;
-    float *buf = pm_scratch(carve(&w, d, 1, 0, 0, NULL));
+    float *buf = pm_scratch(carve(&w, d, 1, 0, 0, 0, NULL));
     if (!buf) return -1;
-    carve(&w, d, 1, 0, 0, buf);
+    carve(&w, d, 1, 0, 0, 0, buf);
     int linear;
     const float *dtop = NULL;
     const double *top = up_sweep(d, &w, r, v, t0, nt, &dtop, &linear);
@@ -625,9 +715,9 @@ static int64_t chosen_tile(const Dims *d, const float *r, int64_t seed, const fl
                            int64_t *idx, float *wv, uint8_t *mask, int64_t t0, int64_t nt) {
     const int64_t T = d->T, N = d->N, K1 = d->K1, B = d->B;
     Tile w;
-    float *buf = pm_scratch(carve(&w, d, 0, 1, 0, NULL));
+    float *buf = pm_scratch(carve(&w, d, 0, 1, 0, 1, NULL));
     if (!buf) return -1;
-    carve(&w, d, 0, 1, 0, buf);
+    carve(&w, d, 0, 1, 0, 1, buf);
     int linear;
     const double *top = up_sweep(d, &w, r, NULL, t0, nt, NULL, &linear);
     band_probs(d, top, w.tau, w.A, w.f, w.mx);
@@ -635,7 +725,7 @@ static int64_t chosen_tile(const Dims *d, const float *r, int64_t seed, const fl
     draw_size(d, w.A, w.u, w.c);
     for (int64_t i = N - 1; i >= 0; i--) {
         make_uniforms(seed, (i + 1) * T + t0, nt, B, w.u);
-        draw_step(B, w.W + i * K1 * B, w.u, w.c, w.z + i * B);
+        draw_at(d, &w, linear, i, w.c, w.z + i * B);
     }
     uint64_t *bits = (uint64_t *)w.bits;
     pm_chosen_bits(w.z, N, B, bits);
@@ -655,9 +745,9 @@ static int64_t chosen_backward_tile(const Dims *d, const float *r, const int32_t
                                     int64_t nt) {
     const int64_t N = d->N, B = d->B;
     Tile w;
-    float *buf = pm_scratch(carve(&w, d, 1, 0, 1, NULL));
+    float *buf = pm_scratch(carve(&w, d, 1, 0, 1, 0, NULL));
     if (!buf) return -1;
-    carve(&w, d, 1, 0, 1, buf);
+    carve(&w, d, 1, 0, 1, 0, buf);
     load_rows(d, r, t0, nt, w.p);
     pm_tile_scores(w.p, N, B, sigmoid, w.top, w.q, w.tau);
     pm_slot_tangents(idx, g, mask, slots, N, B, t0, nt, w.p, w.vt);
