@@ -134,21 +134,51 @@ static int64_t lanes(int64_t N, int64_t K1, int64_t tables) {
     return B;
 }
 
-/* src [T, N] rows t0..t0+nt -> dst [N][B]; lanes past nt hold 0. */
+/* dst [8][ds] = the transpose of src [8][ss]: 8 rows of 8 floats each way. */
+static inline void transpose8(const float *restrict src, int64_t ss, float *restrict dst, int64_t ds) {
+#ifdef __AVX2__
+    __m256 r[8], t[8];
+    for (int q = 0; q < 8; q++) r[q] = _mm256_loadu_ps(src + q * ss);
+    for (int q = 0; q < 8; q += 2) {
+        t[q] = _mm256_unpacklo_ps(r[q], r[q + 1]);
+        t[q + 1] = _mm256_unpackhi_ps(r[q], r[q + 1]);
+    }
+    for (int q = 0; q < 8; q += 4) {
+        r[q] = _mm256_shuffle_ps(t[q], t[q + 2], 0x44);
+        r[q + 1] = _mm256_shuffle_ps(t[q], t[q + 2], 0xEE);
+        r[q + 2] = _mm256_shuffle_ps(t[q + 1], t[q + 3], 0x44);
+        r[q + 3] = _mm256_shuffle_ps(t[q + 1], t[q + 3], 0xEE);
+    }
+    for (int q = 0; q < 4; q++) {
+        _mm256_storeu_ps(dst + q * ds, _mm256_permute2f128_ps(r[q], r[q + 4], 0x20));
+        _mm256_storeu_ps(dst + (q + 4) * ds, _mm256_permute2f128_ps(r[q], r[q + 4], 0x31));
+    }
+#else
+    for (int q = 0; q < 8; q++)
+        for (int k = 0; k < 8; k++) dst[k * ds + q] = src[q * ss + k];
+#endif
+}
+
+/* src [T, N] rows t0..t0+nt -> dst [N][B]; lanes past nt hold 0. Blocks of 8 tokens and 8
+ * variables by transpose8, the rest one by one. */
 static void load_rows(const Dims *d, const float *src, int64_t t0, int64_t nt, float *dst) {
-    const int64_t N = d->N, B = d->B;
+    const int64_t N = d->N, B = d->B, full = nt / 8 * 8, wide = N / 8 * 8;
+    for (int64_t t = 0; t < full; t += 8)
+        for (int64_t i = 0; i < wide; i += 8) transpose8(src + (t0 + t) * N + i, N, dst + i * B + t, B);
     for (int64_t t = 0; t < B; t++) {
         const float *row = t < nt ? src + (t0 + t) * N : NULL;
-        for (int64_t i = 0; i < N; i++) dst[i * B + t] = row ? row[i] : 0.0f;
+        for (int64_t i = t < full ? wide : 0; i < N; i++) dst[i * B + t] = row ? row[i] : 0.0f;
     }
 }
 
 /* src [N][B] -> dst [T, N] rows t0..t0+nt. */
 static void store_rows(const Dims *d, const float *src, int64_t t0, int64_t nt, float *dst) {
-    const int64_t N = d->N, B = d->B;
+    const int64_t N = d->N, B = d->B, full = nt / 8 * 8, wide = N / 8 * 8;
+    for (int64_t t = 0; t < full; t += 8)
+        for (int64_t i = 0; i < wide; i += 8) transpose8(src + i * B + t, B, dst + (t0 + t) * N + i, N);
     for (int64_t t = 0; t < nt; t++) {
         float *row = dst + (t0 + t) * N;
-        for (int64_t i = 0; i < N; i++) row[i] = src[i * B + t];
+        for (int64_t i = t < full ? wide : 0; i < N; i++) row[i] = src[i * B + t];
     }
 }
 
