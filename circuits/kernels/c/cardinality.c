@@ -72,6 +72,7 @@ typedef struct {
     int32_t *top;          /* [B]: the variable of each lane's largest logit */
     float *rows3;          /* [3][B]: pm_scores_backward's scratch */
     float *tau, *u;        /* [B]: tau (the linear sweep's mean, or the tilt c); a variable's uniforms */
+    float *nxs;            /* [B]: draw_step_linear's L[i + 1, c] */
     float *ts;             /* [K1][B]: the tilt's scratch */
     int32_t *c;            /* [B]: how many of the draw's members are still to come */
     float *bits;           /* [ceil(N / 64)][B] uint64: the draw as bit masks (chosen_tile) */
@@ -116,6 +117,7 @@ static int64_t carve(Tile *w, const Dims *d, int tangents, int sampling, int sco
     SLICE(mx, double, B, 1);
     SLICE(ts, float, K1 * B, 1);
     SLICE(u, float, B, sampling);
+    SLICE(nxs, float, B, sampling);
     SLICE(c, int32_t, B, sampling); /* int32 and float have the same size */
 #undef SLICE
     return at;
@@ -538,14 +540,16 @@ static void draw_size(const Dims *d, const double *A, const float *u, int32_t *c
     }
 }
 
-/* One step of the draw along the path (dp.down): z_i = [u_i < W[i, c]], c -= z_i, with W in
- * double (where 1 + s is exact). w = W[i] [K1][B] (signed); u, c, z: [B]. */
+/* One step of the draw along the path (dp.down): z_i = [u_i < W[i, c]], c -= z_i, exactly: where
+ * W = 1 + s (s's sign set), as u - 1 < s, with u - 1 exact in float for the uniforms, multiples of
+ * 2^-24 in [0, 1) (uniforms.c; the padding's 0.5), so the same as u < 1 + s in double. w = W[i]
+ * [K1][B] (signed); u, c, z: [B]. */
 static inline int32_t draw_one(float s, int32_t ct, float u) {
     /* c > 0: W[i, 0] is 0 for valid logits, but NaN together with |r| > 1e30 (validation off)
      * makes it 1 and would drive c negative, reading W rows below the table. */
-    uint32_t bits; /* W = s + 1 where s's sign is set (unpack_w), without a branch */
+    uint32_t bits; /* W = s + 1 where s's sign is set (unpack_w): u < W as u - 1 < s, without a branch */
     memcpy(&bits, &s, sizeof bits);
-    return (ct > 0) & ((double)u < (double)s + (double)(bits >> 31));
+    return (ct > 0) & (u - (float)(bits >> 31) < s);
 }
 
 static void draw_step(int64_t B, const float *restrict w, const float *restrict u, int32_t *restrict c,
@@ -560,10 +564,11 @@ static void draw_step(int64_t B, const float *restrict w, const float *restrict 
 /* draw_step after a linear sweep that kept its states S (sweep): W[i, c] made from lo = L[i],
  * hi = L[i + 1] ([K1 + 1][B], row 0 is j = -1) and wi = w_i [B] by the operations of
  * up_step_linear, so the same bits as the W it would have stored: a division per lane and step
- * instead of one per state. */
+ * instead of one per state. With AVX2, L[i + 1, c] is the state the step before gathered (nxs
+ * [B], gathered from hi at the first step, the last variable's). */
 static void draw_step_linear(int64_t i, int64_t B, const float *restrict lo, const float *restrict hi,
                              const float *restrict wi, const float *restrict u, int32_t *restrict c,
-                             float *restrict z) {
+                             float *restrict z, float *restrict nxs, int first) {
     const float inv = 1.0f / (float)(i + 1);
     int64_t t = 0;
 #ifdef __AVX2__ /* 8 lanes at a time, the same operations (gathers for the three states) */
@@ -574,25 +579,22 @@ static void draw_step_linear(int64_t i, int64_t B, const float *restrict lo, con
         const __m256i at = _mm256_add_epi32(_mm256_mullo_epi32(j, vB), lane); /* j B + lane */
         const __m256 b = _mm256_mul_ps(_mm256_cvtepi32_ps(j), vinv);
         const __m256 a = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_set1_epi32((int32_t)(i + 1)), j)), vinv);
-        const __m256 take = _mm256_mul_ps(_mm256_mul_ps(b, _mm256_i32gather_ps(lo + t, at, 4)), _mm256_loadu_ps(wi + t));
-        const __m256 keep = _mm256_mul_ps(a, _mm256_i32gather_ps(lo + B + t, at, 4));
-        const __m256 nx = _mm256_i32gather_ps(hi + B + t, at, 4);
+        const __m256 prev = _mm256_i32gather_ps(lo + t, at, 4), cur = _mm256_i32gather_ps(lo + B + t, at, 4);
+        const __m256 take = _mm256_mul_ps(_mm256_mul_ps(b, prev), _mm256_loadu_ps(wi + t)), keep = _mm256_mul_ps(a, cur);
+        const __m256 nx = first ? _mm256_i32gather_ps(hi + B + t, at, 4) : _mm256_loadu_ps(nxs + t);
         const __m256 num = _mm256_blendv_ps(_mm256_xor_ps(keep, _mm256_set1_ps(-0.0f)), take, _mm256_cmp_ps(take, keep, _CMP_LT_OQ));
         const __m256 sv = _mm256_and_ps(_mm256_div_ps(num, nx), _mm256_cmp_ps(nx, zero, _CMP_GT_OQ));
-        /* u < W in double, W = s + 1 where s's sign is set (draw_one) */
+        /* u < W as draw_one: u - 1 < s where s's sign is set, else u < s */
         const __m256 one = _mm256_and_ps(_mm256_castsi256_ps(_mm256_srai_epi32(_mm256_castps_si256(sv), 31)),
                                          _mm256_set1_ps(1.0f));
-        const __m256 uv = _mm256_loadu_ps(u + t);
-#define HALF(x, h) _mm256_cvtps_pd((h) ? _mm256_extractf128_ps(x, 1) : _mm256_castps256_ps128(x))
-        const __m256d below0 = _mm256_cmp_pd(HALF(uv, 0), _mm256_add_pd(HALF(sv, 0), HALF(one, 0)), _CMP_LT_OQ);
-        const __m256d below1 = _mm256_cmp_pd(HALF(uv, 1), _mm256_add_pd(HALF(sv, 1), HALF(one, 1)), _CMP_LT_OQ);
-#undef HALF
-        const __m256i below = _mm256_permute4x64_epi64(
-            _mm256_castps_si256(_mm256_shuffle_ps(_mm256_castpd_ps(below0), _mm256_castpd_ps(below1), 0x88)), 0xD8);
+        const __m256i below = _mm256_castps_si256(_mm256_cmp_ps(_mm256_sub_ps(_mm256_loadu_ps(u + t), one), sv, _CMP_LT_OQ));
         const __m256i on = _mm256_and_si256(below, _mm256_cmpgt_epi32(ct, _mm256_setzero_si256())); /* -1 or 0 */
         _mm256_storeu_ps(z + t, _mm256_and_ps(_mm256_castsi256_ps(on), _mm256_set1_ps(1.0f)));
         _mm256_storeu_si256((__m256i *)(c + t), _mm256_add_epi32(ct, on));
+        _mm256_storeu_ps(nxs + t, _mm256_blendv_ps(cur, prev, _mm256_castsi256_ps(on))); /* L[i, c] for step i - 1 */
     }
+#else
+    (void)nxs, (void)first;
 #endif
     for (; t < B; t++) {
         const int32_t ct = c[t];
@@ -609,7 +611,8 @@ static void draw_step_linear(int64_t i, int64_t B, const float *restrict lo, con
 static void draw_at(const Dims *d, const Tile *w, int linear, int64_t i, int32_t *c, float *z) {
     const int64_t K1 = d->K1, B = d->B, level = (K1 + 1) * B;
     if (linear && w->S)
-        draw_step_linear(i, B, w->S + i * level, w->S + (i + 1) * level, w->wt + i * B, w->u, c, z);
+        draw_step_linear(i, B, w->S + i * level, w->S + (i + 1) * level, w->wt + i * B, w->u, c, z, w->nxs,
+                         i == d->N - 1);
     else
         draw_step(B, w->W + i * K1 * B, w->u, c, z);
 }
