@@ -65,7 +65,8 @@ typedef struct {
     double *take;          /* [K1][B]: an up step's scratch */
     float *g;              /* [K1][B]: an up step's scratch */
     double *A, *f;         /* [K1][B]: the marginals' adjoints and flows (the band probabilities first) */
-    float *cA, *cdA, *cf, *cdf; /* [K1][B]: Cov(z) v's adjoints, flows and their tangents */
+    float *cA, *cdA;       /* [K1][B]: Cov(z) v's adjoints and their tangents */
+    float *cf, *cdf;       /* [B]: a size's flows and their tangents (cov_step) */
     float *out, *z;        /* [N][B]: m or Cov(z) v; the draw */
     float *p;              /* [N][B]: the scores softmax(r) or sigmoid(r) (chosen_backward_tile) */
     float *q;              /* [B]: 1 - p at each lane's largest logit (pm_tile_scores) */
@@ -103,8 +104,8 @@ static int64_t carve(Tile *w, const Dims *d, int tangents, int sampling, int sco
     SLICE(f, double, K1 * B, 1);
     SLICE(cA, float, K1 * B, tangents);
     SLICE(cdA, float, K1 * B, tangents);
-    SLICE(cf, float, K1 * B, tangents);
-    SLICE(cdf, float, K1 * B, tangents);
+    SLICE(cf, float, B, tangents);
+    SLICE(cdf, float, B, tangents);
     SLICE(out, float, N * B, 1);
     SLICE(z, float, N * B, sampling);
     SLICE(bits, float, 2 * ((N + 63) / 64) * B, sampling); /* uint64 words */
@@ -266,6 +267,7 @@ static inline float unpack_w(float s) { return signbit(s) ? 1.0f + s : s; }
 /* The tangents of one up step (dp.up with v): lo = D[i], hi = D[i + 1] ([K1 + 1][B], row 0 is
  * j = -1, always 0), vi [B], w = W[i] (signed). With s = D[i, j-1] + v_i: D[i + 1, j] = lerp(D[i, j], s, W)
  * (torch.lerp's formula) and dw = dW[i] = (s - D[i + 1, j]) W. */
+
 static void tangent_step(int64_t K1, int64_t B, const float *restrict lo, float *restrict hi, const float *restrict vi,
                          const float *restrict w, float *restrict dw) {
     const float *prev = lo, *cur = lo + B;
@@ -437,18 +439,20 @@ static int sweep(const Dims *d, const Tile *w, int linear) {
     for (int64_t i = 0; i < N; i++) {
         const int64_t a = (i % 2) * level, b = ((i + 1) % 2) * level;
         float *wi = w->W + i * K1 * B;
-        if (linear && w->S) {
-            for (int64_t t = 0; t < B; t++) reach[t] += w->rt[i * B + t] > -INFINITY ? 1.0f : 0.0f;
+        if (!linear) {
+            up_step(K1, B, w->L + a, w->L + b, w->rt + i * B, w->wt + i * B, wi, w->take, w->g);
+            if (w->vt) tangent_step(K1, B, w->D + a, w->D + b, w->vt + i * B, wi, w->dW + i * K1 * B);
+            continue;
+        }
+        for (int64_t t = 0; t < B; t++) reach[t] += w->rt[i * B + t] > -INFINITY ? 1.0f : 0.0f;
+        if (w->S) { /* every level kept, no W (the draw makes it) */
             memset(Lf + (i + 1) * level, 0, B * sizeof(float)); /* j = -1 */
             up_step_linear(i, K1, B, Lf + i * level, Lf + (i + 1) * level, w->wt + i * B, NULL, reach, low);
-        } else if (linear) {
-            for (int64_t t = 0; t < B; t++) reach[t] += w->rt[i * B + t] > -INFINITY ? 1.0f : 0.0f;
-            up_step_linear(i, K1, B, Lf + a, Lf + b, w->wt + i * B, wi, reach, low);
         } else {
-            up_step(K1, B, w->L + a, w->L + b, w->rt + i * B, w->wt + i * B, wi, w->take, w->g);
+            up_step_linear(i, K1, B, Lf + a, Lf + b, w->wt + i * B, wi, reach, low);
+            if (w->vt) tangent_step(K1, B, w->D + a, w->D + b, w->vt + i * B, wi, w->dW + i * K1 * B);
         }
-        if (w->vt) tangent_step(K1, B, w->D + a, w->D + b, w->vt + i * B, wi, w->dW + i * K1 * B);
-        if (linear && (i % 16 == 15 || i == N - 1))
+        if (i % 16 == 15 || i == N - 1)
             for (int64_t t = 0; t < B; t++)
                 if (low[t] != 0.0f) return 0;
     }
@@ -464,7 +468,7 @@ static int all_finite(const float *x, int64_t n) {
     return ok;
 }
 
-/* The up sweep (dp.up) of tokens t0..t0+nt of r [T, N]: tau, W, and with tangents (the tile has
+/* The up sweep (dp.up) of tokens t0..t0+nt of r [T, N] (NULL: rt holds them, loaded by the caller): tau, W, and with tangents (the tile has
  * vt: loaded here from v [T, N], or by the caller when v is NULL) also D and dW; linear where the
  * tile's logits allow (*linear = 1), else on logarithms (0). Returns the last row [K1][B]: log
  * counts less j tau (linear; tau the mean logit) or P[N] (the log sweep; tau the tilt c); either
@@ -472,7 +476,7 @@ static int all_finite(const float *x, int64_t n) {
 static const double *up_sweep(const Dims *d, const Tile *w, const float *r, const float *v, int64_t t0, int64_t nt,
                               const float **dtop, int *linear) {
     const int64_t N = d->N, K1 = d->K1, B = d->B, level = (K1 + 1) * B;
-    load_rows(d, r, t0, nt, w->rt);
+    if (r) load_rows(d, r, t0, nt, w->rt);
     if (v) load_rows(d, v, t0, nt, w->vt);
     float *s = (float *)w->A; /* [B]: the linear scale's power of two; A is free until the down sweep */
     const float *last = w->S ? w->S + N * level + B : w->Lf + (N % 2) * level + B; /* the linear L[N] */
@@ -645,23 +649,38 @@ static void down_step(int64_t K1, int64_t B, double *restrict A, const float *re
 
 /* One step of dp.cov_vec's down sweep, in float (the routing backward's; the marginals' down_step
  * is double): F = A W, dF = dA W + A dW, out_i = Σ_j dF[j], then A = A (1 - W) + F shifted and
- * dA = dA - dF + dF shifted. A, dA, f, df: [K1][B]; w, dw = W[i] (signed), dW[i]; out [B]. */
+ * dA = dA - dF + dF shifted. In one pass over the sizes, F and dF of size j + 1 made before A and dA
+ * of size j are updated (the same operations as in three passes, so the same bits). A, dA: [K1][B];
+ * w, dw = W[i] (signed), dW[i]; f, df [B]: scratch; out [B]. */
 static void cov_step(int64_t K1, int64_t B, float *restrict A, float *restrict dA, const float *restrict w,
                      const float *restrict dw, float *restrict f, float *restrict df, float *restrict out) {
-    const int64_t n = K1 * B;
-    for (int64_t k = 0; k < n; k++) {
-        const float s = w[k], wk = unpack_w(s), wc = signbit(s) ? -s : 1.0f - s;
-        f[k] = A[k] * wk;
-        df[k] = dA[k] * wk + A[k] * dw[k];
-        A[k] *= wc;
-        dA[k] -= df[k];
+    for (int64_t t = 0; t < B; t++) { /* F, dF of size 0 */
+        const float wk = unpack_w(w[t]);
+        f[t] = A[t] * wk;
+        df[t] = dA[t] * wk + A[t] * dw[t];
+        out[t] = df[t];
     }
-    memcpy(out, df, B * sizeof(float));
-    for (int64_t j = 1; j < K1; j++)
-        for (int64_t t = 0; t < B; t++) out[t] += df[j * B + t];
-    for (int64_t k = 0; k < n - B; k++) {
-        A[k] += f[k + B];
-        dA[k] += df[k + B];
+    for (int64_t j = 0; j < K1; j++) {
+        float *a = A + j * B, *da = dA + j * B;
+        const float *s = w + j * B;
+        if (j + 1 < K1) {
+            const float *s1 = s + B, *dw1 = dw + (j + 1) * B, *a1 = a + B, *da1 = da + B;
+            for (int64_t t = 0; t < B; t++) {
+                const float wk1 = unpack_w(s1[t]), fn = a1[t] * wk1, dfn = da1[t] * wk1 + a1[t] * dw1[t];
+                const float wc = signbit(s[t]) ? -s[t] : 1.0f - s[t];
+                out[t] += dfn;
+                a[t] = a[t] * wc + fn;
+                da[t] = (da[t] - df[t]) + dfn;
+                f[t] = fn;
+                df[t] = dfn;
+            }
+        } else {
+            for (int64_t t = 0; t < B; t++) {
+                const float wc = signbit(s[t]) ? -s[t] : 1.0f - s[t];
+                a[t] *= wc;
+                da[t] -= df[t];
+            }
+        }
     }
 }
 
@@ -781,12 +800,13 @@ static int64_t chosen_backward_tile(const Dims *d, const float *r, const int32_t
     float *buf = pm_scratch(carve(&w, d, 1, 0, 1, 0, NULL));
     if (!buf) return -1;
     carve(&w, d, 1, 0, 1, 0, buf);
-    load_rows(d, r, t0, nt, w.p);
+    load_rows(d, r, t0, nt, w.rt);
+    memcpy(w.p, w.rt, N * B * sizeof(float));
     pm_tile_scores(w.p, N, B, sigmoid, w.top, w.q, w.tau);
     pm_slot_tangents(idx, g, mask, slots, N, B, t0, nt, w.p, w.vt);
     int linear;
     const float *dtop = NULL;
-    const double *top = up_sweep(d, &w, r, NULL, t0, nt, &dtop, &linear);
+    const double *top = up_sweep(d, &w, NULL, NULL, t0, nt, &dtop, &linear); /* rt: loaded above */
     cov_down(d, &w, top, dtop);
     pm_scores_backward(w.out, w.vt, w.p, w.top, w.q, sigmoid, N, B, w.rows3);
     store_rows(d, w.out, t0, nt, out);
