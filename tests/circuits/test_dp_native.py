@@ -288,7 +288,9 @@ def test_only_what_is_asked_for():
 
 
 @needs_native
-@pytest.mark.parametrize("T,N,kmin,kmax,scale", [(300, 64, 8, 8, 2.0), (257, 64, 4, 8, 3.0), (100, 256, 16, 16, 2.0), (90, 9, 0, 9, 6.0)])
+@pytest.mark.parametrize(
+    "T,N,kmin,kmax,scale", [(300, 64, 8, 8, 2.0), (257, 64, 4, 8, 3.0), (100, 256, 16, 16, 2.0), (90, 9, 0, 9, 6.0)]
+)
 def test_the_draw_alone_is_the_draw_with_the_marginals(T, N, kmin, kmax, scale):
     """Without the marginals a linear tile keeps its states, not W, and the draw makes W along its
     path from them (cardinality.c, draw_step_linear): the same draw, bit for bit, as the one that

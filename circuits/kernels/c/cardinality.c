@@ -468,7 +468,8 @@ static int all_finite(const float *x, int64_t n) {
     return ok;
 }
 
-/* The up sweep (dp.up) of tokens t0..t0+nt of r [T, N] (NULL: rt holds them, loaded by the caller): tau, W, and with tangents (the tile has
+/* The up sweep (dp.up) of tokens t0..t0+nt of r [T, N] (NULL: rt holds them, loaded by the
+ * caller): tau, W, and with tangents (the tile has
  * vt: loaded here from v [T, N], or by the caller when v is NULL) also D and dW; linear where the
  * tile's logits allow (*linear = 1), else on logarithms (0). Returns the last row [K1][B]: log
  * counts less j tau (linear; tau the mean logit) or P[N] (the log sweep; tau the tilt c); either
@@ -579,19 +580,24 @@ static void draw_step_linear(int64_t i, int64_t B, const float *restrict lo, con
     const __m256 vinv = _mm256_set1_ps(inv), zero = _mm256_setzero_ps();
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), vB = _mm256_set1_epi32((int32_t)B);
     for (; t + 8 <= B; t += 8) {
-        const __m256i ct = _mm256_loadu_si256((const __m256i *)(c + t)), j = _mm256_max_epi32(ct, _mm256_setzero_si256());
+        const __m256i ct = _mm256_loadu_si256((const __m256i *)(c + t));
+        const __m256i j = _mm256_max_epi32(ct, _mm256_setzero_si256());
         const __m256i at = _mm256_add_epi32(_mm256_mullo_epi32(j, vB), lane); /* j B + lane */
         const __m256 b = _mm256_mul_ps(_mm256_cvtepi32_ps(j), vinv);
-        const __m256 a = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_set1_epi32((int32_t)(i + 1)), j)), vinv);
+        const __m256i left = _mm256_sub_epi32(_mm256_set1_epi32((int32_t)(i + 1)), j); /* linear_a's i + 1 - j */
+        const __m256 a = _mm256_mul_ps(_mm256_cvtepi32_ps(left), vinv);
         const __m256 prev = _mm256_i32gather_ps(lo + t, at, 4), cur = _mm256_i32gather_ps(lo + B + t, at, 4);
-        const __m256 take = _mm256_mul_ps(_mm256_mul_ps(b, prev), _mm256_loadu_ps(wi + t)), keep = _mm256_mul_ps(a, cur);
+        const __m256 take = _mm256_mul_ps(_mm256_mul_ps(b, prev), _mm256_loadu_ps(wi + t));
+        const __m256 keep = _mm256_mul_ps(a, cur);
         const __m256 nx = first ? _mm256_i32gather_ps(hi + B + t, at, 4) : _mm256_loadu_ps(nxs + t);
-        const __m256 num = _mm256_blendv_ps(_mm256_xor_ps(keep, _mm256_set1_ps(-0.0f)), take, _mm256_cmp_ps(take, keep, _CMP_LT_OQ));
+        const __m256 neg = _mm256_xor_ps(keep, _mm256_set1_ps(-0.0f)); /* -keep, -0.0 for 0 (W = 1) */
+        const __m256 num = _mm256_blendv_ps(neg, take, _mm256_cmp_ps(take, keep, _CMP_LT_OQ));
         const __m256 sv = _mm256_and_ps(_mm256_div_ps(num, nx), _mm256_cmp_ps(nx, zero, _CMP_GT_OQ));
         /* u < W as draw_one: u - 1 < s where s's sign is set, else u < s */
         const __m256 one = _mm256_and_ps(_mm256_castsi256_ps(_mm256_srai_epi32(_mm256_castps_si256(sv), 31)),
                                          _mm256_set1_ps(1.0f));
-        const __m256i below = _mm256_castps_si256(_mm256_cmp_ps(_mm256_sub_ps(_mm256_loadu_ps(u + t), one), sv, _CMP_LT_OQ));
+        const __m256 below_ps = _mm256_cmp_ps(_mm256_sub_ps(_mm256_loadu_ps(u + t), one), sv, _CMP_LT_OQ);
+        const __m256i below = _mm256_castps_si256(below_ps);
         const __m256i on = _mm256_and_si256(below, _mm256_cmpgt_epi32(ct, _mm256_setzero_si256())); /* -1 or 0 */
         _mm256_storeu_ps(z + t, _mm256_and_ps(_mm256_castsi256_ps(on), _mm256_set1_ps(1.0f)));
         _mm256_storeu_si256((__m256i *)(c + t), _mm256_add_epi32(ct, on));
@@ -603,7 +609,8 @@ static void draw_step_linear(int64_t i, int64_t B, const float *restrict lo, con
     for (; t < B; t++) {
         const int32_t ct = c[t];
         const int64_t j = ct > 0 ? ct : 0;
-        const float b = (float)j * inv, take = (b * lo[j * B + t]) * wi[t], keep = linear_a(i, j, inv) * lo[(j + 1) * B + t];
+        const float b = (float)j * inv, take = (b * lo[j * B + t]) * wi[t];
+        const float keep = linear_a(i, j, inv) * lo[(j + 1) * B + t];
         const int32_t on = draw_one(linear_w(take, keep, hi[(j + 1) * B + t]), ct, u[t]);
         z[t] = (float)on;
         c[t] -= on;
