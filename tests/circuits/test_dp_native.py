@@ -288,6 +288,30 @@ def test_only_what_is_asked_for():
 
 
 @needs_native
+@pytest.mark.parametrize(
+    "T,N,kmin,kmax,scale", [(300, 64, 8, 8, 2.0), (257, 64, 4, 8, 3.0), (100, 256, 16, 16, 2.0), (90, 9, 0, 9, 6.0)]
+)
+def test_the_draw_alone_is_the_draw_with_the_marginals(T, N, kmin, kmax, scale):
+    """Without the marginals a linear tile keeps its states, not W, and the draw makes W along its
+    path from them (cardinality.c, draw_step_linear): the same draw, bit for bit, as the one that
+    reads the W the marginals need; -inf logits (unreachable states, W = 0 or 1 exactly: all of a
+    row's finite logits drawn), ties and a far-spread row (its tile on logarithms) included."""
+    g = torch.Generator().manual_seed(T + N)
+    r = torch.randn(T, N, generator=g) * scale
+    r[:9, : N - kmax] = -torch.inf  # kmax finite logits: every one drawn where kmin = kmax
+    r[9:20] = 0.5  # ties
+    r[-1] = torch.randn(N, generator=g) * 1e4  # the last tile sweeps on logarithms
+    done, tiles = dp_native.linear_tiles(r, kmin, kmax)
+    assert 0 < done < tiles or tiles == 1
+    for s in range(3):
+        seed = seed_tensor(torch.Generator().manual_seed(s))
+        alone = dp_native.forward_marginals(r, kmin, kmax, seed, False)[1]
+        assert torch.equal(alone, dp_native.forward_marginals(r, kmin, kmax, seed, True)[1])
+        idx, _, mask = dp_native.chosen_scores(r, torch.softmax(r, -1), seed, kmin, kmax, kmax)
+        assert torch.equal(torch.zeros_like(r).scatter(1, idx, mask.float()), alone)
+
+
+@needs_native
 def test_bad_arguments():
     r = torch.randn(4, 6)
     with pytest.raises(ValueError, match="kmin <= kmax"):

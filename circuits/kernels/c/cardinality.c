@@ -20,6 +20,9 @@
  * rows are [K1 + 1][B], with the always-empty j = -1 in front. The tables W (and dW for Cov(z) v) are
  * [N][K1][B], written by the up sweep and read back by the down sweep; B is the largest of
  * 128, 64, 32, 16 whose tables fit TABLE_BUDGET, so they stay in a core's L2 cache (see lanes()).
+ * A draw without the marginals (the routing forward) keeps the linear sweep's states S [N + 1][K1 + 1][B]
+ * in W's place instead, and makes W[i, c] on its path alone from them (draw_step_linear): a
+ * division per token and variable, not per state, and the same bits.
  * exp and log1p run on whole levels through vmath.c (libmvec). A partial last tile is padded with logit 0,
  * tangent 0 and uniform 0.5; only its first nt lanes are written out. Tiles are split statically
  * over OpenMP threads, each with its own scratch; the results do not depend on the thread count.
@@ -31,6 +34,9 @@
 #include <string.h>
 
 #include "kernels.h"
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 #define LOG_ZERO (-1e30f) /* dp.LOG_ZERO */
 #define MAX_LANES 128
@@ -50,6 +56,8 @@ typedef struct {
     float *rt, *vt;        /* [N][B]: logits (log sigmoid(x) once tilted, in the log sweep); tangents */
     float *wt;             /* [N][B]: the linear sweep's weights exp(r - tau); log sigmoid(-x) in the log sweep */
     float *W, *dW;         /* [N][K1][B]: W signed (see up_step), dW */
+    float *S;              /* [N + 1][K1 + 1][B]: the linear sweep's states, kept for a draw alone (NULL:
+                            * not kept; W's memory, which the log sweep overwrites) */
     double *L;             /* [2][K1 + 1][B]: L[i] and L[i + 1] for j = -1..K, alternating (the log sweep) */
     float *Lf;             /* the same memory as [2][K1 + 1][B] floats: the linear sweep's L */
     double *mx;            /* [B]: band_probs' scratch */
@@ -57,13 +65,15 @@ typedef struct {
     double *take;          /* [K1][B]: an up step's scratch */
     float *g;              /* [K1][B]: an up step's scratch */
     double *A, *f;         /* [K1][B]: the marginals' adjoints and flows (the band probabilities first) */
-    float *cA, *cdA, *cf, *cdf; /* [K1][B]: Cov(z) v's adjoints, flows and their tangents */
+    float *cA, *cdA;       /* [K1][B]: Cov(z) v's adjoints and their tangents */
+    float *cf, *cdf;       /* [B]: a size's flows and their tangents (cov_step) */
     float *out, *z;        /* [N][B]: m or Cov(z) v; the draw */
     float *p;              /* [N][B]: the scores softmax(r) or sigmoid(r) (chosen_backward_tile) */
     float *q;              /* [B]: 1 - p at each lane's largest logit (pm_tile_scores) */
     int32_t *top;          /* [B]: the variable of each lane's largest logit */
     float *rows3;          /* [3][B]: pm_scores_backward's scratch */
     float *tau, *u;        /* [B]: tau (the linear sweep's mean, or the tilt c); a variable's uniforms */
+    float *nxs;            /* [B]: draw_step_linear's L[i + 1, c] */
     float *ts;             /* [K1][B]: the tilt's scratch */
     int32_t *c;            /* [B]: how many of the draw's members are still to come */
     float *bits;           /* [ceil(N / 64)][B] uint64: the draw as bit masks (chosen_tile) */
@@ -71,9 +81,10 @@ typedef struct {
 } Tile;
 
 /* Points the buffers of `w` into `base` (NULL: only counts); returns the floats they take.
- * tangents: the buffers of Cov(z) v; sampling: those of the draw; scores: p. */
-static int64_t carve(Tile *w, const Dims *d, int tangents, int sampling, int scores, float *base) {
-    const int64_t N = d->N, K1 = d->K1, B = d->B;
+ * tangents: the buffers of Cov(z) v; sampling: those of the draw; scores: p; states: S (a draw
+ * without the marginals). */
+static int64_t carve(Tile *w, const Dims *d, int tangents, int sampling, int scores, int states, float *base) {
+    const int64_t N = d->N, K1 = d->K1, B = d->B, kept = (N + 1) * (K1 + 1);
     int64_t at = 0;
 #define SLICE(field, type, n, used) /* n: elements of `type` (a float or a double; all counts are even) */ \
     (w->field = (used) && base ? (type *)(base + at) : NULL,                                    \
@@ -81,7 +92,8 @@ static int64_t carve(Tile *w, const Dims *d, int tangents, int sampling, int sco
     SLICE(rt, float, N * B, 1);
     SLICE(vt, float, N * B, tangents);
     SLICE(wt, float, N * B, 1);
-    SLICE(W, float, N * K1 * B, 1);
+    SLICE(W, float, (states && kept > N * K1 ? kept : N * K1) * B, 1);
+    w->S = states ? w->W : NULL;
     SLICE(dW, float, N * K1 * B, tangents);
     SLICE(L, double, 2 * (K1 + 1) * B, 1);
     w->Lf = (float *)w->L;
@@ -92,8 +104,8 @@ static int64_t carve(Tile *w, const Dims *d, int tangents, int sampling, int sco
     SLICE(f, double, K1 * B, 1);
     SLICE(cA, float, K1 * B, tangents);
     SLICE(cdA, float, K1 * B, tangents);
-    SLICE(cf, float, K1 * B, tangents);
-    SLICE(cdf, float, K1 * B, tangents);
+    SLICE(cf, float, B, tangents);
+    SLICE(cdf, float, B, tangents);
     SLICE(out, float, N * B, 1);
     SLICE(z, float, N * B, sampling);
     SLICE(bits, float, 2 * ((N + 63) / 64) * B, sampling); /* uint64 words */
@@ -106,6 +118,7 @@ static int64_t carve(Tile *w, const Dims *d, int tangents, int sampling, int sco
     SLICE(mx, double, B, 1);
     SLICE(ts, float, K1 * B, 1);
     SLICE(u, float, B, sampling);
+    SLICE(nxs, float, B, sampling);
     SLICE(c, int32_t, B, sampling); /* int32 and float have the same size */
 #undef SLICE
     return at;
@@ -124,21 +137,51 @@ static int64_t lanes(int64_t N, int64_t K1, int64_t tables) {
     return B;
 }
 
-/* src [T, N] rows t0..t0+nt -> dst [N][B]; lanes past nt hold 0. */
+/* dst [8][ds] = the transpose of src [8][ss]: 8 rows of 8 floats each way. */
+static inline void transpose8(const float *restrict src, int64_t ss, float *restrict dst, int64_t ds) {
+#ifdef __AVX2__
+    __m256 r[8], t[8];
+    for (int q = 0; q < 8; q++) r[q] = _mm256_loadu_ps(src + q * ss);
+    for (int q = 0; q < 8; q += 2) {
+        t[q] = _mm256_unpacklo_ps(r[q], r[q + 1]);
+        t[q + 1] = _mm256_unpackhi_ps(r[q], r[q + 1]);
+    }
+    for (int q = 0; q < 8; q += 4) {
+        r[q] = _mm256_shuffle_ps(t[q], t[q + 2], 0x44);
+        r[q + 1] = _mm256_shuffle_ps(t[q], t[q + 2], 0xEE);
+        r[q + 2] = _mm256_shuffle_ps(t[q + 1], t[q + 3], 0x44);
+        r[q + 3] = _mm256_shuffle_ps(t[q + 1], t[q + 3], 0xEE);
+    }
+    for (int q = 0; q < 4; q++) {
+        _mm256_storeu_ps(dst + q * ds, _mm256_permute2f128_ps(r[q], r[q + 4], 0x20));
+        _mm256_storeu_ps(dst + (q + 4) * ds, _mm256_permute2f128_ps(r[q], r[q + 4], 0x31));
+    }
+#else
+    for (int q = 0; q < 8; q++)
+        for (int k = 0; k < 8; k++) dst[k * ds + q] = src[q * ss + k];
+#endif
+}
+
+/* src [T, N] rows t0..t0+nt -> dst [N][B]; lanes past nt hold 0. Blocks of 8 tokens and 8
+ * variables by transpose8, the rest one by one. */
 static void load_rows(const Dims *d, const float *src, int64_t t0, int64_t nt, float *dst) {
-    const int64_t N = d->N, B = d->B;
+    const int64_t N = d->N, B = d->B, full = nt / 8 * 8, wide = N / 8 * 8;
+    for (int64_t t = 0; t < full; t += 8)
+        for (int64_t i = 0; i < wide; i += 8) transpose8(src + (t0 + t) * N + i, N, dst + i * B + t, B);
     for (int64_t t = 0; t < B; t++) {
         const float *row = t < nt ? src + (t0 + t) * N : NULL;
-        for (int64_t i = 0; i < N; i++) dst[i * B + t] = row ? row[i] : 0.0f;
+        for (int64_t i = t < full ? wide : 0; i < N; i++) dst[i * B + t] = row ? row[i] : 0.0f;
     }
 }
 
 /* src [N][B] -> dst [T, N] rows t0..t0+nt. */
 static void store_rows(const Dims *d, const float *src, int64_t t0, int64_t nt, float *dst) {
-    const int64_t N = d->N, B = d->B;
+    const int64_t N = d->N, B = d->B, full = nt / 8 * 8, wide = N / 8 * 8;
+    for (int64_t t = 0; t < full; t += 8)
+        for (int64_t i = 0; i < wide; i += 8) transpose8(src + i * B + t, B, dst + (t0 + t) * N + i, N);
     for (int64_t t = 0; t < nt; t++) {
         float *row = dst + (t0 + t) * N;
-        for (int64_t i = 0; i < N; i++) row[i] = src[i * B + t];
+        for (int64_t i = t < full ? wide : 0; i < N; i++) row[i] = src[i * B + t];
     }
 }
 
@@ -224,6 +267,7 @@ static inline float unpack_w(float s) { return signbit(s) ? 1.0f + s : s; }
 /* The tangents of one up step (dp.up with v): lo = D[i], hi = D[i + 1] ([K1 + 1][B], row 0 is
  * j = -1, always 0), vi [B], w = W[i] (signed). With s = D[i, j-1] + v_i: D[i + 1, j] = lerp(D[i, j], s, W)
  * (torch.lerp's formula) and dw = dW[i] = (s - D[i + 1, j]) W. */
+
 static void tangent_step(int64_t K1, int64_t B, const float *restrict lo, float *restrict hi, const float *restrict vi,
                          const float *restrict w, float *restrict dw) {
     const float *prev = lo, *cur = lo + B;
@@ -319,27 +363,42 @@ static int linear_setup(const Dims *d, const float *restrict rt, float *restrict
 }
 
 /* One step of the linear sweep for variable i: lo = L[i], hi = L[i + 1] ([K1 + 1][B], row 0 is
- * j = -1, always 0), wi = w_i [B], w = W[i] [K1][B]: L[i + 1, j] = keep + take with keep =
- * a L[i, j] and take = b w_i L[i, j-1], a = (i + 1 - j) / (i + 1), b = j / (i + 1) (states past
- * j = i + 1 are 0 whatever a is), and W[i, j] = take / L[i + 1, j], stored signed as up_step's:
- * take / L[i + 1, j] where take < keep, else -(keep / L[i + 1, j]) (0 for an unreachable state, and
- * at j = 0). reach [B]: the finite logits among variables 0..i; a reachable state (j <= reach)
- * below LINEAR_FLOOR sets low [B] to 1. */
-static void up_step_linear(int64_t i, int64_t K1, int64_t B, const float *restrict lo, float *restrict hi,
-                           const float *restrict wi, float *restrict w, const float *restrict reach,
-                           float *restrict low) {
+ * j = -1, always 0), wi = w_i [B], w = W[i] [K1][B] (NULL: not made): L[i + 1, j] = keep + take
+ * with keep = a L[i, j] and take = b w_i L[i, j-1], a = (i + 1 - j) / (i + 1), b = j / (i + 1)
+ * (states past j = i + 1 are 0 whatever a is), and W[i, j] = linear_w(take, keep, L[i + 1, j]).
+ * reach [B]: the finite logits among variables 0..i; a reachable state (j <= reach) below
+ * LINEAR_FLOOR sets low [B] to 1. */
+static inline float linear_a(int64_t i, int64_t j, float inv) { return (float)(i + 1 - j) * inv; }
+
+/* W[i, j] of the linear sweep, stored signed as up_step's: take / L[i + 1, j] where take < keep,
+ * else -(keep / L[i + 1, j]) (0 for an unreachable state, and at j = 0); nx = L[i + 1, j]. */
+static inline float linear_w(float take, float keep, float nx) {
+    return nx > 0.0f ? (take < keep ? take : -keep) / nx : 0.0f;
+}
+
+static inline void up_step_linear(int64_t i, int64_t K1, int64_t B, const float *restrict lo, float *restrict hi,
+                                  const float *restrict wi, float *restrict w, const float *restrict reach,
+                                  float *restrict low) {
     const float *prev = lo, *cur = lo + B;
     float *next = hi + B;
     const float inv = 1.0f / (float)(i + 1);
     for (int64_t j = 0; j < K1; j++) {
-        const float jf = (float)j, a = (float)(i + 1 - j) * inv, b = jf * inv;
-        for (int64_t t = 0; t < B; t++) {
-            const int64_t k = j * B + t;
-            const float take = (b * prev[k]) * wi[t], keep = a * cur[k], nx = keep + take;
-            next[k] = nx;
-            w[k] = nx > 0.0f ? (take < keep ? take : -keep) / nx : 0.0f;
-            low[t] = jf <= reach[t] && nx < LINEAR_FLOOR ? 1.0f : low[t];
-        }
+        const float jf = (float)j, a = linear_a(i, j, inv), b = jf * inv;
+        if (w)
+            for (int64_t t = 0; t < B; t++) {
+                const int64_t k = j * B + t;
+                const float take = (b * prev[k]) * wi[t], keep = a * cur[k], nx = keep + take;
+                next[k] = nx;
+                w[k] = linear_w(take, keep, nx);
+                low[t] = jf <= reach[t] && nx < LINEAR_FLOOR ? 1.0f : low[t];
+            }
+        else /* the states alone: the draw makes the W it reads (draw_step_linear) */
+            for (int64_t t = 0; t < B; t++) {
+                const int64_t k = j * B + t;
+                const float take = (b * prev[k]) * wi[t], keep = a * cur[k], nx = keep + take;
+                next[k] = nx;
+                low[t] = jf <= reach[t] && nx < LINEAR_FLOOR ? 1.0f : low[t];
+            }
     }
 }
 
@@ -360,14 +419,16 @@ static void linear_to_log(int64_t N, int64_t K1, int64_t B, const float *restric
 }
 
 /* The sweeps of up_sweep after its setup: linear (then L holds numbers; returns 0 when a lane
- * went below LINEAR_FLOOR, 1 otherwise) or on logarithms (returns 1). */
+ * went below LINEAR_FLOOR, 1 otherwise) or on logarithms (returns 1). The linear sweep of a tile
+ * with S keeps every level there in place of W. */
 static int sweep(const Dims *d, const Tile *w, int linear) {
     const int64_t N = d->N, K1 = d->K1, B = d->B, level = (K1 + 1) * B;
     float *reach = (float *)w->take, *low = w->g; /* [B]: free in the linear sweep */
     const float *s = (const float *)w->A; /* [B]: the linear scale's power of two (up_sweep) */
+    float *const Lf = linear && w->S ? w->S : w->Lf;
     if (linear) {
-        memset(w->Lf, 0, 2 * level * sizeof(float));
-        for (int64_t t = 0; t < B; t++) w->Lf[B + t] = ldexpf(1.0f, -(int)s[t]); /* the empty set: 2^-s */
+        memset(Lf, 0, 2 * level * sizeof(float));
+        for (int64_t t = 0; t < B; t++) Lf[B + t] = ldexpf(1.0f, -(int)s[t]); /* the empty set: 2^-s */
         memset(reach, 0, B * sizeof(float));
         memset(low, 0, B * sizeof(float));
     } else {
@@ -378,14 +439,20 @@ static int sweep(const Dims *d, const Tile *w, int linear) {
     for (int64_t i = 0; i < N; i++) {
         const int64_t a = (i % 2) * level, b = ((i + 1) % 2) * level;
         float *wi = w->W + i * K1 * B;
-        if (linear) {
-            for (int64_t t = 0; t < B; t++) reach[t] += w->rt[i * B + t] > -INFINITY ? 1.0f : 0.0f;
-            up_step_linear(i, K1, B, w->Lf + a, w->Lf + b, w->wt + i * B, wi, reach, low);
-        } else {
+        if (!linear) {
             up_step(K1, B, w->L + a, w->L + b, w->rt + i * B, w->wt + i * B, wi, w->take, w->g);
+            if (w->vt) tangent_step(K1, B, w->D + a, w->D + b, w->vt + i * B, wi, w->dW + i * K1 * B);
+            continue;
         }
-        if (w->vt) tangent_step(K1, B, w->D + a, w->D + b, w->vt + i * B, wi, w->dW + i * K1 * B);
-        if (linear && (i % 16 == 15 || i == N - 1))
+        for (int64_t t = 0; t < B; t++) reach[t] += w->rt[i * B + t] > -INFINITY ? 1.0f : 0.0f;
+        if (w->S) { /* every level kept, no W (the draw makes it) */
+            memset(Lf + (i + 1) * level, 0, B * sizeof(float)); /* j = -1 */
+            up_step_linear(i, K1, B, Lf + i * level, Lf + (i + 1) * level, w->wt + i * B, NULL, reach, low);
+        } else {
+            up_step_linear(i, K1, B, Lf + a, Lf + b, w->wt + i * B, wi, reach, low);
+            if (w->vt) tangent_step(K1, B, w->D + a, w->D + b, w->vt + i * B, wi, w->dW + i * K1 * B);
+        }
+        if (i % 16 == 15 || i == N - 1)
             for (int64_t t = 0; t < B; t++)
                 if (low[t] != 0.0f) return 0;
     }
@@ -401,7 +468,8 @@ static int all_finite(const float *x, int64_t n) {
     return ok;
 }
 
-/* The up sweep (dp.up) of tokens t0..t0+nt of r [T, N]: tau, W, and with tangents (the tile has
+/* The up sweep (dp.up) of tokens t0..t0+nt of r [T, N] (NULL: rt holds them, loaded by the
+ * caller): tau, W, and with tangents (the tile has
  * vt: loaded here from v [T, N], or by the caller when v is NULL) also D and dW; linear where the
  * tile's logits allow (*linear = 1), else on logarithms (0). Returns the last row [K1][B]: log
  * counts less j tau (linear; tau the mean logit) or P[N] (the log sweep; tau the tilt c); either
@@ -409,19 +477,19 @@ static int all_finite(const float *x, int64_t n) {
 static const double *up_sweep(const Dims *d, const Tile *w, const float *r, const float *v, int64_t t0, int64_t nt,
                               const float **dtop, int *linear) {
     const int64_t N = d->N, K1 = d->K1, B = d->B, level = (K1 + 1) * B;
-    load_rows(d, r, t0, nt, w->rt);
+    if (r) load_rows(d, r, t0, nt, w->rt);
     if (v) load_rows(d, v, t0, nt, w->vt);
     float *s = (float *)w->A; /* [B]: the linear scale's power of two; A is free until the down sweep */
+    const float *last = w->S ? w->S + N * level + B : w->Lf + (N % 2) * level + B; /* the linear L[N] */
     *linear = d->linear && linear_setup(d, w->rt, w->wt, w->tau, s, w->out, (float *)w->take, w->g) &&
-              sweep(d, w, 1) &&
-              all_finite(w->Lf + (N % 2) * level + B, K1 * B);
+              sweep(d, w, 1) && all_finite(last, K1 * B);
     if (!*linear) {
         tilt(d, w->rt, w->wt, w->tau, w->ts, w->out);
         sweep(d, w, 0);
     }
     if (w->vt) *dtop = w->D + (N % 2) * level + B;
     if (*linear) { /* the last row, converted into take (free after the sweep) */
-        linear_to_log(N, K1, B, w->Lf + (N % 2) * level + B, w->take, s);
+        linear_to_log(N, K1, B, last, w->take, s);
         return w->take;
     }
     return w->L + (N % 2) * level + B;
@@ -477,21 +545,87 @@ static void draw_size(const Dims *d, const double *A, const float *u, int32_t *c
     }
 }
 
-/* One step of the draw along the path (dp.down): z_i = [u_i < W[i, c]], c -= z_i, with W in
- * double (where 1 + s is exact). w = W[i] [K1][B] (signed); u, c, z: [B]. */
+/* One step of the draw along the path (dp.down): z_i = [u_i < W[i, c]], c -= z_i, exactly: where
+ * W = 1 + s (s's sign set), as u - 1 < s, with u - 1 exact in float for the uniforms, multiples of
+ * 2^-24 in [0, 1) (uniforms.c; the padding's 0.5), so the same as u < 1 + s in double. w = W[i]
+ * [K1][B] (signed); u, c, z: [B]. */
+static inline int32_t draw_one(float s, int32_t ct, float u) {
+    /* c > 0: W[i, 0] is 0 for valid logits, but NaN together with |r| > 1e30 (validation off)
+     * makes it 1 and would drive c negative, reading W rows below the table. */
+    uint32_t bits; /* W = s + 1 where s's sign is set (unpack_w): u < W as u - 1 < s, without a branch */
+    memcpy(&bits, &s, sizeof bits);
+    return (ct > 0) & (u - (float)(bits >> 31) < s);
+}
+
 static void draw_step(int64_t B, const float *restrict w, const float *restrict u, int32_t *restrict c,
                       float *restrict z) {
     for (int64_t t = 0; t < B; t++) {
-        /* c > 0: W[i, 0] is 0 for valid logits, but NaN together with |r| > 1e30 (validation off)
-         * makes it 1 and would drive c negative, reading W rows below the table. */
-        const int32_t ct = c[t];
-        const float s = w[(ct > 0 ? ct : 0) * B + t];
-        uint32_t bits; /* W = s + 1 where s's sign is set (unpack_w), without a branch */
-        memcpy(&bits, &s, sizeof bits);
-        const int32_t on = (ct > 0) & ((double)u[t] < (double)s + (double)(bits >> 31));
+        const int32_t ct = c[t], on = draw_one(w[(ct > 0 ? ct : 0) * B + t], ct, u[t]);
         z[t] = (float)on;
         c[t] -= on;
     }
+}
+
+/* draw_step after a linear sweep that kept its states S (sweep): W[i, c] made from lo = L[i],
+ * hi = L[i + 1] ([K1 + 1][B], row 0 is j = -1) and wi = w_i [B] by the operations of
+ * up_step_linear, so the same bits as the W it would have stored: a division per lane and step
+ * instead of one per state. With AVX2, L[i + 1, c] is the state the step before gathered (nxs
+ * [B], gathered from hi at the first step, the last variable's). */
+static void draw_step_linear(int64_t i, int64_t B, const float *restrict lo, const float *restrict hi,
+                             const float *restrict wi, const float *restrict u, int32_t *restrict c,
+                             float *restrict z, float *restrict nxs, int first) {
+    const float inv = 1.0f / (float)(i + 1);
+    int64_t t = 0;
+#ifdef __AVX2__ /* 8 lanes at a time, the same operations (gathers for the three states) */
+    const __m256 vinv = _mm256_set1_ps(inv), zero = _mm256_setzero_ps();
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), vB = _mm256_set1_epi32((int32_t)B);
+    for (; t + 8 <= B; t += 8) {
+        const __m256i ct = _mm256_loadu_si256((const __m256i *)(c + t));
+        const __m256i j = _mm256_max_epi32(ct, _mm256_setzero_si256());
+        const __m256i at = _mm256_add_epi32(_mm256_mullo_epi32(j, vB), lane); /* j B + lane */
+        const __m256 b = _mm256_mul_ps(_mm256_cvtepi32_ps(j), vinv);
+        const __m256i left = _mm256_sub_epi32(_mm256_set1_epi32((int32_t)(i + 1)), j); /* linear_a's i + 1 - j */
+        const __m256 a = _mm256_mul_ps(_mm256_cvtepi32_ps(left), vinv);
+        const __m256 prev = _mm256_i32gather_ps(lo + t, at, 4), cur = _mm256_i32gather_ps(lo + B + t, at, 4);
+        const __m256 take = _mm256_mul_ps(_mm256_mul_ps(b, prev), _mm256_loadu_ps(wi + t));
+        const __m256 keep = _mm256_mul_ps(a, cur);
+        const __m256 nx = first ? _mm256_i32gather_ps(hi + B + t, at, 4) : _mm256_loadu_ps(nxs + t);
+        const __m256 neg = _mm256_xor_ps(keep, _mm256_set1_ps(-0.0f)); /* -keep, -0.0 for 0 (W = 1) */
+        const __m256 num = _mm256_blendv_ps(neg, take, _mm256_cmp_ps(take, keep, _CMP_LT_OQ));
+        const __m256 sv = _mm256_and_ps(_mm256_div_ps(num, nx), _mm256_cmp_ps(nx, zero, _CMP_GT_OQ));
+        /* u < W as draw_one: u - 1 < s where s's sign is set, else u < s */
+        const __m256 one = _mm256_and_ps(_mm256_castsi256_ps(_mm256_srai_epi32(_mm256_castps_si256(sv), 31)),
+                                         _mm256_set1_ps(1.0f));
+        const __m256 below_ps = _mm256_cmp_ps(_mm256_sub_ps(_mm256_loadu_ps(u + t), one), sv, _CMP_LT_OQ);
+        const __m256i below = _mm256_castps_si256(below_ps);
+        const __m256i on = _mm256_and_si256(below, _mm256_cmpgt_epi32(ct, _mm256_setzero_si256())); /* -1 or 0 */
+        _mm256_storeu_ps(z + t, _mm256_and_ps(_mm256_castsi256_ps(on), _mm256_set1_ps(1.0f)));
+        _mm256_storeu_si256((__m256i *)(c + t), _mm256_add_epi32(ct, on));
+        _mm256_storeu_ps(nxs + t, _mm256_blendv_ps(cur, prev, _mm256_castsi256_ps(on))); /* L[i, c] for step i - 1 */
+    }
+#else
+    (void)nxs, (void)first;
+#endif
+    for (; t < B; t++) {
+        const int32_t ct = c[t];
+        const int64_t j = ct > 0 ? ct : 0;
+        const float b = (float)j * inv, take = (b * lo[j * B + t]) * wi[t];
+        const float keep = linear_a(i, j, inv) * lo[(j + 1) * B + t];
+        const int32_t on = draw_one(linear_w(take, keep, hi[(j + 1) * B + t]), ct, u[t]);
+        z[t] = (float)on;
+        c[t] -= on;
+    }
+}
+
+/* One step of the draw for variable i: draw_step_linear where the tile kept its linear states
+ * (linear and S), else draw_step. */
+static void draw_at(const Dims *d, const Tile *w, int linear, int64_t i, int32_t *c, float *z) {
+    const int64_t K1 = d->K1, B = d->B, level = (K1 + 1) * B;
+    if (linear && w->S)
+        draw_step_linear(i, B, w->S + i * level, w->S + (i + 1) * level, w->wt + i * B, w->u, c, z, w->nxs,
+                         i == d->N - 1);
+    else
+        draw_step(B, w->W + i * K1 * B, w->u, c, z);
 }
 
 /* Σ_j x[j] over a level: x [K1][B] doubles -> out [B] floats. */
@@ -522,23 +656,38 @@ static void down_step(int64_t K1, int64_t B, double *restrict A, const float *re
 
 /* One step of dp.cov_vec's down sweep, in float (the routing backward's; the marginals' down_step
  * is double): F = A W, dF = dA W + A dW, out_i = Σ_j dF[j], then A = A (1 - W) + F shifted and
- * dA = dA - dF + dF shifted. A, dA, f, df: [K1][B]; w, dw = W[i] (signed), dW[i]; out [B]. */
+ * dA = dA - dF + dF shifted. In one pass over the sizes, F and dF of size j + 1 made before A and dA
+ * of size j are updated (the same operations as in three passes, so the same bits). A, dA: [K1][B];
+ * w, dw = W[i] (signed), dW[i]; f, df [B]: scratch; out [B]. */
 static void cov_step(int64_t K1, int64_t B, float *restrict A, float *restrict dA, const float *restrict w,
                      const float *restrict dw, float *restrict f, float *restrict df, float *restrict out) {
-    const int64_t n = K1 * B;
-    for (int64_t k = 0; k < n; k++) {
-        const float s = w[k], wk = unpack_w(s), wc = signbit(s) ? -s : 1.0f - s;
-        f[k] = A[k] * wk;
-        df[k] = dA[k] * wk + A[k] * dw[k];
-        A[k] *= wc;
-        dA[k] -= df[k];
+    for (int64_t t = 0; t < B; t++) { /* F, dF of size 0 */
+        const float wk = unpack_w(w[t]);
+        f[t] = A[t] * wk;
+        df[t] = dA[t] * wk + A[t] * dw[t];
+        out[t] = df[t];
     }
-    memcpy(out, df, B * sizeof(float));
-    for (int64_t j = 1; j < K1; j++)
-        for (int64_t t = 0; t < B; t++) out[t] += df[j * B + t];
-    for (int64_t k = 0; k < n - B; k++) {
-        A[k] += f[k + B];
-        dA[k] += df[k + B];
+    for (int64_t j = 0; j < K1; j++) {
+        float *a = A + j * B, *da = dA + j * B;
+        const float *s = w + j * B;
+        if (j + 1 < K1) {
+            const float *s1 = s + B, *dw1 = dw + (j + 1) * B, *a1 = a + B, *da1 = da + B;
+            for (int64_t t = 0; t < B; t++) {
+                const float wk1 = unpack_w(s1[t]), fn = a1[t] * wk1, dfn = da1[t] * wk1 + a1[t] * dw1[t];
+                const float wc = signbit(s[t]) ? -s[t] : 1.0f - s[t];
+                out[t] += dfn;
+                a[t] = a[t] * wc + fn;
+                da[t] = (da[t] - df[t]) + dfn;
+                f[t] = fn;
+                df[t] = dfn;
+            }
+        } else {
+            for (int64_t t = 0; t < B; t++) {
+                const float wc = signbit(s[t]) ? -s[t] : 1.0f - s[t];
+                a[t] *= wc;
+                da[t] -= df[t];
+            }
+        }
     }
 }
 
@@ -550,9 +699,9 @@ static int64_t forward_tile(const Dims *d, const float *r, const float *U, float
                             int64_t nt) {
     const int64_t T = d->T, N = d->N, K1 = d->K1, B = d->B;
     Tile w;
-    float *buf = pm_scratch(carve(&w, d, 0, z != NULL, 0, NULL));
+    float *buf = pm_scratch(carve(&w, d, 0, z != NULL, 0, z && !m, NULL));
     if (!buf) return -1;
-    carve(&w, d, 0, z != NULL, 0, buf);
+    carve(&w, d, 0, z != NULL, 0, z && !m, buf);
     int linear;
     const double *top = up_sweep(d, &w, r, NULL, t0, nt, NULL, &linear);
     band_probs(d, top, w.tau, w.A, w.f, w.mx);
@@ -565,7 +714,7 @@ static int64_t forward_tile(const Dims *d, const float *r, const float *U, float
         if (m) down_step(K1, B, w.A, wi, w.f, w.out + i * B);
         if (z) {
             load_uniforms(U + (i + 1) * T + t0, nt, B, w.u);
-            draw_step(B, wi, w.u, w.c, w.z + i * B);
+            draw_at(d, &w, linear, i, w.c, w.z + i * B);
         }
     }
     if (m) store_rows(d, w.out, t0, nt, m);
@@ -596,9 +745,9 @@ static void cov_down(const Dims *d, const Tile *w, const double *top, const floa
  * Returns 1 (the linear sweep), 0 (the log sweep) or -1, as forward_tile. */
 static int64_t cov_tile(const Dims *d, const float *r, const float *v, float *out, int64_t t0, int64_t nt) {
     Tile w;
-    float *buf = pm_scratch(carve(&w, d, 1, 0, 0, NULL));
+    float *buf = pm_scratch(carve(&w, d, 1, 0, 0, 0, NULL));
     if (!buf) return -1;
-    carve(&w, d, 1, 0, 0, buf);
+    carve(&w, d, 1, 0, 0, 0, buf);
     int linear;
     const float *dtop = NULL;
     const double *top = up_sweep(d, &w, r, v, t0, nt, &dtop, &linear);
@@ -625,9 +774,9 @@ static int64_t chosen_tile(const Dims *d, const float *r, int64_t seed, const fl
                            int64_t *idx, float *wv, uint8_t *mask, int64_t t0, int64_t nt) {
     const int64_t T = d->T, N = d->N, K1 = d->K1, B = d->B;
     Tile w;
-    float *buf = pm_scratch(carve(&w, d, 0, 1, 0, NULL));
+    float *buf = pm_scratch(carve(&w, d, 0, 1, 0, 1, NULL));
     if (!buf) return -1;
-    carve(&w, d, 0, 1, 0, buf);
+    carve(&w, d, 0, 1, 0, 1, buf);
     int linear;
     const double *top = up_sweep(d, &w, r, NULL, t0, nt, NULL, &linear);
     band_probs(d, top, w.tau, w.A, w.f, w.mx);
@@ -635,7 +784,7 @@ static int64_t chosen_tile(const Dims *d, const float *r, int64_t seed, const fl
     draw_size(d, w.A, w.u, w.c);
     for (int64_t i = N - 1; i >= 0; i--) {
         make_uniforms(seed, (i + 1) * T + t0, nt, B, w.u);
-        draw_step(B, w.W + i * K1 * B, w.u, w.c, w.z + i * B);
+        draw_at(d, &w, linear, i, w.c, w.z + i * B);
     }
     uint64_t *bits = (uint64_t *)w.bits;
     pm_chosen_bits(w.z, N, B, bits);
@@ -655,15 +804,16 @@ static int64_t chosen_backward_tile(const Dims *d, const float *r, const int32_t
                                     int64_t nt) {
     const int64_t N = d->N, B = d->B;
     Tile w;
-    float *buf = pm_scratch(carve(&w, d, 1, 0, 1, NULL));
+    float *buf = pm_scratch(carve(&w, d, 1, 0, 1, 0, NULL));
     if (!buf) return -1;
-    carve(&w, d, 1, 0, 1, buf);
-    load_rows(d, r, t0, nt, w.p);
+    carve(&w, d, 1, 0, 1, 0, buf);
+    load_rows(d, r, t0, nt, w.rt);
+    memcpy(w.p, w.rt, N * B * sizeof(float));
     pm_tile_scores(w.p, N, B, sigmoid, w.top, w.q, w.tau);
     pm_slot_tangents(idx, g, mask, slots, N, B, t0, nt, w.p, w.vt);
     int linear;
     const float *dtop = NULL;
-    const double *top = up_sweep(d, &w, r, NULL, t0, nt, &dtop, &linear);
+    const double *top = up_sweep(d, &w, NULL, NULL, t0, nt, &dtop, &linear); /* rt: loaded above */
     cov_down(d, &w, top, dtop);
     pm_scores_backward(w.out, w.vt, w.p, w.top, w.q, sigmoid, N, B, w.rows3);
     store_rows(d, w.out, t0, nt, out);
