@@ -29,7 +29,7 @@ from . import constraints as subset_constraints
 from .config import RoutingConfig
 from .distribution import SubsetDistribution
 from .gate_weights import gate_weights
-from .scores import dense_selection, gate_scores
+from .scores import dense_selection, gate_scores, normalized
 
 
 @dataclass
@@ -164,7 +164,7 @@ def _route_fused(dist: SubsetDistribution, r: Tensor, config: RoutingConfig, gen
     and gradients as the composed path), then the normalisation if asked."""
     w, idx, mask, probs = dist.chosen_scores(config.scores, generator)
     if config.normalize:
-        w = _normalized(w)
+        w = normalized(w)
     return Routing(idx, w, mask, probs, dist, config)
 
 
@@ -207,11 +207,4 @@ def _weights(
     """Eq. 7 at the used slots (value π, gradient through the tangent), normalised if the config
     says so: [T, kmax], exactly 0 on unused slots."""
     w = gate_weights(r, tangent, idx, mask, config.scores, probs)
-    return _normalized(w) if config.normalize else w
-
-
-def _normalized(w: Tensor) -> Tensor:
-    """The used weights w [T, kmax] divided by their sum (0 on unused slots stays 0). A floor instead
-    of 0 when every used score underflowed (sigmoid below -104, or a constraint that excludes the
-    argmax): weights 0, not NaN, as stock DeepSeek-V3's + 1e-20."""
-    return w / w.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
+    return normalized(w) if config.normalize else w

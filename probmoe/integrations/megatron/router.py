@@ -42,9 +42,10 @@ from torch import Tensor, nn
 
 import circuits
 import probmoe
-from probmoe.integrations.scale_out import rank_seed, unbiased_weights
+from probmoe.integrations.scale_out import rank_seed
+from probmoe.methods import Gate
+from probmoe.methods.probmoe import route_probmoe
 from probmoe.replay import GeneratorReplay
-from probmoe.router import routed
 from probmoe.scores import dense_selection
 
 
@@ -91,27 +92,17 @@ class ProbMoEMegatronRouter(nn.Module):
     def forward(self, input: Tensor, padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         logits = F.linear(input.reshape(-1, input.shape[-1]).float(), self.weight.float())  # [S·B, E]
         generator = self.generator if self.training else None
-        if self.expert_bias is None:
-            routing = routed(
-                logits,
-                self.routing,
-                training=self.training,
-                generator=generator,
-                replay=self._replay,
-                validate_args=False,
-            )
-            w = routing.weights  # [T, K]
-        else:
-            shifted = logits + self.expert_bias
-            routing = routed(
-                shifted,
-                _unnormalized(self.routing),
-                training=self.training,
-                generator=generator,
-                replay=self._replay,
-                validate_args=False,
-            )
-            w = unbiased_weights(routing, logits, shifted, self.score_function, self.routing.normalize)
+        gate = Gate(
+            top_k=self.topk,
+            num_experts=self.num_experts,
+            normalize=self.routing.normalize,
+            scores=self.score_function,
+            routing=self.routing,
+            generator=generator,
+            replay=self._replay,
+            bias=self.expert_bias,
+        )  # P(S) from the logits shifted by the expert bias, the weights from the unbiased scores
+        routing, w = route_probmoe(logits, gate, self.training)  # [T, K]
         self.last_routing = routing
         if self.scaling:
             w = w * self.scaling
@@ -150,12 +141,6 @@ def routing_config(config, *, kmin, method, backend, grad) -> probmoe.RoutingCon
         )
     spec = circuits.GroupLimited(E, None, groups, limited, kmin=kmin, kmax=K)
     return probmoe.RoutingConfig(E, constraint=spec, **{**fields, "backend": "circuit"})
-
-
-def _unnormalized(config: probmoe.RoutingConfig) -> probmoe.RoutingConfig:
-    import dataclasses
-
-    return dataclasses.replace(config, normalize=False)
 
 
 def _check_unsupported(config) -> None:

@@ -28,7 +28,6 @@ weight exactly 0. The scores output is π(r), detached (torchtitan's MoE reads o
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -37,9 +36,10 @@ from torchtitan.models.common.moe import TokenChoiceTopKRouter
 
 import circuits
 import probmoe
-from probmoe.integrations.scale_out import rank_generator, unbiased_weights
+from probmoe.integrations.scale_out import rank_generator
+from probmoe.methods import Gate
+from probmoe.methods.probmoe import route_probmoe
 from probmoe.replay import GeneratorReplay
-from probmoe.router import routed
 from probmoe.scores import gate_scores
 
 
@@ -76,27 +76,17 @@ class ProbMoERouter(TokenChoiceTopKRouter):
         lead, E = x.shape[:-1], self.num_experts
         logits = self._logits(x).reshape(-1, E)  # [..., D] -> [T, E] float32
         generator = self.generator if self.training else None
-        if expert_bias_E is None:
-            routing = routed(
-                logits,
-                self.routing,
-                training=self.training,
-                generator=generator,
-                replay=self._replay,
-                validate_args=False,
-            )
-            w = routing.weights  # [T, K]
-        else:  # P(S) from the shifted logits, the weights from the unbiased scores
-            shifted = logits + expert_bias_E.to(logits.dtype)
-            routing = routed(
-                shifted,
-                dataclasses.replace(self.routing, normalize=False),
-                training=self.training,
-                generator=generator,
-                replay=self._replay,
-                validate_args=False,
-            )
-            w = unbiased_weights(routing, logits, shifted, self.score_func, self.route_norm)
+        gate = Gate(
+            top_k=self.routing.kmax,
+            num_experts=E,
+            normalize=self.routing.normalize,
+            scores=self.score_func,
+            routing=self.routing,
+            generator=generator,
+            replay=self._replay,
+            bias=expert_bias_E,
+        )  # P(S) from the logits shifted by the bias, the weights from the unbiased scores
+        routing, w = route_probmoe(logits, gate, self.training)  # [T, K]
         self.last_routing = routing
         if self.route_scale != 1.0:
             w = w * self.route_scale
