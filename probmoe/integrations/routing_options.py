@@ -133,6 +133,12 @@ class RoutingOptions:
         method = get_method(self.method)
         name = method.name
         own = {option for taker in methods() for option in get_method(taker).options}  # the methods' own options
+        unknown = sorted(own - {f.name for f in fields(self)})
+        if unknown:
+            raise ValueError(
+                f"a registered method declares the option {unknown[0]!r}, which RoutingOptions has no field "
+                "for (a method's own option is a field of RoutingOptions too: docs/methods.md)"
+            )
         given = [option for option in sorted(own) if getattr(self, option) is not None and option not in method.options]
         if given:
             takers = _takers(lambda m: given[0] in m.options)

@@ -117,6 +117,16 @@ def test_the_registered_method_takes_only_the_options_it_declares(relu_topk):
         pt.patch_model(tiny_model("deepseek_v3"), NAME)
 
 
+def test_an_option_without_a_field_is_refused(relu_topk):
+    odd = type("Odd", (ReluTopK,), {"name": "odd-test", "options": {"width": 3}})()
+    register_method(odd)
+    try:
+        with pytest.raises(ValueError, match="declares the option 'width', which RoutingOptions has no field"):
+            pt.patch_model(tiny_model("olmoe"), "conventional")
+    finally:
+        unregister_method("odd-test")
+
+
 def test_unregistered_it_is_refused(relu_topk, tmp_path):
     model = pt.patch_model(tiny_model("olmoe"), NAME)
     model.save_pretrained(tmp_path)
