@@ -150,7 +150,7 @@ def _options(data: dict, routing) -> RoutingOptions:
     values = {"method": method.name, "aux_loss": data["aux_loss"], "z_loss": data["z_loss"], **options}
     values = method.legacy_options(values, options)
     if routing is not None:
-        values.update(backend=routing.backend, grad=routing.grad)
+        values.update(backend=routing.algorithm, grad=routing.grad)
         if method.sizes == "range":
             values.update(kmin=routing.kmin, kmax=routing.kmax)
         else:

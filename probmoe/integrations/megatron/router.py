@@ -58,18 +58,21 @@ class ProbMoEMegatronRouter(nn.Module):
         config,
         pg_collection=None,
         kmin: int | None = None,
-        method: str = "probmoe",
-        backend: str = "circuit",
+        estimator: str | None = None,
+        algorithm: str | None = None,
         grad: str = "exact",
         seed: int | None = None,
+        method: str | None = None,
+        backend: str | None = None,
     ):
         super().__init__()
+        words = dict(estimator=estimator, algorithm=algorithm, method=method, backend=backend)  # RoutingConfig's
         _check_unsupported(config)
         E, K = config.num_moe_experts, config.moe_router_topk
         self.config, self.num_experts, self.topk, self.layer_number = config, E, K, None
         self.scaling = config.moe_router_topk_scaling_factor
         self.score_function = config.moe_router_score_function
-        self.routing = routing_config(config, kmin=kmin, method=method, backend=backend, grad=grad)
+        self.routing = routing_config(config, kmin=kmin, grad=grad, **words)
         self.weight = nn.Parameter(torch.empty(E, config.hidden_size, dtype=torch.float32))
         config.init_method(self.weight)
         if config.moe_router_enable_expert_bias:
@@ -116,7 +119,9 @@ def probmoe_router(**options):
     return functools.partial(ProbMoEMegatronRouter, **options)
 
 
-def routing_config(config, *, kmin, method, backend, grad) -> probmoe.RoutingConfig:
+def routing_config(
+    config, *, kmin, estimator=None, algorithm=None, grad="exact", method=None, backend=None
+) -> probmoe.RoutingConfig:
     """The ``probmoe.RoutingConfig`` for a Megatron ``TransformerConfig``; ValueError naming the field."""
     E, K = config.num_moe_experts, config.moe_router_topk
     if not isinstance(E, int) or E < 1:
@@ -130,7 +135,11 @@ def routing_config(config, *, kmin, method, backend, grad) -> probmoe.RoutingCon
     if score not in ("softmax", "sigmoid"):
         raise ValueError(f"moe_router_score_function must be 'softmax' or 'sigmoid', got {score!r}")
     normalize = (not config.moe_router_pre_softmax) if score == "softmax" else K > 1
-    fields = dict(method=method, backend=backend, grad=grad, normalize=normalize, scores=score)
+    given = dict(
+        estimator=estimator, algorithm=algorithm, method=method, backend=backend
+    )  # the old words: RoutingConfig's
+    words = {name: value for name, value in given.items() if value is not None}
+    fields = dict(**words, grad=grad, normalize=normalize, scores=score)
     groups, limited = config.moe_router_num_groups, config.moe_router_group_topk
     if not groups:
         return probmoe.RoutingConfig(E, kmin=kmin, kmax=K, **fields)
@@ -140,7 +149,7 @@ def routing_config(config, *, kmin, method, backend, grad) -> probmoe.RoutingCon
             f"moe_router_group_topk = {limited} groups must hold moe_router_topk = {K} experts"
         )
     spec = circuits.GroupLimited(E, None, groups, limited, kmin=kmin, kmax=K)
-    return probmoe.RoutingConfig(E, constraint=spec, **{**fields, "backend": "circuit"})
+    return probmoe.RoutingConfig(E, constraint=spec, **{**fields, "backend": None, "algorithm": "circuit"})
 
 
 def _check_unsupported(config) -> None:
