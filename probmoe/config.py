@@ -24,7 +24,8 @@ from .scores import KINDS as SCORES  # ("softmax", "sigmoid")
 ESTIMATORS = ("probmoe", "topk-marginal", "sample-dense-ste")
 ALGORITHMS = circuits.ALGORITHMS  # ("circuit", "dp"): the compiled circuit or the cardinality DP
 GRADS = ("exact", "paper")
-METHODS, BACKENDS = ESTIMATORS, ALGORITHMS  # their old names (deprecated aliases, kept for their importers)
+METHODS = ESTIMATORS  # its old name (a deprecated alias, kept for its importers)
+BACKENDS = ALGORITHMS  # its old name (a deprecated alias, kept for its importers)
 
 
 @dataclass(frozen=True, init=False)
