@@ -10,14 +10,14 @@
     ExactlyK / RangeK -> CardinalityDP (the same queries by the cardinality DP, nothing compiled;
         its torch or fused C sweeps picked by the same ``select``)
 
-``engine(constraint, device, algorithm)`` gives either evaluator ("circuit" or "dp",
-``ALGORITHMS``). Public modules shared with other packages: ``circuits.checks`` (the checks on
-logits and generators, and their messages), ``circuits.ops`` (the registered operators, among them
-the row operations ``topk``, ``topk_chosen``, ``kth_largest``), ``circuits.passes`` (the selection
-of ``circuits.kernels.select``: ``select``, ``describe`` and the implementations it picks from),
-``circuits.native`` (the C build machinery of ``circuits.kernels.build``),
-``circuits.kernels.straight_through`` (Eq. 7's weights and their gradient, in torch) and
-``ScratchPool`` (reused scratch buffers for batched passes).
+Both evaluators are an ``Evaluator`` (``circuits.evaluator``: the shapes, checks and queries they
+share); ``engine(constraint, device, algorithm)`` gives either ("circuit" or "dp", ``ALGORITHMS``).
+Public modules shared with other packages: ``circuits.checks`` (the checks on logits and
+generators, and their messages), ``circuits.ops`` (the registered operators, among them the row
+operations ``topk``, ``topk_chosen``, ``kth_largest``), ``circuits.kernels.select`` (``select``,
+the one place that picks an implementation, and ``describe``), ``circuits.kernels.build`` (the C
+build machinery), ``circuits.kernels.straight_through`` (Eq. 7's weights and their gradient, in
+torch) and ``ScratchPool`` (reused scratch buffers for batched passes).
 
 The names load on first use (PEP 562), so that compiling (``circuits.compile.compile_entry``,
 ``probmoe-compile``) runs without importing torch. The operators are registered when
@@ -30,8 +30,6 @@ import importlib
 _HOMES = {  # public name -> the module that defines it (None: a public module of that name)
     "checks": None,
     "ops": None,
-    "native": None,
-    "passes": None,
     "CacheWarning": "cache",
     "default_cache_dir": "cache_dir",
     "Circuit": "circuit",
@@ -39,6 +37,7 @@ _HOMES = {  # public name -> the module that defines it (None: a public module o
     "compile_sdd": "compile",
     "compile_entry": "compile",
     "CardinalityDP": "dp",
+    "Evaluator": "evaluator",
     "map_mask": "dp",
     "map_size": "dp",
     "ALGORITHMS": "algorithm",
@@ -93,6 +92,7 @@ __all__ = [
     "CardinalityDP",
     "Circuit",
     "CnfFile",
+    "Evaluator",
     "ExactlyK",
     "GroupCapacity",
     "GroupLimited",
@@ -111,10 +111,8 @@ __all__ = [
     "engine",
     "map_mask",
     "map_size",
-    "native",
     "native_kernels",
     "ops",
-    "passes",
     "register",
     "spec_from_dict",
     "spec_to_dict",

@@ -23,8 +23,8 @@ from brute import exact, masks
 from host_sync import no_host_synchronisation
 
 import circuits
-import circuits.passes  # bound to the real select before a fixture swaps it
-from circuits.kernels.select import TorchPasses, draw_uniforms
+from circuits.kernels.program import draw_uniforms
+from circuits.kernels.torch_passes import TorchPasses
 
 pytest.importorskip("triton", reason="triton is not installed (the optional extra: pip install -e '.[triton]')")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -259,7 +259,7 @@ def test_through_the_public_api(triton_everywhere):
     Jacobian is Cov(z), by the Triton Cov(z) v), the MAP, and seeded draws equal to the torch passes'."""
     spec = circuits.RangeK(6, 2, 4)
     c = compiled(spec)
-    assert isinstance(c.passes(torch.float32), TritonPasses)
+    assert isinstance(c.kernels(torch.float32), TritonPasses)
     r = torch.tensor([[0.7, -1.2, 0.3, 2.0, -0.4, 0.1]], device=DEVICE)
     want = exact(r.cpu(), masks(6, range(2, 5)))
     torch.testing.assert_close(c.marginals(r).cpu().double(), want.marginals, atol=2e-6, rtol=0)
@@ -305,7 +305,7 @@ def test_route_fused_equals_composed(triton_everywhere, size, monkeypatch):
     from probmoe import constraints
 
     kmin, kmax = size.get("k", size.get("kmin")), size.get("k", size.get("kmax"))
-    assert isinstance(constraints.cardinality(12, kmin, kmax, DEVICE).passes(torch.float32), TritonPasses)
+    assert isinstance(constraints.cardinality(12, kmin, kmax, DEVICE).kernels(torch.float32), TritonPasses)
     monkeypatch.setattr(route_module, "_fused", lambda *a: False)
     composed = routed()
     for a, b in zip(fused[:4], composed[:4]):

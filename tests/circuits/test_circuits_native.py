@@ -14,11 +14,15 @@ from brute import exact, masks
 from stats import chi2_pvalue, mask_counts
 
 import circuits
+import circuits.kernels.select
 from circuits.kernels import build as native
 from circuits.kernels import c_passes, library
 from circuits.kernels import rows as select
 from circuits.kernels import torch_passes as kernels
-from circuits.kernels.select import CPasses, Rows, TorchPasses, draw_uniforms
+from circuits.kernels.c_passes import CPasses
+from circuits.kernels.program import draw_uniforms
+from circuits.kernels.rows import Rows
+from circuits.kernels.torch_passes import TorchPasses
 
 # (x1 or x2) and (not x1 or x3) and (x2 or not x4 or x5) and (not x3 or not x5); x6 is unconstrained
 CLAUSES = [[1, 2], [-1, 3], [2, -4, 5], [-3, -5]]
@@ -318,9 +322,9 @@ def fresh_native(monkeypatch, tmp_path):
 def test_turned_off_falls_back_to_the_torch_passes(fresh_native, monkeypatch):
     monkeypatch.setenv("PROBMOE_NATIVE", "0")
     assert library.library() is None
-    assert circuits.passes.describe() == "torch passes (C kernels turned off by PROBMOE_NATIVE=0)"
+    assert circuits.kernels.select.describe() == "torch passes (C kernels turned off by PROBMOE_NATIVE=0)"
     c = circuits.compile_circuit(circuits.RangeK(6, 2, 4))
-    assert isinstance(c.passes(torch.float32), TorchPasses)
+    assert isinstance(c.kernels(torch.float32), TorchPasses)
     r = torch.randn(3, 6)
     z = c.sample(r, generator=torch.Generator().manual_seed(0))
     assert bool(((z.sum(-1) >= 2) & (z.sum(-1) <= 4)).all())
@@ -341,7 +345,7 @@ def test_a_damaged_cached_library_is_rebuilt(fresh_native, damage):
         path.write_bytes(b"not a shared library")
         if damage == "garbage":
             path.with_suffix(".so.sha256").write_text(native.digest(path))
-    assert library.library() is not None and circuits.passes.describe() == f"fused C passes ({path})"
+    assert library.library() is not None and circuits.kernels.select.describe() == f"fused C passes ({path})"
     assert path.read_bytes()[:4] == b"\x7fELF" and native.digest(path) == path.with_suffix(".so.sha256").read_text()
 
 
@@ -369,7 +373,7 @@ def test_a_missing_compiler_warns_once_and_falls_back(fresh_native, monkeypatch)
     with pytest.warns(RuntimeWarning, match="using the torch code"):
         assert library.library() is None
     assert library.library() is None  # decided once: no second warning
-    assert circuits.passes.describe().startswith("torch passes (C kernels unavailable: ")
+    assert circuits.kernels.select.describe().startswith("torch passes (C kernels unavailable: ")
 
 
 @needs_native
@@ -382,7 +386,7 @@ def test_kth_largest_equals_topk(T, n, k):
         r[0, : n - 1] = -torch.inf
         r[1, 0] = float("nan")
     want = torch.where(r.isnan(), -torch.inf, r).topk(k, dim=-1).values.amin(dim=-1) if T else r.new_empty(0)
-    assert torch.equal(circuits.passes.select(Rows(r.device), r.dtype).kth_largest(r, k), want)
+    assert torch.equal(circuits.kernels.select.select(Rows(r.device), r.dtype).kth_largest(r, k), want)
     assert torch.equal(select.kth_largest_reference(r, k), want)
 
 
@@ -390,7 +394,7 @@ def test_kth_largest_equals_topk(T, n, k):
 @pytest.mark.parametrize("k", [0, -1, 5])
 def test_kth_largest_refuses_k_outside_1_to_n(k):
     with pytest.raises(ValueError, match=r"kth_largest takes x \[T, n\] and k in \[1, n = 4\]"):
-        circuits.passes.select(Rows(torch.device("cpu")), torch.float32).kth_largest(torch.randn(3, 4), k)
+        circuits.kernels.select.select(Rows(torch.device("cpu")), torch.float32).kth_largest(torch.randn(3, 4), k)
 
 
 @needs_native
@@ -412,7 +416,7 @@ def test_route_is_the_same_with_and_without_the_c_passes(size, monkeypatch):
     monkeypatch.setattr(probmoe.constraints, "_CIRCUITS", {})  # circuits pick their passes once: make new ones
     monkeypatch.setattr(library.LIBRARY, "state", {"lib": None, "where": "turned off in this test"})
     slow, slow_grad = run()
-    assert isinstance(probmoe.constraints.cardinality(60, 8, 8, "cpu").passes(torch.float32), TorchPasses)
+    assert isinstance(probmoe.constraints.cardinality(60, 8, 8, "cpu").kernels(torch.float32), TorchPasses)
     assert torch.equal(fast.indices, slow.indices) and torch.equal(fast.mask, slow.mask)
     assert torch.equal(fast.weights, slow.weights)
     torch.testing.assert_close(fast_grad, slow_grad, atol=1e-6, rtol=1e-5)
@@ -433,7 +437,7 @@ def test_a_read_only_cache_builds_for_this_process(fresh_native, monkeypatch):
     monkeypatch.setattr(atexit, "register", lambda fn, *args: at_exit.append((fn, args)))
     assert library.library() is not None
     assert len(targets) == 2 and not str(targets[1]).startswith(str(fresh_native))
-    assert circuits.passes.describe() == f"fused C passes ({targets[1]})"
+    assert circuits.kernels.select.describe() == f"fused C passes ({targets[1]})"
     for fn, args in at_exit:  # what the process does when it exits: the private build goes
         fn(*args)
     assert not targets[1].parent.exists()
@@ -480,7 +484,7 @@ def test_concurrent_calls_from_python_threads():
     for _ in range(8):
         r, v = shifted(c, torch.randn(700, 64, generator=gen)), torch.randn(700, 64, generator=gen)
         jobs.append((r, v, *draw_uniforms(c.program, r, gen)))
-    native = c.passes(torch.float32)
+    native = c.kernels(torch.float32)
 
     def work(job):
         r, v, uniforms, fill = job

@@ -1,6 +1,6 @@
 """The row operations shared by the passes and probmoe: ``topk`` (the k largest of each row, ties to
 the lower index), ``topk_chosen`` (the same over the keys of a 0/1 choice) and the counter-based
-uniforms (``circuits.kernels.uniforms``), as ``circuits.passes.select`` gives them
+uniforms (``circuits.kernels.uniforms``), as ``circuits.kernels.select.select`` gives them
 (``circuits.kernels.rows.RowOps``), each in C against its plain-torch reference, bit for bit, and
 the uniforms against the uniform law."""
 
@@ -11,6 +11,7 @@ import torch
 from stats import chi2_pvalue
 
 import circuits
+import circuits.kernels.select
 from circuits.kernels import library
 from circuits.kernels import uniforms as counter_uniforms
 from circuits.kernels.program import draw_uniforms
@@ -21,7 +22,7 @@ needs_native = pytest.mark.usefixtures("c_passes_built")
 
 def _rows(x: torch.Tensor):
     """The row operations ``select`` gives rows like ``x`` (C for float32 CPU rows, where built)."""
-    return circuits.passes.select(Rows(x.device), x.dtype)
+    return circuits.kernels.select.select(Rows(x.device), x.dtype)
 
 
 def topk(x: torch.Tensor, k: int):
@@ -150,7 +151,7 @@ def test_uniforms_reproduce_with_a_seeded_generator_with_and_without_c(monkeypat
     cpu = torch.device("cpu")
 
     def draw(seed, count=5000, dtype=torch.float32):
-        return circuits.passes.select(Rows(cpu), dtype).uniforms(
+        return circuits.kernels.select.select(Rows(cpu), dtype).uniforms(
             counter_uniforms.seed_tensor(torch.Generator().manual_seed(seed)), count, cpu, dtype
         )
 

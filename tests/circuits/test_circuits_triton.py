@@ -16,7 +16,9 @@ import torch
 from triton_child import run_checks, run_compiled
 
 import circuits
-from circuits.kernels.select import CPasses, TorchPasses
+import circuits.kernels.select
+from circuits.kernels.c_passes import CPasses
+from circuits.kernels.torch_passes import TorchPasses
 
 pytest.importorskip("triton", reason="triton is not installed (the optional extra: pip install -e '.[triton]')")
 
@@ -44,22 +46,22 @@ def test_against_the_torch_passes_and_brute_force():
 
 def test_select():
     c = circuits.compile_circuit(circuits.ExactlyK(6, 3))
-    assert isinstance(circuits.passes.select(c.program, torch.float32, prefer="triton"), TritonPasses)
-    assert isinstance(circuits.passes.select(c.program, torch.float32, prefer="torch"), TorchPasses)
+    assert isinstance(circuits.kernels.select.select(c.program, torch.float32, prefer="triton"), TritonPasses)
+    assert isinstance(circuits.kernels.select.select(c.program, torch.float32, prefer="torch"), TorchPasses)
     with pytest.raises(ValueError, match="float32"):
-        circuits.passes.select(c.program, torch.float64, prefer="triton")
+        circuits.kernels.select.select(c.program, torch.float64, prefer="triton")
     with pytest.raises(ValueError, match="prefer"):
-        circuits.passes.select(c.program, torch.float32, prefer="cuda")
+        circuits.kernels.select.select(c.program, torch.float32, prefer="cuda")
     with pytest.raises(ValueError, match="power of two"):
         TritonPasses(c.program, block=48)
     if torch.cuda.is_available():
         g = circuits.compile_circuit(circuits.ExactlyK(6, 3), device="cuda").program
-        assert isinstance(circuits.passes.select(g, torch.float32), TritonPasses)
-        assert isinstance(circuits.passes.select(g, torch.float64), TorchPasses)
+        assert isinstance(circuits.kernels.select.select(g, torch.float32), TritonPasses)
+        assert isinstance(circuits.kernels.select.select(g, torch.float64), TorchPasses)
         with pytest.raises(ValueError, match="CPU"):
-            circuits.passes.select(g, torch.float32, prefer="c")
+            circuits.kernels.select.select(g, torch.float32, prefer="c")
     else:
-        assert type(circuits.passes.select(c.program, torch.float32)) in (CPasses, TorchPasses)
+        assert type(circuits.kernels.select.select(c.program, torch.float32)) in (CPasses, TorchPasses)
 
 
 COMPILE_FOR_GPUS = """

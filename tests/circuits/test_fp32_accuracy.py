@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from tool_modules import load_tool
 
 import circuits
+import circuits.kernels.select
 from circuits.kernels import library, torch_passes
 
 A = load_tool("accuracy_fp32")
@@ -119,7 +120,7 @@ def test_jacobian_at_large_shifts(impl):
     reference: within 1e-5 per unit of |v|."""
     n, kmin, kmax = 64, 4, 8
     c = circuits.compile_circuit(circuits.RangeK(n, kmin, kmax))
-    passes = circuits.passes.select(c.program, torch.float32, prefer=impl)
+    passes = circuits.kernels.select.select(c.program, torch.float32, prefer=impl)
     for kind in ("+1e4", "-1e4", "normal"):
         r = A.rows(n, 3.0, kind, 8, seed=5)
         v = torch.randn(8, n, generator=torch.Generator().manual_seed(6))
@@ -139,7 +140,7 @@ def test_map_at_large_shifts(impl, sizes):
     1e4 + N(0, 1) got a worse model."""
     n, kmin, kmax = sizes
     c = circuits.compile_circuit(cardinality_spec(n, kmin, kmax))
-    passes = circuits.passes.select(c.program, torch.float32, prefer=impl)
+    passes = circuits.kernels.select.select(c.program, torch.float32, prefer=impl)
     for j, kind in enumerate(A.KINDS):
         r = A.rows(n, 1.0, kind, 32, seed=7 + j)
         z, best = passes.map(r, c._shift(r))
@@ -180,7 +181,7 @@ def test_log_z_of_equal_rows(impl, sizes):
     passes), so log Z is accumulated in float64 (``accurate``, pm_log_z)."""
     n, kmin, kmax = sizes
     c = circuits.compile_circuit(cardinality_spec(n, kmin, kmax))
-    passes = circuits.passes.select(c.program, torch.float32, prefer=impl)
+    passes = circuits.kernels.select.select(c.program, torch.float32, prefer=impl)
     g = torch.Generator().manual_seed(n + kmax)
     levels = torch.arange(-32, 33) / 4.0
     r = levels.repeat(2).unsqueeze(1).expand(-1, n).contiguous()  # [130, n]
@@ -215,14 +216,14 @@ def test_group_marginals_of_the_pass_on_logarithms_in_float64():
         assert c.program.float64_rows
         _, want = A.reference(lambda x: A.group_log_norm(x, spec), r)
         for impl in IMPLS:
-            passes = circuits.passes.select(c.program, torch.float32, prefer=impl)
+            passes = circuits.kernels.select.select(c.program, torch.float32, prefer=impl)
             got = passes.log_partition(r, True, c._shift(r), accurate=False)[1]
             assert float((got.double() - want).abs().max()) <= 1e-6, impl
         assert float((c.marginals(r).double() - want).abs().max()) <= 1e-6
     if "c" in IMPLS:  # N(0, 1) rows take the linear pass: nothing to refine
         small = A.rows(64, 1.0, "normal", 64, seed=2)
         c64 = circuits.compile_circuit(circuits.GroupLimited(64, 8, 8, 2))
-        passes = circuits.passes.select(c64.program, torch.float32, prefer="c")
+        passes = circuits.kernels.select.select(c64.program, torch.float32, prefer="c")
         assert passes.linear_tiles(c64.shifted(small)) == (1, 1)
         unrefined = passes.log_partition(small, True, c64._shift(small), refine=False)[1]
         assert torch.equal(c64.marginals(small), unrefined)

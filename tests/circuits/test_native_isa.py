@@ -23,15 +23,19 @@ import pytest
 import torch
 
 import circuits
+import circuits.kernels.select
 from circuits import GroupLimited
 from circuits.kernels import build, c_dp, library
 from circuits.kernels import rows as select
 from circuits.kernels import torch_dp as dp
 from circuits.kernels import torch_passes as kernels
 from circuits.kernels import uniforms as native_uniforms
+from circuits.kernels.c_passes import CPasses
 from circuits.kernels.lattice import Lattice
-from circuits.kernels.select import CPasses, Rows, TorchPasses, draw_uniforms
+from circuits.kernels.program import draw_uniforms
+from circuits.kernels.rows import Rows
 from circuits.kernels.torch_dp import TorchDP
+from circuits.kernels.torch_passes import TorchPasses
 from circuits.kernels.uniforms import seed_tensor
 
 LIBS = {"kernels": library.LIBRARY}  # one library (the passes, the row operations, the DP)
@@ -159,7 +163,7 @@ def test_row_operations(isa, T, n, k):
     if T > 3:
         r[3, :2] = torch.nan  # counts as -inf
         r[2, 0] = -0.0
-    rows = circuits.passes.select(Rows(CPU), torch.float32)  # the C row operations of this ISA's build
+    rows = circuits.kernels.select.select(Rows(CPU), torch.float32)  # the C row operations of this ISA's build
     assert rows.lib is rows.uniforms_lib is library.LIBRARY.state["lib"]
     assert torch.equal(rows.kth_largest(r, k), select.kth_largest_reference(r, k))
     values, indices = rows.topk(r, k)
@@ -233,13 +237,13 @@ def falls_back_with_one_warning(match: str) -> None:
         ], caught
         assert len(caught) == 1, [str(w.message) for w in caught]
         assert "using the torch code" in str(caught[0].message) and native.isa() is None
-    assert circuits.passes.describe().startswith("torch passes (C kernels unavailable: ")
+    assert circuits.kernels.select.describe().startswith("torch passes (C kernels unavailable: ")
     c = circuits.compile_circuit(circuits.RangeK(6, 2, 4))
-    assert isinstance(circuits.passes.select(c.program, torch.float32), TorchPasses)
+    assert isinstance(circuits.kernels.select.select(c.program, torch.float32), TorchPasses)
     r = torch.randn(5, 6)
-    assert isinstance(circuits.passes.select(Lattice(6, 2, 4, r.device), r.dtype), TorchDP)
+    assert isinstance(circuits.kernels.select.select(Lattice(6, 2, 4, r.device), r.dtype), TorchDP)
     assert torch.isfinite(c.marginals(r)).all()
-    rows = circuits.passes.select(Rows(CPU), r.dtype)
+    rows = circuits.kernels.select.select(Rows(CPU), r.dtype)
     assert rows.lib is None and torch.equal(rows.kth_largest(r, 2), select.kth_largest_reference(r, 2))
 
 

@@ -34,7 +34,7 @@ def test_select():
     assert not isinstance(select(cpu, torch.float32), TritonDP)
     if torch.cuda.is_available():
         assert isinstance(select(Lattice(8, 2, 4, torch.device("cuda")), torch.float32), TritonDP)
-        assert circuits.native_kernels(circuits.CardinalityDP(circuits.ExactlyK(8, 2)), torch.float32, "cuda")
+        assert circuits.native_kernels(circuits.CardinalityDP(circuits.ExactlyK(8, 2), "cuda"), torch.float32)
 
 
 def _passed(done: subprocess.CompletedProcess) -> None:

@@ -17,7 +17,7 @@ from host_sync import no_host_synchronisation
 from tool_modules import load_tool
 
 import circuits
-import circuits.passes
+import circuits.kernels.select
 from circuits.kernels import c_dp, library, select, triton_dp
 from circuits.kernels.lattice import Lattice
 from circuits.kernels.uniforms import seed_tensor
@@ -37,7 +37,7 @@ A = load_tool("accuracy_fp32")
 
 
 def sweeps(kmin: int, kmax: int, impl: str):
-    return circuits.passes.select(Lattice(0, kmin, kmax, torch.device(DEVICE)), torch.float32, prefer=impl)
+    return circuits.kernels.select.select(Lattice(0, kmin, kmax, torch.device(DEVICE)), torch.float32, prefer=impl)
 
 
 def logits(n: int, kmax: int, T: int, seed: int) -> torch.Tensor:
@@ -206,8 +206,8 @@ def test_the_dp_queries_and_the_route_take_the_kernels(triton_everywhere):
     operators: the same values, draws and gradients as the torch sweeps."""
     import probmoe
 
-    dp = circuits.CardinalityDP(circuits.RangeK(16, 2, 6))
-    assert dp.kernels(torch.float32, DEVICE).name == "triton"
+    dp = circuits.CardinalityDP(circuits.RangeK(16, 2, 6), DEVICE)
+    assert dp.kernels(torch.float32).name == "triton"
     r = logits(16, 6, 40, seed=8).requires_grad_()
     gen = torch.Generator(DEVICE).manual_seed(1)
     m, z = dp.marginals_and_sample(r, gen)
@@ -221,7 +221,7 @@ def test_the_dp_queries_and_the_route_take_the_kernels(triton_everywhere):
     torch.testing.assert_close(g.double(), want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(
         dp.log_partition(r).detach(),
-        circuits.CardinalityDP(circuits.RangeK(16, 2, 6)).log_partition(r.detach()),
+        circuits.CardinalityDP(circuits.RangeK(16, 2, 6), DEVICE).log_partition(r.detach()),
         atol=0,
         rtol=1e-6,
     )
