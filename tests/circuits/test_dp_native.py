@@ -1,7 +1,7 @@
 """The fused C cardinality DP (circuits/kernels/c_dp.py, circuits/kernels/c/cardinality.c) against the torch DP
 (circuits/kernels/torch_dp.py).
 
-float32 CPU calls of ``circuits::dp_marginals`` take the C sweeps (``circuits.passes.select``); these
+float32 CPU calls of ``circuits::dp_marginals`` take the C sweeps (``circuits.kernels.select.select``); these
 tests call both implementations on
 the same inputs: the marginals and Cov(z) v against the float64 torch DP, the draws bit for bit from
 the same generator seed, the draws' frequencies against the exact marginals, the edge cases, the
@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import circuits
+import circuits.kernels.select
 import probmoe
 from circuits.kernels import c_dp as dp_native
 from circuits.kernels import library
@@ -300,14 +301,16 @@ def test_bad_arguments():
 
 @needs_native
 def test_cardinality_dispatch(monkeypatch):
-    """``circuits.passes.select`` gives float32 CPU logits the C sweeps (not dp.up) and float64 the torch
+    """``circuits.kernels.select.select`` gives float32 CPU logits the C sweeps (not dp.up) and float64 the torch
     sweeps (not the C ones), through the operators."""
     r = torch.randn(30, 8)
-    assert isinstance(circuits.passes.select(Lattice(8, 2, 4, r.device), torch.float32), CDP)
-    assert isinstance(circuits.passes.select(Lattice(8, 2, 4, r.device), torch.float64), TorchDP)
-    assert isinstance(circuits.passes.select(Lattice(8, 2, 4, r.device), torch.float32, prefer="torch"), TorchDP)
+    assert isinstance(circuits.kernels.select.select(Lattice(8, 2, 4, r.device), torch.float32), CDP)
+    assert isinstance(circuits.kernels.select.select(Lattice(8, 2, 4, r.device), torch.float64), TorchDP)
+    assert isinstance(
+        circuits.kernels.select.select(Lattice(8, 2, 4, r.device), torch.float32, prefer="torch"), TorchDP
+    )
     with pytest.raises(ValueError, match="float32"):
-        circuits.passes.select(Lattice(8, 2, 4, r.device), torch.float64, prefer="triton")
+        circuits.kernels.select.select(Lattice(8, 2, 4, r.device), torch.float64, prefer="triton")
 
     def refuse(*args, **kwargs):
         raise AssertionError("the wrong implementation ran")
@@ -335,10 +338,10 @@ def test_fallback_when_the_library_is_off(c_dp_off, monkeypatch):
     monkeypatch.setattr(dp_native, "forward_marginals", None)  # a call would fail
     monkeypatch.setattr(dp_native, "cov_vec", None)
     r = torch.randn(20, 8)
-    assert isinstance(circuits.passes.select(Lattice(8, 1, 3, r.device), r.dtype), TorchDP)
+    assert isinstance(circuits.kernels.select.select(Lattice(8, 1, 3, r.device), r.dtype), TorchDP)
     assert "off" in dp_native.describe()
     with pytest.raises(RuntimeError, match="not available"):
-        circuits.passes.select(Lattice(8, 1, 3, r.device), r.dtype, prefer="c")
+        circuits.kernels.select.select(Lattice(8, 1, 3, r.device), r.dtype, prefer="c")
     m, z = torch.ops.circuits.dp_marginals(r, seed_tensor(torch.Generator().manual_seed(0)), 1, 3, True)
     out = torch.ops.circuits.dp_cov_vec(r, torch.randn(20, 8), 1, 3)
     assert m.dtype == z.dtype == out.dtype == torch.float32 and ((z.sum(-1) >= 1) & (z.sum(-1) <= 3)).all()
