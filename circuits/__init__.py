@@ -1,9 +1,11 @@
-"""circuits: compile constraints into probabilistic circuits once, evaluate them batched.
+"""circuits: compile constraints into probabilistic circuits once, evaluate them batched. Two halves:
 
+the compile side (``circuits.compiler``: numpy and pysdd, no torch)
     spec (ExactlyK, RangeK, GroupLimited, GroupCapacity, SddFile, CnfFile) -> compile (count tree built
         directly for the cardinality and group specs; d4 d-DNNF for CNF; pysdd SDD on request)
-        -> layout (levels)
-        -> cache (disk) -> Circuit (log_partition, marginals, sample, map)
+        -> layout (levels) -> cache (disk)
+the evaluation side (torch), joined to it by ``compile_circuit``
+    -> Circuit (log_partition, marginals, sample, map)
         reached through registered torch operators (``circuits.ops``: torch.compile traces them)
         -> kernels (torch, fused C, Triton passes; ``circuits.kernels.select`` picks per device and dtype)
 
@@ -19,7 +21,7 @@ the one place that picks an implementation, and ``describe``), ``circuits.kernel
 build machinery), ``circuits.kernels.straight_through`` (Eq. 7's weights and their gradient, in
 torch) and ``ScratchPool`` (reused scratch buffers for batched passes).
 
-The names load on first use (PEP 562), so that compiling (``circuits.compile.compile_entry``,
+The names load on first use (PEP 562), so that compiling (``circuits.compiler.compile.compile_entry``,
 ``probmoe-compile``) runs without importing torch. The operators are registered when
 ``circuits.ops`` is imported, which every evaluator does (``Circuit``, ``CardinalityDP``,
 ``engine``); code that calls ``torch.ops.circuits.*`` directly imports ``circuits.ops`` first.
@@ -30,12 +32,12 @@ import importlib
 _HOMES = {  # public name -> the module that defines it (None: a public module of that name)
     "checks": None,
     "ops": None,
-    "CacheWarning": "cache",
+    "CacheWarning": "compiler.cache",
     "default_cache_dir": "cache_dir",
     "Circuit": "circuit",
     "compile_circuit": "compile",
-    "compile_sdd": "compile",
-    "compile_entry": "compile",
+    "compile_sdd": "compiler.compile",
+    "compile_entry": "compiler.compile",
     "CardinalityDP": "dp",
     "Evaluator": "evaluator",
     "map_mask": "dp",

@@ -13,7 +13,7 @@ import torch
 from pysdd.sdd import SddManager, Vtree
 
 import circuits
-from circuits import cache
+from circuits.compiler import cache
 
 SPEC = circuits.RangeK(10, 2, 5)
 R = torch.randn(4, 10, generator=torch.Generator().manual_seed(0), dtype=torch.float64)

@@ -1,4 +1,4 @@
-"""CNF files compiled by d4 (circuits.cnf, circuits.nnf): every quantity against brute force on
+"""CNF files compiled by d4 (circuits.compiler.cnf, circuits.compiler.nnf): every quantity against brute force on
 small random CNFs, against Ganak's exact count on SATLIB instances (tests/data/satlib), marginals
 against finite differences of log Z, samples inside the formula; the missing extra, d4's silence,
 and bad NNF text."""
@@ -19,7 +19,7 @@ from brute import exact
 from stats import chi2_pvalue, mask_counts
 
 import circuits
-from circuits import cache, cnf, nnf
+from circuits.compiler import cache, cnf, nnf
 from circuits.inspect.cli import compile_main
 
 SATLIB = Path(__file__).parent.parent / "data" / "satlib"

@@ -1,4 +1,4 @@
-"""The numpy NNF path (circuits.nnf_parse, circuits.nnf) against its oracles: the fast reader
+"""The numpy NNF path (circuits.compiler.nnf_parse, circuits.compiler.nnf) against its oracles: the fast reader
 against the line-by-line reader on d4's output and on other spellings; the flattened layout and
 the direct log Z against brute force on random decision-DNNFs of every shape the format allows
 (ANDs of many children, literals on AND edges, shared and FALSE children, unreachable nodes)."""
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from circuits import cnf, nnf, nnf_parse, self_check
+from circuits.compiler import cnf, nnf, nnf_parse, self_check
 
 SATLIB = Path(__file__).parent.parent / "data" / "satlib"
 FIELDS = ("kind", "edge_ptr", "child", "lit_ptr", "lits", "level")

@@ -10,7 +10,7 @@ import pathlib
 import pytest
 
 import circuits
-from circuits.compile import compile_entry
+from circuits.compiler.compile import compile_entry
 
 BAD_CACHE_DIRS = [123, 1.5, b"/tmp/x", "", ["dir"], True]
 BAD_FORCES = ["yes", "no", 1, 0, None, 1.0]

@@ -1,4 +1,4 @@
-"""The size estimate (circuits.estimate), the size limit in compile_circuit and the commands, and
+"""The size estimate (circuits.compiler.estimate), the size limit in compile_circuit and the commands, and
 the progress bars of a long compile."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import time
 import pytest
 
 import circuits
-from circuits import compile as compile_module
-from circuits import estimate as est_module
-from circuits.compile import compile_sdd
-from circuits.estimate import CircuitTooLarge, estimate
+from circuits.compiler import compile as compile_module
+from circuits.compiler import estimate as est_module
+from circuits.compiler.compile import compile_sdd
+from circuits.compiler.estimate import CircuitTooLarge, estimate
 from circuits.inspect.cli import compile_main, inspect_main
 from circuits.layout import build_layout
 

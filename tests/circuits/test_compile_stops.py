@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import circuits
-from circuits import cnf
+from circuits.compiler import cnf
 from circuits.inspect import cli
 
 pytest.importorskip("py_d4")

@@ -1,8 +1,8 @@
 """A constraint kind is one module plus its registration (issue 40, point 5).
 
 ``AtMostK`` below is a new kind written and registered in this file only, from the library's public
-pieces (``circuits.spec.Spec`` and ``register``, the builders in ``circuits.count_tree`` /
-``circuits.groups``, the arithmetic in ``circuits.estimate``, the checks in ``circuits.self_check``):
+pieces (``circuits.spec.Spec`` and ``register``, the builders in ``circuits.compiler.count_tree`` /
+``circuits.compiler.groups``, the arithmetic in ``circuits.compiler.estimate``, the checks in ``circuits.compiler.self_check``):
 it compiles with both of its compilers, caches, loads from the cache, estimates, describes itself in
 ``probmoe-compile``'s report (reached by ``--spec``) and matches brute force, with no library file
 touched. The library's
@@ -28,9 +28,10 @@ from brute import exact, masks
 from pysdd.sdd import SddManager, Vtree
 
 import circuits
-from circuits import cache, checks, count_tree, estimate, groups, registry, self_check
-from circuits.cache import CacheWarning
-from circuits.compile import compile_entry
+from circuits import checks
+from circuits.compiler import cache, count_tree, estimate, groups, registry, self_check
+from circuits.compiler.cache import CacheWarning
+from circuits.compiler.compile import compile_entry
 from circuits.inspect import cli, report
 from circuits.spec import Spec, register
 
@@ -201,7 +202,7 @@ def test_the_registry_refuses_what_is_not_a_kind(atmost, tmp_path):
 
 def test_no_module_asks_a_kind_for_its_type():
     """compile, estimate, cache and inspect dispatch through the kinds' methods, never isinstance."""
-    from circuits import compile as compile_module
+    from circuits.compiler import compile as compile_module
 
     kinds = "|".join(["Spec", "SPECS", *registry.KINDS])
     for module in (compile_module, estimate, cache, report, cli, self_check, count_tree, groups):
@@ -212,8 +213,8 @@ def test_no_module_asks_a_kind_for_its_type():
 def test_the_kinds_load_no_torch():
     """The specs, their modules and the registry import without torch (compiling needs none)."""
     code = (
-        "import sys, circuits.spec, circuits.registry, circuits.kinds.cardinality, circuits.kinds.grouped, "
-        "circuits.kinds.files; print('torch' in sys.modules)"
+        "import sys, circuits.spec, circuits.compiler.registry, circuits.compiler.kinds.cardinality, circuits.compiler.kinds.grouped, "
+        "circuits.compiler.kinds.files; print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]

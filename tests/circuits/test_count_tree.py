@@ -1,4 +1,4 @@
-"""The counting circuits built directly (circuits.count_tree) against the pysdd-built ones: the
+"""The counting circuits built directly (circuits.compiler.count_tree) against the pysdd-built ones: the
 same layout up to the order of nodes within a height and of elements within a node (an
 isomorphism of the two DAGs, checked by interning every node bottom-up), the same groups table,
 levels and sizes; the same function by brute force; and the speed and cache size the issue asks
@@ -16,7 +16,7 @@ import torch
 from brute import exact, group_models, masks
 
 import circuits
-from circuits.compile import compile_sdd
+from circuits.compiler.compile import compile_sdd
 from circuits.layout import FALSE_SLOT, build_layout
 
 

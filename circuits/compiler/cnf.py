@@ -1,7 +1,7 @@
 """DIMACS CNF files compiled by the d-DNNF compiler d4 (the ``d4solver`` package, module ``py_d4``).
 
 d4 is an optional extra (``pip install 'probmoe[cnf]'``): the core of probmoe builds its counting
-circuits itself (``circuits.count_tree``) and needs no CNF compiler; d4 is a compiled wheel for
+circuits itself (``circuits.compiler.count_tree``) and needs no CNF compiler; d4 is a compiled wheel for
 fewer platforms than torch. Without it ``compile_circuit`` on a CNF raises ``MissingExtra`` naming
 the extra (``compiler="pysdd"`` still compiles small CNFs with pysdd).
 
@@ -120,7 +120,7 @@ def read_clauses(path) -> tuple[int, list[list[int]]]:
 
 @dataclass(frozen=True)
 class D4Result:
-    """What d4 made of a CNF: ``nnf`` its d-DNNF as NNF text (``circuits.nnf``), ``count`` its
+    """What d4 made of a CNF: ``nnf`` its d-DNNF as NNF text (``circuits.compiler.nnf``), ``count`` its
     exact model count over all ``n`` variables, ``nodes`` d4's node count, ``seconds`` d4's time."""
 
     n: int

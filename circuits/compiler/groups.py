@@ -25,10 +25,10 @@ from collections.abc import Callable
 import numpy as np
 from pysdd.sdd import SddManager, SddNode, Vtree
 
+from ..layout import Layout
 from . import self_check as _self_check
-from .layout import Layout
 
-Progress = Callable[[int], None]  # told the compile steps done (circuits.estimate: f^2 per state of f terms)
+Progress = Callable[[int], None]  # told the compile steps done (circuits.compiler.estimate: f^2 per state of f terms)
 
 
 def exactly_counts(mgr: SddManager, vtree: Vtree, cap: int, progress: Progress | None = None) -> list[SddNode]:

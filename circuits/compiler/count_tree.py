@@ -1,13 +1,13 @@
 """Counting circuits built directly from their known structure: no generic SDD apply, no pysdd.
 
-A counting constraint's canonical SDD (compressed and trimmed, on the vtree ``circuits.compile``
+A counting constraint's canonical SDD (compressed and trimmed, on the vtree ``circuits.compiler.compile``
 uses) has one decision node per (vtree node, set of "states" of its variables): for ``ExactlyK`` /
 ``RangeK`` the state is the count of true variables and every node is an interval of counts
-[a, b]; for the group specs (``circuits.groups``) it is (count, nonempty groups), or OVER once a
+[a, b]; for the group specs (``circuits.compiler.groups``) it is (count, nonempty groups), or OVER once a
 limit is passed. A node's elements follow from its set alone (Darwiche's canonical decomposition):
 for each state s of the left child, the sub is the set T(s) of right states that complete s into the
 node's set; left states with equal T share an element whose prime is their set. The layout keeps
-only the live elements (T nonempty), so only those are built, straight into a ``circuits.dag.Dag``:
+only the live elements (T nonempty), so only those are built, straight into a ``circuits.compiler.dag.Dag``:
 O(elements) work (about 10^6 elements a second), where OR-ing conjunctions through pysdd costs
 O(f^2) per state of f terms and builds the dead half of the SDD too.
 
@@ -17,7 +17,7 @@ single live element has sub TRUE is its prime (the rule {(p, TRUE), (not p, FALS
 - ``interval_layout(n, lo, hi)``: lo <= (true variables) <= hi over a balanced vtree (``ExactlyK``
   is lo = hi).
 - ``grouped_layout(spec)``: a ``GroupLimited`` / ``GroupCapacity`` spec over
-  ``circuits.groups.group_vtree``'s shape (balanced within each group, then over the groups).
+  ``circuits.compiler.groups.group_vtree``'s shape (balanced within each group, then over the groups).
 
 The layouts equal pysdd's up to the order of nodes within a height and of elements within a node
 (tests/circuits/test_count_tree.py checks the isomorphism and the function by brute force).
@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..layout import FALSE_SLOT, TRUE_SLOT, Layout
 from .dag import Dag, Ref
-from .layout import FALSE_SLOT, TRUE_SLOT, Layout
 
 Progress = Callable[[int], None]  # told the elements built
 
@@ -165,7 +165,7 @@ class _Vnode:
 
 
 def _group_tree(sizes: tuple[int, ...]) -> _Vnode:
-    """The shape of ``circuits.groups.group_vtree(sizes)``: the left half is the smaller."""
+    """The shape of ``circuits.compiler.groups.group_vtree(sizes)``: the left half is the smaller."""
 
     def inside(first: int, last: int, top: bool) -> _Vnode:
         kind = "group" if top else "in"

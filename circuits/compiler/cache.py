@@ -1,7 +1,7 @@
 """The on-disk cache of compiled circuits.
 
 One directory per spec and compiler, ``<cache root>/<spec key>/`` for the spec's default
-compiler and ``<spec key>-<compiler>/`` for another (``circuits.compile``), holding
+compiler and ``<spec key>-<compiler>/`` for another (``circuits.compiler.compile``), holding
 
     manifest.json   format version, spec, compiler, sizes, model count, sha256 of each file, ...
     layout.npz      the level layout as plain integer arrays (loaded with allow_pickle=False)
@@ -9,7 +9,7 @@ compiler and ``<spec key>-<compiler>/`` for another (``circuits.compile``), hold
 and, by compiler (``FILES``):
 
     direct          nothing more (the layout is the pruned SDD of the count tree)
-    d4              circuit.nnf: d4's d-DNNF in its NNF text format (``circuits.nnf``)
+    d4              circuit.nnf: d4's d-DNNF in its NNF text format (``circuits.compiler.nnf``)
     pysdd           circuit.sdd, circuit.vtree (libsdd's formats: SddManager.read_sdd_file,
                     Vtree.from_file) and circuit.dot (the SDD as Graphviz DOT)
 
@@ -36,8 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .cache_dir import default_cache_dir
-from .layout import Layout
+from ..cache_dir import default_cache_dir
+from ..layout import Layout
 from .registry import Spec, spec_to_dict
 
 FORMAT_VERSION = 3

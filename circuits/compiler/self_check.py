@@ -5,9 +5,9 @@ function is still caught.
 - ``layout_log_partition``: the layout's log Z, a plain numpy upward pass;
 - the independent computations: ``cardinality_log_partition`` (a Poisson-binomial dynamic program,
   for ExactlyK / RangeK), ``sdd_log_partition`` (pysdd's own weighted model counter on a stored
-  ``circuit.sdd``); the group specs' is ``circuits.groups.log_partition_reference``, a d-DNNF's
-  ``circuits.nnf.log_partition``;
-- ``agree``: the one comparison. Each kind's ``check`` (``circuits.registry``) puts them together.
+  ``circuit.sdd``); the group specs' is ``circuits.compiler.groups.log_partition_reference``, a d-DNNF's
+  ``circuits.compiler.nnf.log_partition``;
+- ``agree``: the one comparison. Each kind's ``check`` (``circuits.compiler.registry``) puts them together.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .layout import Layout
+from ..layout import Layout
 
 PROBES = 2
 

@@ -9,11 +9,11 @@ module says everything about it, and nothing else in ``circuits`` asks for its t
 - how it compiles: ``compilers`` (its default first) and a builder per compiler: ``build_direct``
   (a ``Layout`` built from the known structure), ``build_sdd`` (pysdd), ``dimacs_path`` (the CNF
   file that d4 reads);
-- how it estimates: ``estimate()``, the pysdd compiler's cost (``circuits.estimate``), or None;
+- how it estimates: ``estimate()``, the pysdd compiler's cost (``circuits.compiler.estimate``), or None;
 - how a layout is checked: ``check(layout, entry, compiler)`` against an independent computation,
   after compiling and on every cache read.
 
-``circuits.compile``, ``circuits.estimate``, ``circuits.cache`` and ``circuits.inspect`` call these.
+``circuits.compiler.compile``, ``circuits.compiler.estimate``, ``circuits.compiler.cache`` and ``circuits.inspect`` call these.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from pathlib import Path
 
 from pysdd.sdd import SddManager, SddNode
 
-from .layout import Layout
+from ..layout import Layout
 
-Progress = Callable[[int], None]  # told the compile steps done (circuits.estimate)
+Progress = Callable[[int], None]  # told the compile steps done (circuits.compiler.estimate)
 KINDS: dict[str, type[Spec]] = {}  # class name -> kind, in registration order
 
 
@@ -53,7 +53,7 @@ class Spec:
 
     def check(self, layout: Layout, entry: Path | None, compiler: str) -> None:
         """Raise ValueError if ``layout`` does not compute this constraint: its log Z at the probe
-        logits (``circuits.self_check``) against an independent computation. ``entry``: the cache
+        logits (``circuits.compiler.self_check``) against an independent computation. ``entry``: the cache
         entry it was read from (None right after compiling); ``compiler``: the one that built it."""
         raise NotImplementedError(f"{type(self).__name__} has no check of its layouts")
 
@@ -66,7 +66,7 @@ class Spec:
         return None
 
     def estimate(self):
-        """The ``circuits.estimate.Estimate`` of compiling it with pysdd, or None (no arithmetic
+        """The ``circuits.compiler.estimate.Estimate`` of compiling it with pysdd, or None (no arithmetic
         estimate: it is never refused for its size)."""
         return None
 
@@ -77,7 +77,7 @@ class Spec:
 
     def build_sdd(self, progress: Progress | None = None) -> tuple[SddManager, SddNode]:
         """Compiler "pysdd": the SDD as (manager (keep it alive), root); ``progress`` told the compile
-        steps (``circuits.estimate``)."""
+        steps (``circuits.compiler.estimate``)."""
         raise NotImplementedError(f"{type(self).__name__} has no pysdd compiler")
 
     def dimacs_path(self) -> str:

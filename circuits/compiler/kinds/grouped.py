@@ -3,8 +3,8 @@ split into contiguous groups, with at most ``max_groups`` nonempty groups and / 
 ``capacity`` true per group.
 
 - compile: "direct" (the default) builds the (count, nonempty groups) states over the group vtree
-  (``circuits.count_tree.grouped_layout``); "pysdd" ORs them through pysdd on
-  ``circuits.groups.group_vtree`` (``circuits.groups.build_grouped``). The manifest's vtree is
+  (``circuits.compiler.count_tree.grouped_layout``); "pysdd" ORs them through pysdd on
+  ``circuits.compiler.groups.group_vtree`` (``circuits.compiler.groups.build_grouped``). The manifest's vtree is
   "grouped".
 - estimate: the count trees inside the groups plus the (count, nonempty groups) states above them,
   bounded as if the two counts were independent: upper bounds of the layout's elements and levels,
@@ -13,7 +13,7 @@ split into contiguous groups, with at most ``max_groups`` nonempty groups and / 
   [8, 16, 4, 20], capacity 3, kmin 2, kmax 9): 393 against 350). Within ~3x in elements for groups
   of 8 or more variables; loose (100x and more) for groups of one or two variables with a group
   limit, where the count and the number of nonempty groups move together.
-- check: log Z against a dynamic program over the groups (``circuits.groups.self_check``).
+- check: log Z against a dynamic program over the groups (``circuits.compiler.groups.self_check``).
 - describe: the model count by a dynamic program over the groups in ``math.comb`` terms
   (``group_model_count``).
 """
@@ -28,12 +28,12 @@ from pathlib import Path
 
 from pysdd.sdd import SddManager, SddNode
 
-from .. import checks
+from ... import checks
+from ...layout import Layout
 from ..count_tree import grouped_layout
 from ..estimate import Estimate, count_tree_sizes, depth, pairs, pysdd_estimate, terms_squared
 from ..groups import build_grouped
 from ..groups import self_check as group_self_check
-from ..layout import Layout
 from ..registry import Progress, Spec, register
 
 
@@ -304,7 +304,7 @@ def _estimate(spec: _Grouped) -> Estimate:
             t = inside[sizes[0]]
             out = (min(sizes[0], cap), 1, t.built_nodes, t.built_elements, t.state_steps, t.scan)
         else:
-            mid = len(sizes) // 2  # circuits.groups._halves
+            mid = len(sizes) // 2  # circuits.compiler.groups._halves
             cl, gl, *left = above(sizes[:mid])
             cr, gr, *right = above(sizes[mid:])
             A, B, C = min(cl, K), min(cr, K), min(cl + cr, K)

@@ -2,8 +2,8 @@
 
 The compilers that do not go through pysdd build such nodes: a node is an OR over elements (a, b)
 whose value is val[a] + val[b] (an AND of two children), exactly the decision nodes of a pruned
-SDD. The count trees of ``circuits.count_tree`` add them to a ``Dag`` one at a time; the d-DNNFs
-of ``circuits.nnf`` make them as arrays, in batches. ``place`` (``Dag.layout`` calls it) lays them
+SDD. The count trees of ``circuits.compiler.count_tree`` add them to a ``Dag`` one at a time; the d-DNNFs
+of ``circuits.compiler.nnf`` make them as arrays, in batches. ``place`` (``Dag.layout`` calls it) lays them
 out the way ``circuits.layout.build_layout`` places an SDD's: by height (1 + the highest child's),
 a group per fan-in bucket (``MAX_PADDING``), nodes in the order they were added within a height,
 and the synthetic root group last (numpy over all nodes at once, but the bucket split).
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layout import FALSE_SLOT, TRUE_SLOT, Layout, _buckets
+from ..layout import FALSE_SLOT, TRUE_SLOT, Layout, _buckets
 
 Ref = int
 

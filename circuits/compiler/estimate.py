@@ -3,7 +3,7 @@
 Pure arithmetic on the spec (no pysdd, microseconds for any n), so that ``compile_circuit`` and the
 commands can refuse a size that cannot finish (``check``) and show progress on a long one.
 
-The compiler (``circuits.compile``, ``circuits.groups``) builds "exactly j of this block" states
+The compiler (``circuits.compiler.compile``, ``circuits.compiler.groups``) builds "exactly j of this block" states
 bottom-up over a balanced vtree, counts capped at ``cap``: a vtree node of m = l + r variables holds
 the states j = 0..min(m, cap), and state j ORs f_j conjunctions Eq(left, a) AND Eq(right, j - a),
 one per a with 0 <= a <= min(l, cap), 0 <= j - a <= min(r, cap). A balanced vtree has at most two
@@ -11,14 +11,14 @@ block sizes per depth, so every sum below is O(log n) closed-form terms.
 
 Each kind computes its own ``Estimate`` from the helpers here (``count_tree_sizes``, ``pairs``,
 ``terms_squared``, ``depth``, ``pysdd_estimate``) and its module says which fields are exact and
-which are bounds (``circuits.kinds``): exact for ``ExactlyK``, upper bounds for ``RangeK`` and the
+which are bounds (``circuits.compiler.kinds``): exact for ``ExactlyK``, upper bounds for ``RangeK`` and the
 group specs. A kind without one (``SddFile``, ``CnfFile``) gives None: ``estimate`` returns None
 and ``check`` passes it.
 
-``steps`` is the compile cost, per compiler (``circuits.compile``), in units of about 1 us on an
+``steps`` is the compile cost, per compiler (``circuits.compiler.compile``), in units of about 1 us on an
 AMD EPYC (2 cores, shared; docs/reports/circuits-compile-epyc-2026-11.md lists the runs):
 
-- "direct" (the default, ``circuits.count_tree``): every live element is built once, straight into
+- "direct" (the default, ``circuits.compiler.count_tree``): every live element is built once, straight into
   the layout, then checked and written: steps = ``DIRECT_STEPS_PER_ELEMENT`` * elements; for the
   group specs plus ``SCAN_STEPS`` per (state, state of its left child) pair the builder looks at
   (``scan``: a state's elements are found by trying every left state).
@@ -176,7 +176,7 @@ COMPILERS = ("direct", "pysdd")
 
 def estimate(spec, compiler: str | None = None) -> Estimate | None:
     """The estimated layout and cost of compiling ``spec`` with ``compiler`` (None: "direct"); None
-    for a kind without an arithmetic estimate (``SddFile``, ``CnfFile``: see ``circuits.kinds.files``).
+    for a kind without an arithmetic estimate (``SddFile``, ``CnfFile``: see ``circuits.compiler.kinds.files``).
     TypeError for anything but a spec of a registered kind."""
     est = require(spec).estimate()
     if est is None:

@@ -5,16 +5,16 @@ What they share (``_File``): the paths must name existing files and are kept abs
 key is a hash of the files' contents (editing a file gives a new entry), their JSON form only that
 digest (so ``spec_from_dict`` cannot rebuild them); the model count is known only once compiled;
 a layout read from the cache is checked against the circuit stored beside it: d4's d-DNNF
-(``circuit.nnf``, evaluated directly by ``circuits.nnf``) or the SDD (``circuit.sdd``, pysdd's
+(``circuit.nnf``, evaluated directly by ``circuits.compiler.nnf``) or the SDD (``circuit.sdd``, pysdd's
 weighted model count). They have no estimate: an SDD file is read as it is, in time linear in the
 file; the SDD of a CNF depends on the formula (exponential in the worst case) and cannot be told
 by arithmetic (d4's ``time_limit`` bounds it instead).
 
 - ``SddFile`` compiles with "pysdd" only: the SDD is read as it is.
-- ``CnfFile`` compiles with "d4" (the default, ``circuits.cnf``) or "pysdd"
+- ``CnfFile`` compiles with "d4" (the default, ``circuits.compiler.cnf``) or "pysdd"
   (``SddManager.from_cnf_file`` on a balanced vtree).
 
-libsdd trusts its input, so both check their files first (``circuits.file_checks``).
+libsdd trusts its input, so both check their files first (``circuits.compiler.file_checks``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from pathlib import Path
 
 from pysdd.sdd import SddManager, SddNode, Vtree
 
+from ...layout import Layout
 from .. import cnf, file_checks, nnf, self_check
-from ..layout import Layout
 from ..registry import Progress, Spec, register
 
 
@@ -103,7 +103,7 @@ class SddFile(_File):
 @register
 @dataclass(frozen=True)
 class CnfFile(_File):
-    """A CNF formula in DIMACS format, compiled by d4 (``circuits.cnf``; or by pysdd on a balanced
+    """A CNF formula in DIMACS format, compiled by d4 (``circuits.compiler.cnf``; or by pysdd on a balanced
     vtree, ``compile_circuit(..., compiler="pysdd")``)."""
 
     path: str

@@ -1,11 +1,11 @@
-"""d-DNNF circuits in d4's NNF text format (parsed by ``circuits.nnf_parse``): flattening into a
+"""d-DNNF circuits in d4's NNF text format (parsed by ``circuits.compiler.nnf_parse``): flattening into a
 ``Layout``, and an independent log-partition. Both work a level of the NNF at a time in numpy
 (level: the longest path down to a leaf), over all of the level's nodes at once.
 
 d4 emits a decision-DNNF: an OR's edges carry complementary decision literals (deterministic),
 an AND's children share no variable (decomposable).
 
-``to_layout`` maps it onto the layout's OR-of-pairs nodes (``circuits.dag``). An edge's literals
+``to_layout`` maps it onto the layout's OR-of-pairs nodes (``circuits.compiler.dag``). An edge's literals
 are first multiplied into one factor (the edge's literal product: the literal itself, or a tree of
 single-element nodes); then an OR node keeps one element per edge that is not FALSE, (literal
 product, child), and an AND node's factors (its edges' literal products and children) are
@@ -18,16 +18,16 @@ so do the variables the root does not mention (free variables).
 
 ``log_partition`` evaluates the parsed circuit directly (float64): with the normalised leaves
 log sigmoid(r), log sigmoid(-r) a missing variable contributes log 1, so no smoothing is needed;
-it shares nothing with the layout and checks it (``circuits.compile``, ``circuits.cache``).
+it shares nothing with the layout and checks it (``circuits.compiler.compile``, ``circuits.compiler.cache``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..layout import FALSE_SLOT, TRUE_SLOT, Layout
 from . import self_check
 from .dag import place, ranges
-from .layout import FALSE_SLOT, TRUE_SLOT, Layout
 from .nnf_parse import AND, FALSE, OR, TRUE, Nnf, parse  # noqa: F401 (parse: the module's reader)
 
 _KEY = 1 << 31  # products are memoised on lo * _KEY + hi (refs below 2^31)

@@ -1,14 +1,14 @@
 """``ExactlyK(n, k)``: exactly k of the n variables are true; ``RangeK(n, kmin, kmax)``: between kmin
 and kmax (inclusive).
 
-- compile: "direct" (the default) builds the count tree (``circuits.count_tree``); "pysdd" ORs
-  "exactly j of this block" bottom-up over a balanced vtree (``circuits.groups.exactly_counts``,
+- compile: "direct" (the default) builds the count tree (``circuits.compiler.count_tree``); "pysdd" ORs
+  "exactly j of this block" bottom-up over a balanced vtree (``circuits.compiler.groups.exactly_counts``,
   counts capped at kmax), a range being the OR over the band.
-- estimate: the count tree's sizes (``circuits.estimate``). For ``ExactlyK`` the layout's nodes,
+- estimate: the count tree's sizes (``circuits.compiler.estimate``). For ``ExactlyK`` the layout's nodes,
   elements and levels exactly (the states reachable from the root: j >= k - (n - m)); for
   ``RangeK`` the tree capped at kmax, whose elements and levels bound the layout's, which has at
   most 2x its nodes (the band's OR adds interval nodes; a band that is almost TRUE leaves far fewer).
-- check: log Z against the Poisson-binomial dynamic program (``circuits.self_check``).
+- check: log Z against the Poisson-binomial dynamic program (``circuits.compiler.self_check``).
 - describe: ``C(n, k)`` models (``math.comb``).
 """
 
@@ -20,9 +20,10 @@ from pathlib import Path
 
 from pysdd.sdd import SddManager, SddNode, Vtree
 
-from .. import checks, count_tree, groups, self_check
+from ... import checks
+from ...layout import Layout
+from .. import count_tree, groups, self_check
 from ..estimate import Estimate, count_tree_sizes, depth, pysdd_estimate
-from ..layout import Layout
 from ..registry import Progress, Spec, register
 
 
