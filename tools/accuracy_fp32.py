@@ -19,7 +19,7 @@ public ``probmoe.SubsetDistribution`` (``backend="dp"``: the fused C sweeps for 
     PYTHONPATH=$PWD python tools/accuracy_fp32.py            # the Markdown table of docs/reports/circuits-evaluation-accuracy-epyc-2026-11.md
     PYTHONPATH=$PWD python tools/accuracy_fp32.py --impl c,dp,dp-torch --rows 64 --quick
 
-The tests (tests/circuits/test_fp32_accuracy.py) import the references and the row generator from here.
+The tests (tests/circuits/kernels/test_fp32_accuracy.py) import the references and the row generator from here.
 """
 
 from __future__ import annotations

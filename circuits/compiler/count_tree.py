@@ -20,7 +20,7 @@ single live element has sub TRUE is its prime (the rule {(p, TRUE), (not p, FALS
   ``circuits.compiler.groups.group_vtree``'s shape (balanced within each group, then over the groups).
 
 The layouts equal pysdd's up to the order of nodes within a height and of elements within a node
-(tests/circuits/test_count_tree.py checks the isomorphism and the function by brute force).
+(tests/circuits/compiler/test_count_tree.py checks the isomorphism and the function by brute force).
 """
 
 from __future__ import annotations

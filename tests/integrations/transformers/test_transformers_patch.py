@@ -58,7 +58,7 @@ def test_import_probmoe_does_not_import_transformers():
         "import sys, probmoe, probmoe.integrations; "
         "assert 'transformers' not in sys.modules, 'transformers imported'; print('ok')"
     )
-    root = Path(__file__).resolve().parents[2]  # this checkout's probmoe, not an installed one
+    root = Path(__file__).resolve().parents[3]  # this checkout's probmoe, not an installed one
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
@@ -245,7 +245,7 @@ def test_version_gate_matches_the_extra_and_runs_at_import():
 
     from probmoe.integrations.transformers import version
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     extra = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]["transformers"]
     assert f"transformers{version.REQUIRES}" in extra
     code = "import transformers; transformers.__version__ = '5.22.0'\nimport probmoe.integrations.transformers"

@@ -22,7 +22,7 @@ import circuits
 from circuits.compiler import cache, cnf, nnf
 from circuits.inspect.cli import compile_main
 
-SATLIB = Path(__file__).parent.parent / "data" / "satlib"
+SATLIB = Path(__file__).parents[2] / "data" / "satlib"
 SATISFIABLE = ["uf20-01", "uf50-01", "flat30-2", "ais6", "par8-1-c", pytest.param("2bitcomp_5", marks=pytest.mark.slow)]
 
 

@@ -1,11 +1,11 @@
 """The Triton lattice kernels (circuits/kernels/triton_dp.py, triton_lattice.py) against the torch
 DP (their oracle), the C DP, brute force and float64 references.
 
-Run by tests/circuits/test_triton_dp.py in a child process: with CUDA the compiled kernels run on
+Run by tests/circuits/kernels/test_triton_dp.py in a child process: with CUDA the compiled kernels run on
 the GPU; without it TRITON_INTERPRET=1 is set for the whole child and the kernels run on CPU
 tensors in Triton's interpreter. Not collected by a plain ``pytest``; run it directly with
 
-    TRITON_INTERPRET=1 python -m pytest tests/circuits/triton_dp_checks.py
+    TRITON_INTERPRET=1 python -m pytest tests/circuits/kernels/triton_dp_checks.py
 """
 
 import os

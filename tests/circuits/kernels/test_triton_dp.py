@@ -1,5 +1,5 @@
 """The Triton lattice kernels of the cardinality DP (circuits/kernels/triton_dp.py): selection, the
-checks against the torch DP, the C DP, brute force and float64 (tests/circuits/triton_dp_checks.py,
+checks against the torch DP, the C DP, brute force and float64 (tests/circuits/kernels/triton_dp_checks.py,
 in a child process: interpreted without CUDA), and compilation for sm_90 with registers and spills.
 Triton is an optional extra: without it this module is skipped."""
 
@@ -22,7 +22,7 @@ pytest.importorskip("triton", reason="triton is not installed (the optional extr
 from circuits.kernels.triton_dp import TritonDP
 
 HERE = Path(__file__).parent
-ROOT = HERE.parent.parent
+ROOT = HERE.parents[2]
 
 
 def test_select():
@@ -43,7 +43,7 @@ def _passed(done: subprocess.CompletedProcess) -> None:
 
 
 def test_against_brute_force_in_the_interpreter():
-    """The quick part of tests/circuits/triton_dp_checks.py in a child process (about 20 s alone):
+    """The quick part of tests/circuits/kernels/triton_dp_checks.py in a child process (about 20 s alone):
     brute force (marginals, Cov(z), log Z), a chi^2 test of the draws, the torch DP at 3 of 8,
     chunks of tokens, the probability form in plain torch."""
     quick = "brute_force or draws_follow or 3..3 or chunks or probability_form"
@@ -52,7 +52,7 @@ def test_against_brute_force_in_the_interpreter():
 
 @pytest.mark.slow  # about 2 minutes in the interpreter
 def test_against_the_torch_dp_the_c_dp_and_float64():
-    """tests/circuits/triton_dp_checks.py's default set in a child process: the torch DP (values,
+    """tests/circuits/kernels/triton_dp_checks.py's default set in a child process: the torch DP (values,
     draws, Cov(z) v, log counts), the fused route against the composed one, the C DP's draws, the
     accuracy grid at 8 of 64, the operators and probmoe.route on the kernels."""
     _passed(run_checks(str(HERE / "triton_dp_checks.py"), timeout=1500))

@@ -15,7 +15,7 @@ import pytest
 
 from circuits.compiler import cnf, nnf, nnf_parse, self_check
 
-SATLIB = Path(__file__).parent.parent / "data" / "satlib"
+SATLIB = Path(__file__).parents[2] / "data" / "satlib"
 FIELDS = ("kind", "edge_ptr", "child", "lit_ptr", "lits", "level")
 
 

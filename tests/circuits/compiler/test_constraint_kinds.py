@@ -35,7 +35,7 @@ from circuits.compiler.compile import compile_entry
 from circuits.inspect import cli, report
 from circuits.spec import Spec, register
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository
+ROOT = Path(__file__).resolve().parents[3]  # the repository
 
 
 @dataclass(frozen=True)

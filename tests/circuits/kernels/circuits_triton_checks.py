@@ -1,16 +1,16 @@
 """The Triton passes (circuits/kernels/triton_passes.py, layer-parallel kernels in triton_layers.py) against
 the torch passes and brute force.
 
-Run by tests/circuits/test_circuits_triton.py in a child process: with CUDA the compiled kernels run on the
+Run by tests/circuits/kernels/test_circuits_triton.py in a child process: with CUDA the compiled kernels run on the
 GPU; without it TRITON_INTERPRET=1 is set for the whole child, and the kernels run on CPU tensors in
 Triton's interpreter (triton reads the variable when a kernel is defined, its own library's as
 well, so it cannot be switched on for part of a process). Not collected by a plain ``pytest``
 (the file name does not start with test_); run it directly with
 
-    TRITON_INTERPRET=1 python -m pytest tests/circuits/circuits_triton_checks.py
+    TRITON_INTERPRET=1 python -m pytest tests/circuits/kernels/circuits_triton_checks.py
 
 The interpreter is slow (seconds per pass: it pays per program and per operation), so circuits and
-token counts stay small; ``test_smoke`` is the quick one (tests/circuits/test_triton_layers.py runs it
+token counts stay small; ``test_smoke`` is the quick one (tests/circuits/kernels/test_triton_layers.py runs it
 in the default suite).
 """
 
@@ -30,7 +30,7 @@ pytest.importorskip("triton", reason="triton is not installed (the optional extr
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip(
-        "without CUDA these checks need TRITON_INTERPRET=1 (tests/circuits/test_circuits_triton.py sets it)",
+        "without CUDA these checks need TRITON_INTERPRET=1 (tests/circuits/kernels/test_circuits_triton.py sets it)",
         allow_module_level=True,
     )
 
@@ -168,7 +168,10 @@ def test_cnf_circuits_match_the_torch_passes(cnf):
     if cnf[0] == "uf20-01":
         pytest.importorskip("py_d4", reason="d4 is not installed (the cnf extra)")
         path = os.path.join(
-            os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "satlib", "uf20-01.cnf"
+            os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+            "data",
+            "satlib",
+            "uf20-01.cnf",
         )
         with open(path) as f:
             cnf = (f.read(), "d4")
@@ -339,7 +342,9 @@ def test_fp32_exact_at_every_scale():
     spec_ = importlib.util.spec_from_file_location(
         "accuracy_fp32",
         os.path.join(
-            os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools", "accuracy_fp32.py"
+            os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
+            "tools",
+            "accuracy_fp32.py",
         ),
     )
     A = importlib.util.module_from_spec(spec_)

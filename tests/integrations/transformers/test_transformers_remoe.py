@@ -582,7 +582,7 @@ def test_trainer_ddp_gradient_accumulation(tmp_path):
 
     pytest.importorskip("accelerate")
     pytest.importorskip("datasets")
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     (tmp_path / "run.py").write_text(TRAINER_DDP_SCRIPT)
     torch.save(torch.cat(micro_batches(4)), tmp_path / "rows.pt")
     with socket.socket() as s:

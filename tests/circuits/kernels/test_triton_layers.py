@@ -1,6 +1,6 @@
 """The layer-parallel Triton passes' plan (circuits/kernels/triton_passes.py: tables, tiles, chunks), a quick
 check of every pass against the torch passes in Triton's interpreter, and a compile of the heaviest kernel
-for sm_90. The full checks are tests/circuits/circuits_triton_checks.py (run by test_circuits_triton.py,
+for sm_90. The full checks are tests/circuits/kernels/circuits_triton_checks.py (run by test_circuits_triton.py,
 slow); this file is the default suite's share.
 """
 
@@ -97,6 +97,6 @@ print("compiled")
 
 def test_the_heaviest_kernel_compiles_for_sm90_without_spills():
     """The upward kernel with tangents, tilt and implicit variables (the most registers) for sm_90, no GPU
-    needed (tests/circuits/test_circuits_triton.py compiles every specialisation, slow)."""
+    needed (tests/circuits/kernels/test_circuits_triton.py compiles every specialisation, slow)."""
     done = run_compiled(COMPILE_ONE, timeout=300)
     assert done.returncode == 0 and "compiled" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]

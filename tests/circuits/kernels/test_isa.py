@@ -9,7 +9,7 @@ cardinality DP) built once per session into the test cache, and each is checked 
 constraint. Bit for bit where the C code is exact (the row operations, the uniforms, the MAP, the
 DP's draws); the draws of the circuit passes from the same uniforms as the torch passes, but for
 rounding at a boundary; log Z, the marginals and Cov(z) v within the tolerances of
-test_circuits_native.py and test_dp_native.py. Then the fallback: an unknown ISA name, an ISA the
+test_c_passes.py and test_c_dp.py. Then the fallback: an unknown ISA name, an ISA the
 CPU lacks, an unknown CPU and a missing compiler each give the torch code with exactly one warning;
 a failed build's warning is one line and leaves no folder. Last, a prebuilt library (what a wheel
 ships) loads without a compiler, and gives way to the first-use build when it does not match.

@@ -115,6 +115,6 @@ def test_force_help_promises_no_size_refusal_to_cnf_files():
 
 
 def test_a_small_cnf_still_compiles_with_a_time_limit(tmp_path):
-    sat = Path(__file__).parent.parent / "data" / "satlib" / "uf20-01.cnf"
+    sat = Path(__file__).parents[2] / "data" / "satlib" / "uf20-01.cnf"
     c = circuits.compile_circuit(sat, cache_dir=tmp_path, time_limit=60)
     assert c.layout.model_count() == 8 and c.info["compiler"] == "d4"

@@ -1,5 +1,5 @@
 """The Triton passes (circuits/kernels/triton_passes.py): selection, the checks against the torch
-passes and brute force (tests/circuits/circuits_triton_checks.py, in a child process), compilation for GPUs.
+passes and brute force (tests/circuits/kernels/circuits_triton_checks.py, in a child process), compilation for GPUs.
 
 Without CUDA the checks run in Triton's interpreter, on CPU tensors: TRITON_INTERPRET=1 must be set
 before triton defines any kernel, its own library's included, so the child process has it from the
@@ -29,7 +29,7 @@ HERE = Path(__file__).parent
 
 @pytest.mark.slow  # a nested pytest under the Triton interpreter: 5-10 min on 2 busy cores (it pays per program and op)
 def test_against_the_torch_passes_and_brute_force():
-    """tests/circuits/circuits_triton_checks.py in a child process: interpreted on the CPU, compiled with CUDA.
+    """tests/circuits/kernels/circuits_triton_checks.py in a child process: interpreted on the CPU, compiled with CUDA.
     Everything runs but, on the CPU, the check of host synchronisations (CUDA only), and without d4 the CNF
     circuit it compiles."""
     cuda = torch.cuda.is_available()
@@ -76,7 +76,7 @@ print("compiled")
 """
 
 
-@pytest.mark.slow  # 38 cubins: about 2 minutes on 2 cores (tests/circuits/test_triton_layers.py compiles one by default)
+@pytest.mark.slow  # 38 cubins: about 2 minutes on 2 cores (tests/circuits/kernels/test_triton_layers.py compiles one by default)
 def test_the_kernels_compile_for_gpus():
     """The interpreter accepts code the compiler rejects: compile every kernel specialisation the passes
     launch (circuits/kernels/triton_layers_compile.py) to sm_80 and sm_90 cubins (no GPU needed; ptxas comes

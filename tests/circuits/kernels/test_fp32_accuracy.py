@@ -2,7 +2,7 @@
 (relative, |a - b| / max(1, |b|)) of independent float64 references on the same fp32 logits, for
 the torch and fused C passes of the compiled circuit and for the DP, on a small grid of
 tools/accuracy_fp32.py (which prints the full table of docs/reports/circuits-evaluation-accuracy-epyc-2026-11.md). The Triton passes take
-the same grid, interpreted, in tests/circuits/circuits_triton_checks.py."""
+the same grid, interpreted, in tests/circuits/kernels/circuits_triton_checks.py."""
 
 import pytest
 import torch
