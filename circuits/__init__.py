@@ -1,25 +1,27 @@
-"""circuits: compile constraints into probabilistic circuits once, evaluate them batched.
+"""circuits: compile constraints into probabilistic circuits once, evaluate them batched. Two halves:
 
+the compile side (``circuits.compiler``: numpy and pysdd, no torch)
     spec (ExactlyK, RangeK, GroupLimited, GroupCapacity, SddFile, CnfFile) -> compile (count tree built
         directly for the cardinality and group specs; d4 d-DNNF for CNF; pysdd SDD on request)
-        -> layout (levels)
-        -> cache (disk) -> Circuit (log_partition, marginals, sample, map)
+        -> layout (levels) -> cache (disk)
+the evaluation side (torch), joined to it by ``compile_circuit``
+    -> Circuit (log_partition, marginals, sample, map)
         reached through registered torch operators (``circuits.ops``: torch.compile traces them)
         -> kernels (torch, fused C, Triton passes; ``circuits.kernels.select`` picks per device and dtype)
 
     ExactlyK / RangeK -> CardinalityDP (the same queries by the cardinality DP, nothing compiled;
         its torch or fused C sweeps picked by the same ``select``)
 
-``engine(constraint, device, algorithm)`` gives either evaluator ("circuit" or "dp",
-``ALGORITHMS``). Public modules shared with other packages: ``circuits.checks`` (the checks on
-logits and generators, and their messages), ``circuits.ops`` (the registered operators, among them
-the row operations ``topk``, ``topk_chosen``, ``kth_largest``), ``circuits.passes`` (the selection
-of ``circuits.kernels.select``: ``select``, ``describe`` and the implementations it picks from),
-``circuits.native`` (the C build machinery of ``circuits.kernels.build``),
-``circuits.kernels.straight_through`` (Eq. 7's weights and their gradient, in torch) and
-``ScratchPool`` (reused scratch buffers for batched passes).
+Both evaluators are an ``Evaluator`` (``circuits.evaluator``: the shapes, checks and queries they
+share); ``engine(constraint, device, algorithm)`` gives either ("circuit" or "dp", ``ALGORITHMS``).
+Public modules shared with other packages: ``circuits.checks`` (the checks on logits and
+generators, and their messages), ``circuits.ops`` (the registered operators, among them the row
+operations ``topk``, ``topk_chosen``, ``kth_largest``), ``circuits.kernels.select`` (``select``,
+the one place that picks an implementation, and ``describe``), ``circuits.kernels.build`` (the C
+build machinery), ``circuits.kernels.straight_through`` (Eq. 7's weights and their gradient, in
+torch) and ``ScratchPool`` (reused scratch buffers for batched passes).
 
-The names load on first use (PEP 562), so that compiling (``circuits.compile.compile_entry``,
+The names load on first use (PEP 562), so that compiling (``circuits.compiler.compile.compile_entry``,
 ``probmoe-compile``) runs without importing torch. The operators are registered when
 ``circuits.ops`` is imported, which every evaluator does (``Circuit``, ``CardinalityDP``,
 ``engine``); code that calls ``torch.ops.circuits.*`` directly imports ``circuits.ops`` first.
@@ -30,15 +32,14 @@ import importlib
 _HOMES = {  # public name -> the module that defines it (None: a public module of that name)
     "checks": None,
     "ops": None,
-    "native": None,
-    "passes": None,
-    "CacheWarning": "cache",
+    "CacheWarning": "compiler.cache",
     "default_cache_dir": "cache_dir",
     "Circuit": "circuit",
     "compile_circuit": "compile",
-    "compile_sdd": "compile",
-    "compile_entry": "compile",
+    "compile_sdd": "compiler.compile",
+    "compile_entry": "compiler.compile",
     "CardinalityDP": "dp",
+    "Evaluator": "evaluator",
     "map_mask": "dp",
     "map_size": "dp",
     "ALGORITHMS": "algorithm",
@@ -93,6 +94,7 @@ __all__ = [
     "CardinalityDP",
     "Circuit",
     "CnfFile",
+    "Evaluator",
     "ExactlyK",
     "GroupCapacity",
     "GroupLimited",
@@ -111,10 +113,8 @@ __all__ = [
     "engine",
     "map_mask",
     "map_size",
-    "native",
     "native_kernels",
     "ops",
-    "passes",
     "register",
     "spec_from_dict",
     "spec_to_dict",

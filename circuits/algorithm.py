@@ -1,5 +1,6 @@
 """``engine``: the evaluator of a constraint by one of the two algorithms, behind one set of queries
-(log_partition, marginals with their Cov(z) v backward, sample, map, marginals_and_sample).
+(``circuits.evaluator.Evaluator``: log_partition, marginals with their Cov(z) v backward, sample,
+map, marginals_and_sample).
 
     "circuit"  the compiled circuit (``compile_circuit``: any spec, from the disk cache)
     "dp"       the cardinality DP (``CardinalityDP``: ExactlyK and RangeK only, nothing compiled)
@@ -16,6 +17,7 @@ from .circuit import Circuit
 from .compile import compile_circuit
 from .dp import SPECS as DP_SPECS
 from .dp import CardinalityDP
+from .evaluator import Evaluator
 from .spec import Spec
 
 ALGORITHMS = ("circuit", "dp")
@@ -31,14 +33,13 @@ def check_algorithm(algorithm, constraint=None) -> str:
     return algorithm
 
 
-def engine(
-    constraint: Spec | Circuit, device="cpu", algorithm: str = "circuit", **compile_args
-) -> Circuit | CardinalityDP:
+def engine(constraint: Spec | Circuit, device="cpu", algorithm: str = "circuit", **compile_args) -> Evaluator:
     """The evaluator of ``constraint`` (a spec, or a compiled ``Circuit``, then moved to ``device``)
-    by ``algorithm``; ``compile_args`` go to ``compile_circuit`` (cache_dir, size_limit, ...)."""
+    on ``device`` by ``algorithm``; ``compile_args`` go to ``compile_circuit`` (cache_dir,
+    size_limit, ...)."""
     check_algorithm(algorithm, constraint.spec if isinstance(constraint, Circuit) else constraint)
     if algorithm == "dp":
-        return CardinalityDP(constraint.spec if isinstance(constraint, Circuit) else constraint)
+        return CardinalityDP(constraint.spec if isinstance(constraint, Circuit) else constraint, device)
     if isinstance(constraint, Circuit):
         return constraint if str(constraint.device) == str(device) else constraint.to(device)
     return compile_circuit(constraint, device=device, **compile_args)
@@ -49,13 +50,12 @@ def _name(constraint) -> str:
     return describe() if describe is not None else type(constraint).__name__
 
 
-def native_kernels(evaluator, dtype: torch.dtype, device="cpu") -> bool:
-    """Whether the kernels ``select`` gives ``evaluator`` for logits of ``dtype`` on ``device`` fuse the
+def native_kernels(evaluator: Evaluator, dtype: torch.dtype) -> bool:
+    """Whether the kernels ``select`` gives ``evaluator`` for logits of ``dtype`` on its device fuse the
     fused queries (``Kernels.fused``: the C DP's sweeps or the Triton lattice kernels for a
-    ``circuits.CardinalityDP``, the C passes or the Triton passes for a ``circuits.Circuit``, on its
-    own device): there ``circuits::chosen_scores`` and its backward
-    are one pass each."""
-    return evaluator.kernels(dtype, device).fused
+    ``circuits.CardinalityDP``, the C passes or the Triton passes for a ``circuits.Circuit``): there
+    ``circuits::chosen_scores`` and its backward are one pass each."""
+    return evaluator.kernels(dtype).fused
 
 
 # Under torch.compile the answer is a constant of the graph (the mark of

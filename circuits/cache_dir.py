@@ -1,4 +1,4 @@
-"""Where probmoe keeps what it builds: compiled circuits (``circuits.cache``) and the fused C
+"""Where probmoe keeps what it builds: compiled circuits (``circuits.compiler.cache``) and the fused C
 kernels' C library (``circuits.kernels.library``), each in its own folder under this root."""
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """``Circuit``: a compiled constraint evaluated batched over tokens, on CPU or CUDA.
 
-All methods take logits [..., n] (log-odds of independent Bernoulli variables), check them once,
-flatten the leading dimensions into T tokens, run the passes that ``circuits.kernels.select``
-picked for this circuit and the logits' dtype (picked once, then kept), and restore the leading
-dimensions. fp16/bf16 logits are computed in fp32 and returned in their own dtype. Logits of -inf
-mean "never true". Gradients follow the contract of ``circuits.ops``.
+The shapes, checks and queries of ``circuits.evaluator.Evaluator``, by the passes that
+``circuits.kernels.select`` picked for this circuit and the logits' dtype (picked once, then kept).
+fp16/bf16 logits are computed in fp32 and returned in their own dtype. Gradients follow the
+contract of ``circuits.ops``.
 """
 
 from __future__ import annotations
@@ -14,7 +13,8 @@ import threading
 import torch
 from torch import Tensor
 
-from . import checks, ops
+from . import checks
+from .evaluator import Evaluator
 from .kernels import select
 from .kernels.interface import Passes
 from .kernels.program import Program
@@ -23,32 +23,25 @@ from .layout import FALSE_SLOT, TRUE_SLOT, Layout
 from .spec import ExactlyK, RangeK, Spec
 
 
-class Circuit:
+class Circuit(Evaluator):
     """A compiled circuit over n variables. Create with ``circuits.compile_circuit``.
 
-    ``program`` is the layout as tensors on ``device``. Set ``validate = False`` to skip the input
-    checks (a caller that has checked the logits already; the value checks cost one host
-    synchronisation on the CPU, and are assertions in the graph on CUDA: ``circuits.checks``).
+    ``program`` is the layout as tensors on ``device``. ``validate = False`` skips the input checks
+    (``Evaluator``; the value checks cost one host synchronisation on the CPU, and are assertions in
+    the graph on CUDA: ``circuits.checks``).
     """
 
     def __init__(self, layout: Layout, spec: Spec | None = None, info: dict | None = None, device="cpu"):
         self.layout = layout
-        self.spec = spec
         self.info = dict(info or {})
-        self.validate = True
         self.program = Program.from_layout(layout, device)
         self.program.float64_rows = not isinstance(spec, (ExactlyK, RangeK))  # see Program.float64_rows
-        self.program.shift_k = self.shift_size  # the shift the fused queries make themselves
-        self.device = self.program.device  # resolved: "cuda" becomes "cuda:0"
-        self._passes: dict[torch.dtype, Passes] = {}
+        self._kernels: dict[torch.dtype, Passes] = {}
         self._lock = threading.Lock()
-        self.handle = ops.register(self)  # the ``circuit`` argument of the operators in ``circuits.ops``
+        super().__init__(spec, layout.n, self.program.device)  # the device resolved: "cuda" becomes "cuda:0"
+        self.program.shift_k = self.shift_size  # the shift the fused queries make themselves
 
     # --- housekeeping -------------------------------------------------------------------------
-    @property
-    def n(self) -> int:
-        return self.layout.n
-
     def sizes(self) -> dict:
         """Variables, levels, groups, nodes, live elements, padded elements, padding ratio, slots."""
         return self.layout.sizes()
@@ -104,34 +97,16 @@ class Circuit:
                     G.add_edge(a, name(s))
         return G
 
-    def kernels(self, dtype: torch.dtype, device=None) -> Passes:
-        """The kernels (``Passes``) that calls with ``dtype`` logits take (``circuits.kernels.select``,
-        picked once), on this circuit's device (``device``: ignored, for the evaluators' one signature)."""
-        return self.passes(dtype)
-
-    def passes(self, dtype: torch.dtype) -> Passes:
+    def kernels(self, dtype: torch.dtype) -> Passes:
         """The passes that calls with ``dtype`` logits take (``circuits.kernels.select``, picked once)."""
-        chosen = self._passes.get(dtype)
+        chosen = self._kernels.get(dtype)
         if chosen is None:
             with self._lock:
-                chosen = self._passes.get(dtype) or select.select(self.program, dtype)
-                self._passes[dtype] = chosen
+                chosen = self._kernels.get(dtype) or select.select(self.program, dtype)
+                self._kernels[dtype] = chosen
         return chosen
 
-    # --- input handling -----------------------------------------------------------------------
-    def _inputs(self, logits: Tensor, generator=None) -> tuple[Tensor, torch.Size]:
-        """[..., n] -> contiguous fp32/fp64 [T, n] on this circuit's device, plus the leading shape.
-
-        The argument checks of every public call, before any pass (skipped when ``validate`` is
-        False); the value checks come after the first pass (``_check``), from its log Z.
-        """
-        if self.validate:
-            checks.logits(logits, n=self.n, device=self.device)
-            checks.generator(generator, self.device)
-        dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        flat = logits if logits.dim() == 2 else logits.reshape(-1, self.n)  # no view node for [T, n] logits
-        return flat.to(dtype).contiguous(), logits.shape[:-1]
-
+    # --- the value checks: after the first pass, from its log Z ----------------------------------
     def _check(self, r: Tensor, log_z: Tensor) -> None:
         """Raise ValueError for NaN, +inf or |logits| >= ``checks.MAX_ABS_LOGIT`` in r [T, n] (larger
         ones overflow the fp32 passes) or a row that satisfies nothing (log Z [T] not finite): on
@@ -198,79 +173,28 @@ class Circuit:
         shift = self._shift(r)
         return r if shift is None else r - shift
 
-    # --- the four queries (each one registered operator, ``circuits.ops``) -------------------------
-    def log_partition(self, logits: Tensor) -> Tensor:
-        """log P(constraint) under independent Bernoulli(sigmoid(logits)): [..., n] -> [...].
-
-        Differentiable; d/d logits = marginals - sigmoid(logits), and twice differentiable.
-        """
-        r, lead = self._inputs(logits)
+    # --- the queries on checked logits r [T, n] (each one registered operator, ``circuits.ops``) -------
+    def _log_partition(self, r: Tensor) -> Tensor:
         log_z, _ = torch.ops.circuits.log_partition(r, self.handle, r.requires_grad and torch.is_grad_enabled())
         self._check(r, log_z)
-        return log_z.reshape(lead).to(logits.dtype)
+        return log_z
 
     def _marginals(self, r: Tensor, seed: Tensor | None, values: bool) -> tuple[Tensor, Tensor]:
-        """(marginals or zeros [T, n], one draw [T, n] or an empty tensor) of checked logits r [T, n]."""
         m, z, log_z = torch.ops.circuits.marginals(r, self._shift(r), seed, self.handle, values, self.validate)
         self._check(r, log_z)
         return m, z
 
-    def marginals(self, logits: Tensor, *, values: bool = True) -> Tensor:
-        """P(x_i = 1 | constraint): [..., n] -> [..., n]. Its Jacobian is Cov(x) (exact).
+    def _sample(self, r: Tensor, seed: Tensor) -> Tensor:
+        z, log_z = torch.ops.circuits.sample(r, self._shift(r), seed, self.handle)
+        self._check(r, log_z)
+        return z
 
-        values=False skips the downward pass and returns zeros that still carry the marginals'
-        Jacobian in the backward: for straight-through estimators, which need only the gradient.
-        """
-        r, lead = self._inputs(logits)
-        m, _ = self._marginals(r, None, values)
-        return m.reshape(*lead, self.n).to(logits.dtype)
+    def _map(self, r: Tensor) -> Tensor:
+        z, best = torch.ops.circuits.map(r, self._shift(r), self.handle)
+        self._check(r, best)  # the best completion is -inf exactly when none exists
+        return z
 
-    def sample(self, logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        """Exact draws from P(x | constraint): [..., n] -> [..., n] in {0, 1}, logits' dtype.
-
-        generator: a ``torch.Generator`` on the circuit's device, for reproducible draws.
-        """
-        r, lead = self._inputs(logits, generator)
-        with torch.no_grad():
-            z, log_z = torch.ops.circuits.sample(r, self._shift(r), ops.seed(generator, r), self.handle)
-            self._check(r, log_z)
-        return z.reshape(*lead, self.n).to(logits.dtype)
-
-    def map(self, logits: Tensor) -> Tensor:
-        """The most probable satisfying assignment: [..., n] -> [..., n] in {0, 1}."""
-        r, lead = self._inputs(logits)
-        with torch.no_grad():
-            z, best = torch.ops.circuits.map(r, self._shift(r), self.handle)
-            self._check(r, best)  # the best completion is -inf exactly when none exists
-        return z.reshape(*lead, self.n).to(logits.dtype)
-
-    def marginals_and_sample(self, logits: Tensor, generator: torch.Generator | None = None, *, values: bool = True):
-        """(marginals, sample) from one upward pass; marginals differentiable (and ``values``) as
-        in ``marginals``."""
-        r, lead = self._inputs(logits, generator)
-        m, z = self._marginals(r, ops.seed(generator, r), values)
-        shape = (*lead, self.n)
-        return m.reshape(shape).to(logits.dtype), z.reshape(shape).to(logits.dtype)
-
-    def chosen_scores(
-        self,
-        logits: Tensor,
-        generator: torch.Generator | None = None,
-        *,
-        slots: int,
-        kind: str = "softmax",
-        paper: bool = False,
-    ):
-        """One exact draw z and its variables by score π = softmax(logits) or sigmoid(logits)
-        (``kind``), descending (ties to the lower index), in ``slots`` slots, weighted by Eq. 7's
-        straight-through weights: π there, the gradient through π and the marginals (Jacobian Cov(z),
-        or Cov(z) diag(1 - sigmoid(logits)) with ``paper``). One operator, ``circuits::chosen_scores``
-        (one pass with the C passes). logits [T, n] -> (weights [T, slots], indices [T, slots] long,
-        mask [T, slots] bool, π [T, n] detached); unused slots hold the lowest undrawn variables,
-        ascending, weight 0."""
-        r, _ = self._inputs(logits, generator)
-        if self.validate and r.shape[0]:  # the value checks: two host syncs on the CPU (and a pass at logits 0 / -inf)
-            checks.logit_values(r)
-            self.check_satisfiable(r)
-        cards = getattr(self.spec, "cardinalities", None) or (0, self.n)
-        return ops.chosen_scores_call(r, generator, cards[0], cards[-1], self.handle, slots, kind, paper)
+    def _check_chosen(self, r: Tensor) -> None:
+        """Two host syncs on the CPU (and a pass at logits 0 / -inf): the operator gives no log Z."""
+        checks.logit_values(r)
+        self.check_satisfiable(r)

@@ -40,7 +40,7 @@ r: logits [T, n], float32 or float64, contiguous, checked by the caller (``Circu
 None, or [T, 1] subtracted from r before the pass (the exactly-k shift; the circuit's answers do
 not change, only their rounding). seed: a 0-dim int64 tensor (``circuits.kernels.uniforms``).
 circuit: the handle of an evaluator (``register``: a ``Circuit``, or for ``chosen_scores`` a
-``CardinalityDP`` too), whose ``kernels`` are the implementation for the logits' dtype and device
+``CardinalityDP`` too), whose ``kernels`` are the implementation for the logits' dtype on its device
 (``circuits.kernels.select`` picks it once): the operators carry no Python object, so a handle is
 valid in the process that registered it. The ``dp_`` operators are the cardinality DP's
 (``circuits.CardinalityDP``, kmin <= |z| <= kmax, checked by the caller): their kernels come from the
@@ -91,7 +91,7 @@ def evaluator(handle: int):
 
 def _kernels(r: Tensor, handle: int):
     """The kernels of ``handle``'s evaluator for logits like r (its ``kernels``, picked once)."""
-    return evaluator(handle).kernels(r.dtype, r.device)
+    return evaluator(handle).kernels(r.dtype)
 
 
 # --- log Z, twice differentiable ------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Constraint specs: what a circuit encodes. The public home of their names.
 
-A spec is an immutable, hashable value of a registered kind (``circuits.kinds``): its module says
+A spec is an immutable, hashable value of a registered kind (``circuits.compiler.kinds``): its module says
 how it compiles, estimates, caches (its ``key`` names its cache entry, ``spec_to_dict`` its JSON
 form) and describes itself.
 
@@ -13,17 +13,17 @@ form) and describes itself.
 - ``GroupCapacity(n, k, groups, capacity)``: exactly k (or kmin..kmax) true, at most ``capacity``
   in each group (optionally also in at most ``max_groups`` groups).
 
-``Spec`` is the interface every kind implements and ``register`` adds a kind (``circuits.registry``);
+``Spec`` is the interface every kind implements and ``register`` adds a kind (``circuits.compiler.registry``);
 ``spec_to_dict`` describes a spec as JSON; ``spec_from_dict`` rebuilds (and re-validates) the
 counting specs from such a dict.
 """
 
 from __future__ import annotations
 
-from .kinds.cardinality import ExactlyK, RangeK
-from .kinds.files import CnfFile, SddFile
-from .kinds.grouped import GroupCapacity, GroupLimited, group_model_count
-from .registry import Spec, register, spec_from_dict, spec_to_dict
+from .compiler.kinds.cardinality import ExactlyK, RangeK
+from .compiler.kinds.files import CnfFile, SddFile
+from .compiler.kinds.grouped import GroupCapacity, GroupLimited, group_model_count
+from .compiler.registry import Spec, register, spec_from_dict, spec_to_dict
 
 GROUP_SPECS = (GroupLimited, GroupCapacity)
 CARDINALITY_SPECS = (ExactlyK, RangeK)  # what the cardinality DP (circuits.CardinalityDP) also evaluates

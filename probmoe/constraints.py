@@ -200,7 +200,7 @@ def native_cardinality(
 def _native_cardinality(n: int, kmin: int, kmax: int, algorithm: str, dtype: str, device: str) -> bool:
     """``native_cardinality`` on python constants (the dtype's and device's names)."""
     evaluator = cardinality(n, kmin, kmax, device, algorithm)
-    return circuits.native_kernels(evaluator, getattr(torch, dtype), torch.device(device))
+    return circuits.native_kernels(evaluator, getattr(torch, dtype))
 
 
 @_assume_constant_result

@@ -207,7 +207,7 @@ class SubsetDistribution(Distribution):
     def _log_counts(self) -> Tensor:
         """log Σ_{|S| = j, S ∈ C} exp(r·z_S), j = kmin..kmax: [T, J] (natural form). The DP has all sizes
         from one sweep; a circuit takes one circuit per size, its paper form plus Σ softplus(r)."""
-        if isinstance(self._engine, circuits.CardinalityDP):
+        if self._engine.counts_by_size:
             return self._engine.log_counts(self._r)
         sizes = [self._size(j) for j in range(self.kmin, self.kmax + 1)]
         paper = torch.stack([c.log_partition(self._r) for c in sizes], dim=-1)  # [T, J]
@@ -318,9 +318,7 @@ class SubsetDistribution(Distribution):
 
     def _log_normalizer(self) -> Tensor:
         """log Σ_{S∈C} exp(r·z_S): [T] (natural form)."""
-        if isinstance(self._engine, circuits.CardinalityDP):  # from the DP's natural counts: no cancellation
-            return self._cached("lognorm", lambda: torch.logsumexp(self._log_counts(), dim=-1))
-        return self._cached("lognorm", lambda: self._engine.log_partition(self._r) + softplus_sum(self._r))
+        return self._cached("lognorm", lambda: self._engine.log_normalizer(self._r))  # the DP's: no cancellation
 
     @property
     def cardinality_probs(self) -> Tensor:

@@ -14,12 +14,12 @@ Implementations: the compiled circuit's passes (torch, fused C, Triton; Triton i
 interpreter on fewer rows unless CUDA is present) and the DP, cardinality only: ``dp`` through the
 public ``probmoe.SubsetDistribution`` (``backend="dp"``: the fused C sweeps for fp32 on the CPU),
 ``dp-torch`` its torch sweeps (the C sweeps' oracle) and ``dp-triton`` its Triton lattice kernels
-(interpreted without CUDA), picked by ``circuits.passes.select``.
+(interpreted without CUDA), picked by ``circuits.kernels.select.select``.
 
     PYTHONPATH=$PWD python tools/accuracy_fp32.py            # the Markdown table of docs/reports/circuits-evaluation-accuracy-epyc-2026-11.md
     PYTHONPATH=$PWD python tools/accuracy_fp32.py --impl c,dp,dp-torch --rows 64 --quick
 
-The tests (tests/circuits/test_fp32_accuracy.py) import the references and the row generator from here.
+The tests (tests/circuits/kernels/test_fp32_accuracy.py) import the references and the row generator from here.
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def circuit_runner(circuit, impl: str):
     pass on logarithms from float64: ``Program.float64_rows``)."""
     import circuits
 
-    passes = circuits.passes.select(circuit.program, torch.float32, prefer=impl)
+    passes = circuits.kernels.select.select(circuit.program, torch.float32, prefer=impl)
 
     def run(r: Tensor) -> tuple[Tensor, Tensor]:
         log_z, _ = passes.log_partition(r, False)
@@ -195,13 +195,13 @@ def circuit_runner(circuit, impl: str):
 def dp_runner(kmin: int, kmax: int, impl: str = "dp"):
     """fp32 (log Z, marginals) of the DP: ``dp`` through the public distribution, ``dp-torch`` the
     torch sweeps and ``dp-triton`` the Triton lattice kernels (interpreted on the CPU: set
-    TRITON_INTERPRET=1 first) as ``circuits.passes.select`` gives them."""
+    TRITON_INTERPRET=1 first) as ``circuits.kernels.select.select`` gives them."""
     if impl in ("dp-torch", "dp-triton"):
         import circuits
         from circuits.kernels.lattice import Lattice
 
         lattice = Lattice(0, kmin, kmax, torch.device("cpu"))
-        sweeps = circuits.passes.select(lattice, torch.float32, prefer=impl.removeprefix("dp-"))
+        sweeps = circuits.kernels.select.select(lattice, torch.float32, prefer=impl.removeprefix("dp-"))
 
         def run_torch(r: Tensor) -> tuple[Tensor, Tensor]:
             log_z = torch.logsumexp(sweeps.log_counts(r, True), dim=-1)

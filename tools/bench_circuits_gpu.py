@@ -6,7 +6,7 @@
     python tools/bench_circuits_gpu.py --estimate | --registers
 
 1. Routing: route(training=True) forward + backward (to the logits) with the circuit backend on the
-   Triton passes (``circuits.passes.select(..., prefer="triton")``), as a ratio to softmax + top-k
+   Triton passes (``circuits.kernels.select.select(..., prefer="triton")``), as a ratio to softmax + top-k
    forward + backward in the same run (interleaved repeats: ``tools/timing.py``), for each N:k (exactly
    k of N) or N:a-b (a..b of N) of ``--sizes``.
 2. log Z + marginals of ``--rows`` rows for the compiled circuits of ``--cnf`` (d4, the cnf extra) and of
@@ -44,6 +44,7 @@ from bench_router import circuit_passes_of, parse_size, softmax_topk
 from timing import interleaved, table
 
 import circuits
+import circuits.kernels.select
 import probmoe
 from probmoe import constraints
 
@@ -66,7 +67,7 @@ def bench_routes(device, sizes, T, repeats) -> list[dict]:
         r = (torch.randn(T, N, generator=gen, device=device) * 2).requires_grad_()
         c = torch.randn(T, kmax, generator=gen, device=device)
         circuit = constraints.cardinality(N, kmin, kmax, r.device)
-        fast = circuits.passes.select(circuit.program, torch.float32, prefer="triton")
+        fast = circuits.kernels.select.select(circuit.program, torch.float32, prefer="triton")
 
         def route():
             with circuit_passes_of(circuit, fast):
@@ -158,7 +159,7 @@ def bench_log_z(device, programs: dict, rows: int, repeats: int, build_limit: in
     gen = torch.Generator(device=device).manual_seed(1)
     for name, prog in programs.items():
         r = torch.randn(rows, prog.n, generator=gen, device=device) * 2
-        fast = circuits.passes.select(prog, torch.float32, prefer="triton")
+        fast = circuits.kernels.select.select(prog, torch.float32, prefer="triton")
         fns = {"triton passes": lambda fast=fast, r=r: fast.log_partition(r, True, accurate=False, refine=False)}
         if juice is not None:
             try:

@@ -19,7 +19,7 @@ layout, the model count, the direct log Z and the layout's log Z at the probe lo
 independent check), each the best of ``--repeats`` in a fresh process; with ``--baseline REV``
 the same stages of the code at git revision REV (``git archive`` into a temporary folder) on the
 same texts, each process right after this tree's, and the ratios. ``--estimates`` compares the
-size estimate (``circuits.estimate``, what the size limit refuses on) with the direct compiler on
+size estimate (``circuits.compiler.estimate``, what the size limit refuses on) with the direct compiler on
 the counting specs of docs/reports/circuits-compile-epyc-2026-11.md: estimated and real live elements, estimated seconds and
 the measured ``compile_seconds`` on an empty cache (median of 3). Prints markdown tables for
 docs/reports/circuits-compile-epyc-2026-11.md.
@@ -43,12 +43,12 @@ sys.path.insert(0, os.path.dirname(__file__))
 from timing import table
 
 import circuits
-from circuits import cnf
+from circuits.compiler import cnf
 
 PYSDD = """
 import sys, time
 from pysdd.sdd import SddManager
-from circuits.cnf import quiet_stdout
+from circuits.compiler.cnf import quiet_stdout
 t = time.perf_counter()
 with quiet_stdout():
     mgr, root = SddManager.from_cnf_file(sys.argv[1].encode(), b"balanced")
@@ -57,7 +57,7 @@ print(time.perf_counter() - t, root.size(), root.count(), int(root.is_false()))
 
 STAGES = """
 import json, sys, time
-from circuits import nnf, self_check
+from circuits.compiler import nnf, self_check
 text, n, repeats = open(sys.argv[1]).read(), int(sys.argv[2]), int(sys.argv[3])
 r = self_check.probe_logits(n)
 best = {}
@@ -283,7 +283,7 @@ ESTIMATED = (
 
 def estimates() -> str:
     """The estimate against the direct compiler (see the module docstring)."""
-    from circuits.estimate import estimate
+    from circuits.compiler.estimate import estimate
 
     rows = []
     for spec in ESTIMATED:

@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import interleaved, table
 
 import circuits
+import circuits.kernels.select
 import probmoe
 
 
@@ -129,7 +130,7 @@ def main() -> None:
     sizes = [int(x) for x in args.sizes.split(",")]
     print(
         f"T = {args.tokens}, fp32, CPU, {args.threads} threads, torch {torch.__version__}; "
-        f"{circuits.passes.describe()}; load average {os.getloadavg()[0]:.2f} at start"
+        f"{circuits.kernels.select.describe()}; load average {os.getloadavg()[0]:.2f} at start"
     )
     G, M, k, C = args.groups, args.max_groups, args.k, args.capacity
     specs = []

@@ -37,6 +37,7 @@ from bench_router import parse_size, softmax_topk
 from timing import table
 
 import circuits
+import circuits.kernels.select
 import probmoe
 from circuits.kernels import build, library
 from circuits.kernels.c_passes import CPasses
@@ -61,7 +62,7 @@ def use(isa: str, circuit) -> None:
     for lib in LIBS:
         lib.state = {"lib": lib.variant(isa), "where": f"{isa} build", "isa": isa}
     if circuit is not None:
-        circuit._passes[torch.float32] = PASSES[(isa, id(circuit))]
+        circuit._kernels[torch.float32] = PASSES[(isa, id(circuit))]
 
 
 PASSES: dict = {}
@@ -124,7 +125,9 @@ def main() -> None:
         circuit = constraints.cardinality(N, kmin, kmax, "cpu")
         for isa in isas:
             use(isa, None)
-            PASSES[(isa, id(circuit))] = CPasses(circuit.program, circuits.passes.select(Rows(r.device), r.dtype))
+            PASSES[(isa, id(circuit))] = CPasses(
+                circuit.program, circuits.kernels.select.select(Rows(r.device), r.dtype)
+            )
         fns = {"softmax + topk": (None, lambda: (softmax_topk(r, kmax) * c).sum().backward())}
         for backend in args.backends.split(","):
             for isa in isas:

@@ -13,7 +13,7 @@ same device and dtype (interleaved repeats, so drift hits all alike), and the by
 graph keeps for the backward (distinct storages seen by ``torch.autograd.graph.saved_tensors_hooks``);
 with ``--compiled`` also each backend under torch.compile(fullgraph=True). ``--passes torch,triton``
 times the circuit backend once per named implementation of its float32 passes (default "auto":
-the one ``circuits.passes.select`` picks; triton on CUDA only), side by side with the DP. Each
+the one ``circuits.kernels.select.select`` picks; triton on CUDA only), side by side with the DP. Each
 table says which circuit passes ran on that device; ``--json`` also writes every row to FILE.
 """
 
@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import interleaved, table
 
 import circuits
+import circuits.kernels.select
 import probmoe
 from probmoe import constraints
 
@@ -83,14 +84,14 @@ def compiled_route(size: dict, backend: str):
 @contextlib.contextmanager
 def circuit_passes_of(circuit, passes):
     """Within the block, ``circuit``'s float32 calls take ``passes`` (made once by
-    ``circuits.passes.select(program, float32, prefer=...)``). The circuit keeps the passes it
+    ``circuits.kernels.select.select(program, float32, prefer=...)``). The circuit keeps the passes it
     picked per dtype (``Circuit.passes``); this swaps that entry and puts it back."""
-    before = circuit.passes(torch.float32)
-    circuit._passes[torch.float32] = passes
+    before = circuit.kernels(torch.float32)
+    circuit._kernels[torch.float32] = passes
     try:
         yield passes
     finally:
-        circuit._passes[torch.float32] = before
+        circuit._kernels[torch.float32] = before
 
 
 def implementations(device: torch.device, wanted: list[str]) -> list[str]:
@@ -129,13 +130,13 @@ def bench_device(
             if impl in ("dp", "auto"):
                 fwd[name] = route(backend)
             else:  # the circuit's float32 passes swapped for this routine's calls only
-                chosen = circuits.passes.select(circuit.program, torch.float32, prefer=impl)
+                chosen = circuits.kernels.select.select(circuit.program, torch.float32, prefer=impl)
                 fwd[name] = (lambda p, f: lambda: _with(circuit, p, f))(chosen, route(backend))
             if compiled and impl in ("dp", "auto"):
                 fn = compiled_route(size, backend)
                 fn(r)  # compile outside the timed runs
                 fwd[f"{name} compiled"] = (lambda g: lambda: g(r))(fn)
-        names.add(circuit.passes(torch.float32).name)
+        names.add(circuit.kernels(torch.float32).name)
         times = interleaved(
             {name: timed(lambda f=f: (f() * c).sum().backward(), device) for name, f in fwd.items()},
             repeats=repeats,
@@ -221,7 +222,7 @@ def main() -> None:
     dp_where = f"the fused C DP ({where})" if library.library() else f"the torch DP ({where})"
     print(
         f"fp32, torch {torch.__version__}; fp32 CPU calls take the "
-        f"{circuits.passes.describe()} and {dp_where}; load average {os.getloadavg()[0]:.2f} at start"
+        f"{circuits.kernels.select.describe()} and {dp_where}; load average {os.getloadavg()[0]:.2f} at start"
     )
     records = []
     for name in args.devices.split(","):

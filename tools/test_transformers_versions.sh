@@ -10,4 +10,4 @@ target=${TMPDIR:-/tmp}/probmoe-transformers-$version
 [ -d "$target/transformers" ] || pip install --quiet --target "$target" --no-deps "transformers==$version"
 export PYTHONPATH="$target:$PWD"
 python -c "import transformers; print('transformers', transformers.__version__, 'from', transformers.__file__)"
-python -m pytest tests/test_transformers_*.py tests/integrations/test_hf_trainer.py -q "$@"
+python -m pytest tests/integrations/transformers/test_transformers_*.py tests/integrations/test_hf_trainer.py -q "$@"

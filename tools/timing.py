@@ -36,6 +36,6 @@ def table(rows: list[tuple], header: tuple) -> str:
 
 def circuit_passes() -> str:
     """Which circuit passes fp32 CPU calls take in this run (set PROBMOE_NATIVE=0 for the torch ones)."""
-    import circuits
+    from circuits.kernels.select import describe
 
-    return f"circuit passes: {circuits.passes.describe()}"
+    return f"circuit passes: {describe()}"

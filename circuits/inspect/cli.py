@@ -14,12 +14,12 @@ Both take one circuit:
                                 the "spec" that --json prints), e.g. '{"type": "ExactlyK", "n": 64, "k": 8}'
     --entry DIR                 (inspect only) a cache entry directory, read as it is
 
-``--compiler`` picks another compiler than the spec's default (``circuits.compile``): ``pysdd``
+``--compiler`` picks another compiler than the spec's default (``circuits.compiler.compile``): ``pysdd``
 for a counting spec or a CNF (its cache entry holds the SDD files too). ``--cache-dir`` moves the
 whole cache, the compiled circuits and the native libraries built for the evaluator alike (it sets
 ``PROBMOE_CACHE`` for the process).
 
-A counting circuit whose estimated compile cost passes the size limit (``circuits.estimate``:
+A counting circuit whose estimated compile cost passes the size limit (``circuits.compiler.estimate``:
 ``MAX_STEPS``, about 20 s on a 2-core AMD EPYC) is refused before any compiling, naming the
 estimate; ``--force`` compiles it anyway (and recompiles it if cached). A long compile shows
 progress bars on stderr. A CNF has no estimate: d4 runs in a child process, which Ctrl-C stops
@@ -41,11 +41,11 @@ import sys
 import warnings
 from pathlib import Path
 
-from .. import file_checks
-from ..cache import CacheWarning, read_entry
-from ..cnf import MissingExtra, TimeLimit
-from ..compile import COMPILERS, check_compiler, compile_entry
-from ..estimate import MAX_STEPS, CircuitTooLarge
+from ..compiler import file_checks
+from ..compiler.cache import CacheWarning, read_entry
+from ..compiler.cnf import MissingExtra, TimeLimit
+from ..compiler.compile import COMPILERS, check_compiler, compile_entry
+from ..compiler.estimate import MAX_STEPS, CircuitTooLarge
 from ..spec import CnfFile, ExactlyK, GroupCapacity, GroupLimited, RangeK, SddFile, spec_from_dict
 from .report import compile_facts, render_compile
 from .text import render_text, to_dot

@@ -9,9 +9,9 @@ terms for the group specs (``circuits.spec.group_model_count``); file specs have
 
 from __future__ import annotations
 
+from ..compiler.registry import spec_to_dict
 from ..kernels import build
 from ..kernels.library import LIBRARY
-from ..registry import spec_to_dict
 from .text import level_table
 
 

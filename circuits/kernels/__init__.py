@@ -3,7 +3,7 @@ evaluators (``circuits.Circuit``, ``circuits.CardinalityDP``). No module here im
 
     select.py           select: the one place that picks an implementation, from what is evaluated
                         (a circuit's Program, the DP's Lattice, Rows), its device and the dtype;
-                        describe (``circuits.passes`` re-exports them)
+                        describe
     interface.py        Kernels (the fused queries chosen / chosen_backward, composed by default),
                         Passes (the circuit passes' interface), Sweeps (the DP's)
     program.py          Program: a level layout as device tensors; draw_uniforms
@@ -22,7 +22,7 @@ evaluators (``circuits.Circuit``, ``circuits.CardinalityDP``). No module here im
     scratch.py          ScratchPool: reused [rows, T] buffers
     library.py          LIBRARY: the one C library (per ISA) of c/, its ctypes declarations
     build.py            NativeLibrary: C sources built on first use, loaded with ctypes (no torch;
-                        ``circuits.native`` re-exports it)
+                        other packages link its shared units, VMATH and SCRATCH)
     c/                  the C sources and their one header, kernels.h
 
 Nothing is imported here: ``circuits.kernels.build`` loads without torch (``probmoe-compile``).

@@ -5,7 +5,7 @@ in a wheel as ``prebuilt/<isa>/libkernels.so`` (setup.py), else built on first u
 ``library()`` is the loaded library or None; ``describe()`` says which.
 
 The ctypes side of ``c/kernels.h``, written once here: ``ProgStruct`` (the C ``Prog``) and
-``FUNCTIONS``, the signature of every entry point Python calls; tests/circuits/test_c_library.py
+``FUNCTIONS``, the signature of every entry point Python calls; tests/circuits/kernels/test_c_library.py
 checks both against the header.
 """
 

@@ -1,9 +1,7 @@
 """``select``: the one place that picks an implementation, for the circuit passes, the cardinality
-DP's sweeps and the row operations, from what is evaluated, its device and the logits' dtype.
-
-``circuits.passes`` re-exports its names for other packages (``circuits.passes.select``,
-``describe``, and the implementations' classes ``Passes``, ``TorchPasses``, ``CPasses``,
-``Program``, ``draw_uniforms``, ``Rows``, ``RowOps``).
+DP's sweeps and the row operations, from what is evaluated, its device and the logits' dtype; and
+``describe``, which of them float32 CPU calls take. The implementations are imported from their
+own modules (``circuits.kernels``).
 """
 
 from __future__ import annotations
@@ -14,24 +12,11 @@ import torch
 
 from . import c_dp, library, torch_dp
 from .c_passes import CPasses
-from .interface import Passes
 from .lattice import Lattice
-from .program import Program, draw_uniforms
 from .rows import RowOps, Rows
 from .torch_passes import TorchPasses
 
-__all__ = [
-    "IMPLEMENTATIONS",
-    "CPasses",
-    "Passes",
-    "Program",
-    "RowOps",
-    "Rows",
-    "TorchPasses",
-    "describe",
-    "draw_uniforms",
-    "select",
-]
+__all__ = ["IMPLEMENTATIONS", "describe", "select"]
 
 IMPLEMENTATIONS = ("torch", "c", "triton")
 

@@ -1,6 +1,6 @@
 """``circuits.CardinalityDP``, the DP behind the queries of a ``Circuit``, and ``circuits.engine``, which picks
 the algorithm: brute-force enumeration (float64, 1e-9), the compiled circuit of the same spec, the
-checks, and ``circuits.passes.select`` for the DP and the row operations."""
+checks, and ``circuits.kernels.select.select`` for the DP and the row operations."""
 
 import math
 
@@ -9,6 +9,7 @@ import torch
 from brute import exact, masks
 
 import circuits
+import circuits.kernels.select
 from circuits.kernels import c_dp, library
 from circuits.kernels.c_dp import CDP
 from circuits.kernels.lattice import Lattice
@@ -34,7 +35,7 @@ def _logits(n, T=5, seed=0, dtype=torch.float64, device="cpu"):
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.describe())
 def test_queries_match_brute_force(spec, device):
-    dp = circuits.engine(spec, algorithm="dp")
+    dp = circuits.engine(spec, device, algorithm="dp")
     assert isinstance(dp, circuits.CardinalityDP) and (dp.kmin, dp.kmax) == (
         spec.cardinalities[0],
         spec.cardinalities[-1],
@@ -57,7 +58,7 @@ def test_queries_match_brute_force(spec, device):
 
 @pytest.mark.parametrize("spec", [circuits.ExactlyK(6, 2), circuits.RangeK(6, 1, 4)], ids=lambda s: s.describe())
 def test_jacobian_of_marginals_is_covariance(spec, device):
-    dp = circuits.CardinalityDP(spec)
+    dp = circuits.CardinalityDP(spec, device)
     r = _logits(spec.n, T=1)[0]
     jac = torch.autograd.functional.jacobian(dp.marginals, r.to(device)).cpu()
     torch.testing.assert_close(jac, exact(r[None], masks(spec.n, spec.cardinalities)).cov[0], atol=1e-9, rtol=0)
@@ -67,7 +68,7 @@ def test_jacobian_of_marginals_is_covariance(spec, device):
 @pytest.mark.parametrize("spec", [circuits.ExactlyK(64, 8), circuits.RangeK(64, 4, 8)], ids=lambda s: s.describe())
 def test_the_two_algorithms_agree(spec, dtype, device):
     """The DP and the compiled circuit: log Z, marginals, their backward and the MAP (leading dims kept)."""
-    dp, circuit = circuits.engine(spec, algorithm="dp"), circuits.engine(spec, device=device)
+    dp, circuit = circuits.engine(spec, device, algorithm="dp"), circuits.engine(spec, device=device)
     r = _logits(64, T=24, dtype=dtype, device=device).reshape(2, 12, 64).requires_grad_()
     tol = 1e-9 if dtype == torch.float64 else 2e-5
     v = torch.randn(r.shape, dtype=dtype).to(device)
@@ -86,7 +87,7 @@ def test_draws_follow_the_marginals_and_are_seeded(device):
     """Empirical frequencies of 40,000 draws within 5 standard errors of the exact marginals, and each
     draw allowed; the same generator seed gives the same draws, as ``marginals_and_sample`` does."""
     spec = circuits.RangeK(6, 2, 4)
-    dp = circuits.CardinalityDP(spec)
+    dp = circuits.CardinalityDP(spec, device)
     r = _logits(6, T=1, dtype=torch.float32)
     rd = r.to(device).expand(40000, 6)
     z = dp.sample(rd, torch.Generator(device).manual_seed(0)).cpu()
@@ -137,19 +138,50 @@ def test_engine_picks_the_algorithm():
         circuits.CardinalityDP(circuits.CnfFile.__new__(circuits.CnfFile))
 
 
+def test_one_evaluator_type():
+    """The DP and the circuit are one ``Evaluator``: a device each (logits elsewhere: ValueError naming
+    it), the same queries, log Z in natural form (the DP's from its counts by size, without
+    cancellation), the satisfiability check; only the DP counts every size in one pass."""
+    spec = circuits.RangeK(7, 2, 4)
+    dp, circuit = circuits.engine(spec, "cpu", "dp"), circuits.engine(spec, "cpu")
+    assert isinstance(dp, circuits.Evaluator) and isinstance(circuit, circuits.Evaluator)
+    assert (dp.kmin, dp.kmax, dp.device) == (circuit.kmin, circuit.kmax, circuit.device) == (2, 4, torch.device("cpu"))
+    assert dp.counts_by_size and not circuit.counts_by_size
+    r = _logits(7, T=6).reshape(2, 3, 7)
+    want = torch.logsumexp(r.reshape(-1, 7) @ masks(7, spec.cardinalities).T, dim=-1).reshape(2, 3)
+    for evaluator in (dp, circuit):
+        torch.testing.assert_close(evaluator.log_normalizer(r), want, atol=1e-9, rtol=0)
+        with pytest.raises(ValueError, match="logits is on meta but the circuit is on cpu"):
+            evaluator.marginals(r.to("meta"))
+    torch.testing.assert_close(dp.log_counts(r).logsumexp(-1), want, atol=1e-9, rtol=0)
+    with pytest.raises(ValueError, match="Circuit has no log-count by size in one pass"):
+        circuit.log_counts(r)
+    dead = r.clone()
+    dead[1, 2, 1:] = -torch.inf  # one logit above -inf, kmin = 2: unsatisfiable
+    dp.check_satisfiable(r), circuit.check_satisfiable(r)
+    with pytest.raises(ValueError, match="fewer than kmin = 2"):
+        dp.check_satisfiable(dead)
+    with pytest.raises(ValueError, match="unsatisfiable at row 5"):
+        circuit.check_satisfiable(dead)
+    moved = dp.to("meta")
+    assert isinstance(moved, circuits.CardinalityDP) and moved.device == torch.device("meta") and moved.spec == spec
+    assert circuits.native_kernels(dp, torch.float32) == (c_dp.library() is not None)
+    assert not circuits.native_kernels(dp, torch.float64)
+
+
 def test_select_is_the_one_place_that_picks():
-    """The DP's sweeps and the row operations come from ``circuits.passes.select`` like the circuits' passes."""
+    """The DP's sweeps and the row operations come from ``circuits.kernels.select.select`` like the circuits' passes."""
     cpu = torch.device("cpu")
     built = c_dp.library() is not None
-    assert type(circuits.passes.select(Lattice(8, 2, 4, cpu), torch.float32)) is (CDP if built else TorchDP)
-    assert type(circuits.passes.select(Lattice(8, 2, 4, cpu), torch.float64)) is TorchDP
-    assert type(circuits.passes.select(Lattice(8, 2, 4, cpu), torch.float32, prefer="torch")) is TorchDP
+    assert type(circuits.kernels.select.select(Lattice(8, 2, 4, cpu), torch.float32)) is (CDP if built else TorchDP)
+    assert type(circuits.kernels.select.select(Lattice(8, 2, 4, cpu), torch.float64)) is TorchDP
+    assert type(circuits.kernels.select.select(Lattice(8, 2, 4, cpu), torch.float32, prefer="torch")) is TorchDP
     with pytest.raises(ValueError, match="the c passes take float32 logits"):
-        circuits.passes.select(Lattice(8, 2, 4, cpu), torch.float64, prefer="c")
-    assert circuits.passes.select(Rows(cpu), torch.float64).lib is None  # the torch references
-    assert circuits.passes.select(Rows(cpu), torch.float64).uniforms_lib is library.library()  # made in float32
-    assert circuits.passes.select(Rows(cpu), torch.float32).lib is library.library()
-    assert circuits.passes.select(Rows(cpu), torch.float32, prefer="torch").lib is None
+        circuits.kernels.select.select(Lattice(8, 2, 4, cpu), torch.float64, prefer="c")
+    assert circuits.kernels.select.select(Rows(cpu), torch.float64).lib is None  # the torch references
+    assert circuits.kernels.select.select(Rows(cpu), torch.float64).uniforms_lib is library.library()  # made in float32
+    assert circuits.kernels.select.select(Rows(cpu), torch.float32).lib is library.library()
+    assert circuits.kernels.select.select(Rows(cpu), torch.float32, prefer="torch").lib is None
 
 
 def test_checks_are_the_one_home_of_integer_and_size_rules():

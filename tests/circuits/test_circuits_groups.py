@@ -12,9 +12,11 @@ from brute import satisfies_groups as satisfies
 from stats import chi2_pvalue, mask_counts
 
 import circuits
-from circuits import GroupCapacity, GroupLimited, groups
+from circuits import GroupCapacity, GroupLimited
+from circuits.compiler import groups
 from circuits.inspect.cli import compile_main, inspect_main
-from circuits.kernels.select import TorchPasses, draw_uniforms
+from circuits.kernels.program import draw_uniforms
+from circuits.kernels.torch_passes import TorchPasses
 from circuits.spec import spec_from_dict, spec_to_dict
 
 SPECS = [

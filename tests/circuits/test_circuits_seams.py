@@ -9,10 +9,12 @@ from brute import exact, masks
 
 import circuits
 import circuits.kernels.select
-import circuits.passes  # bound to the real select before a test swaps it
 from circuits.kernels import library
 from circuits.kernels import rows as select
-from circuits.kernels.select import CPasses, Rows, TorchPasses
+from circuits.kernels.c_passes import CPasses
+from circuits.kernels.program import Program
+from circuits.kernels.rows import Rows
+from circuits.kernels.torch_passes import TorchPasses
 
 
 def test_passes_are_picked_once_per_dtype(monkeypatch):
@@ -22,9 +24,7 @@ def test_passes_are_picked_once_per_dtype(monkeypatch):
     monkeypatch.setattr(
         circuits.kernels.select,
         "select",
-        lambda prog, dtype: (
-            (calls.append(dtype) if isinstance(prog, circuits.passes.Program) else None) or select(prog, dtype)
-        ),
+        lambda prog, dtype: (calls.append(dtype) if isinstance(prog, Program) else None) or select(prog, dtype),
     )
     c = circuits.compile_circuit(circuits.RangeK(12, 2, 5))
     r = torch.randn(40, 12)
@@ -32,15 +32,15 @@ def test_passes_are_picked_once_per_dtype(monkeypatch):
         c.marginals(r), c.sample(r), c.map(r), c.log_partition(r.double())
     assert calls == [torch.float32, torch.float64]
     want = CPasses if library.library() is not None else TorchPasses
-    assert type(c.passes(torch.float32)) is want and type(c.passes(torch.float64)) is TorchPasses
-    assert c.passes(torch.float32) is c.passes(torch.float32)
-    assert c.to("cpu").passes(torch.float32) is not c.passes(torch.float32)  # a copy picks its own
+    assert type(c.kernels(torch.float32)) is want and type(c.kernels(torch.float64)) is TorchPasses
+    assert c.kernels(torch.float32) is c.kernels(torch.float32)
+    assert c.to("cpu").kernels(torch.float32) is not c.kernels(torch.float32)  # a copy picks its own
 
 
 def test_concurrent_first_calls_share_one_choice():
     c = circuits.compile_circuit(circuits.ExactlyK(10, 3))
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        chosen = list(pool.map(lambda _: c.passes(torch.float32), range(32)))
+        chosen = list(pool.map(lambda _: c.kernels(torch.float32), range(32)))
     assert all(p is chosen[0] for p in chosen)
 
 
@@ -88,5 +88,5 @@ def test_kth_largest_at_k_in_the_tens_of_thousands(T, n, k):
     r = torch.randn(T, n, generator=torch.Generator().manual_seed(n)).round(decimals=2)  # ties
     r[0, :100] = -torch.inf
     want = select.kth_largest_reference(r, k)
-    assert torch.equal(circuits.passes.select(Rows(r.device), r.dtype).kth_largest(r, k), want)
+    assert torch.equal(circuits.kernels.select.select(Rows(r.device), r.dtype).kth_largest(r, k), want)
     assert torch.equal(want, r.sort(dim=-1, descending=True).values[:, k - 1])

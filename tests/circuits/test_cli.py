@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import circuits
-from circuits.cache import read_entry
+from circuits.compiler.cache import read_entry
 from circuits.inspect.cli import compile_main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -34,7 +34,7 @@ def test_any_module_first(module):
 
 def test_compiling_loads_no_torch():
     code = (
-        "import sys, circuits, circuits.inspect.cli, circuits.compile; from circuits import ExactlyK; "
+        "import sys, circuits, circuits.inspect.cli, circuits.compiler.compile; from circuits import ExactlyK; "
         "print('torch' in sys.modules)"
     )
     assert _run(code) == "False"

@@ -39,7 +39,7 @@ def test_collecting_and_running_leaves_the_user_cache_alone(tmp_path):
         run = subprocess.run(
             [
                 *base,
-                str(HERE / "test_circuits_native.py"),
+                str(HERE / "kernels" / "test_c_passes.py"),
                 str(HERE / "test_cli.py"),
                 "-k",
                 "built_wherever or kth_largest or brute_force_fp32 or compile_json_range or second_run",

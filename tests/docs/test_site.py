@@ -125,7 +125,7 @@ NAME_NAMED = re.compile(r"`((?:circuits|probmoe)(?:\.\w+)+)")
 @pytest.mark.parametrize("page", [ROOT / "README.md", *PAGES], ids=["README.md", *PAGE_IDS])
 def test_the_files_and_names_a_page_gives_exist(page):
     """A file, folder or Python name a page gives (``circuits/kernels/by_node.py``,
-    ``circuits.passes.select``) exists: code moves, and the pages follow."""
+    ``circuits.kernels.select.select``) exists: code moves, and the pages follow."""
     text = page.read_text(encoding="utf-8")
     missing = [
         p

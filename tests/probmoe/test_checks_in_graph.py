@@ -8,7 +8,7 @@ first test shows each). So every routing path below, run on meta logits with val
 fails the moment someone adds a host read to a check, or anywhere else on the path that CUDA
 takes (the kernels aside: on meta the registered operators run their shape functions, and their
 CUDA kernels are checked on the device, tests/probmoe/test_host_sync.py and
-tests/circuits/circuits_triton_checks.py). ``test_the_host_branch_would_be_caught`` shows the
+tests/circuits/kernels/circuits_triton_checks.py). ``test_the_host_branch_would_be_caught`` shows the
 detector at work: with the CPU's branch forced on meta, the checks' host read raises.
 
 The rest: the in-graph branch still rejects bad logits (run on the CPU, where ``_assert_async``

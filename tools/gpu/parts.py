@@ -57,7 +57,14 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
         tests.steps = [
             (
                 "Triton checks, compiled",
-                [PY, "-m", "pytest", "tests/circuits/circuits_triton_checks.py", *record, "--record-suite=triton"],
+                [
+                    PY,
+                    "-m",
+                    "pytest",
+                    "tests/circuits/kernels/circuits_triton_checks.py",
+                    *record,
+                    "--record-suite=triton",
+                ],
                 {},
             ),
             *(
@@ -67,7 +74,7 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
                         PY,
                         "-m",
                         "pytest",
-                        "tests/circuits/triton_dp_checks.py",
+                        "tests/circuits/kernels/triton_dp_checks.py",
                         "-m",
                         "slow or not slow",
                         "-k",
@@ -81,7 +88,14 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
             ),
             (
                 "Triton layers' tests, compiled",
-                [PY, "-m", "pytest", "tests/circuits/test_triton_layers.py", *record, "--record-suite=triton layers"],
+                [
+                    PY,
+                    "-m",
+                    "pytest",
+                    "tests/circuits/kernels/test_triton_layers.py",
+                    *record,
+                    "--record-suite=triton layers",
+                ],
                 {},
             ),
             (
@@ -125,7 +139,7 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
                     PY,
                     "-m",
                     "pytest",
-                    "tests/circuits/circuits_triton_checks.py",
+                    "tests/circuits/kernels/circuits_triton_checks.py",
                     "-k",
                     REHEARSAL_TRITON,
                     *record,
@@ -139,7 +153,7 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
                     PY,
                     "-m",
                     "pytest",
-                    "tests/circuits/triton_dp_checks.py",
+                    "tests/circuits/kernels/triton_dp_checks.py",
                     "-k",
                     REHEARSAL_LATTICE,
                     *record,

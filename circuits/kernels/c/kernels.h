@@ -3,7 +3,7 @@
  * every function a unit exports, once (the units compile clean under -Wall -Wextra
  * -Wmissing-prototypes), the helpers more than one unit uses, and Prog, the circuit passes' view
  * of a program. The functions Python calls and Prog's fields are declared for ctypes in one place,
- * library.py, which tests/circuits/test_c_library.py checks against this file.
+ * library.py, which tests/circuits/kernels/test_c_library.py checks against this file.
  *
  *   vmath.c        SIMD exp / log / log1p over arrays (the one unit built with -ffast-math)
  *   scratch.c      per-thread scratch buffers
