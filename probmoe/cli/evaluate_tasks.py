@@ -36,7 +36,7 @@ def main(p: argparse.ArgumentParser, cfg) -> int:
         harness.check_data(tasks, manager, unreachable)  # offline: the data from the cache, or one line now
         lm = harness.ProbMoELM(
             cfg.checkpoint,
-            **config_parser.section_values(cfg, "routing"),  # method, k, kmin, kmax, backend, grad
+            **config_parser.section_values(cfg, "routing"),  # method, k, kmin, kmax, algorithm, grad
             device=options.device(cfg.device),
             dtype=cfg.dtype,
             batch_size=cfg.batch_size,

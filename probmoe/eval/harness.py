@@ -48,7 +48,8 @@ class ProbMoELM(HFLM):
 
     Args:
         checkpoint: a directory written by ``probmoe-train`` or any local transformers MoE checkpoint.
-        method, k, kmin, kmax, backend, grad: as ``probmoe-eval``'s flags (None: the saved routing).
+        method, k, kmin, kmax, algorithm, grad: as ``probmoe-eval``'s flags (None: the saved routing);
+            ``backend``: the old name of ``algorithm``.
         device: "cpu", "cuda" or "cuda:N" (default: CUDA when present).
         dtype: the weights' dtype, one of ``DTYPES``.
         progress: False turns off the harness's progress bars (scoring, generation).
@@ -62,12 +63,13 @@ class ProbMoELM(HFLM):
         k=None,
         kmin=None,
         kmax=None,
-        backend: str = "circuit",
+        algorithm: str | None = None,
         grad: str = "exact",
         device: str | None = None,
         dtype: str = "float32",
         batch_size=1,
         progress: bool = True,
+        backend: str | None = None,
         **kwargs,
     ):
         from probmoe.experiments import checkpoints
@@ -83,7 +85,10 @@ class ProbMoELM(HFLM):
             k=k,
             kmin=kmin,
             kmax=kmax,
-            backend=backend,
+            **(
+                {k: v for k, v in (("algorithm", algorithm), ("backend", backend)) if v is not None}
+                or {"algorithm": "circuit"}
+            ),
             grad=grad,
             device=device,
             dtype=getattr(torch, dtype),

@@ -50,7 +50,7 @@ def load(
     check(path)
     routing = RoutingOptions.given(routing, **({"method": None, **values} if routing is None else values))
     if routing.method is None and routing != RoutingOptions(method=None):
-        raise ValueError("--k/--kmin/--kmax/--backend/--grad need --method")
+        raise ValueError("--k/--kmin/--kmax/--algorithm/--grad need --method")
     tokenizer = models.load_tokenizer(path, "--checkpoint")
     from safetensors import SafetensorError
 

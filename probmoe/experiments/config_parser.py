@@ -187,7 +187,8 @@ def parser(config_cls, prog: str, description: str) -> Parser:
             ):
                 if value is not None:
                     kwargs[name] = value
-        target.add_argument(flag(f), **kwargs)
+        olds = [f"--{old.replace('_', '-')}" for old in meta.get("old", ())]  # an option's old names (as aliases)
+        target.add_argument(flag(f), *olds, **kwargs)
     return p
 
 
@@ -261,6 +262,7 @@ def file_values(config_cls, path: str) -> dict:
     """{field name: value} set by the config file ``path``; ValueError naming an unknown key and the
     closest valid one, or a value its flag would refuse."""
     by_key = {_key(flag(leaf.field)): leaf for leaf in leaves(config_cls)}
+    by_key.update({_key("--" + old): leaf for leaf in leaves(config_cls) for old in leaf.field.metadata.get("old", ())})
     values, exclusive = {}, {}
     for key, value in read_file(path).items():
         name = _key(str(key))

@@ -18,13 +18,17 @@ rest (``Method.options``). Which method takes which option is the method's decla
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass, field, fields
 
 from probmoe._validate import Number, one_of
-from probmoe.config import BACKENDS, GRADS
+from probmoe.config import ALGORITHMS, GRADS
 from probmoe.methods import get_method, methods
 from probmoe.methods.balance import BALANCES
 from probmoe.methods.remoe import L1_LAYERS
+from probmoe.renamed import deprecated_attribute
+
+OLD_NAMES = {"backend": "algorithm"}  # an option's old name -> its name (issue 47: one word per concept)
 
 
 class _Registered:
@@ -62,7 +66,12 @@ class RoutingOptions:
     k: int | None = _experts("experts per token of the exactly-k ProbMoE methods (default: the model's top-k)")
     kmin: int | None = _experts("fewest experts per token (probmoe-dynamic; default 1)")
     kmax: int | None = _experts("most experts per token (probmoe-dynamic; default: the model's top-k)")
-    backend: str = option(BACKENDS[0], "exact backend of the ProbMoE methods", choices=BACKENDS)
+    algorithm: str = option(
+        ALGORITHMS[0],
+        "exact algorithm of the ProbMoE methods: the compiled circuit or the cardinality DP (old name: backend)",
+        choices=ALGORITHMS,
+        old=("backend",),
+    )
     grad: str = option(
         GRADS[0], "gradient of the marginals: exact Cov(z), or the paper's Cov(z) diag(1 - p)", choices=GRADS
     )
@@ -163,8 +172,8 @@ class RoutingOptions:
                         f"{option} applies only to the method{'s' if len(takers) > 1 else ''} "
                         f"{', '.join(takers)}; method {name!r} routes to the model's own top-k"
                     )
-            if (self.backend, self.grad) != (BACKENDS[0], GRADS[0]):
-                raise ValueError(f"backend and grad apply only to the ProbMoE methods, not to {name!r}")
+            if (self.algorithm, self.grad) != (ALGORITHMS[0], GRADS[0]):
+                raise ValueError(f"algorithm and grad apply only to the ProbMoE methods, not to {name!r}")
         elif method.sizes == "range":
             if self.k is not None:
                 raise ValueError(f"k: method {name!r} takes kmin and kmax (use method 'probmoe' for exactly k)")
@@ -184,6 +193,12 @@ class RoutingOptions:
             if values:
                 raise ValueError(f"pass either options or its fields ({', '.join(sorted(values))}), not both")
             return options
+        for old, new in OLD_NAMES.items():
+            if old in values:
+                if new in values:
+                    raise ValueError(f"give {new}= only ({old}= is its old name), not both")
+                warnings.warn(f"{old}= is deprecated, use {new}=", DeprecationWarning, stacklevel=3)
+                values[new] = values.pop(old)
         unknown = sorted(set(values) - {f.name for f in fields(cls)})
         if unknown:
             raise ValueError(f"unknown routing options {unknown}; the options are {[f.name for f in fields(cls)]}")
@@ -198,6 +213,14 @@ class RoutingOptions:
         """The options a ``to_dict`` dict (or a part of one: the rest default) names; ValueError for
         anything else."""
         known = [f.name for f in fields(cls)]
+        if isinstance(data, dict):  # a file's old keys, read silently (a checkpoint cannot be asked to change)
+            for old, new in OLD_NAMES.items():
+                if old in data and new in data:
+                    raise ValueError(f"options: {old!r} is the old name of {new!r}: give one of them, not both")
+                if old in data:
+                    data = {(new if key == old else key): value for key, value in data.items()}
         if not isinstance(data, dict) or not set(data) <= set(known):
             raise ValueError(f"options must be an object with keys among {known}; got {data!r}")
         return cls(**data)
+
+    backend = deprecated_attribute("backend")  # the old name of ``algorithm``

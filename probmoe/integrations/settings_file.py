@@ -3,15 +3,16 @@ its one writer's content and its one reader, shared by the transformers integrat
 the model with it) and the vLLM plugin (which serves it). No library is imported here (vLLM's venv
 pins a transformers the transformers integration refuses: docs/serving.md).
 
-Version 3 (written now):
+Version 4 (written now; version 3 had the same fields in the old words: "method" and "backend" in
+"routing", "backend" in "options", read as "estimator" and "algorithm"):
 
-    {"format": "probmoe-transformers-routing", "version": 3, "model_type": ..., "num_experts": N,
+    {"format": "probmoe-transformers-routing", "version": 4, "model_type": ..., "num_experts": N,
      "top_k": k, "method": ..., "routing": RoutingConfig.to_dict() or null, "options": every
      other field of the resolved RoutingOptions.to_dict(), "sha256": sha256 of the canonical JSON
      of every other field}
 
 Versions 1 and 2 (read as they were): "method", "aux_loss" and "z_loss" beside "routing", the
-method-specific options in "options" (version 2 only), k / kmin / kmax / backend / grad in
+method-specific options in "options" (version 2 only), k / kmin / kmax / method / backend / grad in
 "routing"; what a method's old files meant is the method's to say (``Method.legacy_options``: a
 ReMoE file without "l1_layers", written when the penalty was λ/L, is read as l1_layers "mean", what
 it trained with).
@@ -34,13 +35,14 @@ from .routing_options import RoutingOptions
 
 FILENAME = "probmoe_routing.json"
 FORMAT = "probmoe-transformers-routing"
-VERSION = 3
+VERSION = 4
 _V1 = ("format", "version", "model_type", "num_experts", "top_k", "method", "routing", "aux_loss", "z_loss", "sha256")
 FIELDS = {
     1: _V1,
     2: (*_V1, "options"),
     3: ("format", "version", "model_type", "num_experts", "top_k", "method", "routing", "options", "sha256"),
 }
+FIELDS[4] = FIELDS[3]  # version 4: the same fields, in the new words (estimator, algorithm)
 V2_OPTIONS = ("l1_coef", "l1_rate", "l1_layers", "jitter_eps", "balance", "balance_rate")  # a version 2 "options"
 
 
@@ -50,7 +52,7 @@ def digest(content: dict) -> str:
 
 
 def content(options: RoutingOptions, routing, *, model_type: str, num_experts: int, top_k: int) -> dict:
-    """The file's fields (version 3) for resolved ``options`` and their ``routing`` config (or None)."""
+    """The file's fields (version 4) for resolved ``options`` and their ``routing`` config (or None)."""
     data = {
         "format": FORMAT,
         "version": VERSION,
@@ -150,7 +152,7 @@ def _options(data: dict, routing) -> RoutingOptions:
     values = {"method": method.name, "aux_loss": data["aux_loss"], "z_loss": data["z_loss"], **options}
     values = method.legacy_options(values, options)
     if routing is not None:
-        values.update(backend=routing.algorithm, grad=routing.grad)
+        values.update(algorithm=routing.algorithm, grad=routing.grad)
         if method.sizes == "range":
             values.update(kmin=routing.kmin, kmax=routing.kmax)
         else:

@@ -41,7 +41,7 @@ def test_cli_methods_and_backends_are_their_homes():
 
     for command in (train, evaluate, analyze):
         choices = {a.dest: a.choices for a in command.parser()._actions}
-        assert tuple(choices["method"]) == pt.ALL_METHODS and tuple(choices["backend"]) == circuits.ALGORITHMS
+        assert tuple(choices["method"]) == pt.ALL_METHODS and tuple(choices["algorithm"]) == circuits.ALGORITHMS
 
 
 @pytest.mark.parametrize(

@@ -127,7 +127,7 @@ def make_plan(config, family, method=None, *, options: RoutingOptions | None = N
             kmin=kmin,
             kmax=kmax,
             estimator=rules.estimator,
-            algorithm=options.backend,
+            algorithm=options.algorithm,
             grad=options.grad,
             normalize=normalize,
             scores=family.scores,

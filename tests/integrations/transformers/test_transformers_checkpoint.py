@@ -48,7 +48,7 @@ def test_save_loads_in_stock_transformers_and_restores_routing(family, tmp_path)
         ("probmoe-dynamic", dict(kmin=1, kmax=3)),
         ("densemixer", {}),
         ("frozen", {}),
-        ("topk-marginal", dict(k=3, grad="paper", backend="dp")),
+        ("topk-marginal", dict(k=3, grad="paper", algorithm="dp")),
         ("defaultmoe", {}),
         ("sparsemixer", {}),
         ("remoe", dict(l1_coef=1e-3, l1_rate=1.5)),
@@ -127,7 +127,7 @@ def test_from_pretrained_needs_a_directory(tmp_path):
 
 
 def test_settings_file_content_and_loader_kwargs(tmp_path):
-    model = pt.patch_model(tiny_model("mixtral"), "probmoe-dynamic", kmin=1, kmax=2, backend="dp")
+    model = pt.patch_model(tiny_model("mixtral"), "probmoe-dynamic", kmin=1, kmax=2, algorithm="dp")
     model.save_pretrained(tmp_path)
     data = json.loads((tmp_path / pt.SETTINGS_FILENAME).read_text())
     assert data["format"] == "probmoe-transformers-routing" and data["version"] == 3
