@@ -29,7 +29,7 @@ def parser() -> argparse.ArgumentParser:
         TrainConfig,
         "probmoe-train",
         "Fine-tune a transformers MoE model (OLMoE, Qwen2-MoE, "
-        "Qwen3-MoE, Mixtral, DeepSeek-V3) on instruction data (question/answer, prompt/"
+        "Qwen3-MoE, Mixtral, FlexOlmo, DeepSeek-V3) on instruction data (question/answer, prompt/"
         "completion, chat messages or plain text) with ProbMoE or a baseline router. Runs "
         "alone or under torchrun (DDP, or FSDP2 with --fsdp).",
     )

@@ -1,6 +1,7 @@
 """The models ``probmoe-train`` fine-tunes: built-in ones, or local checkpoint directories.
 
-``--model tiny-olmoe | tiny-qwen2-moe | tiny-qwen3-moe | tiny-mixtral | tiny-deepseek-v3`` builds a
+``--model tiny-olmoe | tiny-qwen2-moe | tiny-qwen3-moe | tiny-mixtral | tiny-flex-olmo | tiny-deepseek-v3``
+(one per row of ``probmoe.integrations.model_families``) builds a
 randomly initialised model of that family (the integration's tiny configs: hidden 64, 2 layers, 8
 experts, top-2; DeepSeek-V3 top-3 from at most 2 of 4 groups) with the byte-level tokenizer
 (``tokenizer``) and room for GSM8K-length texts. ``--model olmoe-1b-7b-shape`` and the other
@@ -19,15 +20,11 @@ import zlib
 
 import torch
 
+from probmoe.integrations.model_families import TABLE
+
 from .shapes import SHAPES, shape_config
 
-TINY = {
-    "tiny-olmoe": "olmoe",
-    "tiny-qwen2-moe": "qwen2_moe",
-    "tiny-qwen3-moe": "qwen3_moe",
-    "tiny-mixtral": "mixtral",
-    "tiny-deepseek-v3": "deepseek_v3",
-}
+TINY = {facts.tiny_name: name for name, facts in TABLE.items()}  # "tiny-olmoe" -> "olmoe", ...
 BUILT_IN = (*TINY, *SHAPES)
 MAX_POSITIONS = 2048  # the tiny models' context: every GSM8K question + answer fits, in bytes
 INIT_CHUNK = 1 << 24  # values drawn at once by ``initial_tensor`` (64 MiB in fp32)

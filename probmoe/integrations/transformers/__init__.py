@@ -1,12 +1,12 @@
 """ProbMoE and the paper's baselines as a drop-in router for transformers 5.x MoE models.
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(...)     # olmoe, qwen2_moe, qwen3_moe, mixtral,
+    model = transformers.AutoModelForCausalLM.from_pretrained(...)     # olmoe, qwen2_moe, qwen3_moe, mixtral, flex_olmo,
     patch_model(model, "probmoe")                                       # deepseek_v3; in place; returns the model
     model.save_pretrained(path)          # stock checkpoint + probmoe_routing.json
     model = from_pretrained(path)        # transformers' loader, then the same routing
     unpatch_model(model)                 # stock routing again, bit for bit
 
-``SUPPORTED`` families (olmoe, qwen2_moe, qwen3_moe, mixtral) take every method of ``METHODS``;
+``SUPPORTED`` families (olmoe, qwen2_moe, qwen3_moe, mixtral, flex_olmo) take every method of ``METHODS``;
 ``GROUPED_FAMILIES`` (deepseek_v3) take those and ``GROUPED_METHODS`` ("probmoe-grouped").
 An optional extra (transformers>=5.23,<6, checked at import: ``version``); ``import probmoe`` does
 not import transformers, this package does. For the Hugging Face trainers,

@@ -6,11 +6,12 @@ top_k_weights [T, k], top_k_index [T, k])``: ``*TopKRouter``, ``DeepseekV3TopkRo
 ``experts`` (one fused module with 3-D weights that dispatches on ``config._experts_implementation``;
 its forward takes ``(hidden_states, top_k_index, top_k_weights)``).
 
+The families and their facts are rows of ``probmoe.integrations.model_families`` (their one home).
 Everything of that layout this package relies on is looked up through ``Family`` and checked
 before a model is patched (``check_block``); what a release moved or renamed is a ``LayoutError``
 naming the family, the transformers version and the missing class, attribute or config field.
 
-``SUPPORTED``: the four softmax-gated families (OLMoE, Qwen2-MoE, Qwen3-MoE, Mixtral), every
+``SUPPORTED``: the softmax-gated families (OLMoE, Qwen2-MoE, Qwen3-MoE, Mixtral, FlexOlmo), every
 method of ``METHODS``. ``GROUPED``: families whose stock router limits each token to
 ``topk_group`` of ``n_group`` expert groups (DeepSeek-V3: sigmoid scores, a selection-only bias,
 a routed scaling factor), which also take the method "probmoe-grouped".
@@ -20,9 +21,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from torch import nn
+
+from ..model_families import ALL, GROUPED, SUPPORTED, TABLE, FamilyFacts  # noqa: F401 (GROUPED, SUPPORTED: exported here)
 
 
 class LayoutError(RuntimeError):
@@ -42,35 +45,9 @@ def layout_error(model_type: str, what: str) -> LayoutError:
 
 
 @dataclass(frozen=True)
-class Family:
-    """One model family.
-
-    model_type: ``config.model_type``.
-    prefix: the class-name prefix in ``transformers.models.<model_type>.modeling_<model_type>``.
-    experts_attr: the config field holding the number of routed experts.
-    always_normalize: the router always renormalises its top-k weights (Mixtral); otherwise it
-        follows ``config.norm_topk_prob``.
-    fp32_weights: the router returns float32 weights whatever the logits' dtype (Mixtral,
-        DeepSeek-V3); the others cast their weights to the logits' dtype.
-    router, block: the router and block class names without the prefix.
-    fp32_logits: the router computes its logits in float32 whatever the hidden states' dtype
-        (DeepSeek-V3); the others in the hidden states' dtype.
-    scores: the gate scores the used experts are weighted by: "softmax" or "sigmoid"
-        (``probmoe.RoutingConfig.scores``).
-    grouped: the router limits each token to ``config.topk_group`` of ``config.n_group`` expert
-        groups, and scales the used weights by ``config.routed_scaling_factor``.
-    """
-
-    model_type: str
-    prefix: str
-    experts_attr: str
-    always_normalize: bool
-    fp32_weights: bool
-    router: str = "TopKRouter"
-    block: str = "SparseMoeBlock"
-    fp32_logits: bool = False
-    scores: str = "softmax"
-    grouped: bool = False
+class Family(FamilyFacts):
+    """A row of ``probmoe.integrations.model_families.TABLE`` (its fields are documented there), with
+    what the integration looks up through it in the installed transformers."""
 
     @property
     def modeling(self):
@@ -154,30 +131,7 @@ class Family:
         return [m for m in model.modules() if isinstance(m, cls)]
 
 
-FAMILIES = {
-    f.model_type: f
-    for f in (
-        Family("olmoe", "Olmoe", "num_experts", always_normalize=False, fp32_weights=False),
-        Family("qwen2_moe", "Qwen2Moe", "num_experts", always_normalize=False, fp32_weights=False),
-        Family("qwen3_moe", "Qwen3Moe", "num_experts", always_normalize=False, fp32_weights=False),
-        Family("mixtral", "Mixtral", "num_local_experts", always_normalize=True, fp32_weights=True),
-        Family(
-            "deepseek_v3",
-            "DeepseekV3",
-            "n_routed_experts",
-            always_normalize=False,
-            fp32_weights=True,
-            router="TopkRouter",
-            block="MoE",
-            fp32_logits=True,
-            scores="sigmoid",
-            grouped=True,
-        ),
-    )
-}
-GROUPED = tuple(name for name, f in FAMILIES.items() if f.grouped)
-SUPPORTED = tuple(name for name, f in FAMILIES.items() if not f.grouped)
-ALL = SUPPORTED + GROUPED
+FAMILIES = {name: Family(**{f.name: getattr(facts, f.name) for f in fields(facts)}) for name, facts in TABLE.items()}
 
 
 def family_of(model) -> Family:

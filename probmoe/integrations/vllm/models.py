@@ -1,4 +1,5 @@
-"""vLLM's own model classes of the five families, built with a checkpoint's routing rule.
+"""vLLM's own model classes of the served families (``model_families.SERVED``), built with a
+checkpoint's routing rule.
 
 Each class here subclasses vLLM's stock class of the same name. Its ``__init__`` reads the
 checkpoint's rule (``settings.serving_rule`` on ``model_config.model``) and, while the stock
@@ -16,12 +17,13 @@ exactly as stock.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import re
 
 import torch
-from vllm.model_executor.models import deepseek_v2, mixtral, olmoe, qwen2_moe, qwen3_moe
 
+from ..model_families import SERVED, TABLE
 from . import routing, settings
 
 STATE_NAMES = (".probmoe_remoe", ".probmoe_defaults", ".probmoe_bias", ".probmoe_load")
@@ -97,8 +99,12 @@ def _served(stock_cls, module):
     return Served
 
 
-OlmoeForCausalLM = _served(olmoe.OlmoeForCausalLM, olmoe)
-Qwen2MoeForCausalLM = _served(qwen2_moe.Qwen2MoeForCausalLM, qwen2_moe)
-Qwen3MoeForCausalLM = _served(qwen3_moe.Qwen3MoeForCausalLM, qwen3_moe)
-MixtralForCausalLM = _served(mixtral.MixtralForCausalLM, mixtral)
-DeepseekV3ForCausalLM = _served(deepseek_v2.DeepseekV3ForCausalLM, deepseek_v2)
+def _build() -> None:
+    """One served class per family of ``model_families.SERVED``, under its architecture name here."""
+    for model_type in SERVED:
+        facts = TABLE[model_type]
+        module = importlib.import_module(f"vllm.model_executor.models.{facts.vllm_module}")
+        globals()[facts.architecture] = _served(getattr(module, facts.architecture), module)
+
+
+_build()

@@ -22,21 +22,14 @@ from dataclasses import dataclass, field
 
 from probmoe.methods import get_method
 
-from .. import settings_file
+from .. import model_families, settings_file
 from ..settings_file import FILENAME, FORMAT  # noqa: F401 (FORMAT: exported here, tools/bench_serving.py)
 from ..settings_file import digest as _digest  # noqa: F401 (the name tools/bench_serving.py uses)
 
 STATE_FILENAME = "probmoe_state.safetensors"
 
-# model_type -> (the config field of the expert count, the family always renormalises)
-FAMILIES = {
-    "olmoe": ("num_experts", False),
-    "qwen2_moe": ("num_experts", False),
-    "qwen3_moe": ("num_experts", False),
-    "mixtral": ("num_local_experts", True),
-    "deepseek_v3": ("n_routed_experts", None),
-}
-SERVED = ("olmoe", "qwen2_moe", "qwen3_moe", "mixtral")  # families the plugin routes by a rule of its own
+FAMILIES = model_families.SERVED  # the model types the plugin registers (probmoe.integrations.model_families)
+SERVED = tuple(t for t in FAMILIES if model_families.TABLE[t].vllm_rules)  # those it routes by a rule of its own
 
 
 class ServingSettingsError(ValueError):
@@ -100,11 +93,10 @@ def check_against_config(data: dict, hf_config) -> None:
         raise ServingSettingsError(
             f"{path}: model type {model_type!r} has no probmoe serving support (supported: {', '.join(FAMILIES)})"
         )
-    n = _config_value(hf_config, FAMILIES[model_type][0])
+    field = model_families.TABLE[model_type].experts_attr
+    n = _config_value(hf_config, field)
     if data["num_experts"] != n:
-        raise ServingSettingsError(
-            f"{path}: num_experts = {data['num_experts']} but config.json has {FAMILIES[model_type][0]} = {n}"
-        )
+        raise ServingSettingsError(f"{path}: num_experts = {data['num_experts']} but config.json has {field} = {n}")
     if data["top_k"] != _config_value(hf_config, "num_experts_per_tok"):
         raise ServingSettingsError(
             f"{path}: top_k = {data['top_k']} but config.json has num_experts_per_tok = "
@@ -113,8 +105,10 @@ def check_against_config(data: dict, hf_config) -> None:
 
 
 def normalizes(hf_config) -> bool:
-    always = FAMILIES[hf_config.model_type][1]
-    return True if always else bool(getattr(hf_config, "norm_topk_prob", False))
+    """The family's router renormalises its used weights (Mixtral always; the others by norm_topk_prob)."""
+    if model_families.TABLE[hf_config.model_type].always_normalize:
+        return True
+    return bool(getattr(hf_config, "norm_topk_prob", False))
 
 
 def _read_bias(directory, path: str, n: int) -> dict:
