@@ -141,7 +141,12 @@ def _cases():
             if method.balances:
                 kws.append({**kws[0], "balance": "aux-free"})
             for kw in kws:
-                yield pytest.param(family, name, kw, id=f"{family}-{name}-{'-'.join(map(str, kw.values()))}")
+                # the default run: every case on OLMoE, one per other family; the rest (-m slow) in CI
+                quick = family == "olmoe" or (name == "probmoe-dynamic" and kw.get("balance"))
+                marks = () if quick else (pytest.mark.slow,)
+                yield pytest.param(
+                    family, name, kw, marks=marks, id=f"{family}-{name}-{'-'.join(map(str, kw.values()))}"
+                )
 
 
 @pytest.mark.parametrize("family,method,kw", list(_cases()))
