@@ -49,6 +49,8 @@ _HOMES = {  # public name -> the module that defines it (None: a public module o
     "Layout": "layout",
     "build_layout": "layout",
     "ScratchPool": "kernels.scratch",
+    "IMPLEMENTATIONS": "kernels.select",
+    "implementation": "kernels.select",
     **{
         name: "spec"
         for name in (
@@ -89,6 +91,7 @@ __all__ = [
     "ALGORITHMS",
     "CARDINALITY_SPECS",
     "GROUP_SPECS",
+    "IMPLEMENTATIONS",
     "SPECS",
     "CacheWarning",
     "CardinalityDP",
@@ -111,6 +114,7 @@ __all__ = [
     "compile_sdd",
     "default_cache_dir",
     "engine",
+    "implementation",
     "map_mask",
     "map_size",
     "native_kernels",

@@ -98,7 +98,10 @@ class Circuit(Evaluator):
         return G
 
     def kernels(self, dtype: torch.dtype) -> Passes:
-        """The passes that calls with ``dtype`` logits take (``circuits.kernels.select``, picked once)."""
+        """The passes that calls with ``dtype`` logits take (``circuits.kernels.select``, picked once;
+        within a ``circuits.implementation`` block, its choice)."""
+        if select.chosen() is not None:
+            return select.select(self.program, dtype)
         chosen = self._kernels.get(dtype)
         if chosen is None:
             with self._lock:

@@ -6,6 +6,8 @@ own modules (``circuits.kernels``).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 
 import torch
@@ -16,9 +18,33 @@ from .lattice import Lattice
 from .rows import RowOps, Rows
 from .torch_passes import TorchPasses
 
-__all__ = ["IMPLEMENTATIONS", "describe", "select"]
+__all__ = ["IMPLEMENTATIONS", "chosen", "describe", "implementation", "select"]
 
 IMPLEMENTATIONS = ("torch", "c", "triton")
+_CHOSEN: contextvars.ContextVar[str | None] = contextvars.ContextVar("circuits_implementation", default=None)
+
+
+@contextlib.contextmanager
+def implementation(name: str | None):
+    """Within the block, every evaluation (circuit passes, DP sweeps, row operations) runs on
+    implementation ``name`` ("torch", "c" or "triton"; None: ``select``'s own pick) instead of the one
+    ``select`` would pick, for debugging and benchmarking: ``with circuits.implementation("torch"):
+    probmoe.route(...)``. A call it cannot serve is an error naming why (as ``select``'s ``prefer``):
+    "c" on CUDA tensors, "triton" without triton or a GPU (or TRITON_INTERPRET=1), "c" or "triton" on
+    other than float32 logits. Per thread and task (a context variable); the evaluations run inside
+    the block, compiled or eager, read it when they run."""
+    if name is not None and name not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be None or one of {', '.join(map(repr, IMPLEMENTATIONS))}, got {name!r}")
+    token = _CHOSEN.set(name)
+    try:
+        yield
+    finally:
+        _CHOSEN.reset(token)
+
+
+def chosen() -> str | None:
+    """The implementation an enclosing ``implementation`` block asks for (None outside one)."""
+    return _CHOSEN.get()
 
 
 def select(program, dtype: torch.dtype, prefer: str | None = None):
@@ -37,8 +63,10 @@ def select(program, dtype: torch.dtype, prefer: str | None = None):
     ``prefer`` ("torch", "c" or "triton") takes that implementation instead, whatever the device (the
     tests run the Triton passes on CPU tensors under TRITON_INTERPRET=1): ValueError for other than
     float32 logits (but "torch") and for "c" off the CPU, ImportError or RuntimeError when the
-    implementation is unavailable.
+    implementation is unavailable. Without ``prefer``, an enclosing ``implementation`` block's choice.
     """
+    if prefer is None:
+        prefer = chosen()
     if isinstance(program, Rows):
         return _row_ops(program.device, dtype, prefer in (None, "c"))
     dp = isinstance(program, Lattice)
