@@ -27,16 +27,16 @@ def compile_circuit(
     force: True recompiles and overwrites the cache entry; False (the default) loads it if cached.
         Either of a wrong type raises a one-line ValueError naming the argument.
     size_limit: refuse, before compiling, a counting spec whose estimated compile cost passes
-        ``circuits.estimate.MAX_STEPS`` (about 20 s on a 2-core AMD EPYC), with a
-        ``circuits.estimate.CircuitTooLarge`` (a ValueError) naming the estimate; False compiles
+        ``circuits.compiler.estimate.MAX_STEPS`` (about 20 s on a 2-core AMD EPYC), with a
+        ``circuits.compiler.estimate.CircuitTooLarge`` (a ValueError) naming the estimate; False compiles
         anyway. A spec already in the cache loads whatever its size. File specs are never refused.
     compiler: None (the default: "direct" for counting specs, "d4" for a CNF, "pysdd" for an SDD
         file), "direct", "d4" or "pysdd" (see the module docstring). An entry compiled by a
         non-default compiler is cached beside the default one's. A CNF without d4 installed raises
-        ``circuits.cnf.MissingExtra`` (an ImportError) naming the ``cnf`` extra; an unsatisfiable
+        ``circuits.compiler.cnf.MissingExtra`` (an ImportError) naming the ``cnf`` extra; an unsatisfiable
         CNF raises ValueError.
     time_limit: seconds d4 may take on a CNF (None: no limit), the bound the size estimate cannot
-        give for a CNF; past it the compile stops with ``circuits.cnf.TimeLimit`` (a RuntimeError).
+        give for a CNF; past it the compile stops with ``circuits.compiler.cnf.TimeLimit`` (a RuntimeError).
         d4 runs in a child process, so Ctrl-C (KeyboardInterrupt) stops it at once, too. Only
         for compiler "d4": counting specs are bounded by ``size_limit``, pysdd runs in this process.
 
