@@ -2,9 +2,10 @@
 
 One frozen value holds the choices ``route``, ``ProbMoERouter`` and the integrations share: the
 number of experts, the subset sizes (exactly k, or kmin..kmax) or a structured ``constraint``
-(any compiled circuit over the experts, e.g. ``circuits.GroupLimited``), the training estimator
-(``method``), the exact backend, the gradient convention, HF's ``norm_topk_prob`` and the gate
-scores (softmax or sigmoid). It is
+(any compiled circuit over the experts, e.g. ``circuits.GroupLimited``), the training
+``estimator``, the exact ``algorithm``, the gradient convention, HF's ``norm_topk_prob`` and the
+gate scores (softmax or sigmoid). (``method`` and ``backend``, their old names, still work with a
+DeprecationWarning: ``probmoe.renamed``.) It is
 checked when it is made, so the code that routes with it checks nothing again, and it round-trips
 through a plain dict (``to_dict`` / ``from_dict``) for settings files written beside checkpoints:
 ``from_dict`` trusts nothing it reads.
@@ -17,14 +18,16 @@ from dataclasses import dataclass, fields
 import circuits
 
 from . import _validate, constraints
+from .renamed import RENAMED, deprecated_attribute, new_words, quietly
 from .scores import KINDS as SCORES  # ("softmax", "sigmoid")
 
-METHODS = ("probmoe", "topk-marginal", "sample-dense-ste")
-BACKENDS = circuits.ALGORITHMS  # ("circuit", "dp"): the compiled circuit or the cardinality DP
+ESTIMATORS = ("probmoe", "topk-marginal", "sample-dense-ste")
+ALGORITHMS = circuits.ALGORITHMS  # ("circuit", "dp"): the compiled circuit or the cardinality DP
 GRADS = ("exact", "paper")
+METHODS, BACKENDS = ESTIMATORS, ALGORITHMS  # their old names (deprecated aliases, kept for their importers)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class RoutingConfig:
     """ProbMoE routing of tokens over ``num_experts`` experts.
 
@@ -34,10 +37,12 @@ class RoutingConfig:
             (Dynamic-k, 1 <= kmin <= kmax <= N; a missing kmin is 1, a missing kmax is N).
             After construction ``kmin`` and ``kmax`` are always set, and ``k`` is set exactly
             when they are equal.
-        method: the training estimator: "probmoe" (sampled forward, marginal backward, Eq. 7),
+        estimator: the training estimator: "probmoe" (sampled forward, marginal backward, Eq. 7),
             "topk-marginal" (MAP forward, marginal backward) or "sample-dense-ste" (sampled
-            forward, softmax backward): the paper's method and its two ablations.
-        backend: "circuit" (the compiled circuit) or "dp" (the dynamic program); both exact.
+            forward, softmax backward): the paper's method and its two ablations. (Old name:
+            ``method``.)
+        algorithm: "circuit" (the compiled circuit) or "dp" (the dynamic program); both exact.
+            (Old name: ``backend``.)
         grad: "exact" (Jacobian of the marginals Cov(z)) or "paper" (Cov(z) diag(1 - p)).
         normalize: divide the used weights by their sum (HF's ``norm_topk_prob``).
         scores: the gate values the used experts are weighted by: "softmax" (softmax(r) over the
@@ -48,41 +53,63 @@ class RoutingConfig:
             ``SddFile``, ``CnfFile``; ``ExactlyK`` / ``RangeK`` are stored as k / kmin..kmax).
             ``kmin``/``kmax`` are then the smallest and largest allowed subset (k/kmin/kmax may be
             given only if they agree); every allowed subset needs at least 1 expert. Needs
-            backend "circuit". ``to_dict`` can write GroupLimited / GroupCapacity specs only.
+            algorithm "circuit". ``to_dict`` can write GroupLimited / GroupCapacity specs only.
     """
 
     num_experts: int
     k: int | None = None
     kmin: int | None = None
     kmax: int | None = None
-    method: str = "probmoe"
-    backend: str = "circuit"
+    estimator: str = "probmoe"
+    algorithm: str = "circuit"
     grad: str = "exact"
     normalize: bool = False
     scores: str = "softmax"
     constraint: object = None
 
-    def __post_init__(self):
-        n = _validate.int_in("num_experts", self.num_experts, 1, 2**31)
-        k, kmin, kmax = self.k, self.kmin, self.kmax
+    method = deprecated_attribute("method")
+    backend = deprecated_attribute("backend")
+
+    def __init__(
+        self,
+        num_experts: int,
+        k: int | None = None,
+        kmin: int | None = None,
+        kmax: int | None = None,
+        estimator: str | None = None,
+        algorithm: str | None = None,
+        grad: str = "exact",
+        normalize: bool = False,
+        scores: str = "softmax",
+        constraint: object = None,
+        **old,
+    ):
+        words, names = new_words({"estimator": estimator, "algorithm": algorithm}, old)
+        estimator = ESTIMATORS[0] if words["estimator"] is None else words["estimator"]
+        algorithm = ALGORITHMS[0] if words["algorithm"] is None else words["algorithm"]
+        n = _validate.int_in("num_experts", num_experts, 1, 2**31)
         if k is not None and kmin == kmax == k:  # an already resolved exactly-k config (to_dict)
             kmin = kmax = None
-        constraint = self.constraint
         if constraint is not None:
-            constraint, kmin, kmax = constraints.settle(constraint, n, self.backend, k, kmin, kmax, lowest=1)
+            constraint, kmin, kmax = constraints.settle(constraint, n, algorithm, k, kmin, kmax, lowest=1)
             k = None
         kmin, kmax = _validate.cardinality(n, k, kmin, kmax, lowest=1)
-        _validate.choice("method", self.method, METHODS)
-        _validate.choice("backend", self.backend, BACKENDS)
-        _validate.choice("grad", self.grad, GRADS)
-        _validate.choice("scores", self.scores, SCORES)
-        if not isinstance(self.normalize, bool):
-            raise ValueError(f"normalize must be True or False, got {self.normalize!r}")
+        _validate.choice(names["estimator"], estimator, ESTIMATORS)  # named as the caller named it
+        _validate.choice(names["algorithm"], algorithm, ALGORITHMS)
+        _validate.choice("grad", grad, GRADS)
+        _validate.choice("scores", scores, SCORES)
+        if not isinstance(normalize, bool):
+            raise ValueError(f"normalize must be True or False, got {normalize!r}")
         for name, value in (
             ("num_experts", n),
+            ("k", kmin if kmin == kmax else None),
             ("kmin", kmin),
             ("kmax", kmax),
-            ("k", kmin if kmin == kmax else None),
+            ("estimator", estimator),
+            ("algorithm", algorithm),
+            ("grad", grad),
+            ("normalize", normalize),
+            ("scores", scores),
             ("constraint", constraint),
         ):
             object.__setattr__(self, name, value)
@@ -108,7 +135,8 @@ class RoutingConfig:
     @classmethod
     def resolve(cls, num_experts: int, config: RoutingConfig | None = None, **fields) -> RoutingConfig:
         """``config`` checked against ``num_experts``, or, when it is None, the config the keyword
-        ``fields`` describe (those given as None take their defaults). Passing both is an error."""
+        ``fields`` describe (those given as None take their defaults; ``method`` and ``backend``, the
+        old names, with a DeprecationWarning). Passing both is an error."""
         given = {name: value for name, value in fields.items() if value is not None}
         if config is None:
             return cls(num_experts, **given)
@@ -122,14 +150,15 @@ class RoutingConfig:
 
     @classmethod
     def from_dict(cls, data) -> RoutingConfig:
-        """The config a ``to_dict`` dict describes (e.g. read from disk); ValueError for anything
-        else: not a dict, unknown or missing keys, or values out of range."""
+        """The config a ``to_dict`` dict describes (e.g. read from disk; the old keys ``method`` and
+        ``backend`` are read as ``estimator`` and ``algorithm``); ValueError for anything else: not
+        a dict, unknown or missing keys, or values out of range."""
         if not isinstance(data, dict):
             raise ValueError(f"a routing config must be a dict, got {type(data).__name__}")
         fields = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - fields)
+        unknown = sorted(set(data) - fields - set(RENAMED))
         if unknown:
             raise ValueError(f"unknown routing config keys {unknown}; known: {sorted(fields)}")
         if "num_experts" not in data:
             raise ValueError("a routing config needs num_experts")
-        return cls(**{**data, "constraint": constraints.from_dict(data.get("constraint"))})
+        return quietly(cls, {**data, "constraint": constraints.from_dict(data.get("constraint"))})

@@ -20,7 +20,8 @@ import circuits
 
 from . import _validate
 from . import constraints as subset_constraints
-from .config import BACKENDS, GRADS, RoutingConfig
+from .config import ALGORITHMS, GRADS, RoutingConfig
+from .renamed import deprecated_attribute, new_words
 
 
 class Subsets(constraints.Constraint):
@@ -85,9 +86,10 @@ class SubsetDistribution(Distribution):
             N experts (``circuits.Circuit``) or a spec (``circuits.GroupLimited``,
             ``GroupCapacity``, ...; see ``probmoe.constraints``). ``kmin``/``kmax`` are then its
             smallest and largest subsets; the mode is the circuit's MAP. Backend "circuit" only.
-        backend: "circuit" (the compiled circuit from ``circuits``) or "dp" (the cardinality
+        algorithm: "circuit" (the compiled circuit from ``circuits``) or "dp" (the cardinality
             dynamic program, ``circuits.CardinalityDP``, no compilation): the two algorithms of
-            ``circuits.engine`` (``circuits.ALGORITHMS``). Both are exact.
+            ``circuits.engine`` (``circuits.ALGORITHMS``). Both are exact. (Old name: ``backend``,
+            with a DeprecationWarning.)
         grad: the Jacobian of ``.mean`` w.r.t. the logits. "exact": Cov(z). "paper": Cov(z)
             diag(1 - p), the convention of the official ProbMoE code and SIMPLE. Everything else
             (log_partition, log_prob, entropy, cardinality_probs) is differentiated exactly.
@@ -111,21 +113,24 @@ class SubsetDistribution(Distribution):
         kmin=None,
         kmax=None,
         constraint=None,
-        backend: str = "circuit",
+        algorithm: str | None = None,
         grad: str = "exact",
         validate_args=None,
+        backend: str | None = None,
     ):
+        words, names = new_words({"algorithm": algorithm}, {"backend": backend})
         logits = _validate.logits_tensor(logits)
-        backend = _validate.choice("backend", backend, BACKENDS)
+        algorithm = ALGORITHMS[0] if words["algorithm"] is None else words["algorithm"]
+        algorithm = _validate.choice(names["algorithm"], algorithm, ALGORITHMS)
         if constraint is not None:
-            constraint, kmin, kmax = subset_constraints.settle(constraint, logits.shape[-1], backend, k, kmin, kmax)
+            constraint, kmin, kmax = subset_constraints.settle(constraint, logits.shape[-1], algorithm, k, kmin, kmax)
             k = None
         kmin, kmax = _validate.cardinality(logits.shape[-1], k, kmin, kmax)
-        self._setup(logits, kmin, kmax, backend, _validate.choice("grad", grad, GRADS), validate_args, constraint)
+        self._setup(logits, kmin, kmax, algorithm, _validate.choice("grad", grad, GRADS), validate_args, constraint)
 
     @classmethod
     def from_config(cls, logits: Tensor, config: RoutingConfig, validate_args=None) -> SubsetDistribution:
-        """The distribution a router with ``config`` draws from (its sizes or constraint, backend and grad).
+        """The distribution a router with ``config`` draws from (its sizes or constraint, algorithm and grad).
 
         logits: [..., N] with N = ``config.num_experts``; the config was validated when it was
         made, so only the logits are checked here.
@@ -141,19 +146,19 @@ class SubsetDistribution(Distribution):
     def _checked(cls, logits: Tensor, config: RoutingConfig, validate_args) -> SubsetDistribution:
         """``from_config`` for a caller that has checked the logits against the config (``route``)."""
         self = cls.__new__(cls)
-        self._setup(logits, config.kmin, config.kmax, config.backend, config.grad, validate_args, config.constraint)
+        self._setup(logits, config.kmin, config.kmax, config.algorithm, config.grad, validate_args, config.constraint)
         return self
 
     def _setup(
-        self, logits: Tensor, kmin: int, kmax: int, backend: str, grad: str, validate_args, constraint=None
+        self, logits: Tensor, kmin: int, kmax: int, algorithm: str, grad: str, validate_args, constraint=None
     ) -> None:
         """Initialise from checked arguments (``constraint`` resolved by ``probmoe.constraints``); the
         logit values are checked here (``validate_args``)."""
         n = logits.shape[-1]
         self.logits, self.kmin, self.kmax, self.grad, self.constraint = logits, kmin, kmax, grad, constraint
-        self._backend = backend
+        self._algorithm = algorithm
         if constraint is None:  # a circuit or the DP, the same queries either way
-            self._engine = subset_constraints.cardinality(n, kmin, kmax, logits.device, backend)
+            self._engine = subset_constraints.cardinality(n, kmin, kmax, logits.device, algorithm)
         else:
             self._engine = subset_constraints.compiled(constraint, logits.device)
         super().__init__(logits.shape[:-1], logits.shape[-1:], validate_args=False)
@@ -166,8 +171,11 @@ class SubsetDistribution(Distribution):
 
     # --- helpers ------------------------------------------------------------------------------
     @property
-    def backend(self) -> str:
-        return self._backend
+    def algorithm(self) -> str:
+        """ "circuit" or "dp"."""
+        return self._algorithm
+
+    backend = deprecated_attribute("backend")
 
     @property
     def k(self) -> int | None:
@@ -352,7 +360,7 @@ class SubsetDistribution(Distribution):
         n = self.event_shape[0]
         logits = self.logits.expand(*batch_shape, n)
         sizes = {"kmin": self.kmin, "kmax": self.kmax} if self.constraint is None else {"constraint": self.constraint}
-        return SubsetDistribution(logits, **sizes, backend=self.backend, grad=self.grad, validate_args=False)
+        return SubsetDistribution(logits, **sizes, algorithm=self.algorithm, grad=self.grad, validate_args=False)
 
     def __repr__(self) -> str:
         size = f"k={self.kmin}" if self.k is not None else f"kmin={self.kmin}, kmax={self.kmax}"
@@ -360,5 +368,5 @@ class SubsetDistribution(Distribution):
             size = f"constraint={subset_constraints.describe(self.constraint)}"
         return (
             f"SubsetDistribution(batch_shape={tuple(self.batch_shape)}, N={self.event_shape[0]}, {size}, "
-            f"backend={self.backend!r}, grad={self.grad!r})"
+            f"algorithm={self.algorithm!r}, grad={self.grad!r})"
         )

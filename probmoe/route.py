@@ -29,7 +29,7 @@ from . import constraints as subset_constraints
 from .config import RoutingConfig
 from .distribution import SubsetDistribution
 from .gate_weights import gate_weights
-from .scores import dense_selection, gate_scores
+from .scores import dense_selection, gate_scores, normalized
 
 
 @dataclass
@@ -81,18 +81,20 @@ def route(
     kmin=None,
     kmax=None,
     constraint=None,
-    method: str | None = None,
+    estimator: str | None = None,
     generator: torch.Generator | None = None,
     normalize: bool | None = None,
-    backend: str | None = None,
+    algorithm: str | None = None,
     grad: str | None = None,
     scores: str | None = None,
     validate_args=None,
+    method: str | None = None,
+    backend: str | None = None,
 ) -> Routing:
     """Route tokens with ProbMoE. logits: [T, N] router logits (-inf: never route there).
 
     config: a ``RoutingConfig`` with N = ``num_experts``; or give its fields as keywords (k or
-        kmin/kmax or constraint, method, normalize, backend, grad, scores; the defaults are
+        kmin/kmax or constraint, estimator, normalize, algorithm, grad, scores; the defaults are
         ``RoutingConfig``'s):
     k: exactly k experts per token (Exact-k); or kmin/kmax: between kmin and kmax (Dynamic-k),
         1 <= kmin <= kmax <= N (a missing kmin is 1, a missing kmax is N).
@@ -104,18 +106,19 @@ def route(
         sigmoid scores, top-k of sigmoid(r)) or, for a range, the top clamp(#{logits > 0}, kmin,
         kmax) logits; for a structured constraint the circuit's MAP, the allowed subset with the
         largest sum of logits (top-k is not the MAP there).
-    method (training only): "probmoe" (sampled forward, marginal backward, Eq. 7), or the
+    estimator (training only): "probmoe" (sampled forward, marginal backward, Eq. 7), or the
         paper's ablations on the same code path: "topk-marginal" (MAP forward, marginal
         backward) and "sample-dense-ste" (sampled forward; backward with z ≈ softmax(r), the
         classic straight-through estimator, in place of z ≈ m).
     normalize: divide the used weights by their sum (HF's ``norm_topk_prob``), after the
         straight-through estimator, so the gradient goes through numerator and denominator.
     scores: the gate scores π the used experts are weighted by: "softmax" or "sigmoid".
-    backend, grad: as for ``SubsetDistribution`` (a structured constraint needs "circuit").
+    algorithm, grad: as for ``SubsetDistribution`` (a structured constraint needs "circuit").
     generator (training only): a ``torch.Generator`` on the logits' device, for reproducible draws;
         or a seed tensor (0-dim int64), of whose value alone the draw is a function: what compiled
         code passes, as no Generator can enter a torch.compile graph
         (``probmoe.integrations.scale_out.compiled_seed``); None: torch's default generator.
+    method, backend: the old names of estimator and algorithm (a DeprecationWarning).
     validate_args: check the logit values (one host synchronisation on the CPU; on CUDA
         assertions in the graph, no host synchronisation), as for ``SubsetDistribution``.
         float16/bfloat16 logits are routed in float32.
@@ -128,11 +131,13 @@ def route(
         kmin=kmin,
         kmax=kmax,
         constraint=constraint,
-        method=method,
         normalize=normalize,
-        backend=backend,
         grad=grad,
         scores=scores,
+        estimator=estimator,
+        algorithm=algorithm,
+        method=method,
+        backend=backend,
     )
     if not isinstance(training, bool):
         raise ValueError(f"training must be True or False, got {training!r}")
@@ -156,10 +161,10 @@ def _fused(dist: SubsetDistribution, r: Tensor, config: RoutingConfig) -> bool:
     circuit passes, float32 on the CPU; the DP's Triton lattice kernels or the circuit's Triton
     passes, float32 on CUDA). Elsewhere route composes the same computation from the
     distribution's operators (``_select``, ``_weights``)."""
-    if config.method != "probmoe" or config.constraint is not None:
+    if config.estimator != "probmoe" or config.constraint is not None:
         return False
     return subset_constraints.native_cardinality(
-        r.shape[-1], config.kmin, config.kmax, config.backend, r.dtype, r.device
+        r.shape[-1], config.kmin, config.kmax, config.algorithm, r.dtype, r.device
     )
 
 
@@ -168,7 +173,7 @@ def _route_fused(dist: SubsetDistribution, r: Tensor, config: RoutingConfig, gen
     and gradients as the composed path), then the normalisation if asked."""
     w, idx, mask, probs = dist.chosen_scores(config.scores, generator)
     if config.normalize:
-        w = _normalized(w)
+        w = normalized(w)
     return Routing(idx, w, mask, probs, dist, config)
 
 
@@ -182,9 +187,9 @@ def _select(
     idx: [T, kmax] long, the used experts first, by descending score (ties to the lower index);
     mask: [T, kmax] bool, the used slots.
     """
-    method, kmin, kmax = config.method, config.kmin, config.kmax
-    sampled = training and method != "topk-marginal"
-    marginal_st = training and method != "sample-dense-ste" and torch.is_grad_enabled() and r.requires_grad
+    estimator, kmin, kmax = config.estimator, config.kmin, config.kmax
+    sampled = training and estimator != "topk-marginal"
+    marginal_st = training and estimator != "sample-dense-ste" and torch.is_grad_enabled() and r.requires_grad
     if sampled or config.constraint is not None:
         if sampled:
             tangent, z = dist.mean_tangent(True, generator) if marginal_st else (None, dist.sample(generator=generator))
@@ -199,7 +204,7 @@ def _select(
         key = torch.where(r > -torch.inf, probs, -1.0) if kmin == kmax else r.detach()
         _, idx = key.topk(kmax, dim=-1)  # [T, kmax], as stock softmax + topk
         mask = torch.arange(kmax, device=r.device) < map_size(r, kmin, kmax).unsqueeze(-1)
-    if training and method == "sample-dense-ste":
+    if training and estimator == "sample-dense-ste":
         scores = gate_scores(r, config.scores)  # [T, N]
         tangent = scores - scores.detach()
     return tangent, idx, mask
@@ -211,11 +216,4 @@ def _weights(
     """Eq. 7 at the used slots (value π, gradient through the tangent), normalised if the config
     says so: [T, kmax], exactly 0 on unused slots."""
     w = gate_weights(r, tangent, idx, mask, config.scores, probs)
-    return _normalized(w) if config.normalize else w
-
-
-def _normalized(w: Tensor) -> Tensor:
-    """The used weights w [T, kmax] divided by their sum (0 on unused slots stays 0). A floor instead
-    of 0 when every used score underflowed (sigmoid below -104, or a constraint that excludes the
-    argmax): weights 0, not NaN, as stock DeepSeek-V3's + 1e-20."""
-    return w / w.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
+    return normalized(w) if config.normalize else w

@@ -52,7 +52,8 @@ class ProbMoERouter(nn.Module):
     analysis and auxiliary losses (it holds the autograd graph until the next forward).
 
     Routing options: a ``RoutingConfig`` as ``config``, or its fields as keywords (k or
-    kmin/kmax or constraint, method, backend, grad, normalize, scores); ``self.config`` holds them
+    kmin/kmax or constraint, estimator, algorithm, grad, normalize, scores; ``method`` and
+    ``backend``, their old names, with a DeprecationWarning); ``self.config`` holds them
     either way. With a ``constraint`` (a ``circuits.Circuit`` over the N experts or a spec such as
     ``circuits.GroupLimited``) ``top_k`` is its largest subset and eval takes its MAP.
 
@@ -74,8 +75,8 @@ class ProbMoERouter(nn.Module):
         kmin=None,
         kmax=None,
         constraint=None,
-        method: str | None = None,
-        backend: str | None = None,
+        estimator: str | None = None,
+        algorithm: str | None = None,
         grad: str | None = None,
         normalize: bool | None = None,
         scores: str | None = None,
@@ -83,6 +84,8 @@ class ProbMoERouter(nn.Module):
         validate_args=None,
         device=None,
         dtype=None,
+        method: str | None = None,
+        backend: str | None = None,
     ):
         super().__init__()
         hidden_size = _validate.int_in("hidden_size", hidden_size, 1, 2**31)
@@ -94,11 +97,13 @@ class ProbMoERouter(nn.Module):
             kmin=kmin,
             kmax=kmax,
             constraint=constraint,
-            method=method,
-            backend=backend,
             grad=grad,
             normalize=normalize,
             scores=scores,
+            estimator=estimator,
+            algorithm=algorithm,
+            method=method,
+            backend=backend,
         )
         if isinstance(generator, torch.Tensor):  # route takes one per call; a module's would repeat its draws
             raise ValueError(
@@ -115,8 +120,8 @@ class ProbMoERouter(nn.Module):
     def extra_repr(self) -> str:
         c = self.config
         return (
-            f"hidden_size={self.hidden_dim}, num_experts={self.num_experts}, {c.describe()}, method={c.method!r}, "
-            f"backend={c.backend!r}, grad={c.grad!r}, normalize={c.normalize}, scores={c.scores!r}"
+            f"hidden_size={self.hidden_dim}, num_experts={self.num_experts}, {c.describe()}, "
+            f"estimator={c.estimator!r}, algorithm={c.algorithm!r}, grad={c.grad!r}, normalize={c.normalize}, scores={c.scores!r}"
         )
 
     def forward(self, hidden_states: Tensor) -> tuple[Tensor, Tensor, Tensor]:

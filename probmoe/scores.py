@@ -5,6 +5,7 @@ gate_scores(r, kind)                 the gate scores π [T, N]: softmax(r), or s
                                      sum to 1 per token, the routing distribution that
                                      statistics and the load-balancing loss read
 dense_selection(idx, mask, n)        the used experts [T, kmax] slots -> [T, N] bool
+normalized(w)                        used weights [T, kmax] divided by their sum
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from torch import Tensor
 
 from circuits.kernels.straight_through import KINDS, scores  # the score kinds' one home
 
-__all__ = ["KINDS", "dense_selection", "gate_scores"]
+__all__ = ["KINDS", "dense_selection", "gate_scores", "normalized"]
 
 
 def gate_scores(r: Tensor, kind: str, *, normalized: bool = False) -> Tensor:
@@ -30,3 +31,10 @@ def dense_selection(indices: Tensor, mask: Tensor, num_experts: int) -> Tensor:
     expert) -> [T, N] bool, True where some used slot holds the expert."""
     dense = torch.zeros(indices.shape[0], num_experts, dtype=torch.int32, device=indices.device)
     return dense.scatter_add_(-1, indices, mask.int()) > 0
+
+
+def normalized(w: Tensor) -> Tensor:
+    """The used weights w [T, kmax] divided by their sum (0 on unused slots stays 0). A floor instead
+    of 0 when every used score underflowed (sigmoid below -104, or a constraint that excludes the
+    argmax): weights 0, not NaN, as stock DeepSeek-V3's + 1e-20."""
+    return w / w.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)

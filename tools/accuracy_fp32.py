@@ -211,7 +211,7 @@ def dp_runner(kmin: int, kmax: int, impl: str = "dp"):
     import probmoe
 
     def run(r: Tensor) -> tuple[Tensor, Tensor]:
-        d = probmoe.SubsetDistribution(r, kmin=kmin, kmax=kmax, backend="dp")
+        d = probmoe.SubsetDistribution(r, kmin=kmin, kmax=kmax, algorithm="dp")
         return d.log_partition, d.mean
 
     return run

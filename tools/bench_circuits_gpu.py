@@ -70,7 +70,7 @@ def bench_routes(device, sizes, T, repeats) -> list[dict]:
 
         def route():
             with circuit_passes_of(circuit, fast):
-                return probmoe.route(r, **size, training=True, backend="circuit", generator=gen).weights
+                return probmoe.route(r, **size, training=True, algorithm="circuit", generator=gen).weights
 
         fns = {"softmax + topk": lambda: softmax_topk(r, kmax), "route circuit (triton)": route}
         times = interleaved(

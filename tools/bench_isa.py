@@ -133,7 +133,7 @@ def main() -> None:
                     (
                         lambda b: (
                             lambda: (
-                                (probmoe.route(r, **size, training=True, backend=b, generator=gen).weights * c)
+                                (probmoe.route(r, **size, training=True, algorithm=b, generator=gen).weights * c)
                                 .sum()
                                 .backward()
                             )

@@ -77,7 +77,7 @@ def timed(fn, device: torch.device):
 def compiled_route(size: dict, backend: str):
     """``probmoe.route`` (training, default generator) under ``torch.compile(fullgraph=True)``:
     r [T, N] -> weights [T, kmax]. Routing is registered operators, so the graph is whole."""
-    return torch.compile(lambda x: probmoe.route(x, **size, training=True, backend=backend).weights, fullgraph=True)
+    return torch.compile(lambda x: probmoe.route(x, **size, training=True, algorithm=backend).weights, fullgraph=True)
 
 
 @contextlib.contextmanager
@@ -125,7 +125,7 @@ def bench_device(
         for impl in ["dp", *implementations(device, list(passes_wanted))]:
             backend = "dp" if impl == "dp" else "circuit"
             name = "route dp" if impl == "dp" else f"route circuit ({impl})" if impl != "auto" else "route circuit"
-            route = lambda b: lambda: probmoe.route(r, **size, training=True, backend=b, generator=gen).weights
+            route = lambda b: lambda: probmoe.route(r, **size, training=True, algorithm=b, generator=gen).weights
             if impl in ("dp", "auto"):
                 fwd[name] = route(backend)
             else:  # the circuit's float32 passes swapped for this routine's calls only

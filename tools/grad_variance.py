@@ -192,7 +192,7 @@ def exact_gradients(logits: Tensor, experts: Tensor, targets: Tensor, k: int) ->
 
 def probmoe_weights(logits: Tensor, k: int, generator: torch.Generator, grad: str) -> Tensor:
     """ProbMoE's Eq. 7 through ``probmoe.route`` (dp backend), scattered onto the experts: [B, n]."""
-    out = probmoe.route(logits, k=k, training=True, grad=grad, backend="dp", generator=generator)
+    out = probmoe.route(logits, k=k, training=True, grad=grad, algorithm="dp", generator=generator)
     return torch.zeros_like(logits).scatter(1, out.indices, out.weights)
 
 
@@ -236,7 +236,7 @@ def remoe_weights(logits: Tensor, k: int, generator: torch.Generator) -> Tensor:
 def sampled_densemixer_weights(logits: Tensor, k: int, generator: torch.Generator) -> Tensor:
     """DenseMixer's backward (through π of every expert) on a subset drawn from P(S | r): [B, n]."""
     pi = torch.softmax(logits, dim=-1)
-    z = probmoe.SubsetDistribution(logits.detach(), k=k, backend="dp").sample(generator=generator)
+    z = probmoe.SubsetDistribution(logits.detach(), k=k, algorithm="dp").sample(generator=generator)
     return (z * pi).detach() + (pi - pi.detach())
 
 

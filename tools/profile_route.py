@@ -126,7 +126,7 @@ def measure(
     def route(backend: str):
         def call():
             r.grad = None
-            (probmoe.route(r, **size, training=True, backend=backend).weights * c).sum().backward()
+            (probmoe.route(r, **size, training=True, algorithm=backend).weights * c).sum().backward()
 
         return call
 

@@ -77,8 +77,4 @@ def describe(model) -> str:
     """The routing a loaded model runs: ``probmoe-dynamic (kmin=1, kmax=2)``; ReMoE's ReLU gates
     have no fixed count (its eval line reports the experts per token it ran)."""
     plan = model.probmoe_plan
-    if plan.routing is not None:
-        return f"{plan.method} ({plan.routing.describe()})"
-    if plan.method == "remoe":
-        return f"remoe (ReLU gates: any number of experts per token, trained towards {plan.top_k} on average)"
-    return f"{plan.method} (top-{plan.top_k})"
+    return plan.rules.describe(plan.routing, plan.top_k)

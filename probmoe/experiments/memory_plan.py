@@ -23,9 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from probmoe.methods import get_method
+
 GPUS_GB = (24, 40, 80, 141)
 RESERVE = 2 * 2**30  # CUDA context + fragmentation, kept free on each GPU
-DENSE_METHODS = ("densemixer", "sample-dense-ste")  # run every expert on every token in training
 
 
 @dataclass(frozen=True)
@@ -81,12 +82,8 @@ def shape_of(model) -> Shape:
 
 
 def experts_per_token(shape: Shape, method: str, k: int | None, kmax: int | None) -> int:
-    """Experts each token runs through in training under ``method``."""
-    if method in DENSE_METHODS:
-        return shape.experts
-    if method == "probmoe-dynamic":
-        return kmax or shape.top_k
-    return k or shape.top_k
+    """Experts each token runs through in training under ``method`` (``Method.experts_per_token``)."""
+    return get_method(method).experts_per_token(shape.experts, k or shape.top_k, kmax or shape.top_k)
 
 
 def layer_activation_bytes(

@@ -1,29 +1,20 @@
-"""The names of the routing methods a model can be patched with (``probmoe.integrations.transformers``)
-and which options each takes: the one home that the patch, its settings files, the vLLM plugin and the
-commands' options (``routing_options``) import. No library is imported here, so a command can list
-them (``--help``) before it imports transformers. What each method does:
-``probmoe.integrations.transformers.methods``.
+"""The names of the built-in routing methods, grouped as the docs and tools list them: aliases kept
+for the code and docs that import them, each derived from the registry (``probmoe.methods``), which
+is the one home of what a method is and takes. Code that routes asks the method object
+(``probmoe.methods.get_method``); these tuples do not see a method registered later.
 """
 
-METHODS = (
-    "conventional",
-    "frozen",
-    "densemixer",
-    "probmoe",
-    "probmoe-dynamic",
-    "sample-dense-ste",
-    "topk-marginal",
-    "defaultmoe",
-    "sparsemixer",
-    "remoe",
-)
-GROUPED_METHODS = ("probmoe-grouped",)  # for the grouped families only
+from probmoe.methods import get_method, methods
+from probmoe.methods.balance import BALANCES  # noqa: F401 (exported here)
+from probmoe.methods.remoe import L1_LAYERS  # noqa: F401 (exported here)
+
+_BUILT_IN = [get_method(name) for name in methods()]
+METHODS = tuple(m.name for m in _BUILT_IN if m.groups != "only")
+GROUPED_METHODS = tuple(m.name for m in _BUILT_IN if m.groups == "only")  # for the grouped families only
 ALL_METHODS = METHODS + GROUPED_METHODS
-STOCK = ("conventional", "frozen", "densemixer")  # routed by the family's own top-k (DenseMixer: in eval)
-BASELINES = ("defaultmoe", "sparsemixer", "remoe")  # the other baselines of the paper's Table 1
+STOCK = tuple(m.name for m in _BUILT_IN if m.sizes == "top-k" and m.stock(False) and not m.experts)
+BASELINES = tuple(m.name for m in _BUILT_IN if m.sizes == "top-k" and m.name not in STOCK)  # Table 1's others
 TOP_K = STOCK + BASELINES  # methods that take the model's own top-k (no k, kmin, kmax, backend, grad)
-RANGE = ("probmoe-dynamic",)  # methods that take kmin and kmax (a range of experts per token)
-EXACT_K = tuple(m for m in ALL_METHODS if m not in TOP_K + RANGE)  # methods that take k (exactly k experts)
-UNGROUPED = ("sparsemixer", "remoe")  # defined for softmax gates without group limits only
-BALANCES = ("aux-free",)  # DeepSeek-V3's auxiliary-loss-free balancing (``balance``)
-L1_LAYERS = ("sum", "mean")  # ReMoE's penalty over the layers: λ per layer (official code), λ/L (the paper)
+RANGE = tuple(m.name for m in _BUILT_IN if m.sizes == "range")  # methods that take kmin and kmax
+EXACT_K = tuple(m.name for m in _BUILT_IN if m.sizes == "exact-k")  # methods that take k (exactly k experts)
+UNGROUPED = tuple(m.name for m in _BUILT_IN if m.groups == "never")  # softmax gates without group limits only

@@ -12,7 +12,8 @@ The values are checked once, here, when the options are made (the checks that ne
 as k <= the number of experts, are ``transformers.methods.make_plan``'s). None means "the default":
 the model's top-k for k and kmax, 1 for kmin, the config's ``router_aux_loss_coef`` /
 ``router_z_loss_coef`` for aux_loss / z_loss (0 turns them off), the method's own default for the
-rest. No library is imported here (the commands' ``--help`` reads these fields).
+rest (``Method.options``). Which method takes which option is the method's declaration
+(``probmoe.methods``): the checks ask the registered method object, never its name.
 """
 
 from __future__ import annotations
@@ -21,8 +22,26 @@ from dataclasses import asdict, dataclass, field, fields
 
 from probmoe._validate import Number, one_of
 from probmoe.config import BACKENDS, GRADS
+from probmoe.methods import get_method, methods
+from probmoe.methods.balance import BALANCES
+from probmoe.methods.remoe import L1_LAYERS
 
-from .method_names import ALL_METHODS, BALANCES, EXACT_K, L1_LAYERS, RANGE, TOP_K, UNGROUPED
+
+class _Registered:
+    """The registered methods' names, read when asked (a method registered later is a choice too)."""
+
+    def __iter__(self):
+        return iter(methods())
+
+    def __contains__(self, name) -> bool:
+        return name in methods()
+
+    def __len__(self) -> int:
+        return len(methods())
+
+
+def _takers(predicate) -> list[str]:
+    return [name for name in methods() if predicate(get_method(name))]
 
 
 def option(default, help: str, **cli):
@@ -39,7 +58,7 @@ class RoutingOptions:
     """The routing options of ``patch_model`` (the same names as its keywords and, with ``-``, as
     the commands' flags); checked when made, ValueError naming the option and the allowed values."""
 
-    method: str | None = option("probmoe", "routing method (see docs/transformers.md)", choices=ALL_METHODS)
+    method: str | None = option("probmoe", "routing method (see docs/transformers.md)", choices=_Registered())
     k: int | None = _experts("experts per token of the exactly-k ProbMoE methods (default: the model's top-k)")
     kmin: int | None = _experts("fewest experts per token (probmoe-dynamic; default 1)")
     kmax: int | None = _experts("most experts per token (probmoe-dynamic; default: the model's top-k)")
@@ -108,36 +127,50 @@ class RoutingOptions:
         self._check_methods()
 
     def _check_methods(self) -> None:
-        """Each option given only to the methods that take it."""
-        method = self.method
-        if method is None:  # no method chosen (probmoe-eval: the saved routing); make_plan refuses it
+        """Each option given only to the methods that take it (the method's declaration)."""
+        if self.method is None:  # no method chosen (probmoe-eval: the saved routing); make_plan refuses it
             return
-        if method != "remoe" and (self.l1_coef, self.l1_rate, self.l1_layers) != (None, None, None):
-            raise ValueError(f"l1_coef, l1_rate and l1_layers apply only to method 'remoe', not to {method!r}")
-        if method != "sparsemixer" and self.jitter_eps is not None:
-            raise ValueError(f"jitter_eps applies only to method 'sparsemixer', not to {method!r}")
+        method = get_method(self.method)
+        name = method.name
+        own = {option for taker in methods() for option in get_method(taker).options}  # the methods' own options
+        unknown = sorted(own - {f.name for f in fields(self)})
+        if unknown:
+            raise ValueError(
+                f"a registered method declares the option {unknown[0]!r}, which RoutingOptions has no field "
+                "for (a method's own option is a field of RoutingOptions too: docs/methods.md)"
+            )
+        given = [option for option in sorted(own) if getattr(self, option) is not None and option not in method.options]
+        if given:
+            takers = _takers(lambda m: given[0] in m.options)
+            named = list(get_method(takers[0]).options)  # the options of the method that takes it
+            raise ValueError(
+                f"{', '.join(named[:-1]) + ' and ' + named[-1] if len(named) > 1 else named[0]} "
+                f"appl{'y' if len(named) > 1 else 'ies'} only to method{'s' if len(takers) > 1 else ''} "
+                f"{', '.join(repr(t) for t in takers)}, not to {name!r}"
+            )
         if self.balance is None and self.balance_rate is not None:
             raise ValueError("balance_rate applies only with balance='aux-free'")
-        if self.balance is not None and method in UNGROUPED:
+        if self.balance is not None and not method.balances:
             raise ValueError(
-                f"balance: method {method!r} has no top-k selection to bias (ReMoE balances by its L1 "
+                f"balance: method {name!r} has no top-k selection to bias (ReMoE balances by its L1 "
                 "penalty); it applies to the other methods"
             )
-        if method in TOP_K:
-            for name, takers in (("k", EXACT_K), ("kmin", RANGE), ("kmax", RANGE)):
-                if getattr(self, name) is not None:
+        if method.sizes == "top-k":
+            for option, sizes in (("k", "exact-k"), ("kmin", "range"), ("kmax", "range")):
+                if getattr(self, option) is not None:
+                    takers = _takers(lambda m, sizes=sizes: m.sizes == sizes)
                     raise ValueError(
-                        f"{name} applies only to the method{'s' if len(takers) > 1 else ''} "
-                        f"{', '.join(takers)}; method {method!r} routes to the model's own top-k"
+                        f"{option} applies only to the method{'s' if len(takers) > 1 else ''} "
+                        f"{', '.join(takers)}; method {name!r} routes to the model's own top-k"
                     )
             if (self.backend, self.grad) != (BACKENDS[0], GRADS[0]):
-                raise ValueError(f"backend and grad apply only to the ProbMoE methods, not to {method!r}")
-        elif method in RANGE:
+                raise ValueError(f"backend and grad apply only to the ProbMoE methods, not to {name!r}")
+        elif method.sizes == "range":
             if self.k is not None:
-                raise ValueError(f"k: method {method!r} takes kmin and kmax (use method 'probmoe' for exactly k)")
+                raise ValueError(f"k: method {name!r} takes kmin and kmax (use method 'probmoe' for exactly k)")
         elif self.kmin is not None or self.kmax is not None:
             raise ValueError(
-                f"kmin/kmax: method {method!r} routes exactly k experts (give k); "
+                f"kmin/kmax: method {name!r} routes exactly k experts (give k); "
                 "use method 'probmoe-dynamic' for a range"
             )
 

@@ -15,8 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-import probmoe
-from probmoe.scores import gate_scores
+from probmoe.methods.balance import unbiased_weights  # noqa: F401 (the name its importers use)
 
 RANK_STRIDE = 1_000_003
 SEED_BOUND = 1 << 62  # seeds lie in [0, SEED_BOUND), as circuits.kernels.uniforms draws them
@@ -45,20 +44,3 @@ def compiled_seed(logits: Tensor, seed: int, rank: int | None = None) -> Tensor:
 
     key = rank_seed(seed, rank) % SEED_BOUND
     return torch.bitwise_xor(draw_seed(logits.detach()), key)
-
-
-def unbiased_weights(
-    routing: probmoe.Routing, logits: Tensor, shifted: Tensor, score_func: str, normalize: bool
-) -> Tensor:
-    """The weights [T, K] of a routing drawn from the shifted logits r + b [T, E] (routed without
-    normalisation), carried over to the unbiased scores π(r), r = ``logits`` [T, E]: each used slot's
-    w' = (1 + δ) π(r + b), δ the straight-through term (value 0), becomes w' / π(r + b) · π(r), whose
-    value and gradient are (1 + δ) π(r)'s (the π(r + b) factors cancel in both); unused slots stay
-    exactly 0. Normalised over the used slots if asked."""
-    idx, mask = routing.indices, routing.mask  # [T, K]
-    pi = gate_scores(logits, score_func).gather(-1, idx)  # [T, K]
-    pi_shifted = gate_scores(shifted, score_func).gather(-1, idx).clamp_min(torch.finfo(torch.float32).tiny)
-    w = torch.where(mask, routing.weights / pi_shifted * pi, torch.zeros_like(pi))
-    if normalize:
-        w = w / w.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
-    return w

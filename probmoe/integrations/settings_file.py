@@ -12,12 +12,13 @@ Version 3 (written now):
 
 Versions 1 and 2 (read as they were): "method", "aux_loss" and "z_loss" beside "routing", the
 method-specific options in "options" (version 2 only), k / kmin / kmax / backend / grad in
-"routing"; a ReMoE file without "l1_layers", written when the penalty was λ/L, is read as
-l1_layers "mean", what it trained with.
+"routing"; what a method's old files meant is the method's to say (``Method.legacy_options``: a
+ReMoE file without "l1_layers", written when the penalty was λ/L, is read as l1_layers "mean", what
+it trained with).
 
 Reading checks everything: the file parses, carries exactly its version's fields, its checksum
 matches (a hand edit is "tampered"), the routing config and options are valid, routing is null
-exactly for the top-k methods. The checks against the checkpoint's config.json are the callers'.
+exactly for the methods without an estimator (the top-k methods). The checks against the checkpoint's config.json are the callers'.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ import json
 import os
 
 import probmoe
+from probmoe.methods import get_method, methods
 
-from .method_names import TOP_K
 from .routing_options import RoutingOptions
 
 FILENAME = "probmoe_routing.json"
@@ -117,9 +118,10 @@ def read(directory) -> dict | None:
         options = _options(data, routing)
     except (ValueError, TypeError) as e:
         raise ValueError(f"{path}: {e}") from e
-    if (routing is None) != (options.method in TOP_K):
+    if (routing is None) != (get_method(options.method).estimator is None):
+        top_k = [name for name in methods() if get_method(name).estimator is None]
         raise ValueError(
-            f"{path}: routing must be null exactly for the methods {', '.join(TOP_K)}; method {options.method!r}"
+            f"{path}: routing must be null exactly for the methods {', '.join(top_k)}; method {options.method!r}"
         )
     return dict(
         model_type=data["model_type"],
@@ -144,12 +146,12 @@ def _options(data: dict, routing) -> RoutingOptions:
     options = data.get("options", {})
     if not isinstance(options, dict) or not set(options) <= set(V2_OPTIONS):
         raise ValueError(f"options must be an object with keys among {list(V2_OPTIONS)}; got {options!r}")
-    values = {"method": data["method"], "aux_loss": data["aux_loss"], "z_loss": data["z_loss"], **options}
-    if data["method"] == "remoe" and "l1_layers" not in options:
-        values["l1_layers"] = "mean"  # written before the option existed, when the penalty was λ/L
+    method = get_method(data["method"])
+    values = {"method": method.name, "aux_loss": data["aux_loss"], "z_loss": data["z_loss"], **options}
+    values = method.legacy_options(values, options)
     if routing is not None:
-        values.update(backend=routing.backend, grad=routing.grad)
-        if data["method"] == "probmoe-dynamic":
+        values.update(backend=routing.algorithm, grad=routing.grad)
+        if method.sizes == "range":
             values.update(kmin=routing.kmin, kmax=routing.kmax)
         else:
             values["k"] = routing.k

@@ -32,7 +32,10 @@ def _plan(model) -> dict:
     """The plan as the v0 code wrote it (its options were flat fields, 0 or "" where one did not apply)."""
     plan = model.probmoe_plan
     out = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan) if f.name != "options"}
-    out["routing"] = plan.routing.to_dict() if plan.routing else None
+    routing = plan.routing.to_dict() if plan.routing else None  # in v0's words: method, backend (issue 47)
+    out["routing"] = routing and {
+        {"estimator": "method", "algorithm": "backend"}.get(k, k): v for k, v in routing.items()
+    }
     o = plan.options
     out.update(method=o.method, aux_loss=o.aux_loss, z_loss=o.z_loss, balance=o.balance)
     for name in ("l1_coef", "l1_rate", "balance_rate", "jitter_eps"):

@@ -42,9 +42,10 @@ from torch import Tensor, nn
 
 import circuits
 import probmoe
-from probmoe.integrations.scale_out import rank_seed, unbiased_weights
+from probmoe.integrations.scale_out import rank_seed
+from probmoe.methods import Gate
+from probmoe.methods.probmoe import route_probmoe
 from probmoe.replay import GeneratorReplay
-from probmoe.router import routed
 from probmoe.scores import dense_selection
 
 
@@ -57,18 +58,21 @@ class ProbMoEMegatronRouter(nn.Module):
         config,
         pg_collection=None,
         kmin: int | None = None,
-        method: str = "probmoe",
-        backend: str = "circuit",
+        estimator: str | None = None,
+        algorithm: str | None = None,
         grad: str = "exact",
         seed: int | None = None,
+        method: str | None = None,
+        backend: str | None = None,
     ):
         super().__init__()
+        words = dict(estimator=estimator, algorithm=algorithm, method=method, backend=backend)  # RoutingConfig's
         _check_unsupported(config)
         E, K = config.num_moe_experts, config.moe_router_topk
         self.config, self.num_experts, self.topk, self.layer_number = config, E, K, None
         self.scaling = config.moe_router_topk_scaling_factor
         self.score_function = config.moe_router_score_function
-        self.routing = routing_config(config, kmin=kmin, method=method, backend=backend, grad=grad)
+        self.routing = routing_config(config, kmin=kmin, grad=grad, **words)
         self.weight = nn.Parameter(torch.empty(E, config.hidden_size, dtype=torch.float32))
         config.init_method(self.weight)
         if config.moe_router_enable_expert_bias:
@@ -91,27 +95,17 @@ class ProbMoEMegatronRouter(nn.Module):
     def forward(self, input: Tensor, padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         logits = F.linear(input.reshape(-1, input.shape[-1]).float(), self.weight.float())  # [S·B, E]
         generator = self.generator if self.training else None
-        if self.expert_bias is None:
-            routing = routed(
-                logits,
-                self.routing,
-                training=self.training,
-                generator=generator,
-                replay=self._replay,
-                validate_args=False,
-            )
-            w = routing.weights  # [T, K]
-        else:
-            shifted = logits + self.expert_bias
-            routing = routed(
-                shifted,
-                _unnormalized(self.routing),
-                training=self.training,
-                generator=generator,
-                replay=self._replay,
-                validate_args=False,
-            )
-            w = unbiased_weights(routing, logits, shifted, self.score_function, self.routing.normalize)
+        gate = Gate(
+            top_k=self.topk,
+            num_experts=self.num_experts,
+            normalize=self.routing.normalize,
+            scores=self.score_function,
+            routing=self.routing,
+            generator=generator,
+            replay=self._replay,
+            bias=self.expert_bias,
+        )  # P(S) from the logits shifted by the expert bias, the weights from the unbiased scores
+        routing, w = route_probmoe(logits, gate, self.training)  # [T, K]
         self.last_routing = routing
         if self.scaling:
             w = w * self.scaling
@@ -125,7 +119,9 @@ def probmoe_router(**options):
     return functools.partial(ProbMoEMegatronRouter, **options)
 
 
-def routing_config(config, *, kmin, method, backend, grad) -> probmoe.RoutingConfig:
+def routing_config(
+    config, *, kmin, estimator=None, algorithm=None, grad="exact", method=None, backend=None
+) -> probmoe.RoutingConfig:
     """The ``probmoe.RoutingConfig`` for a Megatron ``TransformerConfig``; ValueError naming the field."""
     E, K = config.num_moe_experts, config.moe_router_topk
     if not isinstance(E, int) or E < 1:
@@ -139,7 +135,11 @@ def routing_config(config, *, kmin, method, backend, grad) -> probmoe.RoutingCon
     if score not in ("softmax", "sigmoid"):
         raise ValueError(f"moe_router_score_function must be 'softmax' or 'sigmoid', got {score!r}")
     normalize = (not config.moe_router_pre_softmax) if score == "softmax" else K > 1
-    fields = dict(method=method, backend=backend, grad=grad, normalize=normalize, scores=score)
+    given = dict(
+        estimator=estimator, algorithm=algorithm, method=method, backend=backend
+    )  # the old words: RoutingConfig's
+    words = {name: value for name, value in given.items() if value is not None}
+    fields = dict(**words, grad=grad, normalize=normalize, scores=score)
     groups, limited = config.moe_router_num_groups, config.moe_router_group_topk
     if not groups:
         return probmoe.RoutingConfig(E, kmin=kmin, kmax=K, **fields)
@@ -149,13 +149,7 @@ def routing_config(config, *, kmin, method, backend, grad) -> probmoe.RoutingCon
             f"moe_router_group_topk = {limited} groups must hold moe_router_topk = {K} experts"
         )
     spec = circuits.GroupLimited(E, None, groups, limited, kmin=kmin, kmax=K)
-    return probmoe.RoutingConfig(E, constraint=spec, **{**fields, "backend": "circuit"})
-
-
-def _unnormalized(config: probmoe.RoutingConfig) -> probmoe.RoutingConfig:
-    import dataclasses
-
-    return dataclasses.replace(config, normalize=False)
+    return probmoe.RoutingConfig(E, constraint=spec, **{**fields, "backend": None, "algorithm": "circuit"})
 
 
 def _check_unsupported(config) -> None:

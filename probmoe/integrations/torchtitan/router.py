@@ -11,7 +11,8 @@ builds it and every existing field keeps its meaning:
     num_expert_groups,  group-limited routing: subsets from at most num_limited_groups of the
     num_limited_groups  num_expert_groups contiguous groups (``circuits.GroupLimited``; an exact
                         constraint on P(S), where the stock router picks groups by their top-2 scores)
-    method, backend, grad   as ``probmoe.RoutingConfig``
+    estimator, algorithm, grad   as ``probmoe.RoutingConfig`` (``method``, ``backend``: the old
+                        names of estimator and algorithm, with a DeprecationWarning)
     seed                None: draws from torch's default generator; an int: from a generator seeded
                         per rank (``scale_out.rank_generator``), so draws repeat run to run and differ
                         across data-parallel ranks
@@ -28,7 +29,6 @@ weight exactly 0. The scores output is π(r), detached (torchtitan's MoE reads o
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -37,9 +37,10 @@ from torchtitan.models.common.moe import TokenChoiceTopKRouter
 
 import circuits
 import probmoe
-from probmoe.integrations.scale_out import compiled_seed, rank_generator, unbiased_weights
+from probmoe.integrations.scale_out import compiled_seed, rank_generator
+from probmoe.methods import Gate
+from probmoe.methods.probmoe import route_probmoe
 from probmoe.replay import GeneratorReplay
-from probmoe.router import routed
 from probmoe.scores import gate_scores
 
 
@@ -49,10 +50,12 @@ class ProbMoERouter(TokenChoiceTopKRouter):
     @dataclass(kw_only=True, slots=True)
     class Config(TokenChoiceTopKRouter.Config):
         kmin: int | None = None
-        method: str = "probmoe"
-        backend: str = "circuit"
+        estimator: str | None = None  # None: "probmoe"
+        algorithm: str | None = None  # None: "circuit"
         grad: str = "exact"
         seed: int | None = None
+        method: str | None = None  # deprecated: estimator
+        backend: str | None = None  # deprecated: algorithm
 
         def __post_init__(self):
             routing_config(self)  # bad values fail when the model config is made, not at build
@@ -85,27 +88,17 @@ class ProbMoERouter(TokenChoiceTopKRouter):
         lead, E = x.shape[:-1], self.num_experts
         logits = self._logits(x).reshape(-1, E)  # [..., D] -> [T, E] float32
         generator = self._draws(logits) if self.training else None
-        if expert_bias_E is None:
-            routing = routed(
-                logits,
-                self.routing,
-                training=self.training,
-                generator=generator,
-                replay=self._replay,
-                validate_args=False,
-            )
-            w = routing.weights  # [T, K]
-        else:  # P(S) from the shifted logits, the weights from the unbiased scores
-            shifted = logits + expert_bias_E.to(logits.dtype)
-            routing = routed(
-                shifted,
-                dataclasses.replace(self.routing, normalize=False),
-                training=self.training,
-                generator=generator,
-                replay=self._replay,
-                validate_args=False,
-            )
-            w = unbiased_weights(routing, logits, shifted, self.score_func, self.route_norm)
+        gate = Gate(
+            top_k=self.routing.kmax,
+            num_experts=E,
+            normalize=self.routing.normalize,
+            scores=self.score_func,
+            routing=self.routing,
+            generator=generator,
+            replay=self._replay,
+            bias=expert_bias_E,
+        )  # P(S) from the logits shifted by the bias, the weights from the unbiased scores
+        routing, w = route_probmoe(logits, gate, self.training)  # [T, K]
         self.last_routing = routing
         if self.route_scale != 1.0:
             w = w * self.route_scale
@@ -139,9 +132,9 @@ def routing_config(config: ProbMoERouter.Config) -> probmoe.RoutingConfig:
         raise ValueError("_debug_force_load_balance replaces the routing by round robin: not with ProbMoE")
     if config.seed is not None and (not isinstance(config.seed, int) or config.seed < 0):
         raise ValueError(f"seed must be None or an int >= 0, got {config.seed!r}")
+    words = dict(estimator=config.estimator, algorithm=config.algorithm, method=config.method, backend=config.backend)
     fields = dict(
-        method=config.method,
-        backend=config.backend,
+        **{name: value for name, value in words.items() if value is not None},  # the old words: RoutingConfig's
         grad=config.grad,
         normalize=config.route_norm,
         scores=config.score_func,
@@ -158,4 +151,4 @@ def routing_config(config: ProbMoERouter.Config) -> probmoe.RoutingConfig:
     if kmax > limited * (E // groups):
         raise ValueError(f"top_k = {kmax} experts do not fit in num_limited_groups = {limited} groups of {E // groups}")
     spec = circuits.GroupLimited(E, None, groups, limited, kmin=kmin, kmax=kmax)
-    return probmoe.RoutingConfig(E, constraint=spec, **{**fields, "backend": "circuit"})
+    return probmoe.RoutingConfig(E, constraint=spec, **{**fields, "backend": None, "algorithm": "circuit"})

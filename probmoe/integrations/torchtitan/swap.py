@@ -15,25 +15,29 @@ def use_probmoe(
     *,
     kmin: int | None = None,
     top_k: int | None = None,
-    method: str = "probmoe",
-    backend: str = "circuit",
+    estimator: str | None = None,
+    algorithm: str | None = None,
     grad: str = "exact",
     seed: int | None = None,
     expert_parallel_degree: int | None = None,
+    method: str | None = None,
+    backend: str | None = None,
 ):
     """Replace every ``TokenChoiceTopKRouter.Config`` in ``model_config`` (a torchtitan model config,
     an ``MoE.Config``, or a router config itself) by a ``ProbMoERouter.Config`` with the same fields
     (experts, gate, groups, score function, normalisation, scale) and the ProbMoE ones given here
     (``top_k``: a new kmax, default the model's; ``kmin``: Dynamic-k between kmin and top_k).
     Returns the config (the same object, changed in place, unless it was a router config). The
-    routed experts' dispatcher gets the new top_k. ``expert_parallel_degree``: checked to divide
+    routed experts' dispatcher gets the new top_k. ``method``, ``backend``: the old names of
+    ``estimator`` and ``algorithm`` (a DeprecationWarning). ``expert_parallel_degree``: checked to divide
     every MoE's experts. ValueError if the config has no router, or for any bad value (naming it)."""
+    words = dict(estimator=estimator, algorithm=algorithm, method=method, backend=backend)  # checked by the Config
     swapped = []
     for fqn, cfg, parent, attr in list(model_config.traverse(TokenChoiceTopKRouter.Config)):
         values = {f.name: getattr(cfg, f.name) for f in fields(TokenChoiceTopKRouter.Config) if f.init}
         if top_k is not None:
             values["top_k"] = top_k
-        new = ProbMoERouter.Config(**values, kmin=kmin, method=method, backend=backend, grad=grad, seed=seed)
+        new = ProbMoERouter.Config(**values, kmin=kmin, **words, grad=grad, seed=seed)
         swapped.append(fqn)
         if parent is None:
             return new

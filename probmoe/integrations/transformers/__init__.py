@@ -22,10 +22,11 @@ from . import version as _version
 _version.check(_transformers.__version__)
 
 from ..routing_options import RoutingOptions  # noqa: E402
+from .densemixer import densemixer_weights  # noqa: E402
 from .families import ALL as ALL_FAMILIES  # noqa: E402
 from .families import GROUPED as GROUPED_FAMILIES  # noqa: E402
 from .families import SUPPORTED, LayoutError  # noqa: E402
-from .gate import GateRecord, densemixer_weights  # noqa: E402
+from .gate import GateRecord  # noqa: E402
 from .losses import load_balancing_loss, router_z_loss  # noqa: E402
 from .methods import ALL_METHODS, GROUPED_METHODS, METHODS, Plan  # noqa: E402
 from .patch import from_pretrained, is_patched, patch_model, router_stats, unpatch_model  # noqa: E402

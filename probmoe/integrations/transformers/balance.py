@@ -19,7 +19,9 @@ under torch.distributed). Where it enters (``patch_model(..., balance="aux-free"
 The bias is DeepSeek-V3's ``e_score_correction_bias`` buffer where the family has one (a stock
 checkpoint key), else a buffer ``probmoe_bias`` added to the router (saved in
 ``probmoe_state.safetensors``); the loads since the last update are the router buffer
-``probmoe_load``.
+``probmoe_load``. The rules themselves (the biased top-k, the unbiased weights of a biased draw,
+the bias step) are ``probmoe.methods``' (``topk.topk_rule``, ``balance``), shared with torchtitan,
+Megatron and vLLM; this module holds the router buffers.
 """
 
 from __future__ import annotations
@@ -27,38 +29,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from probmoe.scores import gate_scores
+from probmoe.methods.balance import bias_step
+from probmoe.methods.balance import unbiased_weights as probmoe_weights  # noqa: F401 (the name it had here)
+from probmoe.methods.topk import topk_rule as biased_topk  # noqa: F401 (the name it had here)
 
 
 def selection_bias(gate) -> Tensor:
     """The bias b [N] float32 of a patched router."""
     bias = gate._buffers.get("probmoe_bias")
     return bias if bias is not None else gate.e_score_correction_bias
-
-
-def biased_topk(logits: Tensor, k: int, normalize: bool, scores: str, bias: Tensor) -> tuple[Tensor, Tensor]:
-    """Stock top-k routing with a selection bias: logits [T, N] -> (weights [T, k] float32,
-    indices [T, k]); weights π(r) at the top-k of π(r) + b, renormalised if ``normalize``."""
-    probs = gate_scores(logits.float(), scores)  # [T, N]
-    idx = torch.topk(probs + bias, k, dim=-1).indices  # [T, k]
-    weights = probs.gather(-1, idx)
-    if normalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights, idx
-
-
-def probmoe_weights(routing, logits: Tensor, shifted: Tensor, scores: str, normalize: bool) -> Tensor:
-    """The weights [T, kmax] of a ``probmoe.Routing`` drawn from the ``shifted`` logits r + b
-    (routed without normalisation), carried over to the unbiased gate scores π(r): each used
-    slot's w' = (1 + δ) π(r + b) with δ the straight-through term (value 0) becomes (1 + δ) π(r),
-    as w' / π(r + b) · π(r), whose gradient is exactly that (the π(r + b) terms cancel)."""
-    idx, mask = routing.indices, routing.mask  # [T, kmax]
-    pi = gate_scores(logits.float(), scores).gather(-1, idx)  # [T, kmax]
-    pi_shifted = gate_scores(shifted, scores).gather(-1, idx).clamp_min(torch.finfo(torch.float32).tiny)
-    w = torch.where(mask, routing.weights / pi_shifted * pi, torch.zeros_like(pi))
-    if normalize:
-        w = w / w.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
-    return w
 
 
 def update_bias(gates, rate: float) -> list[float] | None:
@@ -73,7 +52,6 @@ def update_bias(gates, rate: float) -> list[float] | None:
         return None
     with torch.no_grad():
         for gate, load in zip(gates, loads):
-            bias = selection_bias(gate)
-            bias.add_(rate * torch.sign(load.mean() - load).to(bias.device, bias.dtype))
+            bias_step(selection_bias(gate), load, rate)
             gate.probmoe_load.zero_()
     return [float(load.std(unbiased=False) / load.mean()) for load in loads if float(load.sum()) > 0]

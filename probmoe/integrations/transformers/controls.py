@@ -1,6 +1,7 @@
 """What a patched model updates once per optimizer step, outside autograd.
 
-    ReMoE ("remoe"): the L1 coefficient λ ← λ · α^sign(Q − S) (``remoe.update_coefficient``)
+    the method's own control on its state (``Method.after_step``; ReMoE: the L1 coefficient
+        λ ← λ · α^sign(Q − S))
     aux-free balancing (``balance="aux-free"``): b_i += γ · sign(mean load − load_i) (``balance``)
 
 ``after_step(model)`` applies it; ``probmoe-train`` calls it after every optimizer step,
@@ -14,7 +15,7 @@ import contextlib
 
 from .balance import update_bias
 from .model import PatchedModel, patched_gates
-from .remoe import attach, collecting, update_coefficient
+from .remoe import attach, collecting
 
 __all__ = ["after_step", "attach", "remoe_penalties"]
 
@@ -39,25 +40,25 @@ def remoe_penalties(model):
     GradScaler's scale and DDP's/FSDP's averaging reach it.) Without it, and without labels
     passed to the model, the penalties enter the gates' gradient at scale 1."""
     patched = _patched(model)
-    gates = patched_gates(patched) if patched.probmoe_plan.method == "remoe" else []
+    gates = patched_gates(patched) if patched.probmoe_plan.rules.penalizes else []
     with collecting(gates) as penalties:
         yield penalties
 
 
 def after_step(model) -> dict:
     """Apply the per-step updates of a patched ``model`` (a wrapper around one is searched);
-    returns what was done: {"remoe_sparsity": S, "remoe_l1_coef": λ} for ReMoE,
+    returns what was done: the method's control's statistics ({"remoe_sparsity": S,
+    "remoe_l1_coef": λ} for ReMoE),
     {"balance_load_cv": mean of the step's load CV over the layers sent some token} with aux-free
     balancing; {} if nothing. Every value is a number (a statistic with no data is absent).
     ValueError if the model is not patched."""
     patched = _patched(model)
     plan = patched.probmoe_plan
     out = {}
-    if plan.method == "remoe":
-        states = [g.probmoe_remoe for g in patched_gates(patched)]
-        sparsity = update_coefficient(states, 1.0 - plan.top_k / plan.num_experts, plan.options.l1_rate)
-        if sparsity is not None:
-            out.update(remoe_sparsity=sparsity, remoe_l1_coef=float(states[0][0]))
+    method = plan.rules
+    if method.state_buffer is not None:
+        states = [g._buffers[method.state_buffer] for g in patched_gates(patched)]
+        out.update(method.after_step(states, top_k=plan.top_k, num_experts=plan.num_experts, options=plan.options))
     if plan.options.balance is not None:
         cv = update_bias(patched_gates(patched), plan.options.balance_rate)
         if cv:

@@ -30,10 +30,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from probmoe.methods.defaultmoe import update_defaults
 from probmoe.replay import in_backward
 
 from . import pickling
-from .defaultmoe import update_defaults
 
 
 def active_slots(top_k_weights: Tensor) -> Tensor:

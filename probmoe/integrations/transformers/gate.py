@@ -4,37 +4,34 @@ The subclass shares the block's ``weight`` Parameter (the instance keeps it: onl
 changes), so checkpoint keys stay stock, and HF's router-logit hooks, matched with isinstance on
 the family's router class, keep capturing ``router_logits``. Its forward computes the logits as
 the stock router does (``F.linear`` in the hidden states' dtype; in float32 for DeepSeek-V3),
-then routes by the plan:
+then routes by the plan's method (``probmoe.methods``; the gate asks the method object, never
+its name):
 
-    stock methods, and DenseMixer and DefaultMoE in eval: the stock forward itself (bit for bit)
-    DenseMixer in training: all N experts, weights (mask·g).detach() + g − g.detach()
-    DefaultMoE in training: the same weights, the top-k slots first (``defaultmoe``)
-    SparseMixer: ``sparsemixer.sparsemixer_weights`` (training: sampled; eval: deterministic)
-    ReMoE: all N experts weighted by ReLU(r), the L1 penalty attached (``remoe``)
-    ProbMoE methods: ``probmoe.route`` (training: sampled, Eq. 7; eval: MAP), the weights times
-        the plan's scale (DeepSeek-V3's routed_scaling_factor)
+    where the method routes by the stock router in this mode (``Method.stock``): the stock
+        forward itself (bit for bit), or with a selection bias of ours the top-k of π + b
+    otherwise: the method's rule (``Method.rule``) on the logits, given the family's own top-k
+        choice where the method takes it (``Method.stock_choice``: DenseMixer, DefaultMoE), the
+        router's state buffer and, for a method with penalties (ReMoE), the list they are
+        collected into; the weights times the plan's scale (DeepSeek-V3's routed_scaling_factor)
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 import probmoe
+from probmoe.methods import Gate
+from probmoe.methods.topk import topk_rule
 from probmoe.replay import GeneratorReplay, in_backward
-from probmoe.router import routed, router_logits
+from probmoe.router import router_logits
 from probmoe.scores import dense_selection
 
 from . import balance as balance_mod
 from . import pickling, runtime_state
-from .defaultmoe import defaultmoe_weights
-from .densemixer import densemixer_weights
-from .methods import STOCK, Plan
-from .remoe import remoe_gates
-from .sparsemixer import sparsemixer_weights
+from .methods import Plan
 
 
 @dataclass
@@ -90,9 +87,9 @@ class PatchedGate:
         "probmoe_collected",
     )  # ReMoE's penalties collected during a CausalLM forward
     # (model.py), and whether the last forward collected them (its checkpoint recomputation does the same)
-    BUFFERS = ("probmoe_remoe", "probmoe_bias", "probmoe_load")  # ReMoE's [λ, Σ sparsity, forwards]; the
-    # aux-free selection bias [N] (families without e_score_correction_bias) and loads [N]; float32, persistent
-    # (runtime_state)
+    BUFFERS = ("probmoe_bias", "probmoe_load")  # the aux-free selection bias [N] (families without
+    # e_score_correction_bias) and loads [N]; and the method's state (``Method.state_buffer``: ReMoE's
+    # ``probmoe_remoe`` [λ, Σ sparsity, forwards]); float32, persistent (runtime_state)
 
     def forward(self, hidden_states: Tensor):
         logits, weights, indices = self.probmoe_route(hidden_states)
@@ -103,14 +100,13 @@ class PatchedGate:
 
     def probmoe_route(self, hidden_states: Tensor):
         plan: Plan = self.probmoe_plan
-        family = self.probmoe_family
+        family, method = self.probmoe_family, plan.rules
         bias = balance_mod.selection_bias(self) if plan.options.balance is not None else None
         own_bias = bias is not None and not family.grouped  # DeepSeek-V3's stock router adds its own
-        dense_in_training = plan.method in ("densemixer", "defaultmoe")
-        if plan.method in STOCK + ("defaultmoe",) and not (dense_in_training and self.training):
+        if method.stock(self.training):
             if own_bias:
                 logits = router_logits(hidden_states, self.weight)
-                weights, indices = balance_mod.biased_topk(logits, plan.top_k, plan.normalize, family.scores, bias)
+                weights, indices = topk_rule(logits, plan.top_k, plan.normalize, family.scores, bias)
                 if not family.fp32_weights:
                     weights = weights.to(logits.dtype)
             else:
@@ -119,76 +115,48 @@ class PatchedGate:
                 indices.detach(), torch.ones_like(indices, dtype=torch.bool), plan.num_experts
             )
             return logits, weights, indices
-        if plan.method in ("densemixer", "defaultmoe"):
-            stock_idx = None
-            if family.grouped:  # the stock choice (groups, bias) and the stock float32 logits
-                logits, _, stock_idx = super().forward(hidden_states)
-            else:
-                logits = router_logits(hidden_states, self.weight)
-                if own_bias:
-                    stock_idx = balance_mod.biased_topk(logits, plan.top_k, plan.normalize, family.scores, bias)[1]
-            make = densemixer_weights if plan.method == "densemixer" else defaultmoe_weights
-            weights, indices, top_idx = make(
-                logits, plan.top_k, plan.normalize, scores=family.scores, top_idx=stock_idx
-            )
-            self.probmoe_last = GateRecord(
-                top_idx.detach(), torch.ones_like(top_idx, dtype=torch.bool), plan.num_experts
-            )
-        elif plan.method == "sparsemixer":
-            logits = router_logits(hidden_states, self.weight)  # [T, N]
-            weights, indices = sparsemixer_weights(
-                logits,
-                plan.top_k,
-                training=self.training,
-                jitter_eps=plan.options.jitter_eps,
-                generator=self.probmoe_generator,
-            )  # [T, k] each
-            self.probmoe_last = GateRecord(indices, torch.ones_like(indices, dtype=torch.bool), plan.num_experts)
-        elif plan.method == "remoe":
-            logits = router_logits(hidden_states, self.weight)  # [T, N]
-            scale = 1.0 if plan.options.l1_layers == "sum" else 1.0 / self.probmoe_layers  # λ per layer, or λ/L
-            sink = getattr(self, "probmoe_penalties", None)  # set while a CausalLM forward collects (model.py)
-            if not torch.compiler.is_compiling() and in_backward():  # a checkpoint recomputation: as the forward
-                sink = [] if getattr(self, "probmoe_collected", False) else None  # it repeats (same saved tensors)
-            else:  # under reentrant checkpointing that forward ran without grad: the recomputation attaches
-                self.probmoe_collected = sink is not None and torch.is_grad_enabled()
-            weights = remoe_gates(
-                logits, plan.top_k, self.probmoe_remoe, scale, training=self.training, sink=sink
-            )  # [T, N]
-            indices = torch.arange(plan.num_experts, device=logits.device).expand_as(weights)  # [T, N]
-            self.probmoe_last = GateRecord(indices, weights.detach() > 0, plan.num_experts)
+        stock_idx = None
+        if method.stock_choice and family.grouped:  # the stock choice (groups, bias), the stock float32 logits
+            logits, _, stock_idx = super().forward(hidden_states)
         else:
             logits = router_logits(
                 hidden_states, self.weight, float32=family.fp32_logits
             )  # [T, N], as the stock router
-            if bias is None:
-                routing = routed(
-                    logits,
-                    plan.routing,
-                    training=self.training,
-                    generator=self.probmoe_generator,
-                    replay=self.probmoe_replay,
-                    validate_args=False,
-                )  # as the stock router: no host sync
-                weights = routing.weights  # [T, kmax]
-            else:  # the subsets of the shifted logits, the weights of the unbiased scores (balance)
-                shifted = logits.float() + bias
-                routing = routed(
-                    shifted,
-                    dataclasses.replace(plan.routing, normalize=False),
-                    training=self.training,
-                    generator=self.probmoe_generator,
-                    replay=self.probmoe_replay,
-                    validate_args=False,
-                )
-                weights = balance_mod.probmoe_weights(routing, logits, shifted, family.scores, plan.normalize)
-            indices = routing.indices  # [T, kmax]
-            self.probmoe_last = GateRecord(indices.detach(), routing.mask, plan.num_experts, routing)
+            if method.stock_choice and own_bias:
+                stock_idx = topk_rule(logits, plan.top_k, plan.normalize, family.scores, bias)[1]
+        gate = Gate(
+            top_k=plan.top_k,
+            num_experts=plan.num_experts,
+            normalize=plan.normalize,
+            scores=family.scores,
+            options=plan.options,
+            routing=plan.routing,
+            generator=self.probmoe_generator,
+            replay=self.probmoe_replay,
+            bias=None if method.stock_choice else bias,  # the top-k methods' bias chose stock_idx
+            stock_indices=stock_idx,
+            state=self._buffers.get(method.state_buffer) if method.state_buffer else None,
+            layers=getattr(self, "probmoe_layers", 1),
+            sink=self._penalty_sink() if method.penalizes else None,
+        )
+        out = method.rule(logits, gate, self.training)
+        weights, indices = out.weights, out.indices
+        self.probmoe_last = GateRecord(out.used, out.used_mask, plan.num_experts, out.routing)
         if plan.scale != 1.0:
             weights = weights * plan.scale  # DeepSeek-V3's routed_scaling_factor
         if not family.fp32_weights:
             weights = weights.to(logits.dtype)  # as the stock OLMoE/Qwen routers
         return logits, weights, indices
+
+    def _penalty_sink(self) -> list | None:
+        """Where this forward's penalties go: the list a CausalLM forward collects them in (model.py),
+        or None (attached to the gates)."""
+        sink = getattr(self, "probmoe_penalties", None)
+        if not torch.compiler.is_compiling() and in_backward():  # a checkpoint recomputation: as the forward
+            return [] if getattr(self, "probmoe_collected", False) else None  # it repeats (same saved tensors)
+        # under reentrant checkpointing that forward ran without grad: the recomputation attaches
+        self.probmoe_collected = sink is not None and torch.is_grad_enabled()
+        return sink
 
     def __reduce_ex__(self, protocol):  # pickle, torch.save, deepcopy: the patched class (see pickling)
         return pickling.reduce(
@@ -219,15 +187,17 @@ def install(gate, plan: Plan, family, generator, layers: int) -> None:
         if not family.grouped:
             gate.register_buffer("probmoe_bias", torch.zeros(n, dtype=torch.float32, device=device))
         gate.register_buffer("probmoe_load", torch.zeros(n, dtype=torch.float32, device=device))
-    if plan.method == "remoe":
+    method = plan.rules
+    if method.state_buffer is not None:
         gate.probmoe_layers = layers
-        like = torch.empty(3, dtype=torch.float32, device=gate.weight.device)
-        gate.register_buffer("probmoe_remoe", runtime_state.initial(gate, "probmoe_remoe", like))
+        like = torch.empty(len(method.initial_state(plan.options)), dtype=torch.float32, device=gate.weight.device)
+        gate.register_buffer(method.state_buffer, runtime_state.initial(gate, method.state_buffer, like))
 
 
 def uninstall(gate) -> None:
     gate.__class__ = next(c for c in type(gate).__mro__[1:] if not issubclass(c, PatchedGate))
+    state = gate.probmoe_plan.rules.state_buffer if "probmoe_plan" in gate.__dict__ else None
     for name in PatchedGate.ADDED:
         gate.__dict__.pop(name, None)
-    for name in PatchedGate.BUFFERS:
+    for name in (*PatchedGate.BUFFERS, state):
         gate._buffers.pop(name, None)

@@ -1,19 +1,8 @@
-"""The methods of the paper's comparison, and the validated plan a patched model routes by.
+"""The validated plan a patched model routes by: ``make_plan`` checks the routing options against the
+model (the method's declaration, ``probmoe.methods``, says what it takes) and resolves every default.
 
-"conventional"      stock top-k routing (training and eval)
-"frozen"            stock top-k routing, router weights frozen
-"densemixer"        training: dense forward over all N experts (DenseMixer); eval: stock top-k
-"probmoe"           ProbMoE Exact-k (training: sampled, Eq. 7; eval: MAP = stock top-k)
-"probmoe-dynamic"   ProbMoE Dynamic-k over kmin..kmax (eval: MAP, clamp(#{r > 0}, kmin, kmax))
-"sample-dense-ste", "topk-marginal"   the paper's two ablations (Exact-k; eval: MAP)
-"probmoe-grouped"   (grouped families: DeepSeek-V3) ProbMoE on exactly k experts from at most
-                    topk_group of the n_group expert groups, the model's own limit (eval: MAP)
-"defaultmoe"        training: stock top-k forward, dense router gradient from the default
-                    outputs (EMA) of the unselected experts (DefaultMoE); eval: stock top-k
-"sparsemixer"       SparseMixer v2: Gumbel sampling within a jitter band, midpoint router
-                    gradient (training); eval: its deterministic top-k (softmax families)
-"remoe"             ReMoE: ReLU gates, adaptive L1 penalty steering the mean number of
-                    active experts to k (training and eval; softmax families)
+The methods themselves (what each does, its rules, options and state) are ``probmoe.methods``: one
+module per method; ``probmoe.methods.methods()`` lists them.
 """
 
 from __future__ import annotations
@@ -22,8 +11,10 @@ from dataclasses import dataclass, replace
 
 import circuits
 import probmoe
+from probmoe.methods import Method, get_method, methods
+from probmoe.methods.balance import BALANCE_RATE
 
-from ..method_names import (  # noqa: F401 (their home; exported here)
+from ..method_names import (  # noqa: F401 (aliases kept: the built-in methods' names, exported here)
     ALL_METHODS,
     BALANCES,
     BASELINES,
@@ -36,18 +27,7 @@ from ..method_names import (  # noqa: F401 (their home; exported here)
     UNGROUPED,
 )
 from ..routing_options import RoutingOptions
-from . import remoe as remoe_mod
-from . import sparsemixer as sparsemixer_mod
 from .families import GROUPED
-
-BALANCE_RATE = 1e-3  # γ, DeepSeek-V3's bias update speed
-_PROBMOE_METHOD = {
-    "probmoe": "probmoe",
-    "probmoe-dynamic": "probmoe",
-    "sample-dense-ste": "sample-dense-ste",
-    "topk-marginal": "topk-marginal",
-    "probmoe-grouped": "probmoe",
-}  # -> RoutingConfig.method
 
 
 @dataclass(frozen=True)
@@ -75,6 +55,11 @@ class Plan:
         return self.options.method
 
     @property
+    def rules(self) -> Method:
+        """The registered method object (its rules, experts, state and control)."""
+        return get_method(self.options.method)
+
+    @property
     def kmax(self) -> int:
         """Slots per token handed to the experts."""
         return self.routing.kmax if self.routing is not None else self.top_k
@@ -87,11 +72,7 @@ class Plan:
     @property
     def experts_kind(self) -> str | None:
         """The patched experts this plan needs (``experts.install``'s kind), or None: stock."""
-        if self.method == "remoe":
-            return "skip-weight"
-        if self.method == "defaultmoe":
-            return "default"
-        return "skip" if self.dynamic else None
+        return self.rules.experts
 
 
 def _experts(name: str, value, n: int):
@@ -106,15 +87,16 @@ def make_plan(config, family, method=None, *, options: RoutingOptions | None = N
     if method is not None:
         values["method"] = method
     options = RoutingOptions.given(options, **values)
-    method = options.method
-    if method is None:
-        raise ValueError(f"method must be one of {', '.join(repr(m) for m in ALL_METHODS)}; got None")
-    if method in GROUPED_METHODS and not family.grouped:
+    if options.method is None:
+        raise ValueError(f"method must be one of {', '.join(repr(m) for m in methods())}; got None")
+    rules = get_method(options.method)
+    method = rules.name
+    if rules.groups == "only" and not family.grouped:
         raise ValueError(
             f"method {method!r} routes within the model's expert groups (n_group, topk_group); model "
             f"type {family.model_type!r} has none (it applies to {', '.join(GROUPED)})"
         )
-    if method in UNGROUPED and family.grouped:
+    if rules.groups == "never" and family.grouped:
         raise ValueError(
             f"method {method!r} is not defined for model type {family.model_type!r}: it replaces the "
             "softmax top-k gate, and this family routes by sigmoid scores within expert groups "
@@ -124,7 +106,7 @@ def make_plan(config, family, method=None, *, options: RoutingOptions | None = N
     k, kmin, kmax = (_experts(name, getattr(options, name), n) for name in ("k", "kmin", "kmax"))
     normalize = family.normalize(config)
     routing = None
-    if method in RANGE:
+    if rules.sizes == "range":
         kmin, kmax = circuits.checks.cardinality(
             n,
             kmin=1 if kmin is None else kmin,
@@ -132,11 +114,11 @@ def make_plan(config, family, method=None, *, options: RoutingOptions | None = N
             lowest=1,
             note=f" (N = {n} experts)",
         )
-    elif method not in TOP_K:
+    elif rules.sizes == "exact-k":
         k = top_k if k is None else k
-    if method not in TOP_K:
+    if rules.estimator is not None:
         constraint = None
-        if method in GROUPED_METHODS:  # exactly k experts from at most topk_group of the n_group groups
+        if rules.groups == "only":  # exactly k experts from at most topk_group of the n_group groups
             n_group, topk_group = family.groups(config)
             constraint = circuits.GroupLimited(n, k, n_group, topk_group)
         routing = probmoe.RoutingConfig(
@@ -144,20 +126,28 @@ def make_plan(config, family, method=None, *, options: RoutingOptions | None = N
             k=None if constraint is not None else k,
             kmin=kmin,
             kmax=kmax,
-            method=_PROBMOE_METHOD[method],
-            backend=options.backend,
+            estimator=rules.estimator,
+            algorithm=options.backend,
             grad=options.grad,
             normalize=normalize,
             scores=family.scores,
             constraint=constraint,
         )
-    remoe = method == "remoe"
-    aux_default = 0.0 if remoe else getattr(config, "router_aux_loss_coef", 0.0) or 0.0  # ReMoE balances by its L1
+    aux_default = getattr(config, "router_aux_loss_coef", 0.0) or 0.0
+    if rules.default_aux_loss is not None:
+        aux_default = rules.default_aux_loss
     z_default = getattr(config, "router_z_loss_coef", 0.0) or 0.0
 
     def given_or(value, default):
         return float(default if value is None else value)
 
+    own = {
+        name: (default if getattr(options, name) is None else getattr(options, name))
+        for name, default in rules.options.items()
+    }  # the method's own options, their defaults filled in (the others stay None)
+    for name, value in own.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            own[name] = float(value)
     resolved = replace(
         options,
         k=k,
@@ -165,10 +155,7 @@ def make_plan(config, family, method=None, *, options: RoutingOptions | None = N
         kmax=kmax,
         aux_loss=given_or(options.aux_loss, aux_default),
         z_loss=given_or(options.z_loss, z_default),
-        l1_coef=given_or(options.l1_coef, remoe_mod.L1_COEF) if remoe else None,
-        l1_rate=given_or(options.l1_rate, remoe_mod.L1_RATE) if remoe else None,
-        l1_layers=(options.l1_layers or remoe_mod.LAYER_REDUCTIONS[0]) if remoe else None,
-        jitter_eps=(given_or(options.jitter_eps, sparsemixer_mod.JITTER_EPS) if method == "sparsemixer" else None),
+        **own,
         balance_rate=given_or(options.balance_rate, BALANCE_RATE) if options.balance else None,
     )
     return Plan(resolved, routing, n, top_k, normalize, family.scale(config))

@@ -91,7 +91,7 @@ class PatchedCausalLM(PatchedModel):
         for ReMoE in training with labels, the routers' penalties are collected and attached to the
         loss, weighted as the loss is (``remoe.micro_batch_weight``)."""
         labels = arguments.get("labels")
-        gates = patched_gates(self) if self.probmoe_plan.method == "remoe" else []
+        gates = patched_gates(self) if self.probmoe_plan.rules.penalizes else []
         collect = (
             gates
             and labels is not None

@@ -105,7 +105,7 @@ def patch_model(
                 num_experts=plan.num_experts,
                 hidden=block.gate.weight.shape[1],
             )
-        if plan.method == "frozen":  # only the routers: Qwen2-MoE's shared_expert_gate stays trainable
+        if not plan.rules.trains_router:  # only the routers: Qwen2-MoE's shared_expert_gate stays trainable
             requires_grad[id(block.gate.weight)] = block.gate.weight.requires_grad
             block.gate.weight.requires_grad_(False)
     model_mod.install(model)

@@ -1,35 +1,7 @@
-"""ReMoE (Wang et al., ICLR 2025): ReLU routing with an adaptive, load-balanced L1 penalty.
-
-Written from the official code (thu-ml/ReMoE, Megatron-LM based: ``router.py``'s ``ReLURouter``,
-``moe_utils.py``'s ``switch_load_balancing_loss_func`` and ``MoEAuxLossAutoScaler``,
-``schedules.py``'s loss scale, ``training.py``'s λ update):
-
-    gates R = ReLU(r)  [T, N]: expert i runs on token t iff R_{t,i} > 0, weighted by R_{t,i}
-        (no top-k, no softmax, no renormalisation; training and eval alike)
-    penalty of one layer: λ · N / (k T²) · Σ_i c_i Σ_t R_{t,i},  c_i = #{t : R_{t,i} > 0} (constant)
-        (``switch_load_balancing_loss_func`` on the ReLU outputs, λ per layer as ``router.py``
-        applies it: ``l1_layers="sum"``, the default; ``"mean"``: λ/L per layer, L the MoE
-        layers, the paper's formula, which averages the layers' terms)
-    after each optimizer step: λ ← λ · α if S < Q, else λ / α (``training.py``: at S = Q too),
-        Q = 1 − k / N the target sparsity and S the mean fraction of zero gates over the layers
-        and forwards of the step; λ₀ = 1e-8 and α = 1.2 are the paper's and the official defaults
-
-The penalty is a loss term whose value is left out of the loss, as Megatron's
-``MoEAuxLossAutoScaler`` does. Megatron scales its gradient by loss_scale / num_microbatches
-(``schedules.py``), the factor its loss gets; here the penalty takes whatever factor the loss
-gets, by riding on the loss itself: the patched ``*ForCausalLM`` forward, when it computes a
-loss (labels given, training, grad enabled), collects the layers' penalties and attaches their
-sum to the loss (``attach``: value unchanged, gradient 1 · ∂(Σ penalties)), so gradient
-accumulation's 1/G, a ``GradScaler``'s scale, DDP's and FSDP's averaging reach it as they reach
-the loss. Where the loss is normalised by ``num_items_in_batch`` (the Trainer's gradient
-accumulation), each micro-batch's penalties are weighted by its share of those label tokens, as
-its loss is. Without such a forward (no labels; a trainer that replaces the model's forward, as
-trl's SFTTrainer does) the penalty is attached to the gates with gradient scale 1 (Megatron's
-default scale), which no loss scale reaches.
-
-λ and the sparsity counters live in each router's buffer ``probmoe_remoe`` = [λ, Σ sparsity,
-forwards], and ``controls.after_step`` applies the update (``RoutingControlCallback`` calls it in
-a Trainer).
+"""ReMoE's L1 penalties riding on a transformers loss: ``collecting`` the routers' penalties during
+a ``*ForCausalLM`` forward and each micro-batch's weight (``micro_batch_weight``). The method itself
+(its gates, penalty, λ update; the references to the official code): ``probmoe.methods.remoe``,
+whose names are re-exported here.
 """
 
 from __future__ import annotations
@@ -39,47 +11,16 @@ import contextlib
 import torch
 from torch import Tensor
 
-from ..method_names import L1_LAYERS
-
-L1_COEF = 1e-8  # λ₀
-L1_RATE = 1.2  # α
-LAYER_REDUCTIONS = L1_LAYERS  # λ per layer (official code), λ/L per layer (the paper's formula)
-
-
-class _AttachPenalty(torch.autograd.Function):
-    """Forward: ``gates`` unchanged; backward: also the gradient of ``penalty`` (scale 1:
-    ``MoEAuxLossAutoScaler`` at its default scale)."""
-
-    @staticmethod
-    def forward(ctx, gates: Tensor, penalty: Tensor) -> Tensor:
-        ctx.save_for_backward(penalty)
-        return gates.view_as(gates)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (penalty,) = ctx.saved_tensors
-        return grad, torch.ones_like(penalty)
-
-
-class _AttachToLoss(torch.autograd.Function):
-    """Forward: ``loss`` unchanged; backward: ``penalty`` gets the loss's own gradient (its scale)."""
-
-    @staticmethod
-    def forward(ctx, loss: Tensor, penalty: Tensor) -> Tensor:
-        return loss.clone()  # not a view: trainers scale the loss in place (Trainer: loss *= processes)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return grad, grad
-
-
-def attach(loss: Tensor, penalties: list[Tensor], weight: Tensor | float = 1.0) -> Tensor:
-    """``loss`` [] with the layers' ``penalties`` (each []) riding on it: the same value; in the
-    backward Σ penalties · ``weight`` gets the gradient the loss gets."""
-    if not penalties:
-        return loss
-    total = torch.stack([p.to(device=loss.device, dtype=torch.float32) for p in penalties]).sum() * weight
-    return _AttachToLoss.apply(loss, total.to(loss.dtype))
+from probmoe.methods.remoe import (  # noqa: F401 (the names this module had; their home is the method's)
+    L1_COEF,
+    L1_LAYERS,
+    L1_RATE,
+    LAYER_REDUCTIONS,
+    attach,
+    penalty,
+    remoe_gates,
+    update_coefficient,
+)
 
 
 @contextlib.contextmanager
@@ -112,52 +53,3 @@ def micro_batch_weight(
     n = (targets != ignore_index).sum()  # []
     total = torch.as_tensor(num_items_in_batch, device=n.device).float().clamp(min=1)
     return n.float() / total
-
-
-def penalty(gates: Tensor, k: int) -> Tensor:
-    """The load-balanced L1 term of one layer without λ: gates [T, N] -> [] (N / (k T²) Σ_i c_i Σ_t R_ti)."""
-    t, n = gates.shape
-    counts = (gates > 0).sum(dim=0).to(gates.dtype).detach()  # [N]
-    return (gates.sum(dim=0) * counts).sum() * (n / (k * t * t))
-
-
-def remoe_gates(
-    logits: Tensor, k: int, state: Tensor, scale: float, *, training: bool, sink: list | None = None
-) -> Tensor:
-    """ReLU gates [T, N] float32 of logits [T, N]. In training (with grad enabled) this forward's
-    sparsity is added to ``state`` ([λ, Σ sparsity, forwards], float32, updated in place) and
-    the penalty λ · ``scale`` · ``penalty`` (``scale``: 1, or 1/L for the paper's mean) is
-    appended to ``sink`` (for ``attach`` to the loss), or without a sink attached to the gates
-    at gradient scale 1."""
-    gates = torch.relu(logits.float())  # [T, N]
-    if training and torch.is_grad_enabled():
-        with torch.no_grad():
-            sparsity = 1.0 - (gates > 0).float().mean()
-            state[1:].add_(torch.stack([sparsity, torch.ones_like(sparsity)]))
-        term = state[0] * scale * penalty(gates, k)
-        if sink is not None:
-            sink.append(term)
-        else:
-            gates = _AttachPenalty.apply(gates, term)
-    return gates
-
-
-def update_coefficient(states: list[Tensor], target: float, rate: float) -> float | None:
-    """After an optimizer step: λ ← λ · rate if S < target, else λ / rate (the official code's
-    rule: at S = target too) in every router's ``state``, S the mean sparsity over the routers and
-    forwards since the last update (then reset); ``target``:
-    Q = 1 − k/N. Under torch.distributed the sums are taken over all processes, so every process
-    keeps the same λ. Returns S, or None if no training forward ran (λ unchanged)."""
-    sums = torch.stack([s[1:] for s in states]).sum(dim=0)  # [Σ sparsity, forwards]
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.all_reduce(sums)
-    forwards = float(sums[1])
-    if forwards == 0:
-        return None
-    sparsity = float(sums[0]) / forwards
-    factor = rate if sparsity < target else 1.0 / rate  # training.py: `if S < Q: λ *= α else: λ /= α`
-    with torch.no_grad():
-        for s in states:
-            s[0].mul_(factor)
-            s[1:].zero_()
-    return sparsity

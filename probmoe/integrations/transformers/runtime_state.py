@@ -27,8 +27,19 @@ import sys
 
 import torch
 
+from probmoe.methods import get_method, methods
+
 FILENAME = "probmoe_state.safetensors"
-NAMES = ("probmoe_remoe", "probmoe_defaults", "probmoe_bias", "probmoe_load")
+OWN = ("probmoe_defaults", "probmoe_bias", "probmoe_load")  # DefaultMoE's experts; the aux-free bias, loads
+
+
+def names() -> tuple[str, ...]:
+    """The routing-state buffer names: each registered method's state (``Method.state_buffer``), and ``OWN``."""
+    rules = (get_method(name) for name in methods())
+    return (*(m.state_buffer for m in rules if m.state_buffer is not None), *OWN)
+
+
+NAMES = names()  # the built-in methods' (kept for its importers; ``names()`` sees a method registered later)
 TRAINER_LOADS = ("_load_from_checkpoint", "_load_best_model")  # the Trainer methods trainer_resume wraps
 
 
@@ -44,7 +55,7 @@ def state_buffers(model) -> dict[str, torch.Tensor]:
     """name -> the live buffer, for every routing-state buffer of ``model``."""
     out = {}
     for module_name, module in model.named_modules():
-        for name in NAMES:
+        for name in names():
             buf = module._buffers.get(name)
             if buf is not None:
                 out[f"{module_name}.{name}"] = buf
@@ -53,7 +64,7 @@ def state_buffers(model) -> dict[str, torch.Tensor]:
 
 def is_state_key(key: str) -> bool:
     """Whether state-dict ``key`` names a routing-state buffer."""
-    return key.rsplit(".", 1)[-1] in NAMES
+    return key.rsplit(".", 1)[-1] in names()
 
 
 def without_state(state_dict: dict) -> dict:
@@ -62,10 +73,12 @@ def without_state(state_dict: dict) -> dict:
 
 
 def initial(module, name: str, like: torch.Tensor) -> torch.Tensor:
-    """The value routing-state buffer ``name`` of ``module`` has when patching adds it: ReMoE's
-    [λ₀, 0, 0] (λ₀ from the router's plan), zeros for the others; ``like``'s shape, dtype, device."""
-    if name == "probmoe_remoe":
-        return torch.tensor([module.probmoe_plan.options.l1_coef, 0.0, 0.0], dtype=like.dtype, device=like.device)
+    """The value routing-state buffer ``name`` of ``module`` has when patching adds it: a method's
+    state its ``initial_state`` (ReMoE's [λ₀, 0, 0], λ₀ from the router's plan), zeros for the
+    others; ``like``'s shape, dtype, device."""
+    plan = getattr(module, "probmoe_plan", None)
+    if plan is not None and name == plan.rules.state_buffer:
+        return torch.tensor(plan.rules.initial_state(plan.options), dtype=like.dtype, device=like.device)
     return torch.zeros_like(like)
 
 
@@ -73,7 +86,7 @@ def reset(model) -> None:
     """Every routing-state buffer back to ``initial`` (after ``to_empty`` gave them storage)."""
     with torch.no_grad():
         for module in model.modules():
-            for name in NAMES:
+            for name in names():
                 buf = module._buffers.get(name)
                 if buf is not None:
                     buf.copy_(initial(module, name, buf))

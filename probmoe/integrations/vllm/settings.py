@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from probmoe.methods import get_method
 
 from .. import model_families, settings_file
 from ..settings_file import FILENAME, FORMAT  # noqa: F401 (FORMAT: exported here, tools/bench_serving.py)
 from ..settings_file import digest as _digest  # noqa: F401 (the name tools/bench_serving.py uses)
 
 STATE_FILENAME = "probmoe_state.safetensors"
-JITTER_EPS = 0.01  # SparseMixer's band half-width when the file gives none
 
 FAMILIES = model_families.SERVED  # the model types the plugin registers (probmoe.integrations.model_families)
 SERVED = tuple(t for t in FAMILIES if model_families.TABLE[t].vllm_rules)  # those it routes by a rule of its own
@@ -40,16 +41,15 @@ class Rule:
     """How a checkpoint routes at inference, in vLLM's terms.
 
     kind: "topk" (the top-k of π(r) + bias, weights π(r): the stock rule when bias is None; the
-        bias of the top-k methods is in score units), "range" (the ProbMoE methods' MAP: the top
-        clamp(#{r + b > 0}, kmin, kmax) of r + b, weights π(r); exactly k when kmin = kmax; their
-        bias is a logit shift), "sparsemixer" (SparseMixer's deterministic eval weights) or "remoe"
-        (ReLU(r) over every expert).
+        bias of the top-k methods is in score units), or the kind of the method's own inference
+        rule (``Method.serving``: "range", the ProbMoE methods' MAP, the top clamp(#{r + b > 0},
+        kmin, kmax) of r + b, weights π(r), their bias a logit shift; "sparsemixer"; "remoe").
     slots: the width handed to vLLM's FusedMoE (its top_k): k, kmax, or N for ReMoE.
     kmin: the fewest used slots (range; = slots otherwise).
     normalize: renormalise the used weights (the family's norm_topk_prob; Mixtral always).
     bias: layer index -> the selection bias [N] (aux-free balancing) as a list of floats, or None.
-    jitter_eps: SparseMixer's band half-width ε (options.jitter_eps, default 0.01).
     method: the settings file's method; path: the settings file.
+    options: the method's own options ({name: value}, ``Method.options``; missing: their defaults).
     """
 
     kind: str
@@ -60,7 +60,7 @@ class Rule:
     method: str
     path: str
     bias: dict | None = None
-    jitter_eps: float = JITTER_EPS
+    options: dict = field(default_factory=dict)
 
     @property
     def stock(self) -> bool:
@@ -149,11 +149,12 @@ def serving_rule(directory, hf_config) -> Rule | None:
     routing, options = data["routing"], data["options"]
     model_type = hf_config.model_type
     balanced = options.balance == "aux-free"
+    method_rules = get_method(method)
+    serving = method_rules.serving(routing, top_k, n, balanced)
     if model_type not in SERVED:  # DeepSeek-V3: its stock router already has the bias (e_score_correction_bias)
-        top_k_method = method in ("conventional", "frozen", "densemixer", "defaultmoe")
-        map_is_top_k = method in ("probmoe", "sample-dense-ste", "topk-marginal") and routing.k == top_k
-        if top_k_method or (map_is_top_k and not balanced):  # the top-k methods' aux-free bias is the stock
-            return Rule("topk", top_k, top_k, True, n, method, path)  # e_score_correction_bias: stock routing
+        # the top-k methods' aux-free bias is the stock e_score_correction_bias: stock routing
+        if serving is not None and serving.kind == "topk" and serving.slots == top_k:
+            return Rule("topk", top_k, top_k, True, n, method, path)
         raise ServingSettingsError(
             f"{path}: method {method!r}{' with aux-free balancing' if balanced else ''} on model type "
             f"{model_type!r} is not served: its rule selects within expert groups (n_group, topk_group), and "
@@ -162,24 +163,15 @@ def serving_rule(directory, hf_config) -> Rule | None:
         )
     normalize = normalizes(hf_config)
     bias = _read_bias(directory, path, n) if balanced else None
-    if method == "remoe":
-        return Rule("remoe", n, 0, False, n, method, path)
-    if method == "sparsemixer":
-        eps = JITTER_EPS if options.jitter_eps is None else options.jitter_eps  # checked by RoutingOptions
-        return Rule("sparsemixer", top_k, top_k, False, n, method, path, jitter_eps=eps)
-    if routing is None:
-        return Rule("topk", top_k, top_k, normalize, n, method, path, bias)
-    if routing.constraint is not None:
+    if serving is None:
         raise ServingSettingsError(
             f"{path}: routing with a structured constraint ({routing.constraint!r}) is not "
             "served by the plugin (sizes only: exactly k or kmin..kmax)"
         )
-    if routing.scores != "softmax" or routing.normalize != normalize:
+    if routing is not None and (routing.scores != "softmax" or routing.normalize != normalize):
         raise ServingSettingsError(
             f"{path}: routing scores {routing.scores!r} / normalize {routing.normalize} do "
             f"not match the {model_type} family's softmax / normalize {normalize}"
         )
-    if routing.k is not None and bias is None:
-        return Rule("topk", routing.k, routing.k, normalize, n, method, path)  # MAP = top-k: stock
-    # a range, or exactly k with the aux-free bias: the bias shifts the logits (the MAP of r + b), not π
-    return Rule("range", routing.kmax, routing.kmin, normalize, n, method, path, bias)
+    own = {name: getattr(options, name) for name in method_rules.options}  # checked by RoutingOptions
+    return Rule(serving.kind, serving.slots, serving.kmin, normalize and serving.normalizes, n, method, path, bias, own)
