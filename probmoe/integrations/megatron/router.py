@@ -15,8 +15,12 @@ of Megatron's ``TransformerConfig`` and keeps their meaning:
     moe_router_num_groups,           group-limited: subsets from at most group_topk of num_groups
     moe_router_group_topk            groups (``circuits.GroupLimited``, an exact constraint on P(S))
     moe_router_enable_expert_bias    an ``expert_bias`` [E] buffer (float32) added to the logits
-                                     that define P(S); the weights stay π(r). Updating it is the
-                                     trainer's (Megatron updates its own router's bias)
+                                     that define P(S); the weights stay π(r). Megatron updates it:
+                                     ``finalize_model_grads`` reads ``local_tokens_per_expert`` [E]
+                                     (float32, not saved), which this router fills as Megatron's
+                                     ``TopKRouter._apply_expert_bias`` does (under grad, the tokens
+                                     whose ``padding_mask`` is True left out) but with the used
+                                     slots only: a Dynamic-k token's unused slots are not counted
     init_method                      initialises the gate weight [E, H]
 
 Options this router does not implement are one ValueError naming them: token dropping
@@ -28,8 +32,9 @@ experts, 0 elsewhere, differentiable; routing_map [S·B, E] bool). ``routing_map
 slots of each token, a Dynamic-k token's unused ones too (the routing contract: distinct experts
 at weight 0), so every row has exactly kmax experts: Megatron's dropless dispatchers size their
 buffers as tokens × moe_router_topk. The unused slots are computed at weight 0 (value and
-gradients unchanged, the work of a full top-kmax). ``padding_mask`` ([S, B], True for real tokens)
-is accepted and ignored: padded tokens are routed like the others.
+gradients unchanged, the work of a full top-kmax). ``padding_mask`` ([S, B]) only leaves tokens out
+of ``local_tokens_per_expert``, where it is True, as Megatron's ``_apply_expert_bias`` does (its
+docstrings call True the real tokens, its code masks them out): padded tokens are routed like the others.
 """
 
 from __future__ import annotations
@@ -77,8 +82,9 @@ class ProbMoEMegatronRouter(nn.Module):
         config.init_method(self.weight)
         if config.moe_router_enable_expert_bias:
             self.register_buffer("expert_bias", torch.zeros(E, dtype=torch.float32), persistent=True)
+            self.register_buffer("local_tokens_per_expert", torch.zeros(E, dtype=torch.float32), persistent=False)
         else:
-            self.expert_bias = None
+            self.expert_bias = self.local_tokens_per_expert = None
         self.seed, self._generator, self._replay = seed, None, GeneratorReplay()
         self.last_routing: probmoe.Routing | None = None
 
@@ -93,6 +99,7 @@ class ProbMoEMegatronRouter(nn.Module):
         return self._generator
 
     def forward(self, input: Tensor, padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        self._keep_float32()
         logits = F.linear(input.reshape(-1, input.shape[-1]).float(), self.weight.float())  # [S·B, E]
         generator = self.generator if self.training else None
         gate = Gate(
@@ -111,7 +118,27 @@ class ProbMoEMegatronRouter(nn.Module):
             w = w * self.scaling
         probs = torch.zeros_like(logits).scatter(-1, routing.indices, w)  # [T, E], differentiable
         routing_map = dense_selection(routing.indices, torch.ones_like(routing.mask), self.num_experts)
+        if self.expert_bias is not None and torch.is_grad_enabled():
+            self._count_used_slots(routing, padding_mask)
         return probs, routing_map
+
+    @torch.no_grad()
+    def _count_used_slots(self, routing: probmoe.Routing, padding_mask: Tensor | None) -> None:
+        """Megatron's ``_apply_expert_bias`` on the used slots: the tokens per expert of this batch."""
+        used = routing.selected()  # [T, E] bool, a Dynamic-k token's unused slots False
+        if padding_mask is not None:
+            used = used & ~padding_mask.reshape(-1, 1)
+        self.local_tokens_per_expert += used.sum(0)
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self._keep_float32()  # as Megatron's TopKRouter: a float32 bias is loaded into float32
+        return super()._load_from_state_dict(*args, **kwargs)
+
+    def _keep_float32(self) -> None:
+        """Megatron's ``Float16Module`` casts buffers to bf16/fp16: the bias and the counts stay float32."""
+        for buffer in (self.expert_bias, self.local_tokens_per_expert):
+            if buffer is not None and buffer.dtype != torch.float32:
+                buffer.data = buffer.data.float()
 
 
 def probmoe_router(**options):

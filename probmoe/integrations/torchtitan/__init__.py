@@ -7,6 +7,9 @@
     count_used_slots     make MoE.tokens_per_expert_E (the aux-free bias update's input) count used slots only
     parallel             the per-rank generator, the EP degree check, torchtitan's EP plan on a model
     reference.dense_moe  every expert on every token, masked by the routing weights (the test oracle)
+    config_registry      torchtitan's own entry: ``torchrun -m torchtitan.train --module
+                         probmoe.integrations.torchtitan --config probmoe_qwen3_moe_debug`` (needs
+                         torchdata); ``trainer.ProbMoETrainer``, ``cpu`` (its CPU set-up)
 
 Importing this package checks the installed torchtitan's version first: anything but the pin is an
 ImportError naming both.
