@@ -54,9 +54,9 @@ def test_routes_agree_across_implementations(algorithm):
 
 
 def test_bad_names_and_impossible_picks_are_clear_errors():
-    with pytest.raises(ValueError, match="implementation must be None or one of 'torch', 'c', 'triton', got 'cuda'"):
-        with circuits.implementation("cuda"):
-            pass
+    bad = "implementation must be None or one of 'torch', 'c', 'triton', got 'cuda'"
+    with pytest.raises(ValueError, match=bad), circuits.implementation("cuda"):
+        pass
     r = torch.randn(8, 6, dtype=torch.float64)
     with circuits.implementation("c"), pytest.raises(ValueError, match="the c passes take float32 logits"):
         probmoe.route(r, k=2, training=True, algorithm="dp")
