@@ -24,6 +24,7 @@ import re
 
 import torch
 
+from .. import architectures
 from ..model_families import SERVED, TABLE
 from . import routing, settings
 
@@ -98,12 +99,23 @@ def _remote(model_config) -> None:
     return None
 
 
+def _check_named(path, hf_config, rule) -> None:
+    """A checkpoint named ``ProbMoE...`` (its rule is not stock: ``architectures``) has a settings file."""
+    names = getattr(hf_config, "architectures", None) or []
+    if rule is None and any(n.startswith(architectures.PREFIX) for n in names):
+        raise settings.ServingSettingsError(
+            f"{path}: config.json names the architecture {names[0]!r}, a probmoe checkpoint whose rule stock "
+            f"engines cannot run, but {settings.FILENAME} (the rule) is missing"
+        )
+
+
 def _served(stock_cls, module):
     class Served(stock_cls):
         def __init__(self, *, vllm_config, prefix: str = "", **kwargs):
             model_config = vllm_config.model_config
             path = model_config.model
             rule = settings.serving_rule(path, model_config.hf_config) if os.path.isdir(path) else _remote(model_config)
+            _check_named(path, model_config.hf_config, rule)
             if rule is None or (rule.stock and rule.slots == model_config.hf_config.num_experts_per_tok):
                 super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
             else:
@@ -122,11 +134,13 @@ def _served(stock_cls, module):
 
 
 def _build() -> None:
-    """One served class per family of ``model_families.SERVED``, under its architecture name here."""
+    """One served class per family of ``model_families.SERVED``, under its architecture name here and
+    under its probmoe name (``architectures.probmoe_name``)."""
     for model_type in SERVED:
         facts = TABLE[model_type]
         module = importlib.import_module(f"vllm.model_executor.models.{facts.vllm_module}")
-        globals()[facts.architecture] = _served(getattr(module, facts.architecture), module)
+        served = _served(getattr(module, facts.architecture), module)
+        globals()[facts.architecture] = globals()[architectures.probmoe_name(facts.architecture)] = served
 
 
 _build()
