@@ -101,3 +101,15 @@ def test_plugin_registers_every_probmoe_name(monkeypatch):
     }
     assert all(target == f"probmoe.integrations.vllm.models:{name}" for name, target in registered.items())
     assert architectures.SERVED_NAMES == pv.PROBMOE_ARCHITECTURES
+
+
+@pytest.mark.parametrize(
+    "method,expected", [("probmoe-dynamic", "ProbMoEOlmoeForCausalLM"), ("probmoe", "OlmoeForCausalLM")]
+)
+def test_fsdp_final_config_is_named_alike(tmp_path, method, expected):
+    """The FSDP run's final config.json (``experiments.fsdp.save_config``, which rewrites what
+    save_pretrained wrote under FSDP's wrapper class) takes the same name."""
+    from probmoe.experiments import fsdp
+
+    fsdp.save_config(str(tmp_path), pt.patch_model(tiny_model("olmoe"), method))
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [expected]
