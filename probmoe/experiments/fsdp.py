@@ -170,12 +170,14 @@ def stock_architecture(model) -> str:
 
 
 def save_config(directory: str, model) -> None:
-    """config.json with the stock ``architectures`` and ``probmoe_routing.json`` (rank 0)."""
-    from probmoe.integrations.transformers import settings
+    """config.json with the stock ``architectures`` (a probmoe name where no stock engine serves the
+    rule: ``architecture``) and ``probmoe_routing.json`` (rank 0)."""
+    from probmoe.integrations.transformers import architecture, settings
 
     model.config.architectures = [stock_architecture(model)]
     model.config.save_pretrained(directory)
     settings.write(directory, model.probmoe_plan, model.probmoe_family.model_type)
+    architecture.write(directory, model.probmoe_plan, model.probmoe_family.model_type)
 
 
 def save_final(directory: str, model, world) -> None:

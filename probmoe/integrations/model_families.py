@@ -38,8 +38,6 @@ class FamilyFacts:
         (``transformers.testing.COMMON``): its expert count and what else its config needs.
     vllm_module: the module of ``vllm.model_executor.models`` that holds the family's
         ``architecture`` (None: the vLLM plugin does not register it).
-    vllm_rules: the plugin serves each method's own rule (False: vLLM's stock router serves it,
-        as for DeepSeek-V3, whose router already applies the selection bias).
     """
 
     model_type: str
@@ -54,7 +52,6 @@ class FamilyFacts:
     grouped: bool = False
     tiny: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     vllm_module: str | None = None
-    vllm_rules: bool = True
 
     @property
     def architecture(self) -> str:
@@ -152,7 +149,6 @@ TABLE = MappingProxyType(
                     norm_topk_prob=True,
                 ),
                 vllm_module="deepseek_v2",
-                vllm_rules=False,
             ),
         )
     }

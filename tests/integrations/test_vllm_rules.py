@@ -214,20 +214,17 @@ def test_bad_settings_files(tmp_path):
     assert "probmoe_state.safetensors (the selection bias) is missing" in error()
 
 
-def test_family_without_plugin_support(tmp_path):
+def test_grouped_family_rules(tmp_path):
+    """DeepSeek-V3 (tests/integrations/test_vllm_deepseek.py routes them): the top-k methods stock, the
+    ProbMoE methods their own rule without groups, the grouped MAP refused."""
     path, config = _saved(tmp_path, family="deepseek_v3", method="probmoe-grouped")
-    with pytest.raises(
-        settings.ServingSettingsError, match="refuses a custom routing function together with grouped top-k"
-    ):
+    with pytest.raises(settings.ServingSettingsError, match="method 'probmoe-grouped' on model type 'deepseek_v3'"):
         settings.serving_rule(path, config)
     path, config = _saved(tmp_path, family="deepseek_v3", method="conventional", balance="aux-free")
     assert settings.serving_rule(path, config).stock  # its bias is the stock e_score_correction_bias
     path, config = _saved(tmp_path, family="deepseek_v3", method="probmoe", balance="aux-free")
-    with pytest.raises(
-        settings.ServingSettingsError,
-        match="'probmoe' with aux-free balancing on model type 'deepseek_v3' is not served",
-    ):
-        settings.serving_rule(path, config)  # there the bias is a logit shift: not the stock rule
+    rule = settings.serving_rule(path, config)  # there the bias is a logit shift: not the stock rule
+    assert not rule.stock and rule.ungrouped and rule.correction_bias and rule.scores == "sigmoid"
     path, config = _saved(tmp_path, family="deepseek_v3", method="conventional")
     assert settings.serving_rule(path, config).stock
     _rewrite(path, model_type="gpt_oss")

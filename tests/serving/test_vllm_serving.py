@@ -27,7 +27,7 @@ if not FIXTURES or not os.path.isdir(os.path.join(FIXTURES, "expected")):
     )
 
 NAMES = sorted(f[:-5] for f in os.listdir(os.path.join(FIXTURES, "expected")) if f.endswith(".json"))
-REFUSED = ("deepseek_v3-probmoe-grouped",)  # a rule vLLM's CPU MoE cannot take: test_family_without_plugin_rule
+REFUSED = ("deepseek_v3-probmoe-grouped",)  # a rule the plugin has no form for: test_family_without_plugin_rule
 PLUGIN_RULES = ("probmoe-dynamic", "remoe")
 
 
@@ -167,7 +167,8 @@ def test_family_without_plugin_rule_refused_at_load():
     with pytest.raises(Exception) as e:
         llm_of(ckpt(name))
     text = "".join(str(x) for x in (e.value, e.value.__cause__, e.value.__context__))
-    assert "refuses a custom routing function together with grouped top-k" in text, text
+    assert "method 'probmoe-grouped' on model type 'deepseek_v3' is not served" in text, text
+    assert os.path.join(ckpt(name), "probmoe_routing.json") in text, text
     gc.collect()
 
 

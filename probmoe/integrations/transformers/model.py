@@ -2,6 +2,7 @@
 
 Like the routers, the model keeps its instance and gets a run-time subclass of its own class,
 named as the original, so ``save_pretrained`` writes the stock ``architectures`` to config.json
+(renamed ``ProbMoE...`` where no stock engine serves the checkpoint's rule: ``architecture``)
 (pickling reduces it to ``model_class`` and the stock class: ``pickling``). A ``*ForCausalLM``'s
 patched ``forward`` carries the stock forward's signature, read from the installed release (so
 ``Trainer``'s column filter and ``generate`` see the stock parameters, whatever a release
@@ -17,7 +18,7 @@ import warnings
 
 import torch
 
-from . import losses, pickling, remoe, resume, runtime_state, settings
+from . import architecture, losses, pickling, remoe, resume, runtime_state, settings
 from .families import layout_error
 from .gate import PatchedGate
 
@@ -32,7 +33,8 @@ def patched_gates(model) -> list:
 
 class PatchedModel:
     """Mixin for any patched model: ``save_pretrained`` writes the stock checkpoint (the routing
-    state left out) with ``probmoe_routing.json`` and, for methods with training state,
+    state left out; config.json's architectures a probmoe name where no stock engine serves its
+    rule: ``architecture``) with ``probmoe_routing.json`` and, for methods with training state,
     ``probmoe_state.safetensors`` (``runtime_state``); ``load_state_dict`` also takes the
     per-expert keys ``save_pretrained`` writes (``resume``) and a state dict without the routing
     state (which it leaves as it is)."""
@@ -48,6 +50,7 @@ class PatchedModel:
         result = super().save_pretrained(**arguments, **extra)
         if arguments.get("is_main_process", True):
             settings.write(save_directory, self.probmoe_plan, self.probmoe_family.model_type)
+            architecture.write(save_directory, self.probmoe_plan, self.probmoe_family.model_type)
             runtime_state.save(self, save_directory)
         return result
 

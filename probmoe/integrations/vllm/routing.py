@@ -58,14 +58,15 @@ def relu_all(logits: Tensor) -> tuple[Tensor, Tensor]:
     return w, _ids(idx)
 
 
-def routing_function(rule, bias: Tensor | None):
-    """The vLLM ``custom_routing_function`` of a ``settings.Rule`` (with one layer's bias [N])."""
+def routing_function(rule, bias: Tensor | None, scale: float = 1.0):
+    """The vLLM ``custom_routing_function`` of a ``settings.Rule`` (with one layer's bias [N]), its
+    weights times ``scale`` (DeepSeek-V3's routed_scaling_factor where vLLM leaves it to the router)."""
     slots, normalize = rule.slots, rule.normalize
     if rule.kind == "topk":
 
-        def route(hidden_states: Tensor, gating_output: Tensor, topk: int, renormalize: bool):
-            # topk / renormalize are vLLM's (the config's); the rule's own values decide
-            return topk_bias(gating_output, bias, slots, normalize)
+        def rule_of(logits: Tensor) -> tuple[Tensor, Tensor]:
+            w, idx = topk_rule(logits, slots, normalize, rule.scores, bias)
+            return w, _ids(idx)
 
     else:
         method = get_method(rule.method)
@@ -73,15 +74,21 @@ def routing_function(rule, bias: Tensor | None):
             top_k=slots,
             num_experts=rule.num_experts,
             normalize=normalize,
+            scores=rule.scores,
             options=SimpleNamespace(**{**method.options, **rule.options}),
             k=slots,
             kmin=rule.kmin,
             bias=bias,
         )
 
-        def route(hidden_states: Tensor, gating_output: Tensor, topk: int, renormalize: bool):
-            out = method.infer_rule(gating_output, gate)
+        def rule_of(logits: Tensor) -> tuple[Tensor, Tensor]:
+            out = method.infer_rule(logits, gate)
             return out.weights.float(), _ids(out.indices)
+
+    def route(hidden_states: Tensor, gating_output: Tensor, topk: int, renormalize: bool):
+        # topk / renormalize are vLLM's (the config's); the rule's own values decide
+        w, ids = rule_of(gating_output)
+        return (w * scale if scale != 1.0 else w), ids
 
     route.probmoe_rule = rule
     return route

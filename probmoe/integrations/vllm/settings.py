@@ -29,7 +29,6 @@ from ..settings_file import digest as _digest  # noqa: F401 (the name tools/benc
 STATE_FILENAME = "probmoe_state.safetensors"
 
 FAMILIES = model_families.SERVED  # the model types the plugin registers (probmoe.integrations.model_families)
-SERVED = tuple(t for t in FAMILIES if model_families.TABLE[t].vllm_rules)  # those it routes by a rule of its own
 
 
 class ServingSettingsError(ValueError):
@@ -50,6 +49,11 @@ class Rule:
     bias: layer index -> the selection bias [N] (aux-free balancing) as a list of floats, or None.
     method: the settings file's method; path: the settings file.
     options: the method's own options ({name: value}, ``Method.options``; missing: their defaults).
+    scores: the gate scores π ("softmax"; "sigmoid" for DeepSeek-V3).
+    ungrouped: served on a family whose stock router groups experts (DeepSeek-V3) by this rule
+        instead: vLLM's grouped top-k and its e_score_correction_bias are turned off.
+    correction_bias: the selection bias (aux-free balancing) is each layer's
+        e_score_correction_bias, read with the weights (DeepSeek-V3; ``bias`` is None then).
     """
 
     kind: str
@@ -61,11 +65,14 @@ class Rule:
     path: str
     bias: dict | None = None
     options: dict = field(default_factory=dict)
+    scores: str = "softmax"
+    ungrouped: bool = False
+    correction_bias: bool = False
 
     @property
     def stock(self) -> bool:
         """Served by vLLM's own top-k routing, untouched."""
-        return self.kind == "topk" and self.bias is None
+        return self.kind == "topk" and self.bias is None and not self.ungrouped
 
 
 def read(directory) -> dict | None:
@@ -139,6 +146,52 @@ def _read_bias(directory, path: str, n: int) -> dict:
     return out
 
 
+def _check_scores(path: str, routing, hf_config, normalize: bool) -> None:
+    scores = model_families.TABLE[hf_config.model_type].scores
+    if routing is not None and (routing.scores != scores or routing.normalize != normalize):
+        raise ServingSettingsError(
+            f"{path}: routing scores {routing.scores!r} / normalize {routing.normalize} do "
+            f"not match the {hf_config.model_type} family's {scores} / normalize {normalize}"
+        )
+
+
+def _grouped_rule(data: dict, hf_config, serving, own: dict) -> Rule:
+    """The rule of a checkpoint of a family whose stock router groups experts (DeepSeek-V3: the top
+    ``topk_group`` of ``n_group`` groups, sigmoid scores + e_score_correction_bias selecting, the
+    weights times routed_scaling_factor). A method whose eval is that router (the top-k methods;
+    their aux-free bias is e_score_correction_bias) is served stock; another is served by its own
+    rule with the groups and the correction bias turned off, as it was trained and evaluated
+    (ProbMoE: the MAP of the sigmoid scores; with aux-free balancing e_score_correction_bias is its
+    logit shift); the grouped MAP ("probmoe-grouped") is refused."""
+    path, method, n, top_k = data["path"], data["method"], data["num_experts"], data["top_k"]
+    routing, balanced = data["routing"], data["options"].balance == "aux-free"
+    method_rules = get_method(method)
+    if method_rules.stock(False):
+        return Rule("topk", top_k, top_k, True, n, method, path)
+    if serving is None or routing is None:
+        raise ServingSettingsError(
+            f"{path}: method {method!r} on model type {hf_config.model_type!r} is not served: its rule "
+            "selects within expert groups (n_group, topk_group) by the exact MAP, which vLLM's grouped top-k "
+            "does not compute and the plugin has no static-shape form for; evaluate it with transformers"
+        )
+    normalize = normalizes(hf_config)
+    _check_scores(path, routing, hf_config, normalize)
+    scores = model_families.TABLE[hf_config.model_type].scores
+    return Rule(
+        serving.kind,
+        serving.slots,
+        serving.kmin,
+        normalize and serving.normalizes,
+        n,
+        method,
+        path,
+        options=own,
+        scores=scores,
+        ungrouped=True,
+        correction_bias=balanced,
+    )
+
+
 def serving_rule(directory, hf_config) -> Rule | None:
     """The rule ``directory``'s checkpoint is served by (None: no settings file, stock)."""
     data = read(directory)
@@ -151,16 +204,9 @@ def serving_rule(directory, hf_config) -> Rule | None:
     balanced = options.balance == "aux-free"
     method_rules = get_method(method)
     serving = method_rules.serving(routing, top_k, n, balanced)
-    if model_type not in SERVED:  # DeepSeek-V3: its stock router already has the bias (e_score_correction_bias)
-        # the top-k methods' aux-free bias is the stock e_score_correction_bias: stock routing
-        if serving is not None and serving.kind == "topk" and serving.slots == top_k:
-            return Rule("topk", top_k, top_k, True, n, method, path)
-        raise ServingSettingsError(
-            f"{path}: method {method!r}{' with aux-free balancing' if balanced else ''} on model type "
-            f"{model_type!r} is not served: its rule selects within expert groups (n_group, topk_group), and "
-            "vLLM's CPU FusedMoE refuses a custom routing function together with grouped top-k; serve the "
-            "checkpoint with the stock rule by removing " + FILENAME + " (the routing changes), or use transformers"
-        )
+    own = {name: getattr(options, name) for name in method_rules.options}  # checked by RoutingOptions
+    if model_families.TABLE[model_type].grouped:
+        return _grouped_rule(data, hf_config, serving, own)
     normalize = normalizes(hf_config)
     bias = _read_bias(directory, path, n) if balanced else None
     if serving is None:
@@ -168,10 +214,5 @@ def serving_rule(directory, hf_config) -> Rule | None:
             f"{path}: routing with a structured constraint ({routing.constraint!r}) is not "
             "served by the plugin (sizes only: exactly k or kmin..kmax)"
         )
-    if routing is not None and (routing.scores != "softmax" or routing.normalize != normalize):
-        raise ServingSettingsError(
-            f"{path}: routing scores {routing.scores!r} / normalize {routing.normalize} do "
-            f"not match the {model_type} family's softmax / normalize {normalize}"
-        )
-    own = {name: getattr(options, name) for name in method_rules.options}  # checked by RoutingOptions
+    _check_scores(path, routing, hf_config, normalize)
     return Rule(serving.kind, serving.slots, serving.kmin, normalize and serving.normalizes, n, method, path, bias, own)
