@@ -124,7 +124,7 @@ def test_families_are_the_tables_with_an_sglang_module():
 
 # --- every method on every family, through the TopK the package builds ---------------------------
 
-ROUTED_FAMILIES = [t for t in FAMILIES if t in settings.SERVED]  # DeepSeek-V3: stock only, below
+ROUTED_FAMILIES = [t for t in FAMILIES if not model_families.TABLE[t].grouped]  # DeepSeek-V3: below
 
 
 def _cases():
@@ -192,10 +192,15 @@ def test_served_dynamic_k_is_probmoe_route(tmp_path, fake, kmin, kmax):
 
 
 def test_deepseek_v3_is_stock_or_refused(tmp_path, fake):
-    for method, kw in (("conventional", {}), ("conventional", {"balance": "aux-free"}), ("probmoe", {})):
+    for method, kw in (("conventional", {}), ("conventional", {"balance": "aux-free"})):
         path = _saved(tmp_path, "deepseek_v3", method, **kw)
         model = _served(fake)(AutoConfig.from_pretrained(path))
         assert model.probmoe_rule.stock and model.layers[0].topk.topk_config.custom_routing_function is None
+    path = _saved(tmp_path, "deepseek_v3", "probmoe")  # its rule drops the groups and the bias: vLLM's plugin only
+    with pytest.raises(
+        settings.ServingSettingsError, match=r"method 'probmoe' on model type 'deepseek_v3' routes without"
+    ):
+        _served(fake)(AutoConfig.from_pretrained(path))
     path = _saved(tmp_path, "deepseek_v3", "probmoe-grouped")
     with pytest.raises(settings.ServingSettingsError, match=r"probmoe_routing\.json: method 'probmoe-grouped'"):
         _served(fake)(AutoConfig.from_pretrained(path))

@@ -50,7 +50,14 @@ def checkpoint_rule(hf_config) -> settings.Rule | None:
             "from local directories only; download the checkpoint (e.g. huggingface-cli download) and serve "
             "that directory, or unset SGLANG_EXTERNAL_MODEL_PACKAGE to serve it stock"
         )
-    return settings.serving_rule(path, hf_config)
+    rule = settings.serving_rule(path, hf_config)
+    if rule is not None and rule.ungrouped:  # DeepSeek-V3's ProbMoE rule: its groups and bias off
+        raise settings.ServingSettingsError(
+            f"{rule.path}: method {rule.method!r} on model type {hf_config.model_type!r} routes without the "
+            "family's expert groups and correction bias; the vLLM plugin serves that rule (docs/serving.md), "
+            "this SGLang package does not yet (SGLang's TopK takes no custom_routing_function beside grouped top-k)"
+        )
+    return rule
 
 
 def _bias(rule: settings.Rule, layer: int):
