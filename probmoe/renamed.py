@@ -32,9 +32,17 @@ def new_words(new: dict, old: dict) -> tuple[dict, dict]:
         to = RENAMED[word]
         if words.get(to) is not None:
             raise ValueError(f"give {to}= only ({word}= is its old name), not both")
-        warnings.warn(f"{word}= is deprecated, use {to}=", DeprecationWarning, stacklevel=_outside())
+        if not _compiling():  # dynamo traces neither the frame walk nor the warning
+            warnings.warn(f"{word}= is deprecated, use {to}=", DeprecationWarning, stacklevel=_outside())
         words[to], names[to] = value, word
     return words, names
+
+
+def _compiling() -> bool:
+    """Whether torch.compile is tracing this call (the old words then pass without a warning)."""
+    import torch
+
+    return torch.compiler.is_compiling()
 
 
 def _outside() -> int:
@@ -61,7 +69,8 @@ def deprecated_attribute(old: str):
     new = RENAMED[old]
 
     def get(self):
-        warnings.warn(f"{type(self).__name__}.{old} is deprecated, use .{new}", DeprecationWarning, stacklevel=2)
+        if not _compiling():
+            warnings.warn(f"{type(self).__name__}.{old} is deprecated, use .{new}", DeprecationWarning, stacklevel=2)
         return getattr(self, new)
 
     return property(get, doc=f"Deprecated alias of ``{new}``.")
