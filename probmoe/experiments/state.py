@@ -41,6 +41,7 @@ import torch
 
 from probmoe.integrations import final_model
 from probmoe.integrations.final_model import sha256_file
+from probmoe.integrations.routing_options import OLD_NAMES
 
 from . import config_parser
 from .run_config import TrainConfig
@@ -337,10 +338,16 @@ def verify(directory: str, manifest: dict, rank: int) -> None:
             )
 
 
+def saved_fingerprint(manifest: dict) -> dict:
+    """The manifest's fingerprint with the options' old names read as their names (a run written
+    before issue 47 says "backend" for "algorithm": it resumes)."""
+    return {OLD_NAMES.get(key, key): value for key, value in manifest["fingerprint"].items()}
+
+
 def check_resume(manifest: dict, fingerprint: dict, directory: str) -> None:
     """ValueError listing every trajectory setting (``fingerprint``'s keys: ``RESUME_KEYS`` for a
     ``TrainConfig``) in which the resuming run differs."""
-    saved = {**RESUME_DEFAULTS, **manifest["fingerprint"]}
+    saved = {**RESUME_DEFAULTS, **saved_fingerprint(manifest)}
     diffs = [
         f"{RESUME_NAMES.get(key) or '--' + key.replace('_', '-')}: checkpoint {saved.get(key)!r}, now "
         f"{fingerprint.get(key)!r}"

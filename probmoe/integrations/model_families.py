@@ -12,7 +12,7 @@ indices)`` and a fused ``*Experts``; see ``transformers.families``) is one row h
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 
 
@@ -35,7 +35,9 @@ class FamilyFacts:
     grouped: the router limits each token to ``config.topk_group`` of ``config.n_group`` expert
         groups, and scales the used weights by ``config.routed_scaling_factor``.
     tiny: the config fields of the family's tiny test model beyond the shared small widths
-        (``transformers.testing.COMMON``): its expert count and what else its config needs.
+        (``transformers.testing.COMMON``): its expert count and what else its config needs, as
+        (field, value) pairs (``dict(facts.tiny)``; a tuple, so that a patched model that carries its
+        family pickles).
     vllm_module: the module of ``vllm.model_executor.models`` that holds the family's
         ``architecture`` (None: the vLLM plugin does not register it).
     """
@@ -50,7 +52,7 @@ class FamilyFacts:
     fp32_logits: bool = False
     scores: str = "softmax"
     grouped: bool = False
-    tiny: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    tiny: tuple = ()
     vllm_module: str | None = None
 
     @property
@@ -65,7 +67,7 @@ class FamilyFacts:
 
 
 def _facts(model_type: str, prefix: str, experts_attr: str, *, tiny: dict, **kw) -> FamilyFacts:
-    return FamilyFacts(model_type, prefix, experts_attr, tiny=MappingProxyType(tiny), **kw)
+    return FamilyFacts(model_type, prefix, experts_attr, tiny=tuple(tiny.items()), **kw)
 
 
 TABLE = MappingProxyType(

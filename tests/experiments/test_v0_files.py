@@ -49,8 +49,10 @@ def test_v0_config_yaml_reads_into_the_same_options(v0):
     flat = config_parser.as_file(cfg)
     import yaml
 
-    with open("run/config.yaml", encoding="utf-8") as f:
-        assert flat == yaml.safe_load(f)
+    from probmoe.integrations.routing_options import OLD_NAMES
+
+    with open("run/config.yaml", encoding="utf-8") as f:  # v0 wrote the old names ("backend")
+        assert flat == {OLD_NAMES.get(key, key): value for key, value in yaml.safe_load(f).items()}
 
 
 def test_v0_fingerprint_matches_and_the_run_resumes_to_the_same_loss(v0, capsys):
@@ -59,7 +61,7 @@ def test_v0_fingerprint_matches_and_the_run_resumes_to_the_same_loss(v0, capsys)
     cfg = config_parser.parse(TrainConfig, train.parser(), ["--config", "run/config.yaml"])
     manifest = state.read_manifest("run/checkpoint-000001")
     world = type("World", (), {"size": 1, "device": __import__("torch").device("cpu")})()
-    assert trainer.fingerprint(cfg, world, 2, "question-answer") == manifest["fingerprint"]
+    assert trainer.fingerprint(cfg, world, 2, "question-answer") == state.saved_fingerprint(manifest)
     assert train.main(["--config", "run/config.yaml", "--resume", "latest"]) == 0
     assert "resumed from run/checkpoint-000001 at step 1 of 2" in capsys.readouterr().err
     with open(os.path.join(V0, "run", "train_log.jsonl"), encoding="utf-8") as f:

@@ -78,7 +78,7 @@ def test_the_tiny_configs_have_the_rows_fields():
     for name, facts in mf.TABLE.items():
         config = tiny_config(name)
         assert config.model_type == name
-        for key, value in facts.tiny.items():
+        for key, value in dict(facts.tiny).items():
             assert getattr(config, key) == value, (name, key)
         assert getattr(config, facts.experts_attr) == 8
 

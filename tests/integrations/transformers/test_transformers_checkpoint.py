@@ -105,7 +105,7 @@ def test_settings_with_valid_checksum_but_bad_content(tmp_path):
         (dict(method="nope"), "method must be one of"),
         (dict(model_type="mixtral"), "is for model type 'mixtral'"),
         (dict(top_k=3), "records 8 experts, top-3"),
-        (dict(version=4), "is not 'probmoe-transformers-routing' version 1, 2, 3"),
+        (dict(version=5), "is not 'probmoe-transformers-routing' version 1, 2, 3, 4"),
         (dict(options={"nope": 1}), "options must be an object with keys among"),
     ]:
         data = settings.content(pt.patch_model(tiny_model("olmoe"), "probmoe").probmoe_plan, "olmoe")
@@ -130,7 +130,7 @@ def test_settings_file_content_and_loader_kwargs(tmp_path):
     model = pt.patch_model(tiny_model("mixtral"), "probmoe-dynamic", kmin=1, kmax=2, algorithm="dp")
     model.save_pretrained(tmp_path)
     data = json.loads((tmp_path / pt.SETTINGS_FILENAME).read_text())
-    assert data["format"] == "probmoe-transformers-routing" and data["version"] == 3
+    assert data["format"] == "probmoe-transformers-routing" and data["version"] == 4
     assert {**data["options"], "method": data["method"]} == model.probmoe_plan.options.to_dict()
     assert (data["model_type"], data["num_experts"], data["top_k"], data["method"]) == (
         "mixtral",
