@@ -31,7 +31,8 @@ E, H, F = 8, 16, 32
 
 @pytest.fixture(scope="module", autouse=True)
 def one_rank():
-    """Megatron's model-parallel state on one gloo rank (what its layers read at construction)."""
+    """Megatron's model-parallel state on one gloo rank (what its layers read at construction and its
+    all-reduces use; test_megatron_expert_bias.py imports it)."""
     made = not dist.is_initialized()
     if made:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

@@ -4,7 +4,6 @@
 sync is a no-op, since its ``DistributedDataParallel`` allocates its buffers on CUDA). The bias moves
 exactly as ``get_updated_expert_bias`` moves it from the used-slot counts, and the counts are reset."""
 
-import os
 import warnings
 
 import pytest
@@ -13,8 +12,6 @@ import torch
 pytest.importorskip("megatron.core")
 warnings.filterwarnings("ignore", message="Transformer Engine")
 
-import torch.distributed as dist  # noqa: E402
-from megatron.core import parallel_state  # noqa: E402
 from megatron.core.distributed.data_parallel_base import _BaseDataParallel  # noqa: E402
 from megatron.core.distributed.finalize_model_grads import finalize_model_grads  # noqa: E402
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear  # noqa: E402
@@ -27,23 +24,10 @@ from megatron.core.transformer.transformer_config import TransformerConfig  # no
 
 from probmoe.integrations.megatron import ProbMoEMegatronRouter, probmoe_router  # noqa: E402
 
+from .test_megatron import one_rank  # noqa: E402, F401 (the one gloo rank, autouse for this module too)
+
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 E, H, F, KMAX, RATE = 8, 16, 32, 4, 0.125
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_rank():
-    """Megatron's model-parallel state on one gloo rank (what its layers and all-reduces read)."""
-    made = not dist.is_initialized()
-    if made:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29400 + os.getpid() % 1000))
-        dist.init_process_group("gloo", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(1, 1)
-    yield
-    parallel_state.destroy_model_parallel()
-    if made:
-        dist.destroy_process_group()
 
 
 def config():
