@@ -61,8 +61,11 @@ class RoutingConfig:
     k: int | None = None
     kmin: int | None = None
     kmax: int | None = None
-    estimator: str = "probmoe"
-    algorithm: str = "circuit"
+    # no class defaults for the two renamed words: dynamo before torch 2.13 builds a frozen
+    # dataclass by passing its fields' defaults as keywords, which would read as both words given
+    # (``__init__`` defaults them: None means "not given")
+    estimator: str
+    algorithm: str
     grad: str = "exact"
     normalize: bool = False
     scores: str = "softmax"

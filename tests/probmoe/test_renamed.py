@@ -2,6 +2,7 @@
 names ``method`` and ``backend`` still work everywhere they were accepted, with a
 DeprecationWarning, and files read from disk take the old keys silently."""
 
+import dataclasses
 import warnings
 
 import pytest
@@ -37,6 +38,16 @@ def test_config_refuses_both_words_and_unknown_keywords():
         RoutingConfig(8, k=2, estimator="remoe")
     with pytest.raises(ValueError, match="algorithm must be one of"):
         RoutingConfig(8, k=2, algorithm="c")
+
+
+def test_the_renamed_fields_have_no_class_default():
+    """dynamo before torch 2.13 builds a frozen dataclass by passing every field's class default as
+    a keyword, so a default "circuit" for algorithm would meet backend= as both words given (a
+    compiled route with backend= failed on torch 2.11): the defaults live in ``__init__`` alone."""
+    fields = {f.name: f for f in dataclasses.fields(RoutingConfig)}
+    for name in ("estimator", "algorithm"):
+        assert fields[name].default is dataclasses.MISSING and fields[name].default_factory is dataclasses.MISSING
+    assert (RoutingConfig(8, k=2).estimator, RoutingConfig(8, k=2).algorithm) == ("probmoe", "circuit")
 
 
 def test_dicts_write_the_new_words_and_read_the_old_ones_silently():
