@@ -37,12 +37,26 @@ def engine(constraint: Spec | Circuit, device="cpu", algorithm: str = "circuit",
     """The evaluator of ``constraint`` (a spec, or a compiled ``Circuit``, then moved to ``device``)
     on ``device`` by ``algorithm``; ``compile_args`` go to ``compile_circuit`` (cache_dir,
     size_limit, ...)."""
+    device = check_device(device)
     check_algorithm(algorithm, constraint.spec if isinstance(constraint, Circuit) else constraint)
     if algorithm == "dp":
         return CardinalityDP(constraint.spec if isinstance(constraint, Circuit) else constraint, device)
     if isinstance(constraint, Circuit):
         return constraint if str(constraint.device) == str(device) else constraint.to(device)
     return compile_circuit(constraint, device=device, **compile_args)
+
+
+def check_device(device) -> torch.device:
+    """``device`` (a ``torch.device``, or what it takes: "cpu", "cuda:0", an index) as a
+    ``torch.device``, else ValueError naming it (an algorithm's name in its place says so)."""
+    if isinstance(device, torch.device):
+        return device
+    if isinstance(device, str) and device in ALGORITHMS:
+        raise ValueError(f"device must be a torch device, got {device!r}, an algorithm: pass algorithm={device!r}")
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"device must be a torch device such as 'cpu' or 'cuda:0', got {device!r}") from None
 
 
 def _name(constraint) -> str:

@@ -138,6 +138,18 @@ def test_engine_picks_the_algorithm():
         circuits.CardinalityDP(circuits.CnfFile.__new__(circuits.CnfFile))
 
 
+def test_engine_names_a_bad_device():
+    """The second positional argument is the device: an algorithm's name there, or anything torch
+    cannot read as a device, is a ValueError naming the argument (it failed deep in torch)."""
+    spec = circuits.ExactlyK(10, 3)
+    with pytest.raises(ValueError, match="device must be a torch device, got 'dp', an algorithm: pass algorithm='dp'"):
+        circuits.engine(spec, "dp")
+    for bad in ("gpu", 2.5, None):
+        with pytest.raises(ValueError, match="device must be a torch device such as 'cpu'"):
+            circuits.engine(spec, bad)
+    assert circuits.engine(spec, torch.device("cpu"), "dp").device == torch.device("cpu")
+
+
 def test_one_evaluator_type():
     """The DP and the circuit are one ``Evaluator``: a device each (logits elsewhere: ValueError naming
     it), the same queries, log Z in natural form (the DP's from its counts by size, without
