@@ -39,41 +39,15 @@ import torch.nn.functional as F
 
 warnings.filterwarnings("ignore", message="In CPU autocast")
 
-V, DIM, HEAD_DIM, PAD = 256, 64, 16, 0
+V, DIM, PAD = 256, 64, 0
 
 
 def model_config(num_experts: int, top_k: int, kmin: int, seed: int, ep: int):
-    from torchtitan.models import qwen3
-    from torchtitan.models.common import Embedding, Linear
-    from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
-    from torchtitan.models.common.rope import CosSinRoPE
-
     from probmoe.integrations.torchtitan import use_probmoe
     from probmoe.integrations.torchtitan.parallel import expert_parallel_config
+    from probmoe.integrations.torchtitan.tiny import tiny_qwen3_moe
 
-    cfg = qwen3.Qwen3Model.Config(
-        vocab_size=V,
-        dim=DIM,
-        norm=qwen3._qwen3_norm(DIM),
-        tok_embeddings=Embedding.Config(num_embeddings=V, embedding_dim=DIM, param_init=qwen3._EMBEDDING_INIT),
-        lm_head=Linear.Config(in_features=DIM, out_features=V, param_init=qwen3._LINEAR_INIT),
-        layers=qwen3._build_qwen3_moe_layers(
-            fuse_qkv=True,
-            n_layers=2,
-            dim=DIM,
-            n_heads=4,
-            n_kv_heads=2,
-            head_dim=HEAD_DIM,
-            moe_hidden_dim=64,
-            num_experts=num_experts,
-            top_k=top_k,
-            attn_backend="flex",
-            moe_comm_backend="standard",
-            rope=CosSinRoPE.Config(dim=HEAD_DIM, max_seq_len=1024, theta=1e6),
-        ),
-    )
-    for _, _, parent, attr in list(cfg.traverse(FlexAttention.Config)):  # no flex backward on the CPU
-        setattr(parent, attr, ScaledDotProductAttention.Config())
+    cfg = tiny_qwen3_moe(vocab=V, dim=DIM, num_experts=num_experts, top_k=top_k, max_seq_len=1024, fuse_qkv=True)
     use_probmoe(cfg, kmin=kmin, top_k=top_k, seed=seed, expert_parallel_degree=ep)
     expert_parallel_config(cfg, ep)
     return cfg

@@ -161,6 +161,7 @@ sys.exit(pytest.main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow  # long: the default run stays under 10 minutes (CI runs it with -m slow)
 def test_a_page_naming_an_uninstalled_integration_is_skipped_with_the_reason():
     """Where torchtitan is not installed (the README's test install), the scale-out page's
     ``probmoe.integrations.torchtitan`` names cannot be imported: its test skips, naming them and

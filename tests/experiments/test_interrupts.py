@@ -213,6 +213,7 @@ def test_sigterm_stops_the_run_with_status_143_and_one_line(tmp_path, data):
     interrupt(tmp_path / "run", data, signal.SIGTERM)
 
 
+@pytest.mark.slow  # long: the default run stays under 10 minutes (CI runs it with -m slow)
 def test_ctrl_c_stops_the_run_with_status_130_and_resume_is_exact(tmp_path, data, capsys):
     out = tmp_path / "run"
     step, last = interrupt(out, data, signal.SIGINT)

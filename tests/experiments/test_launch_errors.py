@@ -43,6 +43,7 @@ def test_a_good_nproc_per_node_passes_the_check():
         assert launch.check_nproc(["--nproc_per_node", value, "-m", "probmoe.cli.train"]) is None
 
 
+@pytest.mark.slow  # two ranks importing transformers (about 9 s); the slow set runs it
 def test_a_ranks_input_error_is_its_one_line_and_status_2():
     pytest.importorskip("transformers")
     code, lines, err = run("--standalone", "--nproc_per_node", "2", "-m", "probmoe.cli.train", "--batch-size", "0")

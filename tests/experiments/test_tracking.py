@@ -195,6 +195,7 @@ def test_a_damaged_wandb_run_id_file_is_one_line(tmp_path, capsys):
     assert e.value.code == 2 and "wandb_run_id must hold a W&B run id" in err
 
 
+@pytest.mark.slow  # long: the default run stays under 10 minutes (CI runs it with -m slow)
 def test_trackers_are_not_imported_unless_asked_for_and_no_progress_is_quiet(tmp_path):
     script = f"""
 import sys

@@ -154,6 +154,7 @@ def test_metrics_by_hand():
     assert out["mse"] == pytest.approx(1.0)
 
 
+@pytest.mark.slow  # long: the default run stays under 10 minutes (CI runs it with -m slow)
 def test_command_writes_the_json(tmp_path):
     path = tmp_path / "out.json"
     root = os.path.dirname(os.path.dirname(os.path.abspath(TOOL)))  # this checkout's probmoe, not an installed one

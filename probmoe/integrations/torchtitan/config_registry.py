@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
-from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
-
 from .swap import use_probmoe
+from .tiny import tiny_qwen3_moe
 from .trainer import ProbMoETrainer
 
 KMIN, SEED = 1, 0
@@ -45,34 +44,10 @@ def probmoe_qwen3_moe_tiny() -> ProbMoETrainer.Config:
     CPU-ready ``partial_dtensor`` backend. Its tokenizer and data are the caller's (``--hf_assets_path``,
     ``--dataloader.dataset_path``: a folder of JSON lines with a "text" field, read as torchtitan's
     ``c4_test``)."""
-    from torchtitan.models import qwen3
-    from torchtitan.models.common import Embedding, Linear
-    from torchtitan.models.common.rope import CosSinRoPE
     from torchtitan.models.qwen3.config_registry import qwen3_moe_debug
 
-    vocab, dim, head_dim, seq_len = 512, 64, 16, 128
-    model = qwen3.Qwen3Model.Config(
-        vocab_size=vocab,
-        dim=dim,
-        norm=qwen3._qwen3_norm(dim),
-        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init=qwen3._EMBEDDING_INIT),
-        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=qwen3._LINEAR_INIT),
-        layers=qwen3._build_qwen3_moe_layers(
-            n_layers=2,
-            dim=dim,
-            n_heads=4,
-            n_kv_heads=2,
-            head_dim=head_dim,
-            moe_hidden_dim=64,
-            num_experts=8,
-            top_k=4,
-            attn_backend="flex",
-            moe_comm_backend="standard",
-            rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=seq_len, theta=1e6),
-        ),
-    )
-    for _, _, parent, attr in list(model.traverse(FlexAttention.Config)):
-        setattr(parent, attr, ScaledDotProductAttention.Config())
+    vocab, seq_len = 512, 128
+    model = tiny_qwen3_moe(vocab=vocab, dim=64, num_experts=8, top_k=4, max_seq_len=seq_len)
     config = qwen3_moe_debug()
     config.model_spec = replace(config.model_spec, model=model, flavor="probmoe_tiny")
     config.loss.loss_fn.global_vocab_size = vocab

@@ -88,7 +88,10 @@ def test_one_folder_one_header_no_prototype_twice():
     assert not written & declared, f"prototypes written again in a unit: {sorted(written & declared)}"
 
 
-@pytest.mark.parametrize("isa", build.ISAS)
+# the best ISA here in the default run, every ISA in the slow set (a compile of all units each)
+@pytest.mark.parametrize(
+    "isa", [isa if isa == build.best_isa() else pytest.param(isa, marks=pytest.mark.slow) for isa in build.ISAS]
+)
 def test_units_compile_clean(isa, tmp_path):
     """-Wall -Wextra -Wmissing-prototypes, as errors, with the library's own flags for ``isa``."""
     cc = build._compiler()

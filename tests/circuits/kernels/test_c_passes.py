@@ -334,7 +334,14 @@ def test_turned_off_falls_back_to_the_torch_passes(fresh_native, monkeypatch):
 
 
 @pytest.mark.skipif(shutil.which("cc") is None or os.environ.get("PROBMOE_NATIVE") == "0", reason="needs cc")
-@pytest.mark.parametrize("damage", ["garbage", "no digest", "another library"])
+@pytest.mark.parametrize(  # each rebuilds the library (about 9 s): one in the default run, all in the slow set
+    "damage",
+    [
+        "garbage",
+        pytest.param("no digest", marks=pytest.mark.slow),
+        pytest.param("another library", marks=pytest.mark.slow),
+    ],
+)
 def test_a_damaged_cached_library_is_rebuilt(fresh_native, damage):
     path = library.LIBRARY.path(shutil.which("cc"))
     path.parent.mkdir(parents=True)
