@@ -95,7 +95,10 @@ void pm_tile_scores(float *p, int64_t n, int64_t B, int64_t sigmoid, int32_t *to
             p[i * B + t] = x < EXP_MIN ? EXP_MIN : x;
         }
     pm_exp(p, m);
-    const float least = expf(EXP_MIN); /* what the clamped arguments give: taken as 0 */
+    /* what the clamped arguments give, taken as 0: pm_exp's vectorised exp (libmvec's in the portable
+     * build) may land an ulp above the scalar expf(EXP_MIN), so the cut-off sits 2^-10 above it (an
+     * unclamped argument there is within 1e-3 of EXP_MIN: its score is below 3e-35 either way) */
+    const float least = expf(EXP_MIN) * (1.0f + 0x1p-10f);
     for (int64_t k = 0; k < m; k++) p[k] = p[k] <= least ? 0.0f : p[k];
     float *rest = q; /* Σ_{i != top} e_i */
     memset(rest, 0, B * sizeof(float));

@@ -25,7 +25,7 @@ import torch
 import circuits
 import circuits.kernels.select
 from circuits import GroupLimited
-from circuits.kernels import build, c_dp, library
+from circuits.kernels import build, c_dp, library, straight_through
 from circuits.kernels import rows as select
 from circuits.kernels import torch_dp as dp
 from circuits.kernels import torch_passes as kernels
@@ -155,6 +155,25 @@ def test_cardinality_dp(isa, T, N, kmin, kmax):
     torch.testing.assert_close(cov, dp.cov_vec(r, v, kmin, kmax), atol=1e-5, rtol=0, equal_nan=True)
     cov64 = dp.cov_vec(r.double(), v.double(), kmin, kmax)
     torch.testing.assert_close(cov.double()[finite], cov64[finite], atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "sigmoid"])
+def test_routing_backward_sends_nothing_to_dead_experts(isa, kind):
+    """The routing operator's backward on each ISA: exactly 0 at -inf logits (the portable build's
+    vectorised exp once left 1e-36 there), and the scores' backward as the plain-torch reference's."""
+    r = awkward_logits(96, 64, seed=5)
+    r = r[
+        torch.where(r > -torch.inf, r.abs(), 0).amax(-1) < 100
+    ]  # the ±1e4 rows move the scores' float32 rounding, not the question here
+    idx, _, mask = c_dp.chosen_scores(r, torch.softmax(r, -1), seed_tensor(torch.Generator().manual_seed(1)), 4, 8, 8)
+    g = torch.randn(idx.shape, generator=torch.Generator().manual_seed(2))
+    got = c_dp.chosen_scores_backward(r, idx, mask, g, 4, 8, kind == "sigmoid")
+    dead = r == -torch.inf
+    assert dead.any() and torch.equal(got[dead], torch.zeros_like(got[dead]))
+    p = straight_through.scores(r.double(), kind)
+    g_t = straight_through.slot_tangents(idx, mask, g.double(), p)
+    want = straight_through.scores_backward(g_t, p, kind) + dp.cov_vec(r.double(), g_t, 4, 8)
+    torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=0)
 
 
 @pytest.mark.parametrize("T,n,k", [(0, 4, 2), (1, 1, 1), (33, 10, 10), (300, 64, 8), (70, 256, 16), (65, 64, 57)])
