@@ -7,8 +7,10 @@ when the plugin would build vLLM's stock model for it.
 """
 
 import json
+import os
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -113,3 +115,32 @@ def test_fsdp_final_config_is_named_alike(tmp_path, method, expected):
 
     fsdp.save_config(str(tmp_path), pt.patch_model(tiny_model("olmoe"), method))
     assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [expected]
+
+
+def test_push_to_hub_uploads_the_renamed_architecture_and_our_files(tmp_path, monkeypatch):
+    """save_pretrained(push_to_hub=True) uploads the folder inside transformers' save_pretrained: the
+    probmoe name, the settings file and the routing state must be there by then (they were written
+    after the upload). The hub is replaced by recorders; nothing leaves the machine."""
+    import transformers.modeling_utils as modeling_utils
+
+    uploaded = {}
+
+    def upload(self, working_dir, repo_id, files_timestamps, **kwargs):  # what would go up, read at that moment
+        for name in sorted(os.listdir(working_dir)):
+            uploaded[name] = (Path(working_dir) / name).read_bytes()
+
+    monkeypatch.setattr(
+        modeling_utils,
+        "hf_api",
+        lambda: types.SimpleNamespace(create_repo=lambda repo_id, **_: types.SimpleNamespace(repo_id=repo_id)),
+    )
+    monkeypatch.setattr(
+        modeling_utils, "create_and_tag_model_card", lambda *a, **k: types.SimpleNamespace(save=lambda path: None)
+    )
+    monkeypatch.setattr(modeling_utils.PreTrainedModel, "_upload_modified_files", upload)
+    model = pt.patch_model(tiny_model("olmoe"), "remoe")  # ReMoE: a probmoe name and routing state
+    model.save_pretrained(tmp_path / "pushed", push_to_hub=True, repo_id="someone/tiny-remoe")
+    assert json.loads(uploaded["config.json"])["architectures"] == ["ProbMoEOlmoeForCausalLM"]
+    assert {"probmoe_routing.json", "probmoe_state.safetensors"} <= set(uploaded)
+    assert uploaded["probmoe_routing.json"] == (tmp_path / "pushed" / "probmoe_routing.json").read_bytes()
+    assert "_upload_modified_files" not in vars(model)  # the model is left as it was

@@ -47,11 +47,27 @@ class PatchedModel:
         state_dict = arguments.get("state_dict")  # given by Trainer and FSDP's gather; else the model's own
         arguments["state_dict"] = runtime_state.without_state(self.state_dict() if state_dict is None else state_dict)
         extra = arguments.pop("kwargs", {})
-        result = super().save_pretrained(**arguments, **extra)
-        if arguments.get("is_main_process", True):
-            settings.write(save_directory, self.probmoe_plan, self.probmoe_family.model_type)
-            architecture.write(save_directory, self.probmoe_plan, self.probmoe_family.model_type)
-            runtime_state.save(self, save_directory)
+        written = []
+
+        def write_ours():  # the settings file, the architecture, the routing state: once
+            if not written and arguments.get("is_main_process", True):
+                settings.write(save_directory, self.probmoe_plan, self.probmoe_family.model_type)
+                architecture.write(save_directory, self.probmoe_plan, self.probmoe_family.model_type)
+                runtime_state.save(self, save_directory)
+            written.append(True)
+
+        upload = self._upload_modified_files
+
+        def write_then_upload(*a, **k):  # push_to_hub=True uploads what is in the folder then: ours too
+            write_ours()
+            return upload(*a, **k)
+
+        self.__dict__["_upload_modified_files"] = write_then_upload
+        try:
+            result = super().save_pretrained(**arguments, **extra)
+        finally:
+            del self.__dict__["_upload_modified_files"]
+        write_ours()
         return result
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
