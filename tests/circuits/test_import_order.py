@@ -37,7 +37,11 @@ def first_imports() -> dict:
         m: subprocess.Popen([sys.executable, "-c", FIRST_CODE.format(m)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
         for m in FIRST
     }
-    return {m: (p.communicate(timeout=300)[1], p.returncode)[::-1] for m, p in procs.items()}
+    done = {}
+    for m, p in procs.items():
+        _, err = p.communicate(timeout=300)
+        done[m] = (p.returncode, err)
+    return done
 
 
 @pytest.mark.parametrize("module", FIRST)
