@@ -10,9 +10,11 @@ the evaluation side (torch), joined to it by ``compile_circuit``
         -> kernels (torch, fused C, Triton passes; ``circuits.kernels.select`` picks per device and dtype)
 
     ExactlyK / RangeK -> CardinalityDP (the same queries by the cardinality DP, nothing compiled;
-        its torch or fused C sweeps picked by the same ``select``)
+        its torch, fused C or Triton sweeps picked by the same ``select``)
+    GroupLimited / GroupCapacity -> GroupDP (the same queries by the group DP's two-level lattice,
+        nothing compiled; torch sweeps)
 
-Both evaluators are an ``Evaluator`` (``circuits.evaluator``: the shapes, checks and queries they
+Each evaluator is an ``Evaluator`` (``circuits.evaluator``: the shapes, checks and queries they
 share); ``engine(constraint, device, algorithm)`` gives either ("circuit" or "dp", ``ALGORITHMS``).
 Public modules shared with other packages: ``circuits.checks`` (the checks on logits and
 generators, and their messages), ``circuits.ops`` (the registered operators, among them the row
@@ -23,7 +25,7 @@ torch) and ``ScratchPool`` (reused scratch buffers for batched passes).
 
 The names load on first use (PEP 562), so that compiling (``circuits.compiler.compile.compile_entry``,
 ``probmoe-compile``) runs without importing torch. The operators are registered when
-``circuits.ops`` is imported, which every evaluator does (``Circuit``, ``CardinalityDP``,
+``circuits.ops`` is imported, which every evaluator does (``Circuit``, ``CardinalityDP``, ``GroupDP``,
 ``engine``); code that calls ``torch.ops.circuits.*`` directly imports ``circuits.ops`` first.
 """
 
@@ -39,6 +41,7 @@ _HOMES = {  # public name -> the module that defines it (None: a public module o
     "compile_sdd": "compiler.compile",
     "compile_entry": "compiler.compile",
     "CardinalityDP": "dp",
+    "GroupDP": "dp",
     "Evaluator": "evaluator",
     "map_mask": "dp",
     "map_size": "dp",
@@ -100,6 +103,7 @@ __all__ = [
     "Evaluator",
     "ExactlyK",
     "GroupCapacity",
+    "GroupDP",
     "GroupLimited",
     "Layout",
     "RangeK",

@@ -3,7 +3,8 @@
 map, marginals_and_sample).
 
     "circuit"  the compiled circuit (``compile_circuit``: any spec, from the disk cache)
-    "dp"       the cardinality DP (``CardinalityDP``: ExactlyK and RangeK only, nothing compiled)
+    "dp"       a dynamic program, nothing compiled: the cardinality DP (``CardinalityDP``) for
+               ExactlyK and RangeK, the group DP (``GroupDP``) for GroupLimited and GroupCapacity
 
 Each then runs the implementation ``circuits.kernels.select`` picks for the logits' device and
 dtype (torch, fused C, Triton). ``ALGORITHMS`` is the one list of the algorithms' names.
@@ -16,9 +17,9 @@ import torch
 from .circuit import Circuit
 from .compile import compile_circuit
 from .dp import SPECS as DP_SPECS
-from .dp import CardinalityDP
+from .dp import CardinalityDP, GroupDP
 from .evaluator import Evaluator
-from .spec import Spec
+from .spec import GROUP_SPECS, Spec
 
 ALGORITHMS = ("circuit", "dp")
 
@@ -29,7 +30,10 @@ def check_algorithm(algorithm, constraint=None) -> str:
     if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     if algorithm == "dp" and constraint is not None and not isinstance(constraint, DP_SPECS):
-        raise ValueError(f"the DP evaluates only ExactlyK and RangeK; {_name(constraint)} needs algorithm 'circuit'")
+        raise ValueError(
+            f"the DPs evaluate only ExactlyK, RangeK, GroupLimited and GroupCapacity; {_name(constraint)} "
+            "needs algorithm 'circuit'"
+        )
     return algorithm
 
 
@@ -40,7 +44,8 @@ def engine(constraint: Spec | Circuit, device="cpu", algorithm: str = "circuit",
     device = check_device(device)
     check_algorithm(algorithm, constraint.spec if isinstance(constraint, Circuit) else constraint)
     if algorithm == "dp":
-        return CardinalityDP(constraint.spec if isinstance(constraint, Circuit) else constraint, device)
+        spec = constraint.spec if isinstance(constraint, Circuit) else constraint
+        return GroupDP(spec, device) if isinstance(spec, GROUP_SPECS) else CardinalityDP(spec, device)
     if isinstance(constraint, Circuit):
         return constraint if str(constraint.device) == str(device) else constraint.to(device)
     return compile_circuit(constraint, device=device, **compile_args)

@@ -71,7 +71,7 @@ def resolve(constraint, n: int):
 def settle(constraint, n: int, backend: str, k=None, kmin=None, kmax=None, lowest: int = 0):
     """``resolve`` for a config or a distribution: (constraint or None, kmin, kmax). k / kmin / kmax,
     where given, must agree with the constraint's sizes; every allowed subset needs at least
-    ``lowest`` experts; backend "dp" takes no structured constraint. ValueError otherwise."""
+    ``lowest`` experts; backend "dp" takes no structured constraint but the group specs. ValueError otherwise."""
     name = describe(constraint) if isinstance(constraint, (circuits.Circuit, Spec)) else None
     constraint, sizes = resolve(constraint, n)
     lo, hi = sizes
@@ -87,8 +87,12 @@ def settle(constraint, n: int, backend: str, k=None, kmin=None, kmax=None, lowes
             f"constraint {name} allows subsets of {lo} experts; routing needs at least {lowest} expert "
             f"per token (kmin >= {lowest})"
         )
-    if constraint is not None and backend == "dp":  # circuits.check_algorithm's rule, in routing's words
-        raise ValueError(f"backend 'dp' handles only k or kmin/kmax; constraint {name} needs backend 'circuit'")
+    if constraint is not None and backend == "dp" and not isinstance(constraint, GROUP_SPECS):
+        # circuits.check_algorithm's rule, in routing's words
+        raise ValueError(
+            f"algorithm 'dp' handles k, kmin/kmax, GroupLimited and GroupCapacity; constraint {name} needs "
+            "algorithm 'circuit'"
+        )
     return constraint, lo, hi
 
 
@@ -127,16 +131,17 @@ _CIRCUITS: dict[tuple, circuits.Circuit] = {}
 _CIRCUITS_LOCK = threading.Lock()
 
 
-def compiled(constraint, device) -> circuits.Circuit:
+def compiled(constraint, device, algorithm: str = "circuit") -> circuits.Evaluator:
     """The circuit routing evaluates for a constraint on ``device``: a spec compiled once per process
     (from the disk cache after the first time), or a copy of a given circuit; input checks off (the
-    callers check the logits). The one in-memory cache of routing circuits.
+    callers check the logits). The one in-memory cache of routing circuits. A group spec with
+    ``algorithm`` "dp" gets the group DP (``circuits.GroupDP``) instead, nothing compiled.
 
     Under torch.compile the compiling runs while tracing (``_ensure``, whose result is a constant)
     and the circuit is then a dictionary look-up that the graph guards on: no graph break, also on a
     cold cache and with ``fullgraph=True``."""
     if isinstance(constraint, GROUP_SPECS):  # by value: fields that every supported torch passes as constants
-        return _CIRCUITS[_ensure_described(_description(constraint), str(device))][1]
+        return _CIRCUITS[_ensure_described(_description(constraint), str(device), algorithm)][1]
     return _CIRCUITS[_ensure(constraint, str(device))][1]
 
 
@@ -179,10 +184,10 @@ def _description(spec) -> tuple:
 
 
 @_assume_constant_result
-def _ensure_described(description: tuple, device: str) -> tuple:
+def _ensure_described(description: tuple, device: str, algorithm: str = "circuit") -> tuple:
     """``_ensure`` for the group spec ``description`` gives (``_description``), under a key of constants."""
     spec = circuits.spec_from_dict({name: list(v) if isinstance(v, tuple) else v for name, v in description})
-    return _ensure(spec, device, ("described", description, device))
+    return _ensure(spec, device, ("described", description, device, algorithm), algorithm)
 
 
 def native_cardinality(

@@ -85,9 +85,11 @@ class SubsetDistribution(Distribution):
         constraint: instead of k / kmin / kmax, the allowed subsets as a compiled circuit over the
             N experts (``circuits.Circuit``) or a spec (``circuits.GroupLimited``,
             ``GroupCapacity``, ...; see ``probmoe.constraints``). ``kmin``/``kmax`` are then its
-            smallest and largest subsets; the mode is the circuit's MAP. Backend "circuit" only.
-        algorithm: "circuit" (the compiled circuit from ``circuits``) or "dp" (the cardinality
-            dynamic program, ``circuits.CardinalityDP``, no compilation): the two algorithms of
+            smallest and largest subsets; the mode is the circuit's MAP. Algorithm "circuit", or
+            "dp" for the group specs.
+        algorithm: "circuit" (the compiled circuit from ``circuits``) or "dp" (a dynamic program, no
+            compilation: ``circuits.CardinalityDP`` for sizes, ``circuits.GroupDP`` for
+            ``GroupLimited`` and ``GroupCapacity``): the two algorithms of
             ``circuits.engine`` (``circuits.ALGORITHMS``). Both are exact. (Old name: ``backend``,
             with a DeprecationWarning.)
         grad: the Jacobian of ``.mean`` w.r.t. the logits. "exact": Cov(z). "paper": Cov(z)
@@ -160,7 +162,7 @@ class SubsetDistribution(Distribution):
         if constraint is None:  # a circuit or the DP, the same queries either way
             self._engine = subset_constraints.cardinality(n, kmin, kmax, logits.device, algorithm)
         else:
-            self._engine = subset_constraints.compiled(constraint, logits.device)
+            self._engine = subset_constraints.compiled(constraint, logits.device, algorithm)
         super().__init__(logits.shape[:-1], logits.shape[-1:], validate_args=False)
         self._validate_args = Distribution._validate_args if validate_args is None else bool(validate_args)
         dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
@@ -225,7 +227,7 @@ class SubsetDistribution(Distribution):
                 f"GroupCapacity); {subset_constraints.describe(self.constraint)} allows "
                 f"{self.kmin}..{self.kmax} experts and cannot be split by size"
             )
-        return subset_constraints.compiled(self.constraint.with_cardinality(j, j), self.logits.device)
+        return subset_constraints.compiled(self.constraint.with_cardinality(j, j), self.logits.device, self._algorithm)
 
     # --- torch.distributions interface ---------------------------------------------------------
     @property

@@ -10,7 +10,8 @@ to DeepSeek-V3's stock grouped top-k measured in the same run.
    probmoe.route with the group constraint (training: an exact draw, Eq. 7 weights sigmoid(r)
    normalised) and of exactly-k routing without groups, as ratios to the stock grouped top-k
    (sigmoid scores, groups ranked by their top-2 sum, top-k inside the best M groups, weights
-   normalised) forward + backward; and the eval forward (the circuit's MAP) against the stock forward.
+   normalised) forward + backward; and the eval forward (the circuit's MAP) against the stock forward;
+   each with the compiled circuit and with the group DP (``algorithm="dp"``, torch sweeps).
 3. How often the stock grouped top-k picks the MAP subset of the group constraint (same logits).
 """
 
@@ -86,6 +87,9 @@ def routing_rows(N: int, args) -> tuple[list[tuple], float]:
     train = {
         "stock grouped top-k": lambda: grouped_topk(r, G, M, k)[0],
         "route, GroupLimited (ProbMoE)": lambda: probmoe.route(r, constraint=spec, training=True, **common).weights,
+        "route, GroupLimited, group DP": lambda: probmoe.route(
+            r, constraint=spec, training=True, algorithm="dp", **common
+        ).weights,
         "route, exactly k, no groups": lambda: probmoe.route(r, k=k, training=True, **common).weights,
     }
     times = interleaved(
@@ -100,6 +104,9 @@ def routing_rows(N: int, args) -> tuple[list[tuple], float]:
         evals = {
             "stock grouped top-k": lambda: grouped_topk(rd, G, M, k),
             "route, GroupLimited (MAP)": lambda: probmoe.route(rd, constraint=spec, training=False, **common),
+            "route, GroupLimited (MAP), group DP": lambda: probmoe.route(
+                rd, constraint=spec, training=False, algorithm="dp", **common
+            ),
         }
         times = interleaved(evals, repeats=args.repeats)
         rows += [

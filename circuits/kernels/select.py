@@ -14,8 +14,9 @@ import torch
 
 from . import c_dp, library, torch_dp
 from .c_passes import CPasses
-from .lattice import Lattice
+from .lattice import GroupLattice, Lattice
 from .rows import RowOps, Rows
+from .torch_groups import TorchGroupDP
 from .torch_passes import TorchPasses
 
 __all__ = ["IMPLEMENTATIONS", "chosen", "describe", "implementation", "select"]
@@ -50,25 +51,29 @@ def chosen() -> str | None:
 def select(program, dtype: torch.dtype, prefer: str | None = None):
     """The implementation that evaluates ``program`` (on its device) for logits of ``dtype``.
 
-    program: a circuit's ``Program``, which gets ``Passes``: float32 on CUDA takes the Triton passes
-    when triton imports, float32 on the CPU the fused C passes when their library is available,
-    everything else the torch passes. Or a ``circuits.kernels.lattice.Lattice``, which gets the DP's
-    ``Sweeps``: the Triton lattice kernels (``TritonDP``) for float32 on CUDA when triton imports, the
-    fused C sweeps (``CDP``) for float32 on the CPU when their library is available, else the torch
-    sweeps (``TorchDP``). Or ``circuits.kernels.rows.Rows``,
-    which gets the row operations (top-k, k-th largest, uniforms) as a ``RowOps``: their C library
-    under the same rule, else their torch references. Each implementation is given the row
-    operations of its device and dtype.
+        program: a circuit's ``Program``, which gets ``Passes``: float32 on CUDA takes the Triton passes
+        when triton imports, float32 on the CPU the fused C passes when their library is available,
+        everything else the torch passes. Or a ``circuits.kernels.lattice.GroupLattice``, which gets the
+    group DP's torch sweeps (``TorchGroupDP``) whatever the device and dtype. Or a
+    ``circuits.kernels.lattice.Lattice``, which gets the DP's
+        ``Sweeps``: the Triton lattice kernels (``TritonDP``) for float32 on CUDA when triton imports, the
+        fused C sweeps (``CDP``) for float32 on the CPU when their library is available, else the torch
+        sweeps (``TorchDP``). Or ``circuits.kernels.rows.Rows``,
+        which gets the row operations (top-k, k-th largest, uniforms) as a ``RowOps``: their C library
+        under the same rule, else their torch references. Each implementation is given the row
+        operations of its device and dtype.
 
-    ``prefer`` ("torch", "c" or "triton") takes that implementation instead, whatever the device (the
-    tests run the Triton passes on CPU tensors under TRITON_INTERPRET=1): ValueError for other than
-    float32 logits (but "torch") and for "c" off the CPU, ImportError or RuntimeError when the
-    implementation is unavailable. Without ``prefer``, an enclosing ``implementation`` block's choice.
+        ``prefer`` ("torch", "c" or "triton") takes that implementation instead, whatever the device (the
+        tests run the Triton passes on CPU tensors under TRITON_INTERPRET=1): ValueError for other than
+        float32 logits (but "torch") and for "c" off the CPU, ImportError or RuntimeError when the
+        implementation is unavailable. Without ``prefer``, an enclosing ``implementation`` block's choice.
     """
     if prefer is None:
         prefer = chosen()
     if isinstance(program, Rows):
         return _row_ops(program.device, dtype, prefer in (None, "c"))
+    if isinstance(program, GroupLattice):
+        return _group_sweeps(program, dtype, prefer)
     dp = isinstance(program, Lattice)
     if prefer is None:
         prefer = _default(program, dtype)
@@ -92,6 +97,22 @@ def select(program, dtype: torch.dtype, prefer: str | None = None):
 
         return TritonPasses(program, rows)
     return CPasses(program, rows) if prefer == "c" else TorchPasses(program, rows)
+
+
+def _group_sweeps(lattice: GroupLattice, dtype: torch.dtype, prefer: str | None):
+    """The group DP's sweeps (``TorchGroupDP``: torch only, any device and dtype), kept per lattice
+    and row operations; ValueError for another ``prefer``."""
+    if prefer not in (None, "torch"):
+        raise ValueError(
+            f"the group DP has torch sweeps only (no {prefer!r} kernels yet), got prefer = {prefer!r}: "
+            "use the compiled circuit (algorithm 'circuit') for its C or Triton passes"
+        )
+    return _kept_group_sweeps(lattice, _row_ops(lattice.device, dtype))
+
+
+@functools.lru_cache(maxsize=64)
+def _kept_group_sweeps(lattice: GroupLattice, rows: RowOps) -> TorchGroupDP:
+    return TorchGroupDP(lattice, rows)
 
 
 def _row_ops(device: torch.device, dtype: torch.dtype, c: bool = True) -> RowOps:

@@ -123,7 +123,9 @@ def test_half_precision_and_validation():
     assert dp.marginals(dead)[2].isnan().all()
 
 
-def test_engine_picks_the_algorithm():
+def test_engine_picks_the_algorithm(tmp_path):
+    cnf = tmp_path / "two.cnf"
+    cnf.write_text("p cnf 2 1\n1 2 0\n")
     spec = circuits.ExactlyK(10, 3)
     assert isinstance(circuits.engine(spec), circuits.Circuit)
     assert isinstance(circuits.engine(spec, algorithm="dp"), circuits.CardinalityDP)
@@ -132,8 +134,9 @@ def test_engine_picks_the_algorithm():
     assert circuits.ALGORITHMS == ("circuit", "dp")
     with pytest.raises(ValueError, match="algorithm must be one of \\('circuit', 'dp'\\), got 'gpu'"):
         circuits.engine(spec, algorithm="gpu")
-    with pytest.raises(ValueError, match="the DP evaluates only ExactlyK and RangeK; GroupLimited"):
-        circuits.engine(circuits.GroupLimited(16, 4, 4, 2), algorithm="dp")
+    assert isinstance(circuits.engine(circuits.GroupLimited(16, 4, 4, 2), algorithm="dp"), circuits.GroupDP)
+    with pytest.raises(ValueError, match="the DPs evaluate only ExactlyK, RangeK, GroupLimited and GroupCapacity; "):
+        circuits.check_algorithm("dp", circuits.CnfFile(cnf))
     with pytest.raises(ValueError, match="ExactlyK and RangeK specs, got CnfFile"):
         circuits.CardinalityDP(circuits.CnfFile.__new__(circuits.CnfFile))
 

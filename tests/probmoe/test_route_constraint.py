@@ -219,7 +219,6 @@ def test_cardinality_specs_become_sizes():
 
 BAD = [
     (dict(num_experts=32, constraint=GroupLimited(64, 8, 8, 4)), "over n = 64 variables, but there are N = 32"),
-    (dict(num_experts=64, constraint=GroupLimited(64, 8, 8, 4), backend="dp"), "backend 'dp' handles only k"),
     (dict(num_experts=64, constraint=GroupLimited(64, 8, 8, 4), k=4), "k = 4 disagrees with constraint"),
     (dict(num_experts=64, constraint=GroupLimited(64, 8, 8, 4), kmax=9), "kmax = 9 disagrees"),
     (dict(num_experts=64, constraint=GroupLimited(64, None, 8, 4, kmax=4)), "allows subsets of 0 experts"),
@@ -238,8 +237,10 @@ def test_bad_inputs_elsewhere(tmp_path):
     c, _ = cnf_constraint(tmp_path)
     with pytest.raises(ValueError, match="circuit over 6 variables, but there are N = 8"):
         probmoe.route(torch.randn(4, 8), constraint=c, training=True)
-    with pytest.raises(ValueError, match="backend 'dp' handles only k"):
-        SubsetDistribution(torch.randn(4, 16), constraint=GroupLimited(16, 4, 4, 2), backend="dp")
+    with pytest.raises(ValueError, match="algorithm 'dp' handles k, kmin/kmax, GroupLimited and GroupCapacity; "):
+        SubsetDistribution(torch.randn(4, 6), constraint=c, algorithm="dp")
+    with pytest.raises(ValueError, match="constraint CnfFile.* needs algorithm 'circuit'"):
+        probmoe.RoutingConfig(6, constraint=c.spec, algorithm="dp")
     with pytest.raises(ValueError, match="k = 3 disagrees"):
         SubsetDistribution(torch.randn(4, 16), 3, constraint=GroupLimited(16, 4, 4, 2))
     r = torch.randn(5, 16)

@@ -210,7 +210,6 @@ def test_load_balancing_loss_uses_normalised_sigmoid_scores():
 BAD = [
     (dict(method="probmoe-grouped", k=5), r"k must be in \[0, 4\], got 5: groups 4x2 with max_groups = 2"),
     (dict(method="probmoe-grouped", kmin=1, kmax=2), "kmin/kmax: method 'probmoe-grouped' routes exactly k"),
-    (dict(method="probmoe-grouped", backend="dp"), "backend 'dp' handles only k"),
     (dict(method="grouped"), "method must be one of .*'probmoe-grouped'"),
 ]
 
@@ -239,3 +238,23 @@ def test_probmoe_router_routes_like_the_grouped_method():
         logits, constraint=circuits.GroupLimited(8, 3, 4, 2), scores="sigmoid", normalize=True, training=False
     )
     assert torch.equal(out.indices, rec.indices)
+
+
+def test_grouped_method_on_the_group_dp():
+    """algorithm="dp" routes "probmoe-grouped" by the group DP (nothing compiled): the same eval
+    routing as the compiled circuit, and a training step whose draws are all allowed."""
+    x = batch(9)
+    routed = {}
+    for algorithm in ("circuit", "dp"):
+        model = pt.patch_model(tiny_model("deepseek_v3"), "probmoe-grouped", algorithm=algorithm).eval()
+        with torch.no_grad():
+            model(x)
+        routed[algorithm] = gates(model)[0].probmoe_last.indices
+    assert torch.equal(routed["dp"], routed["circuit"])
+    model = pt.patch_model(tiny_model("deepseek_v3"), "probmoe-grouped", algorithm="dp").train()
+    model(x, labels=x).loss.backward()
+    allowed = allowed_subsets()
+    for gate in gates(model):
+        got = gate.probmoe_last.selected.float()
+        assert bool(((got @ allowed.T) == 3).any(-1).all())
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

@@ -1,0 +1,327 @@
+"""The group DP in plain torch: kmin..kmax true of n variables split into contiguous groups, at most
+``capacity`` true in a group and at most ``max_groups`` nonempty groups (``circuits.GroupLimited``,
+``circuits.GroupCapacity``), evaluated by a two-level lattice batched over tokens, with nothing
+compiled. A ``GroupLattice`` gets these sweeps from ``circuits.kernels.select``.
+
+The groups' logits are laid out [T, G, S], S the longest group (the padding holds log 0), and
+tilted: x = r - c with c [T] the tilt of the cardinality DP (``torch_passes.tilt_constant``), so a
+subset of size j weighs exp(r·z - j c) and the sizes are restored at the end. Then
+
+- the inner lattice, every group at once: ``E_g[j] = log Σ_{S ⊆ group g, |S| = j} exp(x·z_S)``,
+  j = 0..C with C = min(capacity, kmax, S) (a group past its capacity is not allowed, so its
+  lattice stops there), swept over the positions: E_{i+1}[j] = logaddexp(E_i[j], E_i[j-1] + x_i),
+  one [T, G, C + 1] row per step;
+- the outer lattice over the groups: ``O_g[c, u]``, the log-weight of the assignments to groups
+  0..g-1 with c true variables in u nonempty groups, O_{g+1}[c, u] = logsumexp over j of
+  O_g[c - j, u - [j > 0]] + E_g[j]; u is tracked only when max_groups limits it (U = max_groups,
+  else one state), c <= kmax: one [T, K + 1, U + 1] row per group;
+- log Z_c = logsumexp_u O_G[c, u] + c·(the tilt), natural form, for c = kmin..kmax.
+
+Everything else is linear algebra on those lattices, as in ``circuits.kernels.torch_dp``:
+
+- adjoints, swept down from A_G[c, u] = P(the final state is (c, u)): each group's transitions
+  F_j = A_{g+1}[c, u] exp(O_g[c - j, u - [j > 0]] + E_g[j] - O_{g+1}[c, u]) give
+  w_g[j] = Σ F_j = P(group g holds j) and A_g; inside a group, from B_S = w_g,
+  W_i[j] = sigmoid(E_i[j-1] + x_i - E_i[j]) (P(i taken | the first i+1 hold j)), F_i = B_{i+1} W_i,
+  B_i = B_{i+1} (1 - W_i) + F_i shifted, and the marginals m_i = Σ_j F_i[j];
+- ``Cov(z) v``, the directional derivative of m along v: tangents of E and O swept up with them,
+  then of A, F, w, B, W swept down;
+- a draw walks the same lattices down: (c, u) from the band, each group's count j from F_j / A, then
+  z_i ~ Bernoulli(W_i[j]) with the group's remaining count;
+- the MAP: the outer lattice in (max, +) on each group's best subset of each size (its top-j
+  logits), the argmax walked back.
+
+Numerics: float64 lattices and adjoints whatever the logits' dtype (fp32 answers are rounded once,
+at the end); -inf logits and unreachable states hold the finite ``LOG_ZERO``, so no -inf - (-inf)
+is formed and exp gives exactly 0 on them. Memory: the inner rows E_i and W_i, (2 S + 1) x
+[T, G, C + 1] float64, are kept for the down sweep; calls run over at most ``CHUNK`` tokens at a
+time. Uniforms of one draw (``circuits.kernels.uniforms``, float32, one call): T for the band
+state, then G x T for the groups' counts (group-major), then n x T for the variables.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .interface import Kernels
+from .lattice import GroupLattice
+from .rows import REFERENCES, RowOps
+from .torch_passes import tilt_constant
+from .uniforms import as_seed
+
+LOG_ZERO = -1e30  # a finite log 0 (float64: sums of many stay finite)
+CHUNK = 8192  # tokens per piece of a call (bounds the kept inner rows: 75 MB at 8 of 256 in 8 groups)
+
+
+class TorchGroupDP(Kernels):
+    """The group DP's queries in torch, any device and dtype, for one ``GroupLattice``: the circuit
+    passes' query signatures (``circuits.kernels.interface.Passes``: ``log_partition``, ``sample``,
+    ``map``, ``marginals_jvp``), so that ``circuits.GroupDP`` reaches them through the circuit
+    operators, and ``draw`` / ``cov`` for the fused queries' default. Inputs: logits r [T, n] of one
+    dtype, contiguous, checked by the caller; outputs in r's dtype. None synchronises with the host
+    (on the CPU the draw reads its seed, inside the operator, as every draw does)."""
+
+    name = "torch"
+
+    def __init__(self, lattice: GroupLattice, rows: RowOps = REFERENCES):
+        super().__init__(rows)
+        self.lattice = lattice
+        sizes = lattice.groups
+        self.G, self.S, self.K = len(sizes), max(sizes), lattice.kmax
+        self.C = min(lattice.capacity, lattice.kmax, self.S)
+        self.U = lattice.max_groups if lattice.max_groups < self.G else 0  # 0: not tracked
+        index, start = [], 0
+        for size in sizes:  # column n of the padded logits holds log 0
+            index += [*range(start, start + size)] + [lattice.n] * (self.S - size)
+            start += size
+        self.index = torch.tensor(index, dtype=torch.long, device=lattice.device)  # [G * S]: padded -> column
+        self.positions = self.index.argsort(stable=True)[: lattice.n]  # [n]: column -> padded position
+
+    # --- the lattices ----------------------------------------------------------------------------
+    def _padded(self, r: Tensor) -> tuple[Tensor, Tensor]:
+        """(x [T, G, S] float64, the tilted logits by group with log 0 padding; the tilt c [T] float64)."""
+        lat = self.lattice
+        c = tilt_constant(r.detach(), lat.kmin, lat.kmax, refine=False).double()  # [T]
+        x = (r.double() - c[:, None]).clamp(min=LOG_ZERO)  # -inf: LOG_ZERO
+        x = torch.cat([x, x.new_full((x.shape[0], 1), LOG_ZERO)], dim=1)  # [T, n + 1]
+        return x.index_select(1, self.index).view(-1, self.G, self.S), c
+
+    def _inner(self, x: Tensor) -> list[Tensor]:
+        """The inner lattice rows E_0..E_S, each [T, G, C + 1] float64, for x [T, G, S]."""
+        E = x.new_full((*x.shape[:2], self.C + 1), LOG_ZERO)
+        E[..., 0] = 0.0
+        rows = [E]
+        for i in range(self.S):
+            E = torch.cat([E[..., :1], torch.logaddexp(E[..., 1:], E[..., :-1] + x[..., i : i + 1])], dim=-1)
+            rows.append(E)
+        return rows
+
+    def _moved(self, O: Tensor, j: int, fill: float) -> Tensor:
+        """O [T, K + 1, U + 1] moved to the states a group of j true variables leads to: out[c, u] =
+        O[c - j, u - [j > 0]] (u unchanged when not tracked), ``fill`` where that is outside."""
+        du = int(j > 0 and self.U > 0)
+        out = O.new_full(O.shape, fill)
+        out[:, j:, du:] = O[:, : O.shape[1] - j, : O.shape[2] - du]
+        return out
+
+    def _back(self, F: Tensor, j: int) -> Tensor:
+        """The inverse of ``_moved``: out[c, u] = F[c + j, u + [j > 0]], 0 outside. [T, K + 1, U + 1]."""
+        du = int(j > 0 and self.U > 0)
+        out = torch.zeros_like(F)
+        out[:, : F.shape[1] - j, : F.shape[2] - du] = F[:, j:, du:]
+        return out
+
+    def _terms(self, O: Tensor, E: Tensor, fill: float = LOG_ZERO) -> Tensor:
+        """The log-weights of reaching each state through a group of j true, j = 0..C: O [T, K + 1,
+        U + 1] (before the group), E [T, C + 1] (its inner lattice) -> [C + 1, T, K + 1, U + 1];
+        ``fill`` (0 for tangents) where no state leads there."""
+        return torch.stack([self._moved(O, j, fill) + E[:, j, None, None] for j in range(self.C + 1)])
+
+    def _outer(self, top: Tensor) -> list[Tensor]:
+        """The outer lattice rows O_0..O_G, each [T, K + 1, U + 1] float64, from top = E_S [T, G, C + 1]."""
+        O = top.new_full((top.shape[0], self.K + 1, self.U + 1), LOG_ZERO)
+        O[:, 0, 0] = 0.0
+        rows = [O]
+        for g in range(self.G):
+            O = torch.logsumexp(self._terms(O, top[:, g]), dim=0)
+            rows.append(O)
+        return rows
+
+    def _band(self, O: Tensor, c: Tensor) -> Tensor:
+        """The natural log-weights of the final states in the band: [T, K + 1, U + 1] -> [T, J, U + 1]
+        (O_G[s, u] + s c for s = kmin..kmax)."""
+        kmin = self.lattice.kmin
+        s = torch.arange(kmin, self.K + 1, dtype=O.dtype, device=O.device)
+        return O[:, kmin:] + s[None, :, None] * c[:, None, None]
+
+    # --- the adjoints and their tangents ----------------------------------------------------------
+    def _down(self, x, E, O, c, v=None, dE=None, dO=None) -> Tensor:
+        """The marginals [T, G, S] float64 from the lattices (see the module docstring); with the
+        tangents v [T, G, S], dE, dO (``_tangents``) their directional derivative along v instead."""
+        lat, T = self.lattice, x.shape[0]
+        band = self._band(O[-1], c)  # [T, J, U + 1]
+        log_z = torch.logsumexp(band.flatten(1), dim=1)  # [T]
+        A = torch.zeros_like(O[-1])
+        A[:, lat.kmin :] = torch.exp(band - log_z[:, None, None])  # P(the final state)
+        dA = None
+        if v is not None:
+            dband = dO[-1][:, lat.kmin :]
+            dlog_z = (A[:, lat.kmin :] * dband).flatten(1).sum(1)
+            dA = torch.zeros_like(A)
+            dA[:, lat.kmin :] = A[:, lat.kmin :] * (dband - dlog_z[:, None, None])
+        w = x.new_empty(self.G, T, self.C + 1)
+        dw = torch.empty_like(w) if v is not None else None
+        for g in reversed(range(self.G)):
+            P = torch.exp(self._terms(O[g], E[-1][:, g]) - O[g + 1])  # [C + 1, T, K + 1, U + 1]
+            F = A * P
+            if v is not None:
+                dP = P * (self._terms(dO[g], dE[-1][:, g], 0.0) - dO[g + 1])
+                dF = dA * P + A * dP
+                dw[g] = dF.flatten(2).sum(2).T
+                dA = sum(self._back(dF[j], j) for j in range(self.C + 1))
+            w[g] = F.flatten(2).sum(2).T  # [T, C + 1]
+            A = sum(self._back(F[j], j) for j in range(self.C + 1))
+        B, dB = w.permute(1, 0, 2).contiguous(), None  # [T, G, C + 1]
+        if v is not None:
+            dB = dw.permute(1, 0, 2).contiguous()
+        cols = []
+        for i in reversed(range(self.S)):
+            W = torch.zeros_like(B)
+            W[..., 1:] = torch.sigmoid(E[i][..., :-1] + x[..., i : i + 1] - E[i][..., 1:])
+            F = B * W
+            if v is None:
+                cols.append(F.sum(-1))
+            else:
+                dW = torch.zeros_like(B)
+                dW[..., 1:] = W[..., 1:] * (dE[i][..., :-1] + v[..., i : i + 1] - dE[i + 1][..., 1:])
+                dF = dB * W + B * dW
+                cols.append(dF.sum(-1))
+                dB = dB - dF
+                dB[..., :-1] += dF[..., 1:]
+            B = B - F
+            B[..., :-1] += F[..., 1:]
+        return torch.stack(cols[::-1], dim=-1)  # [T, G, S]
+
+    def _tangents(self, x: Tensor, v: Tensor, E: list[Tensor], O: list[Tensor]) -> tuple[list, list]:
+        """The tangents of the lattices along v [T, G, S]: (dE_0..dE_S, dO_0..dO_G), shaped as E and O."""
+        dE = [torch.zeros_like(E[0])]
+        for i in range(self.S):
+            W = torch.sigmoid(E[i][..., :-1] + x[..., i : i + 1] - E[i][..., 1:])  # [T, G, C]
+            d = dE[-1]
+            dE.append(torch.cat([d[..., :1], torch.lerp(d[..., 1:], d[..., :-1] + v[..., i : i + 1], W)], dim=-1))
+        dO = [torch.zeros_like(O[0])]
+        for g in range(self.G):
+            P = torch.exp(self._terms(O[g], E[-1][:, g]) - O[g + 1])
+            dO.append((P * self._terms(dO[-1], dE[-1][:, g], 0.0)).sum(0))
+        return dE, dO
+
+    def _unpad(self, y: Tensor) -> Tensor:
+        """[T, G, S] -> [T, n] (the padding dropped)."""
+        return y.flatten(1).index_select(1, self.positions)
+
+    # --- the queries --------------------------------------------------------------------------------
+    def log_partition(self, r: Tensor, marginals: bool, shift=None, *, accurate=True, refine=True):
+        """(log P_indep(C) [T], the marginals [T, n] when ``marginals``, else None); ``shift`` must be
+        None (the DP tilts itself), ``accurate`` and ``refine`` are always so (float64 lattices)."""
+        return self._pieces(r, lambda x, E, O, c: self._down(x, E, O, c) if marginals else None, marginals)
+
+    def _pieces(self, r: Tensor, tail, want: bool):
+        """Run (log Z, ``tail``'s [T, G, S] or None) over chunks of tokens: -> ([T], [T, n] or None)."""
+        log_zs, outs = [], []
+        for part in r.split(CHUNK):
+            x, c = self._padded(part)
+            E = self._inner(x)
+            O = self._outer(E[-1])
+            band = torch.logsumexp(self._band(O[-1], c).flatten(1), dim=1)
+            soft = torch.nn.functional.softplus(part.double(), threshold=40.0).sum(1)
+            log_zs.append(torch.where(band > LOG_ZERO / 2, band - soft, -torch.inf))
+            if want:
+                outs.append(self._unpad(tail(x, E, O, c)))
+        log_z = torch.cat(log_zs).to(r.dtype) if r.shape[0] else r.new_empty(0)
+        return log_z, (torch.cat(outs).to(r.dtype) if outs else torch.zeros_like(r)) if want else None
+
+    def marginals_jvp(self, r: Tensor, v: Tensor, shift=None) -> Tensor:
+        """Cov(z) v = (d marginals / d r) v: r, v [T, n] -> [T, n]."""
+        outs = []
+        for part, vpart in zip(r.split(CHUNK), v.split(CHUNK), strict=True):
+            x, c = self._padded(part)
+            vp = torch.cat([vpart.double(), vpart.new_zeros(vpart.shape[0], 1, dtype=torch.float64)], dim=1)
+            vp = vp.index_select(1, self.index).view(-1, self.G, self.S)
+            E = self._inner(x)
+            O = self._outer(E[-1])
+            dE, dO = self._tangents(x, vp, E, O)
+            outs.append(self._unpad(self._down(x, E, O, c, vp, dE, dO)))
+        return torch.cat(outs).to(r.dtype) if outs else torch.zeros_like(r)
+
+    def cov(self, r: Tensor, v: Tensor) -> Tensor:
+        return self.marginals_jvp(r, v)
+
+    def draw_uniforms(self, r: Tensor, seed: Tensor) -> tuple[Tensor, None]:
+        """The uniforms of one draw per token of r [T, n]: ([1 + G + n, T] float32, None)."""
+        T, n = r.shape
+        u = self.rows.uniforms(as_seed(seed, r.device), (1 + self.G + n) * T, r.device, torch.float32)
+        return u.view(1 + self.G + n, T), None
+
+    def draw(self, r: Tensor, seed: Tensor) -> Tensor:
+        return self.sample(r, *self.draw_uniforms(r, seed), log_z=False)[0]
+
+    def sample(self, r: Tensor, uniforms: Tensor, fill=None, shift=None, log_z: bool = True):
+        """(one exact draw z [T, n] in {0, 1} in r's dtype, log P_indep(C) [T] or None) from the
+        uniforms of ``draw_uniforms``."""
+        zs, log_zs = [], []
+        for part, u in zip(r.split(CHUNK), uniforms.split(CHUNK, dim=1), strict=True):
+            z, lz = self._sample(part, u)
+            zs.append(z)
+            log_zs.append(lz)
+        if not zs:
+            return torch.zeros_like(r), r.new_empty(0) if log_z else None
+        return torch.cat(zs).to(r.dtype), torch.cat(log_zs).to(r.dtype) if log_z else None
+
+    def _sample(self, r: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+        """One draw for r [T, n] from u [1 + G + n, T]: (z [T, n] float64, log P_indep(C) [T] float64)."""
+        T, n = r.shape
+        x, c = self._padded(r)
+        E = self._inner(x)
+        O = self._outer(E[-1])
+        band = self._band(O[-1], c).flatten(1)  # [T, J (U + 1)]
+        log_z = torch.logsumexp(band, dim=1)
+        state = _pick(torch.exp(band - log_z[:, None]), u[0])
+        U1 = self.U + 1
+        s, k = state // U1 + self.lattice.kmin, state % U1  # the final count and groups used, [T]
+        counts = torch.empty(T, self.G, dtype=torch.long, device=r.device)
+        rows = torch.arange(T, device=r.device)
+        for g in reversed(range(self.G)):
+            terms = self._terms(O[g], E[-1][:, g])  # [C + 1, T, K + 1, U + 1]
+            p = torch.exp(terms[:, rows, s, k] - O[g + 1][rows, s, k]).T  # [T, C + 1]
+            j = _pick(p, u[1 + g])
+            counts[:, g] = j
+            s, k = s - j, k - (j > 0).long() * int(self.U > 0)
+        uv = torch.cat([u[1 + self.G :], u.new_ones(1, T)]).index_select(0, self.index).T.reshape(T, self.G, self.S)
+        z = torch.zeros_like(x)
+        for i in reversed(range(self.S)):
+            take = (E[i][..., :-1] + x[..., i : i + 1]).gather(-1, (counts - 1).clamp(min=0)[..., None])[..., 0]
+            skip = E[i].gather(-1, counts[..., None])[..., 0]
+            chosen = (uv[..., i] < torch.sigmoid(take - skip)) & (counts > 0)
+            z[..., i] = chosen.double()
+            counts = counts - chosen.long()
+        soft = torch.nn.functional.softplus(r.double(), threshold=40.0).sum(1)
+        return self._unpad(z), log_z - soft
+
+    def map(self, r: Tensor, shift=None) -> tuple[Tensor, Tensor]:
+        """(the most probable allowed assignment z [T, n] in {0, 1}, its log P_indep [T]; -inf where
+        nothing is allowed): each group's best subset of j true is its top j logits; the outer
+        lattice in (max, +) picks the j of every group."""
+        T, n = r.shape
+        x, c = self._padded(r)
+        top, order = torch.sort(x, dim=-1, descending=True, stable=True)  # [T, G, S]
+        best = torch.cat([x.new_zeros(T, self.G, 1), top[..., : self.C].cumsum(-1)], dim=-1)  # [T, G, C + 1]
+        O = x.new_full((T, self.K + 1, self.U + 1), LOG_ZERO)
+        O[:, 0, 0] = 0.0
+        picks = []
+        for g in range(self.G):
+            O, j = self._terms(O, best[:, g]).max(dim=0)
+            picks.append(j)
+        band = self._band(O, c).flatten(1)
+        value, state = band.max(dim=1)
+        U1 = self.U + 1
+        s, k = state // U1 + self.lattice.kmin, state % U1
+        rows = torch.arange(T, device=r.device)
+        counts = torch.empty(T, self.G, dtype=torch.long, device=r.device)
+        for g in reversed(range(self.G)):
+            j = picks[g][rows, s, k]
+            counts[:, g] = j
+            s, k = s - j, k - (j > 0).long() * int(self.U > 0)
+        z = (torch.arange(self.S, device=r.device) < counts[..., None]).double()  # in sorted order
+        z = torch.zeros_like(x).scatter_(-1, order, z)
+        log_p = value - torch.nn.functional.softplus(r.double(), threshold=40.0).sum(1)
+        log_p = torch.where(value > LOG_ZERO / 2, log_p, -torch.inf)
+        return self._unpad(z).to(r.dtype), log_p.to(r.dtype)
+
+
+def _pick(p: Tensor, u: Tensor) -> Tensor:
+    """The first index whose cumulative probability passes u·total: p [T, m] >= 0, u [T] in [0, 1) -> [T] long."""
+    cum = p.cumsum(dim=1)
+    total = cum[:, -1:]
+    x = torch.minimum(u[:, None].double() * total, total * (1 - 2.0**-52))
+    return (cum <= x).sum(dim=1).clamp(max=p.shape[1] - 1)
