@@ -36,6 +36,7 @@ CASES = {  # route's arguments, backend
     "range 4..8 of 64, circuit": (dict(kmin=4, kmax=8), "circuit"),
     "range 4..8 of 64, dp": (dict(kmin=4, kmax=8), "dp"),
     "group-limited 8 of 64": (dict(constraint=GROUPS), "circuit"),
+    "group-limited 8 of 64, dp": (dict(constraint=GROUPS), "dp"),
 }
 
 
