@@ -87,9 +87,9 @@ def routing_rows(N: int, args) -> tuple[list[tuple], float]:
     train = {
         "stock grouped top-k": lambda: grouped_topk(r, G, M, k)[0],
         "route, GroupLimited (ProbMoE)": lambda: probmoe.route(r, constraint=spec, training=True, **common).weights,
-        "route, GroupLimited, group DP": lambda: probmoe.route(
-            r, constraint=spec, training=True, algorithm="dp", **common
-        ).weights,
+        "route, GroupLimited, group DP": lambda: (
+            probmoe.route(r, constraint=spec, training=True, algorithm="dp", **common).weights
+        ),
         "route, exactly k, no groups": lambda: probmoe.route(r, k=k, training=True, **common).weights,
     }
     times = interleaved(

@@ -270,17 +270,19 @@ class TorchGroupDP(Kernels):
         U1 = self.U + 1
         s, k = state // U1 + self.lattice.kmin, state % U1  # the final count and groups used, [T]
         counts = torch.empty(T, self.G, dtype=torch.long, device=r.device)
-        rows = torch.arange(T, device=r.device)
-        for g in reversed(range(self.G)):
-            terms = self._terms(O[g], E[-1][:, g])  # [C + 1, T, K + 1, U + 1]
-            p = torch.exp(terms[:, rows, s, k] - O[g + 1][rows, s, k]).T  # [T, C + 1]
-            j = _pick(p, u[1 + g])
+        rows, js = torch.arange(T, device=r.device), torch.arange(self.C + 1, device=r.device)
+        for g in reversed(range(self.G)):  # the group's count j from the state (s, k) after it
+            s_j = s[:, None] - js  # [T, C + 1]: the count before the group
+            k_j = k[:, None] - (js > 0).long() * int(self.U > 0)
+            before = O[g].flatten(1).gather(1, s_j.clamp(min=0) * U1 + k_j.clamp(min=0))  # [T, C + 1]
+            log_p = torch.where((s_j >= 0) & (k_j >= 0), before + E[-1][:, g], -torch.inf)
+            j = _pick(torch.exp(log_p - O[g + 1][rows, s, k][:, None]), u[1 + g])
             counts[:, g] = j
             s, k = s - j, k - (j > 0).long() * int(self.U > 0)
         uv = torch.cat([u[1 + self.G :], u.new_ones(1, T)]).index_select(0, self.index).T.reshape(T, self.G, self.S)
         z = torch.zeros_like(x)
-        for i in reversed(range(self.S)):
-            take = (E[i][..., :-1] + x[..., i : i + 1]).gather(-1, (counts - 1).clamp(min=0)[..., None])[..., 0]
+        for i in reversed(range(self.S)):  # inside each group, its variables given its count
+            take = E[i].gather(-1, (counts - 1).clamp(min=0)[..., None])[..., 0] + x[..., i]
             skip = E[i].gather(-1, counts[..., None])[..., 0]
             chosen = (uv[..., i] < torch.sigmoid(take - skip)) & (counts > 0)
             z[..., i] = chosen.double()

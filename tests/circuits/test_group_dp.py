@@ -175,3 +175,43 @@ def test_compiles_without_a_graph_break():
     (got,) = torch.autograd.grad(fn(r), r)
     (want,) = torch.autograd.grad((dp.marginals(r) * v).sum(), r)
     torch.testing.assert_close(got, want)
+
+
+def test_tokens_in_chunks_give_the_same_answers(monkeypatch):
+    """A call runs over ``CHUNK`` tokens at a time: the answers and the draws do not depend on it."""
+    from circuits.kernels import torch_groups
+
+    spec = GroupLimited(10, None, [2, 3, 5], 2, capacity=2, kmin=2, kmax=4)
+    dp = circuits.GroupDP(spec)
+    r = logits(spec, T=11).float()
+    v = torch.randn_like(r)
+
+    def answers():
+        rr = r.clone().requires_grad_()
+        m, z = dp.marginals_and_sample(rr, torch.Generator().manual_seed(4))
+        (cov,) = torch.autograd.grad((m * v).sum(), rr)
+        return dp.log_partition(r), m.detach(), z, cov, dp.map(r), dp.sample(r, torch.Generator().manual_seed(4))
+
+    whole = answers()
+    monkeypatch.setattr(torch_groups, "CHUNK", 3)
+    for got, want in zip(answers(), whole, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_shapes_dtypes_and_edge_sizes():
+    spec = GroupCapacity(8, 4, 4, 1)
+    dp = circuits.GroupDP(spec)
+    r = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0))
+    want = dp.marginals(r.double())
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        m = dp.marginals(r.to(dtype))
+        assert m.shape == (2, 3, 8) and m.dtype == dtype
+        torch.testing.assert_close(m.double(), want, atol=1e-2 if dtype != torch.float32 else 1e-6, rtol=0)
+    assert dp.sample(r).shape == (2, 3, 8) and dp.map(r).sum(-1).eq(4).all()
+    empty = torch.empty(0, 8)
+    assert dp.marginals(empty).shape == (0, 8) and dp.sample(empty).shape == (0, 8) and dp.map(empty).shape == (0, 8)
+    assert dp.log_partition(empty).shape == (0,)
+    none = circuits.GroupDP(GroupLimited(8, 0, 4, 2))  # only the empty set: log Z = Σ log sigma(-r)
+    r2 = r.reshape(-1, 8)
+    torch.testing.assert_close(none.log_partition(r2), torch.nn.functional.logsigmoid(-r2).sum(-1))
+    assert none.marginals(r2).eq(0).all() and none.sample(r2).eq(0).all() and none.map(r2).eq(0).all()
