@@ -97,26 +97,28 @@ class TorchGroupDP(Kernels):
             rows.append(E)
         return rows
 
-    def _moved(self, O: Tensor, j: int, fill: float) -> Tensor:
-        """O [T, K + 1, U + 1] moved to the states a group of j true variables leads to: out[c, u] =
-        O[c - j, u - [j > 0]] (u unchanged when not tracked), ``fill`` where that is outside."""
-        du = int(j > 0 and self.U > 0)
-        out = O.new_full(O.shape, fill)
-        out[:, j:, du:] = O[:, : O.shape[1] - j, : O.shape[2] - du]
-        return out
-
-    def _back(self, F: Tensor, j: int) -> Tensor:
-        """The inverse of ``_moved``: out[c, u] = F[c + j, u + [j > 0]], 0 outside. [T, K + 1, U + 1]."""
-        du = int(j > 0 and self.U > 0)
-        out = torch.zeros_like(F)
-        out[:, : F.shape[1] - j, : F.shape[2] - du] = F[:, j:, du:]
+    def _back(self, F: Tensor) -> Tensor:
+        """The flows into each state from the state after the group, summed over j: the adjoint of
+        ``_terms``' move, out[c, u] = Σ_j F[j, :, c + j, u + [j > 0]]. [C + 1, T, K + 1, U + 1] ->
+        [T, K + 1, U + 1]."""
+        K1, U1 = F.shape[2:]
+        out = F[0].clone()
+        du = int(self.U > 0)
+        for j in range(1, self.C + 1):
+            out[:, : K1 - j, : U1 - du] += F[j, :, j:, du:]
         return out
 
     def _terms(self, O: Tensor, E: Tensor, fill: float = LOG_ZERO) -> Tensor:
         """The log-weights of reaching each state through a group of j true, j = 0..C: O [T, K + 1,
-        U + 1] (before the group), E [T, C + 1] (its inner lattice) -> [C + 1, T, K + 1, U + 1];
+        U + 1] (before the group), E [T, C + 1] (its inner lattice) -> [C + 1, T, K + 1, U + 1],
+        out[j, :, c, u] = O[:, c - j, u - [j > 0]] + E[:, j] (u unchanged when not tracked);
         ``fill`` (0 for tangents) where no state leads there."""
-        return torch.stack([self._moved(O, j, fill) + E[:, j, None, None] for j in range(self.C + 1)])
+        T, K1, U1 = O.shape
+        out = O.new_full((self.C + 1, T, K1, U1), fill)
+        for j in range(self.C + 1):
+            du = int(j > 0 and self.U > 0)
+            torch.add(O[:, : K1 - j, : U1 - du], E[:, j, None, None], out=out[j, :, j:, du:])
+        return out
 
     def _outer(self, top: Tensor) -> list[Tensor]:
         """The outer lattice rows O_0..O_G, each [T, K + 1, U + 1] float64, from top = E_S [T, G, C + 1]."""
@@ -159,9 +161,9 @@ class TorchGroupDP(Kernels):
                 dP = P * (self._terms(dO[g], dE[-1][:, g], 0.0) - dO[g + 1])
                 dF = dA * P + A * dP
                 dw[g] = dF.flatten(2).sum(2).T
-                dA = sum(self._back(dF[j], j) for j in range(self.C + 1))
+                dA = self._back(dF)
             w[g] = F.flatten(2).sum(2).T  # [T, C + 1]
-            A = sum(self._back(F[j], j) for j in range(self.C + 1))
+            A = self._back(F)
         B, dB = w.permute(1, 0, 2).contiguous(), None  # [T, G, C + 1]
         if v is not None:
             dB = dw.permute(1, 0, 2).contiguous()
