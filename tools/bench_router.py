@@ -1,13 +1,14 @@
 """Benchmark route(training=True) forward + backward against softmax + topk, in the same run.
 
-    python tools/bench_router.py [--tokens T] [--sizes 64:8,64:4-8] [--devices cpu,cuda]
+    python tools/bench_router.py [--tokens T] [--sizes 64:8,64:4-8,256:8/8g4] [--devices cpu,cuda]
                                  [--dtypes fp32,bf16] [--passes auto|torch,triton,...]
                                  [--repeats 15] [--threads 2] [--compiled] [--stat median|min]
                                  [--json FILE]
 
 For each device (default: the CPU at T = 4096 tokens, and CUDA at T = 65,536 when there is one;
 ``--tokens`` sets both), each logits dtype (``--dtypes``, default fp32) and each constraint (N:k
-for exactly k of N experts, N:a-b for a..b): the median time of route(training=True) forward +
+for exactly k of N experts, N:a-b for a..b, N:k/GgM for k of N from at most M of G groups, the
+group-limited constraint of DeepSeek-V3's gate: route dp is then the group DP): the median time of route(training=True) forward +
 backward (to the logits) for each backend as a ratio to softmax + topk forward + backward on the
 same device and dtype (interleaved repeats, so drift hits all alike), and the bytes the autograd
 graph keeps for the backward (distinct storages seen by ``torch.autograd.graph.saved_tensors_hooks``);
@@ -60,8 +61,15 @@ def saved_bytes(fn) -> int:
 
 
 def parse_size(text: str) -> tuple[str, int, dict]:
-    """'64:8' -> ('exactly 8 of 64', 64, {k: 8}); '64:4-8' -> ('range 4..8 of 64', 64, {kmin: 4, kmax: 8})."""
+    """'64:8' -> ('exactly 8 of 64', 64, {k: 8}); '64:4-8' -> ('range 4..8 of 64', 64, {kmin: 4, kmax: 8});
+    '256:8/8g4' -> ('8 of 256 in <= 4 of 8 groups', 256, {constraint: GroupLimited(256, 8, 8, 4)})
+    (DeepSeek-V3's gate)."""
     n, _, k = text.partition(":")
+    if "/" in k:
+        k, _, groups = k.partition("/")
+        g, _, m = groups.partition("g")
+        spec = circuits.GroupLimited(int(n), int(k), int(g), int(m))
+        return f"{k} of {n} in <= {m} of {g} groups", int(n), dict(constraint=spec)
     if "-" in k:
         a, b = k.split("-")
         return f"range {a}..{b} of {n}", int(n), dict(kmin=int(a), kmax=int(b))
@@ -117,11 +125,13 @@ def bench_device(
     rows, records, names = [], [], set()
     for text in sizes:
         label, N, size = parse_size(text)
-        kmax = size.get("k", size.get("kmax"))
-        kmin = size.get("k", size.get("kmin"))
+        spec = size.get("constraint")
+        kmax = spec.kmax if spec else size.get("k", size.get("kmax"))
+        kmin = spec.kmin if spec else size.get("k", size.get("kmin"))
         r = (torch.randn(T, N, generator=gen, device=device) * 2).to(dtype).requires_grad_()
         c = torch.randn(T, kmax, generator=gen, device=device, dtype=dtype)
-        circuit = constraints.cardinality(N, kmin, kmax, r.device)  # route's own: keyed by "cuda:0", not "cuda"
+        # route's own circuit: keyed by "cuda:0", not "cuda"
+        circuit = constraints.compiled(spec, r.device) if spec else constraints.cardinality(N, kmin, kmax, r.device)
         fwd = {"softmax + topk": lambda: softmax_topk(r, kmax)}
         for impl in ["dp", *implementations(device, list(passes_wanted))]:
             backend = "dp" if impl == "dp" else "circuit"
@@ -184,7 +194,9 @@ def main() -> None:
         "--tokens", type=int, default=None, help="tokens per call (default: 4096 on the CPU, 65536 on CUDA)"
     )
     ap.add_argument(
-        "--sizes", default="64:8,64:4-8,128:8,256:16", help="comma-separated N:k (exactly k of N) or N:a-b (a..b of N)"
+        "--sizes",
+        default="64:8,64:4-8,128:8,256:16",
+        help="comma-separated N:k (exactly k of N), N:a-b (a..b of N) or N:k/GgM (k of N in at most M of G groups)",
     )
     ap.add_argument("--devices", default="cpu,cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--repeats", type=int, default=15)

@@ -2,11 +2,16 @@
 
     python tools/bench_step.py [--tokens 2048] [--seq 256] [--hidden 128] [--experts 64] [--top-k 8]
                                [--layers 2] [--heads 4] [--vocab 512] [--dtype float32|bfloat16]
+                               [--family olmoe|deepseek_v3 [--groups 8] [--topk-group 4]] [--expert-width W]
                                [--repeats 15] [--threads 2] [--devices cpu,cuda]
                                [--methods LABEL ...] [--json FILE [--append]]
 
 An OLMoE-proportioned model scaled down for the CPU (64 experts, top-8; OLMoE-1B-7B has hidden
-2048, 16 layers), randomly initialised, one copy per method from the same weights. A step is
+2048, 16 layers), randomly initialised, one copy per method from the same weights; with ``--family
+deepseek_v3`` a DeepSeek-V3 model of the same widths (every layer MoE, one shared expert, MLA
+attention) whose gate takes the top-k from ``--topk-group`` of ``--groups`` expert groups, timed
+with its stock gate as conventional against ProbMoE grouped (``probmoe-grouped``: the compiled
+circuit, or the group DP). A step is
 forward with labels, backward and an AdamW update on ``--tokens`` tokens. For conventional
 top-k, DenseMixer, ProbMoE Exact-k (the "dp" and the "circuit" backend), ProbMoE Dynamic-k
 (1..top-k, circuit), DefaultMoE, SparseMixer and ReMoE (``--methods`` picks some): the median step time (interleaved repeats, so drift hits all alike), tokens
@@ -50,7 +55,11 @@ METHODS = {  # label -> patch_model arguments (None: the stock model)
     "DefaultMoE": dict(method="defaultmoe"),
     "SparseMixer": dict(method="sparsemixer"),
     "ReMoE": dict(method="remoe"),
+    "ProbMoE grouped (circuit)": dict(method="probmoe-grouped", algorithm="circuit"),
+    "ProbMoE grouped (dp)": dict(method="probmoe-grouped", algorithm="dp"),
 }
+GROUPED = ("ProbMoE grouped (circuit)", "ProbMoE grouped (dp)")  # --family deepseek_v3 only
+FAMILIES = ("olmoe", "deepseek_v3")
 
 
 def build(args, device: torch.device, labels=tuple(METHODS)) -> dict:
@@ -58,19 +67,28 @@ def build(args, device: torch.device, labels=tuple(METHODS)) -> dict:
     from probmoe.integrations.transformers import patch_model
     from probmoe.integrations.transformers.testing import tiny_model
 
-    base = tiny_model(
-        "olmoe",
-        seed=0,
+    expert_width = args.expert_width or args.hidden // 2
+    widths = dict(
         hidden_size=args.hidden,
-        intermediate_size=args.hidden // 2,
+        intermediate_size=expert_width,
         num_hidden_layers=args.layers,
         num_attention_heads=args.heads,
         num_key_value_heads=args.heads,
-        num_experts=args.experts,
         num_experts_per_tok=args.top_k,
         vocab_size=args.vocab,
         max_position_embeddings=args.seq,
-    ).to(DTYPES[args.dtype])
+    )
+    if args.family == "deepseek_v3":  # every layer MoE, experts as wide as OLMoE's, the gate's groups
+        widths.update(
+            n_routed_experts=args.experts,
+            moe_intermediate_size=expert_width,
+            first_k_dense_replace=0,
+            n_group=args.groups,
+            topk_group=args.topk_group,
+        )
+    else:
+        widths.update(num_experts=args.experts)
+    base = tiny_model(args.family, seed=0, **widths).to(DTYPES[args.dtype])
     if args.router_offset:
         offset_routers(base, args.router_offset)
     out = {}
@@ -134,7 +152,7 @@ def peak_rss_mib(args, label: str) -> float:
         *[
             f"--{k.replace('_', '-')}={v}"
             for k, v in vars(args).items()
-            if k not in ("methods", "child", "json", "no_memory")
+            if k not in ("methods", "child", "json", "no_memory", "append")
         ],
         f"--child={label}",
     ]
@@ -212,6 +230,7 @@ def bench(args, device: torch.device) -> list[dict]:
         records.append(
             dict(
                 device=str(device),
+                family=args.family,
                 method=label,
                 seconds=t,
                 step_ratio=t / base_t,
@@ -222,10 +241,11 @@ def bench(args, device: torch.device) -> list[dict]:
             )
         )
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    groups = f", {args.topk_group} of {args.groups} groups" if args.family == "deepseek_v3" else ""
     print(
-        f"\n{where}: {args.tokens} tokens per step ({args.tokens // args.seq} x {args.seq}), hidden {args.hidden}, "
-        f"{args.layers} layers, {args.experts} experts, top-{args.top_k}, {args.dtype}, "
-        f"router offset {args.router_offset:g}"
+        f"\n{where}: {args.family}, {args.tokens} tokens per step ({args.tokens // args.seq} x {args.seq}), "
+        f"hidden {args.hidden}, {args.layers} layers, {args.experts} experts, top-{args.top_k}{groups}, "
+        f"{args.dtype}, router offset {args.router_offset:g}"
     )
     print(
         table(
@@ -246,11 +266,26 @@ def bench(args, device: torch.device) -> list[dict]:
 
 def parse():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--family",
+        choices=FAMILIES,
+        default="olmoe",
+        help="olmoe (softmax top-k) or deepseek_v3 (sigmoid scores, top-k from --topk-group of --groups "
+        "expert groups; its methods: conventional, the stock grouped gate, and ProbMoE grouped)",
+    )
+    ap.add_argument("--groups", type=int, default=8, help="deepseek_v3: expert groups (n_group)")
+    ap.add_argument("--topk-group", type=int, default=4, help="deepseek_v3: groups a token may use (topk_group)")
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument(
+        "--expert-width",
+        type=int,
+        default=0,
+        help="an expert's intermediate size (default: hidden / 2; 256 experts of hidden / 8 weigh what 64 of hidden / 2 do)",
+    )
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--heads", type=int, default=4, help="attention heads (and key/value heads)")
     ap.add_argument("--vocab", type=int, default=512)
@@ -273,8 +308,9 @@ def parse():
         "--methods",
         nargs="+",
         choices=tuple(METHODS),
-        default=list(METHODS),
-        help="the rows to measure (conventional, the baseline of the ratios, always)",
+        default=None,
+        help="the rows to measure (conventional, the baseline of the ratios, always; default: every "
+        "method of --family, the grouped ones for deepseek_v3 only)",
     )
     ap.add_argument(
         "--no-memory",
@@ -296,6 +332,13 @@ def main() -> None:
     args = parse()
     if args.tokens % args.seq:
         raise SystemExit(f"--tokens ({args.tokens}) must be a multiple of --seq ({args.seq})")
+    if args.methods is None:
+        args.methods = (
+            ["conventional", *GROUPED] if args.family == "deepseek_v3" else [m for m in METHODS if m not in GROUPED]
+        )
+    wrong = [m for m in args.methods if m in GROUPED and args.family != "deepseek_v3"]
+    if wrong:
+        raise SystemExit(f"--methods {wrong[0]!r} routes within expert groups: it needs --family deepseek_v3")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}; load average {os.getloadavg()[0]:.2f} at start")

@@ -109,9 +109,28 @@ def test_report_reads_what_the_parts_wrote(tmp_path):
             ]
         )
     )
-    files = dict(tests=str(tests), bench_router=str(router), bench_step=str(step), profile_route=str(profile))
+    grouped = tmp_path / "grouped.json"
+    row = dict(seconds=0.2, tokens_per_s=8e4, peak_mib=900.0, experts_per_token=8.0, family="deepseek_v3")
+    grouped.write_text(
+        json.dumps(
+            dict(
+                rows=[
+                    dict(row, method="conventional", step_ratio=1.0, memory_ratio=1.0),
+                    dict(row, method="ProbMoE grouped (circuit)", step_ratio=1.04, memory_ratio=1.03),
+                ]
+            )
+        )
+    )
+    files = dict(
+        tests=str(tests),
+        bench_router=str(router),
+        bench_step=str(step),
+        bench_step_grouped=str(grouped),
+        profile_route=str(profile),
+    )
     got = report.collect([dict(files=files)])
     assert [t["outcome"] for t in got["tests"]] == ["passed", "failed", "skipped"] and got["bench_step"] == []
+    assert [r["method"] for r in got["bench_step_grouped"]] == ["conventional", "ProbMoE grouped (circuit)"]
     md = report.markdown(
         dict(
             mode="cuda",
@@ -146,6 +165,7 @@ def test_report_reads_what_the_parts_wrote(tmp_path):
         in md
     )
     assert "tests, s: failed (return code 2)" in md and "ERROR collecting tests/x.py" in md
+    assert "## A 256-expert grouped step" in md and "| time met, memory met |" in md  # 1.04 and 1.03 <= 1.05
 
 
 def test_layers_that_fit():
@@ -187,6 +207,11 @@ def test_rehearsal_end_to_end(tmp_path):
     assert any(t["outcome"] == "skipped" and "CUDA only" in t["message"] for t in res["tests"])
     assert {r["dtype"] for r in res["bench_router"]} == {"float32", "bfloat16"}
     assert {r["method"] for r in res["bench_step"]} == set(parts.STEP_METHODS)
+    assert [r["method"] for r in res["bench_step_grouped"]] == ["conventional", "ProbMoE grouped (circuit)"]
+    assert {r["routine"] for r in res["bench_router"] if r["constraint"] == "2 of 16 in <= 2 of 4 groups"} >= {
+        "route dp",
+        "route circuit (c)",
+    }
     assert res["eval"]["experts_per_token"] > 0 and res["analysis"]["runs"] >= 1
     wanted = len(environment.carried())  # one wheel per package tools/gpu/wheels.txt names
     assert f"{wanted} wheels checked for CPython 3.12" in (out / "install.log").read_text()

@@ -210,7 +210,7 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
                     "--tokens",
                     "65536",
                     "--sizes",
-                    "64:8,64:4-8,128:8,256:16",
+                    "64:8,64:4-8,128:8,256:16,256:8/8g4",
                     "--passes",
                     "torch,triton",
                     "--repeats",
@@ -239,7 +239,7 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
                     "--tokens",
                     "64",
                     "--sizes",
-                    "8:2,8:1-3,16:4",
+                    "8:2,8:1-3,16:4,16:2/4g2",
                     "--passes",
                     "torch,c",
                     "--repeats",
@@ -251,7 +251,12 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
         ]
     router.steps.insert(1, profile)  # after the routing table, before the circuit path
 
-    step = Part("bench_step", 0.21, 45, files={"bench_step": work / "bench_step.json"})
+    step = Part(
+        "bench_step",
+        0.21,
+        45,
+        files={"bench_step": work / "bench_step.json", "bench_step_grouped": work / "bench_step_grouped.json"},
+    )
     shape = (
         [
             "--hidden",
@@ -321,6 +326,34 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
         for method in STEP_METHODS
         if method != "conventional"
     ]
+    # the 256-expert grouped step (DeepSeek-V3's gate, 8 from 4 of 8 groups): experts a quarter as
+    # wide, so that its expert weights are OLMoE's and as many layers fit
+    grouped = ["--family", "deepseek_v3", "--experts", "256" if cuda else "16", "--top-k", "8" if cuda else "2"]
+    grouped += ["--groups", "8" if cuda else "4", "--topk-group", "4" if cuda else "2"]
+    grouped += ["--expert-width", "256" if cuda else "16"]
+    drop = {"--experts", "--top-k"}  # the OLMoE shape's values of these give way to the grouped ones
+    kept = [a for i, a in enumerate(shape) if a not in drop and (i == 0 or shape[i - 1] not in drop)]
+    step.steps.append(
+        (
+            "training step, ProbMoE grouped (circuit), " + ("256 experts in 8 groups, hidden 2048" if cuda else "tiny"),
+            [
+                PY,
+                "tools/bench_step.py",
+                "--devices",
+                "cuda" if cuda else "cpu",
+                *kept,
+                *grouped,
+                "--dtype",
+                "bfloat16",
+                "--methods",
+                "conventional",
+                "ProbMoE grouped (circuit)",
+                "--json",
+                str(work / "bench_step_grouped.json"),
+            ],
+            {},
+        )
+    )
 
     commands = Part(
         "commands",

@@ -10,8 +10,15 @@ from pathlib import Path
 
 # routing fwd+bwd on CUDA at T = 65,536 as a ratio to softmax + top-k, and the training step and its peak
 # memory as ratios to conventional: the goals the GPU figures are read against
-ROUTING_GOALS = {"exactly 8 of 64": 0.25, "range 4..8 of 64": 0.25, "exactly 8 of 128": 0.25, "exactly 16 of 256": 0.5}
-STEP_GOAL, MEMORY_GOAL = 1.02, 1.02
+ROUTING_GOALS = {
+    "exactly 8 of 64": 0.25,
+    "range 4..8 of 64": 0.25,
+    "exactly 8 of 128": 0.25,
+    "exactly 16 of 256": 0.5,
+    "8 of 256 in <= 4 of 8 groups": 0.5,
+}
+STEP_GOAL = 1.02  # the step's time and its peak memory, each
+GROUPED_STEP_GOAL = 1.05  # the same for the 256-expert, top-8 grouped step (DeepSeek-V3's gate)
 
 
 def _read(path: str | None):
@@ -34,6 +41,7 @@ def collect(parts: list[dict]) -> dict:
         "tests": _read(files.get("tests")) or [],
         "bench_router": _read(files.get("bench_router")) or [],
         "bench_step": (_read(files.get("bench_step")) or {}).get("rows", []),
+        "bench_step_grouped": (_read(files.get("bench_step_grouped")) or {}).get("rows", []),
         "profile_route": _read(files.get("profile_route")) or [],
     }
     summary = _read(files.get("eval"))
@@ -140,11 +148,11 @@ def profile_table(results: list[dict]) -> list[str]:
     )
 
 
-def _step(rows: list[dict]) -> list[str]:
+def _step(rows: list[dict], goal: float = STEP_GOAL) -> list[str]:
     def memory(r):
         if r["memory_ratio"] is None:
             return "not measured"
-        return "met" if r["memory_ratio"] <= MEMORY_GOAL else "missed"
+        return "met" if r["memory_ratio"] <= goal else "missed"
 
     out = [
         [
@@ -157,7 +165,7 @@ def _step(rows: list[dict]) -> list[str]:
             f"{r['experts_per_token']:.2f}",
             ""
             if r["method"] == "conventional"
-            else f"time {'met' if r['step_ratio'] <= STEP_GOAL else 'missed'}, memory {memory(r)}",
+            else f"time {'met' if r['step_ratio'] <= goal else 'missed'}, memory {memory(r)}",
         ]
         for r in rows
     ]
@@ -170,7 +178,7 @@ def _step(rows: list[dict]) -> list[str]:
             "peak (MiB)",
             "memory / conventional",
             "experts per token",
-            f"goals (≤ {STEP_GOAL}×, ≤ {MEMORY_GOAL}×)",
+            f"goals (time and memory ≤ {goal}×)",
         ],
         out,
     )
@@ -229,6 +237,13 @@ def markdown(summary: dict) -> str:
             "## A training step per method (tools/bench_step.py; the paper's Fig. 7)",
             "",
             *_step(res["bench_step"]),
+        ]
+    if res.get("bench_step_grouped"):
+        lines += [
+            "",
+            "## A 256-expert grouped step: DeepSeek-V3's gate against ProbMoE grouped (tools/bench_step.py)",
+            "",
+            *_step(res["bench_step_grouped"], GROUPED_STEP_GOAL),
         ]
     if res.get("eval") or res.get("analysis"):
         lines += ["", "## probmoe-train → probmoe-eval → probmoe-analyze", ""]
