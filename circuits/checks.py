@@ -1,5 +1,5 @@
 """Checks on logits, generators, integer arguments and cardinality ranges: the one home of each
-check and its message, for the specs, ``Circuit``, ``CardinalityDP`` and every caller above them
+check and its message, for the specs, ``Circuit``, the DPs and every caller above them
 (``probmoe``'s configs, distribution, ``route``, the routers and the patch). A public module of
 ``circuits``.
 

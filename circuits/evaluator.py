@@ -1,5 +1,5 @@
 """``Evaluator``: what the two algorithms share, the compiled circuit (``circuits.Circuit``) and the
-cardinality DP (``circuits.CardinalityDP``): the shapes, the checks and the queries.
+dynamic programs (``circuits.CardinalityDP``, ``circuits.GroupDP``): the shapes, the checks and the queries.
 
 Every query takes logits [..., n] (log-odds of independent Bernoulli variables) on the evaluator's
 device, checks them once (unless ``validate`` is False), flattens the leading dimensions into T

@@ -39,8 +39,9 @@ differentiable ones have their autograd registered here.
 r: logits [T, n], float32 or float64, contiguous, checked by the caller (``Circuit``). shift:
 None, or [T, 1] subtracted from r before the pass (the exactly-k shift; the circuit's answers do
 not change, only their rounding). seed: a 0-dim int64 tensor (``circuits.kernels.uniforms``).
-circuit: the handle of an evaluator (``register``: a ``Circuit``, or for ``chosen_scores`` a
-``CardinalityDP`` too), whose ``kernels`` are the implementation for the logits' dtype on its device
+circuit: the handle of an evaluator (``register``: a ``Circuit`` or a ``GroupDP``, whose kernels
+answer the same queries, or for ``chosen_scores`` a ``CardinalityDP`` too), whose ``kernels`` are
+the implementation for the logits' dtype on its device
 (``circuits.kernels.select`` picks it once): the operators carry no Python object, so a handle is
 valid in the process that registered it. The ``dp_`` operators are the cardinality DP's
 (``circuits.CardinalityDP``, kmin <= |z| <= kmax, checked by the caller): their kernels come from the
@@ -70,7 +71,7 @@ _LOCK = threading.Lock()
 
 
 def register(evaluator) -> int:
-    """A handle for ``evaluator`` (a ``Circuit`` or a ``CardinalityDP``; kept while it lives), the
+    """A handle for ``evaluator`` (a ``Circuit``, ``CardinalityDP`` or ``GroupDP``; kept while it lives), the
     ``circuit`` argument of the operators."""
     with _LOCK:
         handle = next(_HANDLES)
@@ -84,7 +85,7 @@ def evaluator(handle: int):
     if found is None:
         raise RuntimeError(
             f"circuits: no live evaluator has handle {handle} (handles belong to the process and "
-            "the Circuit or CardinalityDP object that registered them)"
+            "the evaluator object that registered them)"
         )
     return found
 
@@ -305,7 +306,7 @@ def chosen_scores(
     index), their scores π = softmax(r) or sigmoid(r) (``kind``), with the straight-through gradient
     (``circuits.kernels.straight_through``): (weights [T, slots], indices [T, slots] long, mask [T, slots]
     bool, π [T, n]). C: the constraint of the evaluator of handle ``circuit`` (a ``Circuit`` or a
-    ``CardinalityDP``; ``kmin``, ``kmax``: its sizes, for the reader: the evaluator knows them);
+    ``CardinalityDP`` or ``GroupDP``; ``kmin``, ``kmax``: its sizes, for the reader: the evaluator knows them);
     ``paper``: the marginals' Jacobian Cov(z) diag(1 - sigmoid(r)) in the backward. The kernels'
     ``chosen``: one pass where they fuse it (the C kernels, the Triton ones), else the draw of ``dp_marginals`` /
     ``marginals`` with the same seed, then ``topk_chosen``."""
