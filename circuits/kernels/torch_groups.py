@@ -183,7 +183,8 @@ class TorchGroupDP(Kernels):
                 dB[..., :-1] += dF[..., 1:]
             B = B - F
             B[..., :-1] += F[..., 1:]
-        return torch.stack(cols[::-1], dim=-1)  # [T, G, S]
+        out = torch.stack(cols[::-1], dim=-1)  # [T, G, S]
+        return torch.where((log_z > LOG_ZERO / 2)[:, None, None], out, torch.nan)  # NaN rows: nothing allowed
 
     def _tangents(self, x: Tensor, v: Tensor, E: list[Tensor], O: list[Tensor]) -> tuple[list, list]:
         """The tangents of the lattices along v [T, G, S]: (dE_0..dE_S, dO_0..dO_G), shaped as E and O."""
@@ -290,7 +291,9 @@ class TorchGroupDP(Kernels):
             z[..., i] = chosen.double()
             counts = counts - chosen.long()
         soft = torch.nn.functional.softplus(r.double(), threshold=40.0).sum(1)
-        return self._unpad(z), log_z - soft
+        allowed = log_z > LOG_ZERO / 2
+        z = torch.where(allowed[:, None, None], z, torch.nan)  # NaN rows: nothing allowed to draw
+        return self._unpad(z), torch.where(allowed, log_z - soft, -torch.inf)
 
     def map(self, r: Tensor, shift=None) -> tuple[Tensor, Tensor]:
         """(the most probable allowed assignment z [T, n] in {0, 1}, its log P_indep [T]; -inf where

@@ -215,3 +215,16 @@ def test_shapes_dtypes_and_edge_sizes():
     r2 = r.reshape(-1, 8)
     torch.testing.assert_close(none.log_partition(r2), torch.nn.functional.logsigmoid(-r2).sum(-1))
     assert none.marginals(r2).eq(0).all() and none.sample(r2).eq(0).all() and none.map(r2).eq(0).all()
+
+
+def test_rows_that_allow_nothing_are_nan_when_unchecked():
+    dp = circuits.GroupDP(GroupLimited(8, 3, 4, 2))
+    r = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+    r[1, 2:] = -torch.inf  # one group left: 2 < 3
+    with pytest.raises(ValueError, match="fewer than kmin = 3"):
+        dp.marginals(r)
+    dp.validate = False  # the caller checked: nothing is looked at
+    m, z = dp.marginals_and_sample(r, torch.Generator().manual_seed(1))
+    assert m[1].isnan().all() and z[1].isnan().all() and not m[[0, 2]].isnan().any()
+    assert dp.log_partition(r)[1] == -torch.inf and dp.map(r)[1].eq(0).all()
+    torch.testing.assert_close(m[[0, 2]], circuits.compile_circuit(dp.spec).marginals(r[[0, 2]]), atol=1e-6, rtol=0)
