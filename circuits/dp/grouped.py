@@ -33,9 +33,7 @@ class GroupDP(Evaluator):
         if not isinstance(spec, GROUP_SPECS):
             raise ValueError(f"the group DP evaluates GroupLimited and GroupCapacity specs, got {type(spec).__name__}")
         super().__init__(spec, spec.n, torch.empty(0, device=device).device)  # resolved: "cuda" becomes "cuda:0"
-        self.lattice = GroupLattice(
-            spec.n, spec.kmin, spec.kmax, spec.groups, spec.max_groups, spec.capacity, self.device
-        )
+        self.lattice = GroupLattice(spec, self.device)
 
     def __repr__(self) -> str:
         return f"GroupDP({self.spec.describe()}, device={self.device})"

@@ -21,14 +21,8 @@ class Lattice:
 
 @dataclass(frozen=True)
 class GroupLattice:
-    """kmin..kmax true of n variables in contiguous groups of sizes ``groups``, at most ``capacity``
-    true in a group and at most ``max_groups`` nonempty groups (a ``circuits.GroupLimited`` or
-    ``GroupCapacity`` spec's fields), for logits on ``device``."""
+    """A group spec's lattice (``spec``: a ``circuits.GroupLimited`` or ``GroupCapacity``, read for its
+    n, kmin, kmax, groups, max_groups and capacity), for logits on ``device``."""
 
-    n: int
-    kmin: int
-    kmax: int
-    groups: tuple[int, ...]
-    max_groups: int
-    capacity: int
+    spec: object
     device: torch.device

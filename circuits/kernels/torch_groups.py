@@ -66,23 +66,22 @@ class TorchGroupDP(Kernels):
 
     def __init__(self, lattice: GroupLattice, rows: RowOps = REFERENCES):
         super().__init__(rows)
-        self.lattice = lattice
-        sizes = lattice.groups
-        self.G, self.S, self.K = len(sizes), max(sizes), lattice.kmax
-        self.C = min(lattice.capacity, lattice.kmax, self.S)
-        self.U = lattice.max_groups if lattice.max_groups < self.G else 0  # 0: not tracked
+        self.spec = spec = lattice.spec
+        sizes = spec.groups
+        self.G, self.S, self.K = len(sizes), max(sizes), spec.kmax
+        self.C = min(spec.capacity, spec.kmax, self.S)
+        self.U = spec.max_groups if spec.max_groups < self.G else 0  # 0: not tracked
         index, start = [], 0
         for size in sizes:  # column n of the padded logits holds log 0
-            index += [*range(start, start + size)] + [lattice.n] * (self.S - size)
+            index += [*range(start, start + size)] + [spec.n] * (self.S - size)
             start += size
         self.index = torch.tensor(index, dtype=torch.long, device=lattice.device)  # [G * S]: padded -> column
-        self.positions = self.index.argsort(stable=True)[: lattice.n]  # [n]: column -> padded position
+        self.positions = self.index.argsort(stable=True)[: spec.n]  # [n]: column -> padded position
 
     # --- the lattices ----------------------------------------------------------------------------
     def _padded(self, r: Tensor) -> tuple[Tensor, Tensor]:
         """(x [T, G, S] float64, the tilted logits by group with log 0 padding; the tilt c [T] float64)."""
-        lat = self.lattice
-        c = tilt_constant(r.detach(), lat.kmin, lat.kmax, refine=False).double()  # [T]
+        c = tilt_constant(r.detach(), self.spec.kmin, self.spec.kmax, refine=False).double()  # [T]
         x = (r.double() - c[:, None]).clamp(min=LOG_ZERO)  # -inf: LOG_ZERO
         x = torch.cat([x, x.new_full((x.shape[0], 1), LOG_ZERO)], dim=1)  # [T, n + 1]
         return x.index_select(1, self.index).view(-1, self.G, self.S), c
@@ -133,7 +132,7 @@ class TorchGroupDP(Kernels):
     def _band(self, O: Tensor, c: Tensor) -> Tensor:
         """The natural log-weights of the final states in the band: [T, K + 1, U + 1] -> [T, J, U + 1]
         (O_G[s, u] + s c for s = kmin..kmax)."""
-        kmin = self.lattice.kmin
+        kmin = self.spec.kmin
         s = torch.arange(kmin, self.K + 1, dtype=O.dtype, device=O.device)
         return O[:, kmin:] + s[None, :, None] * c[:, None, None]
 
@@ -141,17 +140,17 @@ class TorchGroupDP(Kernels):
     def _down(self, x, E, O, c, v=None, dE=None, dO=None) -> Tensor:
         """The marginals [T, G, S] float64 from the lattices (see the module docstring); with the
         tangents v [T, G, S], dE, dO (``_tangents``) their directional derivative along v instead."""
-        lat, T = self.lattice, x.shape[0]
+        kmin, T = self.spec.kmin, x.shape[0]
         band = self._band(O[-1], c)  # [T, J, U + 1]
         log_z = torch.logsumexp(band.flatten(1), dim=1)  # [T]
         A = torch.zeros_like(O[-1])
-        A[:, lat.kmin :] = torch.exp(band - log_z[:, None, None])  # P(the final state)
+        A[:, kmin:] = torch.exp(band - log_z[:, None, None])  # P(the final state)
         dA = None
         if v is not None:
-            dband = dO[-1][:, lat.kmin :]
-            dlog_z = (A[:, lat.kmin :] * dband).flatten(1).sum(1)
+            dband = dO[-1][:, kmin:]
+            dlog_z = (A[:, kmin:] * dband).flatten(1).sum(1)
             dA = torch.zeros_like(A)
-            dA[:, lat.kmin :] = A[:, lat.kmin :] * (dband - dlog_z[:, None, None])
+            dA[:, kmin:] = A[:, kmin:] * (dband - dlog_z[:, None, None])
         w = x.new_empty(self.G, T, self.C + 1)
         dw = torch.empty_like(w) if v is not None else None
         for g in reversed(range(self.G)):
@@ -271,7 +270,7 @@ class TorchGroupDP(Kernels):
         log_z = torch.logsumexp(band, dim=1)
         state = _pick(torch.exp(band - log_z[:, None]), u[0])
         U1 = self.U + 1
-        s, k = state // U1 + self.lattice.kmin, state % U1  # the final count and groups used, [T]
+        s, k = state // U1 + self.spec.kmin, state % U1  # the final count and groups used, [T]
         counts = torch.empty(T, self.G, dtype=torch.long, device=r.device)
         rows, js = torch.arange(T, device=r.device), torch.arange(self.C + 1, device=r.device)
         for g in reversed(range(self.G)):  # the group's count j from the state (s, k) after it
@@ -312,7 +311,7 @@ class TorchGroupDP(Kernels):
         band = self._band(O, c).flatten(1)
         value, state = band.max(dim=1)
         U1 = self.U + 1
-        s, k = state // U1 + self.lattice.kmin, state % U1
+        s, k = state // U1 + self.spec.kmin, state % U1
         rows = torch.arange(T, device=r.device)
         counts = torch.empty(T, self.G, dtype=torch.long, device=r.device)
         for g in reversed(range(self.G)):

@@ -7,28 +7,13 @@ import pytest
 import torch
 from brute import exact
 from brute import group_models as models
+from group_specs import SPECS
 from stats import chi2_pvalue, mask_counts
 
 import circuits
 import probmoe
 from circuits import GroupCapacity, GroupLimited
 from probmoe import SubsetDistribution
-
-SPECS = [
-    GroupLimited(6, 2, 3, 1),  # 3 groups of 2; both from one group
-    GroupLimited(8, 3, 4, 2),
-    GroupLimited(9, 3, [2, 3, 4], 2),  # unequal groups
-    GroupLimited(8, None, 4, 2, kmin=1, kmax=4),  # a range
-    GroupLimited(10, None, [1, 4, 2, 3], 2, kmin=0, kmax=5),
-    GroupLimited(7, 2, [7], 1),  # one group: exactly-k
-    GroupCapacity(8, 4, 4, 1),
-    GroupCapacity(9, 4, [3, 3, 3], 2),
-    GroupCapacity(8, None, [3, 5], 2, kmin=1, kmax=4),
-    GroupCapacity(6, 3, 6, 1),  # groups of one variable
-    GroupLimited(9, 3, 3, 2, capacity=2),  # both limits
-    GroupLimited(10, None, [2, 3, 5], 2, capacity=2, kmin=2, kmax=4),
-    GroupCapacity(10, 3, [4, 4, 2], 2, max_groups=2),
-]
 
 
 def logits(spec, T: int = 7, scale: float = 2.0, seed: int = 0) -> torch.Tensor:

@@ -301,27 +301,22 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
             "--no-memory",
         ]
     )
+    on = "cuda" if cuda else "cpu"
+
+    def step_run(label: str, shape_args: list[str], method: str, out: str, *more: str) -> tuple:
+        """A bench_step process: ``method`` beside conventional, bf16, its rows written to ``out``."""
+        argv = [PY, "tools/bench_step.py", "--devices", on, *shape_args, "--dtype", "bfloat16"]
+        return (label, [*argv, "--methods", "conventional", method, "--json", out, *more], {})
+
     # one method per process, beside its own conventional baseline (five models in one process ran
     # out of memory at two OLMoE-wide layers on an H100); the rows gather in one file
     step.steps = [
-        (
+        step_run(
             f"training step, {method}" + (", OLMoE-1B-7B widths" if cuda else ", tiny"),
-            [
-                PY,
-                "tools/bench_step.py",
-                "--devices",
-                "cuda" if cuda else "cpu",
-                *shape,
-                "--dtype",
-                "bfloat16",
-                "--methods",
-                "conventional",
-                method,
-                "--json",
-                str(work / "bench_step.json"),
-                "--append",
-            ],
-            {},
+            shape,
+            method,
+            str(work / "bench_step.json"),
+            "--append",
         )
         for method in STEP_METHODS
         if method != "conventional"
@@ -334,24 +329,11 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
     drop = {"--experts", "--top-k"}  # the OLMoE shape's values of these give way to the grouped ones
     kept = [a for i, a in enumerate(shape) if a not in drop and (i == 0 or shape[i - 1] not in drop)]
     step.steps.append(
-        (
+        step_run(
             "training step, ProbMoE grouped (circuit), " + ("256 experts in 8 groups, hidden 2048" if cuda else "tiny"),
-            [
-                PY,
-                "tools/bench_step.py",
-                "--devices",
-                "cuda" if cuda else "cpu",
-                *kept,
-                *grouped,
-                "--dtype",
-                "bfloat16",
-                "--methods",
-                "conventional",
-                "ProbMoE grouped (circuit)",
-                "--json",
-                str(work / "bench_step_grouped.json"),
-            ],
-            {},
+            kept + grouped,
+            "ProbMoE grouped (circuit)",
+            str(work / "bench_step_grouped.json"),
         )
     )
 
