@@ -126,8 +126,6 @@ def test_every_operator_is_checked():
 @pytest.mark.parametrize("backend", ["circuit", "dp"])
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_route_has_no_graph_break(case, backend, training):
-    if case == "group-limited" and backend == "dp":
-        pytest.skip("a structured constraint takes the circuit backend only")
     x = logits().requires_grad_()
 
     def f(x):
