@@ -33,9 +33,9 @@ Everything else is linear algebra on those lattices, as in ``circuits.kernels.to
 
 Numerics: float64 lattices and adjoints whatever the logits' dtype (fp32 answers are rounded once,
 at the end); -inf logits and unreachable states hold the finite ``LOG_ZERO``, so no -inf - (-inf)
-is formed and exp gives exactly 0 on them. Memory: the inner rows E_i and W_i, (2 S + 1) x
-[T, G, C + 1] float64, are kept for the down sweep; calls run over at most ``CHUNK`` tokens at a
-time. Uniforms of one draw (``circuits.kernels.uniforms``, float32, one call): T for the band
+is formed and exp gives exactly 0 on them. Memory: the inner rows E_0..E_S, (S + 1) x [T, G, C + 1]
+float64 (their tangents as many again for Cov(z) v), and the outer rows, (G + 1) x [T, K + 1, U + 1],
+are kept for the down sweep; calls run over at most ``CHUNK`` tokens at a time. Uniforms of one draw (``circuits.kernels.uniforms``, float32, one call): T for the band
 state, then G x T for the groups' counts (group-major), then n x T for the variables.
 """
 
@@ -51,7 +51,7 @@ from .torch_passes import tilt_constant
 from .uniforms import as_seed
 
 LOG_ZERO = -1e30  # a finite log 0 (float64: sums of many stay finite)
-CHUNK = 8192  # tokens per piece of a call (bounds the kept inner rows: 75 MB at 8 of 256 in 8 groups)
+CHUNK = 4096  # tokens per piece of a call: the kept inner rows are 78 MB at 8 of 256 in 8 groups
 
 
 class TorchGroupDP(Kernels):
