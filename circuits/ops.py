@@ -20,6 +20,10 @@ differentiable ones have their autograd registered here.
                                                    log P_indep(|z| = j) with ``paper``)
                                                    d/dr: ``dp_log_counts_backward``
     dp_log_counts_backward(r, g, kmin, kmax, paper) -> Σ_j g_j d log Z_j / dr [T, n]
+    group_log_counts(r, circuit, kmin, kmax, paper) -> the same log Z_j [T, J] for the group DP of
+                                                   handle ``circuit`` (``circuits.GroupDP``)
+                                                   d/dr: ``group_log_counts_backward``
+    group_log_counts_backward(r, g, circuit, paper) -> Σ_j g_j d log Z_j / dr [T, n]
     chosen_scores(r, seed, kmin, kmax, circuit, slots, kind, paper)
                                                 -> (weights [T, slots], indices [T, slots] long,
                                                    mask [T, slots] bool, π [T, n]): one draw, the
@@ -294,6 +298,45 @@ def dp_log_counts_backward(r: Tensor, g: Tensor, kmin: int, kmax: int, paper: bo
 
 @dp_log_counts_backward.register_fake
 def _(r, g, kmin, kmax, paper):
+    return torch.empty_like(r)
+
+
+# --- the group DP's log counts by size (its other queries are the circuit operators above) ------------
+@torch.library.custom_op("circuits::group_log_counts", mutates_args=())
+def group_log_counts(r: Tensor, circuit: int, kmin: int, kmax: int, paper: bool) -> Tensor:
+    """log Σ_{z allowed, |z| = j} exp(r·z) for j = kmin..kmax under the group DP of handle ``circuit``
+    (a ``GroupDP``; ``kmin``, ``kmax``: its sizes, for the fake): r [T, n] -> [T, J] (-inf where nothing
+    allowed has j true); ``paper``: less Σ softplus(r). One upward pass."""
+    return _kernels(r, circuit).log_counts(r, paper).contiguous()
+
+
+@group_log_counts.register_fake
+def _(r, circuit, kmin, kmax, paper):
+    return r.new_empty(r.shape[0], kmax - kmin + 1)
+
+
+def _group_log_counts_setup(ctx, inputs, output):
+    r, circuit, kmin, kmax, paper = inputs
+    ctx.args = (circuit, paper)
+    ctx.save_for_backward(r)
+
+
+def _group_log_counts_backward(ctx, g):
+    (r,) = ctx.saved_tensors
+    return torch.ops.circuits.group_log_counts_backward(r, g.contiguous(), *ctx.args), None, None, None, None
+
+
+group_log_counts.register_autograd(_group_log_counts_backward, setup_context=_group_log_counts_setup)
+
+
+@torch.library.custom_op("circuits::group_log_counts_backward", mutates_args=())
+def group_log_counts_backward(r: Tensor, g: Tensor, circuit: int, paper: bool) -> Tensor:
+    """Σ_j g_j d log Z_j / d r for g [T, J]: [T, n] (one adjoint pass; not differentiable again)."""
+    return _kernels(r, circuit).log_counts_backward(r, g, paper).contiguous()
+
+
+@group_log_counts_backward.register_fake
+def _(r, g, circuit, paper):
     return torch.empty_like(r)
 
 

@@ -6,7 +6,8 @@ The same queries, shapes and gradients as a compiled circuit of the same spec (l
 with their Cov(z) v backward, exact draws, the MAP, the straight-through selection), reached
 through the same registered operators (``circuits.ops``: ``log_partition``, ``marginals``,
 ``marginals_jvp``, ``sample``, ``map``, ``chosen_scores``), whose kernels ``circuits.kernels.select``
-picks from a ``circuits.kernels.lattice.GroupLattice``: the torch sweeps on every device.
+picks from a ``circuits.kernels.lattice.GroupLattice``: the torch sweeps on every device. Beyond the
+circuit's queries, the log-count of every size from one pass (``log_counts``, ``circuits::group_log_counts``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class GroupDP(Evaluator):
     else). The shapes, checks and queries of ``circuits.evaluator.Evaluator``; its value checks
     (on the CPU two host synchronisations per call, on CUDA assertions in the graph:
     ``circuits.checks``) come before the sweeps."""
+
+    counts_by_size = True
 
     def __init__(self, spec: GroupLimited | GroupCapacity, device="cpu"):
         if not isinstance(spec, GROUP_SPECS):
@@ -85,6 +88,18 @@ class GroupDP(Evaluator):
     def _marginals(self, r: Tensor, seed: Tensor | None, values: bool) -> tuple[Tensor, Tensor]:
         m, z, _ = torch.ops.circuits.marginals(r, None, seed, self.handle, values, False)
         return m, z
+
+    def log_counts(self, logits: Tensor) -> Tensor:
+        """log Σ_{z allowed, |z| = j} exp(Σ_{i∈z} r_i) for j = kmin..kmax: [..., n] -> [..., J] (-inf
+        where nothing allowed has j true), every size from one pass; differentiable (its gradient:
+        one adjoint pass)."""
+        r, lead = self._inputs(logits)
+        counts = torch.ops.circuits.group_log_counts(r, self.handle, self.kmin, self.kmax, False)  # [T, J]
+        return counts.reshape(*lead, counts.shape[-1]).to(logits.dtype)
+
+    def log_normalizer(self, logits: Tensor) -> Tensor:
+        """``Evaluator.log_normalizer`` from the counts by size (no cancellation)."""
+        return torch.logsumexp(self.log_counts(logits), dim=-1)
 
     def _sample(self, r: Tensor, seed: Tensor) -> Tensor:
         return torch.ops.circuits.sample(r, None, seed, self.handle)[0]

@@ -137,14 +137,22 @@ class TorchGroupDP(Kernels):
         return O[:, kmin:] + s[None, :, None] * c[:, None, None]
 
     # --- the adjoints and their tangents ----------------------------------------------------------
-    def _down(self, x, E, O, c, v=None, dE=None, dO=None) -> Tensor:
+    def _down(self, x, E, O, c, v=None, dE=None, dO=None, sizes=None) -> Tensor:
         """The marginals [T, G, S] float64 from the lattices (see the module docstring); with the
-        tangents v [T, G, S], dE, dO (``_tangents``) their directional derivative along v instead."""
+        tangents v [T, G, S], dE, dO (``_tangents``) their directional derivative along v instead;
+        with ``sizes`` g [T, J] (float64) Σ_j g_j m^(j) instead, m^(j) the marginals given j true,
+        the gradient of Σ_j g_j log Z_j (``log_counts_backward``)."""
         kmin, T = self.spec.kmin, x.shape[0]
         band = self._band(O[-1], c)  # [T, J, U + 1]
         log_z = torch.logsumexp(band.flatten(1), dim=1)  # [T]
         A = torch.zeros_like(O[-1])
-        A[:, kmin:] = torch.exp(band - log_z[:, None, None])  # P(the final state)
+        if sizes is None:
+            A[:, kmin:] = torch.exp(band - log_z[:, None, None])  # P(the final state)
+        else:  # g_j P(u | j true); 0 for a size nothing reaches
+            by_size = torch.logsumexp(band, dim=2, keepdim=True)  # [T, J, 1]
+            given = torch.exp(band - by_size)
+            A[:, kmin:] = torch.where(by_size > LOG_ZERO / 2, given * sizes[:, :, None], 0.0)
+            log_z = log_z.new_zeros(T)  # no row is NaN here
         dA = None
         if v is not None:
             dband = dO[-1][:, kmin:]
@@ -222,6 +230,34 @@ class TorchGroupDP(Kernels):
                 outs.append(self._unpad(tail(x, E, O, c)))
         log_z = torch.cat(log_zs).to(r.dtype) if r.shape[0] else r.new_empty(0)
         return log_z, (torch.cat(outs).to(r.dtype) if outs else torch.zeros_like(r)) if want else None
+
+    def log_counts(self, r: Tensor, paper: bool) -> Tensor:
+        """log Z_j = log Σ_{z allowed, |z| = j} exp(r·z) for j = kmin..kmax: r [T, n] -> [T, J] in r's
+        dtype (-inf where nothing allowed has j true); ``paper``: log P_indep(the constraint, |z| =
+        j), less Σ softplus(r). From the outer lattice's last row."""
+        outs = []
+        for part in r.split(CHUNK):
+            x, c = self._padded(part)
+            band = torch.logsumexp(self._band(self._outer(self._inner(x)[-1])[-1], c), dim=2)  # [T, J]
+            if paper:
+                band = band - torch.nn.functional.softplus(part.double(), threshold=40.0).sum(1, keepdim=True)
+            outs.append(torch.where(band > LOG_ZERO / 2, band, -torch.inf))
+        J = self.spec.kmax - self.spec.kmin + 1
+        return torch.cat(outs).to(r.dtype) if outs else r.new_empty(0, J)
+
+    def log_counts_backward(self, r: Tensor, g: Tensor, paper: bool) -> Tensor:
+        """The gradient of Σ_j g_j log Z_j (``log_counts``), g [T, J]: [T, n] = Σ_j g_j m^(j) (less
+        Σ_j g_j sigmoid(r) with ``paper``), one adjoint sweep seeded with g."""
+        outs = []
+        for part, gpart in zip(r.split(CHUNK), g.split(CHUNK), strict=True):
+            x, c = self._padded(part)
+            E = self._inner(x)
+            O = self._outer(E[-1])
+            outs.append(self._unpad(self._down(x, E, O, c, sizes=gpart.double())))
+        grad = torch.cat(outs) if outs else r.new_zeros(r.shape, dtype=torch.float64)
+        if paper:
+            grad = grad - g.double().sum(-1, keepdim=True) * torch.sigmoid(r.double())
+        return grad.to(r.dtype)
 
     def marginals_jvp(self, r: Tensor, v: Tensor, shift=None) -> Tensor:
         """Cov(z) v = (d marginals / d r) v: r, v [T, n] -> [T, n]."""

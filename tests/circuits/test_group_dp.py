@@ -213,3 +213,27 @@ def test_rows_that_allow_nothing_are_nan_when_unchecked():
     assert m[1].isnan().all() and z[1].isnan().all() and not m[[0, 2]].isnan().any()
     assert dp.log_partition(r)[1] == -torch.inf and dp.map(r)[1].eq(0).all()
     torch.testing.assert_close(m[[0, 2]], circuits.compile_circuit(dp.spec).marginals(r[[0, 2]]), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("spec", [SPECS[3], SPECS[4], SPECS[8], SPECS[11], SPECS[1]], ids=str)
+def test_log_counts_by_size(spec):
+    """Every size's log-count from one pass, and its gradient Σ_j g_j m^(j), against brute force."""
+    allowed = models(spec)
+    dp = circuits.GroupDP(spec)
+    assert dp.counts_by_size
+    r = logits(spec, seed=2).requires_grad_()
+    counts = dp.log_counts(r)  # [T, J]
+    sizes = allowed.sum(-1)
+    g = torch.randn(counts.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    rr = r.detach().clamp(min=-1e30).requires_grad_()
+    want = []
+    for j in range(spec.kmin, spec.kmax + 1):
+        these = allowed[sizes == j]
+        want.append(torch.logsumexp(rr @ these.T, -1) if len(these) else torch.full((r.shape[0],), -torch.inf))
+    want = torch.stack(want, -1)
+    assert torch.equal(counts.isinf(), want.isinf())  # the sizes nothing allowed reaches
+    torch.testing.assert_close(counts.detach()[want.isfinite()], want.detach()[want.isfinite()], atol=1e-12, rtol=0)
+    (got,) = torch.autograd.grad((counts.masked_fill(counts.isinf(), 0) * g).sum(), r)
+    (expected,) = torch.autograd.grad((want.masked_fill(want.isinf(), 0) * g).sum(), rr)
+    torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(dp.log_normalizer(r.detach()), torch.logsumexp(want.detach(), -1), atol=1e-12, rtol=0)

@@ -96,6 +96,23 @@ def circuit_samples(dtype):
                 (r.detach(), *chosen_slots(4, 10), torch.randn(7, 4, dtype=dtype), 2, 4, dps[2, 4].handle, kind, paper),
             )
         )
+    group = circuits.GroupDP(circuits.GroupLimited(10, None, [4, 3, 3], 2, kmin=1, kmax=4))
+    ALIVE.append(group)  # the circuit operators and the group log counts take its handle
+    seed = circuits.ops.seed(None, r)
+    out += [
+        (torch.ops.circuits.log_partition.default, (r, group.handle, True)),
+        (torch.ops.circuits.marginals.default, (r, None, seed, group.handle, True, False)),
+        (torch.ops.circuits.marginals_jvp.default, (r.detach(), None, torch.randn(7, 10, dtype=dtype), group.handle)),
+        (torch.ops.circuits.sample.default, (r.detach(), None, seed, group.handle)),
+        (torch.ops.circuits.map.default, (r.detach(), None, group.handle)),
+        (torch.ops.circuits.chosen_scores.default, (r, seed, 1, 4, group.handle, 4, "softmax", False)),
+        (torch.ops.circuits.group_log_counts.default, (r, group.handle, 1, 4, False)),
+        (torch.ops.circuits.group_log_counts.default, (r, group.handle, 1, 4, True)),
+        (
+            torch.ops.circuits.group_log_counts_backward.default,
+            (r.detach(), torch.randn(7, 4, dtype=dtype), group.handle, True),
+        ),
+    ]
     return out
 
 
