@@ -185,7 +185,11 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
         "bench_router",
         0.20,
         30,
-        files={"bench_router": work / "bench_router.json", "profile_route": work / "profile_route.json"},
+        files={
+            "bench_router": work / "bench_router.json",
+            "bench_router_grouped": work / "bench_router_grouped.json",
+            "profile_route": work / "profile_route.json",
+        },
     )
     profile = (
         "where a route's time goes: host, kernels, CUDA graph",
@@ -210,7 +214,7 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
                     "--tokens",
                     "65536",
                     "--sizes",
-                    "64:8,64:4-8,128:8,256:16,256:8/8g4",
+                    "64:8,64:4-8,128:8,256:16",
                     "--passes",
                     "torch,triton",
                     "--repeats",
@@ -218,7 +222,27 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
                     *common,
                 ],
                 {},
-            )
+            ),
+            (  # a step of its own: the group DP runs its torch sweeps, and a slow table must not cost the others
+                "DeepSeek-V3's gate at T = 65,536: 8 of 256 from 4 of 8 groups, circuit and group DP",
+                [
+                    PY,
+                    "tools/bench_router.py",
+                    "--devices",
+                    "cuda",
+                    "--tokens",
+                    "65536",
+                    "--sizes",
+                    "256:8/8g4",
+                    "--repeats",
+                    "5",
+                    "--dtypes",
+                    "fp32,bf16",
+                    "--json",
+                    str(work / "bench_router_grouped.json"),
+                ],
+                {},
+            ),
         ]
         router.steps.append(
             (
@@ -239,7 +263,7 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
                     "--tokens",
                     "64",
                     "--sizes",
-                    "8:2,8:1-3,16:4,16:2/4g2",
+                    "8:2,8:1-3,16:4",
                     "--passes",
                     "torch,c",
                     "--repeats",
@@ -247,9 +271,29 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
                     *common,
                 ],
                 {},
-            )
+            ),
+            (
+                "a group-limited gate at T = 64: 2 of 16 from 2 of 4 groups",
+                [
+                    PY,
+                    "tools/bench_router.py",
+                    "--devices",
+                    "cpu",
+                    "--tokens",
+                    "64",
+                    "--sizes",
+                    "16:2/4g2",
+                    "--repeats",
+                    "1",
+                    "--dtypes",
+                    "fp32,bf16",
+                    "--json",
+                    str(work / "bench_router_grouped.json"),
+                ],
+                {},
+            ),
         ]
-    router.steps.insert(1, profile)  # after the routing table, before the circuit path
+    router.steps.insert(1, profile)  # after the routing table, before the rest
 
     step = Part(
         "bench_step",

@@ -39,7 +39,7 @@ def collect(parts: list[dict]) -> dict:
     files = {k: v for p in parts for k, v in p["files"].items()}
     out = {
         "tests": _read(files.get("tests")) or [],
-        "bench_router": _read(files.get("bench_router")) or [],
+        "bench_router": (_read(files.get("bench_router")) or []) + (_read(files.get("bench_router_grouped")) or []),
         "bench_step": (_read(files.get("bench_step")) or {}).get("rows", []),
         "bench_step_grouped": (_read(files.get("bench_step_grouped")) or {}).get("rows", []),
         "profile_route": _read(files.get("profile_route")) or [],
