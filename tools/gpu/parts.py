@@ -201,49 +201,34 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
         ),
         {},
     )
-    common = ["--dtypes", "fp32,bf16", "--json", str(work / "bench_router.json")]
+    on = "cuda" if cuda else "cpu"
+
+    def route_run(label: str, sizes: str, repeats: str, out: Path, *more: str) -> tuple:
+        """A bench_router process on this check's device: ``sizes`` in fp32 and bf16, its rows to ``out``."""
+        argv = [PY, "tools/bench_router.py", "--devices", on, "--tokens", "65536" if cuda else "64", "--sizes", sizes]
+        return (label, [*argv, "--repeats", repeats, "--dtypes", "fp32,bf16", "--json", str(out), *more], {})
+
+    router.steps = [
+        route_run(
+            "routing at T = 65,536" if cuda else "routing at T = 64",
+            "64:8,64:4-8,128:8,256:16" if cuda else "8:2,8:1-3,16:4",
+            "10" if cuda else "1",
+            work / "bench_router.json",
+            "--passes",
+            "torch,triton" if cuda else "torch,c",
+        ),
+        profile,
+        # a step of its own: the group DP runs its torch sweeps, and a slow table must not cost the others
+        route_run(
+            "DeepSeek-V3's gate, 8 of 256 from 4 of 8 groups: circuit and group DP"
+            if cuda
+            else "a group-limited gate, 2 of 16 from 2 of 4 groups",
+            "256:8/8g4" if cuda else "16:2/4g2",
+            "5" if cuda else "1",
+            work / "bench_router_grouped.json",
+        ),
+    ]
     if cuda:
-        router.steps = [
-            (
-                "routing at T = 65,536",
-                [
-                    PY,
-                    "tools/bench_router.py",
-                    "--devices",
-                    "cuda",
-                    "--tokens",
-                    "65536",
-                    "--sizes",
-                    "64:8,64:4-8,128:8,256:16",
-                    "--passes",
-                    "torch,triton",
-                    "--repeats",
-                    "10",
-                    *common,
-                ],
-                {},
-            ),
-            (  # a step of its own: the group DP runs its torch sweeps, and a slow table must not cost the others
-                "DeepSeek-V3's gate at T = 65,536: 8 of 256 from 4 of 8 groups, circuit and group DP",
-                [
-                    PY,
-                    "tools/bench_router.py",
-                    "--devices",
-                    "cuda",
-                    "--tokens",
-                    "65536",
-                    "--sizes",
-                    "256:8/8g4",
-                    "--repeats",
-                    "5",
-                    "--dtypes",
-                    "fp32,bf16",
-                    "--json",
-                    str(work / "bench_router_grouped.json"),
-                ],
-                {},
-            ),
-        ]
         router.steps.append(
             (
                 "the circuit path: Triton passes over softmax + top-k, and PyJuice where it imports",
@@ -251,49 +236,6 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
                 {},
             )
         )
-    else:
-        router.steps = [
-            (
-                "routing at T = 64",
-                [
-                    PY,
-                    "tools/bench_router.py",
-                    "--devices",
-                    "cpu",
-                    "--tokens",
-                    "64",
-                    "--sizes",
-                    "8:2,8:1-3,16:4",
-                    "--passes",
-                    "torch,c",
-                    "--repeats",
-                    "1",
-                    *common,
-                ],
-                {},
-            ),
-            (
-                "a group-limited gate at T = 64: 2 of 16 from 2 of 4 groups",
-                [
-                    PY,
-                    "tools/bench_router.py",
-                    "--devices",
-                    "cpu",
-                    "--tokens",
-                    "64",
-                    "--sizes",
-                    "16:2/4g2",
-                    "--repeats",
-                    "1",
-                    "--dtypes",
-                    "fp32,bf16",
-                    "--json",
-                    str(work / "bench_router_grouped.json"),
-                ],
-                {},
-            ),
-        ]
-    router.steps.insert(1, profile)  # after the routing table, before the rest
 
     step = Part(
         "bench_step",
@@ -345,7 +287,6 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
             "--no-memory",
         ]
     )
-    on = "cuda" if cuda else "cpu"
 
     def step_run(label: str, shape_args: list[str], method: str, out: str, *more: str) -> tuple:
         """A bench_step process: ``method`` beside conventional, bf16, its rows written to ``out``."""
