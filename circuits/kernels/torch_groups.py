@@ -136,6 +136,12 @@ class TorchGroupDP(Kernels):
         s = torch.arange(kmin, self.K + 1, dtype=O.dtype, device=O.device)
         return O[:, kmin:] + s[None, :, None] * c[:, None, None]
 
+    def _lattices(self, r: Tensor) -> tuple[Tensor, Tensor, list[Tensor], list[Tensor]]:
+        """The up sweeps for logits r [T, n]: (x [T, G, S], the tilt c [T], the inner rows E, the outer rows O)."""
+        x, c = self._padded(r)
+        E = self._inner(x)
+        return x, c, E, self._outer(E[-1])
+
     # --- the adjoints and their tangents ----------------------------------------------------------
     def _down(self, x, E, O, c, v=None, dE=None, dO=None, sizes=None) -> Tensor:
         """The marginals [T, G, S] float64 from the lattices (see the module docstring); with the
@@ -220,9 +226,7 @@ class TorchGroupDP(Kernels):
         """Run (log Z, ``tail``'s [T, G, S] or None) over chunks of tokens: -> ([T], [T, n] or None)."""
         log_zs, outs = [], []
         for part in r.split(CHUNK):
-            x, c = self._padded(part)
-            E = self._inner(x)
-            O = self._outer(E[-1])
+            x, c, E, O = self._lattices(part)
             band = torch.logsumexp(self._band(O[-1], c).flatten(1), dim=1)
             soft = torch.nn.functional.softplus(part.double(), threshold=40.0).sum(1)
             log_zs.append(torch.where(band > LOG_ZERO / 2, band - soft, -torch.inf))
@@ -237,8 +241,8 @@ class TorchGroupDP(Kernels):
         j), less Σ softplus(r). From the outer lattice's last row."""
         outs = []
         for part in r.split(CHUNK):
-            x, c = self._padded(part)
-            band = torch.logsumexp(self._band(self._outer(self._inner(x)[-1])[-1], c), dim=2)  # [T, J]
+            _, c, _, O = self._lattices(part)
+            band = torch.logsumexp(self._band(O[-1], c), dim=2)  # [T, J]
             if paper:
                 band = band - torch.nn.functional.softplus(part.double(), threshold=40.0).sum(1, keepdim=True)
             outs.append(torch.where(band > LOG_ZERO / 2, band, -torch.inf))
@@ -250,9 +254,7 @@ class TorchGroupDP(Kernels):
         Σ_j g_j sigmoid(r) with ``paper``), one adjoint sweep seeded with g."""
         outs = []
         for part, gpart in zip(r.split(CHUNK), g.split(CHUNK), strict=True):
-            x, c = self._padded(part)
-            E = self._inner(x)
-            O = self._outer(E[-1])
+            x, c, E, O = self._lattices(part)
             outs.append(self._unpad(self._down(x, E, O, c, sizes=gpart.double())))
         grad = torch.cat(outs) if outs else r.new_zeros(r.shape, dtype=torch.float64)
         if paper:
@@ -263,11 +265,9 @@ class TorchGroupDP(Kernels):
         """Cov(z) v = (d marginals / d r) v: r, v [T, n] -> [T, n]."""
         outs = []
         for part, vpart in zip(r.split(CHUNK), v.split(CHUNK), strict=True):
-            x, c = self._padded(part)
+            x, c, E, O = self._lattices(part)
             vp = torch.cat([vpart.double(), vpart.new_zeros(vpart.shape[0], 1, dtype=torch.float64)], dim=1)
             vp = vp.index_select(1, self.index).view(-1, self.G, self.S)
-            E = self._inner(x)
-            O = self._outer(E[-1])
             dE, dO = self._tangents(x, vp, E, O)
             outs.append(self._unpad(self._down(x, E, O, c, vp, dE, dO)))
         return torch.cat(outs).to(r.dtype) if outs else torch.zeros_like(r)
@@ -299,9 +299,7 @@ class TorchGroupDP(Kernels):
     def _sample(self, r: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
         """One draw for r [T, n] from u [1 + G + n, T]: (z [T, n] float64, log P_indep(C) [T] float64)."""
         T, n = r.shape
-        x, c = self._padded(r)
-        E = self._inner(x)
-        O = self._outer(E[-1])
+        x, c, E, O = self._lattices(r)
         band = self._band(O[-1], c).flatten(1)  # [T, J (U + 1)]
         log_z = torch.logsumexp(band, dim=1)
         state = _pick(torch.exp(band - log_z[:, None]), u[0])
