@@ -51,22 +51,22 @@ def chosen() -> str | None:
 def select(program, dtype: torch.dtype, prefer: str | None = None):
     """The implementation that evaluates ``program`` (on its device) for logits of ``dtype``.
 
-        program: a circuit's ``Program``, which gets ``Passes``: float32 on CUDA takes the Triton passes
-        when triton imports, float32 on the CPU the fused C passes when their library is available,
-        everything else the torch passes. Or a ``circuits.kernels.lattice.GroupLattice``, which gets the
-    group DP's torch sweeps (``TorchGroupDP``) whatever the device and dtype. Or a
-    ``circuits.kernels.lattice.Lattice``, which gets the DP's
-        ``Sweeps``: the Triton lattice kernels (``TritonDP``) for float32 on CUDA when triton imports, the
-        fused C sweeps (``CDP``) for float32 on the CPU when their library is available, else the torch
-        sweeps (``TorchDP``). Or ``circuits.kernels.rows.Rows``,
-        which gets the row operations (top-k, k-th largest, uniforms) as a ``RowOps``: their C library
-        under the same rule, else their torch references. Each implementation is given the row
-        operations of its device and dtype.
+    program: a circuit's ``Program``, which gets ``Passes``: float32 on CUDA takes the Triton passes
+    when triton imports, float32 on the CPU the fused C passes when their library is available,
+    everything else the torch passes. Or a ``circuits.kernels.lattice.Lattice``, which gets the DP's
+    ``Sweeps``: the Triton lattice kernels (``TritonDP``) for float32 on CUDA when triton imports, the
+    fused C sweeps (``CDP``) for float32 on the CPU when their library is available, else the torch
+    sweeps (``TorchDP``). Or a ``circuits.kernels.lattice.GroupLattice``, which gets the group DP's
+    torch sweeps (``TorchGroupDP``) whatever the device and dtype. Or ``circuits.kernels.rows.Rows``,
+    which gets the row operations (top-k, k-th largest, uniforms) as a ``RowOps``: their C library
+    under the same rule, else their torch references. Each implementation is given the row
+    operations of its device and dtype.
 
-        ``prefer`` ("torch", "c" or "triton") takes that implementation instead, whatever the device (the
-        tests run the Triton passes on CPU tensors under TRITON_INTERPRET=1): ValueError for other than
-        float32 logits (but "torch") and for "c" off the CPU, ImportError or RuntimeError when the
-        implementation is unavailable. Without ``prefer``, an enclosing ``implementation`` block's choice.
+    ``prefer`` ("torch", "c" or "triton") takes that implementation instead, whatever the device (the
+    tests run the Triton passes on CPU tensors under TRITON_INTERPRET=1): ValueError for other than
+    float32 logits (but "torch"), for "c" off the CPU and for anything but "torch" on a group
+    lattice, ImportError or RuntimeError when the implementation is unavailable. Without ``prefer``,
+    an enclosing ``implementation`` block's choice.
     """
     if prefer is None:
         prefer = chosen()

@@ -82,9 +82,12 @@ class TorchGroupDP(Kernels):
     def _padded(self, r: Tensor) -> tuple[Tensor, Tensor]:
         """(x [T, G, S] float64, the tilted logits by group with log 0 padding; the tilt c [T] float64)."""
         c = tilt_constant(r.detach(), self.spec.kmin, self.spec.kmax, refine=False).double()  # [T]
-        x = (r.double() - c[:, None]).clamp(min=LOG_ZERO)  # -inf: LOG_ZERO
-        x = torch.cat([x, x.new_full((x.shape[0], 1), LOG_ZERO)], dim=1)  # [T, n + 1]
-        return x.index_select(1, self.index).view(-1, self.G, self.S), c
+        return self._by_group((r.double() - c[:, None]).clamp(min=LOG_ZERO), LOG_ZERO), c  # -inf: LOG_ZERO
+
+    def _by_group(self, y: Tensor, pad: float) -> Tensor:
+        """[T, n] float64 -> [T, G, S], the groups padded with ``pad`` (the inverse of ``_unpad``)."""
+        y = torch.cat([y, y.new_full((y.shape[0], 1), pad)], dim=1)  # [T, n + 1]: column n is the padding
+        return y.index_select(1, self.index).view(-1, self.G, self.S)
 
     def _inner(self, x: Tensor) -> list[Tensor]:
         """The inner lattice rows E_0..E_S, each [T, G, C + 1] float64, for x [T, G, S]."""
@@ -220,20 +223,17 @@ class TorchGroupDP(Kernels):
     def log_partition(self, r: Tensor, marginals: bool, shift=None, *, accurate=True, refine=True):
         """(log P_indep(C) [T], the marginals [T, n] when ``marginals``, else None); ``shift`` must be
         None (the DP tilts itself), ``accurate`` and ``refine`` are always so (float64 lattices)."""
-        return self._pieces(r, lambda x, E, O, c: self._down(x, E, O, c) if marginals else None, marginals)
-
-    def _pieces(self, r: Tensor, tail, want: bool):
-        """Run (log Z, ``tail``'s [T, G, S] or None) over chunks of tokens: -> ([T], [T, n] or None)."""
-        log_zs, outs = [], []
+        log_zs, ms = [], []
         for part in r.split(CHUNK):
             x, c, E, O = self._lattices(part)
             band = torch.logsumexp(self._band(O[-1], c).flatten(1), dim=1)
-            soft = torch.nn.functional.softplus(part.double(), threshold=40.0).sum(1)
-            log_zs.append(torch.where(band > LOG_ZERO / 2, band - soft, -torch.inf))
-            if want:
-                outs.append(self._unpad(tail(x, E, O, c)))
-        log_z = torch.cat(log_zs).to(r.dtype) if r.shape[0] else r.new_empty(0)
-        return log_z, (torch.cat(outs).to(r.dtype) if outs else torch.zeros_like(r)) if want else None
+            log_zs.append(torch.where(band > LOG_ZERO / 2, band - _softplus_sum(part), -torch.inf))
+            if marginals:
+                ms.append(self._unpad(self._down(x, E, O, c)))
+        log_z = torch.cat(log_zs).to(r.dtype) if log_zs else r.new_empty(0)
+        if not marginals:
+            return log_z, None
+        return log_z, torch.cat(ms).to(r.dtype) if ms else torch.zeros_like(r)
 
     def log_counts(self, r: Tensor, paper: bool) -> Tensor:
         """log Z_j = log Σ_{z allowed, |z| = j} exp(r·z) for j = kmin..kmax: r [T, n] -> [T, J] in r's
@@ -244,7 +244,7 @@ class TorchGroupDP(Kernels):
             _, c, _, O = self._lattices(part)
             band = torch.logsumexp(self._band(O[-1], c), dim=2)  # [T, J]
             if paper:
-                band = band - torch.nn.functional.softplus(part.double(), threshold=40.0).sum(1, keepdim=True)
+                band = band - _softplus_sum(part)[:, None]
             outs.append(torch.where(band > LOG_ZERO / 2, band, -torch.inf))
         J = self.spec.kmax - self.spec.kmin + 1
         return torch.cat(outs).to(r.dtype) if outs else r.new_empty(0, J)
@@ -266,8 +266,7 @@ class TorchGroupDP(Kernels):
         outs = []
         for part, vpart in zip(r.split(CHUNK), v.split(CHUNK), strict=True):
             x, c, E, O = self._lattices(part)
-            vp = torch.cat([vpart.double(), vpart.new_zeros(vpart.shape[0], 1, dtype=torch.float64)], dim=1)
-            vp = vp.index_select(1, self.index).view(-1, self.G, self.S)
+            vp = self._by_group(vpart.double(), 0.0)
             dE, dO = self._tangents(x, vp, E, O)
             outs.append(self._unpad(self._down(x, E, O, c, vp, dE, dO)))
         return torch.cat(outs).to(r.dtype) if outs else torch.zeros_like(r)
@@ -323,7 +322,7 @@ class TorchGroupDP(Kernels):
             chosen = (uv[..., i] < torch.sigmoid(take - skip)) & (counts > 0)
             z[..., i] = chosen.double()
             counts = counts - chosen.long()
-        soft = torch.nn.functional.softplus(r.double(), threshold=40.0).sum(1)
+        soft = _softplus_sum(r)
         allowed = log_z > LOG_ZERO / 2
         z = torch.where(allowed[:, None, None], z, torch.nan)  # NaN rows: nothing allowed to draw
         return self._unpad(z), torch.where(allowed, log_z - soft, -torch.inf)
@@ -354,9 +353,14 @@ class TorchGroupDP(Kernels):
             s, k = s - j, k - (j > 0).long() * int(self.U > 0)
         z = (torch.arange(self.S, device=r.device) < counts[..., None]).double()  # in sorted order
         z = torch.zeros_like(x).scatter_(-1, order, z)
-        log_p = value - torch.nn.functional.softplus(r.double(), threshold=40.0).sum(1)
+        log_p = value - _softplus_sum(r)
         log_p = torch.where(value > LOG_ZERO / 2, log_p, -torch.inf)
         return self._unpad(z).to(r.dtype), log_p.to(r.dtype)
+
+
+def _softplus_sum(r: Tensor) -> Tensor:
+    """Σ_i softplus(r_i) in float64 (what turns a natural log-weight into a paper-form one): [T, n] -> [T]."""
+    return torch.nn.functional.softplus(r.double(), threshold=40.0).sum(1)
 
 
 def _pick(p: Tensor, u: Tensor) -> Tensor:
