@@ -8,6 +8,7 @@ import torch
 from brute import exact
 from brute import group_models as models
 from group_specs import SPECS
+from hard_rows import hard_logits
 from stats import chi2_pvalue, mask_counts
 
 import circuits
@@ -61,17 +62,13 @@ def test_draws_follow_the_distribution(spec):
 
 
 def hard_rows(n: int, T: int = 12) -> torch.Tensor:
-    """[T, n] float32: N(0, 9) rows, and rows at +1e4 and -1e4, with -inf entries, all equal, at
-    scale 100, saturated at ±80."""
-    g = torch.Generator().manual_seed(n)
-    r = torch.randn(T, n, generator=g) * 3
-    r[0] += 1e4
-    r[1] -= 1e4
-    r[2, : n // 4] = -torch.inf
-    r[3] = 0.25
-    r[4] = torch.randn(n, generator=g) * 100
-    r[5] = torch.where(torch.rand(n, generator=g) < 0.5, 80.0, -80.0)
-    r[6, ::3] = 80.0
+    """[T, n] float32: ``hard_logits``' rows (N(0, 9), -inf entries, all equal, scale 100, +1e4, all
+    -6), and rows at -1e4 and saturated at ±80."""
+    r = hard_logits(T, n, seed=n)
+    g = torch.Generator().manual_seed(n + 1)
+    r[5] -= 1e4
+    r[6] = torch.where(torch.rand(n, generator=g) < 0.5, 80.0, -80.0)
+    r[7, ::3] = 80.0
     return r
 
 
