@@ -221,6 +221,11 @@ def main() -> None:
     )
     ap.add_argument("--json", help="also write every row (device, dtype, constraint, routine, seconds, ratio) here")
     args = ap.parse_args()
+    for text in args.sizes.split(","):
+        try:
+            parse_size(text)
+        except ValueError as exc:  # not numbers, or a group spec out of range
+            ap.error(f"--sizes: {text!r} is not N:k, N:a-b or N:k/GgM ({exc})")
     dtypes = args.dtypes.split(",")
     if bad := [d for d in dtypes if d not in DTYPES]:
         ap.error(f"--dtypes: {', '.join(bad)} not one of {', '.join(DTYPES)}")

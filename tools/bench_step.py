@@ -336,6 +336,11 @@ def main() -> None:
         args.methods = (
             ["conventional", *GROUPED] if args.family == "deepseek_v3" else [m for m in METHODS if m not in GROUPED]
         )
+    if args.family == "deepseek_v3" and (args.experts % args.groups or not 1 <= args.topk_group <= args.groups):
+        raise SystemExit(
+            f"--groups must divide --experts and 1 <= --topk-group <= --groups, got {args.experts} experts, "
+            f"--groups {args.groups}, --topk-group {args.topk_group}"
+        )
     wrong = [m for m in args.methods if m in GROUPED and args.family != "deepseek_v3"]
     if wrong:
         raise SystemExit(f"--methods {wrong[0]!r} routes within expert groups: it needs --family deepseek_v3")

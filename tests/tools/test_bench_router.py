@@ -1,6 +1,9 @@
 """tools/bench_router.py: its size syntax (DeepSeek-V3's group-limited gate among them) and one tiny
 run on the CPU with a row per routine for each constraint."""
 
+import sys
+
+import pytest
 import torch
 from tool_modules import load_tool
 
@@ -27,3 +30,21 @@ def test_a_tiny_run_times_every_routine():
             "route circuit",
         ]
     assert all(row["seconds"] > 0 and row["ratio"] > 0 for row in rows)
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("256:8/8x4", "invalid literal for int() with base 10: '8x4'"),
+        ("16:9/4g2", "k must be in [0, 8], got 9"),
+        ("eight:2", "invalid literal for int() with base 10: 'eight'"),
+    ],
+)
+def test_a_bad_size_is_one_line_and_status_2(text, why, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["bench_router.py", "--sizes", text])
+    with pytest.raises(SystemExit) as stop:
+        bench.main()
+    assert stop.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"bench_router.py: error: --sizes: {text!r} is not N:k, N:a-b or N:k/GgM (")
+    assert why in last

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = str(ROOT / "tools" / "bench_step.py")
 TINY = ["--devices", "cpu", "--hidden", "64", "--heads", "2", "--vocab", "256", "--layers", "1"]
@@ -28,10 +30,21 @@ def test_the_grouped_step_beside_the_stock_gate_with_memory(tmp_path):
     assert "deepseek_v3, 128 tokens per step" in done.stdout and "2 of 4 groups" in done.stdout
 
 
-def test_a_grouped_method_needs_the_grouped_family():
-    argv = [TOOL, *TINY, "--methods", "conventional", "ProbMoE grouped (circuit)"]
-    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300)
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--methods", "conventional", "ProbMoE grouped (circuit)"],
+            "--methods 'ProbMoE grouped (circuit)' routes within expert groups: it needs --family deepseek_v3",
+        ),
+        (
+            ["--family", "deepseek_v3", "--experts", "16", "--groups", "3"],
+            "--groups must divide --experts and 1 <= --topk-group <= --groups, got 16 experts, --groups 3, "
+            "--topk-group 4",
+        ),
+    ],
+)
+def test_bad_grouping_is_one_line(args, message):
+    done = subprocess.run([sys.executable, TOOL, *TINY, *args], capture_output=True, text=True, timeout=300)
     assert done.returncode == 1
-    assert done.stderr.strip().splitlines()[-1] == (
-        "--methods 'ProbMoE grouped (circuit)' routes within expert groups: it needs --family deepseek_v3"
-    )
+    assert done.stderr.strip().splitlines()[-1] == message
