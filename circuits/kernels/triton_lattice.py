@@ -87,7 +87,7 @@ def segment(kind: str, kmax: int) -> int:
     return max(1, min(8, REGISTER_STATES[kind] // (kmax + 1)))
 
 
-class _Src:
+class Src:
     """Lines of Python source at an indentation."""
 
     def __init__(self):
@@ -114,7 +114,7 @@ def _join(terms: list[str], empty: str = "zero") -> str:
     return " + ".join(terms) if terms else empty
 
 
-def _logit_pass(s: _Src, body) -> None:
+def _logit_pass(s: Src, body) -> None:
     """A pass over the row's logits in chunks of ``CHUNK`` variables: the chunk's loads first, all
     independent (a thread waits out one memory latency per chunk; the compiler unrolled a loop over
     single variables by 4), then ``body(name)`` for each logit in order (``name``: a [BLOCK]
@@ -127,7 +127,7 @@ def _logit_pass(s: _Src, body) -> None:
             body(f"a{j}")
 
 
-def _prologue(s: _Src, plan: Plan, rmax: bool) -> None:
+def _prologue(s: Src, plan: Plan, rmax: bool) -> None:
     """Tokens, rows, and the tilt c [BLOCK] (``torch_passes.tilt_constant`` with its Newton steps):
     the kmax-th and kmin-th largest logits by an insertion network over registers h0 >= h1 >= ...,
     and sum sigma(r), in one pass; ``rmax``: also the row's largest logit (softmax scores)."""
@@ -185,7 +185,7 @@ def _prologue(s: _Src, plan: Plan, rmax: bool) -> None:
         )
 
 
-def _uniform(s: _Src, out: str, index: str) -> None:
+def uniform(s: Src, out: str, index: str) -> None:
     """``out`` = u(seed, index) [BLOCK] float32 (``uniforms.reference``: splitmix64 of seed +
     (index + 1) golden, top 24 bits)."""
     s(
@@ -197,7 +197,7 @@ def _uniform(s: _Src, out: str, index: str) -> None:
     )
 
 
-def _pq(s: _Src, plan: Plan, l: int, tangent: bool) -> None:
+def _pq(s: Src, plan: Plan, l: int, tangent: bool) -> None:
     """p{l}, q{l} of the variable i{l} (x{l} = its tilted logit, r{l} its logit); with ``tangent``
     v{l} (``_v``) and dp{l} = p q v."""
     s(
@@ -211,7 +211,7 @@ def _pq(s: _Src, plan: Plan, l: int, tangent: bool) -> None:
         s(f"dp{l} = p{l} * q{l} * v{l}")
 
 
-def _step(s: _Src, K: int, src: str, dst: str, l: int, tangent: bool) -> None:
+def _step(s: Src, K: int, src: str, dst: str, l: int, tangent: bool) -> None:
     """Lattice ``dst`` = one DP step of lattice ``src`` over variable l (tangents d``src`` too)."""
     for j in range(K, -1, -1):
         take = f" + p{l} * {src}_{j - 1}" if j else ""
@@ -222,7 +222,7 @@ def _step(s: _Src, K: int, src: str, dst: str, l: int, tangent: bool) -> None:
         s(f"{dst}_{j} = q{l} * {src}_{j}{take}")
 
 
-def _seeds(s: _Src, plan: Plan, tangent: bool) -> None:
+def _seeds(s: Src, plan: Plan, tangent: bool) -> None:
     """The adjoint lattice at N from P_N (``F_j``): B_j = pi_j / P_N[j] on the band, 0 elsewhere;
     with tangents dB_j = -B_j sum_j' dP_N[j'] B_j'; ``cum{j}``: the band's cumulative pi (a draw). A
     forward kernel without marginals needs no adjoint lattice (the draw walks P alone)."""
@@ -248,7 +248,7 @@ def _seeds(s: _Src, plan: Plan, tangent: bool) -> None:
             acc = f"cum{j}"
 
 
-def _sweep_forward(s: _Src, plan: Plan, tangent: bool) -> None:
+def _sweep_forward(s: Src, plan: Plan, tangent: bool) -> None:
     """The forward sweep with checkpoints: ck [NSEG, K + 1 (x2 with tangents), TC] holds the
     lattice before each segment's first variable; F_j (dF_j) is P_N at the end."""
     K, ck = plan.kmax, plan.ck
@@ -264,7 +264,7 @@ def _sweep_forward(s: _Src, plan: Plan, tangent: bool) -> None:
             _step(s, K, "F", "F", l, tangent)
 
 
-def _checkpoint(s: _Src, plan: Plan, tangent: bool, access, lattice: str) -> None:
+def _checkpoint(s: Src, plan: Plan, tangent: bool, access, lattice: str) -> None:
     """Segment sg's checkpoint, state by state (``access(address, lattice state)``: a store or a
     load's line); ``lattice``, the name pattern of a state, its tangent that name with a d in front."""
     K = plan.kmax
@@ -275,13 +275,13 @@ def _checkpoint(s: _Src, plan: Plan, tangent: bool, access, lattice: str) -> Non
             s(access(f"ck_ptr + base + {K + 1 + j} * TC", "d" + lattice.format(j=j)))
 
 
-def _variable(s: _Src, plan: Plan, l: int, tangent: bool) -> None:
+def _variable(s: Src, plan: Plan, l: int, tangent: bool) -> None:
     """Variable i{l} of segment sg: its index, (its tangent component,) p{l} and q{l}."""
     s(f"i{l} = tc * 0 + (sg * {plan.ck} + {l})  # [BLOCK] int64: the variable")
     _pq(s, plan, l, tangent)
 
 
-def _v(s: _Src, plan: Plan, l: int) -> None:
+def _v(s: Src, plan: Plan, l: int) -> None:
     """v{l}, the tangent's component at variable i{l} (and sc{l}, its score, when v comes from slots:
     of r{l}, its logit)."""
     ok = f"live & (i{l} < N)"
@@ -293,7 +293,7 @@ def _v(s: _Src, plan: Plan, l: int) -> None:
     s(f"v{l} = sc{l} * ({g})  # g_t: the slots' gradients at i, times the score")
 
 
-def _recompute(s: _Src, plan: Plan, tangent: bool) -> None:
+def _recompute(s: Src, plan: Plan, tangent: bool) -> None:
     """The lattices P{l} (dP{l}) before each variable of segment sg, from its checkpoint."""
     K, ck = plan.kmax, plan.ck
     _checkpoint(s, plan, tangent, lambda at, state: f"{state} = tl.load({at}, mask=live, other=0.0)", "P0_{j}")
@@ -303,7 +303,7 @@ def _recompute(s: _Src, plan: Plan, tangent: bool) -> None:
             _step(s, K, f"P{l}", f"P{l + 1}", l, tangent)
 
 
-def _adjoint_step(s: _Src, K: int, l: int, tangent: bool) -> None:
+def _adjoint_step(s: Src, K: int, l: int, tangent: bool) -> None:
     """B (dB) from B_{i+1} to B_i over variable l."""
     for j in range(K + 1):
         nxt = f" + p{l} * B{j + 1}" if j < K else ""
@@ -322,14 +322,14 @@ def _pick(K: int, lattice: str, index: str) -> str:
 def forward_source(plan: Plan) -> str:
     """The forward kernel: marginals, one draw, the drawn by score in slots (``circuits::chosen_scores``)."""
     K, ck, S = plan.kmax, plan.ck, plan.slots
-    s = _Src()
+    s = Src()
     _prologue(s, plan, rmax=False)
     _sweep_forward(s, plan, tangent=False)
     _seeds(s, plan, tangent=False)
     walk = plan.draw or S
     if walk:
         s("seed = tl.load(seed_ptr).to(tl.uint64)")
-        _uniform(s, "us", "t64")
+        uniform(s, "us", "t64")
         s(
             f"ux = tl.minimum(us * cum{K}, cum{K} * {1.0 - 2.0**-23!r})",
             f"cnt = tl.full([BLOCK], {plan.kmin}, tl.int32)",
@@ -351,7 +351,7 @@ def forward_source(plan: Plan) -> str:
                     f"take = p{l} * ({_pick(K, f'P{l}', 'cnt - 1')})",
                     f"wz = take / (take + q{l} * ({_pick(K, f'P{l}', 'cnt')}))",
                 )
-                _uniform(s, "ui", f"i{l} * T + T + t64")
+                uniform(s, "ui", f"i{l} * T + T + t64")
                 s("zi = ui < wz", "cnt -= zi.to(tl.int32)")
                 if plan.draw:
                     s("tl.store(z_ptr + at, zi.to(tl.float32), mask=ok)")
@@ -381,7 +381,7 @@ def forward_source(plan: Plan) -> str:
             f"tl.store(mask_ptr + t64 * {S} + {k}, used.to(tl.int8), mask=live)",
         )
     head = "def kernel(r_ptr, seed_ptr, ps_ptr, ck_ptr, m_ptr, z_ptr, w_ptr, idx_ptr, mask_ptr, T, N, NSEG, t0, tend, TC, BLOCK: tl.constexpr):"
-    return _module(head, s)
+    return module_source(head, s)
 
 
 def cov_source(plan: Plan) -> str:
@@ -389,7 +389,7 @@ def cov_source(plan: Plan) -> str:
     scores' backward: ``straight_through.chosen_backward``'s meaning)."""
     K, ck, S = plan.kmax, plan.ck, plan.slots
     slots = plan.v_from != "given"
-    s = _Src()
+    s = Src()
     _prologue(s, plan, rmax=plan.v_from == "softmax")
     if slots:
         if plan.v_from == "softmax":
@@ -423,7 +423,7 @@ def cov_source(plan: Plan) -> str:
             s(f"tl.store(out_ptr + t64 * N + i{l}, out, mask=live & (i{l} < N))")
             _adjoint_step(s, K, l, tangent=True)
     head = "def kernel(r_ptr, v_ptr, idx_ptr, mask_ptr, g_ptr, ck_ptr, out_ptr, T, N, NSEG, t0, tend, TC, BLOCK: tl.constexpr):"
-    return _module(head, s)
+    return module_source(head, s)
 
 
 def log_counts_source(plan: Plan) -> str:
@@ -431,7 +431,7 @@ def log_counts_source(plan: Plan) -> str:
     forward sweep on float64 log-probabilities (``torch_dp.up`` on float64), ``paper``: log
     P_indep(|S| = j)."""
     K = plan.kmax
-    s = _Src()
+    s = Src()
     _prologue(s, plan, rmax=False)
     s("c64 = c.to(tl.float64)", "spx = c64 * 0.0")
     for j in range(K + 1):
@@ -464,10 +464,10 @@ def log_counts_source(plan: Plan) -> str:
             f"tl.store(out_ptr + t64 * {J} + {j - plan.kmin}, o.to(tl.float32), mask=live)",
         )
     head = "def kernel(r_ptr, out_ptr, T, N, t0, tend, BLOCK: tl.constexpr):"
-    return _module(head, s)
+    return module_source(head, s)
 
 
-def _module(head: str, body: _Src) -> str:
+def module_source(head: str, body: Src) -> str:
     return "\n".join(
         [
             "import triton",
@@ -493,10 +493,15 @@ SOURCES = {"forward": forward_source, "cov": cov_source, "log_counts": log_count
 def kernel(plan: Plan):
     """The Triton kernel of ``plan``, generated, registered in ``linecache`` (triton reads a kernel's
     source back with ``inspect``) and defined once per process."""
-    import triton  # noqa: F401 (an optional extra: only the Triton DP calls this)
+    return define(SOURCES[plan.kind](plan))
 
-    src = SOURCES[plan.kind](plan)
-    name = f"<probmoe-lattice-{hashlib.sha256(src.encode()).hexdigest()[:16]}>"  # the same in every process
+
+def define(src: str):
+    """The function ``kernel`` of the generated module source ``src``, registered in ``linecache``
+    under a name made from its text (the same in every process)."""
+    import triton  # noqa: F401 (an optional extra: only the Triton kernels call this)
+
+    name = f"<probmoe-lattice-{hashlib.sha256(src.encode()).hexdigest()[:16]}>"
     linecache.cache[name] = (len(src), None, src.splitlines(True), name)
     scope: dict = {}
     exec(compile(src, name, "exec"), scope)
@@ -529,6 +534,14 @@ def plain_forward(r: Tensor, kmin: int, kmax: int, c: Tensor) -> tuple[Tensor, T
 def resources(plan: Plan, arch: int = 90) -> dict:
     """Compile ``plan``'s kernel for sm_``arch`` without a GPU (triton ships ptxas and cuobjdump) and
     read its registers and local memory (spills) per thread from the cubin: {"registers", "spill_bytes"}."""
+    types = {"seed_ptr": "*i64", "idx_ptr": "*i64" if plan.kind == "forward" else "*i32", "mask_ptr": "*i8"}
+    return compiled_resources(kernel(plan), types, {"T", "N", "NSEG", "t0", "tend", "TC"}, BLOCK, arch)
+
+
+def compiled_resources(fn, types: dict, ints: set, block: int, arch: int = 90) -> dict:
+    """Compile the generated kernel ``fn`` (``define``) for sm_``arch`` with ``block`` tokens a program
+    and read {"registers", "spill_bytes"} per thread from its cubin. ``types``: the Triton type of
+    each pointer argument that is not "*fp32"; ``ints``: the int32 arguments; BLOCK is the constexpr."""
     import os
     import subprocess
     import tempfile
@@ -537,12 +550,9 @@ def resources(plan: Plan, arch: int = 90) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = kernel(plan)
-    ints = {"T", "N", "NSEG", "t0", "tend", "TC"}
-    types = {"seed_ptr": "*i64", "idx_ptr": "*i64" if plan.kind == "forward" else "*i32", "mask_ptr": "*i8"}
     sig = {a: "constexpr" if a == "BLOCK" else "i32" if a in ints else types.get(a, "*fp32") for a in fn.arg_names}
-    src = ASTSource(fn, sig, constexprs={(fn.arg_names.index("BLOCK"),): BLOCK})
-    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": BLOCK // 32})
+    src = ASTSource(fn, sig, constexprs={(fn.arg_names.index("BLOCK"),): block})
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": block // 32})
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kernel.cubin")
