@@ -138,8 +138,12 @@ class GroupPlan:
         return self.outer_at + (self.G + 1) * self.grid * (2 if self.tangent else 1)
 
     @property
-    def rows32(self) -> int:
+    def adjoint_at(self) -> int:
         return self.finals_at + self.G * (self.C + 1) * (2 if self.tangent else 1)
+
+    @property
+    def rows32(self) -> int:
+        return self.adjoint_at + self.grid * (2 if self.tangent else 1)
 
     @property
     def rows64(self) -> int:
@@ -290,27 +294,30 @@ def _checkpoint(s: Src, plan: GroupPlan, L: str, store: bool) -> None:
             )
 
 
-def _store_outer(s: Src, plan: GroupPlan, g: str) -> None:
-    for c, u in plan.states:
-        n = _name(c, u)
-        s(f"tl.store({_row(plan, _outer(plan, g, c, u, 'q'))}, Qo{n}, mask=live)")
-        s(f"tl.store({_row(plan, _outer(plan, g, c, u, 'm'), '64')}, Mo{n}, mask=live)")
-        if plan.tangent:
-            s(f"tl.store({_row(plan, _outer(plan, g, c, u, 'd'))}, dO{n}, mask=live)")
+def _load(plan: GroupPlan, g: str, c, u, part: str, name: str, mask: str = "live") -> str:
+    """``name`` = outer row ``g``'s part ("q", "d" or "m") at state (c, u), by address."""
+    kind = "64" if part == "m" else "32"
+    return f"{name} = tl.load({_row(plan, _outer(plan, g, c, u, part), kind)}, mask={mask}, other=0.0)"
+
+
+def _store(plan: GroupPlan, row: str, value: str, kind: str = "32") -> str:
+    """The store of ``value`` at scratch row ``row`` (kind "64": the float64 scratch)."""
+    return f"tl.store({_row(plan, row, kind)}, {value}, mask=live)"
 
 
 def _forward_sweep(s: Src, plan: GroupPlan) -> None:
-    """Every group's inner lattice (with checkpoints), then the outer lattice's step over it."""
+    """Every group's inner lattice (with checkpoints) in registers, then the outer lattice's step over
+    it, from outer row g to row g + 1 in scratch (no outer state is held across groups)."""
     C = plan.C
     for c, u in plan.states:
-        s(f"Qo{_name(c, u)} = {'one' if (c, u) == (0, 0) else 'zero'}")
-        s(f"Mo{_name(c, u)} = zero64{'' if (c, u) == (0, 0) else f' + {LOG_ZERO}'}")
+        first = (c, u) == (0, 0)
+        s(_store(plan, _outer(plan, 0, c, u, "q"), "one" if first else "zero"))
+        s(_store(plan, _outer(plan, 0, c, u, "m"), "zero64" if first else f"zero64 + {LOG_ZERO}", "64"))
         if plan.tangent:
-            s(f"dO{_name(c, u)} = zero")
+            s(_store(plan, _outer(plan, 0, c, u, "d"), "zero"))
     s(f"for g in range(0, {plan.G}):")
     with s.block():
         s("gst = tl.load(gs_ptr + g)", "gsz = tl.load(gn_ptr + g)")
-        _store_outer(s, plan, "g")
         for j in range(1, C + 1):
             s(f"q{j} = zero", f"h{j} = zero + {NEG}")
             if plan.tangent:
@@ -325,53 +332,65 @@ def _forward_sweep(s: Src, plan: GroupPlan) -> None:
         for j in range(C + 1):
             if j:
                 s(f"tg{j} = tg{j - 1} + h{j}.to(tl.float64)")
-            s(f"tl.store({_row(plan, _final(plan, 'g', j, 't'), '64')}, tg{j}, mask=live)")
-            s(f"tl.store({_row(plan, _final(plan, 'g', j, 'q'))}, {_lat('', 'q', j)}, mask=live)")
+            s(_store(plan, _final(plan, "g", j, "t"), f"tg{j}", "64"))
+            s(_store(plan, _final(plan, "g", j, "q"), _lat("", "q", j)))
             if plan.tangent:
-                s(f"tl.store({_row(plan, _final(plan, 'g', j, 'd'))}, {_lat('', 'd', j)}, mask=live)")
+                s(_store(plan, _final(plan, "g", j, "d"), _lat("", "d", j)))
         _outer_step(s, plan)
-    _store_outer(s, plan, str(plan.G))
 
 
 def _outer_step(s: Src, plan: GroupPlan) -> None:
-    """The outer lattice after group g, in place (states in descending order: a state's sources come
-    later), from the group's q{j}, tg{j} (and d{j})."""
-    for c, u in reversed(plan.states):
-        n = _name(c, u)
+    """Outer row g + 1 from row g and the group's q{j}, tg{j} (and d{j}), state by state."""
+    for c, u in plan.states:
         src = [(j, plan.source(c, u, j)) for j in range(min(plan.C, c) + 1)]
         src = [(j, at) for j, at in src if at is not None]
         for j, at in src:
-            s(f"e{j} = Mo{_name(*at)} + tg{j}")
+            s(_load(plan, "g", *at, "m", f"e{j}"), f"e{j} += tg{j}")
         s(f"mn = {_max([f'e{j}' for j, _ in src])}")
         for j, at in src:
-            s(f"t{j} = Qo{_name(*at)} * {_lat('', 'q', j)} * tl.exp((e{j} - mn).to(tl.float32))")
-        s(f"qn = {_sum([f't{j}' for j, _ in src])}")
+            s(_load(plan, "g", *at, "q", "qs"), f"tt{j} = qs * {_lat('', 'q', j)} * tl.exp((e{j} - mn).to(tl.float32))")
+        s(f"qn = {_sum([f'tt{j}' for j, _ in src])}")
         if plan.tangent:
-            terms = _sum([f"t{j} * (dO{_name(*at)} + {_lat('', 'd', j)})" for j, at in src])
-            s(f"dO{n} = tl.where(qn > 0.0, ({terms}) / qn, 0.0)")
-        s(f"Qo{n} = qn", f"Mo{n} = mn")
+            for j, at in src:
+                s(_load(plan, "g", *at, "d", f"do{j}"))
+            terms = _sum([f"tt{j} * (do{j} + {_lat('', 'd', j)})" for j, _ in src])
+            s(_store(plan, _outer(plan, "g + 1", c, u, "d"), f"tl.where(qn > 0.0, ({terms}) / qn, 0.0)"))
+        s(_store(plan, _outer(plan, "g + 1", c, u, "q"), "qn"))
+        s(_store(plan, _outer(plan, "g + 1", c, u, "m"), "mn", "64"))
+
+
+def _adjoint(plan: GroupPlan, c: int, u: int, part: str) -> str:
+    """The row of the outer adjoint at (c, u): part "a" (A) or "d" (its tangent dA)."""
+    return f"{plan.adjoint_at + (plan.grid if part == 'd' else 0)} + {c * (plan.U + 1) + u}"
 
 
 def _band(s: Src, plan: GroupPlan) -> None:
-    """log Z (natural, float64) ``lzn``, ``allowed``, and A{c_u} = P(the final state) on the band
-    (with tangents dA); cum{k}: the band's cumulative probabilities (a draw)."""
+    """log Z (natural, float64) ``lzn`` and ``allowed`` from outer row G; with an adjoint sweep to
+    come, A = P(the final state) (and its tangent dA) in scratch; cum{k}: the band's cumulative
+    probabilities (a draw)."""
     band = [(c, u) for c, u in plan.states if c >= plan.kmin]
+    G = str(plan.G)
     for c, u in band:
         n = _name(c, u)
+        s(_load(plan, G, c, u, "q", f"Qo{n}"), _load(plan, G, c, u, "m", f"Mo{n}"))
         s(f"lw{n} = tl.where(Qo{n} > 0.0, tl.log(Qo{n}.to(tl.float64)) + Mo{n}, {2 * LOG_ZERO})")
     s(f"lmax = {_max([f'lw{_name(c, u)}' for c, u in band])}")
     for c, u in band:
         s(f"ew{_name(c, u)} = tl.exp(lw{_name(c, u)} - lmax)")
     s(f"etot = {_sum([f'ew{_name(c, u)}' for c, u in band])}")
     s("lzn = lmax + tl.log(etot)", f"allowed = lzn > {LOG_ZERO / 2}")
-    for c, u in plan.states:
-        n = _name(c, u)
-        s(f"A{n} = (ew{n} / etot).to(tl.float32)" if (c, u) in band else f"A{n} = zero")
-    if plan.tangent:
-        s(f"dlz = {_sum([f'A{_name(c, u)} * dO{_name(c, u)}' for c, u in band])}")
+    if plan.marginals or plan.tangent:
+        for c, u in band:
+            s(f"A{_name(c, u)} = (ew{_name(c, u)} / etot).to(tl.float32)")
+        if plan.tangent:
+            for c, u in band:
+                s(_load(plan, G, c, u, "d", f"dO{_name(c, u)}"))
+            s(f"dlz = {_sum([f'A{_name(c, u)} * dO{_name(c, u)}' for c, u in band])}")
         for c, u in plan.states:
             n = _name(c, u)
-            s(f"dA{n} = A{n} * (dO{n} - dlz)" if (c, u) in band else f"dA{n} = zero")
+            s(_store(plan, _adjoint(plan, c, u, "a"), f"A{n}" if (c, u) in band else "zero"))
+            if plan.tangent:
+                s(_store(plan, _adjoint(plan, c, u, "d"), f"A{n} * (dO{n} - dlz)" if (c, u) in band else "zero"))
     if plan.kind == "forward" and (plan.draw or plan.slots):
         acc = "zero"
         for k, (c, u) in enumerate(band):
@@ -388,50 +407,42 @@ def _band(s: Src, plan: GroupPlan) -> None:
 
 
 def _group_adjoint(s: Src, plan: GroupPlan) -> None:
-    """Group g's count distribution w{j} (dw{j}) from the outer adjoint A (dA), which steps back over
-    the group: target-major, so an old A{c_u} dies where its transitions are done."""
+    """Group g's count distribution w{j} (dw{j}), and the outer adjoint A (dA) stepped back over the
+    group, in place in scratch: source states ascending (a state's targets are itself and later
+    states, read before it is written)."""
     C = plan.C
     for j in range(C + 1):
         s(f"w{j} = zero")
         if plan.tangent:
             s(f"dw{j} = zero")
     for c, u in plan.states:
-        s(f"An{_name(c, u)} = zero")
+        s(_load(plan, "g", c, u, "q", "qs"), _load(plan, "g", c, u, "m", "ms"), "acc = zero")
         if plan.tangent:
-            s(f"dAn{_name(c, u)} = zero")
-    for c, u in plan.states:
-        n = _name(c, u)
-        s(
-            f"qt = tl.load({_row(plan, _outer(plan, 'g + 1', c, u, 'q'))}, mask=live, other=0.0)",
-            f"mt = tl.load({_row(plan, _outer(plan, 'g + 1', c, u, 'm'), '64')}, mask=live, other=0.0)",
-            "rt = tl.where(qt > 0.0, 1.0 / qt, 0.0)",
-        )
-        if plan.tangent:
-            s(f"dt = tl.load({_row(plan, _outer(plan, 'g + 1', c, u, 'd'))}, mask=live, other=0.0)")
-        for j in range(min(C, c) + 1):
-            at = plan.source(c, u, j)
-            if at is None:
+            s(_load(plan, "g", c, u, "d", "ds"), "dacc = zero")
+        for j in range(C + 1):
+            at = (c + j, u + (1 if j and plan.U else 0))
+            if at[0] > plan.kmax or not plan.valid(*at):
                 continue
-            a = _name(*at)
             s(
-                f"qs = tl.load({_row(plan, _outer(plan, 'g', at[0], at[1], 'q'))}, mask=live, other=0.0)",
-                f"ms = tl.load({_row(plan, _outer(plan, 'g', at[0], at[1], 'm'), '64')}, mask=live, other=0.0)",
-                f"sh = qs * qg{j} * tl.exp((ms + tg{j} - mt).to(tl.float32)) * rt  # the transition's share",
-                f"ff = A{n} * sh",
+                _load(plan, "g + 1", *at, "q", "qt"),
+                _load(plan, "g + 1", *at, "m", "mt"),
+                f"aa = tl.load({_row(plan, _adjoint(plan, *at, 'a'))}, mask=live, other=0.0)",
+                f"sh = tl.where(qt > 0.0, qs * qg{j} * tl.exp((ms + tg{j} - mt).to(tl.float32)) / qt, 0.0)",
+                "ff = aa * sh  # the flow through this transition",
                 f"w{j} += ff",
-                f"An{a} += ff",
+                "acc += ff",
             )
             if plan.tangent:
                 s(
-                    f"ds = tl.load({_row(plan, _outer(plan, 'g', at[0], at[1], 'd'))}, mask=live, other=0.0)",
-                    f"df = sh * (dA{n} + A{n} * (ds + dg{j} - dt))",
+                    _load(plan, "g + 1", *at, "d", "dt"),
+                    f"dat = tl.load({_row(plan, _adjoint(plan, *at, 'd'))}, mask=live, other=0.0)",
+                    f"df = sh * (dat + aa * (ds + dg{j} - dt))",
                     f"dw{j} += df",
-                    f"dAn{a} += df",
+                    "dacc += df",
                 )
-    for c, u in plan.states:
-        s(f"A{_name(c, u)} = An{_name(c, u)}")
+        s(_store(plan, _adjoint(plan, c, u, "a"), "acc"))
         if plan.tangent:
-            s(f"dA{_name(c, u)} = dAn{_name(c, u)}")
+            s(_store(plan, _adjoint(plan, c, u, "d"), "dacc"))
 
 
 def _group_count(s: Src, plan: GroupPlan) -> None:
