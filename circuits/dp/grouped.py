@@ -6,7 +6,8 @@ The same queries, shapes and gradients as a compiled circuit of the same spec (l
 with their Cov(z) v backward, exact draws, the MAP, the straight-through selection), reached
 through the same registered operators (``circuits.ops``: ``log_partition``, ``marginals``,
 ``marginals_jvp``, ``sample``, ``map``, ``chosen_scores``), whose kernels ``circuits.kernels.select``
-picks from a ``circuits.kernels.lattice.GroupLattice``: the torch sweeps on every device. Beyond the
+picks from a ``circuits.kernels.lattice.GroupLattice``: the fused Triton kernels for float32 logits on
+CUDA (``circuits.kernels.triton_group_dp``), the torch sweeps elsewhere. Beyond the
 circuit's queries, the log-count of every size from one pass (``log_counts``, ``circuits::group_log_counts``).
 """
 

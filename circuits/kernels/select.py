@@ -57,15 +57,15 @@ def select(program, dtype: torch.dtype, prefer: str | None = None):
     ``Sweeps``: the Triton lattice kernels (``TritonDP``) for float32 on CUDA when triton imports, the
     fused C sweeps (``CDP``) for float32 on the CPU when their library is available, else the torch
     sweeps (``TorchDP``). Or a ``circuits.kernels.lattice.GroupLattice``, which gets the group DP's
-    torch sweeps (``TorchGroupDP``) whatever the device and dtype. Or ``circuits.kernels.rows.Rows``,
+    Triton kernels (``TritonGroupDP``) for float32 on CUDA when triton imports, else its torch
+    sweeps (``TorchGroupDP``). Or ``circuits.kernels.rows.Rows``,
     which gets the row operations (top-k, k-th largest, uniforms) as a ``RowOps``: their C library
     under the same rule, else their torch references. Each implementation is given the row
     operations of its device and dtype.
 
     ``prefer`` ("torch", "c" or "triton") takes that implementation instead, whatever the device (the
     tests run the Triton passes on CPU tensors under TRITON_INTERPRET=1): ValueError for other than
-    float32 logits (but "torch"), for "c" off the CPU and for anything but "torch" on a group
-    lattice, ImportError or RuntimeError when the implementation is unavailable. Without ``prefer``,
+    float32 logits (but "torch"), for "c" off the CPU and for "c" on a group lattice, ImportError or RuntimeError when the implementation is unavailable. Without ``prefer``,
     an enclosing ``implementation`` block's choice.
     """
     if prefer is None:
@@ -100,19 +100,31 @@ def select(program, dtype: torch.dtype, prefer: str | None = None):
 
 
 def _group_sweeps(lattice: GroupLattice, dtype: torch.dtype, prefer: str | None):
-    """The group DP's sweeps (``TorchGroupDP``: torch only, any device and dtype), kept per lattice
-    and row operations; ValueError for another ``prefer``."""
-    if prefer not in (None, "torch"):
+    """The group DP's sweeps, kept per lattice, kind and row operations: the Triton kernels
+    (``TritonGroupDP``) for float32 on CUDA when triton imports (or ``prefer`` "triton"), else the
+    torch sweeps (``TorchGroupDP``, any device and dtype). ValueError for "c" (there are no C group
+    sweeps) and for "triton" on other than float32 logits."""
+    if prefer not in (None, *IMPLEMENTATIONS):
+        raise ValueError(f"prefer must be None, {', '.join(map(repr, IMPLEMENTATIONS))}, got {prefer!r}")
+    if prefer == "c":
         raise ValueError(
-            f"the group DP has torch sweeps only (no {prefer!r} kernels yet), got prefer = {prefer!r}: "
-            "use the compiled circuit (algorithm 'circuit') for its C or Triton passes"
+            "the group DP has torch sweeps and Triton kernels, no C sweeps, got prefer = 'c': "
+            "use the compiled circuit (algorithm 'circuit') for its C passes"
         )
-    return _kept_group_sweeps(lattice, _row_ops(lattice.device, dtype))
+    if prefer is None:
+        prefer = "triton" if dtype == torch.float32 and _default(lattice, dtype) == "triton" else "torch"
+    elif prefer == "triton" and dtype != torch.float32:
+        raise ValueError(f"the triton passes take float32 logits, got {dtype}")
+    if prefer == "triton":
+        from .triton_group_dp import TritonGroupDP  # triton is an optional extra
+
+        return _kept_group_sweeps(TritonGroupDP, lattice, _row_ops(lattice.device, dtype))
+    return _kept_group_sweeps(TorchGroupDP, lattice, _row_ops(lattice.device, dtype))
 
 
 @functools.lru_cache(maxsize=64)
-def _kept_group_sweeps(lattice: GroupLattice, rows: RowOps) -> TorchGroupDP:
-    return TorchGroupDP(lattice, rows)
+def _kept_group_sweeps(kind, lattice: GroupLattice, rows: RowOps):
+    return kind(lattice, rows)
 
 
 def _row_ops(device: torch.device, dtype: torch.dtype, c: bool = True) -> RowOps:

@@ -45,6 +45,9 @@ from dataclasses import dataclass
 from .triton_lattice import Src, define, module_source, uniform
 
 BLOCK = 128  # tokens per program: one per thread, 4 warps
+# no software pipelining of the loops' loads: there is nothing to overlap (a thread's next scratch row
+# depends on the last), and with it triton 3.9 takes many minutes to compile a 256-expert kernel
+STAGES = 1
 NEG = -1e30  # a -inf logit (and padding) in float32: d = x - h stays finite, its take factor exp(-1e30) = 0
 LOG_ZERO = -1e30  # the float64 log weight of an unreachable outer state (no -inf - -inf)
 ARGS = (
@@ -153,7 +156,7 @@ class GroupPlan:
 def segment(groups: tuple[int, ...], capacity: int, kmax: int, tangent: bool) -> int:
     """Positions per checkpoint segment: 2 (1 for a lattice of more than 8 states with tangents)."""
     C = min(capacity, kmax, max(groups))
-    return 1 if tangent and C > 8 else 2
+    return 1 if tangent and C >= 8 else 2
 
 
 def _name(c: int, u: int) -> str:
@@ -169,9 +172,10 @@ def _max(terms: list[str]) -> str:
 
 
 def _row(plan: GroupPlan, offset: str, kind: str = "32") -> str:
-    """The address of scratch row ``offset`` (an integer expression, taken to int64) for this token."""
-    ptr = "ck_ptr" if kind == "32" else "c64_ptr"
-    return f"{ptr} + (o64 + {offset}) * TC + tc"
+    """The address of scratch row ``offset`` for this token: a scalar offset (int32: a launch's
+    scratch holds at most 2^28 values, ``SCRATCH_BYTES``), so the compiler keeps one pointer a token
+    and scalar row offsets, not a 64-bit address per row and token; or a per-token one (the draw)."""
+    return f"{'ckt' if kind == '32' else 'c64t'} + ({offset}) * TC"
 
 
 def _outer(plan: GroupPlan, g: str, c, u, part: str) -> str:
@@ -198,6 +202,8 @@ def _prologue(s: Src, plan: GroupPlan) -> None:
         "zero = tl.zeros([BLOCK], tl.float32)",
         "one = zero + 1.0",
         "zero64 = zero.to(tl.float64)",
+        "ckt = ck_ptr + tc  # [BLOCK] this token's column of the scratch (row j at + j * TC)",
+        "c64t = c64_ptr + tc",
     )
 
 
@@ -230,7 +236,7 @@ def _variable(s: Src, plan: GroupPlan, l: int, softplus: bool = False) -> None:
     s(
         f"pos = sg * {plan.ck} + {l}",
         f"ok{l} = live & (o64 + pos < gsz)",
-        f"i{l} = o64 + gst + pos  # [BLOCK] int64: the column",
+        f"i{l} = (gst + pos).to(tl.int64)  # the column (a scalar: one for every token)",
         f"y{l} = tl.load(col + i{l} * T, mask=ok{l}, other=float('-inf'))",
         f"x{l} = tl.maximum(y{l}, {NEG})",
     )
@@ -282,7 +288,7 @@ def _step(s: Src, plan: GroupPlan, L: str, D: str, l: int) -> None:
 
 def _checkpoint(s: Src, plan: GroupPlan, L: str, store: bool) -> None:
     """Store (or load into lattice L) the inner lattice before segment sg of group g."""
-    s(f"base = o64 + (g * {plan.nseg} + sg) * {plan.inner_rows}")
+    s(f"base = (g * {plan.nseg} + sg) * {plan.inner_rows}  # a scalar row")
     parts = ("q", "h", "d") if plan.tangent else ("q", "h")
     for k, part in enumerate(parts):
         for j in range(1, plan.C + 1):

@@ -538,10 +538,11 @@ def resources(plan: Plan, arch: int = 90) -> dict:
     return compiled_resources(kernel(plan), types, {"T", "N", "NSEG", "t0", "tend", "TC"}, BLOCK, arch)
 
 
-def compiled_resources(fn, types: dict, ints: set, block: int, arch: int = 90) -> dict:
+def compiled_resources(fn, types: dict, ints: set, block: int, arch: int = 90, options: dict | None = None) -> dict:
     """Compile the generated kernel ``fn`` (``define``) for sm_``arch`` with ``block`` tokens a program
     and read {"registers", "spill_bytes"} per thread from its cubin. ``types``: the Triton type of
-    each pointer argument that is not "*fp32"; ``ints``: the int32 arguments; BLOCK is the constexpr."""
+    each pointer argument that is not "*fp32"; ``ints``: the int32 arguments; BLOCK is the constexpr;
+    ``options``: more compile options (num_stages)."""
     import os
     import subprocess
     import tempfile
@@ -552,7 +553,8 @@ def compiled_resources(fn, types: dict, ints: set, block: int, arch: int = 90) -
 
     sig = {a: "constexpr" if a == "BLOCK" else "i32" if a in ints else types.get(a, "*fp32") for a in fn.arg_names}
     src = ASTSource(fn, sig, constexprs={(fn.arg_names.index("BLOCK"),): block})
-    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": block // 32})
+    options = {"num_warps": block // 32, **(options or {})}
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kernel.cubin")
