@@ -24,8 +24,7 @@ from .rows import REFERENCES, RowOps
 from .torch_groups import TorchGroupDP
 from .triton_dp import _block
 
-SCRATCH_BYTES = 1 << 30  # the scratch of one launch at most (tokens are taken in chunks): its rows
-# are addressed by int32 offsets in the kernels, so it must stay under 2^31 values
+SCRATCH_BYTES = 1 << 30  # the scratch of one launch at most (tokens are taken in chunks)
 
 
 class TritonGroupDP(TorchGroupDP):
@@ -64,11 +63,11 @@ class TritonGroupDP(TorchGroupDP):
         fn = groups.kernel(plan)
         for a in range(0, T, step):
             b = min(a + step, T)
-            given["ck_ptr"] = r.new_empty(plan.rows32 * (b - a))
-            given["c64_ptr"] = r.new_empty(plan.rows64 * (b - a), dtype=torch.float64)
+            programs = -(-(b - a) // block)
+            given["ck_ptr"] = r.new_empty(programs * plan.rows32 * block)  # [programs, rows, block]
+            given["c64_ptr"] = r.new_empty(programs * plan.rows64 * block, dtype=torch.float64)
             args = [given.get(name, dummy) for name in names]
-            grid = (-(-(b - a) // block),)
-            fn[grid](*args, T, N, a, b, b - a, BLOCK=block, num_warps=groups.BLOCK // 32, num_stages=groups.STAGES)
+            fn[(programs,)](*args, T, N, a, b, BLOCK=block, num_warps=groups.BLOCK // 32, num_stages=groups.STAGES)
 
     # --- the queries ----------------------------------------------------------------------------
     def log_partition(self, r: Tensor, marginals: bool, shift=None, *, accurate=True, refine=True):

@@ -30,7 +30,8 @@ tangents alongside (dW = W (1 - W) (dE[j - 1] + v - dE[j])). A draw walks them w
 ``TorchGroupDP.draw_uniforms`` (the band state at t, group g's count at (1 + g) T + t, the variable
 of column i at (1 + G + i) T + t), so the same seed draws the same subsets as the torch sweeps.
 
-Scratch (token-contiguous rows of TC floats; float32 ``ck`` and float64 ``c64``): the inner lattice
+Scratch (float32 ``ck`` and float64 ``c64``, a block of rows a program, [programs, rows, BLOCK]: a
+row of a program's tokens is contiguous, and a row is a constant offset from a token's pointer): the inner lattice
 before every segment of ``ck`` positions of every group (q_1..q_C, h_1..h_C, dE_1..dE_C); the outer
 rows before each group and after the last (Qo (dO) on the full (K + 1) x (U + 1) grid, Mo in c64),
 each group's last inner row (q_g, dE_g; top_g in c64). The reverse sweeps recompute a segment's
@@ -52,9 +53,9 @@ NEG = -1e30  # a -inf logit (and padding) in float32: d = x - h stays finite, it
 LOG_ZERO = -1e30  # the float64 log weight of an unreachable outer state (no -inf - -inf)
 ARGS = (
     "r_ptr, seed_ptr, ps_ptr, v_ptr, idx_ptr, mask_ptr, g_ptr, gs_ptr, gn_ptr, ck_ptr, c64_ptr, "
-    "m_ptr, z_ptr, w_ptr, oidx_ptr, omask_ptr, lz_ptr, out_ptr, T, N, t0, tend, TC, BLOCK: tl.constexpr"
+    "m_ptr, z_ptr, w_ptr, oidx_ptr, omask_ptr, lz_ptr, out_ptr, T, N, t0, tend, BLOCK: tl.constexpr"
 )
-INTS = {"T", "N", "t0", "tend", "TC"}
+INTS = {"T", "N", "t0", "tend"}
 TYPES = {"seed_ptr": "*i64", "idx_ptr": "*i32", "mask_ptr": "*i8", "gs_ptr": "*i32", "gn_ptr": "*i32",
          "c64_ptr": "*fp64", "oidx_ptr": "*i64", "omask_ptr": "*i8"}  # fmt: skip
 
@@ -172,10 +173,11 @@ def _max(terms: list[str]) -> str:
 
 
 def _row(plan: GroupPlan, offset: str, kind: str = "32") -> str:
-    """The address of scratch row ``offset`` for this token: a scalar offset (int32: a launch's
-    scratch holds at most 2^28 values, ``SCRATCH_BYTES``), so the compiler keeps one pointer a token
-    and scalar row offsets, not a 64-bit address per row and token; or a per-token one (the draw)."""
-    return f"{'ckt' if kind == '32' else 'c64t'} + ({offset}) * TC"
+    """The address of scratch row ``offset`` for this token: the program's block of rows, row j at
+    j BLOCK from the token's pointer, so a constant row is an immediate offset of the load (no
+    register holds it) and a warp's 32 tokens are one transaction; ``offset`` a scalar, or a
+    per-token tensor (the draw's state)."""
+    return f"{'ckt' if kind == '32' else 'c64t'} + ({offset}) * BLOCK"
 
 
 def _outer(plan: GroupPlan, g: str, c, u, part: str) -> str:
@@ -196,14 +198,14 @@ def _prologue(s: Src, plan: GroupPlan) -> None:
         "t = t0 + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] tokens, one per thread",
         "live = t < tend",
         "t64 = t.to(tl.int64)",
-        "tc = (t - t0).to(tl.int64)  # the token in this launch's chunk (the scratch's column)",
         "col = r_ptr + t64  # [BLOCK] pointers to the logit of variable 0 in rT [N, T] (i at + i * T)",
-        "o64 = tc * 0  # [BLOCK] int64 zeros",
+        "o64 = t64 * 0  # [BLOCK] int64 zeros",
         "zero = tl.zeros([BLOCK], tl.float32)",
         "one = zero + 1.0",
         "zero64 = zero.to(tl.float64)",
-        "ckt = ck_ptr + tc  # [BLOCK] this token's column of the scratch (row j at + j * TC)",
-        "c64t = c64_ptr + tc",
+        "pid = tl.program_id(0).to(tl.int64)",
+        f"ckt = ck_ptr + pid * {plan.rows32} * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] this token's scratch: row j at + j * BLOCK",
+        f"c64t = c64_ptr + pid * {plan.rows64} * BLOCK + tl.arange(0, BLOCK)",
     )
 
 
