@@ -121,7 +121,10 @@ def test_the_engine_and_the_checks():
         dp.check_satisfiable(r)
     with pytest.raises(ValueError, match="NaN"):
         dp.sample(torch.full((2, 16), torch.nan))
-    with pytest.raises(ValueError, match="the group DP has torch sweeps and Triton kernels, no C sweeps"), circuits.implementation("c"):
+    with (
+        pytest.raises(ValueError, match="the group DP has torch sweeps and Triton kernels, no C sweeps"),
+        circuits.implementation("c"),
+    ):
         dp.marginals(torch.randn(2, 16))
 
 
