@@ -116,9 +116,7 @@ class TritonDP(TorchDP):
         slots = indices.shape[-1]
         if r.shape[0] and slots:
             plan = self._plan("cov", v_from=kind, paper=paper, slots=slots)
-            used = mask.view(torch.int8) if mask.dtype == torch.bool else mask.to(torch.int8)  # no copy for bool
-            idx, used = indices.to(torch.int32).contiguous(), used.contiguous()
-            _launch(plan, r, None, idx, used, g.to(r.dtype).contiguous(), out)
+            _launch(plan, r, None, *slot_inputs(r, indices, mask, g), out)
         elif r.shape[0]:
             out.zero_()
         return out
@@ -134,6 +132,13 @@ class TritonDP(TorchDP):
             rt = r.t().contiguous()  # [N, T], as in _launch
             fn[(-(-T // block),)](rt, out, T, N, 0, T, BLOCK=block, num_warps=lattice.BLOCK // 32)
         return out
+
+
+def slot_inputs(r: Tensor, indices: Tensor, mask: Tensor, g: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The slots as the backward kernels read them: (indices int32, the used mask int8 (no copy for
+    bool), the slots' gradients in r's dtype), each [T, slots] and contiguous."""
+    used = mask.view(torch.int8) if mask.dtype == torch.bool else mask.to(torch.int8)
+    return indices.to(torch.int32).contiguous(), used.contiguous(), g.to(r.dtype).contiguous()
 
 
 def _seed(seed: Tensor | None, r: Tensor) -> Tensor | None:

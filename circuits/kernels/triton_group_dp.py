@@ -22,7 +22,7 @@ from . import triton_groups as groups
 from .lattice import GroupLattice
 from .rows import REFERENCES, RowOps
 from .torch_groups import TorchGroupDP
-from .triton_dp import _block
+from .triton_dp import _block, slot_inputs
 
 SCRATCH_BYTES = 1 << 30  # the scratch of one launch at most (tokens are taken in chunks)
 
@@ -122,10 +122,10 @@ class TritonGroupDP(TorchGroupDP):
         out = torch.empty_like(r)
         slots = indices.shape[-1]
         if r.shape[0] and slots:
-            used = mask.view(torch.int8) if mask.dtype == torch.bool else mask.to(torch.int8)
-            plan = self._plan("cov", v_from=kind, paper=paper, slots=slots)
-            idx, g32 = indices.to(torch.int32).contiguous(), g.to(r.dtype).contiguous()
-            self._launch(plan, r, idx=idx, mask=used.contiguous(), g=g32, out=out)
+            idx, used, g32 = slot_inputs(r, indices, mask, g)
+            self._launch(
+                self._plan("cov", v_from=kind, paper=paper, slots=slots), r, idx=idx, mask=used, g=g32, out=out
+            )
         elif r.shape[0]:
             out.zero_()
         return out

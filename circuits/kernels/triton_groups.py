@@ -43,7 +43,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from .triton_lattice import Src, define, module_source, uniform
+from .triton_lattice import Src, define, insert_slot, module_source, store_slots, uniform
 
 BLOCK = 128  # tokens per program: one per thread, 4 warps
 # no software pipelining of the loops' loads: there is nothing to overlap (a thread's next scratch row
@@ -546,16 +546,7 @@ def _group_walk(s: Src, plan: GroupPlan) -> None:
                         f"kn = tl.where(ok{l}, kn, float('-inf'))",
                         f"jn = i{l}.to(tl.int32)",
                     )
-                    for k in range(S):  # insertion: the new variable has the lowest column so far
-                        s(
-                            f"sw = kn >= key{k}",
-                            f"ko = key{k}",
-                            f"jo = ix{k}",
-                            f"key{k} = tl.where(sw, kn, ko)",
-                            f"ix{k} = tl.where(sw, jn, jo)",
-                            "kn = tl.where(sw, ko, kn)",
-                            "jn = tl.where(sw, jo, jn)",
-                        )
+                    insert_slot(s, S)
 
 
 def source(plan: GroupPlan) -> str:
@@ -590,13 +581,7 @@ def source(plan: GroupPlan) -> str:
             if plan.draw or S:
                 _group_count(s, plan)
             _group_walk(s, plan)
-    for k in range(S):
-        s(
-            f"used = key{k} >= 0.0",
-            f"tl.store(w_ptr + t64 * {S} + {k}, tl.where(used, key{k}, 0.0), mask=live)",
-            f"tl.store(oidx_ptr + t64 * {S} + {k}, ix{k}.to(tl.int64), mask=live)",
-            f"tl.store(omask_ptr + t64 * {S} + {k}, used.to(tl.int8), mask=live)",
-        )
+    store_slots(s, S, "oidx_ptr", "omask_ptr")
     return module_source(f"def kernel({ARGS}):", s)
 
 

@@ -197,6 +197,34 @@ def uniform(s: Src, out: str, index: str) -> None:
     )
 
 
+def insert_slot(s: Src, S: int) -> None:
+    """Insert the key kn [BLOCK] (a drawn variable's score; -1 undrawn, -inf off the row) of variable
+    jn (int32) into the slots key0 >= key1 >= .. (indices ix0, ix1, ..): the variables come in
+    descending order, so the new one has the lowest index so far and goes before equal keys."""
+    for k in range(S):
+        s(
+            f"sw = kn >= key{k}",
+            f"ko = key{k}",
+            f"jo = ix{k}",
+            f"key{k} = tl.where(sw, kn, ko)",
+            f"ix{k} = tl.where(sw, jn, jo)",
+            "kn = tl.where(sw, ko, kn)",
+            "jn = tl.where(sw, jo, jn)",
+        )
+
+
+def store_slots(s: Src, S: int, idx: str, mask: str) -> None:
+    """Write the slots: the weights (a drawn variable's score, 0 for an unused slot) to w_ptr, the
+    indices (int64) and the used mask (int8) to the pointers named ``idx`` and ``mask``, [T, S] each."""
+    for k in range(S):
+        s(
+            f"used = key{k} >= 0.0",
+            f"tl.store(w_ptr + t64 * {S} + {k}, tl.where(used, key{k}, 0.0), mask=live)",
+            f"tl.store({idx} + t64 * {S} + {k}, ix{k}.to(tl.int64), mask=live)",
+            f"tl.store({mask} + t64 * {S} + {k}, used.to(tl.int8), mask=live)",
+        )
+
+
 def _pq(s: Src, plan: Plan, l: int, tangent: bool) -> None:
     """p{l}, q{l} of the variable i{l} (x{l} = its tilted logit, r{l} its logit); with ``tangent``
     v{l} (``_v``) and dp{l} = p q v."""
@@ -361,25 +389,10 @@ def forward_source(plan: Plan) -> str:
                         "kn = tl.where(ok, kn, float('-inf'))",
                         f"jn = i{l}.to(tl.int32)",
                     )
-                    for k in range(S):  # insertion: the new variable has the lowest index so far
-                        s(
-                            f"sw = kn >= key{k}",
-                            f"ko = key{k}",
-                            f"jo = ix{k}",
-                            f"key{k} = tl.where(sw, kn, ko)",
-                            f"ix{k} = tl.where(sw, jn, jo)",
-                            "kn = tl.where(sw, ko, kn)",
-                            "jn = tl.where(sw, jo, jn)",
-                        )
+                    insert_slot(s, S)
             if plan.marginals:
                 _adjoint_step(s, K, l, tangent=False)
-    for k in range(S):
-        s(
-            f"used = key{k} >= 0.0",
-            f"tl.store(w_ptr + t64 * {S} + {k}, tl.where(used, key{k}, 0.0), mask=live)",
-            f"tl.store(idx_ptr + t64 * {S} + {k}, ix{k}.to(tl.int64), mask=live)",
-            f"tl.store(mask_ptr + t64 * {S} + {k}, used.to(tl.int8), mask=live)",
-        )
+    store_slots(s, S, "idx_ptr", "mask_ptr")
     head = "def kernel(r_ptr, seed_ptr, ps_ptr, ck_ptr, m_ptr, z_ptr, w_ptr, idx_ptr, mask_ptr, T, N, NSEG, t0, tend, TC, BLOCK: tl.constexpr):"
     return module_source(head, s)
 
