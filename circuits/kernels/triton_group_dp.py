@@ -57,7 +57,7 @@ class TritonGroupDP(TorchGroupDP):
         block = _block()
         step = max(block, SCRATCH_BYTES // per // block * block)
         dummy = r.new_empty(1)
-        names = [a.strip() for a in groups.ARGS.split(",")][:18]  # the tensor arguments
+        names = [a for a in map(str.strip, groups.ARGS.split(",")) if a.endswith("_ptr")]  # the tensor arguments
         given = {"r_ptr": r.t().contiguous(), "gs_ptr": self.starts, "gn_ptr": self.sizes}
         given.update({f"{k}_ptr": v for k, v in tensors.items() if v is not None})
         fn = groups.kernel(plan)

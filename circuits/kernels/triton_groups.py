@@ -456,10 +456,7 @@ def _group_adjoint(s: Src, plan: GroupPlan) -> None:
 def _group_count(s: Src, plan: GroupPlan) -> None:
     """The draw: group g's count gj from the state (cs, us_) after it, reading the outer rows by
     address; the state steps back."""
-    s(
-        f"qt = tl.load({_row(plan, _outer(plan, 'g + 1', 'cs', 'us_', 'q'))}, mask=live, other=0.0)",
-        f"mt = tl.load({_row(plan, _outer(plan, 'g + 1', 'cs', 'us_', 'm'), '64')}, mask=live, other=0.0)",
-    )
+    s(_load(plan, "g + 1", "cs", "us_", "m", "mt"))  # the weights p_j below are relative to it
     acc = "zero"
     for j in range(plan.C + 1):
         du = 1 if j and plan.U else 0
