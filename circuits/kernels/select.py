@@ -65,16 +65,16 @@ def select(program, dtype: torch.dtype, prefer: str | None = None):
 
     ``prefer`` ("torch", "c" or "triton") takes that implementation instead, whatever the device (the
     tests run the Triton passes on CPU tensors under TRITON_INTERPRET=1): ValueError for other than
-    float32 logits (but "torch"), for "c" off the CPU and for "c" on a group lattice, ImportError or RuntimeError when the implementation is unavailable. Without ``prefer``,
-    an enclosing ``implementation`` block's choice.
+    float32 logits (but "torch"), for "c" off the CPU and for "c" on a group lattice, ImportError or
+    RuntimeError when the implementation is unavailable. Without ``prefer``, an enclosing
+    ``implementation`` block's choice.
     """
     if prefer is None:
         prefer = chosen()
     if isinstance(program, Rows):
         return _row_ops(program.device, dtype, prefer in (None, "c"))
-    if isinstance(program, GroupLattice):
-        return _group_sweeps(program, dtype, prefer)
     dp = isinstance(program, Lattice)
+    asked = prefer is not None
     if prefer is None:
         prefer = _default(program, dtype)
     elif prefer not in IMPLEMENTATIONS:
@@ -84,6 +84,8 @@ def select(program, dtype: torch.dtype, prefer: str | None = None):
     elif prefer == "c" and program.device.type != "cpu":
         raise ValueError(f"the C passes run on the CPU, the program is on {program.device}")
     rows = _row_ops(program.device, dtype)
+    if isinstance(program, GroupLattice):
+        return _group_sweeps(program, rows, prefer, asked)
     if dp:
         if prefer == "c" and library.library() is None:  # checked here: the sweeps are kept (_dp_sweeps)
             raise RuntimeError(f"the C DP is not available ({library.describe()})")
@@ -99,27 +101,21 @@ def select(program, dtype: torch.dtype, prefer: str | None = None):
     return CPasses(program, rows) if prefer == "c" else TorchPasses(program, rows)
 
 
-def _group_sweeps(lattice: GroupLattice, dtype: torch.dtype, prefer: str | None):
-    """The group DP's sweeps, kept per lattice, kind and row operations: the Triton kernels
-    (``TritonGroupDP``) for float32 on CUDA when triton imports (or ``prefer`` "triton"), else the
-    torch sweeps (``TorchGroupDP``, any device and dtype). ValueError for "c" (there are no C group
-    sweeps) and for "triton" on other than float32 logits."""
-    if prefer not in (None, *IMPLEMENTATIONS):
-        raise ValueError(f"prefer must be None, {', '.join(map(repr, IMPLEMENTATIONS))}, got {prefer!r}")
-    if prefer == "c":
+def _group_sweeps(lattice: GroupLattice, rows: RowOps, prefer: str, asked: bool):
+    """The group DP's sweeps for ``prefer`` (checked by ``select``), kept per lattice, kind and row
+    operations: the Triton kernels (``TritonGroupDP``) for "triton", else the torch sweeps
+    (``TorchGroupDP``, any device and dtype), also where "c" is ``select``'s own pick; ValueError for
+    "c" ``asked`` for (there are no C group sweeps)."""
+    if prefer == "c" and asked:
         raise ValueError(
             "the group DP has torch sweeps and Triton kernels, no C sweeps, got prefer = 'c': "
             "use the compiled circuit (algorithm 'circuit') for its C passes"
         )
-    if prefer is None:
-        prefer = "triton" if dtype == torch.float32 and _default(lattice, dtype) == "triton" else "torch"
-    elif prefer == "triton" and dtype != torch.float32:
-        raise ValueError(f"the triton passes take float32 logits, got {dtype}")
     if prefer == "triton":
         from .triton_group_dp import TritonGroupDP  # triton is an optional extra
 
-        return _kept_group_sweeps(TritonGroupDP, lattice, _row_ops(lattice.device, dtype))
-    return _kept_group_sweeps(TorchGroupDP, lattice, _row_ops(lattice.device, dtype))
+        return _kept_group_sweeps(TritonGroupDP, lattice, rows)
+    return _kept_group_sweeps(TorchGroupDP, lattice, rows)
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,5 +1,6 @@
 """``TritonGroupDP``: the group DP's queries as fused Triton kernels (``circuits.kernels.triton_groups``)
-for float32 logits on CUDA, one token per thread with both lattices in registers.
+for float32 logits on CUDA, one token per thread: a group's lattice in registers, the outer one
+streamed through scratch.
 
 The same results as the torch sweeps (``circuits.kernels.torch_groups``, the oracle), and from the
 same seed the same draws. One kernel per query: ``log_partition`` (log Z, the marginals), ``sample``
@@ -57,7 +58,6 @@ class TritonGroupDP(TorchGroupDP):
         block = _block()
         step = max(block, SCRATCH_BYTES // per // block * block)
         dummy = r.new_empty(1)
-        names = [a for a in map(str.strip, groups.ARGS.split(",")) if a.endswith("_ptr")]  # the tensor arguments
         given = {"r_ptr": r.t().contiguous(), "gs_ptr": self.starts, "gn_ptr": self.sizes}
         given.update({f"{k}_ptr": v for k, v in tensors.items() if v is not None})
         fn = groups.kernel(plan)
@@ -66,7 +66,7 @@ class TritonGroupDP(TorchGroupDP):
             programs = -(-(b - a) // block)
             given["ck_ptr"] = r.new_empty(programs * plan.rows32 * block)  # [programs, rows, block]
             given["c64_ptr"] = r.new_empty(programs * plan.rows64 * block, dtype=torch.float64)
-            args = [given.get(name, dummy) for name in names]
+            args = [given.get(name, dummy) for name in groups.TENSORS]
             fn[(programs,)](*args, T, N, a, b, BLOCK=block, num_warps=groups.BLOCK // 32, num_stages=groups.STAGES)
 
     # --- the queries ----------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""The group DP's two-level lattice as Triton kernels, one token per thread, both lattices in
-registers: the source of each kernel, written out for its spec, and the compiled (or interpreted)
-function. ``circuits.kernels.triton_group_dp`` launches them; their meaning and test oracle is
+"""The group DP's two-level lattice as Triton kernels, one token per thread, a group's lattice in
+registers and the outer one streamed through scratch: the source of each kernel, written out for
+its spec, and the compiled (or interpreted) function. ``circuits.kernels.triton_group_dp`` launches them; their meaning and test oracle is
 ``circuits.kernels.torch_groups`` (read it first: the same lattices in float64 log form).
 
 Numerics: the "top-relative" form of ``tools/group_numerics.py`` (which measures it against float64;
@@ -55,6 +55,7 @@ ARGS = (
     "r_ptr, seed_ptr, ps_ptr, v_ptr, idx_ptr, mask_ptr, g_ptr, gs_ptr, gn_ptr, ck_ptr, c64_ptr, "
     "m_ptr, z_ptr, w_ptr, oidx_ptr, omask_ptr, lz_ptr, out_ptr, T, N, t0, tend, BLOCK: tl.constexpr"
 )
+TENSORS = [a for a in map(str.strip, ARGS.split(",")) if a.endswith("_ptr")]  # the tensor arguments, in order
 INTS = {"T", "N", "t0", "tend"}
 TYPES = {"seed_ptr": "*i64", "idx_ptr": "*i32", "mask_ptr": "*i8", "gs_ptr": "*i32", "gn_ptr": "*i32",
          "c64_ptr": "*fp64", "oidx_ptr": "*i64", "omask_ptr": "*i8"}  # fmt: skip
