@@ -328,9 +328,10 @@ class TorchGroupDP(Kernels):
         return self._unpad(z), torch.where(allowed, log_z - soft, -torch.inf)
 
     def map(self, r: Tensor, shift=None) -> tuple[Tensor, Tensor]:
-        """(the most probable allowed assignment z [T, n] in {0, 1}, its log P_indep [T]; -inf where
-        nothing is allowed): each group's best subset of j true is its top j logits; the outer
-        lattice in (max, +) picks the j of every group."""
+        """(the most probable allowed assignment z [T, n] in {0, 1}, its log P_indep [T]; z = 0 and
+        -inf where nothing is allowed): each group's best subset of j true is its top j logits (equal
+        ones by lower index first); the outer lattice in (max, +) picks the j of every group (the
+        lowest j among equals)."""
         T, n = r.shape
         x, c = self._padded(r)
         top, order = torch.sort(x, dim=-1, descending=True, stable=True)  # [T, G, S]
@@ -353,9 +354,10 @@ class TorchGroupDP(Kernels):
             s, k = s - j, k - (j > 0).long() * int(self.U > 0)
         z = (torch.arange(self.S, device=r.device) < counts[..., None]).double()  # in sorted order
         z = torch.zeros_like(x).scatter_(-1, order, z)
-        log_p = value - _softplus_sum(r)
-        log_p = torch.where(value > LOG_ZERO / 2, log_p, -torch.inf)
-        return self._unpad(z).to(r.dtype), log_p.to(r.dtype)
+        allowed = value > LOG_ZERO / 2
+        log_p = torch.where(allowed, value - _softplus_sum(r), -torch.inf)
+        z = torch.where(allowed[:, None], self._unpad(z), 0.0)
+        return z.to(r.dtype), log_p.to(r.dtype)
 
 
 def _softplus_sum(r: Tensor) -> Tensor:

@@ -6,8 +6,8 @@ The same results as the torch sweeps (``circuits.kernels.torch_groups``, the ora
 same seed the same draws. One kernel per query: ``log_partition`` (log Z, the marginals), ``sample``
 (one draw, log Z), ``chosen`` (the forward of ``circuits::chosen_scores``: the draw, then the drawn
 by score in their slots), ``marginals_jvp`` and ``chosen_backward`` (Cov(z) v, with the scores'
-backward of Eq. 7 for the latter). The MAP and the log counts by size stay the torch sweeps' (a sort
-and a small max-plus lattice; not on the training route). The kernels read the logits transposed,
+backward of Eq. 7 for the latter), ``map`` (the most probable allowed subset: inference in one
+kernel). The log counts by size stay the torch sweeps' (not on a route). The kernels read the logits transposed,
 rT [n, T] (coalesced loads across a warp), and a scratch of checkpoints and outer rows per token,
 taken in chunks of tokens that keep it under ``SCRATCH_BYTES``. ``circuits.kernels.select`` takes
 it for float32 group lattices on CUDA when triton imports; ``prefer="triton"`` runs it on CPU tensors
@@ -77,6 +77,15 @@ class TritonGroupDP(TorchGroupDP):
         if r.shape[0]:
             self._launch(self._plan("forward", log_z=True, marginals=marginals), r, lz=lz, m=m)
         return lz, m
+
+    def map(self, r: Tensor, shift=None) -> tuple[Tensor, Tensor]:
+        """(the most probable allowed assignment z [T, n] in {0, 1}, 0 where nothing is allowed; its
+        log P_indep [T], -inf there): one kernel, the same subset as the torch sweeps' (ties alike)."""
+        z = torch.empty_like(r)
+        log_p = r.new_empty(r.shape[0])
+        if r.shape[0]:
+            self._launch(self._plan("map"), r, z=z, lz=log_p)
+        return z, log_p
 
     def draw_uniforms(self, r: Tensor, seed: Tensor) -> tuple[Tensor, None]:
         """The kernels make their uniforms themselves (at ``TorchGroupDP.draw_uniforms``' indices): the

@@ -67,7 +67,8 @@ class GroupPlan:
     ``capacity`` and ``max_groups`` as the spec's. kind "forward": ``log_z`` (write log P_indep(C)),
     ``marginals``, ``draw`` (write z), ``slots`` (> 0: the drawn by score in that many slots). kind
     "cov": Cov(z) v, ``v_from`` "given" or "softmax" / "sigmoid" (from slot gradients, Eq. 7's
-    backward), ``paper`` (times sigma(-r)). ``ck``: positions per checkpoint segment."""
+    backward), ``paper`` (times sigma(-r)). kind "map": the most probable allowed subset and its log
+    probability. ``ck``: positions per checkpoint segment (the MAP's: per unrolled step)."""
 
     kind: str
     groups: tuple[int, ...]
@@ -148,6 +149,8 @@ class GroupPlan:
 
     @property
     def rows32(self) -> int:
+        if self.kind == "map":
+            return self.G * self.C  # each group's C largest logits
         return self.adjoint_at + self.grid * (2 if self.tangent else 1)
 
     @property
@@ -284,8 +287,13 @@ def _step(s: Src, plan: GroupPlan, L: str, D: str, l: int) -> None:
         if plan.tangent:
             s(f"{D}d{j} = {_lat(L, 'd', j)} + W{j} * ({_lat(L, 'd', j - 1)} + v{l} - {_lat(L, 'd', j)})")
         s(f"{D}q{j} = a{j} + b{j}")
+    _insert(s, plan, L, D, l)
+
+
+def _insert(s: Src, plan: GroupPlan, L: str, D: str, l: int) -> None:
+    """D's h_1 >= .. >= h_C = the C largest of L's and x{l} (an insertion network)."""
     s(f"xx = x{l}")
-    for j in range(1, C + 1):
+    for j in range(1, plan.C + 1):
         s(f"yy = tl.maximum({_lat(L, 'h', j)}, xx)", f"xx = tl.minimum({_lat(L, 'h', j)}, xx)", f"{D}h{j} = yy")
 
 
@@ -547,9 +555,106 @@ def _group_walk(s: Src, plan: GroupPlan) -> None:
                     insert_slot(s, S)
 
 
+def _map_sweep(s: Src, plan: GroupPlan) -> None:
+    """The MAP's up sweep, (max, +) in float64: each group's C largest logits h{j} (scratch rows
+    g C + j - 1) and their prefix sums tg{j} (the best subset of j true in the group; c64), then the
+    outer row g + 1 of best log weights, Mo'[c, u] = max_j Mo[c - j, u - [j > 0]] + tg{j}."""
+    C = plan.C
+    for c, u in plan.states:
+        s(_store(plan, _outer(plan, 0, c, u, "m"), "zero64" if (c, u) == (0, 0) else f"zero64 + {LOG_ZERO}", "64"))
+    s(f"for g in range(0, {plan.G}):")
+    with s.block():
+        s("gst = tl.load(gs_ptr + g)", "gsz = tl.load(gn_ptr + g)")
+        s(*(f"h{j} = zero + {NEG}" for j in range(1, C + 1)))
+        s(f"for sg in range(0, {plan.nseg}):")
+        with s.block():
+            for l in range(plan.ck):
+                _variable(s, plan, l, softplus=True)
+                _insert(s, plan, "", "", l)
+        s("tg0 = zero64")
+        for j in range(1, C + 1):
+            s(f"tg{j} = tg{j - 1} + h{j}.to(tl.float64)", _store(plan, f"g * {C} + {j - 1}", f"h{j}"))
+            s(_store(plan, _final(plan, "g", j, "t"), f"tg{j}", "64"))
+        for c, u in plan.states:
+            src = [(j, plan.source(c, u, j)) for j in range(min(C, c) + 1)]
+            src = [(j, at) for j, at in src if at is not None]
+            for j, at in src:
+                s(_load(plan, "g", *at, "m", f"e{j}"), f"e{j} += tg{j}")
+            s(_store(plan, _outer(plan, "g + 1", c, u, "m"), _max([f"e{j}" for j, _ in src]), "64"))
+
+
+def _map_band(s: Src, plan: GroupPlan) -> None:
+    """The best final state (cs, us_) of the band, the first in (c, u) order among equals, its log
+    weight ``best`` (float64), ``allowed``, and the log probability written to lz."""
+    s(f"best = zero64 + {2 * LOG_ZERO}", "cs = tl.zeros([BLOCK], tl.int32)", "us_ = cs")
+    for c, u in plan.states:
+        if c >= plan.kmin:
+            s(_load(plan, str(plan.G), c, u, "m", "mv"), "bt = mv > best")
+            s("best = tl.where(bt, mv, best)", f"cs = tl.where(bt, {c}, cs)", f"us_ = tl.where(bt, {u}, us_)")
+    s(
+        f"allowed = best > {LOG_ZERO / 2}",
+        "tl.store(lz_ptr + t64, tl.where(allowed, best - spx, float('-inf')).to(tl.float32), mask=live)",
+    )
+
+
+def _map_back(s: Src, plan: GroupPlan) -> None:
+    """The groups last first: group g's count gj, the first j of the best Mo[c - j, u - [j > 0]] +
+    tg{j} (as the torch sweeps' max), then its gj largest logits true, equal logits by lower index
+    first (the threshold h_gj, ``ties`` of the equal ones to take). Rows that allow nothing: z = 0."""
+    C, low = plan.C, f"zero64 + {4 * LOG_ZERO}"
+    s(f"for g in range({plan.G - 1}, -1, -1):")
+    with s.block():
+        s("gst = tl.load(gs_ptr + g)", "gsz = tl.load(gn_ptr + g)", f"eb = {low}", "gj = tl.zeros([BLOCK], tl.int32)")
+        for j in range(C + 1):
+            du = 1 if j and plan.U else 0
+            ok = "live & (cj >= 0) & (uj >= 0)" + (f" & (uj <= cj) & (cj <= uj * {C})" if plan.U else "")
+            at = _outer(plan, "g", "tl.maximum(cj, 0)", "tl.maximum(uj, 0)", "m")
+            top = f"tl.load({_row(plan, _final(plan, 'g', j, 't'), '64')}, mask=live, other=0.0)" if j else "0.0"
+            s(
+                f"cj = cs - {j}",
+                f"uj = us_ - {du}",
+                f"okj = {ok}",
+                f"ej = tl.load({_row(plan, at, '64')}, mask=okj, other=0.0)",
+                f"ej = tl.where(okj, ej + {top}, {low})",
+                "bt = ej > eb",
+                "eb = tl.where(bt, ej, eb)",
+                f"gj = tl.where(bt, {j}, gj)",
+            )
+        s("cs = cs - gj")
+        if plan.U:
+            s("us_ = us_ - (gj > 0).to(tl.int32)")
+        for j in range(1, C + 1):
+            s(f"h{j} = tl.load({_row(plan, f'g * {C} + {j - 1}')}, mask=live, other=0.0)")
+        s(f"thr = {_sum([f'tl.where(gj == {j}, h{j}, 0.0)' for j in range(1, C + 1)])}")
+        s(f"ties = gj - ({_sum([f'((h{j} > thr) & (gj >= {j})).to(tl.int32)' for j in range(1, C + 1)], '0')})")
+        s(f"for sg in range(0, {plan.nseg}):")
+        with s.block():
+            for l in range(plan.ck):
+                _variable(s, plan, l)
+                s(
+                    f"tie = ok{l} & (gj > 0) & (x{l} == thr) & (ties > 0)",
+                    f"zi = (ok{l} & (gj > 0) & (x{l} > thr)) | tie",
+                    "ties -= tie.to(tl.int32)",
+                    f"tl.store(z_ptr + t64 * N + i{l}, tl.where(allowed & zi, 1.0, 0.0), mask=ok{l})",
+                )
+
+
+def _map_source(plan: GroupPlan) -> str:
+    s = Src()
+    _prologue(s, plan)
+    s("spx = zero64")
+    _map_sweep(s, plan)
+    _map_band(s, plan)
+    _map_back(s, plan)
+    return module_source(f"def kernel({ARGS}):", s)
+
+
 def source(plan: GroupPlan) -> str:
     """The kernel of ``plan``: the forward sweep, the band, then (when anything is wanted past log Z)
-    the groups last first: their count distributions (or the draw's counts), then their positions."""
+    the groups last first: their count distributions (or the draw's counts), then their positions.
+    The MAP's kernel: its (max, +) sweep, the best final state, the groups' counts last first."""
+    if plan.kind == "map":
+        return _map_source(plan)
     s = Src()
     _prologue(s, plan)
     if plan.tangent and plan.v_from != "given":

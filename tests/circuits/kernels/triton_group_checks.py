@@ -65,6 +65,15 @@ def logits(spec, T: int, seed: int) -> torch.Tensor:
     return r.to(DEVICE)
 
 
+def tied(spec, T: int, seed: int) -> torch.Tensor:
+    """``logits`` with rows 6..11 of small integers (equal logits in a group, equal sums across
+    groups, all exact) and row 0 with one finite logit (nothing allowed where kmin > 1)."""
+    r = logits(spec, T, seed)
+    r[6:12] = torch.randint(-2, 3, (6, spec.n), generator=torch.Generator().manual_seed(seed)).float().to(DEVICE)
+    r[0, 1:] = -torch.inf
+    return r
+
+
 def seed(s: int) -> torch.Tensor:
     return seed_tensor(torch.Generator().manual_seed(s)).to(DEVICE)
 
@@ -91,20 +100,39 @@ def test_against_the_torch_sweeps(spec):
     torch.testing.assert_close(got[ok].double(), want[ok], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+def test_the_map_equals_the_torch_sweeps(spec):
+    """The most probable allowed subset in one kernel: the torch sweeps' subset (equal logits and equal
+    sums resolved alike), its log probability; z = 0 and -inf where nothing is allowed."""
+    r = tied(spec, 300, seed=spec.n)
+    z, lp = sweeps(spec, "triton").map(r)
+    z_ref, lp_ref = sweeps(spec, "torch").map(r.double())
+    assert torch.equal(z.double(), z_ref)
+    ok = torch.isfinite(lp_ref)
+    assert torch.equal(torch.isinf(lp), ~ok) and z[~ok].eq(0).all() and (spec.kmin < 2 or not ok[0])
+    torch.testing.assert_close(lp[ok].double(), lp_ref[ok], atol=1e-5, rtol=1e-6)
+
+
 @pytest.mark.parametrize(
     "spec",
     [spec if i in QUICK_BRUTE else pytest.param(spec, marks=SLOW) for i, spec in enumerate(BRUTE_SPECS)],
     ids=lambda s: s.describe(),
 )
 def test_against_brute_force(spec):
-    """Marginals, the whole Jacobian Cov(z) (one marginals_jvp per basis vector) and log Z against
-    enumeration of the allowed subsets (every spec of tests/helpers/group_specs.py, n <= 10)."""
-    r = logits(spec, 8, seed=3 * spec.n)[[0, 2, 3, 5, 6, 7]]
-    want = exact(r.cpu().double(), models(spec))
+    """Marginals, the whole Jacobian Cov(z) (one marginals_jvp per basis vector), log Z and the MAP
+    (an allowed subset of the largest probability) against enumeration of the allowed subsets (every
+    spec of tests/helpers/group_specs.py, n <= 10)."""
+    r = tied(spec, 12, seed=3 * spec.n)[[2, 3, 5, 6, 7, 8, 9]]
+    allowed = models(spec)
+    want = exact(r.cpu().double(), allowed)
     tri = sweeps(spec, "triton")
     lz, m = tri.log_partition(r, True)
     torch.testing.assert_close(m.cpu().double(), want.marginals, atol=1e-6, rtol=0)
     torch.testing.assert_close(lz.cpu().double(), want.log_partition, atol=1e-6, rtol=1e-6)  # log Z near 0: absolute
+    z, lp = tri.map(r)
+    mask_counts(z.cpu().double(), allowed)  # asserts that every MAP is allowed
+    best = want.probs.max(-1).values.log() + want.log_partition  # log P_indep of a most probable subset
+    torch.testing.assert_close(lp.cpu().double(), best, atol=1e-5, rtol=1e-6)
     eye = torch.eye(spec.n, device=DEVICE)
     cov = torch.stack([tri.marginals_jvp(r, eye[i].expand_as(r).contiguous()) for i in range(spec.n)], -1)
     torch.testing.assert_close(cov.cpu().double(), want.cov, atol=1e-6, rtol=0)
@@ -208,6 +236,10 @@ def test_the_group_dp_and_the_route_take_the_kernels(triton_everywhere):
     torch.testing.assert_close(g.double(), ref.marginals_jvp(r.detach().double(), v), atol=1e-5, rtol=1e-5)
     z = dp.sample(r.detach(), torch.Generator(DEVICE).manual_seed(2))
     assert ((z.sum(-1) == 4) & (z.view(-1, 4, 4).amax(-1).sum(-1) <= 2)).all()
+    best = ref.map(r.detach().double())[0]
+    assert torch.equal(dp.map(r.detach()).double(), best)
+    out = probmoe.route(r.detach(), constraint=spec, training=False, algorithm="dp")  # eval: the MAP
+    assert torch.equal(torch.zeros_like(best).scatter_(1, out.indices, out.mask.double()), best)
     for dtype in (torch.float32, torch.bfloat16):
         x = r.detach().to(dtype).requires_grad_()
         gen = torch.Generator(DEVICE).manual_seed(3)
