@@ -36,10 +36,15 @@ before every segment of ``ck`` positions of every group (q_1..q_C, h_1..h_C, dE_
 rows before each group and after the last (Qo (dO) on the full (K + 1) x (U + 1) grid, Mo in c64),
 each group's last inner row (q_g, dE_g; top_g in c64). The reverse sweeps recompute a segment's
 lattices from its checkpoint and read an outer row at a per-token state (the draw) by address.
+
+The outer step and its adjoint loop over the outer states at runtime (``_states``), each transition
+behind a branch on scalars: written out state by state, a 256-expert backward took minutes to
+compile. The MAP's kernel (kind "map") is the same two levels in (max, +), written out (it is small).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 
@@ -356,29 +361,68 @@ def _forward_sweep(s: Src, plan: GroupPlan) -> None:
         _outer_step(s, plan)
 
 
+@contextlib.contextmanager
+def _states(s: Src, plan: GroupPlan):
+    """Runtime loops over the valid outer states (c, u) in ``plan.states``' order, c ascending then u
+    (scalars c, u in the body written inside the ``with``): one copy of the body instead of one a
+    state keeps the kernels' code, and their compile time, small."""
+    top = min(plan.U, plan.G)
+    s(f"for c in range(0, {min(plan.kmax, (top if plan.U else plan.G) * plan.C) + 1}):")
+    s.depth += 1
+    s(f"for u in range((c + {plan.C - 1}) // {plan.C}, tl.minimum(c, {top}) + 1):" if plan.U else "u = 0")
+    s.depth += 1 if plan.U else 0
+    yield
+    s.depth -= 2 if plan.U else 1
+
+
+def _valid(plan: GroupPlan, c: str, u: str) -> str:
+    """Whether the outer state (c, u) can hold a path (``GroupPlan.valid``), c and u scalars at runtime
+    that may lie off the grid."""
+    c, u = f"({c})", f"({u})"
+    if plan.U:
+        top = min(plan.U, plan.G)
+        return (
+            f"({c} >= 0) & ({u} >= 0) & ({u} <= {top}) & ({u} <= {c}) & ({c} <= {u} * {plan.C}) & ({c} <= {plan.kmax})"
+        )
+    return f"({c} >= 0) & ({u} == 0) & ({c} <= {min(plan.kmax, plan.G * plan.C)})"
+
+
 def _outer_step(s: Src, plan: GroupPlan) -> None:
-    """Outer row g + 1 from row g and the group's q{j}, tg{j} (and d{j}), state by state."""
-    for c, u in plan.states:
-        src = [(j, plan.source(c, u, j)) for j in range(min(plan.C, c) + 1)]
-        src = [(j, at) for j, at in src if at is not None]
-        for j, at in src:
-            s(_load(plan, "g", *at, "m", f"e{j}"), f"e{j} += tg{j}")
-        s(f"mn = {_max([f'e{j}' for j, _ in src])}")
-        for j, at in src:
-            s(_load(plan, "g", *at, "q", "qs"), f"tt{j} = qs * {_lat('', 'q', j)} * tl.exp((e{j} - mn).to(tl.float32))")
-        s(f"qn = {_sum([f'tt{j}' for j, _ in src])}")
+    """Outer row g + 1 from row g and the group's q{j}, tg{j} (also in scratch) and d{j}, state by
+    state (a runtime loop): the sources (c - j, u - [j > 0]) that exist, each behind a branch that
+    is the same for every thread (c and u are scalars), so the others cost nothing."""
+    C = plan.C
+    with _states(s, plan):
+        for j in range(C + 1):
+            du = 1 if j and plan.U else 0
+            tg = f"tl.load({_row(plan, _final(plan, 'g', j, 't'), '64')}, mask=live, other=0.0)" if j else "0.0"
+            s(f"ok{j} = {_valid(plan, f'c - {j}', f'u - {du}')}", f"e{j} = zero64 - float('inf')", f"if ok{j}:")
+            with s.block():
+                s(_load(plan, "g", f"c - {j}", f"u - {du}", "m", f"e{j}"), f"e{j} += {tg}")
+        s(f"mn = {_max([f'e{j}' for j in range(C + 1)])}", "qn = zero")
         if plan.tangent:
-            for j, at in src:
-                s(_load(plan, "g", *at, "d", f"do{j}"))
-            terms = _sum([f"tt{j} * (do{j} + {_lat('', 'd', j)})" for j, _ in src])
-            s(_store(plan, _outer(plan, "g + 1", c, u, "d"), f"tl.where(qn > 0.0, ({terms}) / qn, 0.0)"))
-        s(_store(plan, _outer(plan, "g + 1", c, u, "q"), "qn"))
-        s(_store(plan, _outer(plan, "g + 1", c, u, "m"), "mn", "64"))
+            s("tq = zero")
+        for j in range(C + 1):
+            du = 1 if j and plan.U else 0
+            s(f"if ok{j}:")
+            with s.block():
+                s(
+                    _load(plan, "g", f"c - {j}", f"u - {du}", "q", "qs"),
+                    f"tt = qs * {_lat('', 'q', j)} * tl.exp((e{j} - mn).to(tl.float32))",
+                    "qn += tt",
+                )
+                if plan.tangent:
+                    s(_load(plan, "g", f"c - {j}", f"u - {du}", "d", "ds"), f"tq += tt * (ds + {_lat('', 'd', j)})")
+        if plan.tangent:
+            s(_store(plan, _outer(plan, "g + 1", "c", "u", "d"), "tl.where(qn > 0.0, tq / qn, 0.0)"))
+        s(_store(plan, _outer(plan, "g + 1", "c", "u", "q"), "qn"))
+        s(_store(plan, _outer(plan, "g + 1", "c", "u", "m"), "mn", "64"))
 
 
-def _adjoint(plan: GroupPlan, c: int, u: int, part: str) -> str:
-    """The row of the outer adjoint at (c, u): part "a" (A) or "d" (its tangent dA)."""
-    return f"{plan.adjoint_at + (plan.grid if part == 'd' else 0)} + {c * (plan.U + 1) + u}"
+def _adjoint(plan: GroupPlan, c, u, part: str) -> str:
+    """The row of the outer adjoint at (c, u) (ints, or scalars at runtime): part "a" (A) or "d" (its
+    tangent dA)."""
+    return f"{plan.adjoint_at + (plan.grid if part == 'd' else 0)} + ({c}) * {plan.U + 1} + ({u})"
 
 
 def _band(s: Src, plan: GroupPlan) -> None:
@@ -425,41 +469,45 @@ def _band(s: Src, plan: GroupPlan) -> None:
 
 def _group_adjoint(s: Src, plan: GroupPlan) -> None:
     """Group g's count distribution w{j} (dw{j}), and the outer adjoint A (dA) stepped back over the
-    group, in place in scratch: source states ascending (a state's targets are itself and later
-    states, read before it is written)."""
+    group, in place in scratch: source states ascending in a runtime loop (a state's targets are
+    itself and later states, read before it is written), each target (c + j, u + [j > 0]) that
+    exists behind a branch that is the same for every thread."""
     C = plan.C
     for j in range(C + 1):
         s(f"w{j} = zero")
         if plan.tangent:
             s(f"dw{j} = zero")
-    for c, u in plan.states:
-        s(_load(plan, "g", c, u, "q", "qs"), _load(plan, "g", c, u, "m", "ms"), "acc = zero")
+    with _states(s, plan):
+        s(_load(plan, "g", "c", "u", "q", "qs"), _load(plan, "g", "c", "u", "m", "ms"), "acc = zero")
         if plan.tangent:
-            s(_load(plan, "g", c, u, "d", "ds"), "dacc = zero")
+            s(_load(plan, "g", "c", "u", "d", "ds"), "dacc = zero")
         for j in range(C + 1):
-            at = (c + j, u + (1 if j and plan.U else 0))
-            if at[0] > plan.kmax or not plan.valid(*at):
-                continue
-            s(
-                _load(plan, "g + 1", *at, "q", "qt"),
-                _load(plan, "g + 1", *at, "m", "mt"),
-                f"aa = tl.load({_row(plan, _adjoint(plan, *at, 'a'))}, mask=live, other=0.0)",
-                f"sh = tl.where(qt > 0.0, qs * qg{j} * tl.exp((ms + tg{j} - mt).to(tl.float32)) / qt, 0.0)",
-                "ff = aa * sh  # the flow through this transition",
-                f"w{j} += ff",
-                "acc += ff",
-            )
-            if plan.tangent:
+            ct, ut = f"c + {j}", f"u + {1 if j and plan.U else 0}"
+            s(f"if {_valid(plan, ct, ut)}:")
+            with s.block():
                 s(
-                    _load(plan, "g + 1", *at, "d", "dt"),
-                    f"dat = tl.load({_row(plan, _adjoint(plan, *at, 'd'))}, mask=live, other=0.0)",
-                    f"df = sh * (dat + aa * (ds + dg{j} - dt))",
-                    f"dw{j} += df",
-                    "dacc += df",
+                    _load(plan, "g + 1", ct, ut, "q", "qt"),
+                    _load(plan, "g + 1", ct, ut, "m", "mt"),
+                    f"aa = tl.load({_row(plan, _adjoint(plan, ct, ut, 'a'))}, mask=live, other=0.0)",
+                    f"qj = tl.load({_row(plan, _final(plan, 'g', j, 'q'))}, mask=live, other=0.0)",
+                    f"tj = tl.load({_row(plan, _final(plan, 'g', j, 't'), '64')}, mask=live, other=0.0)",
+                    "sh = tl.where(qt > 0.0, qs * qj * tl.exp((ms + tj - mt).to(tl.float32)) / qt, 0.0)",
+                    "ff = aa * sh  # the flow through this transition",
+                    f"w{j} += ff",
+                    "acc += ff",
                 )
-        s(_store(plan, _adjoint(plan, c, u, "a"), "acc"))
+                if plan.tangent:
+                    s(
+                        _load(plan, "g + 1", ct, ut, "d", "dt"),
+                        f"dat = tl.load({_row(plan, _adjoint(plan, ct, ut, 'd'))}, mask=live, other=0.0)",
+                        f"dj = tl.load({_row(plan, _final(plan, 'g', j, 'd'))}, mask=live, other=0.0)",
+                        "df = sh * (dat + aa * (ds + dj - dt))",
+                        f"dw{j} += df",
+                        "dacc += df",
+                    )
+        s(_store(plan, _adjoint(plan, "c", "u", "a"), "acc"))
         if plan.tangent:
-            s(_store(plan, _adjoint(plan, c, u, "d"), "dacc"))
+            s(_store(plan, _adjoint(plan, "c", "u", "d"), "dacc"))
 
 
 def _group_count(s: Src, plan: GroupPlan) -> None:
