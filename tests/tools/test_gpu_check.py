@@ -203,7 +203,7 @@ def test_rehearsal_end_to_end(tmp_path):
     files = list(out.iterdir())
     assert len(files) <= 8 and all(f.is_file() and f.stat().st_size < 16 * 2**20 for f in files)
     res = summary["results"]
-    assert {t["suite"] for t in res["tests"]} == {"device", "triton", "triton lattice"}
+    assert {t["suite"] for t in res["tests"]} == {"device", "triton", "triton lattice", "triton groups"}
     assert any(t["outcome"] == "skipped" and "CUDA only" in t["message"] for t in res["tests"])
     assert {r["dtype"] for r in res["bench_router"]} == {"float32", "bfloat16"}
     assert {r["method"] for r in res["bench_step"]} == set(parts.STEP_METHODS)

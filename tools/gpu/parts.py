@@ -33,6 +33,13 @@ REHEARSAL_LATTICE = "test_against_brute_force or test_no_host_synchronisation"
 # the torch DP; then brute force and the host synchronisations (the first run on an H200 spent its
 # share compiling the brute force's small plans and ran one test)
 DEVICE_LATTICE = ("8..8-of-64 or 16..16-of-256", "test_against_brute_force or test_no_host_synchronisation")
+# the group DP's kernels (each plan compiles in 5 to 20 s): the torch sweeps (values, draws, Cov(z) v)
+# and the MAP at 8 of 64 in 4 of 8 groups, the accuracy grid at 64 and 256 experts, host syncs
+DEVICE_GROUPS = (
+    "((test_against_the_torch_sweeps or test_the_map_equals) and 64) or test_accuracy_grid "
+    "or test_no_host_synchronisation"
+)
+REHEARSAL_GROUPS = "test_the_map_equals or test_no_host_synchronisation"
 
 
 @dataclass
@@ -85,6 +92,22 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
                     {},
                 )
                 for which, selection in zip(("the routing sizes", "brute force, host syncs"), DEVICE_LATTICE)
+            ),
+            (
+                "Triton group checks, compiled (8 of 64 and 256 in groups, host syncs)",
+                [
+                    PY,
+                    "-m",
+                    "pytest",
+                    "tests/circuits/kernels/triton_group_checks.py",
+                    "-m",
+                    "slow or not slow",
+                    "-k",
+                    DEVICE_GROUPS,
+                    *record,
+                    "--record-suite=triton groups",
+                ],
+                {},
             ),
             (
                 "Triton layers' tests, compiled",
@@ -158,6 +181,20 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
                     REHEARSAL_LATTICE,
                     *record,
                     "--record-suite=triton lattice",
+                ],
+                {"TRITON_INTERPRET": "1"},
+            ),
+            (
+                "Triton group checks, interpreted (a selection)",
+                [
+                    PY,
+                    "-m",
+                    "pytest",
+                    "tests/circuits/kernels/triton_group_checks.py",
+                    "-k",
+                    REHEARSAL_GROUPS,
+                    *record,
+                    "--record-suite=triton groups",
                 ],
                 {"TRITON_INTERPRET": "1"},
             ),
