@@ -56,7 +56,7 @@ def test_against_brute_force_and_the_torch_sweeps_in_the_interpreter():
 def test_every_spec_at_64_and_256_experts_and_through_the_operators():
     """The rest: brute force on every small spec, the torch sweeps and the fused route on the other
     specs (8 of 64 in 4 of 8 groups among them), the accuracy grid with forced groups at 64 and 256
-    (DeepSeek-V3's gate), GroupDP and probmoe.route on the kernels."""
+    (DeepSeek-V3's gate), GroupDP and probmoe.route on the kernels, scratch filled with NaN first."""
     _passed(run_checks(CHECKS, "-m", "slow", timeout=3000))
 
 

@@ -171,6 +171,30 @@ def test_draws_follow_the_distribution(spec):
     assert chi2_pvalue(counts, want) > 1e-3
 
 
+@SLOW
+def test_no_kernel_reads_scratch_it_did_not_write(monkeypatch):
+    """Every query with its scratch filled with NaN first gives the same results bit for bit: no
+    kernel reads a row of scratch that it has not written (an uninitialised read would otherwise pass
+    or fail by chance)."""
+    spec = GroupLimited(20, None, [3, 6, 4, 7], 2, capacity=3, kmin=2, kmax=5)
+    r = tied(spec, 140, seed=9)
+    tri = sweeps(spec, "triton")
+    p = straight_through.scores(r, "softmax")
+    v = torch.randn(r.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+
+    def queries():
+        w, idx, mask = tri.chosen(r, seed(5), p, spec.kmax)
+        g = torch.ones_like(w)
+        back = tri.chosen_backward(r, idx.to(torch.int32), mask, g, "softmax", False)
+        return [*tri.log_partition(r, True), *tri.sample(r, seed(5)), w, idx, back, tri.marginals_jvp(r, v), *tri.map(r)]
+
+    clean = queries()
+    nan = lambda r_, numel, dtype: torch.full((numel,), float("nan"), dtype=dtype, device=r_.device)  # noqa: E731
+    monkeypatch.setattr(triton_group_dp, "_scratch", nan)
+    for a, b in zip(clean, queries(), strict=True):
+        assert torch.equal(a, b) or torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
 def test_chunks_of_tokens_change_nothing(monkeypatch):
     """A scratch too small for the batch: the kernels run over chunks of tokens, with the same results
     and draws (the uniforms are indexed by the token in the whole batch)."""
