@@ -44,6 +44,12 @@ def _chunks(T: int, per_token: int) -> list[tuple[int, int]]:
     return [(a, min(a + step, T)) for a in range(0, T, step)]
 
 
+def scratch(r: Tensor, numel: int, dtype: torch.dtype) -> Tensor:
+    """A launch's scratch (checkpoints, outer rows) on r's device, uninitialised: the lattice and group
+    kernels write every row before they read it (the tests fill it with NaN to check that)."""
+    return torch.empty(numel, dtype=dtype, device=r.device)
+
+
 def _launch(plan: lattice.Plan, r: Tensor, *args: Tensor | None) -> None:
     """Run ``plan``'s kernel over r [T, N] in chunks of tokens, each with its checkpoint scratch;
     ``args``: the kernel's tensors between r and the scratch (None: unused)."""
@@ -55,7 +61,7 @@ def _launch(plan: lattice.Plan, r: Tensor, *args: Tensor | None) -> None:
     fn = lattice.kernel(plan)
     rt = r.t().contiguous()  # [N, T]: a thread's loads of its token's logits, coalesced across the warp
     for a, b in _chunks(T, per):
-        ck = r.new_empty(per * (b - a))  # [segments, states, b - a]
+        ck = scratch(r, per * (b - a), r.dtype)  # [segments, states, b - a]
         head, tail = args[: plan.scratch_at], args[plan.scratch_at :]
         block = _block()
         grid = (-(-(b - a) // block),)

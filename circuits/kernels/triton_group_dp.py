@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import triton_dp
 from . import triton_groups as groups
 from .lattice import GroupLattice
 from .rows import REFERENCES, RowOps
@@ -26,12 +27,6 @@ from .torch_groups import TorchGroupDP
 from .triton_dp import _block, slot_inputs
 
 SCRATCH_BYTES = 1 << 30  # the scratch of one launch at most (tokens are taken in chunks)
-
-
-def _scratch(r: Tensor, numel: int, dtype: torch.dtype) -> Tensor:
-    """A launch's scratch on r's device, uninitialised (the kernels write every row before reading it;
-    the tests fill it with NaN to check that)."""
-    return torch.empty(numel, dtype=dtype, device=r.device)
 
 
 class TritonGroupDP(TorchGroupDP):
@@ -70,8 +65,10 @@ class TritonGroupDP(TorchGroupDP):
         for a in range(0, T, step):
             b = min(a + step, T)
             programs = -(-(b - a) // block)
-            given["ck_ptr"] = _scratch(r, programs * plan.rows32 * block, torch.float32)  # [programs, rows, block]
-            given["c64_ptr"] = _scratch(r, programs * plan.rows64 * block, torch.float64)
+            given["ck_ptr"] = triton_dp.scratch(
+                r, programs * plan.rows32 * block, torch.float32
+            )  # [programs, rows, block]
+            given["c64_ptr"] = triton_dp.scratch(r, programs * plan.rows64 * block, torch.float64)
             args = [given.get(name, dummy) for name in groups.TENSORS]
             fn[(programs,)](*args, T, N, a, b, BLOCK=block, num_warps=groups.BLOCK // 32, num_stages=groups.STAGES)
 

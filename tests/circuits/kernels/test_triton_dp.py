@@ -60,8 +60,8 @@ def test_against_the_torch_dp_the_c_dp_and_float64():
 
 @pytest.mark.slow
 def test_at_256_experts_and_the_other_sizes():
-    """The slow checks: the accuracy grid at n = 256 (exactly 16, and 8..32), range 4..8 of 64 and
-    sigmoid scores."""
+    """The slow checks: the accuracy grid at n = 256 (exactly 16, and 8..32), range 4..8 of 64,
+    sigmoid scores, every query with its scratch filled with NaN first."""
     _passed(run_checks(str(HERE / "triton_dp_checks.py"), "-m", "slow", timeout=1500))
 
 

@@ -153,6 +153,29 @@ def test_the_same_draws_as_the_c_dp():
     assert torch.equal(z, c_dp.forward_marginals(r, 4, 8, seed(21), False)[1])
 
 
+@pytest.mark.slow
+def test_no_kernel_reads_scratch_it_did_not_write(monkeypatch):
+    """Every query with its checkpoint scratch filled with NaN first gives the same results bit for
+    bit: no kernel reads a checkpoint that it has not written."""
+    r = logits(13, 5, 150, seed=8)
+    tri = sweeps(2, 5, "triton")
+    p = torch.softmax(r, -1)
+    v = torch.randn(r.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+
+    def queries():
+        w, idx, mask = tri.chosen(r, seed(5), p, 5)
+        back = tri.chosen_backward(r, idx, mask, torch.ones_like(w), "softmax", True)
+        return [*tri.forward_marginals(r, seed(5), True), w, idx, back, tri.cov_vec(r, v)]
+
+    def poisoned(x: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.full((numel,), float("nan"), dtype=dtype, device=x.device)
+
+    clean = queries()
+    monkeypatch.setattr(triton_dp, "scratch", poisoned)
+    for a, b in zip(clean, queries(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
 def test_chunks_of_tokens_change_nothing(monkeypatch):
     """A checkpoint scratch too small for the batch: the kernels run over chunks of tokens, with the
     same results and draws (the uniforms are indexed by the token in the whole batch)."""

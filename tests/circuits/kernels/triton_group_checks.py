@@ -21,7 +21,7 @@ from tool_modules import load_tool
 
 import circuits
 from circuits import GroupCapacity, GroupLimited
-from circuits.kernels import select, straight_through, triton_group_dp
+from circuits.kernels import select, straight_through, triton_dp, triton_group_dp
 from circuits.kernels.lattice import GroupLattice
 from circuits.kernels.uniforms import seed_tensor
 
@@ -200,7 +200,7 @@ def test_no_kernel_reads_scratch_it_did_not_write(monkeypatch):
         return torch.full((numel,), float("nan"), dtype=dtype, device=x.device)
 
     clean = queries()
-    monkeypatch.setattr(triton_group_dp, "_scratch", poisoned)
+    monkeypatch.setattr(triton_dp, "scratch", poisoned)
     for a, b in zip(clean, queries(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
 
