@@ -207,7 +207,8 @@ def test_rehearsal_end_to_end(tmp_path):
     assert any(t["outcome"] == "skipped" and "CUDA only" in t["message"] for t in res["tests"])
     assert {r["dtype"] for r in res["bench_router"]} == {"float32", "bfloat16"}
     assert {r["method"] for r in res["bench_step"]} == set(parts.STEP_METHODS)
-    assert [r["method"] for r in res["bench_step_grouped"]] == ["conventional", "ProbMoE grouped (circuit)"]
+    grouped_steps = [r["method"] for r in res["bench_step_grouped"]]
+    assert grouped_steps == ["conventional", "ProbMoE grouped (dp)", "conventional", "ProbMoE grouped (circuit)"]
     grouped = {r["routine"] for r in res["bench_router"] if r["constraint"] == "2 of 16 in <= 2 of 4 groups"}
     assert grouped == {"softmax + topk", "route dp", "route circuit"}
     assert res["eval"]["experts_per_token"] > 0 and res["analysis"]["runs"] >= 1

@@ -351,14 +351,17 @@ def plan(cuda: bool, work: Path, olmoe_layers: int = 1) -> list[Part]:
     grouped += ["--expert-width", "256" if cuda else "16"]
     drop = {"--experts", "--top-k"}  # the OLMoE shape's values of these give way to the grouped ones
     kept = [a for i, a in enumerate(shape) if a not in drop and (i == 0 or shape[i - 1] not in drop)]
-    step.steps.append(
+    # the group DP's kernels first (the route made for it), then the circuit's passes
+    step.steps += [
         step_run(
-            "training step, ProbMoE grouped (circuit), " + ("256 experts in 8 groups, hidden 2048" if cuda else "tiny"),
+            f"training step, {method}, " + ("256 experts in 8 groups, hidden 2048" if cuda else "tiny"),
             kept + grouped,
-            "ProbMoE grouped (circuit)",
+            method,
             str(work / "bench_step_grouped.json"),
+            "--append",
         )
-    )
+        for method in ("ProbMoE grouped (dp)", "ProbMoE grouped (circuit)")
+    ]
 
     commands = Part(
         "commands",
