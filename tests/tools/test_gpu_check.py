@@ -208,7 +208,7 @@ def test_rehearsal_end_to_end(tmp_path):
     assert {r["dtype"] for r in res["bench_router"]} == {"float32", "bfloat16"}
     assert {r["method"] for r in res["bench_step"]} == set(parts.STEP_METHODS)
     grouped_steps = [r["method"] for r in res["bench_step_grouped"]]
-    assert grouped_steps == ["conventional", "ProbMoE grouped (dp)", "conventional", "ProbMoE grouped (circuit)"]
+    assert grouped_steps == ["conventional", "ProbMoE grouped (dp)", "ProbMoE grouped (circuit)"]  # one baseline kept
     grouped = {r["routine"] for r in res["bench_router"] if r["constraint"] == "2 of 16 in <= 2 of 4 groups"}
     assert grouped == {"softmax + topk", "route dp", "route circuit"}
     assert res["eval"]["experts_per_token"] > 0 and res["analysis"]["runs"] >= 1
