@@ -365,14 +365,16 @@ def _forward_sweep(s: Src, plan: GroupPlan) -> None:
 def _states(s: Src, plan: GroupPlan):
     """Runtime loops over the valid outer states (c, u) in ``plan.states``' order, c ascending then u
     (scalars c, u in the body written inside the ``with``): one copy of the body instead of one a
-    state keeps the kernels' code, and their compile time, small."""
+    state keeps the kernels' code, and their compile time, small. With C = 0 (k = 0) the one state
+    is (0, 0)."""
     top = min(plan.U, plan.G)
+    loop_u = plan.U and plan.C
     s(f"for c in range(0, {min(plan.kmax, (top if plan.U else plan.G) * plan.C) + 1}):")
     s.depth += 1
-    s(f"for u in range((c + {plan.C - 1}) // {plan.C}, tl.minimum(c, {top}) + 1):" if plan.U else "u = 0")
-    s.depth += 1 if plan.U else 0
+    s(f"for u in range((c + {plan.C - 1}) // {plan.C}, tl.minimum(c, {top}) + 1):" if loop_u else "u = 0")
+    s.depth += 1 if loop_u else 0
     yield
-    s.depth -= 2 if plan.U else 1
+    s.depth -= 2 if loop_u else 1
 
 
 def _valid(plan: GroupPlan, c: str, u: str) -> str:
@@ -388,7 +390,7 @@ def _valid(plan: GroupPlan, c: str, u: str) -> str:
 
 
 def _outer_step(s: Src, plan: GroupPlan) -> None:
-    """Outer row g + 1 from row g and the group's q{j}, tg{j} (also in scratch) and d{j}, state by
+    """Outer row g + 1 from row g and the group's q{j}, d{j} (registers) and top_j (scratch), state by
     state (a runtime loop): the sources (c - j, u - [j > 0]) that exist, each behind a branch that
     is the same for every thread (c and u are scalars), so the others cost nothing."""
     C = plan.C
@@ -720,16 +722,14 @@ def source(plan: GroupPlan) -> str:
         s(f"for g in range({plan.G - 1}, -1, -1):")
         with s.block():
             s("gst = tl.load(gs_ptr + g)", "gsz = tl.load(gn_ptr + g)")
-            for j in range(plan.C + 1):
-                s(
-                    f"qg{j} = tl.load({_row(plan, _final(plan, 'g', j, 'q'))}, mask=live, other=0.0)",
-                    f"tg{j} = tl.load({_row(plan, _final(plan, 'g', j, 't'), '64')}, mask=live, other=0.0)",
-                )
-                if plan.tangent:
-                    s(f"dg{j} = tl.load({_row(plan, _final(plan, 'g', j, 'd'))}, mask=live, other=0.0)")
             if plan.marginals or plan.tangent:
                 _group_adjoint(s, plan)
             if plan.draw or S:
+                for j in range(plan.C + 1):  # the group's last inner row, for its count's draw
+                    s(
+                        f"qg{j} = tl.load({_row(plan, _final(plan, 'g', j, 'q'))}, mask=live, other=0.0)",
+                        f"tg{j} = tl.load({_row(plan, _final(plan, 'g', j, 't'), '64')}, mask=live, other=0.0)",
+                    )
                 _group_count(s, plan)
             _group_walk(s, plan)
     store_slots(s, S, "oidx_ptr", "omask_ptr")

@@ -133,6 +133,9 @@ def test_against_brute_force(spec):
     mask_counts(z.cpu().double(), allowed)  # asserts that every MAP is allowed
     best = want.probs.max(-1).values.log() + want.log_partition  # log P_indep of a most probable subset
     torch.testing.assert_close(lp.cpu().double(), best, atol=1e-5, rtol=1e-6)
+    x = r.cpu().double()
+    own = torch.where(z.cpu() > 0, x, 0.0).sum(-1) - torch.nn.functional.softplus(x).sum(-1)  # z's own log P_indep
+    torch.testing.assert_close(own, best, atol=1e-5, rtol=1e-6)
     eye = torch.eye(spec.n, device=DEVICE)
     cov = torch.stack([tri.marginals_jvp(r, eye[i].expand_as(r).contiguous()) for i in range(spec.n)], -1)
     torch.testing.assert_close(cov.cpu().double(), want.cov, atol=1e-6, rtol=0)
@@ -155,6 +158,19 @@ def test_the_fused_route_equals_the_composed_one(spec):
             got = tri.chosen_backward(r, idx.to(torch.int32), mask, g, kind, paper)
             want = ref.chosen_backward(r.double(), idx, mask, g.double(), kind, paper)
             torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_no_expert_chosen():
+    """k = 0 under a group limit (one outer state, no lattice inside the groups): log Z = Σ log
+    sigma(-r), marginals, Cov(z) v, the draw and the MAP all zero."""
+    spec = GroupLimited(6, 0, 3, 1)
+    r = logits(spec, 10, seed=4)[[0, 2, 5, 6]]
+    tri = sweeps(spec, "triton")
+    lz, m = tri.log_partition(r, True)
+    torch.testing.assert_close(lz, torch.nn.functional.logsigmoid(-r).sum(-1), atol=1e-5, rtol=1e-6)
+    v = torch.randn(r.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    assert not m.any() and not tri.draw(r, seed(2)).any() and not tri.map(r)[0].any()
+    assert not tri.marginals_jvp(r, v).any()
 
 
 @pytest.mark.parametrize(
@@ -196,13 +212,13 @@ def test_no_kernel_reads_scratch_it_did_not_write(monkeypatch):
             *tri.map(r),
         ]
 
-    def poisoned(x: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        return torch.full((numel,), float("nan"), dtype=dtype, device=x.device)
-
     clean = queries()
-    monkeypatch.setattr(triton_dp, "scratch", poisoned)
-    for a, b in zip(clean, queries(), strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    for fill in (float("nan"), 3e38, -3e38):  # NaN passes through no max or comparison: huge values do
+        monkeypatch.setattr(
+            triton_dp, "scratch", lambda x, numel, dtype, f=fill: torch.full((numel,), f, dtype=dtype, device=x.device)
+        )
+        for a, b in zip(clean, queries(), strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
 
 
 def test_chunks_of_tokens_change_nothing(monkeypatch):
