@@ -16,12 +16,13 @@ from brute import exact
 from brute import group_models as models
 from group_specs import SPECS as BRUTE_SPECS
 from host_sync import no_host_synchronisation
+from scratch_fill import assert_no_unwritten_reads
 from stats import chi2_pvalue, mask_counts
 from tool_modules import load_tool
 
 import circuits
 from circuits import GroupCapacity, GroupLimited
-from circuits.kernels import select, straight_through, triton_dp, triton_group_dp
+from circuits.kernels import select, straight_through, triton_group_dp
 from circuits.kernels.lattice import GroupLattice
 from circuits.kernels.uniforms import seed_tensor
 
@@ -212,13 +213,7 @@ def test_no_kernel_reads_scratch_it_did_not_write(monkeypatch):
             *tri.map(r),
         ]
 
-    clean = queries()
-    for fill in (float("nan"), 3e38, -3e38):  # NaN passes through no max or comparison: huge values do
-        monkeypatch.setattr(
-            triton_dp, "scratch", lambda x, numel, dtype, f=fill: torch.full((numel,), f, dtype=dtype, device=x.device)
-        )
-        for a, b in zip(clean, queries(), strict=True):
-            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    assert_no_unwritten_reads(monkeypatch, queries)
 
 
 def test_chunks_of_tokens_change_nothing(monkeypatch):
