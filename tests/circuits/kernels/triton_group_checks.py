@@ -305,3 +305,4 @@ def test_no_host_synchronisation():
         w, idx, mask = tri.chosen(r, seed(1), p, 8)
         tri.chosen_backward(r, idx, mask, torch.ones_like(w), "softmax", False)
         tri.log_partition(r, True)
+        tri.map(r)
