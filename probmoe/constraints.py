@@ -208,6 +208,24 @@ def _native_cardinality(n: int, kmin: int, kmax: int, algorithm: str, dtype: str
     return circuits.native_kernels(evaluator, getattr(torch, dtype))
 
 
+def native_constraint(constraint, algorithm: str, dtype: torch.dtype = torch.float32, device="cpu") -> bool:
+    """Whether routing logits of ``dtype`` on ``device`` under ``constraint`` by ``algorithm`` has fused
+    kernels: for a group spec, ``circuits.native_kernels`` of ``compiled``'s evaluator (its circuit's C
+    passes for float32 on the CPU; the circuit's Triton passes, or the group DP's Triton kernels, for
+    float32 on CUDA); False for any other constraint (its route composes the operators). A constant
+    under torch.compile."""
+    if not isinstance(constraint, GROUP_SPECS):
+        return False
+    return _native_described(_description(constraint), algorithm, str(dtype).removeprefix("torch."), str(device))
+
+
+@_assume_constant_result
+def _native_described(description: tuple, algorithm: str, dtype: str, device: str) -> bool:
+    """``native_constraint`` for the group spec ``description`` (``_description``), on python constants."""
+    evaluator = _CIRCUITS[_ensure_described(description, device, algorithm)][1]
+    return circuits.native_kernels(evaluator, getattr(torch, dtype))
+
+
 @_assume_constant_result
 def _ensure(constraint, device: str, key: tuple | None = None, algorithm: str = "circuit") -> tuple:
     """The key of ``constraint``'s evaluator on ``device`` in ``_CIRCUITS`` (a spec compares by value, a

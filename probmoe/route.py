@@ -113,7 +113,8 @@ def route(
     normalize: divide the used weights by their sum (HF's ``norm_topk_prob``), after the
         straight-through estimator, so the gradient goes through numerator and denominator.
     scores: the gate scores π the used experts are weighted by: "softmax" or "sigmoid".
-    algorithm, grad: as for ``SubsetDistribution`` (a structured constraint needs "circuit").
+    algorithm, grad: as for ``SubsetDistribution`` (a constraint other than a group spec needs
+        "circuit").
     generator (training only): a ``torch.Generator`` on the logits' device, for reproducible draws;
         or a seed tensor (0-dim int64), of whose value alone the draw is a function: what compiled
         code passes, as no Generator can enter a torch.compile graph
@@ -156,13 +157,16 @@ def route(
 def _fused(dist: SubsetDistribution, r: Tensor, config: RoutingConfig) -> bool:
     """Whether a training route is one operator, ``circuits::chosen_scores`` (the draw, the drawn
     experts by score, Eq. 7's weights; its backward a second one): for the sampled methods with the
-    marginals' gradient ("probmoe"), sizes (no structured constraint), and kernels of the backend that
-    fuse it for the logits' dtype and device (``circuits.native_kernels``: the fused C DP or C
-    circuit passes, float32 on the CPU; the DP's Triton lattice kernels or the circuit's Triton
-    passes, float32 on CUDA). Elsewhere route composes the same computation from the
-    distribution's operators (``_select``, ``_weights``)."""
-    if config.estimator != "probmoe" or config.constraint is not None:
+    marginals' gradient ("probmoe"), sizes or a group spec, and kernels of the backend that fuse it
+    for the logits' dtype and device (``circuits.native_kernels``: the fused C DP or C circuit
+    passes, float32 on the CPU; the DP's Triton lattice kernels, the group DP's Triton kernels or
+    the circuit's Triton passes, float32 on CUDA). Elsewhere (other constraints, the torch sweeps
+    and passes) route composes the same computation from the distribution's operators
+    (``_select``, ``_weights``)."""
+    if config.estimator != "probmoe":
         return False
+    if config.constraint is not None:
+        return subset_constraints.native_constraint(config.constraint, config.algorithm, r.dtype, r.device)
     return subset_constraints.native_cardinality(
         r.shape[-1], config.kmin, config.kmax, config.algorithm, r.dtype, r.device
     )

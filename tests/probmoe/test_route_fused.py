@@ -11,6 +11,7 @@ import pytest
 import torch
 from hard_rows import hard_logits
 
+import circuits
 import probmoe
 
 route_module = importlib.import_module("probmoe.route")
@@ -38,6 +39,44 @@ def test_route_fused_equals_composed(backend, size, options, monkeypatch):
         return out.indices, out.weights.detach(), out.mask, out.probs, grad
 
     fused = routed()
+    monkeypatch.setattr(route_module, "_fused", lambda *a: False)
+    composed = routed()
+    for a, b in zip(fused[:4], composed[:4]):
+        assert torch.equal(a, b)
+    torch.testing.assert_close(fused[4], composed[4], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(), dict(scores="sigmoid"), dict(normalize=True), dict(grad="paper")],
+    ids=["softmax", "sigmoid", "normalize", "paper"],
+)
+@pytest.mark.parametrize(
+    "spec",
+    [circuits.GroupLimited(16, 4, 4, 2), circuits.GroupCapacity(16, None, 4, 2, kmin=1, kmax=4)],
+    ids=["limited", "capacity-range"],
+)
+def test_group_route_fused_equals_composed(spec, options, monkeypatch):
+    """A group spec by its circuit's C passes: the fused route (one operator forward, one backward)
+    gives the composed path's draws, indices, weights, mask and scores bit for bit, gradients to
+    rounding; by the group DP's torch sweeps (no fused kernels there) the route composes."""
+    r = hard_logits(300, 16, seed=5)
+    g = torch.randn(300, spec.kmax, generator=torch.Generator().manual_seed(6))
+    calls = []
+    real = route_module._route_fused
+    monkeypatch.setattr(route_module, "_route_fused", lambda *a: calls.append(1) or real(*a))
+
+    def routed(algorithm="circuit"):
+        x = r.clone().requires_grad_()
+        gen = torch.Generator().manual_seed(7)
+        out = probmoe.route(x, constraint=spec, training=True, algorithm=algorithm, generator=gen, **options)
+        (grad,) = torch.autograd.grad((out.weights * g).sum(), x)
+        return out.indices, out.weights.detach(), out.mask, out.probs, grad
+
+    fused = routed()
+    assert calls == [1]
+    routed("dp")
+    assert calls == [1]  # the torch sweeps: composed
     monkeypatch.setattr(route_module, "_fused", lambda *a: False)
     composed = routed()
     for a, b in zip(fused[:4], composed[:4]):

@@ -264,10 +264,15 @@ def triton_everywhere(monkeypatch):
 
 
 @SLOW
-def test_the_group_dp_and_the_route_take_the_kernels(triton_everywhere):
+def test_the_group_dp_and_the_route_take_the_kernels(triton_everywhere, monkeypatch):
     """GroupDP's queries and probmoe.route's fused training route (bf16 logits too) through the
-    operators: the same values and gradients as the torch sweeps, draws that the spec allows."""
+    operators: the same values and gradients as the torch sweeps, draws that the spec allows; the
+    fused route (one kernel forward, one backward) equal to the composed one."""
+    import importlib
+
     import probmoe
+
+    route_module = importlib.import_module("probmoe.route")
 
     spec = GroupLimited(16, 4, 4, 2)
     dp = circuits.GroupDP(spec, DEVICE)
@@ -285,6 +290,9 @@ def test_the_group_dp_and_the_route_take_the_kernels(triton_everywhere):
     assert torch.equal(dp.map(r.detach()).double(), best)
     out = probmoe.route(r.detach(), constraint=spec, training=False, algorithm="dp")  # eval: the MAP
     assert torch.equal(torch.zeros_like(best).scatter_(1, out.indices, out.mask.double()), best)
+    calls = []
+    real = route_module._route_fused
+    monkeypatch.setattr(route_module, "_route_fused", lambda *a: calls.append(1) or real(*a))
     for dtype in (torch.float32, torch.bfloat16):
         x = r.detach().to(dtype).requires_grad_()
         gen = torch.Generator(DEVICE).manual_seed(3)
@@ -293,6 +301,17 @@ def test_the_group_dp_and_the_route_take_the_kernels(triton_everywhere):
         assert out.indices.shape == (34, 4) and out.mask.all() and torch.isfinite(x.grad).all()
         groups_used = torch.zeros(34, 4, device=DEVICE).scatter_(1, out.indices // 4, 1.0).sum(-1)
         assert (groups_used <= 2).all()
+        if dtype == torch.float32:
+            fused = out.indices, out.weights.detach(), x.grad
+    assert calls == [1, 1]
+    monkeypatch.setattr(route_module, "_fused", lambda *a: False)
+    x = r.detach().requires_grad_()
+    out = probmoe.route(
+        x, constraint=spec, training=True, algorithm="dp", generator=torch.Generator(DEVICE).manual_seed(3)
+    )
+    out.weights.sum().backward()
+    assert torch.equal(out.indices, fused[0]) and torch.equal(out.weights.detach(), fused[1])
+    torch.testing.assert_close(x.grad, fused[2], atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="host synchronisations are a CUDA matter")
