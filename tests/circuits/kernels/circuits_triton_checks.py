@@ -23,6 +23,7 @@ from brute import exact, masks
 from host_sync import no_host_synchronisation
 
 import circuits
+import circuits.kernels.select  # the fixture below patches it (not imported by "import circuits" alone)
 from circuits.kernels.program import draw_uniforms
 from circuits.kernels.torch_passes import TorchPasses
 
@@ -281,11 +282,16 @@ def test_through_the_public_api(triton_everywhere):
     assert torch.equal(z, z_ref) and bool((z.sum(-1) == 4).all())
 
 
-@pytest.mark.parametrize("size", [dict(k=3), dict(kmin=2, kmax=4)], ids=["exactly", "range"])
+@pytest.mark.parametrize(
+    "size",
+    [dict(k=3), dict(kmin=2, kmax=4), dict(constraint=circuits.GroupLimited(12, 3, 4, 2))],
+    ids=["exactly", "range", "grouped"],
+)
 def test_route_fused_equals_composed(triton_everywhere, size, monkeypatch):
     """route(training=True) on the Triton passes as one operator (``TritonPasses.fused``: the draw, its
     row sort, Eq. 7's backward) against the composed path on the same passes: the same indices, weights,
-    mask and scores bit for bit, gradients to rounding (tests/probmoe/test_route_fused.py for the C ones)."""
+    mask and scores bit for bit, gradients to rounding (tests/probmoe/test_route_fused.py for the C ones);
+    sizes, and a group spec's compiled circuit."""
     import importlib
 
     import probmoe
@@ -293,6 +299,8 @@ def test_route_fused_equals_composed(triton_everywhere, size, monkeypatch):
     route_module = importlib.import_module("probmoe.route")
     r = (torch.randn(24, 12, generator=torch.Generator().manual_seed(11)) * 2).to(DEVICE)
     g = torch.randn(24, 4, generator=torch.Generator().manual_seed(12)).to(DEVICE)[:, : size.get("k", 4)]
+    if "constraint" in size:
+        g = g[:, : size["constraint"].kmax]
 
     def routed():
         x = r.clone().requires_grad_()
@@ -307,8 +315,12 @@ def test_route_fused_equals_composed(triton_everywhere, size, monkeypatch):
     assert calls, "the fused path was not taken"
     from probmoe import constraints
 
-    kmin, kmax = size.get("k", size.get("kmin")), size.get("k", size.get("kmax"))
-    assert isinstance(constraints.cardinality(12, kmin, kmax, DEVICE).kernels(torch.float32), TritonPasses)
+    if "constraint" in size:
+        evaluator = constraints.compiled(size["constraint"], DEVICE)
+    else:
+        kmin, kmax = size.get("k", size.get("kmin")), size.get("k", size.get("kmax"))
+        evaluator = constraints.cardinality(12, kmin, kmax, DEVICE)
+    assert isinstance(evaluator.kernels(torch.float32), TritonPasses)
     monkeypatch.setattr(route_module, "_fused", lambda *a: False)
     composed = routed()
     for a, b in zip(fused[:4], composed[:4]):
