@@ -9,9 +9,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def checks_device(runner: str) -> str:
+    """The device a checks file runs the kernels on, called at its top: "cuda", or "cpu" under
+    TRITON_INTERPRET=1. Skips the whole module without triton, and on the CPU without the
+    interpreter (``runner``: the test that runs the file in a child with it set)."""
+    pytest.importorskip("triton", reason="triton is not installed (the optional extra: pip install -e '.[triton]')")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip(f"without CUDA these checks need TRITON_INTERPRET=1 ({runner} sets it)", allow_module_level=True)
+    return device
 
 
 def child_env(interpret: bool) -> dict:

@@ -21,19 +21,14 @@ import pytest
 import torch
 from brute import exact, masks
 from host_sync import no_host_synchronisation
+from triton_child import checks_device
 
 import circuits
 import circuits.kernels.select  # the fixture below patches it (not imported by "import circuits" alone)
 from circuits.kernels.program import draw_uniforms
 from circuits.kernels.torch_passes import TorchPasses
 
-pytest.importorskip("triton", reason="triton is not installed (the optional extra: pip install -e '.[triton]')")
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip(
-        "without CUDA these checks need TRITON_INTERPRET=1 (tests/circuits/kernels/test_circuits_triton.py sets it)",
-        allow_module_level=True,
-    )
+DEVICE = checks_device("tests/circuits/kernels/test_circuits_triton.py")
 
 from circuits.kernels.triton_passes import TritonPasses  # noqa: E402 (after the skips)
 

@@ -8,14 +8,13 @@ tensors in Triton's interpreter. Not collected by a plain ``pytest``; run it dir
     TRITON_INTERPRET=1 python -m pytest tests/circuits/kernels/triton_dp_checks.py
 """
 
-import os
-
 import pytest
 import torch
 from brute import exact, masks
 from host_sync import no_host_synchronisation
 from scratch_fill import assert_no_unwritten_reads
 from tool_modules import load_tool
+from triton_child import checks_device
 
 import circuits
 import circuits.kernels.select
@@ -23,12 +22,7 @@ from circuits.kernels import c_dp, library, select, triton_dp
 from circuits.kernels.lattice import Lattice
 from circuits.kernels.uniforms import seed_tensor
 
-pytest.importorskip("triton", reason="triton is not installed (the optional extra: pip install -e '.[triton]')")
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip(
-        "without CUDA these checks need TRITON_INTERPRET=1 (test_triton_dp.py sets it)", allow_module_level=True
-    )
+DEVICE = checks_device("test_triton_dp.py")
 
 # n = 64 and range 4..8 of 64 are long in the interpreter: the slow set (and on CUDA, every set)
 SIZES = [(8, 3, 3), (12, 0, 4), (13, 2, 5), (64, 8, 8), pytest.param((64, 4, 8), marks=pytest.mark.slow)]

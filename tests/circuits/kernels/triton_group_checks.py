@@ -8,8 +8,6 @@ run on CPU tensors in Triton's interpreter. Not collected by a plain ``pytest``;
     TRITON_INTERPRET=1 python -m pytest tests/circuits/kernels/triton_group_checks.py
 """
 
-import os
-
 import pytest
 import torch
 from brute import exact
@@ -19,6 +17,7 @@ from host_sync import no_host_synchronisation
 from scratch_fill import assert_no_unwritten_reads
 from stats import chi2_pvalue, mask_counts
 from tool_modules import load_tool
+from triton_child import checks_device
 
 import circuits
 from circuits import GroupCapacity, GroupLimited
@@ -26,12 +25,7 @@ from circuits.kernels import select, straight_through, triton_group_dp
 from circuits.kernels.lattice import GroupLattice
 from circuits.kernels.uniforms import seed_tensor
 
-pytest.importorskip("triton", reason="triton is not installed (the optional extra: pip install -e '.[triton]')")
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip(
-        "without CUDA these checks need TRITON_INTERPRET=1 (test_triton_group_dp.py sets it)", allow_module_level=True
-    )
+DEVICE = checks_device("test_triton_group_dp.py")
 
 A = load_tool("accuracy_fp32")
 N = load_tool("group_numerics")
