@@ -378,8 +378,8 @@ def _states(s: Src, plan: GroupPlan):
 
 
 def _valid(plan: GroupPlan, c: str, u: str) -> str:
-    """Whether the outer state (c, u) can hold a path (``GroupPlan.valid``), c and u scalars at runtime
-    that may lie off the grid."""
+    """Whether the outer state (c, u) can hold a path (``GroupPlan.valid``), c and u at runtime (scalars,
+    or a token's state) that may lie off the grid."""
     c, u = f"({c})", f"({u})"
     if plan.U:
         top = min(plan.U, plan.G)
@@ -520,9 +520,8 @@ def _group_count(s: Src, plan: GroupPlan) -> None:
     for j in range(plan.C + 1):
         du = 1 if j and plan.U else 0
         s(f"cj = cs - {j}", f"uj = us_ - {du}")
-        ok = "live & (cj >= 0) & (uj >= 0)" + (f" & (uj <= cj) & (cj <= uj * {plan.C})" if plan.U else "")
         s(
-            f"okj = {ok}",
+            f"okj = live & {_valid(plan, 'cj', 'uj')}",
             f"qs = tl.load({_row(plan, _outer(plan, 'g', 'tl.maximum(cj, 0)', 'tl.maximum(uj, 0)', 'q'))}, mask=okj, other=0.0)",
             f"ms = tl.load({_row(plan, _outer(plan, 'g', 'tl.maximum(cj, 0)', 'tl.maximum(uj, 0)', 'm'), '64')}, mask=okj, other=0.0)",
             f"pc{j} = {acc} + tl.where(okj, qs * qg{j} * tl.exp((ms + tg{j} - mt).to(tl.float32)), 0.0)",
@@ -657,13 +656,12 @@ def _map_back(s: Src, plan: GroupPlan) -> None:
         s("gst = tl.load(gs_ptr + g)", "gsz = tl.load(gn_ptr + g)", f"eb = {low}", "gj = tl.zeros([BLOCK], tl.int32)")
         for j in range(C + 1):
             du = 1 if j and plan.U else 0
-            ok = "live & (cj >= 0) & (uj >= 0)" + (f" & (uj <= cj) & (cj <= uj * {C})" if plan.U else "")
             at = _outer(plan, "g", "tl.maximum(cj, 0)", "tl.maximum(uj, 0)", "m")
             top = f"tl.load({_row(plan, _final(plan, 'g', j, 't'), '64')}, mask=live, other=0.0)" if j else "0.0"
             s(
                 f"cj = cs - {j}",
                 f"uj = us_ - {du}",
-                f"okj = {ok}",
+                f"okj = live & {_valid(plan, 'cj', 'uj')}",
                 f"ej = tl.load({_row(plan, at, '64')}, mask=okj, other=0.0)",
                 f"ej = tl.where(okj, ej + {top}, {low})",
                 "bt = ej > eb",
