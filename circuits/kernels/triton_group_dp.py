@@ -7,11 +7,11 @@ same seed the same draws. One kernel per query: ``log_partition`` (log Z, the ma
 (one draw, log Z), ``chosen`` (the forward of ``circuits::chosen_scores``: the draw, then the drawn
 by score in their slots), ``marginals_jvp`` and ``chosen_backward`` (Cov(z) v, with the scores'
 backward of Eq. 7 for the latter), ``map`` (the most probable allowed subset: inference in one
-kernel). The log counts by size stay the torch sweeps' (not on a route). The kernels read the logits transposed,
-rT [n, T] (coalesced loads across a warp), and a scratch of checkpoints and outer rows per token,
-taken in chunks of tokens that keep it under ``SCRATCH_BYTES``. ``circuits.kernels.select`` takes
-it for float32 group lattices on CUDA when triton imports; ``prefer="triton"`` runs it on CPU tensors
-under ``TRITON_INTERPRET=1`` (the tests).
+kernel). The log counts by size stay the torch sweeps' (not on a route). The kernels read the
+logits transposed, rT [n, T] (coalesced loads across a warp), and a scratch of checkpoints and outer
+rows per token, taken in chunks of tokens that keep it under ``SCRATCH_BYTES``.
+``circuits.kernels.select`` takes it for float32 group lattices on CUDA when triton imports;
+``prefer="triton"`` runs it on CPU tensors under ``TRITON_INTERPRET=1`` (the tests).
 """
 
 from __future__ import annotations
@@ -64,10 +64,8 @@ class TritonGroupDP(TorchGroupDP):
         fn = groups.kernel(plan)
         for a in range(0, T, step):
             b = min(a + step, T)
-            programs = -(-(b - a) // block)
-            given["ck_ptr"] = triton_dp.scratch(
-                r, programs * plan.rows32 * block, torch.float32
-            )  # [programs, rows, block]
+            programs = -(-(b - a) // block)  # each with its block of scratch rows: [programs, rows, block]
+            given["ck_ptr"] = triton_dp.scratch(r, programs * plan.rows32 * block, torch.float32)
             given["c64_ptr"] = triton_dp.scratch(r, programs * plan.rows64 * block, torch.float64)
             args = [given.get(name, dummy) for name in groups.TENSORS]
             fn[(programs,)](*args, T, N, a, b, BLOCK=block, num_warps=groups.BLOCK // 32, num_stages=groups.STAGES)

@@ -512,29 +512,38 @@ def _group_adjoint(s: Src, plan: GroupPlan) -> None:
             s(_store(plan, _adjoint(plan, "c", "u", "d"), "dacc"))
 
 
+def _source(s: Src, plan: GroupPlan, j: int, *parts: tuple[str, str]) -> None:
+    """For the per-token state (cs, us_) after group g: (cj, uj), the state before it with j true in
+    the group, ``okj`` whether that state exists, and for each (part, name) of ``parts`` ``name`` =
+    outer row g's part ("q" or "m") there, 0 where it does not."""
+    s(f"cj = cs - {j}", f"uj = us_ - {1 if j and plan.U else 0}", f"okj = live & {_valid(plan, 'cj', 'uj')}")
+    for part, name in parts:
+        at = _outer(plan, "g", "tl.maximum(cj, 0)", "tl.maximum(uj, 0)", part)
+        s(f"{name} = tl.load({_row(plan, at, '64' if part == 'm' else '32')}, mask=okj, other=0.0)")
+
+
+def _step_back(s: Src, plan: GroupPlan) -> None:
+    """The per-token state (cs, us_) before group g, given its count gj."""
+    s("cs = cs - gj")
+    if plan.U:
+        s("us_ = us_ - (gj > 0).to(tl.int32)")
+
+
 def _group_count(s: Src, plan: GroupPlan) -> None:
     """The draw: group g's count gj from the state (cs, us_) after it, reading the outer rows by
     address; the state steps back."""
     s(_load(plan, "g + 1", "cs", "us_", "m", "mt"))  # the weights p_j below are relative to it
     acc = "zero"
     for j in range(plan.C + 1):
-        du = 1 if j and plan.U else 0
-        s(f"cj = cs - {j}", f"uj = us_ - {du}")
-        s(
-            f"okj = live & {_valid(plan, 'cj', 'uj')}",
-            f"qs = tl.load({_row(plan, _outer(plan, 'g', 'tl.maximum(cj, 0)', 'tl.maximum(uj, 0)', 'q'))}, mask=okj, other=0.0)",
-            f"ms = tl.load({_row(plan, _outer(plan, 'g', 'tl.maximum(cj, 0)', 'tl.maximum(uj, 0)', 'm'), '64')}, mask=okj, other=0.0)",
-            f"pc{j} = {acc} + tl.where(okj, qs * qg{j} * tl.exp((ms + tg{j} - mt).to(tl.float32)), 0.0)",
-        )
+        _source(s, plan, j, ("q", "qs"), ("m", "ms"))
+        s(f"pc{j} = {acc} + tl.where(okj, qs * qg{j} * tl.exp((ms + tg{j} - mt).to(tl.float32)), 0.0)")
         acc = f"pc{j}"
     s("uniform_at = (o64 + 1 + g) * T + t64")
     uniform(s, "ug", "uniform_at")
     s(f"ux = tl.minimum(ug * {acc}, {acc} * {1.0 - 2.0**-23!r})", "gj = tl.zeros([BLOCK], tl.int32)")
     for j in range(plan.C):
         s(f"gj += (pc{j} <= ux).to(tl.int32)")
-    s("cs = cs - gj")
-    if plan.U:
-        s("us_ = us_ - (gj > 0).to(tl.int32)")
+    _step_back(s, plan)
     s("cnt = gj")
 
 
@@ -655,22 +664,15 @@ def _map_back(s: Src, plan: GroupPlan) -> None:
     with s.block():
         s("gst = tl.load(gs_ptr + g)", "gsz = tl.load(gn_ptr + g)", f"eb = {low}", "gj = tl.zeros([BLOCK], tl.int32)")
         for j in range(C + 1):
-            du = 1 if j and plan.U else 0
-            at = _outer(plan, "g", "tl.maximum(cj, 0)", "tl.maximum(uj, 0)", "m")
             top = f"tl.load({_row(plan, _final(plan, 'g', j, 't'), '64')}, mask=live, other=0.0)" if j else "0.0"
+            _source(s, plan, j, ("m", "ej"))
             s(
-                f"cj = cs - {j}",
-                f"uj = us_ - {du}",
-                f"okj = live & {_valid(plan, 'cj', 'uj')}",
-                f"ej = tl.load({_row(plan, at, '64')}, mask=okj, other=0.0)",
                 f"ej = tl.where(okj, ej + {top}, {low})",
                 "bt = ej > eb",
                 "eb = tl.where(bt, ej, eb)",
                 f"gj = tl.where(bt, {j}, gj)",
             )
-        s("cs = cs - gj")
-        if plan.U:
-            s("us_ = us_ - (gj > 0).to(tl.int32)")
+        _step_back(s, plan)
         for j in range(1, C + 1):
             s(f"h{j} = tl.load({_row(plan, f'g * {C} + {j - 1}')}, mask=live, other=0.0)")
         s(f"thr = {_sum([f'tl.where(gj == {j}, h{j}, 0.0)' for j in range(1, C + 1)])}")
